@@ -1,0 +1,58 @@
+// memkit/core/execution.hpp — where an operation runs: the host, or a CUDA device and stream.
+//
+// Every memkit operation takes its executor as an explicit argument. The host executor runs on the
+// calling thread and returns when the work is done. The CUDA executor enqueues work on its stream
+// and returns at once: nothing in memkit synchronizes the device unless the caller asks
+// (cuda_executor::synchronize). Each executor knows which kinds of memory it can touch, so an
+// operation checks its arguments before launching anything.
+#pragma once
+
+#include <concepts>
+#include <string>
+
+#include "memkit/config.hpp"
+#include "memkit/core/tensor_view.hpp"
+
+MEMKIT_NAMESPACE_BEGIN
+
+struct host_executor {
+  static constexpr bool on_device = false;
+  static constexpr const char* name() noexcept { return "host"; }
+  // Device memory is not addressable from the CPU; managed memory is, and so is pinned memory.
+  static constexpr bool can_access(memory_kind kind) noexcept { return kind != memory_kind::device; }
+};
+
+inline constexpr host_executor host{};
+
+#if MEMKIT_HAS_CUDA
+struct cuda_executor {
+  static constexpr bool on_device = true;
+  static constexpr const char* name() noexcept { return "cuda"; }
+  // Pageable host memory is not addressable from kernels; pinned host memory is (unified addressing).
+  static constexpr bool can_access(memory_kind kind) noexcept { return kind != memory_kind::host; }
+
+  int device = 0;
+  cudaStream_t stream = nullptr;
+
+  // Blocks until all work enqueued on this executor's stream has finished.
+  void synchronize() const { MEMKIT_CUDA_CHECK(cudaStreamSynchronize(stream)); }
+};
+#endif
+
+template <class E>
+concept executor = requires(memory_kind kind) {
+  { E::on_device } -> std::convertible_to<bool>;
+  { E::can_access(kind) } -> std::convertible_to<bool>;
+  { E::name() } -> std::convertible_to<const char*>;
+};
+
+// Throws memkit::error unless `exec` can touch the memory behind `view`.
+template <executor E, class T>
+void require_accessible(const E&, const tensor_view<T>& view, const char* operation, const char* argument) {
+  if (view.empty() || E::can_access(view.where())) return;
+  throw error(std::string(operation) + ": `" + argument + "` is in " + to_string(view.where()) + " memory, which the " +
+              E::name() + " executor cannot access" +
+              (E::on_device ? " (use device, managed or pinned_host memory)" : " (copy it to host memory first)"));
+}
+
+MEMKIT_NAMESPACE_END

@@ -1,0 +1,32 @@
+// memkit/core/units.hpp — byte-size constants and the one human-readable byte formatter.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <string>
+
+#include "memkit/config.hpp"
+
+MEMKIT_NAMESPACE_BEGIN
+
+inline constexpr std::uint64_t KiB = 1024ull;
+inline constexpr std::uint64_t MiB = 1024ull * KiB;
+inline constexpr std::uint64_t GiB = 1024ull * MiB;
+
+// "0 B", "512 B", "1.50 KiB", "12.00 GiB": binary units, two decimals above bytes.
+inline std::string format_bytes(std::uint64_t bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double value = static_cast<double>(bytes);
+  int unit = 0;
+  while (value >= 1024.0 && unit < 4) {
+    value /= 1024.0;
+    ++unit;
+  }
+  char text[32];
+  if (unit == 0) std::snprintf(text, sizeof text, "%llu B", static_cast<unsigned long long>(bytes));
+  else std::snprintf(text, sizeof text, "%.2f %s", value, units[unit]);
+  return text;
+}
+
+MEMKIT_NAMESPACE_END

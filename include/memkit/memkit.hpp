@@ -1,0 +1,11 @@
+// memkit/memkit.hpp — the umbrella header: everything memkit offers, in one include.
+#pragma once
+
+#include "memkit/config.hpp"
+#include "memkit/core/execution.hpp"
+#include "memkit/core/float16.hpp"
+#include "memkit/core/tensor_view.hpp"
+#include "memkit/core/units.hpp"
+#include "memkit/memory/buffer.hpp"
+#include "memkit/memory/resource.hpp"
+#include "memkit/memory/tracking.hpp"

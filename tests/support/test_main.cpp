@@ -1,0 +1,65 @@
+// The doctest main for memkit's test binaries (kept in a host .cpp, as doctest wants under nvcc).
+//
+// Test cases in the "gpu" suite need a CUDA device. A normal run excludes them and says so; a run
+// with --memkit-gpu-suite runs only them, or, when no device is usable, prints how many were
+// skipped and why, and exits 77 so CTest reports the test as Skipped instead of Passed.
+#define DOCTEST_CONFIG_IMPLEMENT
+#include <doctest/doctest.h>
+
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#if defined(MEMKIT_TEST_WITH_CUDA)
+#include <cuda_runtime.h>
+#endif
+
+namespace {
+
+int count_gpu_test_cases() {
+  int count = 0;
+  for (const doctest::detail::TestCase& test_case : doctest::detail::getRegisteredTests())
+    if (std::strcmp(test_case.m_test_suite, "gpu") == 0) ++count;
+  return count;
+}
+
+// Empty when a device is usable, else the reason there is none.
+std::string why_no_cuda_device() {
+#if defined(MEMKIT_TEST_WITH_CUDA)
+  int devices = 0;
+  const cudaError_t status = cudaGetDeviceCount(&devices);
+  if (status != cudaSuccess) return std::string(cudaGetErrorName(status)) + ": " + cudaGetErrorString(status);
+  if (devices == 0) return "cudaGetDeviceCount reported 0 devices";
+  return {};
+#else
+  return "this test binary was built without CUDA";
+#endif
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<char*> args;
+  bool gpu_suite = false;
+  for (int i = 0; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--memkit-gpu-suite") == 0) gpu_suite = true;
+    else args.push_back(argv[i]);
+  }
+
+  doctest::Context context(static_cast<int>(args.size()), args.data());
+  const int gpu_cases = count_gpu_test_cases();
+  if (gpu_suite) {
+    const std::string reason = why_no_cuda_device();
+    if (!reason.empty()) {
+      std::printf("memkit: SKIPPED %d GPU test cases: no usable CUDA device (%s)\n", gpu_cases, reason.c_str());
+      return 77;
+    }
+    context.setOption("test-suite", "gpu");
+  } else {
+    context.setOption("test-suite-exclude", "gpu");
+    if (gpu_cases > 0)
+      std::printf("memkit: %d GPU test cases are not in this run; they run in the memkit.gpu test\n", gpu_cases);
+  }
+  return context.run();
+}
