@@ -7,6 +7,7 @@
 #include "memkit/budget/fits.hpp"
 #include "memkit/budget/model.hpp"
 #include "memkit/budget/plan.hpp"
+#include "memkit/budget/planner.hpp"
 #include "memkit/budget/presets.hpp"
 #include "memkit/config.hpp"
 #include "memkit/core/execution.hpp"
