@@ -27,7 +27,9 @@ constexpr const char* usage_text =
     "  --optimizer adamw|adamw-bf16|adamw8bit|adamw4bit|sgd|adafactor|none\n"
     "  --batch B  --seq S  --grad-accum N  --checkpointing none|layer  --attention eager|flash\n"
     "  --logits fp32|bf16|chunked  --offload none|optimizer|optimizer+params  --gpus N  --zero 0|1|2|3\n"
-    "  --gpu NAME  --plan  --max-batch  --max-seq  --json  --svg PATH\n";
+    "  --gpu NAME  --plan  --max-batch  --max-seq  --json  --svg PATH\n"
+    "  --kbit-prepared  (PEFT prepare_model_for_kbit_training: fp32 non-quantized weights and activations)\n"
+    "  --fused-norms    (norm and softmax kernels that keep no fp32 copies)\n";
 
 struct usage_error : memkit::error {
   using memkit::error::error;
@@ -164,6 +166,10 @@ options parse_arguments(int argc, char** argv) {
       o.want_max_batch = true;
     } else if (flag == "--max-seq") {
       o.want_max_seq = true;
+    } else if (flag == "--kbit-prepared") {
+      p.kbit_prepared = true;
+    } else if (flag == "--fused-norms") {
+      p.fp32_norm_and_softmax = false;
     } else if (flag == "--json") {
       o.want_json = true;
     } else if (flag == "--svg") {

@@ -53,12 +53,13 @@ constexpr bool keeps_linear_input(const training_plan& plan, module_set modules)
 constexpr block_activations block_activation_bytes(const model_config& m, const training_plan& plan) noexcept {
   block_activations a;
   const std::uint64_t g = plan.overhead.allocation_granularity;
-  const std::uint64_t e = plan.activation_bytes();
+  const std::uint64_t e = plan.stream_bytes();
   const std::uint64_t b = plan.micro_batch, s = plan.sequence, T = b * s;
   const std::uint64_t h = m.hidden, H = m.heads, d = m.head_dim, f = m.intermediate;
   const bool llama = !m.is_gpt2();
-  const bool upcast = llama && plan.fp32_norm_and_softmax && plan.precision != precision_mode::fp32;
+  const bool upcast = llama && plan.fp32_norm_and_softmax && e == 2;
   const bool eager = plan.attention == attention_impl::eager;
+  const std::uint64_t qkv_e = eager ? e : plan.activation_bytes();  // attention kernels take 16-bit q, k, v
   const bool norms_train = !plan.lora_training();
   auto add = [&](std::string_view name, std::uint64_t bytes) { a.add(name, round_up(bytes, g)); };
 
@@ -96,9 +97,9 @@ constexpr block_activations block_activation_bytes(const model_config& m, const 
   if (detail::keeps_linear_input(plan, qkv)) add("qkv_proj.input", e * T * h);
   lora_all(qkv);
   const std::uint64_t kv_kept = eager ? H : m.kv_heads;  // eager attention repeats k and v to every head
-  add("q", e * T * H * d);
-  add("k", e * T * kv_kept * d);
-  add("v", e * T * kv_kept * d);
+  add("q", qkv_e * T * H * d);
+  add("k", qkv_e * T * kv_kept * d);
+  add("v", qkv_e * T * kv_kept * d);
   const std::uint64_t scores = b * H * s * s;
   if (eager) {
     if (upcast) {
@@ -113,7 +114,7 @@ constexpr block_activations block_activation_bytes(const model_config& m, const 
     }
     if (detail::keeps_linear_input(plan, o)) add("o_proj.input", e * T * H * d);
   } else {
-    add("attention.output", e * T * H * d);  // also o_proj's input
+    add("attention.output", qkv_e * T * H * d);  // also o_proj's input
     add("attention.logsumexp", 4 * b * H * s);
   }
   lora_all(o);
@@ -155,10 +156,10 @@ constexpr block_activations block_activation_bytes(const model_config& m, const 
 // LM head's input.
 constexpr std::uint64_t model_level_activation_bytes(const model_config& m, const training_plan& plan) noexcept {
   const std::uint64_t g = plan.overhead.allocation_granularity;
-  const std::uint64_t e = plan.activation_bytes();
+  const std::uint64_t e = plan.stream_bytes();
   const std::uint64_t T = plan.tokens(), h = m.hidden;
   const bool llama = !m.is_gpt2();
-  const bool upcast = llama && plan.fp32_norm_and_softmax && plan.precision != precision_mode::fp32;
+  const bool upcast = llama && plan.fp32_norm_and_softmax && e == 2;
   std::uint64_t total = 0;
   if (llama) total += 2 * round_up(e * T * m.head_dim, g);  // cos and sin
   if (m.dropout) total += round_up(T * h, g);                // embedding dropout mask

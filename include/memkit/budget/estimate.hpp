@@ -117,7 +117,7 @@ constexpr std::string_view plan_problem(const model_config& m, const training_pl
 
 namespace detail {
 
-constexpr std::uint64_t frozen_weight_bytes(const parameter_tensor& t, const weight_storage& w) noexcept {
+constexpr std::uint64_t frozen_weight_bytes(const parameter_tensor& t, const weight_storage& w, bool kbit_prepared) noexcept {
   const std::uint64_t n = t.elements();
   if (t.role == tensor_role::linear_weight) {
     switch (w.format) {
@@ -128,7 +128,8 @@ constexpr std::uint64_t frozen_weight_bytes(const parameter_tensor& t, const wei
       default: return 2 * n;
     }
   }
-  return (w.format == weight_format::fp32 ? 4 : 2) * n;  // quantized models keep the rest in 16-bit
+  if (w.format == weight_format::fp32 || kbit_prepared) return 4 * n;
+  return 2 * n;  // quantized models keep the rest in 16-bit
 }
 
 constexpr std::uint64_t optimizer_state_bytes(const parameter_tensor& t, optimizer_kind o, bool pure_16bit) noexcept {
@@ -190,7 +191,7 @@ constexpr parameter_totals parameter_bytes(const model_config& m, const training
     for_each_parameter(m, trainable);
   } else {
     for_each_parameter(m, [&](const parameter_tensor& t) {
-      const std::uint64_t w = round_up(frozen_weight_bytes(t, p.weights), g);
+      const std::uint64_t w = round_up(frozen_weight_bytes(t, p.weights, p.kbit_prepared), g);
       r.weights += w * t.count;
       if (t.role == tensor_role::linear_weight || t.role == tensor_role::linear_bias ||
           (t.role == tensor_role::norm && t.count >= m.layers))
@@ -264,7 +265,7 @@ constexpr memory_estimate estimate_memory(const model_config& m, const training_
   const std::uint64_t extras = model_level_activation_bytes(m, p);
   const logits_bytes logits = logits_activation_bytes(m, p);
   const std::uint64_t L = m.layers;
-  const std::uint64_t layer_input = round_up(p.activation_bytes() * p.tokens() * m.hidden, g);
+  const std::uint64_t layer_input = round_up(p.stream_bytes() * p.tokens() * m.hidden, g);
   const std::uint64_t k = p.checkpoint == checkpointing::none ? 0
                           : p.checkpoint == checkpointing::every_layer ? 1
                                                                        : (p.checkpoint_every < L ? p.checkpoint_every : L);

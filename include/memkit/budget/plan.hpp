@@ -84,6 +84,11 @@ struct training_plan {
   // Hugging Face's Llama-family code computes RMSNorm and softmax in fp32 and autograd keeps the fp32
   // copies; fused kernels keep only 16-bit inputs and per-row statistics.
   bool fp32_norm_and_softmax = true;
+  // PEFT's prepare_model_for_kbit_training (the usual QLoRA recipe) casts every weight that is not
+  // quantized (embeddings, norms, LM head) to fp32. Norm outputs then come out in fp32,
+  // bitsandbytes' 4-bit linears return their input's dtype, and the residual stream and the MLP run
+  // in fp32; only the attention kernel's q, k, v are cast back to 16-bit.
+  bool kbit_prepared = false;
 
   std::uint64_t gpus = 1;
   int zero_stage = 0;
@@ -93,7 +98,9 @@ struct training_plan {
   constexpr bool has_master_weights() const noexcept {
     return precision == precision_mode::bf16_mixed || precision == precision_mode::fp16_mixed;
   }
+  // Bytes of the compute dtype, and of the activations the residual stream and MLP keep.
   constexpr std::uint64_t activation_bytes() const noexcept { return precision == precision_mode::fp32 ? 4 : 2; }
+  constexpr std::uint64_t stream_bytes() const noexcept { return kbit_prepared ? 4 : activation_bytes(); }
   constexpr std::uint64_t tokens() const noexcept { return micro_batch * sequence; }
 };
 
