@@ -251,7 +251,7 @@ void write_svg(const std::string& path, const std::string& title, const std::vec
   const double left = 220, width = 640, bar_height = 28, gap = 14, top = 50;
   const double height = top + static_cast<double>(bars.size()) * (bar_height + gap) + 70;
   std::ostringstream svg;
-  svg << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << left + width + 40 << "\" height=\"" << height
+  svg << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << left + width + 130 << "\" height=\"" << height
       << "\" font-family=\"sans-serif\" font-size=\"12\">\n";
   svg << "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n";
   svg << "<text x=\"10\" y=\"24\" font-size=\"15\">" << title << "</text>\n";

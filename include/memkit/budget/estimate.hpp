@@ -174,10 +174,7 @@ constexpr parameter_totals parameter_bytes(const model_config& m, const training
     if (p.has_master_weights()) r.master += round_up(4 * n, g) * t.count;
     r.optimizer += round_up(optimizer_state_bytes(t, p.optimizer, pure_16bit), g) * t.count;
     largest_trainable = max_of(largest_trainable, n);
-    const bool per_layer = t.role == tensor_role::linear_weight || t.role == tensor_role::linear_bias ||
-                           t.role == tensor_role::lora_a || t.role == tensor_role::lora_b ||
-                           (t.role == tensor_role::norm && t.count >= m.layers);
-    if (per_layer) {
+    if (t.per_block) {
       const std::uint64_t per_block = t.count / m.layers;
       r.layer_gradients += grad * per_block;
       r.layer_weights += w * per_block;
@@ -193,9 +190,7 @@ constexpr parameter_totals parameter_bytes(const model_config& m, const training
     for_each_parameter(m, [&](const parameter_tensor& t) {
       const std::uint64_t w = round_up(frozen_weight_bytes(t, p.weights, p.kbit_prepared), g);
       r.weights += w * t.count;
-      if (t.role == tensor_role::linear_weight || t.role == tensor_role::linear_bias ||
-          (t.role == tensor_role::norm && t.count >= m.layers))
-        r.layer_weights += w * (t.count / m.layers);
+      if (t.per_block) r.layer_weights += w * (t.count / m.layers);
       if (t.role == tensor_role::linear_weight && p.weights.quantized())
         r.largest_frozen_linear = max_of(r.largest_frozen_linear, t.elements());
     });

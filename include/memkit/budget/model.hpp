@@ -183,6 +183,7 @@ struct parameter_tensor {
   std::uint64_t cols;
   std::uint64_t count;
   module_set modules = 0;  // for linear weights and LoRA factors
+  bool per_block = false;  // one of each per transformer block (count is a multiple of the layers)
   constexpr std::uint64_t elements() const noexcept { return rows * cols; }
   constexpr std::uint64_t total_elements() const noexcept { return rows * cols * count; }
 };
@@ -194,12 +195,12 @@ constexpr void for_each_parameter(const model_config& m, Visitor&& visit) {
   visit(parameter_tensor{tensor_role::token_embedding, m.vocab, m.hidden, 1});
   if (m.is_gpt2()) visit(parameter_tensor{tensor_role::position_embedding, m.max_positions, m.hidden, 1});
   const std::uint64_t norm_tensors_per_block = m.is_gpt2() ? 4 : 2;  // LayerNorm has a bias
-  visit(parameter_tensor{tensor_role::norm, m.hidden, 1, L * norm_tensors_per_block});
+  visit(parameter_tensor{tensor_role::norm, m.hidden, 1, L * norm_tensors_per_block, 0, true});
   const block_linears linears = linears_of(m);
   for (int i = 0; i < linears.count; ++i) {
     const linear_layer& layer = linears.items[i];
-    visit(parameter_tensor{tensor_role::linear_weight, layer.out, layer.in, L, layer.modules});
-    if (layer.bias) visit(parameter_tensor{tensor_role::linear_bias, layer.out, 1, L, layer.modules});
+    visit(parameter_tensor{tensor_role::linear_weight, layer.out, layer.in, L, layer.modules, true});
+    if (layer.bias) visit(parameter_tensor{tensor_role::linear_bias, layer.out, 1, L, layer.modules, true});
   }
   visit(parameter_tensor{tensor_role::norm, m.hidden, 1, m.is_gpt2() ? 2u : 1u});  // final norm
   if (!m.tied_embeddings) visit(parameter_tensor{tensor_role::lm_head, m.vocab, m.hidden, 1});
@@ -213,8 +214,8 @@ constexpr void for_each_lora_parameter(const model_config& m, std::uint64_t rank
   for (int i = 0; i < linears.count; ++i) {
     const linear_layer& layer = linears.items[i];
     if (!contains(targets, layer.modules)) continue;
-    visit(parameter_tensor{tensor_role::lora_a, rank, layer.in, m.layers, layer.modules});
-    visit(parameter_tensor{tensor_role::lora_b, layer.out, rank, m.layers, layer.modules});
+    visit(parameter_tensor{tensor_role::lora_a, rank, layer.in, m.layers, layer.modules, true});
+    visit(parameter_tensor{tensor_role::lora_b, layer.out, rank, m.layers, layer.modules, true});
   }
 }
 
