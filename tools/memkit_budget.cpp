@@ -25,7 +25,8 @@ constexpr const char* usage_text =
     "  --method full|lora|qlora        --lora-rank R     --lora-targets q,k,v,o,gate,up,down\n"
     "  --precision fp32|bf16-mixed|bf16|fp16-mixed\n"
     "  --optimizer adamw|adamw-bf16|adamw8bit|adamw4bit|sgd|adafactor|none\n"
-    "  --batch B  --seq S  --grad-accum N  --checkpointing none|layer  --attention eager|flash\n"
+    "  --batch B  --seq S  --grad-accum N  --checkpointing none|layer|sqrt|every:K|binomial:SLOTS\n"
+    "  --attention eager|flash\n"
     "  --logits fp32|bf16|chunked  --offload none|optimizer|optimizer+params  --gpus N  --zero 0|1|2|3\n"
     "  --gpu NAME  --plan  --max-batch  --max-seq  --json  --svg PATH\n"
     "  --kbit-prepared  (PEFT prepare_model_for_kbit_training: fp32 non-quantized weights and activations)\n"
@@ -127,9 +128,19 @@ options parse_arguments(int argc, char** argv) {
     } else if (flag == "--grad-accum") {
       p.grad_accum = parse_count(flag, value());
     } else if (flag == "--checkpointing") {
-      static constexpr std::pair<const char*, checkpointing> choices[] = {{"none", checkpointing::none},
-                                                                          {"layer", checkpointing::every_layer}};
-      p.checkpoint = parse_choice(flag, value(), choices);
+      // The none|layer, plus sqrt, every:K and binomial:SLOTS.
+      const std::string what = value();
+      if (what.rfind("every:", 0) == 0) {
+        p.checkpoint = checkpointing::every_k_layers;
+        p.checkpoint_every = parse_count(flag, what.substr(6));
+      } else if (what.rfind("binomial:", 0) == 0) {
+        p.checkpoint = checkpointing::binomial;
+        p.checkpoint_slots = parse_count(flag, what.substr(9));
+      } else {
+        static constexpr std::pair<const char*, checkpointing> choices[] = {
+            {"none", checkpointing::none}, {"layer", checkpointing::every_layer}, {"sqrt", checkpointing::sqrt}};
+        p.checkpoint = parse_choice(flag, what, choices);
+      }
     } else if (flag == "--attention") {
       static constexpr std::pair<const char*, attention_impl> choices[] = {
           {"eager", attention_impl::eager}, {"flash", attention_impl::memory_efficient}};

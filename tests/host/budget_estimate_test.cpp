@@ -173,6 +173,19 @@ TEST_CASE("budget: checkpointing keeps one input per segment") {
         (m.layers - 1) * 2 * T * m.hidden + block.saved_bytes + extras + block.backward_transient);
   CHECK(every.peak_device_bytes < every4.peak_device_bytes);
   CHECK(every4.peak_device_bytes < none.peak_device_bytes);
+  // sqrt: 32 layers in segments of 6 (ceil(sqrt(32))) is every_k_layers with k = 6.
+  plan.checkpoint = checkpointing::sqrt;
+  const memory_estimate root = estimate_memory(m, plan);
+  plan.checkpoint = checkpointing::every_k_layers;
+  plan.checkpoint_every = 6;
+  CHECK(root.peak_device_bytes == estimate_memory(m, plan).peak_device_bytes);
+  // Binomial with 3 slots keeps 3 checkpoints and one recomputed block.
+  plan.checkpoint = checkpointing::binomial;
+  plan.checkpoint_slots = 3;
+  const memory_estimate revolve = estimate_memory(m, plan);
+  CHECK(revolve.phases[1][category::activations] ==
+        3 * 2 * T * m.hidden + block.saved_bytes + extras + block.backward_transient);
+  CHECK(revolve.peak_device_bytes < every.peak_device_bytes);
 }
 
 TEST_CASE("budget: logits modes") {

@@ -121,6 +121,8 @@ elseif(MODE STREQUAL "bad_input")
     "--preset;gpt2-124m;--seq;4096"
     "--preset;gpt2-124m;--method;dora"
     "--preset;gpt2-124m;--zero;5"
+    "--preset;gpt2-124m;--checkpointing;every:0"
+    "--preset;gpt2-124m;--gpus;-1"
     "--preset;gpt2-124m;--max-batch"
     "--preset;gpt2-124m;--frobnicate")
   foreach(case IN LISTS cases)

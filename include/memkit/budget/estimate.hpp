@@ -100,6 +100,7 @@ constexpr std::string_view plan_problem(const model_config& m, const training_pl
   if (p.zero_stage < 0 || p.zero_stage > 3) return "ZeRO stage must be 0, 1, 2 or 3";
   if (p.checkpoint == checkpointing::every_k_layers && p.checkpoint_every == 0)
     return "checkpoint_every must be positive";
+  if (p.checkpoint == checkpointing::binomial && p.checkpoint_slots == 0) return "checkpoint_slots must be positive";
   if (m.is_gpt2() && p.sequence > m.max_positions)
     return "sequence is longer than the model's learned position table";
   if (p.training == method::full && p.weights.quantized())
@@ -261,11 +262,21 @@ constexpr memory_estimate estimate_memory(const model_config& m, const training_
   const logits_bytes logits = logits_activation_bytes(m, p);
   const std::uint64_t L = m.layers;
   const std::uint64_t layer_input = round_up(p.stream_bytes() * p.tokens() * m.hidden, g);
-  const std::uint64_t k = p.checkpoint == checkpointing::none ? 0
-                          : p.checkpoint == checkpointing::every_layer ? 1
-                                                                       : (p.checkpoint_every < L ? p.checkpoint_every : L);
-  const std::uint64_t segments = k == 0 ? 0 : ceil_div(L, k);
-  // Saved through forward: every block's tensors, or only each segment's input under checkpointing.
+  // k: layers per checkpointed segment (0: no checkpointing).
+  std::uint64_t k = 0;
+  switch (p.checkpoint) {
+    case checkpointing::none: break;
+    case checkpointing::every_layer: k = 1; break;
+    case checkpointing::every_k_layers: k = p.checkpoint_every < L ? p.checkpoint_every : L; break;
+    case checkpointing::sqrt:
+      while (k * k < L) ++k;
+      break;
+    case checkpointing::binomial: k = 1; break;
+  }
+  const bool binomial = p.checkpoint == checkpointing::binomial;
+  const std::uint64_t slots = p.checkpoint_slots < L ? p.checkpoint_slots : L;
+  const std::uint64_t segments = k == 0 ? 0 : binomial ? slots : ceil_div(L, k);
+  // Saved through forward: every block's tensors, or only the checkpoints.
   const std::uint64_t saved_blocks = k == 0 ? L * block.saved_bytes : segments * layer_input;
   const std::uint64_t grads_kept_in_forward = p.grad_accum > 1 ? gradients : 0;
 
@@ -299,6 +310,9 @@ constexpr memory_estimate estimate_memory(const model_config& m, const training_
     std::uint64_t activations = extras + block.backward_transient;
     if (k == 0) {
       activations += (i + 1) * block.saved_bytes;
+    } else if (binomial) {
+      // At most `slots` checkpoints are alive; layer i is recomputed from one and run backward alone.
+      activations += (i < slots ? i : slots) * layer_input + block.saved_bytes;
     } else {
       const std::uint64_t segment = i / k;
       const std::uint64_t recomputed = i - segment * k + 1;  // blocks of this segment up to i

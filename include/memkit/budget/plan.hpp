@@ -51,7 +51,10 @@ enum class optimizer_placement : std::uint8_t {
   host,    // CPU offload: states, master weights and fp32 gradients live on the host
 };
 
-enum class checkpointing : std::uint8_t { none, every_layer, every_k_layers };
+// none; every layer; every k layers (one checkpoint per segment of k); sqrt (segments of
+// ceil(sqrt(L)) layers); binomial (Griewank's Revolve with `checkpoint_slots` checkpoints, each layer
+// recomputed from the nearest one and run backward alone).
+enum class checkpointing : std::uint8_t { none, every_layer, every_k_layers, sqrt, binomial };
 enum class attention_impl : std::uint8_t { eager, memory_efficient };
 enum class logits_mode : std::uint8_t { fp32, half, chunked };
 
@@ -78,6 +81,7 @@ struct training_plan {
   std::uint64_t grad_accum = 1;
   checkpointing checkpoint = checkpointing::none;
   std::uint64_t checkpoint_every = 1;  // layers per segment for every_k_layers
+  std::uint64_t checkpoint_slots = 4;  // checkpoints kept by the binomial schedule
   attention_impl attention = attention_impl::memory_efficient;
   logits_mode logits = logits_mode::fp32;
   std::uint64_t logits_chunk_tokens = 1024;
