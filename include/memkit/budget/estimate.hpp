@@ -1,0 +1,357 @@
+// memkit/budget/estimate.hpp — device and host memory of one training step, by category and phase.
+//
+// The device peak is the largest of three moments of a step, not the sum of everything:
+//   forward        persistent state + gradients kept across accumulation + saved activations,
+//                  at the end with the logits and loss;
+//   backward       walked layer by layer from the head: activations are released as their layer's
+//                  gradients are produced (with checkpointing, one segment is recomputed at a time);
+//   optimizer      persistent state + all gradients + the optimizer's temporaries.
+// Persistent state is weights, master weights, optimizer state, workspace and overhead (CUDA
+// context, NCCL). `device` is the breakdown at the peak moment, so its total is the peak.
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+
+#include "memkit/budget/activations.hpp"
+#include "memkit/budget/component_bytes.hpp"
+#include "memkit/budget/model.hpp"
+#include "memkit/budget/plan.hpp"
+#include "memkit/budget/presets.hpp"
+
+MEMKIT_NAMESPACE_BEGIN
+namespace budget {
+
+enum class category : std::uint8_t {
+  weights,
+  gradients,
+  master_weights,
+  optimizer_state,
+  activations,
+  logits,
+  workspace,
+  overhead,
+};
+inline constexpr int category_count = 8;
+
+constexpr std::string_view to_string(category c) noexcept {
+  switch (c) {
+    case category::weights: return "weights";
+    case category::gradients: return "gradients";
+    case category::master_weights: return "master_weights";
+    case category::optimizer_state: return "optimizer_state";
+    case category::activations: return "activations";
+    case category::logits: return "logits";
+    case category::workspace: return "workspace";
+    case category::overhead: return "overhead";
+  }
+  return "?";
+}
+
+struct breakdown {
+  std::uint64_t bytes[category_count]{};
+
+  constexpr std::uint64_t& operator[](category c) noexcept { return bytes[static_cast<int>(c)]; }
+  constexpr std::uint64_t operator[](category c) const noexcept { return bytes[static_cast<int>(c)]; }
+  constexpr std::uint64_t total() const noexcept {
+    std::uint64_t sum = 0;
+    for (std::uint64_t b : bytes) sum += b;
+    return sum;
+  }
+  constexpr category largest() const noexcept {
+    int best = 0;
+    for (int i = 1; i < category_count; ++i)
+      if (bytes[i] > bytes[best]) best = i;
+    return static_cast<category>(best);
+  }
+};
+
+enum class step_phase : std::uint8_t { forward, backward, optimizer_step };
+inline constexpr int step_phase_count = 3;
+constexpr std::string_view to_string(step_phase p) noexcept {
+  switch (p) {
+    case step_phase::forward: return "forward";
+    case step_phase::backward: return "backward";
+    case step_phase::optimizer_step: return "optimizer_step";
+  }
+  return "?";
+}
+
+struct memory_estimate {
+  std::string_view problem;  // empty when the model and plan are valid; otherwise nothing else is set
+  std::uint64_t parameters = 0;
+  std::uint64_t trainable_parameters = 0;
+  breakdown device;                      // at the peak moment: device.total() == peak_device_bytes
+  breakdown host;
+  breakdown phases[step_phase_count];    // device at each phase's own peak
+  step_phase peak_phase = step_phase::forward;
+  std::uint64_t peak_device_bytes = 0;
+  std::uint64_t host_bytes = 0;
+  constexpr bool valid() const noexcept { return problem.empty(); }
+};
+
+// What is wrong with `plan` for `model`, or empty.
+constexpr std::string_view plan_problem(const model_config& m, const training_plan& p) noexcept {
+  if (!m.valid()) return m.problem();
+  if (p.micro_batch == 0) return "micro-batch must be positive";
+  if (p.sequence == 0) return "sequence length must be positive";
+  if (p.grad_accum == 0) return "gradient accumulation must be positive";
+  if (p.gpus == 0) return "number of GPUs must be positive";
+  if (p.zero_stage < 0 || p.zero_stage > 3) return "ZeRO stage must be 0, 1, 2 or 3";
+  if (p.checkpoint == checkpointing::every_k_layers && p.checkpoint_every == 0)
+    return "checkpoint_every must be positive";
+  if (p.checkpoint == checkpointing::binomial && p.checkpoint_slots == 0) return "checkpoint_slots must be positive";
+  if (m.is_gpt2() && p.sequence > m.max_positions)
+    return "sequence is longer than the model's learned position table";
+  if (p.training == method::full && p.weights.quantized())
+    return "full training needs fp32/bf16/fp16 weights; quantized weights train with LoRA";
+  if (p.lora_training() && (p.lora.rank == 0 || p.lora.targets == 0))
+    return "LoRA needs a positive rank and at least one target module";
+  if (p.weights.format == weight_format::nf4 || p.weights.format == weight_format::fp4) {
+    const std::uint64_t bs = p.weights.block_size;
+    if (bs < 32 || bs > 4096 || (bs & (bs - 1)) != 0) return "4-bit block size must be a power of two in 32..4096";
+  }
+  if (p.offload_parameters && p.placement != optimizer_placement::host)
+    return "offloading parameters needs the optimizer offloaded to the host too";
+  return {};
+}
+
+namespace detail {
+
+constexpr std::uint64_t frozen_weight_bytes(const parameter_tensor& t, const weight_storage& w, bool kbit_prepared) noexcept {
+  const std::uint64_t n = t.elements();
+  if (t.role == tensor_role::linear_weight) {
+    switch (w.format) {
+      case weight_format::nf4: return nf4_bytes(n, w.block_size, w.double_quant);
+      case weight_format::fp4: return fp4_bytes(n, w.block_size, w.double_quant);
+      case weight_format::int8: return int8_bytes(n, t.cols);
+      case weight_format::fp32: return 4 * n;
+      default: return 2 * n;
+    }
+  }
+  if (w.format == weight_format::fp32 || kbit_prepared) return 4 * n;
+  return 2 * n;  // quantized models keep the rest in 16-bit
+}
+
+constexpr std::uint64_t optimizer_state_bytes(const parameter_tensor& t, optimizer_kind o, bool pure_16bit) noexcept {
+  const std::uint64_t n = t.elements();
+  switch (o) {
+    case optimizer_kind::adamw: return 8 * n;
+    case optimizer_kind::adamw_bf16: return 4 * n;
+    case optimizer_kind::adamw_8bit: return adam_8bit_state_bytes(n);
+    case optimizer_kind::adamw_4bit: return adam_4bit_state_bytes(n);
+    case optimizer_kind::sgd_momentum: return (pure_16bit ? 2 : 4) * n;
+    case optimizer_kind::adafactor: return 4 * (t.cols > 1 ? t.rows + t.cols : n);  // factored second moment
+    case optimizer_kind::none: return 0;
+  }
+  return 0;
+}
+
+// Per-parameter-tensor totals of the trainable and frozen state.
+struct parameter_totals {
+  std::uint64_t weights = 0;          // everything the model holds, trainable and frozen
+  std::uint64_t gradients = 0;
+  std::uint64_t master = 0;
+  std::uint64_t optimizer = 0;
+  std::uint64_t step_temporary = 0;   // optimizer temporaries during the step
+  std::uint64_t largest_frozen_linear = 0;  // elements of the largest quantized linear (dequantized tile)
+  std::uint64_t layer_weights = 0;    // one block's weights (ZeRO-3 gather, parameter streaming)
+  std::uint64_t layer_gradients = 0;  // one block's gradients
+  std::uint64_t head_gradients = 0;   // gradient of the LM head (or tied embedding), produced first
+  std::uint64_t embedding_gradients = 0;  // produced last (untied / position embeddings)
+};
+
+constexpr parameter_totals parameter_bytes(const model_config& m, const training_plan& p) noexcept {
+  parameter_totals r;
+  const std::uint64_t g = p.overhead.allocation_granularity;
+  const std::uint64_t weight_bytes = p.precision == precision_mode::fp32 ? 4 : 2;
+  const bool pure_16bit = p.precision == precision_mode::bf16;
+  std::uint64_t largest_trainable = 0;
+  auto trainable = [&](const parameter_tensor& t) {
+    const std::uint64_t n = t.elements();
+    const std::uint64_t w = round_up(weight_bytes * n, g), grad = round_up(weight_bytes * n, g);
+    r.weights += w * t.count;
+    r.gradients += grad * t.count;
+    if (p.has_master_weights()) r.master += round_up(4 * n, g) * t.count;
+    r.optimizer += round_up(optimizer_state_bytes(t, p.optimizer, pure_16bit), g) * t.count;
+    largest_trainable = max_of(largest_trainable, n);
+    if (t.per_block) {
+      const std::uint64_t per_block = t.count / m.layers;
+      r.layer_gradients += grad * per_block;
+      r.layer_weights += w * per_block;
+    }
+    if (t.role == tensor_role::lm_head || (t.role == tensor_role::token_embedding && m.tied_embeddings))
+      r.head_gradients += grad;
+    else if (t.role == tensor_role::token_embedding || t.role == tensor_role::position_embedding)
+      r.embedding_gradients += grad;
+  };
+  if (!p.lora_training()) {
+    for_each_parameter(m, trainable);
+  } else {
+    for_each_parameter(m, [&](const parameter_tensor& t) {
+      const std::uint64_t w = round_up(frozen_weight_bytes(t, p.weights, p.kbit_prepared), g);
+      r.weights += w * t.count;
+      if (t.per_block) r.layer_weights += w * (t.count / m.layers);
+      if (t.role == tensor_role::linear_weight && p.weights.quantized())
+        r.largest_frozen_linear = max_of(r.largest_frozen_linear, t.elements());
+    });
+    for_each_lora_parameter(m, p.lora.rank, p.lora.targets, trainable);
+  }
+  // PyTorch's foreach AdamW materialises an fp32 temporary the size of all parameters (sqrt of v);
+  // Adafactor builds fp32 temporaries per tensor; fused and blockwise optimizers work in place.
+  if (!p.fused_optimizer) {
+    const std::uint64_t trainable_elements = r.gradients / weight_bytes;
+    if (p.optimizer == optimizer_kind::adamw) r.step_temporary = 4 * trainable_elements;
+    if (p.optimizer == optimizer_kind::adamw_bf16) r.step_temporary = 2 * trainable_elements;
+  }
+  if (p.optimizer == optimizer_kind::adafactor) r.step_temporary = 3 * 4 * largest_trainable;
+  return r;
+}
+
+}  // namespace detail
+
+constexpr memory_estimate estimate_memory(const model_config& m, const training_plan& p) noexcept {
+  memory_estimate out;
+  out.problem = plan_problem(m, p);
+  if (!out.valid()) return out;
+  out.parameters = parameter_count(m);
+  out.trainable_parameters = p.lora_training() ? lora_parameter_count(m, p.lora.rank, p.lora.targets) : out.parameters;
+
+  const detail::parameter_totals params = detail::parameter_bytes(m, p);
+  const std::uint64_t N = p.gpus;
+  const int zero = N > 1 ? p.zero_stage : 0;
+  const bool host_optimizer = p.placement == optimizer_placement::host;
+
+  // --- persistent device and host state ---
+  breakdown persistent;
+  breakdown& host = out.host;
+  if (p.offload_parameters) {
+    host[category::weights] = params.weights;
+    persistent[category::weights] = 2 * params.layer_weights;  // the layer in use and the one prefetched
+  } else if (zero == 3) {
+    persistent[category::weights] = ceil_div(params.weights, N) + 2 * params.layer_weights;
+  } else {
+    persistent[category::weights] = params.weights;
+  }
+  const std::uint64_t master = zero >= 1 ? ceil_div(params.master, N) : params.master;
+  const std::uint64_t optimizer = zero >= 1 ? ceil_div(params.optimizer, N) : params.optimizer;
+  std::uint64_t gradients = zero >= 2 ? ceil_div(params.gradients, N) + params.layer_gradients : params.gradients;
+  std::uint64_t step_temporary = zero >= 1 ? ceil_div(params.step_temporary, N) : params.step_temporary;
+  if (host_optimizer) {
+    host[category::master_weights] = master;
+    host[category::optimizer_state] = optimizer;
+    // The host keeps fp32 gradients; the device only a double-buffered bucket of one layer's.
+    const std::uint64_t grad_bytes = p.precision == precision_mode::fp32 ? 4 : 2;
+    host[category::gradients] = zero >= 2 ? ceil_div(params.gradients, N) * 4 / grad_bytes
+                                          : params.gradients * 4 / grad_bytes;
+    gradients = 2 * params.layer_gradients + params.head_gradients;
+    step_temporary = 0;  // the CPU optimizer steps on the host
+  } else {
+    persistent[category::master_weights] = master;
+    persistent[category::optimizer_state] = optimizer;
+  }
+  const std::uint64_t g = p.overhead.allocation_granularity;
+  // A quantized base is dequantized one linear at a time into a 16-bit tile.
+  persistent[category::workspace] = p.overhead.workspace_bytes + round_up(2 * params.largest_frozen_linear, g);
+  persistent[category::overhead] = p.overhead.cuda_context_bytes + (N > 1 ? p.overhead.nccl_bytes : 0);
+  out.host_bytes = host.total();
+
+  // --- activations ---
+  const block_activations block = block_activation_bytes(m, p);
+  const std::uint64_t extras = model_level_activation_bytes(m, p);
+  const logits_bytes logits = logits_activation_bytes(m, p);
+  const std::uint64_t L = m.layers;
+  const std::uint64_t layer_input = round_up(p.stream_bytes() * p.tokens() * m.hidden, g);
+  // k: layers per checkpointed segment (0: no checkpointing).
+  std::uint64_t k = 0;
+  switch (p.checkpoint) {
+    case checkpointing::none: break;
+    case checkpointing::every_layer: k = 1; break;
+    case checkpointing::every_k_layers: k = p.checkpoint_every < L ? p.checkpoint_every : L; break;
+    case checkpointing::sqrt:
+      while (k * k < L) ++k;
+      break;
+    case checkpointing::binomial: k = 1; break;
+  }
+  const bool binomial = p.checkpoint == checkpointing::binomial;
+  const std::uint64_t slots = p.checkpoint_slots < L ? p.checkpoint_slots : L;
+  const std::uint64_t segments = k == 0 ? 0 : binomial ? slots : ceil_div(L, k);
+  // Saved through forward: every block's tensors, or only the checkpoints.
+  const std::uint64_t saved_blocks = k == 0 ? L * block.saved_bytes : segments * layer_input;
+  const std::uint64_t grads_kept_in_forward = p.grad_accum > 1 ? gradients : 0;
+
+  auto with = [&](breakdown b, std::uint64_t grads, std::uint64_t activations, std::uint64_t logit_bytes,
+                  std::uint64_t extra_workspace) {
+    b[category::gradients] = grads;
+    b[category::activations] = activations;
+    b[category::logits] = logit_bytes;
+    b[category::workspace] += extra_workspace;
+    if (p.overhead.fragmentation_percent != 0) b[category::overhead] += b.total() * p.overhead.fragmentation_percent / 100;
+    return b;
+  };
+  auto larger = [](const breakdown& a, const breakdown& b) { return b.total() > a.total() ? b : a; };
+
+  // Forward: the last block's temporaries, then the logits and loss on top of everything saved.
+  breakdown forward = with(persistent, grads_kept_in_forward, saved_blocks + extras + block.forward_transient, 0, 0);
+  forward = larger(forward, with(persistent, grads_kept_in_forward, saved_blocks + extras, logits.forward_peak, 0));
+  out.phases[0] = forward;
+
+  // Backward, from the loss: the head's gradient first, then block by block.
+  const bool host_grads = host_optimizer;
+  const std::uint64_t grads_base = p.grad_accum > 1 ? gradients : 0;
+  auto grads_so_far = [&](std::uint64_t produced) {
+    if (p.grad_accum > 1 || host_grads) return gradients;  // already allocated (or a fixed bucket)
+    return produced < gradients ? produced : gradients;
+  };
+  breakdown backward = with(persistent, grads_so_far(grads_base + params.head_gradients),
+                            saved_blocks + extras, logits.backward_peak, 0);
+  for (std::uint64_t i = L; i-- > 0;) {
+    // Layer i runs backward: blocks 0..i-1 (or their checkpoints) are still saved.
+    std::uint64_t activations = extras + block.backward_transient;
+    if (k == 0) {
+      activations += (i + 1) * block.saved_bytes;
+    } else if (binomial) {
+      // At most `slots` checkpoints are alive; layer i is recomputed from one and run backward alone.
+      activations += (i < slots ? i : slots) * layer_input + block.saved_bytes;
+    } else {
+      const std::uint64_t segment = i / k;
+      const std::uint64_t recomputed = i - segment * k + 1;  // blocks of this segment up to i
+      activations += segment * layer_input + recomputed * block.saved_bytes;
+    }
+    const std::uint64_t produced = params.head_gradients + (L - i) * params.layer_gradients;
+    backward = larger(backward, with(persistent, grads_so_far(produced), activations, 0, 0));
+  }
+  backward = larger(backward, with(persistent, grads_so_far(gradients), extras, 0, 0));
+  out.phases[1] = backward;
+
+  breakdown step = with(persistent, gradients, 0, 0, step_temporary);
+  out.phases[2] = step;
+
+  int peak = 0;
+  for (int i = 1; i < step_phase_count; ++i)
+    if (out.phases[i].total() > out.phases[peak].total()) peak = i;
+  out.peak_phase = static_cast<step_phase>(peak);
+  out.device = out.phases[peak];
+  out.peak_device_bytes = out.device.total();
+  return out;
+}
+
+struct fit_report {
+  memory_estimate estimate;
+  std::uint64_t available_bytes = 0;
+  bool fits = false;
+  constexpr std::uint64_t shortfall_bytes() const noexcept {
+    return estimate.peak_device_bytes > available_bytes ? estimate.peak_device_bytes - available_bytes : 0;
+  }
+};
+
+constexpr fit_report check_fit(const model_config& m, const training_plan& p, const gpu_spec& gpu) noexcept {
+  fit_report r;
+  r.estimate = estimate_memory(m, p);
+  r.available_bytes = gpu.memory_bytes;
+  r.fits = r.estimate.valid() && r.estimate.peak_device_bytes <= gpu.memory_bytes;
+  return r;
+}
+
+}  // namespace budget
+MEMKIT_NAMESPACE_END

@@ -1,0 +1,86 @@
+// Reads a Hugging Face config.json into a memkit::budget::model_config.
+// Supported model_type: llama, mistral, qwen2, gemma, phi3 (llama-style) and gpt2.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+
+#include <memkit/budget/model.hpp>
+
+#include "json_reader.hpp"
+
+namespace memkit_tools {
+
+namespace detail {
+inline std::uint64_t positive_integer(const json_value& config, const char* key, const char* model_type) {
+  const json_value* v = config.find(key);
+  if (v == nullptr || v->type == json_value::kind::null)
+    throw memkit::error(std::string("config.json (model_type ") + model_type + "): missing field '" + key + "'");
+  if (v->type != json_value::kind::number || v->number != std::floor(v->number))
+    throw memkit::error(std::string("config.json: field '") + key + "' must be an integer");
+  if (v->number <= 0)
+    throw memkit::error(std::string("config.json: field '") + key + "' must be positive, got " + v->text);
+  if (v->number > 1e15) throw memkit::error(std::string("config.json: field '") + key + "' is too large");
+  return static_cast<std::uint64_t>(v->number);
+}
+inline std::uint64_t optional_integer(const json_value& config, const char* key, std::uint64_t fallback,
+                                      const char* model_type) {
+  const json_value* v = config.find(key);
+  if (v == nullptr || v->type == json_value::kind::null) return fallback;
+  return positive_integer(config, key, model_type);
+}
+inline bool optional_bool(const json_value& config, const char* key, bool fallback) {
+  const json_value* v = config.find(key);
+  if (v == nullptr || v->type == json_value::kind::null) return fallback;
+  if (v->type != json_value::kind::boolean) throw memkit::error(std::string("config.json: field '") + key + "' must be true or false");
+  return v->boolean;
+}
+}  // namespace detail
+
+// `name` must outlive the returned description (it keeps a view of it).
+inline memkit::budget::model_config model_from_hf_config(const json_value& config, const std::string& name) {
+  using namespace memkit::budget;
+  if (config.type != json_value::kind::object) throw memkit::error("config.json: expected a JSON object");
+  const json_value* type_field = config.find("model_type");
+  if (type_field == nullptr || type_field->type != json_value::kind::string)
+    throw memkit::error("config.json: missing field 'model_type'");
+  const std::string& type = type_field->text;
+  const char* t = type.c_str();
+  using detail::optional_bool;
+  using detail::optional_integer;
+  using detail::positive_integer;
+
+  model_config m;
+  if (type == "gpt2") {
+    const std::uint64_t hidden = positive_integer(config, "n_embd", t);
+    m = gpt2_style(name, hidden, positive_integer(config, "n_layer", t), positive_integer(config, "n_head", t),
+                   positive_integer(config, "vocab_size", t), positive_integer(config, "n_positions", t));
+    m.intermediate = optional_integer(config, "n_inner", 4 * hidden, t);
+    m.tied_embeddings = optional_bool(config, "tie_word_embeddings", true);
+  } else if (type == "llama" || type == "mistral" || type == "qwen2" || type == "gemma" || type == "phi3") {
+    const std::uint64_t heads = positive_integer(config, "num_attention_heads", t);
+    const bool tied_default = type == "gemma";  // transformers' per-model default
+    m = llama_style(name, positive_integer(config, "hidden_size", t), positive_integer(config, "num_hidden_layers", t),
+                    heads, optional_integer(config, "num_key_value_heads", heads, t),
+                    positive_integer(config, "intermediate_size", t), positive_integer(config, "vocab_size", t),
+                    optional_bool(config, "tie_word_embeddings", tied_default),
+                    optional_integer(config, "max_position_embeddings", 0, t), optional_integer(config, "head_dim", 0, t));
+    m.qkv_bias = type == "qwen2" || optional_bool(config, "attention_bias", false);
+    if (type == "phi3") {
+      m.fused_qkv = true;
+      m.fused_gate_up = true;
+    }
+    const json_value* act = config.find("hidden_activation");
+    if (act == nullptr || act->type != json_value::kind::string) act = config.find("hidden_act");
+    if (act != nullptr && act->type == json_value::kind::string && act->text.rfind("gelu", 0) == 0)
+      m.mlp = mlp_kind::geglu;
+  } else {
+    throw memkit::error("config.json: unsupported model_type '" + type +
+                        "' (supported: llama, mistral, qwen2, gemma, phi3, gpt2)");
+  }
+  if (!m.valid()) throw memkit::error("config.json: " + std::string(m.problem()));
+  return m;
+}
+
+}  // namespace memkit_tools

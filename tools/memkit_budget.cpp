@@ -1,0 +1,442 @@
+// memkit-budget: will this training run fit? Prints the memory of one training step by category,
+// the device peak, and optionally the planner's ladder, the largest micro-batch and the longest
+// sequence that fit. Reads a Hugging Face config.json or a preset. Bad input: one line, exit 2.
+#include <memkit/budget/planner.hpp>
+#include <memkit/core/units.hpp>
+
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "hf_config.hpp"
+#include "json_reader.hpp"
+
+namespace {
+
+using namespace memkit::budget;
+using memkit::format_bytes;
+
+constexpr const char* usage_text =
+    "usage: memkit-budget (--config PATH | --preset NAME) [options]\n"
+    "  --method full|lora|qlora        --lora-rank R     --lora-targets q,k,v,o,gate,up,down\n"
+    "  --precision fp32|bf16-mixed|bf16|fp16-mixed\n"
+    "  --optimizer adamw|adamw-bf16|adamw8bit|adamw4bit|sgd|adafactor|none\n"
+    "  --batch B  --seq S  --grad-accum N  --checkpointing none|layer|sqrt|every:K|binomial:SLOTS\n"
+    "  --attention eager|flash\n"
+    "  --logits fp32|bf16|chunked  --offload none|optimizer|optimizer+params  --gpus N  --zero 0|1|2|3\n"
+    "  --gpu NAME  --plan  --max-batch  --max-seq  --json  --svg PATH\n"
+    "  --kbit-prepared  (PEFT prepare_model_for_kbit_training: fp32 non-quantized weights and activations)\n"
+    "  --fused-norms    (norm and softmax kernels that keep no fp32 copies)\n";
+
+struct usage_error : memkit::error {
+  using memkit::error::error;
+};
+
+struct options {
+  std::string config_path, preset, gpu_name, svg_path;
+  std::string method = "full";
+  training_plan plan{};
+  bool sequence_given = false;
+  bool want_plan = false, want_max_batch = false, want_max_seq = false, want_json = false;
+};
+
+std::uint64_t parse_count(const std::string& flag, const std::string& text, bool allow_zero = false) {
+  std::size_t used = 0;
+  long long value = 0;
+  try {
+    value = std::stoll(text, &used);
+  } catch (const std::exception&) {
+    throw usage_error(flag + " expects an integer, got '" + text + "'");
+  }
+  if (used != text.size()) throw usage_error(flag + " expects an integer, got '" + text + "'");
+  if (value < 0 || (value == 0 && !allow_zero))
+    throw usage_error(flag + " must be " + (allow_zero ? "non-negative" : "positive") + ", got " + text);
+  return static_cast<std::uint64_t>(value);
+}
+
+template <class Enum, std::size_t N>
+Enum parse_choice(const std::string& flag, const std::string& text, const std::pair<const char*, Enum> (&choices)[N]) {
+  std::string names;
+  for (const auto& [name, value] : choices) {
+    if (text == name) return value;
+    names += names.empty() ? name : std::string("|") + name;
+  }
+  throw usage_error(flag + " must be one of " + names + ", got '" + text + "'");
+}
+
+module_set parse_targets(const std::string& text) {
+  static constexpr std::pair<const char*, linear_module> names[] = {
+      {"q", linear_module::q},       {"k", linear_module::k},   {"v", linear_module::v},
+      {"o", linear_module::o},       {"gate", linear_module::gate}, {"up", linear_module::up},
+      {"down", linear_module::down}};
+  module_set set = 0;
+  std::stringstream stream(text);
+  std::string item;
+  while (std::getline(stream, item, ',')) {
+    if (item.empty()) continue;
+    set = static_cast<module_set>(set | parse_choice<linear_module>("--lora-targets", item, names));
+  }
+  if (set == 0) throw usage_error("--lora-targets needs at least one of q,k,v,o,gate,up,down");
+  return set;
+}
+
+options parse_arguments(int argc, char** argv) {
+  options o;
+  training_plan& p = o.plan;
+  for (int i = 1; i < argc; ++i) {
+    const std::string flag = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) throw usage_error(flag + " needs a value");
+      return argv[++i];
+    };
+    if (flag == "--help" || flag == "-h") {
+      std::fputs(usage_text, stdout);
+      std::exit(0);
+    } else if (flag == "--config") {
+      o.config_path = value();
+    } else if (flag == "--preset") {
+      o.preset = value();
+    } else if (flag == "--method") {
+      o.method = value();
+      if (o.method != "full" && o.method != "lora" && o.method != "qlora")
+        throw usage_error("--method must be one of full|lora|qlora, got '" + o.method + "'");
+    } else if (flag == "--lora-rank") {
+      p.lora.rank = parse_count(flag, value());
+    } else if (flag == "--lora-targets") {
+      p.lora.targets = parse_targets(value());
+    } else if (flag == "--precision") {
+      static constexpr std::pair<const char*, precision_mode> choices[] = {
+          {"fp32", precision_mode::fp32}, {"bf16-mixed", precision_mode::bf16_mixed},
+          {"bf16", precision_mode::bf16}, {"fp16-mixed", precision_mode::fp16_mixed}};
+      p.precision = parse_choice(flag, value(), choices);
+    } else if (flag == "--optimizer") {
+      static constexpr std::pair<const char*, optimizer_kind> choices[] = {
+          {"adamw", optimizer_kind::adamw},       {"adamw-bf16", optimizer_kind::adamw_bf16},
+          {"adamw8bit", optimizer_kind::adamw_8bit}, {"adamw4bit", optimizer_kind::adamw_4bit},
+          {"sgd", optimizer_kind::sgd_momentum},  {"adafactor", optimizer_kind::adafactor},
+          {"none", optimizer_kind::none}};
+      p.optimizer = parse_choice(flag, value(), choices);
+    } else if (flag == "--batch") {
+      p.micro_batch = parse_count(flag, value());
+    } else if (flag == "--seq") {
+      p.sequence = parse_count(flag, value());
+      o.sequence_given = true;
+    } else if (flag == "--grad-accum") {
+      p.grad_accum = parse_count(flag, value());
+    } else if (flag == "--checkpointing") {
+      // The issue's none|layer, plus sqrt, every:K and binomial:SLOTS.
+      const std::string what = value();
+      if (what.rfind("every:", 0) == 0) {
+        p.checkpoint = checkpointing::every_k_layers;
+        p.checkpoint_every = parse_count(flag, what.substr(6));
+      } else if (what.rfind("binomial:", 0) == 0) {
+        p.checkpoint = checkpointing::binomial;
+        p.checkpoint_slots = parse_count(flag, what.substr(9));
+      } else {
+        static constexpr std::pair<const char*, checkpointing> choices[] = {
+            {"none", checkpointing::none}, {"layer", checkpointing::every_layer}, {"sqrt", checkpointing::sqrt}};
+        p.checkpoint = parse_choice(flag, what, choices);
+      }
+    } else if (flag == "--attention") {
+      static constexpr std::pair<const char*, attention_impl> choices[] = {
+          {"eager", attention_impl::eager}, {"flash", attention_impl::memory_efficient}};
+      p.attention = parse_choice(flag, value(), choices);
+    } else if (flag == "--logits") {
+      static constexpr std::pair<const char*, logits_mode> choices[] = {
+          {"fp32", logits_mode::fp32}, {"bf16", logits_mode::half}, {"chunked", logits_mode::chunked}};
+      p.logits = parse_choice(flag, value(), choices);
+    } else if (flag == "--offload") {
+      const std::string what = value();
+      if (what == "none") {
+        p.placement = optimizer_placement::device;
+        p.offload_parameters = false;
+      } else if (what == "optimizer") {
+        p.placement = optimizer_placement::host;
+        p.offload_parameters = false;
+      } else if (what == "optimizer+params") {
+        p.placement = optimizer_placement::host;
+        p.offload_parameters = true;
+      } else {
+        throw usage_error("--offload must be one of none|optimizer|optimizer+params, got '" + what + "'");
+      }
+    } else if (flag == "--gpus") {
+      p.gpus = parse_count(flag, value());
+    } else if (flag == "--zero") {
+      const std::uint64_t stage = parse_count(flag, value(), true);
+      if (stage > 3) throw usage_error("--zero must be 0, 1, 2 or 3, got " + std::to_string(stage));
+      p.zero_stage = static_cast<int>(stage);
+    } else if (flag == "--gpu") {
+      o.gpu_name = value();
+    } else if (flag == "--plan") {
+      o.want_plan = true;
+    } else if (flag == "--max-batch") {
+      o.want_max_batch = true;
+    } else if (flag == "--max-seq") {
+      o.want_max_seq = true;
+    } else if (flag == "--kbit-prepared") {
+      p.kbit_prepared = true;
+    } else if (flag == "--fused-norms") {
+      p.fp32_norm_and_softmax = false;
+    } else if (flag == "--json") {
+      o.want_json = true;
+    } else if (flag == "--svg") {
+      o.svg_path = value();
+    } else {
+      throw usage_error("unknown option '" + flag + "' (see --help)");
+    }
+  }
+  if (o.config_path.empty() == o.preset.empty()) throw usage_error("give exactly one of --config PATH or --preset NAME");
+  if (o.method != "full") {
+    p.training = method::lora;
+    if (o.method == "qlora") p.weights = weight_storage{weight_format::nf4, 64, true};
+  }
+  if ((o.want_plan || o.want_max_batch || o.want_max_seq) && o.gpu_name.empty())
+    throw usage_error("--plan, --max-batch and --max-seq need --gpu NAME");
+  return o;
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream file(path, std::ios::binary);
+  if (!file) throw memkit::error("cannot read '" + path + "'");
+  std::stringstream buffer;
+  buffer << file.rdbuf();
+  return buffer.str();
+}
+
+std::string gpu_names() {
+  std::string names;
+  for (const gpu_spec& g : presets::all_gpus) names += (names.empty() ? "" : ", ") + std::string(g.name);
+  return names;
+}
+
+std::string json_escape(std::string_view text) {
+  std::string out;
+  for (char c : text) {
+    if (c == '"' || c == '\\') out += '\\';
+    if (static_cast<unsigned char>(c) < 0x20) {
+      char code[8];
+      std::snprintf(code, sizeof code, "\\u%04x", c);
+      out += code;
+      continue;
+    }
+    out += c;
+  }
+  return out;
+}
+
+std::string breakdown_json(const breakdown& b) {
+  std::string out = "{";
+  for (int c = 0; c < category_count; ++c) {
+    out += (c ? ", \"" : "\"") + std::string(to_string(static_cast<category>(c))) + "\": " + std::to_string(b.bytes[c]);
+  }
+  return out + "}";
+}
+
+std::string describe(const training_plan& p) {
+  std::string text = p.lora_training() ? "LoRA r=" + std::to_string(p.lora.rank) + " on " +
+                                             std::string(to_string(p.weights.format)) + " base"
+                                       : std::string("full");
+  text += ", " + std::string(to_string(p.precision)) + ", " + std::string(to_string(p.optimizer));
+  if (p.placement == optimizer_placement::host) text += p.offload_parameters ? " (offload optimizer+params)" : " (offload optimizer)";
+  text += ", micro-batch " + std::to_string(p.micro_batch) + " x " + std::to_string(p.sequence) + ", grad-accum " +
+          std::to_string(p.grad_accum);
+  text += p.checkpoint == checkpointing::none ? ", no checkpointing" : ", checkpointing";
+  text += p.attention == attention_impl::eager ? ", eager attention" : ", flash attention";
+  if (p.gpus > 1) text += ", " + std::to_string(p.gpus) + " GPUs ZeRO-" + std::to_string(p.zero_stage);
+  return text;
+}
+
+// --- SVG: stacked horizontal bars, one per estimate, with the GPU's memory as a vertical line. ---
+constexpr const char* category_colors[category_count] = {"#4e79a7", "#f28e2b", "#e15759", "#76b7b2",
+                                                         "#59a14f", "#edc948", "#b07aa1", "#9c755f"};
+
+void write_svg(const std::string& path, const std::string& title, const std::vector<std::pair<std::string, breakdown>>& bars,
+               std::uint64_t available_bytes) {
+  std::uint64_t scale = available_bytes;
+  for (const auto& bar : bars) scale = bar.second.total() > scale ? bar.second.total() : scale;
+  if (scale == 0) scale = 1;
+  const double left = 220, width = 640, bar_height = 28, gap = 14, top = 50;
+  const double height = top + static_cast<double>(bars.size()) * (bar_height + gap) + 70;
+  std::ostringstream svg;
+  svg << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << left + width + 130 << "\" height=\"" << height
+      << "\" font-family=\"sans-serif\" font-size=\"12\">\n";
+  svg << "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n";
+  svg << "<text x=\"10\" y=\"24\" font-size=\"15\">" << title << "</text>\n";
+  double y = top;
+  for (const auto& [label, b] : bars) {
+    svg << "<text x=\"10\" y=\"" << y + bar_height * 0.65 << "\">" << label << "</text>\n";
+    double x = left;
+    for (int c = 0; c < category_count; ++c) {
+      if (b.bytes[c] == 0) continue;
+      const double w = width * static_cast<double>(b.bytes[c]) / static_cast<double>(scale);
+      svg << "<rect x=\"" << x << "\" y=\"" << y << "\" width=\"" << w << "\" height=\"" << bar_height << "\" fill=\""
+          << category_colors[c] << "\"><title>" << to_string(static_cast<category>(c)) << ": "
+          << format_bytes(b.bytes[c]) << "</title></rect>\n";
+      x += w;
+    }
+    svg << "<text x=\"" << x + 4 << "\" y=\"" << y + bar_height * 0.65 << "\">" << format_bytes(b.total()) << "</text>\n";
+    y += bar_height + gap;
+  }
+  if (available_bytes != 0) {
+    const double x = left + width * static_cast<double>(available_bytes) / static_cast<double>(scale);
+    svg << "<line x1=\"" << x << "\" y1=\"" << top - 8 << "\" x2=\"" << x << "\" y2=\"" << y << "\" stroke=\"black\" "
+        << "stroke-width=\"2\" stroke-dasharray=\"6,3\"/>\n";
+    svg << "<text x=\"" << x + 4 << "\" y=\"" << top - 12 << "\">GPU " << format_bytes(available_bytes) << "</text>\n";
+  }
+  double legend_x = 10;
+  for (int c = 0; c < category_count; ++c) {
+    svg << "<rect x=\"" << legend_x << "\" y=\"" << y + 10 << "\" width=\"12\" height=\"12\" fill=\"" << category_colors[c]
+        << "\"/><text x=\"" << legend_x + 16 << "\" y=\"" << y + 20 << "\">" << to_string(static_cast<category>(c))
+        << "</text>\n";
+    legend_x += 110;
+  }
+  svg << "</svg>\n";
+  std::ofstream file(path);
+  if (!file) throw memkit::error("cannot write '" + path + "'");
+  file << svg.str();
+  if (!file) throw memkit::error("cannot write '" + path + "'");
+}
+
+void print_table(const memory_estimate& e) {
+  std::printf("%-16s %14s %14s %14s %14s\n", "category", "forward", "backward", "optimizer", "host");
+  for (int c = 0; c < category_count; ++c) {
+    const auto cat = static_cast<category>(c);
+    std::printf("%-16s %14s %14s %14s %14s\n", std::string(to_string(cat)).c_str(), format_bytes(e.phases[0][cat]).c_str(),
+                format_bytes(e.phases[1][cat]).c_str(), format_bytes(e.phases[2][cat]).c_str(),
+                format_bytes(e.host[cat]).c_str());
+  }
+  std::printf("%-16s %14s %14s %14s %14s\n", "total", format_bytes(e.phases[0].total()).c_str(),
+              format_bytes(e.phases[1].total()).c_str(), format_bytes(e.phases[2].total()).c_str(),
+              format_bytes(e.host.total()).c_str());
+  std::printf("peak device: %s (%llu bytes, %s phase; largest: %s)   host: %s\n", format_bytes(e.peak_device_bytes).c_str(),
+              static_cast<unsigned long long>(e.peak_device_bytes), std::string(to_string(e.peak_phase)).c_str(),
+              std::string(to_string(e.device.largest())).c_str(), format_bytes(e.host_bytes).c_str());
+}
+
+int run(int argc, char** argv) {
+  options o = parse_arguments(argc, argv);
+  std::string model_name;
+  model_config model;
+  if (!o.preset.empty()) {
+    const model_config* preset = find_model_preset(o.preset);
+    if (preset == nullptr) {
+      std::string names;
+      for (const model_config& m : presets::all_models) names += (names.empty() ? "" : ", ") + std::string(m.name);
+      throw usage_error("unknown preset '" + o.preset + "' (known: " + names + ")");
+    }
+    model = *preset;
+  } else {
+    model_name = o.config_path;
+    model = memkit_tools::model_from_hf_config(memkit_tools::parse_json(read_file(o.config_path)), model_name);
+  }
+  training_plan& plan = o.plan;
+  if (!o.sequence_given && model.is_gpt2() && model.max_positions < plan.sequence) plan.sequence = model.max_positions;
+
+  std::optional<gpu_spec> gpu;
+  if (!o.gpu_name.empty()) {
+    const gpu_spec* found = find_gpu_preset(o.gpu_name);
+    if (found == nullptr) throw usage_error("unknown GPU '" + o.gpu_name + "' (known: " + gpu_names() + ")");
+    gpu = *found;
+  }
+
+  const memory_estimate e = estimate_memory(model, plan);
+  if (!e.valid()) throw usage_error(std::string(e.problem));
+  const bool fits = gpu && e.peak_device_bytes <= gpu->memory_bytes;
+  std::uint64_t max_batch = 0, max_seq = 0;
+  if (o.want_max_batch) max_batch = max_micro_batch(model, plan, *gpu);
+  if (o.want_max_seq) max_seq = max_sequence(model, plan, *gpu);
+  std::optional<ladder> steps;
+  if (o.want_plan) steps = plan_ladder(model, *gpu, plan);
+
+  if (o.want_json) {
+    std::string out = "{\"model\": \"" + json_escape(model.name) + "\"";
+    out += ", \"parameters\": " + std::to_string(e.parameters);
+    out += ", \"trainable_parameters\": " + std::to_string(e.trainable_parameters);
+    out += ", \"peak_device_bytes\": " + std::to_string(e.peak_device_bytes);
+    out += ", \"peak_phase\": \"" + std::string(to_string(e.peak_phase)) + "\"";
+    out += ", \"host_bytes\": " + std::to_string(e.host_bytes);
+    out += ", \"breakdown\": " + breakdown_json(e.device);
+    out += ", \"host_breakdown\": " + breakdown_json(e.host);
+    out += ", \"phases\": {";
+    for (int i = 0; i < step_phase_count; ++i)
+      out += (i ? ", \"" : "\"") + std::string(to_string(static_cast<step_phase>(i))) + "\": " + breakdown_json(e.phases[i]);
+    out += "}";
+    if (gpu) {
+      out += ", \"gpu\": \"" + std::string(gpu->name) + "\", \"available_bytes\": " + std::to_string(gpu->memory_bytes);
+      out += std::string(", \"fits\": ") + (fits ? "true" : "false");
+    }
+    if (o.want_max_batch) out += ", \"max_micro_batch\": " + std::to_string(max_batch);
+    if (o.want_max_seq) out += ", \"max_sequence\": " + std::to_string(max_seq);
+    if (steps) {
+      out += ", \"plan\": {\"first_fit\": ";
+      out += steps->first_fit < 0 ? "null" : "\"" + std::string(to_string(steps->rungs[steps->first_fit].kind)) + "\"";
+      out += ", \"rungs\": [";
+      for (int i = 0; i < rung_count; ++i) {
+        const ladder_rung& r = steps->rungs[i];
+        out += (i ? ", " : "") + std::string("{\"name\": \"") + std::string(to_string(r.kind)) + "\"";
+        out += std::string(", \"fits\": ") + (r.fits ? "true" : "false");
+        out += ", \"micro_batch\": " + std::to_string(r.plan.micro_batch) + ", \"grad_accum\": " + std::to_string(r.plan.grad_accum);
+        out += ", \"peak_device_bytes\": " + std::to_string(r.estimate.peak_device_bytes);
+        out += ", \"host_bytes\": " + std::to_string(r.estimate.host_bytes);
+        out += ", \"breakdown\": " + breakdown_json(r.estimate.device) + "}";
+      }
+      out += "]}";
+    }
+    std::printf("%s}\n", out.c_str());
+  } else {
+    std::printf("model: %s (%llu parameters, %llu trainable)\n", std::string(model.name).c_str(),
+                static_cast<unsigned long long>(e.parameters), static_cast<unsigned long long>(e.trainable_parameters));
+    std::printf("plan:  %s\n\n", describe(plan).c_str());
+    print_table(e);
+    if (gpu) {
+      std::printf("gpu %s: %s available: %s\n", std::string(gpu->name).c_str(), format_bytes(gpu->memory_bytes).c_str(),
+                  fits ? "fits" : ("does not fit, short by " + format_bytes(e.peak_device_bytes - gpu->memory_bytes)).c_str());
+    }
+    if (o.want_max_batch) std::printf("largest micro-batch that fits: %llu\n", static_cast<unsigned long long>(max_batch));
+    if (o.want_max_seq) std::printf("longest sequence that fits: %llu\n", static_cast<unsigned long long>(max_seq));
+    if (steps) {
+      std::printf("\nladder on %s:\n", std::string(gpu->name).c_str());
+      for (int i = 0; i < rung_count; ++i) {
+        const ladder_rung& r = steps->rungs[i];
+        std::printf("  %d %-28s %12s  %-5s %s\n", i + 1, std::string(to_string(r.kind)).c_str(),
+                    format_bytes(r.estimate.peak_device_bytes).c_str(), r.fits ? "fits" : "no", describe(r.plan).c_str());
+      }
+      if (steps->first_fit >= 0)
+        std::printf("first rung that fits: %s\n", std::string(to_string(steps->rungs[steps->first_fit].kind)).c_str());
+      else
+        std::printf("no rung fits\n");
+    }
+  }
+
+  if (!o.svg_path.empty()) {
+    std::vector<std::pair<std::string, breakdown>> bars;
+    std::string title = "memkit-budget: " + std::string(model.name);
+    if (steps) {
+      for (const ladder_rung& r : steps->rungs) bars.emplace_back(std::string(to_string(r.kind)), r.estimate.device);
+      title += " on " + std::string(gpu->name);
+    } else {
+      bars.emplace_back("peak (" + std::string(to_string(e.peak_phase)) + ")", e.device);
+      for (int i = 0; i < step_phase_count; ++i) bars.emplace_back(std::string(to_string(static_cast<step_phase>(i))), e.phases[i]);
+    }
+    write_svg(o.svg_path, title, bars, gpu ? gpu->memory_bytes : 0);
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& failure) {
+    std::string message = failure.what();
+    for (char& c : message)
+      if (c == '\n') c = ' ';
+    std::fprintf(stderr, "memkit-budget: error: %s\n", message.c_str());
+    return 2;
+  }
+}
