@@ -487,14 +487,19 @@ class adam_state {
   void read_moments(const E& exec, std::size_t tensor, std::vector<float>& m, std::vector<float>& v) const {
     require(tensor < layout_.size(), "adam_state::read_moments: tensor " + std::to_string(tensor) + " of " +
                                          std::to_string(layout_.size()));
-    std::vector<std::byte> bytes(arena_.bytes());
-    copy_out(exec, bytes.data(), 0, bytes.size());
+    std::vector<std::byte> bytes;
+    const std::byte* base = arena_.data();
+    if (E::on_device || !host_executor::can_access(where())) {
+      bytes.resize(arena_.bytes());
+      copy_out(exec, bytes.data(), 0, bytes.size());
+      base = bytes.data();
+    }
     const detail::adam_tensor_layout& t = layout_[tensor];
     m.resize(static_cast<std::size_t>(t.size));
     v.resize(static_cast<std::size_t>(t.size));
     for (std::int64_t i = 0; i < t.size; ++i) {
-      m[static_cast<std::size_t>(i)] = load_moment(bytes.data(), t, i, true);
-      v[static_cast<std::size_t>(i)] = load_moment(bytes.data(), t, i, false);
+      m[static_cast<std::size_t>(i)] = load_moment(base, t, i, true);
+      v[static_cast<std::size_t>(i)] = load_moment(base, t, i, false);
     }
   }
   // Overwrites one tensor's moments with fp32 values, quantizing them as the step would (host-accessible
@@ -718,30 +723,42 @@ class adam_state {
   // Requantizes one block from fp32 moments: new absmax per moment, then the nearest codes.
   void quantize_block(std::byte* base, const detail::adam_tensor_layout& t, std::int64_t b, const float* m,
                       const float* v, std::int64_t count) {
-    float m_max = 0.0f, v_max = 0.0f;
-    for (std::int64_t i = 0; i < count; ++i) {
-      m_max = detail::max_abs(m_max, m[i]);
-      v_max = detail::max_abs(v_max, v[i]);
-    }
+    quantize_block(base, t, b, m, v, count, block_absmax(m, count), block_absmax(v, count));
+  }
+  // The largest magnitude, as the integer maximum of the magnitudes' bit patterns: for finite
+  // non-negative floats the two orders agree, and the integer form runs without a serial chain
+  // of float compares (the device uses max_abs; max is exact, so both give the same bits).
+  static float block_absmax(const float* values, std::int64_t count) noexcept {
+    std::uint32_t lanes[8] = {};
+    std::int64_t i = 0;
+    for (; i + 8 <= count; i += 8)
+      for (int l = 0; l < 8; ++l) lanes[l] = std::max(lanes[l], detail::bit_cast<std::uint32_t>(values[i + l]) & 0x7fffffffu);
+    for (; i < count; ++i) lanes[0] = std::max(lanes[0], detail::bit_cast<std::uint32_t>(values[i]) & 0x7fffffffu);
+    std::uint32_t best = 0;
+    for (std::uint32_t lane : lanes) best = std::max(best, lane);
+    return detail::bit_cast<float>(best);
+  }
+  void quantize_block(std::byte* base, const detail::adam_tensor_layout& t, std::int64_t b, const float* m,
+                      const float* v, std::int64_t count, float m_max, float v_max) {
     reinterpret_cast<float*>(base + t.m_scale_offset)[b] = m_max;
     reinterpret_cast<float*>(base + t.v_scale_offset)[b] = v_max;
     const float m_inverse = detail::inverse_scale(m_max), v_inverse = detail::inverse_scale(v_max);
     auto* m_codes = reinterpret_cast<std::uint8_t*>(base + t.m_offset);
     auto* v_codes = reinterpret_cast<std::uint8_t*>(base + t.v_offset);
-    const auto& tables = traits::tables();
+    const auto coder = traits::make_host_coder();
     const std::int64_t begin = b * Block;
     if constexpr (traits::bits == 8) {
       for (std::int64_t i = 0; i < count; ++i) {
-        m_codes[begin + i] = static_cast<std::uint8_t>(traits::m_code(tables.m.data(), detail::mul_rn(m[i], m_inverse)));
-        v_codes[begin + i] = static_cast<std::uint8_t>(traits::v_code(tables.v.data(), detail::mul_rn(v[i], v_inverse)));
+        m_codes[begin + i] = static_cast<std::uint8_t>(coder.m(detail::mul_rn(m[i], m_inverse)));
+        v_codes[begin + i] = static_cast<std::uint8_t>(coder.v(detail::mul_rn(v[i], v_inverse)));
       }
     } else {
       // Blocks are even-sized and start at even indices, so a byte never straddles two blocks.
       for (std::int64_t i = 0; i < count; i += 2) {
-        const unsigned m_hi = traits::m_code(tables.m.data(), detail::mul_rn(m[i], m_inverse));
-        const unsigned v_hi = traits::v_code(tables.v.data(), detail::mul_rn(v[i], v_inverse));
-        const unsigned m_lo = i + 1 < count ? traits::m_code(tables.m.data(), detail::mul_rn(m[i + 1], m_inverse)) : 0u;
-        const unsigned v_lo = i + 1 < count ? traits::v_code(tables.v.data(), detail::mul_rn(v[i + 1], v_inverse)) : 0u;
+        const unsigned m_hi = coder.m(detail::mul_rn(m[i], m_inverse));
+        const unsigned v_hi = coder.v(detail::mul_rn(v[i], v_inverse));
+        const unsigned m_lo = i + 1 < count ? coder.m(detail::mul_rn(m[i + 1], m_inverse)) : 0u;
+        const unsigned v_lo = i + 1 < count ? coder.v(detail::mul_rn(v[i + 1], v_inverse)) : 0u;
         m_codes[(begin + i) / 2] = static_cast<std::uint8_t>((m_hi << 4) | m_lo);
         v_codes[(begin + i) / 2] = static_cast<std::uint8_t>((v_hi << 4) | v_lo);
       }

@@ -28,12 +28,85 @@ namespace detail {
 template <int Entries>
 MEMKIT_HOST_DEVICE MEMKIT_FORCEINLINE unsigned nearest_in_table(const float* table, float x) noexcept {
   unsigned low = 0;
+
   for (unsigned half = Entries / 2; half > 0; half >>= 1)
-    if (table[low + half] <= x) low += half;
-  if (low + 1 < static_cast<unsigned>(Entries) &&
-      x > mul_rn(add_rn(table[low], table[low + 1]), 0.5f))
-    ++low;
-  return low;
+    low += half & (0u - static_cast<unsigned>(table[low + half] <= x));  // branch-free: the outcomes are coin flips
+  const unsigned next = low + 1 < static_cast<unsigned>(Entries) ? low + 1 : low;
+  return low + static_cast<unsigned>((x > mul_rn(add_rn(table[low], table[next]), 0.5f)) & (next != low));
+}
+
+// The last step of quant::nearest_dynamic once its search has ended at the even index `pivot`: move
+// to a neighbour past the float midpoint (a tie stays at pivot). Written without branches, because the
+// comparisons are coin flips for optimizer moments and mispredict half the time on a CPU.
+MEMKIT_HOST_DEVICE MEMKIT_FORCEINLINE unsigned finish_dynamic_code(const float* map, unsigned pivot, float x) noexcept {
+  const float probe = map[pivot];
+  const float up = (map[pivot + 1] + probe) * 0.5f;
+  const float down = (map[pivot == 0 ? 0 : pivot - 1] + probe) * 0.5f;
+  const bool above = x > probe;
+  return pivot + static_cast<unsigned>(above & (x > up)) - static_cast<unsigned>(!above & (pivot != 0) & (x < down));
+}
+
+// quant::nearest_dynamic's result, computed without its data-dependent branches. That search is a
+// complete binary search tree over the 127 odd indices 1..253 of the map, so the even index P where it
+// ends is twice the number of odd entries below x, and its last two brackets are P-1 and P+1; the
+// final midpoint test is then the same float expression as in quant::nearest_dynamic, so the codes
+// are identical, ties included (tests/host/adam_codes_test.cpp checks this against the shared function).
+// Branch-free, it runs several times faster on a CPU, where the shared function's branches mispredict.
+MEMKIT_HOST_DEVICE MEMKIT_FORCEINLINE unsigned dynamic_code(const float* map, float x) noexcept {
+  unsigned below = 0;  // odd entries map[2i - 1], i = 1..127, that are < x
+
+  for (unsigned step = 64; step > 0; step >>= 1) below += map[2 * (below + step) - 1] < x ? step : 0u;
+  return finish_dynamic_code(map, 2 * below, x);
+}
+
+// Host-only acceleration. quant::nearest_dynamic amounts to: the nearest entry by the float midpoints
+// (a + b) * 0.5f of adjacent entries, an exact tie going to the even index (where its search ends).
+// This index, keyed by the top 16 bits of x (sign, exponent, 7 mantissa bits), stores per bucket the
+// code at the bucket's low end and the one midpoint inside the bucket (buckets are narrower than the
+// spacing of the entries, checked when it is built), so a lookup is one load and one compare instead
+// of a chain of dependent loads. tests/host/adam_codes_test.cpp checks it against the shared function.
+struct dynamic_code_bucket {
+  float threshold;      // the midpoint inside the bucket (+Inf when there is none)
+  std::uint8_t code;    // the code below the threshold
+  std::uint8_t tie_up;  // 1 when x == threshold goes to code + 1 (code + 1 is even)
+  std::uint16_t unused;
+};
+struct dynamic_code_index {
+  std::array<dynamic_code_bucket, 65536> buckets;
+};
+
+inline dynamic_code_index build_dynamic_code_index(const float* map) {
+  dynamic_code_index index{};
+  for (std::uint32_t key = 0; key < 65536; ++key) {
+    const bool negative = (key & 0x8000u) != 0;
+    const float low = bit_cast<float>(negative ? (key << 16) | 0xffffu : key << 16);
+    const float high = bit_cast<float>(negative ? key << 16 : (key << 16) | 0xffffu);
+    dynamic_code_bucket bucket{__builtin_inff(), static_cast<std::uint8_t>(dynamic_code(map, low)), 0, 0};
+    int boundaries = 0;
+    for (unsigned c = 0; c < 255; ++c) {
+      const float middle = (map[c + 1] + map[c]) * 0.5f;
+      if (!(middle >= low && middle <= high)) continue;  // NaN buckets have none
+      ++boundaries;
+      bucket.threshold = middle;
+      bucket.code = static_cast<std::uint8_t>(c);
+      bucket.tie_up = static_cast<std::uint8_t>((c + 1) % 2 == 0);
+    }
+    if (boundaries > 1) throw error("memkit: dynamic map too dense for its 16-bit index");
+    index.buckets[key] = bucket;
+  }
+  return index;
+}
+
+template <bool Signed>
+const dynamic_code_index& dynamic_code_index_for() {
+  static const dynamic_code_index index =
+      build_dynamic_code_index(Signed ? quant::dynamic_map_signed.data() : quant::dynamic_map_unsigned.data());
+  return index;
+}
+
+inline unsigned dynamic_code_indexed(const dynamic_code_index& index, float x) noexcept {
+  const dynamic_code_bucket& bucket = index.buckets[bit_cast<std::uint32_t>(x) >> 16];
+  return bucket.code + static_cast<unsigned>((x > bucket.threshold) | ((x == bucket.threshold) & (bucket.tie_up != 0)));
 }
 
 template <int Bits>
@@ -145,10 +218,17 @@ struct adam_state_traits<four_bit> {
   MEMKIT_HOST_DEVICE static MEMKIT_FORCEINLINE unsigned v_code(const float* v_table, float x) noexcept {
     return detail::nearest_in_table<16>(v_table, x);
   }
+  // The host loop's lookups (the same codes as m_code / v_code).
+  struct host_coder {
+    unsigned m(float x) const noexcept { return m_code(detail::int4_maps.m.data(), x); }
+    unsigned v(float x) const noexcept { return v_code(detail::int4_maps.v.data(), x); }
+  };
+  static host_coder make_host_coder() { return {}; }
 };
 
 // 8-bit blockwise moments: the dynamic maps of the 8-bit optimizers paper (memkit/quant/codebooks.hpp),
-// signed for m and unsigned for v, looked up with bitsandbytes' own nearest-code rule. The maps contain
+// signed for m and unsigned for v, looked up with bitsandbytes' own nearest-code rule (the shared
+// quant::nearest_dynamic, in the branch-free form detail::dynamic_code). The maps contain
 // an exact zero, so a moment never quantizes to a code of the opposite sign (no sign fix-up needed).
 template <>
 struct adam_state_traits<std::int8_t> {
@@ -163,10 +243,20 @@ struct adam_state_traits<std::int8_t> {
     return detail::table_fingerprint(detail::int8_maps.m, detail::int8_maps.v);
   }
   MEMKIT_HOST_DEVICE static MEMKIT_FORCEINLINE unsigned m_code(const float* m_table, float x) noexcept {
-    return quant::nearest_dynamic(m_table, x);
+    return detail::dynamic_code(m_table, x);
   }
   MEMKIT_HOST_DEVICE static MEMKIT_FORCEINLINE unsigned v_code(const float* v_table, float x) noexcept {
-    return quant::nearest_dynamic(v_table, x);
+    return detail::dynamic_code(v_table, x);
+  }
+  // The host loop's lookups: indexed, the same codes as m_code / v_code.
+  struct host_coder {
+    const detail::dynamic_code_index* m_index;
+    const detail::dynamic_code_index* v_index;
+    unsigned m(float x) const noexcept { return detail::dynamic_code_indexed(*m_index, x); }
+    unsigned v(float x) const noexcept { return detail::dynamic_code_indexed(*v_index, x); }
+  };
+  static host_coder make_host_coder() {
+    return {&detail::dynamic_code_index_for<true>(), &detail::dynamic_code_index_for<false>()};
   }
 };
 
