@@ -312,6 +312,7 @@ class adam_state {
                 "adam_state: quantized states take a power-of-two block in [64, 4096]; fp32/bf16 states take none");
 
  public:
+  using state_type = State;
   static constexpr bool quantized = traits::quantized;
   static constexpr int block_size = Block;
 
