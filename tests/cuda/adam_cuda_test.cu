@@ -193,3 +193,80 @@ MEMKIT_GPU_TEST_CASE("gpu: adam refuses pageable host tensors on the CUDA execut
   restored.load(gpu, image);
   CHECK(state_bytes(restored) == state_bytes(state));
 }
+
+namespace {
+template <class S, class P, class G>
+void check_offload_matches_host() {
+  memkit::device_resource device;
+  memkit::pinned_host_resource pinned;
+  memkit::cuda_executor gpu{};
+  const std::vector<std::int64_t> sizes{3000, 70001, 8192};
+  S host_state(memkit::host, memkit::default_host_resource(), sizes);
+  S offloaded(memkit::host, pinned, sizes);  // CPU offload: the state lives in pinned host memory
+  std::vector<std::vector<float>> host_masters;
+  std::vector<std::vector<P>> host_params;
+  std::vector<mirrored<P>> device_params;
+  std::vector<mirrored<float>> masters;
+  std::vector<memkit::buffer<G>> grad_staging;
+  std::vector<memkit::buffer<P>> param_staging;
+  for (std::size_t i = 0; i < sizes.size(); ++i) {
+    const auto values = normal(static_cast<std::size_t>(sizes[i]), 0.1f, 77u + static_cast<std::uint32_t>(i));
+    host_masters.push_back(values);
+    host_params.push_back(convert<P>(values));
+    device_params.emplace_back(device, convert<P>(values));
+    masters.emplace_back(pinned, values);
+    grad_staging.emplace_back(pinned, memkit::shape{sizes[i]});
+    param_staging.emplace_back(pinned, memkit::shape{sizes[i]});
+  }
+  const std::vector<adam_group> groups{adam_group{}};
+  for (int step = 0; step < 3; ++step) {
+    std::vector<mirrored<G>> grads;
+    std::vector<adam_param<P, G>> on_host;
+    std::vector<memkit::adam_offload_param<P, G>> on_device;
+    for (std::size_t i = 0; i < sizes.size(); ++i) {
+      grads.emplace_back(device, convert<G>(normal(static_cast<std::size_t>(sizes[i]), 0.01f, 500u * step + i)));
+      on_host.push_back({memkit::host_view(host_params[i]), memkit::host_view(grads[i].host),
+                         std::is_same_v<P, float> ? memkit::tensor_view<float>{} : memkit::host_view(host_masters[i])});
+      on_device.push_back({device_params[i].device.view(), grads[i].device.view(), masters[i].device.view(),
+                           grad_staging[i].view(), param_staging[i].view()});
+    }
+    host_state.step(memkit::host, on_host, groups);
+    offloaded.offload_step(gpu, on_device, groups);
+    gpu.synchronize();  // the test reuses the gradient buffers' memory next step
+  }
+  int differing = 0;
+  for (std::size_t i = 0; i < sizes.size(); ++i) {
+    const auto device_copy = device_params[i].device_copy();
+    differing += std::memcmp(device_copy.data(), host_params[i].data(), device_copy.size() * sizeof(P)) != 0;
+    if (!std::is_same_v<P, float>)
+      differing += std::memcmp(masters[i].device.data(), host_masters[i].data(), host_masters[i].size() * 4) != 0;
+  }
+  CHECK(differing == 0);
+  const auto a = host_state.arena_view(), b = offloaded.arena_view();
+  CHECK(std::memcmp(a.data(), b.data(), a.size()) == 0);
+}
+}  // namespace
+
+MEMKIT_GPU_TEST_CASE("gpu: CPU-offloaded steps (state and master in pinned memory) equal the host step bit for bit") {
+  check_offload_matches_host<adam_state<std::int8_t>, bf16, bf16>();
+  check_offload_matches_host<adam_state<float>, float, float>();
+  check_offload_matches_host<adam_state<memkit::four_bit>, fp16, fp16>();
+}
+
+MEMKIT_GPU_TEST_CASE("gpu: CPU offload refuses pageable staging buffers and device-resident state") {
+  memkit::device_resource device;
+  memkit::cuda_executor gpu{};
+  const std::vector<std::int64_t> sizes{5000};
+  adam_state<std::int8_t> on_device(gpu, device, sizes);
+  mirrored<bf16> p(device, convert<bf16>(normal(5000, 0.1f, 1))), g(device, convert<bf16>(normal(5000, 0.01f, 2)));
+  std::vector<float> master(5000);
+  std::vector<bf16> grad_staging(5000), param_staging(5000);
+  const std::vector<memkit::adam_offload_param<bf16, bf16>> params{
+      {p.device.view(), g.device.view(), memkit::host_view(master), memkit::host_view(grad_staging),
+       memkit::host_view(param_staging)}};
+  const std::vector<adam_group> groups{adam_group{}};
+  CHECK_THROWS_WITH_AS(on_device.offload_step(gpu, params, groups), doctest::Contains("CPU offload keeps it in host memory"),
+                       memkit::error);
+  adam_state<std::int8_t> on_host(memkit::host, memkit::default_host_resource(), sizes);
+  CHECK_THROWS_WITH_AS(on_host.offload_step(gpu, params, groups), doctest::Contains("must be pinned_host"), memkit::error);
+}

@@ -70,6 +70,19 @@ struct adam_param {
   int group = 0;
 };
 
+// One parameter tensor of a CPU-offloaded step (adam_state::offload_step, CUDA builds): parameter and
+// gradient on the device; the fp32 master weights (the authoritative copy) and two staging buffers in
+// pinned host memory. param_staging is unused when P is float (the master is copied back directly).
+template <float_storage P, float_storage G>
+struct adam_offload_param {
+  tensor_view<P> param;
+  tensor_view<const G> grad;
+  tensor_view<float> master;
+  tensor_view<G> grad_staging;
+  tensor_view<P> param_staging{};
+  int group = 0;
+};
+
 // What the last step did, read back from the control block.
 struct adam_step_report {
   bool applied = false;
@@ -617,6 +630,64 @@ class adam_state {
   }
 #endif
 
+#if MEMKIT_HAS_CUDA
+  // CPU offload (ZeRO-Offload style): the state and the fp32 master weights live in host memory (pinned
+  // for the copies to overlap), the parameters and gradients on the device. Per tensor, in order, the
+  // gradient is copied to its pinned staging buffer while the host already works on the tensors that
+  // have arrived (norm pass); after the decision, the host updates tensor i (master, state, rounded
+  // parameter in the staging buffer) while the copy of tensor i-1's parameter to the device runs.
+  // The host waits on events of its own copies, never on the device as a whole; the copies back are
+  // left enqueued on the stream. The same element functions as every other path: the results are
+  // bit-identical to host_step on the master weights.
+  template <float_storage P, float_storage G>
+  void offload_step(const cuda_executor& exec, std::span<const adam_offload_param<P, G>> params,
+                    std::span<const adam_group> groups, float gradient_scale = 1.0f) {
+    validate_offload(exec, params, groups, gradient_scale);
+    detail::with_device(exec.device, [&] {
+      std::vector<cudaEvent_t> arrived(params.size());
+      struct event_guard {
+        std::vector<cudaEvent_t>& events;
+        ~event_guard() {
+          for (cudaEvent_t e : events)
+            if (e != nullptr) (void)cudaEventDestroy(e);
+        }
+      } guard{arrived};
+      for (std::size_t i = 0; i < params.size(); ++i) {
+        MEMKIT_CUDA_CHECK(cudaEventCreateWithFlags(&arrived[i], cudaEventDisableTiming));
+        MEMKIT_CUDA_CHECK(cudaMemcpyAsync(params[i].grad_staging.data(), params[i].grad.data(), params[i].grad.bytes(),
+                                          cudaMemcpyDeviceToHost, exec.stream));
+        MEMKIT_CUDA_CHECK(cudaEventRecord(arrived[i], exec.stream));
+      }
+      for (std::size_t i = 0; i < params.size(); ++i) {
+        MEMKIT_CUDA_CHECK(cudaEventSynchronize(arrived[i]));
+        host_norm(i, static_cast<const G*>(params[i].grad_staging.data()));
+      }
+      if (!host_finalize(gradient_scale)) return 0;  // skipped: nothing changes, nothing is copied back
+      for (std::size_t i = 0; i < params.size(); ++i) {
+        const adam_offload_param<P, G>& p = params[i];
+        const adam_group& group = groups[static_cast<std::size_t>(p.group)];
+        const G* grad = p.grad_staging.data();
+        if constexpr (std::is_same_v<P, float>) {
+          host_update(i, host_access<float, G>(i, p.master.data(), grad, nullptr), group);
+          MEMKIT_CUDA_CHECK(cudaMemcpyAsync(p.param.data(), p.master.data(), p.master.bytes(), cudaMemcpyHostToDevice,
+                                            exec.stream));
+        } else {
+          host_update(i, host_access<P, G>(i, p.param_staging.data(), grad, p.master.data()), group);
+          MEMKIT_CUDA_CHECK(cudaMemcpyAsync(p.param.data(), p.param_staging.data(), p.param_staging.bytes(),
+                                            cudaMemcpyHostToDevice, exec.stream));
+        }
+      }
+      return 0;
+    });
+  }
+  template <float_storage P, float_storage G>
+  void offload_step(const cuda_executor& exec, const std::vector<adam_offload_param<P, G>>& params,
+                    const std::vector<adam_group>& groups, float gradient_scale = 1.0f) {
+    offload_step(exec, std::span<const adam_offload_param<P, G>>(params), std::span<const adam_group>(groups),
+                 gradient_scale);
+  }
+#endif
+
   // A view of the whole state allocation (tests use it to check that steps leave it untouched).
   tensor_view<const std::byte> arena_view() const noexcept { return arena_.view(); }
 
@@ -802,66 +873,128 @@ class adam_state {
     }
   }
 
+#if MEMKIT_HAS_CUDA
+  template <float_storage P, float_storage G>
+  void validate_offload(const cuda_executor& exec, std::span<const adam_offload_param<P, G>> params,
+                        std::span<const adam_group> groups, float gradient_scale) const {
+    const char* op = "adam_state::offload_step";
+    require(host_executor::can_access(where()),
+            std::string(op) + ": the state is in " + to_string(where()) + " memory; CPU offload keeps it in host memory");
+    require(params.size() == layout_.size(), std::string(op) + ": got " + std::to_string(params.size()) +
+                                                 " parameter tensors, the state was made for " +
+                                                 std::to_string(layout_.size()));
+    require(!groups.empty(), std::string(op) + ": no parameter groups given");
+    require(gradient_scale > 0.0f && std::isfinite(gradient_scale), std::string(op) + ": gradient_scale must be finite and > 0");
+    for (std::size_t g = 0; g < groups.size(); ++g) validate(groups[g], std::string(op) + ": group " + std::to_string(g));
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      const adam_offload_param<P, G>& p = params[i];
+      const std::string which = "tensor " + std::to_string(i);
+      require(p.param.size() == layout_[i].size, std::string(op) + ": " + which + " has " +
+                                                     std::to_string(p.param.size()) + " elements, the state was made for " +
+                                                     std::to_string(layout_[i].size));
+      require_same_shape(p.param, p.grad, op, (which + " param").c_str(), (which + " grad").c_str());
+      require_same_shape(p.param, tensor_view<const float>(p.master), op, (which + " param").c_str(),
+                         (which + " master").c_str());
+      require_same_shape(p.param, tensor_view<const G>(p.grad_staging), op, (which + " param").c_str(),
+                         (which + " grad_staging").c_str());
+      if constexpr (!std::is_same_v<P, float>)
+        require_same_shape(p.param, tensor_view<const P>(p.param_staging), op, (which + " param").c_str(),
+                           (which + " param_staging").c_str());
+      require(p.group >= 0 && static_cast<std::size_t>(p.group) < groups.size(),
+              std::string(op) + ": " + which + " names group " + std::to_string(p.group) + " but only " +
+                  std::to_string(groups.size()) + " groups were given");
+      require_accessible(exec, p.param, op, (which + " param").c_str());
+      require_accessible(exec, p.grad, op, (which + " grad").c_str());
+      auto pinned = [&](memory_kind kind, const char* name) {
+        require(kind == memory_kind::pinned_host, std::string(op) + ": `" + which + " " + name + "` is in " +
+                                                      to_string(kind) +
+                                                      " memory; offload buffers must be pinned_host so copies overlap");
+      };
+      pinned(p.master.where(), "master");
+      pinned(p.grad_staging.where(), "grad_staging");
+      if constexpr (!std::is_same_v<P, float>) pinned(p.param_staging.where(), "param_staging");
+    }
+  }
+#endif
+
   // ---- host step ----
   template <float_storage P, float_storage G>
   void host_step(std::span<const adam_param<P, G>> params, std::span<const adam_group> groups, float gradient_scale) {
-    std::byte* base = arena_.data();
-    auto* control = reinterpret_cast<adam_control*>(base);
-    double* chunk_sums = reinterpret_cast<double*>(base + detail::align_segment(sizeof(adam_control)));
-    double lanes[detail::reduction_lanes];
-    for (std::size_t i = 0; i < params.size(); ++i) {
-      const detail::adam_tensor_layout& t = layout_[i];
-      const G* grad = params[i].grad.data();
-      for (std::int64_t c = 0; c < t.chunks; ++c) {
-        const std::int64_t begin = c * detail::reduction_chunk;
-        const std::int64_t count = std::min(detail::reduction_chunk, t.size - begin);
-        for (int lane = 0; lane < detail::reduction_lanes; ++lane)
-          lanes[lane] = detail::lane_sum_of_squares(grad + begin, count, lane);
-        chunk_sums[t.first_chunk + c] = detail::tree_sum(lanes);
-      }
-    }
-    detail::finalize_step(*control, chunk_sums, total_chunks_, options_.max_grad_norm, options_.loss_scaling,
-                          gradient_scale);
-    if (!control->applied) return;
+    for (std::size_t i = 0; i < params.size(); ++i) host_norm(i, params[i].grad.data());
+    if (!host_finalize(gradient_scale)) return;
     for (std::size_t i = 0; i < params.size(); ++i) {
       const adam_param<P, G>& p = params[i];
-      const detail::adam_tensor_layout& t = layout_[i];
-      const adam_coefficients c = make_coefficients(groups[static_cast<std::size_t>(p.group)], *control);
-      const detail::param_access<P, G> access{p.param.data(), p.grad.data(), p.master.data(),
-                                              options_.stochastic_rounding, options_.seed, control->step,
-                                              static_cast<std::int64_t>(i)};
-      if (!t.quantized) {
-        if constexpr (quantized) {
-          auto* m = reinterpret_cast<float*>(base + t.m_offset);
-          auto* v = reinterpret_cast<float*>(base + t.v_offset);
-          for (std::int64_t e = 0; e < t.size; ++e) detail::update_plain_element(access, m, v, e, c);
-        } else {
-          auto* m = reinterpret_cast<moment_type*>(base + t.m_offset);
-          auto* v = reinterpret_cast<moment_type*>(base + t.v_offset);
-          for (std::int64_t e = 0; e < t.size; ++e) detail::update_plain_element(access, m, v, e, c);
-        }
-        continue;
-      }
+      host_update(i, host_access(i, p.param.data(), p.grad.data(), p.master.data()),
+                  groups[static_cast<std::size_t>(p.group)]);
+    }
+  }
+
+  adam_control& host_control() noexcept { return *reinterpret_cast<adam_control*>(arena_.data()); }
+  double* host_chunk_sums() noexcept {
+    return reinterpret_cast<double*>(arena_.data() + detail::align_segment(sizeof(adam_control)));
+  }
+
+  // The norm pass over one tensor's gradient, in the canonical chunk/lane/tree order.
+  template <float_storage G>
+  void host_norm(std::size_t tensor, const G* grad) {
+    const detail::adam_tensor_layout& t = layout_[tensor];
+    double lanes[detail::reduction_lanes];
+    for (std::int64_t c = 0; c < t.chunks; ++c) {
+      const std::int64_t begin = c * detail::reduction_chunk;
+      const std::int64_t count = std::min(detail::reduction_chunk, t.size - begin);
+      for (int lane = 0; lane < detail::reduction_lanes; ++lane)
+        lanes[lane] = detail::lane_sum_of_squares(grad + begin, count, lane);
+      host_chunk_sums()[t.first_chunk + c] = detail::tree_sum(lanes);
+    }
+  }
+  bool host_finalize(float gradient_scale) {
+    detail::finalize_step(host_control(), host_chunk_sums(), total_chunks_, options_.max_grad_norm,
+                          options_.loss_scaling, gradient_scale);
+    return host_control().applied != 0;
+  }
+  template <float_storage P, float_storage G>
+  detail::param_access<P, G> host_access(std::size_t tensor, P* param, const G* grad, float* master) {
+    return {param, grad, master, options_.stochastic_rounding, options_.seed, host_control().step,
+            static_cast<std::int64_t>(tensor)};
+  }
+
+  // The fused update of one tensor (after host_finalize applied the step).
+  template <float_storage P, float_storage G>
+  void host_update(std::size_t tensor, const detail::param_access<P, G>& access, const adam_group& group) {
+    std::byte* base = arena_.data();
+    const detail::adam_tensor_layout& t = layout_[tensor];
+    const adam_coefficients c = make_coefficients(group, host_control());
+    if (!t.quantized) {
       if constexpr (quantized) {
-        const auto& tables = traits::tables();
-        const auto* m_codes = reinterpret_cast<const std::uint8_t*>(base + t.m_offset);
-        const auto* v_codes = reinterpret_cast<const std::uint8_t*>(base + t.v_offset);
-        const auto* m_scale = reinterpret_cast<const float*>(base + t.m_scale_offset);
-        const auto* v_scale = reinterpret_cast<const float*>(base + t.v_scale_offset);
-        float m_new[Block], v_new[Block];
-        for (std::int64_t b = 0; b < t.units; ++b) {
-          const std::int64_t begin = b * Block, count = std::min<std::int64_t>(Block, t.size - begin);
-          const float m_absmax = m_scale[b], v_absmax = v_scale[b];
-          for (std::int64_t e = 0; e < count; ++e) {
-            const std::int64_t index = begin + e;
-            float m = detail::mul_rn(tables.m[detail::load_code<traits::bits>(m_codes, index)], m_absmax);
-            float v = detail::mul_rn(tables.v[detail::load_code<traits::bits>(v_codes, index)], v_absmax);
-            detail::update_element(access, m, v, index, c);
-            m_new[e] = m;
-            v_new[e] = v;
-          }
-          quantize_block(base, t, b, m_new, v_new, count);
+        auto* m = reinterpret_cast<float*>(base + t.m_offset);
+        auto* v = reinterpret_cast<float*>(base + t.v_offset);
+        for (std::int64_t e = 0; e < t.size; ++e) detail::update_plain_element(access, m, v, e, c);
+      } else {
+        auto* m = reinterpret_cast<moment_type*>(base + t.m_offset);
+        auto* v = reinterpret_cast<moment_type*>(base + t.v_offset);
+        for (std::int64_t e = 0; e < t.size; ++e) detail::update_plain_element(access, m, v, e, c);
+      }
+      return;
+    }
+    if constexpr (quantized) {
+      const auto& tables = traits::tables();
+      const auto* m_codes = reinterpret_cast<const std::uint8_t*>(base + t.m_offset);
+      const auto* v_codes = reinterpret_cast<const std::uint8_t*>(base + t.v_offset);
+      const auto* m_scale = reinterpret_cast<const float*>(base + t.m_scale_offset);
+      const auto* v_scale = reinterpret_cast<const float*>(base + t.v_scale_offset);
+      float m_new[Block], v_new[Block];
+      for (std::int64_t b = 0; b < t.units; ++b) {
+        const std::int64_t begin = b * Block, count = std::min<std::int64_t>(Block, t.size - begin);
+        const float m_absmax = m_scale[b], v_absmax = v_scale[b];
+        for (std::int64_t e = 0; e < count; ++e) {
+          const std::int64_t index = begin + e;
+          float m = detail::mul_rn(tables.m[detail::load_code<traits::bits>(m_codes, index)], m_absmax);
+          float v = detail::mul_rn(tables.v[detail::load_code<traits::bits>(v_codes, index)], v_absmax);
+          detail::update_element(access, m, v, index, c);
+          m_new[e] = m;
+          v_new[e] = v;
         }
+        quantize_block(base, t, b, m_new, v_new, count);
       }
     }
   }
