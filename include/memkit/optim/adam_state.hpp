@@ -1013,7 +1013,7 @@ class adam_state {
   void device_step(const cuda_executor& exec, std::span<const adam_param<P, G>> params,
                    std::span<const adam_group> groups, float gradient_scale) {
     detail::with_device(exec.device, [&] {
-      prefetch(exec);
+      if (where() == memory_kind::managed) migrate(exec, exec.device);  // paged state: bring it in ahead of the kernels
       std::byte* base = arena_.data();
       auto* control = reinterpret_cast<adam_control*>(base);
       double* chunk_sums = reinterpret_cast<double*>(base + detail::align_segment(sizeof(adam_control)));
@@ -1077,21 +1077,32 @@ class adam_state {
       return 0;
     });
   }
+  // Advises the pages' preferred location (the host after release, none after prefetch), then migrates.
   void prefetch_to(const cuda_executor& exec, int destination) const {
 #if CUDART_VERSION >= 13000
     cudaMemLocation location{};
     location.type = destination == cudaCpuDeviceId ? cudaMemLocationTypeHost : cudaMemLocationTypeDevice;
     location.id = destination == cudaCpuDeviceId ? 0 : destination;
-    if (destination == cudaCpuDeviceId)
-      MEMKIT_CUDA_CHECK(cudaMemAdvise(arena_.data(), arena_.bytes(), cudaMemAdviseSetPreferredLocation, location));
-    else
-      MEMKIT_CUDA_CHECK(cudaMemAdvise(arena_.data(), arena_.bytes(), cudaMemAdviseUnsetPreferredLocation, location));
-    MEMKIT_CUDA_CHECK(cudaMemPrefetchAsync(arena_.data(), arena_.bytes(), location, 0, exec.stream));
+    MEMKIT_CUDA_CHECK(cudaMemAdvise(arena_.data(), arena_.bytes(),
+                                    destination == cudaCpuDeviceId ? cudaMemAdviseSetPreferredLocation
+                                                                   : cudaMemAdviseUnsetPreferredLocation,
+                                    location));
 #else
     MEMKIT_CUDA_CHECK(cudaMemAdvise(arena_.data(), arena_.bytes(),
                                     destination == cudaCpuDeviceId ? cudaMemAdviseSetPreferredLocation
                                                                    : cudaMemAdviseUnsetPreferredLocation,
                                     destination));
+#endif
+    migrate(exec, destination);
+  }
+  // Enqueues the migration of every page of the state on the executor's stream.
+  void migrate(const cuda_executor& exec, int destination) const {
+#if CUDART_VERSION >= 13000
+    cudaMemLocation location{};
+    location.type = destination == cudaCpuDeviceId ? cudaMemLocationTypeHost : cudaMemLocationTypeDevice;
+    location.id = destination == cudaCpuDeviceId ? 0 : destination;
+    MEMKIT_CUDA_CHECK(cudaMemPrefetchAsync(arena_.data(), arena_.bytes(), location, 0, exec.stream));
+#else
     MEMKIT_CUDA_CHECK(cudaMemPrefetchAsync(arena_.data(), arena_.bytes(), destination, exec.stream));
 #endif
   }
