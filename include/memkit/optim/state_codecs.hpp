@@ -9,6 +9,7 @@
 #include <array>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <type_traits>
 
 #include "memkit/config.hpp"
@@ -81,7 +82,7 @@ inline dynamic_code_index build_dynamic_code_index(const float* map) {
     const bool negative = (key & 0x8000u) != 0;
     const float low = bit_cast<float>(negative ? (key << 16) | 0xffffu : key << 16);
     const float high = bit_cast<float>(negative ? key << 16 : (key << 16) | 0xffffu);
-    dynamic_code_bucket bucket{__builtin_inff(), static_cast<std::uint8_t>(dynamic_code(map, low)), 0, 0};
+    dynamic_code_bucket bucket{std::numeric_limits<float>::infinity(), static_cast<std::uint8_t>(dynamic_code(map, low)), 0, 0};
     int boundaries = 0;
     for (unsigned c = 0; c < 255; ++c) {
       const float middle = (map[c + 1] + map[c]) * 0.5f;
