@@ -3,6 +3,7 @@
 #include <memkit/memkit.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
@@ -269,4 +270,29 @@ MEMKIT_GPU_TEST_CASE("gpu: CPU offload refuses pageable staging buffers and devi
                        memkit::error);
   adam_state<std::int8_t> on_host(memkit::host, memkit::default_host_resource(), sizes);
   CHECK_THROWS_WITH_AS(on_host.offload_step(gpu, params, groups), doctest::Contains("must be pinned_host"), memkit::error);
+}
+
+// Runs without a device: the host step, compiled by nvcc's host pass (where MEMKIT_HAS_CUDA is 1),
+// still matches an independent double-precision AdamW.
+TEST_CASE("cuda build: the host step compiled under nvcc matches a double-precision AdamW") {
+  std::vector<float> p = normal(6000, 0.1f, 8);
+  std::vector<double> ref_p(p.begin(), p.end()), ref_m(p.size(), 0.0), ref_v(p.size(), 0.0);
+  adam_state<float> state(memkit::host, memkit::default_host_resource(), std::vector<std::int64_t>{6000});
+  const adam_group group{.lr = 2e-3f, .weight_decay = 0.05f};
+  for (int t = 1; t <= 10; ++t) {
+    const auto g = normal(6000, 0.01f, 90u + t);
+    state.step(memkit::host, std::vector<adam_param<float, float>>{{memkit::host_view(p), memkit::host_view(g)}},
+               std::vector<adam_group>{group});
+    const double b1 = group.beta1, b2 = group.beta2;
+    for (std::size_t i = 0; i < p.size(); ++i) {
+      ref_p[i] *= 1.0 - double(group.lr) * group.weight_decay;
+      ref_m[i] = b1 * ref_m[i] + (1 - b1) * g[i];
+      ref_v[i] = b2 * ref_v[i] + (1 - b2) * double(g[i]) * g[i];
+      ref_p[i] -= group.lr / (1 - std::pow(b1, t)) * ref_m[i] /
+                  (std::sqrt(ref_v[i]) / std::sqrt(1 - std::pow(b2, t)) + group.eps);
+    }
+  }
+  int mismatches = 0;
+  for (std::size_t i = 0; i < p.size(); ++i) mismatches += std::abs(p[i] - ref_p[i]) > 1e-6 + 1e-5 * std::abs(ref_p[i]);
+  CHECK(mismatches == 0);
 }

@@ -208,6 +208,10 @@ struct update_launch {
   bool stochastic_rounding;
 };
 
+// Kernel arguments must fit the 4 KiB every CUDA architecture accepts.
+static_assert(sizeof(update_launch<std::int8_t>) <= 4096 && sizeof(update_launch<four_bit>) <= 4096 &&
+              sizeof(update_launch<float>) <= 4096 && sizeof(norm_launch<float>) <= 4096);
+
 // Threads per block of the update kernel: one per element (8-bit) or per byte of two codes (4-bit), at
 // most 256; plain states use 256.
 template <class State, int Block>
