@@ -17,3 +17,8 @@
 #include "memkit/memory/buffer.hpp"
 #include "memkit/memory/resource.hpp"
 #include "memkit/memory/tracking.hpp"
+#include "memkit/optim/adam_math.hpp"
+#include "memkit/optim/adam_state.hpp"
+#include "memkit/optim/grad_accumulation.hpp"
+#include "memkit/optim/state_codecs.hpp"
+#include "memkit/quant/codebooks.hpp"

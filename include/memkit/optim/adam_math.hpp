@@ -1,0 +1,323 @@
+// memkit/optim/adam_math.hpp — the per-element AdamW arithmetic shared by the host loop and the CUDA kernels.
+//
+// Everything here is MEMKIT_HOST_DEVICE and written so that the host and the device round every
+// operation the same way: products and sums go through mul_rn/add_rn, which on the device are the
+// explicitly rounded intrinsics nvcc never fuses into an FMA, and on the host are the plain operators
+// (memkit's own targets compile with -ffp-contract=off, the ISO default). Division and square root
+// are IEEE correctly rounded on both sides. Powers of beta are taken by repeated squaring in double,
+// so no libm pow (whose last bit differs between glibc and CUDA) is involved.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+
+#include "memkit/config.hpp"
+#include "memkit/core/float16.hpp"
+
+MEMKIT_NAMESPACE_BEGIN
+
+// Hyperparameters of one parameter group, with PyTorch's AdamW defaults.
+struct adam_group {
+  float lr = 1e-3f;
+  float beta1 = 0.9f;
+  float beta2 = 0.999f;
+  float eps = 1e-8f;
+  float weight_decay = 1e-2f;  // decoupled: p *= 1 - lr * weight_decay before the Adam update
+};
+
+inline void validate(const adam_group& group, const std::string& where) {
+  require(group.lr >= 0.0f && std::isfinite(group.lr), where + ": lr must be finite and >= 0, got " + std::to_string(group.lr));
+  require(group.beta1 >= 0.0f && group.beta1 < 1.0f, where + ": beta1 must be in [0, 1), got " + std::to_string(group.beta1));
+  require(group.beta2 >= 0.0f && group.beta2 < 1.0f, where + ": beta2 must be in [0, 1), got " + std::to_string(group.beta2));
+  require(group.eps >= 0.0f && std::isfinite(group.eps), where + ": eps must be finite and >= 0, got " + std::to_string(group.eps));
+  require(group.weight_decay >= 0.0f && std::isfinite(group.weight_decay),
+          where + ": weight_decay must be finite and >= 0, got " + std::to_string(group.weight_decay));
+}
+
+// Dynamic loss scaling for fp16 training (the policy of PyTorch's GradScaler): the loss is multiplied by
+// `scale` before backward; a step whose gradients are all finite counts as good, and after
+// `growth_interval` good steps in a row the scale grows; a step with a non-finite gradient is skipped
+// and the scale backs off at once.
+struct loss_scaler_options {
+  bool enabled = false;
+  float initial_scale = 65536.0f;
+  float growth_factor = 2.0f;
+  float backoff_factor = 0.5f;
+  std::int32_t growth_interval = 2000;
+  float min_scale = 1.0f / 65536.0f;  // a floor, so repeated overflow cannot drive the scale to zero
+  float max_scale = 16777216.0f;      // 2^24: above this fp16 gradients of ordinary size overflow anyway
+};
+
+inline void validate(const loss_scaler_options& options, const std::string& where) {
+  if (!options.enabled) return;
+  require(options.initial_scale > 0.0f && std::isfinite(options.initial_scale),
+          where + ": loss scaling initial_scale must be finite and > 0");
+  require(options.growth_factor >= 1.0f, where + ": loss scaling growth_factor must be >= 1");
+  require(options.backoff_factor > 0.0f && options.backoff_factor < 1.0f,
+          where + ": loss scaling backoff_factor must be in (0, 1)");
+  require(options.growth_interval >= 1, where + ": loss scaling growth_interval must be >= 1");
+  require(options.min_scale > 0.0f && options.min_scale <= options.max_scale,
+          where + ": loss scaling needs 0 < min_scale <= max_scale");
+}
+
+namespace detail {
+
+// Rounded arithmetic that the device compiler may not contract into FMAs (see the file comment).
+MEMKIT_HOST_DEVICE MEMKIT_FORCEINLINE float mul_rn(float a, float b) noexcept {
+#if MEMKIT_DEVICE_PASS
+  return __fmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+MEMKIT_HOST_DEVICE MEMKIT_FORCEINLINE float add_rn(float a, float b) noexcept {
+#if MEMKIT_DEVICE_PASS
+  return __fadd_rn(a, b);
+#else
+  return a + b;
+#endif
+}
+MEMKIT_HOST_DEVICE MEMKIT_FORCEINLINE float sub_rn(float a, float b) noexcept {
+#if MEMKIT_DEVICE_PASS
+  return __fsub_rn(a, b);
+#else
+  return a - b;
+#endif
+}
+MEMKIT_HOST_DEVICE MEMKIT_FORCEINLINE float div_rn(float a, float b) noexcept {
+#if MEMKIT_DEVICE_PASS
+  return __fdiv_rn(a, b);
+#else
+  return a / b;
+#endif
+}
+MEMKIT_HOST_DEVICE MEMKIT_FORCEINLINE float sqrt_rn(float a) noexcept {
+#if MEMKIT_DEVICE_PASS
+  return __fsqrt_rn(a);
+#else
+  return std::sqrt(a);
+#endif
+}
+MEMKIT_HOST_DEVICE MEMKIT_FORCEINLINE double dmul_rn(double a, double b) noexcept {
+#if MEMKIT_DEVICE_PASS
+  return __dmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+MEMKIT_HOST_DEVICE MEMKIT_FORCEINLINE double dadd_rn(double a, double b) noexcept {
+#if MEMKIT_DEVICE_PASS
+  return __dadd_rn(a, b);
+#else
+  return a + b;
+#endif
+}
+MEMKIT_HOST_DEVICE MEMKIT_FORCEINLINE double dsqrt_rn(double a) noexcept {
+#if MEMKIT_DEVICE_PASS
+  return __dsqrt_rn(a);
+#else
+  return std::sqrt(a);
+#endif
+}
+MEMKIT_HOST_DEVICE MEMKIT_FORCEINLINE bool is_finite(double x) noexcept {
+  return x - x == 0.0;  // false exactly for Inf and NaN; no libm call, same on host and device
+}
+MEMKIT_HOST_DEVICE MEMKIT_FORCEINLINE bool is_finite(float x) noexcept {
+  return (bit_cast<std::uint32_t>(x) & 0x7f800000u) != 0x7f800000u;
+}
+
+// base^exponent by repeated squaring in double: exact operation order, so host and device agree.
+MEMKIT_HOST_DEVICE inline double power(double base, std::int64_t exponent) noexcept {
+  double result = 1.0;
+  while (exponent > 0) {
+    if (exponent & 1) result = dmul_rn(result, base);
+    base = dmul_rn(base, base);
+    exponent >>= 1;
+  }
+  return result;
+}
+
+// SplitMix64's finaliser: a counter-based generator, so the random bits of element i at step t do not
+// depend on how the elements are split among threads.
+MEMKIT_HOST_DEVICE MEMKIT_FORCEINLINE std::uint64_t mix64(std::uint64_t z) noexcept {
+  z += 0x9e3779b97f4a7c15ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+MEMKIT_HOST_DEVICE MEMKIT_FORCEINLINE std::uint32_t random_bits(std::uint64_t seed, std::int64_t step,
+                                                               std::int64_t tensor, std::int64_t index) noexcept {
+  const std::uint64_t key = mix64(seed ^ mix64(static_cast<std::uint64_t>(step) * 0x100000001b3ull +
+                                                static_cast<std::uint64_t>(tensor)));
+  return static_cast<std::uint32_t>(mix64(key + static_cast<std::uint64_t>(index)) >> 32);
+}
+
+}  // namespace detail
+
+// float -> bf16 with stochastic rounding: adds 16 random bits below bf16's mantissa and truncates, so
+// the value rounds away from zero with probability equal to the discarded fraction. Unbiased on
+// average, which is what lets bf16 weights take updates far smaller than their own rounding step.
+MEMKIT_HOST_DEVICE constexpr bf16 bf16_stochastic_round(float value, std::uint32_t random) noexcept {
+  const std::uint32_t u = detail::bit_cast<std::uint32_t>(value);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return bf16::from_bits(0x7fffu);  // NaN stays NaN
+  if ((u & 0x7fffffffu) == 0x7f800000u) return bf16::from_bits(static_cast<std::uint16_t>(u >> 16));
+  return bf16::from_bits(static_cast<std::uint16_t>((u + (random & 0xffffu)) >> 16));
+}
+
+// What one step needs besides the per-group hyperparameters: written by the step's finalisation
+// (detail::finalize_step) into the state's control block, which lives with the state, so the device
+// can apply or skip a step without the host ever waiting for it.
+struct adam_control {
+  std::int64_t step = 0;               // steps applied so far (the t of the bias correction)
+  std::int64_t skipped_steps = 0;      // steps refused because a gradient was not finite
+  std::int64_t first_nonfinite_chunk = -1;  // of the last step; -1 when all gradients were finite
+  double grad_norm = 0.0;              // global L2 norm of the last step's unscaled gradients
+  float loss_scale = 1.0f;             // the scale the next backward pass should use
+  std::int32_t good_steps = 0;         // finite steps since the scale last changed
+  float grad_multiplier = 1.0f;        // 1/loss_scale times the clipping factor, for the step being applied
+  std::int32_t applied = 0;            // 1 when the last step updated anything
+};
+
+// The per-step scalars of one group, derived from its hyperparameters and the step count.
+struct adam_coefficients {
+  float beta1, one_minus_beta1, beta2, one_minus_beta2, eps;
+  float decay;                  // 1 - lr * weight_decay
+  float step_size;              // lr / (1 - beta1^t)
+  float bias_correction2_sqrt;  // sqrt(1 - beta2^t)
+  float grad_multiplier;
+};
+
+MEMKIT_HOST_DEVICE inline adam_coefficients make_coefficients(const adam_group& group, const adam_control& control) noexcept {
+  const double t_bias1 = detail::dadd_rn(1.0, -detail::power(group.beta1, control.step));
+  const double t_bias2 = detail::dadd_rn(1.0, -detail::power(group.beta2, control.step));
+  adam_coefficients c{};
+  c.beta1 = group.beta1;
+  c.one_minus_beta1 = detail::sub_rn(1.0f, group.beta1);
+  c.beta2 = group.beta2;
+  c.one_minus_beta2 = detail::sub_rn(1.0f, group.beta2);
+  c.eps = group.eps;
+  c.decay = detail::sub_rn(1.0f, detail::mul_rn(group.lr, group.weight_decay));
+  c.step_size = static_cast<float>(static_cast<double>(group.lr) / t_bias1);
+  c.bias_correction2_sqrt = static_cast<float>(detail::dsqrt_rn(t_bias2));
+  c.grad_multiplier = control.grad_multiplier;
+  return c;
+}
+
+// One AdamW element update, PyTorch's order: decoupled decay, moments, bias-corrected step.
+//   p <- p * (1 - lr*wd);  m <- b1*m + (1-b1)*g;  v <- b2*v + (1-b2)*g^2
+//   p <- p - lr/(1-b1^t) * m / (sqrt(v)/sqrt(1-b2^t) + eps)
+// `gradient` is the raw stored gradient; the loss-scale and clipping multiplier is applied here.
+MEMKIT_HOST_DEVICE MEMKIT_FORCEINLINE void adamw_update(float& param, float& m, float& v, float gradient,
+                                                        const adam_coefficients& c) noexcept {
+  using namespace detail;
+  const float g = mul_rn(gradient, c.grad_multiplier);
+  param = mul_rn(param, c.decay);
+  m = add_rn(mul_rn(c.beta1, m), mul_rn(c.one_minus_beta1, g));
+  v = add_rn(mul_rn(c.beta2, v), mul_rn(mul_rn(c.one_minus_beta2, g), g));
+  const float denominator = add_rn(div_rn(sqrt_rn(v), c.bias_correction2_sqrt), c.eps);
+  param = sub_rn(param, mul_rn(c.step_size, div_rn(m, denominator)));
+}
+
+namespace detail {
+
+// One loss-scaler update; shared by dynamic_loss_scaler (host) and the step's finalisation (device).
+MEMKIT_HOST_DEVICE inline void update_loss_scale(float& scale, std::int32_t& good_steps, bool finite,
+                                                 const loss_scaler_options& options) noexcept {
+  if (!options.enabled) return;
+  if (!finite) {
+    const float reduced = mul_rn(scale, options.backoff_factor);
+    scale = reduced < options.min_scale ? options.min_scale : reduced;
+    good_steps = 0;
+    return;
+  }
+  if (++good_steps >= options.growth_interval) {
+    const float grown = mul_rn(scale, options.growth_factor);
+    scale = grown > options.max_scale ? options.max_scale : grown;
+    good_steps = 0;
+  }
+}
+
+// Canonical gradient-norm reduction. A gradient is cut into chunks of reduction_chunk elements; lane l
+// of reduction_lanes sums (in double) the squares of elements l, l + lanes, ... of its chunk, and the
+// lanes are then added as a binary tree. The CUDA kernel (one block of `lanes` threads per chunk)
+// and the host loop follow exactly this order, so both produce the same bits.
+inline constexpr int reduction_lanes = 256;
+inline constexpr std::int64_t reduction_chunk = 4096;
+
+constexpr std::int64_t reduction_chunks(std::int64_t count) noexcept {
+  return (count + reduction_chunk - 1) / reduction_chunk;
+}
+
+template <float_storage G>
+MEMKIT_HOST_DEVICE MEMKIT_FORCEINLINE double lane_sum_of_squares(const G* chunk, std::int64_t count, int lane) noexcept {
+  double sum = 0.0;
+  for (std::int64_t i = lane; i < count; i += reduction_lanes) {
+    const double g = static_cast<double>(to_float(chunk[i]));
+    sum = dadd_rn(sum, dmul_rn(g, g));
+  }
+  return sum;
+}
+
+// In-place tree over `lanes` partial sums; on the host the whole tree runs in this loop.
+MEMKIT_HOST_DEVICE inline double tree_sum(double* lanes) noexcept {
+  for (int stride = reduction_lanes / 2; stride > 0; stride /= 2)
+    for (int l = 0; l < stride; ++l) lanes[l] = dadd_rn(lanes[l], lanes[l + stride]);
+  return lanes[0];
+}
+
+// Turns the per-chunk sums of squares into the step's decision: apply or skip, the clipping
+// factor, the step count and the loss scale. Runs once per step (host, or one device thread).
+MEMKIT_HOST_DEVICE inline void finalize_step(adam_control& control, const double* chunk_sums, std::int64_t chunks,
+                                             float max_grad_norm, const loss_scaler_options& scaler,
+                                             float gradient_scale) noexcept {
+  double total = 0.0;
+  std::int64_t first_bad = -1;
+  for (std::int64_t c = 0; c < chunks; ++c) {
+    if (first_bad < 0 && !is_finite(chunk_sums[c])) first_bad = c;
+    total = dadd_rn(total, chunk_sums[c]);
+  }
+  const bool finite = first_bad < 0;
+  // The gradient the update uses is stored * gradient_scale / loss_scale; the norm is that gradient's.
+  const double multiplier =
+      scaler.enabled ? static_cast<double>(gradient_scale) / static_cast<double>(control.loss_scale) : gradient_scale;
+  const double norm = dmul_rn(dsqrt_rn(total), multiplier);
+  double clip = 1.0;
+  if (finite && max_grad_norm > 0.0f && norm > static_cast<double>(max_grad_norm))
+    clip = static_cast<double>(max_grad_norm) / dadd_rn(norm, 1e-6);  // torch.nn.utils.clip_grad_norm_'s rule
+  control.grad_norm = norm;
+  control.first_nonfinite_chunk = first_bad;
+  control.grad_multiplier = static_cast<float>(dmul_rn(multiplier, clip));
+  control.applied = finite ? 1 : 0;
+  if (finite) ++control.step;
+  else ++control.skipped_steps;
+  update_loss_scale(control.loss_scale, control.good_steps, finite, scaler);
+}
+
+}  // namespace detail
+
+// A loss scaler for training loops that manage their own step (the adam_state keeps its own copy of
+// this logic next to its state, so its device steps never wait for the host).
+class dynamic_loss_scaler {
+ public:
+  explicit dynamic_loss_scaler(loss_scaler_options options = {.enabled = true}) : options_(options) {
+    validate(options_, "dynamic_loss_scaler");
+    scale_ = options_.enabled ? options_.initial_scale : 1.0f;
+  }
+  float scale() const noexcept { return scale_; }
+  float inverse_scale() const noexcept { return 1.0f / scale_; }
+  // Records one step's outcome; returns whether the step should be applied.
+  bool update(bool gradients_finite) noexcept {
+    detail::update_loss_scale(scale_, good_steps_, gradients_finite, options_);
+    return gradients_finite;
+  }
+  std::int32_t good_steps() const noexcept { return good_steps_; }
+
+ private:
+  loss_scaler_options options_;
+  float scale_ = 1.0f;
+  std::int32_t good_steps_ = 0;
+};
+
+MEMKIT_NAMESPACE_END

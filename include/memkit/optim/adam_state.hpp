@@ -1,0 +1,1122 @@
+// memkit/optim/adam_state.hpp — AdamW optimizer state in 32, 16, 8 or 4 bits, with a fused step on the
+// host and on CUDA.
+//
+//   adam_state<float>             fp32 moments (8 bytes per parameter)
+//   adam_state<bf16>              bf16 moments (4 bytes per parameter)
+//   adam_state<std::int8_t, B>    blockwise 8-bit moments, B = 256 by default (2048 in the 8-bit
+//                                 optimizers paper): m with the signed dynamic map, v with the unsigned
+//                                 one, one fp32 absmax per block per moment (~2 bytes per parameter)
+//   adam_state<four_bit, B>       blockwise 4-bit moments (torchao's AdamW4bit), B = 128: m with a signed
+//                                 dynamic map of 3 exponent bits, v with 16 linear levels (~1 byte)
+//
+// One state serves a fixed list of parameter tensors, given by their element counts. All of its memory
+// is one allocation from the caller's resource, laid out as: a control block (step count, loss scale,
+// the last step's outcome), the gradient-norm scratch, then per tensor its moment segments, each
+// aligned to 64 bytes. bytes_required() predicts that allocation exactly. Tensors smaller than
+// options.min_quantized_size keep fp32 moments in a quantized state, as bitsandbytes does.
+//
+// A step is three passes: a norm pass that reads the gradients once (global L2 norm and non-finite
+// detection), a one-thread finalisation that decides apply or skip, the clipping factor and the loss
+// scale, and one fused update pass that, per block, dequantizes m and v, updates them and the
+// parameter, finds the new absmax and requantizes. On CUDA all three are enqueued on the executor's
+// stream and the host never waits; the decision lives in the control block on the device.
+//
+// Non-finite gradients: if any gradient element of any tensor is NaN or Inf, the whole step is
+// skipped: parameters, master weights and moments stay bit-identical, the step count does not advance,
+// skipped_steps is incremented, the loss scale (when enabled) backs off, and report() names the first
+// tensor with a non-finite gradient. bitsandbytes instead zeroes the moments of the offending elements;
+// memkit refuses the step, because a half-applied step cannot be undone and fp16 overflow is routine.
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <istream>
+#include <ostream>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "memkit/config.hpp"
+#include "memkit/core/execution.hpp"
+#include "memkit/core/float16.hpp"
+#include "memkit/core/tensor_view.hpp"
+#include "memkit/memory/buffer.hpp"
+#include "memkit/memory/resource.hpp"
+#include "memkit/optim/adam_math.hpp"
+#include "memkit/optim/state_codecs.hpp"
+
+MEMKIT_NAMESPACE_BEGIN
+
+// Options fixed when the state is made (the first one shapes the memory layout).
+struct adam_options {
+  std::int64_t min_quantized_size = 4096;  // smaller tensors keep fp32 moments in a quantized state
+  float max_grad_norm = 0.0f;              // global-norm clipping over all tensors of the step; 0 disables
+  loss_scaler_options loss_scaling{};      // dynamic loss scaling for fp16 gradients
+  bool stochastic_rounding = true;         // bf16 parameters without a master copy: round stochastically
+  std::uint64_t seed = 0;                  // of the stochastic rounding; same seed, same bits
+};
+
+// One parameter tensor of a step: the parameter, its gradient, an optional fp32 master copy (then the
+// update is computed on the master and the parameter receives its rounded value) and its group.
+template <float_storage P, float_storage G>
+struct adam_param {
+  tensor_view<P> param;
+  tensor_view<const G> grad;
+  tensor_view<float> master{};
+  int group = 0;
+};
+
+// One parameter tensor of a CPU-offloaded step (adam_state::offload_step, CUDA builds): parameter and
+// gradient on the device; the fp32 master weights (the authoritative copy) and two staging buffers in
+// pinned host memory. param_staging is unused when P is float (the master is copied back directly).
+template <float_storage P, float_storage G>
+struct adam_offload_param {
+  tensor_view<P> param;
+  tensor_view<const G> grad;
+  tensor_view<float> master;
+  tensor_view<G> grad_staging;
+  tensor_view<P> param_staging{};
+  int group = 0;
+};
+
+// What the last step did, read back from the control block.
+struct adam_step_report {
+  bool applied = false;
+  std::int64_t step = 0;            // steps applied so far
+  std::int64_t skipped_steps = 0;
+  double grad_norm = 0.0;           // global L2 norm of the unscaled gradients (Inf/NaN when not finite)
+  float loss_scale = 1.0f;          // the scale to multiply the next loss by
+  std::int64_t first_nonfinite_tensor = -1;
+
+  std::string to_string() const {
+    if (applied)
+      return "adam step " + std::to_string(step) + " applied (gradient norm " + std::to_string(grad_norm) +
+             ", loss scale " + std::to_string(loss_scale) + ")";
+    if (first_nonfinite_tensor >= 0)
+      return "adam step skipped: tensor " + std::to_string(first_nonfinite_tensor) +
+             " has a non-finite gradient; parameters and optimizer state are unchanged (" +
+             std::to_string(skipped_steps) + " steps skipped so far, loss scale now " + std::to_string(loss_scale) + ")";
+    return "no adam step has been taken yet";
+  }
+};
+
+namespace detail {
+
+inline constexpr std::size_t adam_segment_alignment = 64;
+constexpr std::size_t align_segment(std::size_t bytes) noexcept {
+  return (bytes + adam_segment_alignment - 1) / adam_segment_alignment * adam_segment_alignment;
+}
+
+// Elements per work unit of a tensor with fp32/bf16 moments (one CUDA block each).
+inline constexpr std::int64_t plain_unit = 4096;
+// Most tensors one kernel launch carries in its argument block.
+inline constexpr int tensors_per_launch = 16;
+
+struct adam_tensor_layout {
+  std::int64_t size = 0;
+  bool quantized = false;
+  std::int64_t units = 0;  // quantization blocks, or plain units of plain_unit elements
+  std::size_t m_offset = 0, v_offset = 0, m_scale_offset = 0, v_scale_offset = 0;
+  std::int64_t first_chunk = 0, chunks = 0;  // gradient-norm chunks
+};
+
+// Type-erased per-tensor arguments of the kernels (pointers are re-typed inside the typed kernel).
+struct adam_tensor_args {
+  void* param;
+  const void* grad;
+  float* master;
+  void* m;
+  void* v;
+  float* m_scale;
+  float* v_scale;
+  std::int64_t size;
+  std::int64_t unit_begin;  // first work unit of this tensor within the launch
+  std::int64_t index;       // tensor index within the state (the stochastic-rounding stream)
+  adam_group group;
+  std::int32_t quantized;
+};
+
+
+#if MEMKIT_HAS_CUDA
+// ---- CUDA kernels: each calls the same element functions as the host loop ----
+
+// Code tables of a quantized state, passed by value in the kernel arguments.
+template <class State, bool Quantized = adam_state_traits<State>::quantized>
+struct launch_tables {
+  static constexpr int entries = 1;
+  float m[1], v[1];
+};
+template <class State>
+struct launch_tables<State, true> {
+  static constexpr int entries = adam_state_traits<State>::entries;
+  float m[entries], v[entries];
+};
+
+template <class G>
+struct norm_launch {
+  const G* grad[tensors_per_launch];
+  double* sums[tensors_per_launch];
+  std::int64_t size[tensors_per_launch];
+  std::int64_t chunk_begin[tensors_per_launch + 1];
+  int count;
+};
+
+// One block of reduction_lanes threads per chunk, in the canonical order of lane_sum_of_squares/tree_sum.
+template <class G>
+__global__ void __launch_bounds__(reduction_lanes) adam_norm_kernel(norm_launch<G> batch) {
+  __shared__ double lanes[reduction_lanes];
+  const std::int64_t unit = blockIdx.x;
+  int t = 0;
+  while (t + 1 < batch.count && unit >= batch.chunk_begin[t + 1]) ++t;
+  const std::int64_t chunk = unit - batch.chunk_begin[t];
+  const std::int64_t begin = chunk * reduction_chunk;
+  const std::int64_t remaining = batch.size[t] - begin;
+  const std::int64_t count = remaining < reduction_chunk ? remaining : reduction_chunk;
+  const int lane = static_cast<int>(threadIdx.x);
+  lanes[lane] = lane_sum_of_squares(batch.grad[t] + begin, count, lane);
+  __syncthreads();
+  for (int stride = reduction_lanes / 2; stride > 0; stride /= 2) {
+    if (lane < stride) lanes[lane] = dadd_rn(lanes[lane], lanes[lane + stride]);
+    __syncthreads();
+  }
+  if (lane == 0) batch.sums[t][chunk] = lanes[0];
+}
+
+// Kernels in a header are templates so that every translation unit may instantiate them (one definition).
+template <class Control = adam_control>
+__global__ void adam_finalize_kernel(Control* control, const double* sums, std::int64_t chunks, float max_grad_norm,
+                                     loss_scaler_options scaler, float gradient_scale) {
+  finalize_step(*control, sums, chunks, max_grad_norm, scaler, gradient_scale);
+}
+
+template <class Control = adam_control>
+__global__ void adam_set_control_kernel(Control* control, Control value) {
+  *control = value;
+}
+
+template <class State>
+struct update_launch {
+  adam_tensor_args tensors[tensors_per_launch];
+  launch_tables<State> tables;
+  const adam_control* control;
+  std::uint64_t seed;
+  int count;
+  bool stochastic_rounding;
+};
+
+// Kernel arguments must fit the 4 KiB every CUDA architecture accepts.
+static_assert(sizeof(update_launch<std::int8_t>) <= 4096 && sizeof(update_launch<four_bit>) <= 4096 &&
+              sizeof(update_launch<float>) <= 4096 && sizeof(norm_launch<float>) <= 4096);
+
+// Threads per block of the update kernel: one per element (8-bit) or per byte of two codes (4-bit), at
+// most 256; plain states use 256.
+template <class State, int Block>
+constexpr int update_threads() noexcept {
+  using traits = adam_state_traits<State>;
+  if constexpr (!traits::quantized) return 256;
+  else {
+    constexpr int lanes = traits::bits == 8 ? Block : Block / 2;
+    return lanes < 256 ? lanes : 256;
+  }
+}
+
+template <class State, int Block, int Threads, float_storage P, float_storage G>
+__global__ void __launch_bounds__(Threads) adam_update_kernel(update_launch<State> batch) {
+  using traits = adam_state_traits<State>;
+  using moment = typename traits::moment_type;
+  const adam_control control = *batch.control;
+  if (!control.applied) return;  // the finalisation refused the step: touch nothing
+  const std::int64_t unit = blockIdx.x;
+  int t = 0;
+  while (t + 1 < batch.count && unit >= batch.tensors[t + 1].unit_begin) ++t;
+  const adam_tensor_args& a = batch.tensors[t];
+  const adam_coefficients c = make_coefficients(a.group, control);
+  const param_access<P, G> access{static_cast<P*>(a.param), static_cast<const G*>(a.grad), a.master,
+                                  batch.stochastic_rounding, batch.seed, control.step, a.index};
+  const std::int64_t local = unit - a.unit_begin;
+  const int lane = static_cast<int>(threadIdx.x);
+  if (!a.quantized) {
+    const std::int64_t begin = local * plain_unit;
+    const std::int64_t count = a.size - begin < plain_unit ? a.size - begin : plain_unit;
+    using plain = std::conditional_t<traits::quantized, float, moment>;
+    for (std::int64_t i = lane; i < count; i += Threads)
+      update_plain_element(access, static_cast<plain*>(a.m), static_cast<plain*>(a.v), begin + i, c);
+    return;
+  }
+  if constexpr (traits::quantized) {
+    constexpr int entries = traits::entries;
+    constexpr int pack = traits::bits == 8 ? 1 : 2;  // elements per thread slot
+    constexpr int slots = Block / pack / Threads;
+    __shared__ float m_table[entries], v_table[entries];
+    __shared__ float m_reduce[Threads], v_reduce[Threads];
+    for (int i = lane; i < entries; i += Threads) {
+      m_table[i] = batch.tables.m[i];
+      v_table[i] = batch.tables.v[i];
+    }
+    __syncthreads();
+    const auto* m_codes = static_cast<const std::uint8_t*>(a.m);
+    const auto* v_codes = static_cast<const std::uint8_t*>(a.v);
+    const float m_absmax = a.m_scale[local], v_absmax = a.v_scale[local];
+    const std::int64_t begin = local * Block;
+    const std::int64_t count = a.size - begin < Block ? a.size - begin : Block;
+    float m_new[slots * pack], v_new[slots * pack];
+    float m_max = 0.0f, v_max = 0.0f;
+#pragma unroll
+    for (int k = 0; k < slots; ++k)
+#pragma unroll
+      for (int j = 0; j < pack; ++j) {
+        const std::int64_t e = static_cast<std::int64_t>(lane + k * Threads) * pack + j;
+        float m = 0.0f, v = 0.0f;
+        if (e < count) {
+          m = mul_rn(m_table[load_code<traits::bits>(m_codes, begin + e)], m_absmax);
+          v = mul_rn(v_table[load_code<traits::bits>(v_codes, begin + e)], v_absmax);
+          update_element(access, m, v, begin + e, c);
+          m_max = max_abs(m_max, m);
+          v_max = max_abs(v_max, v);
+        }
+        m_new[k * pack + j] = m;
+        v_new[k * pack + j] = v;
+      }
+    m_reduce[lane] = m_max;
+    v_reduce[lane] = v_max;
+    __syncthreads();
+    for (int stride = Threads / 2; stride > 0; stride /= 2) {
+      if (lane < stride) {
+        m_reduce[lane] = max_abs(m_reduce[lane], m_reduce[lane + stride]);
+        v_reduce[lane] = max_abs(v_reduce[lane], v_reduce[lane + stride]);
+      }
+      __syncthreads();
+    }
+    const float m_block_max = m_reduce[0], v_block_max = v_reduce[0];
+    if (lane == 0) {
+      a.m_scale[local] = m_block_max;
+      a.v_scale[local] = v_block_max;
+    }
+    const float m_inverse = inverse_scale(m_block_max), v_inverse = inverse_scale(v_block_max);
+    auto* m_out = static_cast<std::uint8_t*>(a.m);
+    auto* v_out = static_cast<std::uint8_t*>(a.v);
+#pragma unroll
+    for (int k = 0; k < slots; ++k) {
+      const std::int64_t e = static_cast<std::int64_t>(lane + k * Threads) * pack;
+      if (e >= count) continue;
+      if constexpr (pack == 1) {
+        m_out[begin + e] = static_cast<std::uint8_t>(traits::m_code(m_table, mul_rn(m_new[k], m_inverse)));
+        v_out[begin + e] = static_cast<std::uint8_t>(traits::v_code(v_table, mul_rn(v_new[k], v_inverse)));
+      } else {
+        const unsigned m_hi = traits::m_code(m_table, mul_rn(m_new[2 * k], m_inverse));
+        const unsigned v_hi = traits::v_code(v_table, mul_rn(v_new[2 * k], v_inverse));
+        const unsigned m_lo = e + 1 < count ? traits::m_code(m_table, mul_rn(m_new[2 * k + 1], m_inverse)) : 0u;
+        const unsigned v_lo = e + 1 < count ? traits::v_code(v_table, mul_rn(v_new[2 * k + 1], v_inverse)) : 0u;
+        m_out[(begin + e) / 2] = static_cast<std::uint8_t>((m_hi << 4) | m_lo);
+        v_out[(begin + e) / 2] = static_cast<std::uint8_t>((v_hi << 4) | v_lo);
+      }
+    }
+  }
+}
+#endif
+
+}  // namespace detail
+
+template <class State, int Block = adam_state_traits<State>::default_block>
+class adam_state {
+  using traits = adam_state_traits<State>;
+  static_assert(traits::quantized ? (Block >= 64 && Block <= 4096 && (Block & (Block - 1)) == 0)
+                                  : Block == 0,
+                "adam_state: quantized states take a power-of-two block in [64, 4096]; fp32/bf16 states take none");
+
+ public:
+  using state_type = State;
+  static constexpr bool quantized = traits::quantized;
+  static constexpr int block_size = Block;
+
+ private:
+  static constexpr std::int64_t divisor_block = Block > 0 ? Block : 1;  // plain states never divide by it
+
+ public:
+  using moment_type = typename traits::moment_type;  // float or bf16 for plain states, std::uint8_t codes otherwise
+
+  // Whether a tensor of `count` elements gets quantized moments under this threshold.
+  static constexpr bool quantizes(std::int64_t count, std::int64_t min_quantized_size) noexcept {
+    return quantized && count >= min_quantized_size;
+  }
+  // Bytes of one tensor's moments (and scales), with alignment padding.
+  static constexpr std::size_t tensor_bytes(std::int64_t count, std::int64_t min_quantized_size = 4096) noexcept {
+    const auto n = static_cast<std::size_t>(count);
+    if (!quantizes(count, min_quantized_size)) {
+      const std::size_t element = quantized ? sizeof(float) : sizeof(moment_type);
+      return 2 * detail::align_segment(n * element);
+    }
+    const std::size_t blocks = (n + divisor_block - 1) / divisor_block;
+    const std::size_t codes = traits::bits == 8 ? n : (n + 1) / 2;
+    return 2 * detail::align_segment(codes) + 2 * detail::align_segment(blocks * sizeof(float));
+  }
+  // Bytes of the control block and gradient-norm scratch for tensors of these sizes.
+  static constexpr std::size_t overhead_bytes(std::int64_t total_reduction_chunks) noexcept {
+    return detail::align_segment(sizeof(adam_control)) +
+           detail::align_segment(static_cast<std::size_t>(total_reduction_chunks) * sizeof(double));
+  }
+  // Exactly what a state for one tensor of `parameter_count` elements allocates.
+  static constexpr std::size_t bytes_required(std::int64_t parameter_count,
+                                              std::int64_t min_quantized_size = 4096) noexcept {
+    return overhead_bytes(detail::reduction_chunks(parameter_count)) + tensor_bytes(parameter_count, min_quantized_size);
+  }
+  // Exactly what a state for tensors of these sizes allocates.
+  static constexpr std::size_t bytes_required(std::span<const std::int64_t> sizes, const adam_options& options = {}) noexcept {
+    std::int64_t chunks = 0;
+    std::size_t bytes = 0;
+    for (std::int64_t n : sizes) {
+      chunks += detail::reduction_chunks(n);
+      bytes += tensor_bytes(n, options.min_quantized_size);
+    }
+    return overhead_bytes(chunks) + bytes;
+  }
+
+  // The state starts zeroed (step 0) when `exec` has run the initialisation it enqueues here.
+  template <executor E>
+  adam_state(const E& exec, memory_resource& resource, std::span<const std::int64_t> sizes, adam_options options = {})
+      : options_(options) {
+    validate(options_.loss_scaling, "adam_state");
+    require(options_.min_quantized_size >= 0, "adam_state: min_quantized_size must be >= 0");
+    require(options_.max_grad_norm >= 0.0f, "adam_state: max_grad_norm must be >= 0");
+    std::int64_t chunks = 0;
+    for (std::size_t i = 0; i < sizes.size(); ++i) {
+      require(sizes[i] > 0, "adam_state: tensor " + std::to_string(i) + " has " + std::to_string(sizes[i]) +
+                                " elements; every tensor needs at least one");
+      detail::adam_tensor_layout t;
+      t.size = sizes[i];
+      t.quantized = quantizes(t.size, options_.min_quantized_size);
+      t.units = t.quantized ? (t.size + divisor_block - 1) / divisor_block : (t.size + detail::plain_unit - 1) / detail::plain_unit;
+      t.first_chunk = chunks;
+      t.chunks = detail::reduction_chunks(t.size);
+      chunks += t.chunks;
+      layout_.push_back(t);
+    }
+    total_chunks_ = chunks;
+    std::size_t offset = overhead_bytes(chunks);
+    for (detail::adam_tensor_layout& t : layout_) {
+      const auto n = static_cast<std::size_t>(t.size);
+      if (!t.quantized) {
+        const std::size_t bytes = detail::align_segment(n * (quantized ? sizeof(float) : sizeof(moment_type)));
+        t.m_offset = offset;
+        t.v_offset = offset + bytes;
+        offset += 2 * bytes;
+      } else {
+        const std::size_t codes = detail::align_segment(traits::bits == 8 ? n : (n + 1) / 2);
+        const std::size_t scales = detail::align_segment(static_cast<std::size_t>(t.units) * sizeof(float));
+        t.m_offset = offset;
+        t.v_offset = offset + codes;
+        t.m_scale_offset = offset + 2 * codes;
+        t.v_scale_offset = offset + 2 * codes + scales;
+        offset += 2 * codes + 2 * scales;
+      }
+    }
+    arena_ = buffer<std::byte>(resource, shape{static_cast<std::int64_t>(offset)});
+    reset(exec);
+  }
+
+  adam_state(const adam_state&) = delete;
+  adam_state& operator=(const adam_state&) = delete;
+  adam_state(adam_state&&) noexcept = default;
+  adam_state& operator=(adam_state&&) noexcept = default;
+
+  // Zeroes the moments and the control block (step 0, initial loss scale).
+  template <executor E>
+  void reset([[maybe_unused]] const E& exec) {
+    require_accessible(exec, arena_view(), "adam_state::reset", "optimizer state");
+    adam_control control{};
+    control.loss_scale = options_.loss_scaling.enabled ? options_.loss_scaling.initial_scale : 1.0f;
+    if constexpr (!E::on_device) {
+      std::memset(arena_.data(), 0, arena_.bytes());
+      std::memcpy(arena_.data(), &control, sizeof control);
+    } else {
+#if MEMKIT_HAS_CUDA
+      device_reset(exec, control);
+#endif
+    }
+  }
+
+  std::size_t tensor_count() const noexcept { return layout_.size(); }
+  std::int64_t size(std::size_t tensor) const { return layout_.at(tensor).size; }
+  bool is_quantized(std::size_t tensor) const { return layout_.at(tensor).quantized; }
+  std::size_t bytes() const noexcept { return arena_.bytes(); }
+  memory_kind where() const noexcept { return arena_.where(); }
+  const adam_options& options() const noexcept { return options_; }
+  // Changes the clipping threshold for later steps (0 disables clipping).
+  void set_max_grad_norm(float max_norm) {
+    require(max_norm >= 0.0f && std::isfinite(max_norm), "adam_state::set_max_grad_norm: need a finite value >= 0");
+    options_.max_grad_norm = max_norm;
+  }
+
+  // One AdamW step over all tensors of the state, in the order they were given at construction.
+  // `gradient_scale` multiplies every gradient (e.g. 1/micro_batches after gradient accumulation), on
+  // top of the loss-scale division and the clipping factor, without a separate pass.
+  template <executor E, float_storage P, float_storage G>
+  void step(const E& exec, std::span<const adam_param<P, G>> params, std::span<const adam_group> groups,
+            float gradient_scale = 1.0f) {
+    validate_step(exec, params, groups, gradient_scale);
+    if constexpr (!E::on_device) host_step(params, groups, gradient_scale);
+    else {
+#if MEMKIT_HAS_CUDA
+      device_step(exec, params, groups, gradient_scale);
+#endif
+    }
+  }
+  template <executor E, float_storage P, float_storage G>
+  void step(const E& exec, const std::vector<adam_param<P, G>>& params, const std::vector<adam_group>& groups,
+            float gradient_scale = 1.0f) {
+    step(exec, std::span<const adam_param<P, G>>(params), std::span<const adam_group>(groups), gradient_scale);
+  }
+
+  // The control block, copied to the host. On CUDA this waits for the executor's stream (it is a
+  // read-back for logging and tests, never part of a step).
+  template <executor E>
+  adam_control control(const E& exec) const {
+    adam_control control{};
+    copy_out(exec, &control, 0, sizeof control);
+    return control;
+  }
+  template <executor E>
+  adam_step_report report(const E& exec) const {
+    const adam_control c = control(exec);
+    adam_step_report r;
+    r.applied = c.applied != 0;
+    r.step = c.step;
+    r.skipped_steps = c.skipped_steps;
+    r.grad_norm = c.grad_norm;
+    r.loss_scale = c.loss_scale;
+    if (c.first_nonfinite_chunk >= 0)
+      for (std::size_t i = 0; i < layout_.size(); ++i)
+        if (c.first_nonfinite_chunk >= layout_[i].first_chunk &&
+            c.first_nonfinite_chunk < layout_[i].first_chunk + layout_[i].chunks)
+          r.first_nonfinite_tensor = static_cast<std::int64_t>(i);
+    return r;
+  }
+  template <executor E>
+  float loss_scale(const E& exec) const {
+    return control(exec).loss_scale;
+  }
+
+  // The dequantized moments of one tensor, as fp32 on the host (tests and inspection).
+  template <executor E>
+  void read_moments(const E& exec, std::size_t tensor, std::vector<float>& m, std::vector<float>& v) const {
+    require(tensor < layout_.size(), "adam_state::read_moments: tensor " + std::to_string(tensor) + " of " +
+                                         std::to_string(layout_.size()));
+    std::vector<std::byte> bytes;
+    const std::byte* base = arena_.data();
+    if (E::on_device || !host_executor::can_access(where())) {
+      bytes.resize(arena_.bytes());
+      copy_out(exec, bytes.data(), 0, bytes.size());
+      base = bytes.data();
+    }
+    const detail::adam_tensor_layout& t = layout_[tensor];
+    m.resize(static_cast<std::size_t>(t.size));
+    v.resize(static_cast<std::size_t>(t.size));
+    for (std::int64_t i = 0; i < t.size; ++i) {
+      m[static_cast<std::size_t>(i)] = load_moment(base, t, i, true);
+      v[static_cast<std::size_t>(i)] = load_moment(base, t, i, false);
+    }
+  }
+  // Overwrites one tensor's moments with fp32 values, quantizing them as the step would (host-accessible
+  // state only). Tests use it to re-synchronise a reference optimizer.
+  void write_moments(std::size_t tensor, std::span<const float> m, std::span<const float> v) {
+    require(tensor < layout_.size(), "adam_state::write_moments: no tensor " + std::to_string(tensor));
+    require(host_executor::can_access(where()), "adam_state::write_moments: the state is in device memory");
+    const detail::adam_tensor_layout& t = layout_[tensor];
+    require(static_cast<std::int64_t>(m.size()) == t.size && static_cast<std::int64_t>(v.size()) == t.size,
+            "adam_state::write_moments: expected " + std::to_string(t.size) + " values per moment");
+    std::byte* base = arena_.data();
+    if (!t.quantized) {
+      for (std::int64_t i = 0; i < t.size; ++i) {
+        store_plain(base, t, i, m[static_cast<std::size_t>(i)], v[static_cast<std::size_t>(i)]);
+      }
+      return;
+    }
+    if constexpr (quantized) {
+      for (std::int64_t b = 0; b < t.units; ++b) {
+        const std::int64_t begin = b * Block, count = std::min<std::int64_t>(Block, t.size - begin);
+        quantize_block(base, t, b, m.data() + begin, v.data() + begin, count);
+      }
+    }
+  }
+
+  // ---- Save / load: a self-describing binary image of the whole state. ----
+  static constexpr std::uint32_t format_version = 1;
+  static std::string format_name() { return std::string("memkit.adam_state.") + traits::name; }
+
+  template <executor E>
+  void save(const E& exec, std::ostream& out) const {
+    std::vector<std::byte> bytes(arena_.bytes());
+    copy_out(exec, bytes.data(), 0, bytes.size());
+    header h = make_header();
+    write_string(out, magic);
+    write_pod(out, format_version);
+    write_string(out, h.name);
+    write_pod(out, h.bits);
+    write_pod(out, h.block);
+    write_pod(out, h.map_fingerprint);
+    write_pod(out, h.min_quantized_size);
+    write_pod(out, static_cast<std::uint64_t>(layout_.size()));
+    for (const auto& t : layout_) write_pod(out, t.size);
+    write_pod(out, static_cast<std::uint64_t>(bytes.size()));
+    out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+    write_pod(out, checksum(bytes.data(), bytes.size()));
+    require(static_cast<bool>(out), "adam_state::save: writing the stream failed");
+  }
+
+  // Restores a state saved by save(). Everything is checked (format, version, bit width, block size,
+  // maps, threshold, tensor sizes, length, checksum) before a byte of this state changes; any mismatch
+  // throws memkit::error naming what differs and leaves the state untouched.
+  template <executor E>
+  void load(const E& exec, std::istream& in) {
+    const char* op = "adam_state::load";
+    const std::string not_an_image = std::string(op) + ": not a memkit adam_state image";
+    std::uint32_t magic_length = 0;
+    in.read(reinterpret_cast<char*>(&magic_length), sizeof magic_length);
+    require(in.gcount() == sizeof magic_length && magic_length == std::strlen(magic), not_an_image);
+    std::string file_magic(magic_length, '\0');
+    in.read(file_magic.data(), magic_length);
+    require(file_magic == magic, not_an_image);
+    const auto version = read_pod<std::uint32_t>(in, op);
+    require(version == format_version, std::string(op) + ": image has format version " + std::to_string(version) +
+                                           ", this build reads version " + std::to_string(format_version));
+    const header mine = make_header();
+    const std::string name = read_string(in, op);
+    require(name == mine.name, std::string(op) + ": image holds '" + name + "' state, this is '" + mine.name + "'");
+    const auto bits = read_pod<std::uint32_t>(in, op);
+    require(bits == mine.bits, std::string(op) + ": image has " + std::to_string(bits) + "-bit moments, this state " +
+                                   std::to_string(mine.bits) + "-bit");
+    const auto block = read_pod<std::uint32_t>(in, op);
+    require(block == mine.block, std::string(op) + ": image was saved with block size " + std::to_string(block) +
+                                     ", this state uses " + std::to_string(mine.block));
+    const auto fingerprint = read_pod<std::uint64_t>(in, op);
+    require(fingerprint == mine.map_fingerprint,
+            std::string(op) + ": the image's quantization maps differ from this build's (fingerprint " +
+                std::to_string(fingerprint) + " vs " + std::to_string(mine.map_fingerprint) + ")");
+    const auto threshold = read_pod<std::int64_t>(in, op);
+    require(threshold == mine.min_quantized_size,
+            std::string(op) + ": image was saved with min_quantized_size " + std::to_string(threshold) +
+                ", this state uses " + std::to_string(mine.min_quantized_size));
+    const auto count = read_pod<std::uint64_t>(in, op);
+    require(count == layout_.size(), std::string(op) + ": image has " + std::to_string(count) + " tensors, this state " +
+                                         std::to_string(layout_.size()));
+    for (std::size_t i = 0; i < layout_.size(); ++i) {
+      const auto n = read_pod<std::int64_t>(in, op);
+      require(n == layout_[i].size, std::string(op) + ": tensor " + std::to_string(i) + " has " + std::to_string(n) +
+                                        " elements in the image, " + std::to_string(layout_[i].size) + " here");
+    }
+    const auto length = read_pod<std::uint64_t>(in, op);
+    require(length == arena_.bytes(), std::string(op) + ": image holds " + std::to_string(length) +
+                                          " bytes of state, this state has " + std::to_string(arena_.bytes()));
+    std::vector<std::byte> bytes(arena_.bytes());
+    in.read(reinterpret_cast<char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+    require(static_cast<std::size_t>(in.gcount()) == bytes.size(), std::string(op) + ": image is truncated");
+    const auto sum = read_pod<std::uint64_t>(in, op);
+    require(sum == checksum(bytes.data(), bytes.size()), std::string(op) + ": image checksum does not match (corrupt)");
+    copy_in(exec, bytes.data(), bytes.size());
+  }
+
+#if MEMKIT_HAS_CUDA
+  // Managed (paged) state: moves the pages to the executor's device ahead of the step; step() does
+  // this itself for managed state. Asynchronous on the stream.
+  void prefetch(const cuda_executor& exec) const {
+    if (where() != memory_kind::managed || arena_.bytes() == 0) return;
+    prefetch_to(exec, exec.device);
+  }
+  // Managed state: moves the pages back to host memory and prefers them there, releasing the device
+  // memory until the next prefetch (e.g. while activations of the forward pass need the room).
+  void release(const cuda_executor& exec) const {
+    if (where() != memory_kind::managed || arena_.bytes() == 0) return;
+    prefetch_to(exec, cudaCpuDeviceId);
+  }
+#endif
+
+#if MEMKIT_HAS_CUDA
+  // CPU offload (ZeRO-Offload style): the state and the fp32 master weights live in host memory (pinned
+  // for the copies to overlap), the parameters and gradients on the device. Per tensor, in order, the
+  // gradient is copied to its pinned staging buffer while the host already works on the tensors that
+  // have arrived (norm pass); after the decision, the host updates tensor i (master, state, rounded
+  // parameter in the staging buffer) while the copy of tensor i-1's parameter to the device runs.
+  // The host waits on events of its own copies, never on the device as a whole; the copies back are
+  // left enqueued on the stream. The same element functions as every other path: the results are
+  // bit-identical to host_step on the master weights.
+  template <float_storage P, float_storage G>
+  void offload_step(const cuda_executor& exec, std::span<const adam_offload_param<P, G>> params,
+                    std::span<const adam_group> groups, float gradient_scale = 1.0f) {
+    validate_offload(exec, params, groups, gradient_scale);
+    detail::with_device(exec.device, [&] {
+      std::vector<cudaEvent_t> arrived(params.size());
+      struct event_guard {
+        std::vector<cudaEvent_t>& events;
+        ~event_guard() {
+          for (cudaEvent_t e : events)
+            if (e != nullptr) (void)cudaEventDestroy(e);
+        }
+      } guard{arrived};
+      for (std::size_t i = 0; i < params.size(); ++i) {
+        MEMKIT_CUDA_CHECK(cudaEventCreateWithFlags(&arrived[i], cudaEventDisableTiming));
+        MEMKIT_CUDA_CHECK(cudaMemcpyAsync(params[i].grad_staging.data(), params[i].grad.data(), params[i].grad.bytes(),
+                                          cudaMemcpyDeviceToHost, exec.stream));
+        MEMKIT_CUDA_CHECK(cudaEventRecord(arrived[i], exec.stream));
+      }
+      for (std::size_t i = 0; i < params.size(); ++i) {
+        MEMKIT_CUDA_CHECK(cudaEventSynchronize(arrived[i]));
+        host_norm(i, static_cast<const G*>(params[i].grad_staging.data()));
+      }
+      if (!host_finalize(gradient_scale)) return 0;  // skipped: nothing changes, nothing is copied back
+      for (std::size_t i = 0; i < params.size(); ++i) {
+        const adam_offload_param<P, G>& p = params[i];
+        const adam_group& group = groups[static_cast<std::size_t>(p.group)];
+        const G* grad = p.grad_staging.data();
+        if constexpr (std::is_same_v<P, float>) {
+          host_update(i, host_access<float, G>(i, p.master.data(), grad, nullptr), group);
+          MEMKIT_CUDA_CHECK(cudaMemcpyAsync(p.param.data(), p.master.data(), p.master.bytes(), cudaMemcpyHostToDevice,
+                                            exec.stream));
+        } else {
+          host_update(i, host_access<P, G>(i, p.param_staging.data(), grad, p.master.data()), group);
+          MEMKIT_CUDA_CHECK(cudaMemcpyAsync(p.param.data(), p.param_staging.data(), p.param_staging.bytes(),
+                                            cudaMemcpyHostToDevice, exec.stream));
+        }
+      }
+      return 0;
+    });
+  }
+  template <float_storage P, float_storage G>
+  void offload_step(const cuda_executor& exec, const std::vector<adam_offload_param<P, G>>& params,
+                    const std::vector<adam_group>& groups, float gradient_scale = 1.0f) {
+    offload_step(exec, std::span<const adam_offload_param<P, G>>(params), std::span<const adam_group>(groups),
+                 gradient_scale);
+  }
+#endif
+
+  // A view of the whole state allocation (tests use it to check that steps leave it untouched).
+  tensor_view<const std::byte> arena_view() const noexcept { return arena_.view(); }
+
+ private:
+  static constexpr const char* magic = "memkit-adam-state";
+
+  struct header {
+    std::string name;
+    std::uint32_t bits, block;
+    std::uint64_t map_fingerprint;
+    std::int64_t min_quantized_size;
+  };
+  header make_header() const {
+    return {format_name(), static_cast<std::uint32_t>(traits::bits), static_cast<std::uint32_t>(Block),
+            traits::map_fingerprint(), options_.min_quantized_size};
+  }
+  static void write_string(std::ostream& out, const std::string& text) {
+    write_pod(out, static_cast<std::uint32_t>(text.size()));
+    out.write(text.data(), static_cast<std::streamsize>(text.size()));
+  }
+  template <class T>
+  static void write_pod(std::ostream& out, const T& value) {
+    out.write(reinterpret_cast<const char*>(&value), sizeof value);
+  }
+  static std::string read_string(std::istream& in, const char* op) {
+    const auto length = read_pod<std::uint32_t>(in, op);
+    require(length < 4096, std::string(op) + ": image header is corrupt (string of " + std::to_string(length) + " bytes)");
+    std::string text(length, '\0');
+    in.read(text.data(), length);
+    require(static_cast<std::uint32_t>(in.gcount()) == length, std::string(op) + ": image is truncated");
+    return text;
+  }
+  template <class T>
+  static T read_pod(std::istream& in, const char* op) {
+    T value{};
+    in.read(reinterpret_cast<char*>(&value), sizeof value);
+    require(static_cast<std::size_t>(in.gcount()) == sizeof value, std::string(op) + ": image is truncated");
+    return value;
+  }
+  static std::uint64_t checksum(const std::byte* data, std::size_t size) noexcept {
+    std::uint64_t hash = 0xcbf29ce484222325ull;  // FNV-1a, 8 bytes at a time through mix64
+    std::size_t i = 0;
+    for (; i + 8 <= size; i += 8) {
+      std::uint64_t word;
+      std::memcpy(&word, data + i, 8);
+      hash = detail::mix64(hash ^ word);
+    }
+    for (; i < size; ++i) hash = (hash ^ static_cast<std::uint64_t>(data[i])) * 0x100000001b3ull;
+    return hash;
+  }
+
+  template <executor E>
+  void copy_out([[maybe_unused]] const E& exec, void* destination, std::size_t offset, std::size_t bytes) const {
+    if constexpr (!E::on_device) {
+      require(host_executor::can_access(where()),
+              "adam_state: the state is in device memory; read it with a cuda_executor");
+      std::memcpy(destination, arena_.data() + offset, bytes);
+    } else {
+#if MEMKIT_HAS_CUDA
+      MEMKIT_CUDA_CHECK(cudaMemcpyAsync(destination, arena_.data() + offset, bytes, cudaMemcpyDefault, exec.stream));
+      exec.synchronize();
+#endif
+    }
+  }
+  template <executor E>
+  void copy_in([[maybe_unused]] const E& exec, const void* source, std::size_t bytes) {
+    if constexpr (!E::on_device) {
+      require(host_executor::can_access(where()),
+              "adam_state: the state is in device memory; write it with a cuda_executor");
+      std::memcpy(arena_.data(), source, bytes);
+    } else {
+#if MEMKIT_HAS_CUDA
+      MEMKIT_CUDA_CHECK(cudaMemcpyAsync(arena_.data(), source, bytes, cudaMemcpyDefault, exec.stream));
+      exec.synchronize();  // `source` is the caller's temporary
+#endif
+    }
+  }
+
+  // ---- per-element access shared by inspection and the host step ----
+  float load_moment(const std::byte* base, const detail::adam_tensor_layout& t, std::int64_t i, bool first) const {
+    const std::size_t offset = first ? t.m_offset : t.v_offset;
+    if (!t.quantized) {
+      if constexpr (quantized) return reinterpret_cast<const float*>(base + offset)[i];
+      else return to_float(reinterpret_cast<const moment_type*>(base + offset)[i]);
+    } else {
+      if constexpr (quantized) {
+        const float scale = reinterpret_cast<const float*>(base + (first ? t.m_scale_offset : t.v_scale_offset))[i / divisor_block];
+        const auto* codes = reinterpret_cast<const std::uint8_t*>(base + offset);
+        const unsigned code = detail::load_code<traits::bits>(codes, i);
+        const auto& tables = traits::tables();
+        return detail::mul_rn(first ? tables.m[code] : tables.v[code], scale);
+      }
+      return 0.0f;
+    }
+  }
+  void store_plain(std::byte* base, const detail::adam_tensor_layout& t, std::int64_t i, float m, float v) {
+    if constexpr (quantized) {
+      reinterpret_cast<float*>(base + t.m_offset)[i] = m;
+      reinterpret_cast<float*>(base + t.v_offset)[i] = v;
+    } else {
+      reinterpret_cast<moment_type*>(base + t.m_offset)[i] = from_float<moment_type>(m);
+      reinterpret_cast<moment_type*>(base + t.v_offset)[i] = from_float<moment_type>(v);
+    }
+  }
+  // Requantizes one block from fp32 moments: new absmax per moment, then the nearest codes.
+  void quantize_block(std::byte* base, const detail::adam_tensor_layout& t, std::int64_t b, const float* m,
+                      const float* v, std::int64_t count) {
+    quantize_block(base, t, b, m, v, count, block_absmax(m, count), block_absmax(v, count));
+  }
+  // The largest magnitude, as the integer maximum of the magnitudes' bit patterns: for finite
+  // non-negative floats the two orders agree, and the integer form runs without a serial chain
+  // of float compares (the device uses max_abs; max is exact, so both give the same bits).
+  static float block_absmax(const float* values, std::int64_t count) noexcept {
+    std::uint32_t lanes[8] = {};
+    std::int64_t i = 0;
+    for (; i + 8 <= count; i += 8)
+      for (int l = 0; l < 8; ++l) lanes[l] = std::max(lanes[l], detail::bit_cast<std::uint32_t>(values[i + l]) & 0x7fffffffu);
+    for (; i < count; ++i) lanes[0] = std::max(lanes[0], detail::bit_cast<std::uint32_t>(values[i]) & 0x7fffffffu);
+    std::uint32_t best = 0;
+    for (std::uint32_t lane : lanes) best = std::max(best, lane);
+    return detail::bit_cast<float>(best);
+  }
+  void quantize_block(std::byte* base, const detail::adam_tensor_layout& t, std::int64_t b, const float* m,
+                      const float* v, std::int64_t count, float m_max, float v_max) {
+    reinterpret_cast<float*>(base + t.m_scale_offset)[b] = m_max;
+    reinterpret_cast<float*>(base + t.v_scale_offset)[b] = v_max;
+    const float m_inverse = detail::inverse_scale(m_max), v_inverse = detail::inverse_scale(v_max);
+    auto* m_codes = reinterpret_cast<std::uint8_t*>(base + t.m_offset);
+    auto* v_codes = reinterpret_cast<std::uint8_t*>(base + t.v_offset);
+    const auto coder = traits::make_host_coder();
+    const std::int64_t begin = b * Block;
+    if constexpr (traits::bits == 8) {
+      for (std::int64_t i = 0; i < count; ++i) {
+        m_codes[begin + i] = static_cast<std::uint8_t>(coder.m(detail::mul_rn(m[i], m_inverse)));
+        v_codes[begin + i] = static_cast<std::uint8_t>(coder.v(detail::mul_rn(v[i], v_inverse)));
+      }
+    } else {
+      // Blocks are even-sized and start at even indices, so a byte never straddles two blocks.
+      for (std::int64_t i = 0; i < count; i += 2) {
+        const unsigned m_hi = coder.m(detail::mul_rn(m[i], m_inverse));
+        const unsigned v_hi = coder.v(detail::mul_rn(v[i], v_inverse));
+        const unsigned m_lo = i + 1 < count ? coder.m(detail::mul_rn(m[i + 1], m_inverse)) : 0u;
+        const unsigned v_lo = i + 1 < count ? coder.v(detail::mul_rn(v[i + 1], v_inverse)) : 0u;
+        m_codes[(begin + i) / 2] = static_cast<std::uint8_t>((m_hi << 4) | m_lo);
+        v_codes[(begin + i) / 2] = static_cast<std::uint8_t>((v_hi << 4) | v_lo);
+      }
+    }
+  }
+
+  // ---- validation: every check happens before anything is written ----
+  template <executor E, float_storage P, float_storage G>
+  void validate_step(const E& exec, std::span<const adam_param<P, G>> params, std::span<const adam_group> groups,
+                     float gradient_scale) const {
+    const char* op = "adam_state::step";
+    require(params.size() == layout_.size(), std::string(op) + ": got " + std::to_string(params.size()) +
+                                                 " parameter tensors, the state was made for " +
+                                                 std::to_string(layout_.size()));
+    require(!groups.empty(), std::string(op) + ": no parameter groups given");
+    require(gradient_scale > 0.0f && std::isfinite(gradient_scale),
+            std::string(op) + ": gradient_scale must be finite and > 0, got " + std::to_string(gradient_scale));
+    for (std::size_t g = 0; g < groups.size(); ++g) validate(groups[g], std::string(op) + ": group " + std::to_string(g));
+    require_accessible(exec, arena_view(), op, "optimizer state");
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      const adam_param<P, G>& p = params[i];
+      const std::string which = "tensor " + std::to_string(i);
+      require(p.param.size() == layout_[i].size,
+              std::string(op) + ": " + which + " has " + std::to_string(p.param.size()) + " elements (shape " +
+                  to_string(p.param.shape()) + "), the state was made for " + std::to_string(layout_[i].size));
+      require_same_shape(p.param, p.grad, op, (which + " param").c_str(), (which + " grad").c_str());
+      require(p.param.data() != nullptr && p.grad.data() != nullptr, std::string(op) + ": " + which + " has a null pointer");
+      if (p.master.data() != nullptr) {  // a default view (no master) has a null pointer
+        require(!std::is_same_v<P, float>, std::string(op) + ": " + which +
+                                               " has fp32 parameters, which are their own master copy; pass no master");
+        require_same_shape(p.param, tensor_view<const float>(p.master), op, (which + " param").c_str(),
+                           (which + " master").c_str());
+      }
+      require(p.group >= 0 && static_cast<std::size_t>(p.group) < groups.size(),
+              std::string(op) + ": " + which + " names group " + std::to_string(p.group) + " but only " +
+                  std::to_string(groups.size()) + " groups were given");
+      require_accessible(exec, p.param, op, (which + " param").c_str());
+      require_accessible(exec, p.grad, op, (which + " grad").c_str());
+      if (p.master.data() != nullptr) require_accessible(exec, p.master, op, (which + " master").c_str());
+    }
+  }
+
+#if MEMKIT_HAS_CUDA
+  template <float_storage P, float_storage G>
+  void validate_offload(const cuda_executor& exec, std::span<const adam_offload_param<P, G>> params,
+                        std::span<const adam_group> groups, float gradient_scale) const {
+    const char* op = "adam_state::offload_step";
+    require(host_executor::can_access(where()),
+            std::string(op) + ": the state is in " + to_string(where()) + " memory; CPU offload keeps it in host memory");
+    require(params.size() == layout_.size(), std::string(op) + ": got " + std::to_string(params.size()) +
+                                                 " parameter tensors, the state was made for " +
+                                                 std::to_string(layout_.size()));
+    require(!groups.empty(), std::string(op) + ": no parameter groups given");
+    require(gradient_scale > 0.0f && std::isfinite(gradient_scale), std::string(op) + ": gradient_scale must be finite and > 0");
+    for (std::size_t g = 0; g < groups.size(); ++g) validate(groups[g], std::string(op) + ": group " + std::to_string(g));
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      const adam_offload_param<P, G>& p = params[i];
+      const std::string which = "tensor " + std::to_string(i);
+      require(p.param.size() == layout_[i].size, std::string(op) + ": " + which + " has " +
+                                                     std::to_string(p.param.size()) + " elements, the state was made for " +
+                                                     std::to_string(layout_[i].size));
+      require_same_shape(p.param, p.grad, op, (which + " param").c_str(), (which + " grad").c_str());
+      require_same_shape(p.param, tensor_view<const float>(p.master), op, (which + " param").c_str(),
+                         (which + " master").c_str());
+      require_same_shape(p.param, tensor_view<const G>(p.grad_staging), op, (which + " param").c_str(),
+                         (which + " grad_staging").c_str());
+      if constexpr (!std::is_same_v<P, float>)
+        require_same_shape(p.param, tensor_view<const P>(p.param_staging), op, (which + " param").c_str(),
+                           (which + " param_staging").c_str());
+      require(p.group >= 0 && static_cast<std::size_t>(p.group) < groups.size(),
+              std::string(op) + ": " + which + " names group " + std::to_string(p.group) + " but only " +
+                  std::to_string(groups.size()) + " groups were given");
+      require_accessible(exec, p.param, op, (which + " param").c_str());
+      require_accessible(exec, p.grad, op, (which + " grad").c_str());
+      auto pinned = [&](memory_kind kind, const char* name) {
+        require(kind == memory_kind::pinned_host, std::string(op) + ": `" + which + " " + name + "` is in " +
+                                                      to_string(kind) +
+                                                      " memory; offload buffers must be pinned_host so copies overlap");
+      };
+      pinned(p.master.where(), "master");
+      pinned(p.grad_staging.where(), "grad_staging");
+      if constexpr (!std::is_same_v<P, float>) pinned(p.param_staging.where(), "param_staging");
+    }
+  }
+#endif
+
+  // ---- host step ----
+  template <float_storage P, float_storage G>
+  void host_step(std::span<const adam_param<P, G>> params, std::span<const adam_group> groups, float gradient_scale) {
+    for (std::size_t i = 0; i < params.size(); ++i) host_norm(i, params[i].grad.data());
+    if (!host_finalize(gradient_scale)) return;
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      const adam_param<P, G>& p = params[i];
+      host_update(i, host_access(i, p.param.data(), p.grad.data(), p.master.data()),
+                  groups[static_cast<std::size_t>(p.group)]);
+    }
+  }
+
+  adam_control& host_control() noexcept { return *reinterpret_cast<adam_control*>(arena_.data()); }
+  double* host_chunk_sums() noexcept {
+    return reinterpret_cast<double*>(arena_.data() + detail::align_segment(sizeof(adam_control)));
+  }
+
+  // The norm pass over one tensor's gradient, in the canonical chunk/lane/tree order.
+  template <float_storage G>
+  void host_norm(std::size_t tensor, const G* grad) {
+    const detail::adam_tensor_layout& t = layout_[tensor];
+    double lanes[detail::reduction_lanes];
+    for (std::int64_t c = 0; c < t.chunks; ++c) {
+      const std::int64_t begin = c * detail::reduction_chunk;
+      const std::int64_t count = std::min(detail::reduction_chunk, t.size - begin);
+      for (int lane = 0; lane < detail::reduction_lanes; ++lane)
+        lanes[lane] = detail::lane_sum_of_squares(grad + begin, count, lane);
+      host_chunk_sums()[t.first_chunk + c] = detail::tree_sum(lanes);
+    }
+  }
+  bool host_finalize(float gradient_scale) {
+    detail::finalize_step(host_control(), host_chunk_sums(), total_chunks_, options_.max_grad_norm,
+                          options_.loss_scaling, gradient_scale);
+    return host_control().applied != 0;
+  }
+  template <float_storage P, float_storage G>
+  detail::param_access<P, G> host_access(std::size_t tensor, P* param, const G* grad, float* master) {
+    return {param, grad, master, options_.stochastic_rounding, options_.seed, host_control().step,
+            static_cast<std::int64_t>(tensor)};
+  }
+
+  // The fused update of one tensor (after host_finalize applied the step).
+  template <float_storage P, float_storage G>
+  void host_update(std::size_t tensor, const detail::param_access<P, G>& access, const adam_group& group) {
+    std::byte* base = arena_.data();
+    const detail::adam_tensor_layout& t = layout_[tensor];
+    const adam_coefficients c = make_coefficients(group, host_control());
+    if (!t.quantized) {
+      if constexpr (quantized) {
+        auto* m = reinterpret_cast<float*>(base + t.m_offset);
+        auto* v = reinterpret_cast<float*>(base + t.v_offset);
+        for (std::int64_t e = 0; e < t.size; ++e) detail::update_plain_element(access, m, v, e, c);
+      } else {
+        auto* m = reinterpret_cast<moment_type*>(base + t.m_offset);
+        auto* v = reinterpret_cast<moment_type*>(base + t.v_offset);
+        for (std::int64_t e = 0; e < t.size; ++e) detail::update_plain_element(access, m, v, e, c);
+      }
+      return;
+    }
+    if constexpr (quantized) {
+      const auto& tables = traits::tables();
+      const auto* m_codes = reinterpret_cast<const std::uint8_t*>(base + t.m_offset);
+      const auto* v_codes = reinterpret_cast<const std::uint8_t*>(base + t.v_offset);
+      const auto* m_scale = reinterpret_cast<const float*>(base + t.m_scale_offset);
+      const auto* v_scale = reinterpret_cast<const float*>(base + t.v_scale_offset);
+      float m_new[Block], v_new[Block];
+      for (std::int64_t b = 0; b < t.units; ++b) {
+        const std::int64_t begin = b * Block, count = std::min<std::int64_t>(Block, t.size - begin);
+        const float m_absmax = m_scale[b], v_absmax = v_scale[b];
+        for (std::int64_t e = 0; e < count; ++e) {
+          const std::int64_t index = begin + e;
+          float m = detail::mul_rn(tables.m[detail::load_code<traits::bits>(m_codes, index)], m_absmax);
+          float v = detail::mul_rn(tables.v[detail::load_code<traits::bits>(v_codes, index)], v_absmax);
+          detail::update_element(access, m, v, index, c);
+          m_new[e] = m;
+          v_new[e] = v;
+        }
+        quantize_block(base, t, b, m_new, v_new, count);
+      }
+    }
+  }
+
+#if MEMKIT_HAS_CUDA
+  void device_reset(const cuda_executor& exec, const adam_control& control) {
+    detail::with_device(exec.device, [&] {
+      MEMKIT_CUDA_CHECK(cudaMemsetAsync(arena_.data(), 0, arena_.bytes(), exec.stream));
+      detail::adam_set_control_kernel<adam_control><<<1, 1, 0, exec.stream>>>(reinterpret_cast<adam_control*>(arena_.data()), control);
+      MEMKIT_CUDA_CHECK(cudaGetLastError());
+      return 0;
+    });
+  }
+
+  template <float_storage P, float_storage G>
+  void device_step(const cuda_executor& exec, std::span<const adam_param<P, G>> params,
+                   std::span<const adam_group> groups, float gradient_scale) {
+    detail::with_device(exec.device, [&] {
+      if (where() == memory_kind::managed) migrate(exec, exec.device);  // paged state: bring it in ahead of the kernels
+      std::byte* base = arena_.data();
+      auto* control = reinterpret_cast<adam_control*>(base);
+      double* chunk_sums = reinterpret_cast<double*>(base + detail::align_segment(sizeof(adam_control)));
+      constexpr int K = detail::tensors_per_launch;
+      for (std::size_t first = 0; first < params.size(); first += K) {
+        detail::norm_launch<G> batch{};
+        std::int64_t units = 0;
+        for (std::size_t j = 0; j < K && first + j < params.size(); ++j) {
+          const detail::adam_tensor_layout& t = layout_[first + j];
+          batch.grad[j] = params[first + j].grad.data();
+          batch.sums[j] = chunk_sums + t.first_chunk;
+          batch.size[j] = t.size;
+          batch.chunk_begin[j] = units;
+          units += t.chunks;
+          batch.count = static_cast<int>(j + 1);
+        }
+        batch.chunk_begin[batch.count] = units;
+        detail::adam_norm_kernel<G><<<static_cast<unsigned>(units), detail::reduction_lanes, 0, exec.stream>>>(batch);
+        MEMKIT_CUDA_CHECK(cudaGetLastError());
+      }
+      detail::adam_finalize_kernel<adam_control><<<1, 1, 0, exec.stream>>>(control, chunk_sums, total_chunks_, options_.max_grad_norm,
+                                                               options_.loss_scaling, gradient_scale);
+      MEMKIT_CUDA_CHECK(cudaGetLastError());
+      constexpr int threads = detail::update_threads<State, Block>();
+      for (std::size_t first = 0; first < params.size(); first += K) {
+        detail::update_launch<State> batch{};
+        if constexpr (quantized) {
+          const auto& tables = traits::tables();
+          for (int i = 0; i < traits::entries; ++i) {
+            batch.tables.m[i] = tables.m[static_cast<std::size_t>(i)];
+            batch.tables.v[i] = tables.v[static_cast<std::size_t>(i)];
+          }
+        }
+        batch.control = control;
+        batch.seed = options_.seed;
+        batch.stochastic_rounding = options_.stochastic_rounding;
+        std::int64_t units = 0;
+        for (std::size_t j = 0; j < K && first + j < params.size(); ++j) {
+          const adam_param<P, G>& p = params[first + j];
+          const detail::adam_tensor_layout& t = layout_[first + j];
+          detail::adam_tensor_args& a = batch.tensors[j];
+          a.param = p.param.data();
+          a.grad = p.grad.data();
+          a.master = p.master.data();
+          a.m = base + t.m_offset;
+          a.v = base + t.v_offset;
+          a.m_scale = t.quantized ? reinterpret_cast<float*>(base + t.m_scale_offset) : nullptr;
+          a.v_scale = t.quantized ? reinterpret_cast<float*>(base + t.v_scale_offset) : nullptr;
+          a.size = t.size;
+          a.unit_begin = units;
+          a.index = static_cast<std::int64_t>(first + j);
+          a.group = groups[static_cast<std::size_t>(p.group)];
+          a.quantized = t.quantized ? 1 : 0;
+          units += t.units;
+          batch.count = static_cast<int>(j + 1);
+        }
+        detail::adam_update_kernel<State, Block, threads, P, G>
+            <<<static_cast<unsigned>(units), threads, 0, exec.stream>>>(batch);
+        MEMKIT_CUDA_CHECK(cudaGetLastError());
+      }
+      return 0;
+    });
+  }
+  // Advises the pages' preferred location (the host after release, none after prefetch), then migrates.
+  void prefetch_to(const cuda_executor& exec, int destination) const {
+#if CUDART_VERSION >= 13000
+    cudaMemLocation location{};
+    location.type = destination == cudaCpuDeviceId ? cudaMemLocationTypeHost : cudaMemLocationTypeDevice;
+    location.id = destination == cudaCpuDeviceId ? 0 : destination;
+    MEMKIT_CUDA_CHECK(cudaMemAdvise(arena_.data(), arena_.bytes(),
+                                    destination == cudaCpuDeviceId ? cudaMemAdviseSetPreferredLocation
+                                                                   : cudaMemAdviseUnsetPreferredLocation,
+                                    location));
+#else
+    MEMKIT_CUDA_CHECK(cudaMemAdvise(arena_.data(), arena_.bytes(),
+                                    destination == cudaCpuDeviceId ? cudaMemAdviseSetPreferredLocation
+                                                                   : cudaMemAdviseUnsetPreferredLocation,
+                                    destination));
+#endif
+    migrate(exec, destination);
+  }
+  // Enqueues the migration of every page of the state on the executor's stream.
+  void migrate(const cuda_executor& exec, int destination) const {
+#if CUDART_VERSION >= 13000
+    cudaMemLocation location{};
+    location.type = destination == cudaCpuDeviceId ? cudaMemLocationTypeHost : cudaMemLocationTypeDevice;
+    location.id = destination == cudaCpuDeviceId ? 0 : destination;
+    MEMKIT_CUDA_CHECK(cudaMemPrefetchAsync(arena_.data(), arena_.bytes(), location, 0, exec.stream));
+#else
+    MEMKIT_CUDA_CHECK(cudaMemPrefetchAsync(arena_.data(), arena_.bytes(), destination, exec.stream));
+#endif
+  }
+#endif
+
+  adam_options options_;
+  std::vector<detail::adam_tensor_layout> layout_;
+  std::int64_t total_chunks_ = 0;
+  buffer<std::byte> arena_;
+};
+
+MEMKIT_NAMESPACE_END
+

@@ -1,0 +1,315 @@
+// memkit/optim/state_codecs.hpp — how each adam_state flavour stores its moments, and the element-wise
+// load/update/store helpers the host loop and the CUDA kernels share.
+//
+// Quantized moments are codes into a sorted table of 2^bits values in [-1, 1] (m) or [0, 1] (v), scaled
+// by the block's absmax: value = table[code] * absmax. 4-bit codes are packed two per byte, the element
+// at the even index in the high nibble (as bitsandbytes and torchao pack them).
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <type_traits>
+
+#include "memkit/config.hpp"
+#include "memkit/core/float16.hpp"
+#include "memkit/optim/adam_math.hpp"
+#include "memkit/quant/codebooks.hpp"
+
+MEMKIT_NAMESPACE_BEGIN
+
+// Tag type: adam_state<four_bit, Block> keeps 4-bit moments.
+struct four_bit {};
+
+namespace detail {
+
+// Index of the table entry nearest to x in a sorted table of `Entries` values. Exact ties go to the
+// lower code (the midpoint comparison is strict), as bitsandbytes breaks them.
+template <int Entries>
+MEMKIT_HOST_DEVICE MEMKIT_FORCEINLINE unsigned nearest_in_table(const float* table, float x) noexcept {
+  unsigned low = 0;
+
+  for (unsigned half = Entries / 2; half > 0; half >>= 1)
+    low += half & (0u - static_cast<unsigned>(table[low + half] <= x));  // branch-free: the outcomes are coin flips
+  const unsigned next = low + 1 < static_cast<unsigned>(Entries) ? low + 1 : low;
+  return low + static_cast<unsigned>((x > mul_rn(add_rn(table[low], table[next]), 0.5f)) & (next != low));
+}
+
+// The last step of quant::nearest_dynamic once its search has ended at the even index `pivot`: move
+// to a neighbour past the float midpoint (a tie stays at pivot). Written without branches, because the
+// comparisons are coin flips for optimizer moments and mispredict half the time on a CPU.
+MEMKIT_HOST_DEVICE MEMKIT_FORCEINLINE unsigned finish_dynamic_code(const float* map, unsigned pivot, float x) noexcept {
+  const float probe = map[pivot];
+  const float up = (map[pivot + 1] + probe) * 0.5f;
+  const float down = (map[pivot == 0 ? 0 : pivot - 1] + probe) * 0.5f;
+  const bool above = x > probe;
+  return pivot + static_cast<unsigned>(above & (x > up)) - static_cast<unsigned>(!above & (pivot != 0) & (x < down));
+}
+
+// quant::nearest_dynamic's result, computed without its data-dependent branches. That search is a
+// complete binary search tree over the 127 odd indices 1..253 of the map, so the even index P where it
+// ends is twice the number of odd entries below x, and its last two brackets are P-1 and P+1; the
+// final midpoint test is then the same float expression as in quant::nearest_dynamic, so the codes
+// are identical, ties included (tests/host/adam_codes_test.cpp checks this against the shared function).
+// Branch-free, it runs several times faster on a CPU, where the shared function's branches mispredict.
+MEMKIT_HOST_DEVICE MEMKIT_FORCEINLINE unsigned dynamic_code(const float* map, float x) noexcept {
+  unsigned below = 0;  // odd entries map[2i - 1], i = 1..127, that are < x
+
+  for (unsigned step = 64; step > 0; step >>= 1) below += map[2 * (below + step) - 1] < x ? step : 0u;
+  return finish_dynamic_code(map, 2 * below, x);
+}
+
+// Host-only acceleration. quant::nearest_dynamic amounts to: the nearest entry by the float midpoints
+// (a + b) * 0.5f of adjacent entries, an exact tie going to the even index (where its search ends).
+// This index, keyed by the top 16 bits of x (sign, exponent, 7 mantissa bits), stores per bucket the
+// code at the bucket's low end and the one midpoint inside the bucket (buckets are narrower than the
+// spacing of the entries, checked when it is built), so a lookup is one load and one compare instead
+// of a chain of dependent loads. tests/host/adam_codes_test.cpp checks it against the shared function.
+struct dynamic_code_bucket {
+  float threshold;      // the midpoint inside the bucket (+Inf when there is none)
+  std::uint8_t code;    // the code below the threshold
+  std::uint8_t tie_up;  // 1 when x == threshold goes to code + 1 (code + 1 is even)
+  std::uint16_t unused;
+};
+struct dynamic_code_index {
+  std::array<dynamic_code_bucket, 65536> buckets;
+};
+
+inline dynamic_code_index build_dynamic_code_index(const float* map) {
+  dynamic_code_index index{};
+  for (std::uint32_t key = 0; key < 65536; ++key) {
+    const bool negative = (key & 0x8000u) != 0;
+    const float low = bit_cast<float>(negative ? (key << 16) | 0xffffu : key << 16);
+    const float high = bit_cast<float>(negative ? key << 16 : (key << 16) | 0xffffu);
+    dynamic_code_bucket bucket{std::numeric_limits<float>::infinity(), static_cast<std::uint8_t>(dynamic_code(map, low)), 0, 0};
+    int boundaries = 0;
+    for (unsigned c = 0; c < 255; ++c) {
+      const float middle = (map[c + 1] + map[c]) * 0.5f;
+      if (!(middle >= low && middle <= high)) continue;  // NaN buckets have none
+      ++boundaries;
+      bucket.threshold = middle;
+      bucket.code = static_cast<std::uint8_t>(c);
+      bucket.tie_up = static_cast<std::uint8_t>((c + 1) % 2 == 0);
+    }
+    if (boundaries > 1) throw error("memkit: dynamic map too dense for its 16-bit index");
+    index.buckets[key] = bucket;
+  }
+  return index;
+}
+
+template <bool Signed>
+const dynamic_code_index& dynamic_code_index_for() {
+  static const dynamic_code_index index =
+      build_dynamic_code_index(Signed ? quant::dynamic_map_signed.data() : quant::dynamic_map_unsigned.data());
+  return index;
+}
+
+inline unsigned dynamic_code_indexed(const dynamic_code_index& index, float x) noexcept {
+  const dynamic_code_bucket& bucket = index.buckets[bit_cast<std::uint32_t>(x) >> 16];
+  return bucket.code + static_cast<unsigned>((x > bucket.threshold) | ((x == bucket.threshold) & (bucket.tie_up != 0)));
+}
+
+template <int Bits>
+MEMKIT_HOST_DEVICE MEMKIT_FORCEINLINE unsigned load_code(const std::uint8_t* codes, std::int64_t index) noexcept {
+  if constexpr (Bits == 8) return codes[index];
+  else return (index & 1) ? (codes[index >> 1] & 0x0fu) : (codes[index >> 1] >> 4);
+}
+
+MEMKIT_HOST_DEVICE MEMKIT_FORCEINLINE float max_abs(float current, float value) noexcept {
+  const float magnitude = value < 0.0f ? -value : value;
+  return magnitude > current ? magnitude : current;  // max is exact and order-free: host and device agree
+}
+
+// 1/absmax, computed once per block; an all-zero block normalises to zeros.
+MEMKIT_HOST_DEVICE MEMKIT_FORCEINLINE float inverse_scale(float absmax) noexcept {
+  return absmax > 0.0f ? div_rn(1.0f, absmax) : 0.0f;
+}
+
+struct int4_tables {
+  std::array<float, 16> m, v;
+};
+struct int8_tables {
+  std::array<float, 256> m, v;
+};
+inline constexpr int8_tables int8_maps{quant::dynamic_map_signed, quant::dynamic_map_unsigned};
+
+// torchao's AdamW4bit maps. m: the dynamic map with 3 exponent bits: for decade i = 0, 1, 2 the
+// midpoints of linspace(0.1, 1, 2^i + 1) scaled by 10^(i-2), mirrored negative, plus 0 and 1.
+// v: the 16 linear levels k/16, k = 1..16 (no zero: a zero second moment never divides by ~0).
+constexpr int4_tables make_int4_tables() noexcept {
+  double values[16] = {};
+  int count = 0;
+  double decade = 0.01;
+  for (int i = 0; i < 3; ++i, decade *= 10.0) {
+    const int bins = 1 << i;
+    for (int j = 0; j < bins; ++j) {
+      const double low = 0.1 + 0.9 * j / bins, high = 0.1 + 0.9 * (j + 1) / bins;
+      values[count++] = decade * (low + high) / 2.0;
+      values[count++] = -decade * (low + high) / 2.0;
+    }
+  }
+  values[count++] = 0.0;
+  values[count++] = 1.0;
+  for (int i = 1; i < 16; ++i)  // insertion sort: constexpr-friendly
+    for (int j = i; j > 0 && values[j - 1] > values[j]; --j) {
+      const double t = values[j];
+      values[j] = values[j - 1];
+      values[j - 1] = t;
+    }
+  int4_tables tables{};
+  for (int i = 0; i < 16; ++i) {
+    tables.m[static_cast<std::size_t>(i)] = static_cast<float>(values[i]);
+    tables.v[static_cast<std::size_t>(i)] = static_cast<float>(i + 1) / 16.0f;
+  }
+  return tables;
+}
+
+inline constexpr int4_tables int4_maps = make_int4_tables();
+
+// A fingerprint of a pair of tables, saved with the state so a change of map is caught on load.
+template <std::size_t N>
+constexpr std::uint64_t table_fingerprint(const std::array<float, N>& m, const std::array<float, N>& v) noexcept {
+  std::uint64_t hash = N;
+  for (float x : m) hash = mix64(hash ^ bit_cast<std::uint32_t>(x));
+  for (float x : v) hash = mix64(hash ^ bit_cast<std::uint32_t>(x));
+  return hash;
+}
+
+}  // namespace detail
+
+template <class State>
+struct adam_state_traits;
+
+template <>
+struct adam_state_traits<float> {
+  static constexpr bool quantized = false;
+  static constexpr int bits = 32;
+  static constexpr int default_block = 0;
+  using moment_type = float;
+  static constexpr const char* name = "fp32";
+  static constexpr std::uint64_t map_fingerprint() noexcept { return 0; }
+};
+
+template <>
+struct adam_state_traits<bf16> {
+  static constexpr bool quantized = false;
+  static constexpr int bits = 16;
+  static constexpr int default_block = 0;
+  using moment_type = bf16;
+  static constexpr const char* name = "bf16";
+  static constexpr std::uint64_t map_fingerprint() noexcept { return 0; }
+};
+
+template <>
+struct adam_state_traits<four_bit> {
+  static constexpr bool quantized = true;
+  static constexpr int bits = 4;
+  static constexpr int entries = 16;
+  static constexpr int default_block = 128;
+  using moment_type = std::uint8_t;
+  static constexpr const char* name = "int4.dynamic3-m.linear-v";
+  static constexpr const detail::int4_tables& tables() noexcept { return detail::int4_maps; }
+  static constexpr std::uint64_t map_fingerprint() noexcept {
+    return detail::table_fingerprint(detail::int4_maps.m, detail::int4_maps.v);
+  }
+  MEMKIT_HOST_DEVICE static MEMKIT_FORCEINLINE unsigned m_code(const float* m_table, float x) noexcept {
+    return detail::nearest_in_table<16>(m_table, x);
+  }
+  MEMKIT_HOST_DEVICE static MEMKIT_FORCEINLINE unsigned v_code(const float* v_table, float x) noexcept {
+    return detail::nearest_in_table<16>(v_table, x);
+  }
+  // The host loop's lookups (the same codes as m_code / v_code).
+  struct host_coder {
+    unsigned m(float x) const noexcept { return m_code(detail::int4_maps.m.data(), x); }
+    unsigned v(float x) const noexcept { return v_code(detail::int4_maps.v.data(), x); }
+  };
+  static host_coder make_host_coder() { return {}; }
+};
+
+// 8-bit blockwise moments: the dynamic maps of the 8-bit optimizers paper (memkit/quant/codebooks.hpp),
+// signed for m and unsigned for v, looked up with bitsandbytes' own nearest-code rule (the shared
+// quant::nearest_dynamic, in the branch-free form detail::dynamic_code). The maps contain
+// an exact zero, so a moment never quantizes to a code of the opposite sign (no sign fix-up needed).
+template <>
+struct adam_state_traits<std::int8_t> {
+  static constexpr bool quantized = true;
+  static constexpr int bits = 8;
+  static constexpr int entries = 256;
+  static constexpr int default_block = 256;
+  using moment_type = std::uint8_t;
+  static constexpr const char* name = "int8.dynamic-signed-m.dynamic-unsigned-v";
+  static constexpr const detail::int8_tables& tables() noexcept { return detail::int8_maps; }
+  static constexpr std::uint64_t map_fingerprint() noexcept {
+    return detail::table_fingerprint(detail::int8_maps.m, detail::int8_maps.v);
+  }
+  MEMKIT_HOST_DEVICE static MEMKIT_FORCEINLINE unsigned m_code(const float* m_table, float x) noexcept {
+    return detail::dynamic_code(m_table, x);
+  }
+  MEMKIT_HOST_DEVICE static MEMKIT_FORCEINLINE unsigned v_code(const float* v_table, float x) noexcept {
+    return detail::dynamic_code(v_table, x);
+  }
+  // The host loop's lookups: indexed, the same codes as m_code / v_code.
+  struct host_coder {
+    const detail::dynamic_code_index* m_index;
+    const detail::dynamic_code_index* v_index;
+    unsigned m(float x) const noexcept { return detail::dynamic_code_indexed(*m_index, x); }
+    unsigned v(float x) const noexcept { return detail::dynamic_code_indexed(*v_index, x); }
+  };
+  static host_coder make_host_coder() {
+    return {&detail::dynamic_code_index_for<true>(), &detail::dynamic_code_index_for<false>()};
+  }
+};
+
+namespace detail {
+
+// Where one tensor's parameter values come from and go to during a step.
+template <float_storage P, float_storage G>
+struct param_access {
+  P* param;
+  const G* grad;
+  float* master;  // nullptr: the parameter itself is updated
+  bool stochastic_rounding;
+  std::uint64_t seed;
+  std::int64_t step;
+  std::int64_t tensor;
+
+  MEMKIT_HOST_DEVICE MEMKIT_FORCEINLINE float load(std::int64_t i) const noexcept {
+    return master != nullptr ? master[i] : to_float(param[i]);
+  }
+  MEMKIT_HOST_DEVICE MEMKIT_FORCEINLINE void store(std::int64_t i, float value) const noexcept {
+    if (master != nullptr) master[i] = value;
+    if constexpr (std::is_same_v<P, bf16>) {
+      if (master == nullptr && stochastic_rounding)
+        param[i] = bf16_stochastic_round(value, random_bits(seed, step, tensor, i));
+      else
+        param[i] = bf16(value);
+    } else {
+      param[i] = from_float<P>(value);
+    }
+  }
+};
+
+// Updates parameter i given its (dequantized) moments; m and v come back updated, unquantized.
+template <float_storage P, float_storage G>
+MEMKIT_HOST_DEVICE MEMKIT_FORCEINLINE void update_element(const param_access<P, G>& access, float& m, float& v,
+                                                          std::int64_t i, const adam_coefficients& c) noexcept {
+  float p = access.load(i);
+  adamw_update(p, m, v, to_float(access.grad[i]), c);
+  access.store(i, p);
+}
+
+// The same for moments stored as plain fp32/bf16 arrays.
+template <float_storage P, float_storage G, float_storage M>
+MEMKIT_HOST_DEVICE MEMKIT_FORCEINLINE void update_plain_element(const param_access<P, G>& access, M* m_array,
+                                                                M* v_array, std::int64_t i,
+                                                                const adam_coefficients& c) noexcept {
+  float m = to_float(m_array[i]), v = to_float(v_array[i]);
+  update_element(access, m, v, i, c);
+  m_array[i] = from_float<M>(m);
+  v_array[i] = from_float<M>(v);
+}
+
+}  // namespace detail
+
+MEMKIT_NAMESPACE_END

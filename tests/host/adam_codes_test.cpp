@@ -1,0 +1,92 @@
+// The optimizer's fast code lookups give exactly the codes of the shared quant::nearest_dynamic, and the
+// 4-bit maps are torchao's.
+#include <doctest/doctest.h>
+#include <memkit/optim/state_codecs.hpp>
+#include <memkit/quant/codebooks.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <random>
+#include <vector>
+
+namespace {
+
+// Every entry, every float midpoint, and a few ulps around each: the only places a code can change.
+std::vector<float> boundary_values(const std::array<float, 256>& map) {
+  std::vector<float> values{0.0f, -0.0f, 1.0f, -1.0f, 1.0000001f, -1.0000001f, 2.0f, -2.0f, 1e-30f, -1e-30f,
+                            std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::denorm_min()};
+  for (std::size_t i = 0; i < map.size(); ++i) {
+    std::vector<float> centres{map[i]};
+    if (i + 1 < map.size()) centres.push_back((map[i + 1] + map[i]) * 0.5f);
+    for (float centre : centres) {
+      float up = centre, down = centre;
+      values.push_back(centre);
+      for (int k = 0; k < 4; ++k) {
+        up = std::nextafter(up, 2.0f);
+        down = std::nextafter(down, -2.0f);
+        values.push_back(up);
+        values.push_back(down);
+      }
+    }
+  }
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+  std::uniform_real_distribution<float> exponent(-24.0f, 0.0f);
+  for (int i = 0; i < 200000; ++i) {
+    values.push_back(uniform(rng));
+    const float magnitude = std::pow(2.0f, exponent(rng));
+    values.push_back(i % 2 ? magnitude : -magnitude);
+  }
+  return values;
+}
+
+template <bool Signed>
+void check_map(const std::array<float, 256>& map) {
+  const auto& index = memkit::detail::dynamic_code_index_for<Signed>();
+  int branch_free = 0, indexed = 0;
+  const auto values = boundary_values(map);
+  for (float x : values) {
+    const unsigned expected = memkit::quant::nearest_dynamic(map.data(), x);
+    branch_free += memkit::detail::dynamic_code(map.data(), x) != expected;
+    indexed += memkit::detail::dynamic_code_indexed(index, x) != expected;
+  }
+  CHECK(values.size() > 400000);
+  CHECK(branch_free == 0);
+  CHECK(indexed == 0);
+}
+
+}  // namespace
+
+TEST_CASE("adam codes: the branch-free and indexed 8-bit lookups equal quant::nearest_dynamic, ties included") {
+  check_map<true>(memkit::quant::dynamic_map_signed);
+  check_map<false>(memkit::quant::dynamic_map_unsigned);
+}
+
+TEST_CASE("adam codes: the 4-bit maps are torchao's and round to the nearest entry, ties down") {
+  const auto& maps = memkit::detail::int4_maps;
+  const float expected_m[16] = {-0.8875f, -0.6625f, -0.4375f, -0.2125f, -0.0775f, -0.0325f, -0.0055f, 0.0f,
+                                0.0055f,  0.0325f,  0.0775f,  0.2125f,  0.4375f,  0.6625f,  0.8875f,  1.0f};
+  for (int i = 0; i < 16; ++i) {
+    CHECK(maps.m[static_cast<std::size_t>(i)] == doctest::Approx(expected_m[i]).epsilon(1e-6));
+    CHECK(maps.v[static_cast<std::size_t>(i)] == static_cast<float>(i + 1) / 16.0f);
+  }
+  using traits = memkit::adam_state_traits<memkit::four_bit>;
+  for (int i = 0; i < 16; ++i) CHECK(traits::m_code(maps.m.data(), maps.m[static_cast<std::size_t>(i)]) == static_cast<unsigned>(i));
+  for (int i = 0; i + 1 < 16; ++i) {
+    const float middle = (maps.v[static_cast<std::size_t>(i)] + maps.v[static_cast<std::size_t>(i + 1)]) * 0.5f;
+    CHECK(traits::v_code(maps.v.data(), middle) == static_cast<unsigned>(i));  // a tie goes down
+    CHECK(traits::v_code(maps.v.data(), std::nextafter(middle, 2.0f)) == static_cast<unsigned>(i + 1));
+  }
+  CHECK(traits::v_code(maps.v.data(), 0.0f) == 0u);  // no zero level: 0 maps to 1/16 (times absmax 0 -> 0)
+  std::mt19937 rng(3);
+  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+  int not_nearest = 0;
+  for (int n = 0; n < 20000; ++n) {
+    const float x = uniform(rng);
+    const unsigned code = traits::m_code(maps.m.data(), x);
+    for (int j = 0; j < 16; ++j)
+      not_nearest += std::abs(maps.m[code] - x) > std::abs(maps.m[static_cast<std::size_t>(j)] - x) + 1e-7f;
+  }
+  CHECK(not_nearest == 0);
+}
