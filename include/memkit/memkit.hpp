@@ -9,3 +9,4 @@
 #include "memkit/memory/buffer.hpp"
 #include "memkit/memory/resource.hpp"
 #include "memkit/memory/tracking.hpp"
+#include "memkit/quant/codebooks.hpp"
