@@ -9,4 +9,5 @@
 #include "memkit/memory/buffer.hpp"
 #include "memkit/memory/resource.hpp"
 #include "memkit/memory/tracking.hpp"
+#include "memkit/quant/blockwise.hpp"
 #include "memkit/quant/codebooks.hpp"
