@@ -11,3 +11,4 @@
 #include "memkit/memory/tracking.hpp"
 #include "memkit/quant/blockwise.hpp"
 #include "memkit/quant/codebooks.hpp"
+#include "memkit/quant/double_quant.hpp"
