@@ -12,3 +12,4 @@
 #include "memkit/quant/blockwise.hpp"
 #include "memkit/quant/codebooks.hpp"
 #include "memkit/quant/double_quant.hpp"
+#include "memkit/quant/quantized_tensor.hpp"
