@@ -63,16 +63,16 @@ class quantized_tensor {
 
   // Storage for a tensor of `dims`, contents uninitialized (fill it with quantize_into() or a loader).
   quantized_tensor(memory_resource& resource, shape dims, quant_options options)
-      : shape_(dims), options_(checked(options, "quantized_tensor")) {
-    const std::int64_t blocks = block_count(dims.numel(), options.block_size);
-    // The unused kind of scales gets an empty buffer: shape {0} allocates nothing (a default buffer's
-    // rank-0 shape would count as one element).
-    const bool nested = options.double_quant;
-    codes_ = buffer<std::uint8_t>(resource, shape{code_bytes(F, dims.numel())});
-    absmax_ = buffer<float>(resource, shape{nested ? 0 : blocks});
-    nested_codes_ = buffer<std::uint8_t>(resource, shape{nested ? blocks : 0});
-    nested_absmax_ = buffer<float>(resource, shape{nested ? nested_group_count(blocks) + 1 : 0});
-  }
+      : shape_(dims),
+        options_(checked(options, "quantized_tensor")),
+        // The unused kind of scales gets an empty buffer: shape {0} allocates nothing (a default buffer's
+        // rank-0 shape would count as one element).
+        codes_(resource, shape{code_bytes(F, dims.numel())}),
+        absmax_(resource, shape{options.double_quant ? 0 : block_count(dims.numel(), options.block_size)}),
+        nested_codes_(resource, shape{options.double_quant ? block_count(dims.numel(), options.block_size) : 0}),
+        nested_absmax_(resource, shape{options.double_quant
+                                           ? nested_group_count(block_count(dims.numel(), options.block_size)) + 1
+                                           : 0}) {}
 
   // Quantizes `input` into a new tensor of the same shape, allocated from `resource`. `name` names the
   // tensor in errors. Host: non-finite input throws (naming the block) before anything is allocated.
