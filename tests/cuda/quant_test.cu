@@ -141,3 +141,98 @@ MEMKIT_GPU_TEST_CASE("gpu: a non-finite value marks its block's absmax as NaN") 
   CHECK(q::find_nonfinite_block(memkit::host_view(absmax.data(), {16})) == 10);
   CHECK(std::isnan(absmax[10]));
 }
+
+MEMKIT_GPU_TEST_CASE("gpu: double-quantized scales and quantized_tensor equal the host bit for bit") {
+  memkit::device_resource device;
+  memkit::cuda_executor gpu{};
+  for (std::int64_t blocks : {1, 255, 257, 70000}) {
+    CAPTURE(blocks);
+    std::mt19937 rng(static_cast<unsigned>(blocks));
+    std::uniform_real_distribution<float> uniform(0.0f, 3.0f);
+    std::vector<float> absmax(static_cast<std::size_t>(blocks));
+    for (float& a : absmax) a = uniform(rng);
+    const std::int64_t groups = q::nested_group_count(blocks);
+    std::vector<std::uint8_t> codes(static_cast<std::size_t>(blocks));
+    std::vector<float> group(static_cast<std::size_t>(groups));
+    float offset = 0;
+    q::quantize_scales(memkit::host, memkit::host_view(absmax.data(), {blocks}), memkit::host_view(codes),
+                       memkit::host_view(group), memkit::host_view(&offset, {1}));
+    auto d_absmax = to_device(device, absmax);
+    memkit::buffer<std::uint8_t> d_codes(device, {blocks});
+    memkit::buffer<float> d_group(device, {groups});
+    memkit::buffer<float> d_offset(device, {1});
+    q::quantize_scales(gpu, memkit::tensor_view<const float>(d_absmax.view()), d_codes.view(), d_group.view(),
+                       d_offset.view());
+    gpu.synchronize();
+    CHECK(to_host(d_codes.data(), codes.size()) == codes);
+    CHECK(to_host(d_group.data(), group.size()) == group);
+    CHECK(to_host(d_offset.data(), 1)[0] == offset);
+  }
+  // A whole tensor with double quantization, quantized and dequantized on both sides.
+  const memkit::shape dims{300, 515};
+  const std::vector<float> data = adversarial_input(dims.numel(), 64, 99);
+  const auto on_host = q::quantized_tensor<q::NF4>::quantize(memkit::host, memkit::host_view(data.data(), dims),
+                                                             {64, true}, memkit::default_host_resource());
+  auto d_data = to_device(device, data);
+  const auto on_device = q::quantized_tensor<q::NF4>::quantize(gpu, d_data.view().reshaped(dims), {64, true}, device);
+  on_device.require_finite(gpu, "w");
+  CHECK(to_host(on_device.codes().data(), static_cast<std::size_t>(on_device.codes().size())) ==
+        std::vector<std::uint8_t>(on_host.codes().begin(), on_host.codes().end()));
+  std::vector<memkit::bf16> host_out(static_cast<std::size_t>(dims.numel()));
+  on_host.dequantize(memkit::host, memkit::host_view(host_out));
+  memkit::buffer<memkit::bf16> d_out(device, {dims.numel()});
+  on_device.dequantize(gpu, d_out.view());
+  gpu.synchronize();
+  const std::vector<memkit::bf16> device_out = to_host(d_out.data(), host_out.size());
+  CHECK(std::memcmp(device_out.data(), host_out.data(), host_out.size() * sizeof(memkit::bf16)) == 0);
+}
+
+namespace {
+// The CUDA matmul against the host one (both fp32-accumulated; summation order differs).
+template <class T>
+void check_matmul_gpu(std::int64_t M, std::int64_t N, std::int64_t K) {
+  CAPTURE(M);
+  CAPTURE(N);
+  CAPTURE(K);
+  memkit::device_resource device;
+  memkit::cuda_executor gpu{};
+  std::mt19937 weight_rng(5);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> weights(static_cast<std::size_t>(N * K));
+  for (float& v : weights) v = normal(weight_rng);
+  const auto w_host = q::quantized_tensor<q::NF4>::quantize(memkit::host, memkit::host_view(weights.data(), {N, K}),
+                                                            {64, true}, memkit::default_host_resource());
+  auto d_weights = to_device(device, weights);
+  const auto w_dev = q::quantized_tensor<q::NF4>::quantize(gpu, d_weights.view().reshaped({N, K}), {64, true}, device);
+  std::mt19937 rng(3);
+  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+  std::vector<T> x(static_cast<std::size_t>(M * K)), dy(static_cast<std::size_t>(M * N));
+  for (T& v : x) v = memkit::from_float<T>(uniform(rng));
+  for (T& v : dy) v = memkit::from_float<T>(uniform(rng));
+  std::vector<T> y_host(static_cast<std::size_t>(M * N)), dx_host(static_cast<std::size_t>(M * K));
+  q::matmul(memkit::host, memkit::host_view(x.data(), {M, K}), w_host, memkit::host_view(y_host.data(), {M, N}),
+            memkit::default_host_resource());
+  q::matmul_input_grad(memkit::host, memkit::host_view(dy.data(), {M, N}), w_host,
+                       memkit::host_view(dx_host.data(), {M, K}), memkit::default_host_resource());
+  auto d_x = to_device(device, x);
+  auto d_dy = to_device(device, dy);
+  memkit::buffer<T> d_y(device, {M, N}), d_dx(device, {M, K});
+  q::matmul(gpu, memkit::tensor_view<const T>(d_x.view().reshaped({M, K})), w_dev, d_y.view(), device);
+  q::matmul_input_grad(gpu, memkit::tensor_view<const T>(d_dy.view().reshaped({M, N})), w_dev, d_dx.view(), device);
+  gpu.synchronize();
+  const std::vector<T> y_dev = to_host(d_y.data(), y_host.size()), dx_dev = to_host(d_dx.data(), dx_host.size());
+  const double tolerance = sizeof(T) == 4 ? 1e-4 : 2e-2;
+  for (std::size_t i = 0; i < y_host.size(); ++i)
+    CHECK(memkit::to_float(y_dev[i]) == doctest::Approx(memkit::to_float(y_host[i])).epsilon(tolerance).scale(1e30));
+  for (std::size_t i = 0; i < dx_host.size(); ++i)
+    CHECK(memkit::to_float(dx_dev[i]) == doctest::Approx(memkit::to_float(dx_host[i])).epsilon(tolerance).scale(1e30));
+}
+}  // namespace
+
+MEMKIT_GPU_TEST_CASE("gpu: quantized matmul (fused small batch and cuBLAS large batch) matches the host") {
+  check_matmul_gpu<float>(1, 96, 256);
+  check_matmul_gpu<memkit::bf16>(4, 130, 200);
+  check_matmul_gpu<memkit::bf16>(64, 256, 512);
+  check_matmul_gpu<memkit::fp16>(33, 100, 96);
+  check_matmul_gpu<float>(20, 64, 130);
+}
