@@ -44,7 +44,7 @@ void check_against_dense(std::int64_t M, std::int64_t N, std::int64_t K, q::quan
   std::vector<T> y(static_cast<std::size_t>(M * N));
   q::matmul(host, host_view(x.data(), {M, K}), w, host_view(y.data(), {M, N}), workspace, config);
   CHECK(workspace.peak_bytes() ==
-        q::matmul_workspace_bytes(q::matmul_kind::forward, M, N, K, sizeof(T), false, config));
+        q::matmul_workspace_bytes(q::matmul_kind::forward, F, options.block_size, M, N, K, sizeof(T), false, config));
   for (std::int64_t m = 0; m < M; ++m)
     for (std::int64_t n = 0; n < N; ++n) {
       double expected = 0, magnitude = 0;
@@ -61,7 +61,7 @@ void check_against_dense(std::int64_t M, std::int64_t N, std::int64_t K, q::quan
   std::vector<T> dx(static_cast<std::size_t>(M * K));
   q::matmul_input_grad(host, host_view(dy.data(), {M, N}), w, host_view(dx.data(), {M, K}), workspace, config);
   CHECK(workspace.peak_bytes() ==
-        q::matmul_workspace_bytes(q::matmul_kind::input_grad, M, N, K, sizeof(T), false, config));
+        q::matmul_workspace_bytes(q::matmul_kind::input_grad, F, options.block_size, M, N, K, sizeof(T), false, config));
   for (std::int64_t m = 0; m < M; ++m)
     for (std::int64_t k = 0; k < K; ++k) {
       double expected = 0, magnitude = 0;
@@ -84,6 +84,16 @@ TEST_CASE("quant matmul: y = x W^T and dx = dy W match a dense reference") {
   check_against_dense<q::FP4, memkit::bf16>(17, 40, 96, {32, false}, small_tiles);
   check_against_dense<q::INT8, memkit::fp16>(3, 33, 65, {128, true}, small_tiles);
   check_against_dense<q::NF4, memkit::bf16>(9, 128, 512, {256, true}, default_tiles);
+  // Small batches with whole-block rows take the fused decode-in-the-dot-product path, in each of its
+  // implementations (AVX-512, AVX2, portable; the SIMD ones where the CPU has them).
+  for (int simd : {2, 1, 0}) {
+    CAPTURE(simd);
+    const q::matmul_config fused{1 << 16, 8, simd};
+    check_against_dense<q::FP4, memkit::fp16>(3, 50, 128, {32, true}, fused);
+    check_against_dense<q::NF4, memkit::bf16>(4, 20, 256, {128, false}, fused);
+    check_against_dense<q::NF4, float>(2, 7, 4096, {4096, true}, fused);
+    check_against_dense<q::NF4, memkit::bf16>(8, 16, 64, {64, true}, fused);
+  }
 }
 
 TEST_CASE("quant matmul: shape errors name the operation and the shapes") {

@@ -30,6 +30,14 @@
 #include "memkit/memory/resource.hpp"
 #include "memkit/quant/codebooks.hpp"
 
+// Host SIMD (x86-64 with GCC or Clang, outside nvcc), selected per CPU at run time.
+#if !MEMKIT_HAS_CUDA && defined(__GNUC__) && defined(__x86_64__)
+#include <immintrin.h>
+#define MEMKIT_QUANT_X86_SIMD 1
+#else
+#define MEMKIT_QUANT_X86_SIMD 0
+#endif
+
 // Full unrolling of the small fixed loops, in each compiler's spelling (nvcc's host pass accepts neither).
 #if MEMKIT_DEVICE_PASS
 #define MEMKIT_QUANT_UNROLL _Pragma("unroll")
@@ -229,6 +237,79 @@ decltype(auto) dispatch_format(format f, Body&& body) {
   return body.template operator()<format::int8>();
 }
 
+// --- x86 SIMD for the host loops, chosen at run time (no compile flags needed) ---
+//
+// The 4-bit dequantization is a 16-entry table lookup per value: SSSE3's byte shuffle does 16 of them per
+// instruction on the bytes of the block's already-converted table, so the results are the same bytes the
+// scalar loop writes. Plain g++ only: nvcc's host pass and other targets take the scalar loops.
+#if MEMKIT_QUANT_X86_SIMD
+inline bool cpu_has_ssse3() noexcept {
+  static const bool has = __builtin_cpu_supports("ssse3");
+  return has;
+}
+
+// Expands `pairs` code bytes (two values each, high nibble first) into values of `Bytes` bytes each,
+// looking them up in `table` (16 entries of Bytes bytes). Handles whole groups of 16 bytes; returns how
+// many bytes it consumed.
+template <int Bytes>
+__attribute__((target("ssse3"))) inline std::int64_t expand_nibbles_ssse3(const std::uint8_t* bytes, std::int64_t pairs,
+                                                                          const void* table, void* output) noexcept {
+  static_assert(Bytes == 2 || Bytes == 4);
+  // Split the table into byte planes: plane[b] holds byte b of entries 0..15.
+  const auto* entries = static_cast<const __m128i*>(table);
+  __m128i plane[Bytes];
+  if constexpr (Bytes == 2) {
+    const __m128i first = _mm_loadu_si128(entries), second = _mm_loadu_si128(entries + 1);
+    const __m128i low_byte = _mm_set1_epi16(0x00ff);
+    plane[0] = _mm_packus_epi16(_mm_and_si128(first, low_byte), _mm_and_si128(second, low_byte));
+    plane[1] = _mm_packus_epi16(_mm_srli_epi16(first, 8), _mm_srli_epi16(second, 8));
+  } else {
+    // Within each 4-entry vector gather byte 0 of every entry, then byte 1, ...; then transpose the four
+    // vectors' 32-bit groups so that plane[b] lists byte b of all 16 entries.
+    const __m128i gather = _mm_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    __m128i v[4];
+    for (int q = 0; q < 4; ++q) v[q] = _mm_shuffle_epi8(_mm_loadu_si128(entries + q), gather);
+    const __m128i t0 = _mm_unpacklo_epi32(v[0], v[1]), t1 = _mm_unpackhi_epi32(v[0], v[1]);
+    const __m128i t2 = _mm_unpacklo_epi32(v[2], v[3]), t3 = _mm_unpackhi_epi32(v[2], v[3]);
+    plane[0] = _mm_unpacklo_epi64(t0, t2);
+    plane[1] = _mm_unpackhi_epi64(t0, t2);
+    plane[2] = _mm_unpacklo_epi64(t1, t3);
+    plane[3] = _mm_unpackhi_epi64(t1, t3);
+  }
+  const __m128i low_nibble = _mm_set1_epi8(0x0f);
+  auto* out = static_cast<std::uint8_t*>(output);
+  std::int64_t p = 0;
+  for (; p + 16 <= pairs; p += 16) {
+    const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(bytes + p));
+    const __m128i high = _mm_and_si128(_mm_srli_epi16(packed, 4), low_nibble);
+    const __m128i low = _mm_and_si128(packed, low_nibble);
+    const __m128i index[2] = {_mm_unpacklo_epi8(high, low), _mm_unpackhi_epi8(high, low)};  // values 0..15, 16..31
+    std::uint8_t* dst = out + 2 * p * Bytes;
+    for (int half = 0; half < 2; ++half) {
+      if constexpr (Bytes == 2) {
+        const __m128i b0 = _mm_shuffle_epi8(plane[0], index[half]);
+        const __m128i b1 = _mm_shuffle_epi8(plane[1], index[half]);
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + 32 * half), _mm_unpacklo_epi8(b0, b1));
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + 32 * half + 16), _mm_unpackhi_epi8(b0, b1));
+      } else {
+        const __m128i b0 = _mm_shuffle_epi8(plane[0], index[half]);
+        const __m128i b1 = _mm_shuffle_epi8(plane[1], index[half]);
+        const __m128i b2 = _mm_shuffle_epi8(plane[2], index[half]);
+        const __m128i b3 = _mm_shuffle_epi8(plane[3], index[half]);
+        const __m128i lo01 = _mm_unpacklo_epi8(b0, b1), hi01 = _mm_unpackhi_epi8(b0, b1);
+        const __m128i lo23 = _mm_unpacklo_epi8(b2, b3), hi23 = _mm_unpackhi_epi8(b2, b3);
+        std::uint8_t* d = dst + 64 * half;
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(d), _mm_unpacklo_epi16(lo01, lo23));
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(d + 16), _mm_unpackhi_epi16(lo01, lo23));
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(d + 32), _mm_unpacklo_epi16(hi01, hi23));
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(d + 48), _mm_unpackhi_epi16(hi01, hi23));
+      }
+    }
+  }
+  return p;
+}
+#endif
+
 // --- host loops ---
 
 // Throws, naming the tensor, element and block, if any value is not finite. Reads only.
@@ -296,23 +377,30 @@ void dequantize_host(const std::uint8_t* codes, const block_scales& scales, std:
     if constexpr (F == format::int8) {
       for (std::int64_t k = 0; k < run; ++k) output[i + k] = from_float<T>(decode<F>(codes[element + k], scale, map));
     } else {
-      // A 16-entry table of scaled values per block: the same products decode() forms, computed once.
-      float scaled[16];
-      for (int c = 0; c < 16; ++c) scaled[c] = decode<F>(static_cast<std::uint8_t>(c), scale, map);
+      // A 16-entry table of the block's decoded values, already in the output type: the same products
+      // decode() forms and the same conversion, done 16 times per block instead of once per value.
+      float decoded[16];
+      for (int c = 0; c < 16; ++c) decoded[c] = decode<F>(static_cast<std::uint8_t>(c), scale, map);
+      T scaled[16];
+      for (int c = 0; c < 16; ++c) scaled[c] = from_float<T>(decoded[c]);
       std::int64_t k = 0;
       if (element & 1) {
-        output[i] = from_float<T>(scaled[codes[element >> 1] & 0x0f]);
+        output[i] = scaled[codes[element >> 1] & 0x0f];
         k = 1;
       }
       const std::uint8_t* bytes = codes + ((element + k) >> 1);
       const std::int64_t pairs = (run - k) / 2;
       T* out = output + i + k;
-      for (std::int64_t p = 0; p < pairs; ++p) {
+      std::int64_t p = 0;
+#if MEMKIT_QUANT_X86_SIMD
+      if (pairs >= 16 && cpu_has_ssse3()) p = expand_nibbles_ssse3<static_cast<int>(sizeof(T))>(bytes, pairs, scaled, out);
+#endif
+      for (; p < pairs; ++p) {
         const std::uint8_t byte = bytes[p];
-        out[2 * p] = from_float<T>(scaled[byte >> 4]);
-        out[2 * p + 1] = from_float<T>(scaled[byte & 0x0f]);
+        out[2 * p] = scaled[byte >> 4];
+        out[2 * p + 1] = scaled[byte & 0x0f];
       }
-      if ((run - k) & 1) output[i + run - 1] = from_float<T>(scaled[bytes[pairs] >> 4]);
+      if ((run - k) & 1) output[i + run - 1] = scaled[bytes[pairs] >> 4];
     }
     i += run;
   }

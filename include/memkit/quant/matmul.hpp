@@ -15,6 +15,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <type_traits>
 
@@ -38,6 +39,7 @@ namespace quant {
 struct matmul_config {
   std::int64_t tile_floats = 1 << 16;   // dequantized values per tile (host and CUDA large batch)
   std::int64_t small_batch_limit = 8;   // CUDA: M up to this uses the fused kernels
+  int host_simd = 2;                    // host fused path: 2 best available, 1 at most AVX2, 0 portable C++
 };
 
 enum class matmul_kind : std::uint8_t { forward, input_grad };
@@ -49,14 +51,26 @@ constexpr std::int64_t tile_rows(std::int64_t K, const matmul_config& config) no
 }
 }  // namespace detail
 
-// Workspace bytes of one call: M, N, K as in the header; `on_device` selects the CUDA plan;
-// `element_bytes` is sizeof the activation type.
-constexpr std::size_t matmul_workspace_bytes(matmul_kind kind, std::int64_t M, std::int64_t N, std::int64_t K,
-                                             std::size_t element_bytes, bool on_device,
-                                             const matmul_config& config = {}) noexcept {
+namespace detail {
+// The host forward with a small batch decodes W inside the dot products (workspace: x widened to fp32
+// once when it is 16-bit): 4-bit formats, M up to host_fused_rows, rows made of whole blocks.
+inline constexpr std::int64_t host_fused_rows = 8;
+constexpr bool host_fused(matmul_kind kind, format fmt, std::int64_t block_size, std::int64_t M,
+                          std::int64_t K) noexcept {
+  return kind == matmul_kind::forward && is_four_bit(fmt) && M <= host_fused_rows && block_size > 0 &&
+         K % block_size == 0;
+}
+}  // namespace detail
+
+// Workspace bytes of one call: M, N, K as in the header; `fmt` and `block_size` those of W; `on_device`
+// selects the CUDA plan; `element_bytes` is sizeof the activation type.
+constexpr std::size_t matmul_workspace_bytes(matmul_kind kind, format fmt, std::int64_t block_size, std::int64_t M,
+                                             std::int64_t N, std::int64_t K, std::size_t element_bytes,
+                                             bool on_device, const matmul_config& config = {}) noexcept {
   const std::int64_t rows = detail::tile_rows(K, config) < N ? detail::tile_rows(K, config) : N;
   const bool fp32 = element_bytes == 4;
   if (!on_device) {
+    if (detail::host_fused(kind, fmt, block_size, M, K)) return fp32 ? 0 : static_cast<std::size_t>(M * K) * 4;
     const std::size_t tile = static_cast<std::size_t>(rows * K) * 4;
     return tile + (kind == matmul_kind::input_grad && !fp32 ? static_cast<std::size_t>(M * K) * 4 : 0);
   }
@@ -83,6 +97,119 @@ inline float dot(const T* a, const float* b, std::int64_t n) noexcept {
 inline void axpy(float alpha, const float* x, float* y, std::int64_t n) noexcept {
   for (std::int64_t i = 0; i < n; ++i) y[i] += alpha * x[i];
 }
+
+// Host small-batch forward: each row of W is decoded block by block straight into the dot products.
+// Portable version; the AVX2 one below does the same with 8-wide table lookups.
+template <format F, class T>
+void fused_gemv_host(const float* x, std::int64_t M, const std::uint8_t* codes, const block_scales& scales,
+                     std::int64_t block_size, std::int64_t N, std::int64_t K, T* y) {
+  for (std::int64_t n = 0; n < N; ++n) {
+    float acc[host_fused_rows] = {};
+    for (std::int64_t kb = 0; kb < K; kb += block_size) {
+      const float scale = scales((n * K + kb) / block_size);
+      float table[16];
+      for (int c = 0; c < 16; ++c) table[c] = decode<F>(static_cast<std::uint8_t>(c), scale, nullptr);
+      const std::uint8_t* bytes = codes + (n * K + kb) / 2;
+      for (std::int64_t j = 0; j < block_size; j += 2) {
+        const std::uint8_t byte = bytes[j / 2];
+        const float w0 = table[byte >> 4], w1 = table[byte & 0x0f];
+        for (std::int64_t m = 0; m < M; ++m)
+          acc[m] += x[m * K + kb + j] * w0 + x[m * K + kb + j + 1] * w1;
+      }
+    }
+    for (std::int64_t m = 0; m < M; ++m) y[m * N + n] = from_float<T>(acc[m]);
+  }
+}
+
+#if MEMKIT_QUANT_X86_SIMD
+inline bool cpu_has_avx2_fma_f16c() noexcept {
+  static const bool has =
+      __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+  return has;
+}
+
+template <format F, class T>
+__attribute__((target("avx2,fma,f16c"))) void fused_gemv_avx2(const float* x, std::int64_t M, const std::uint8_t* codes,
+                                                              const block_scales& scales, std::int64_t block_size,
+                                                              std::int64_t N, std::int64_t K, T* y) {
+  alignas(32) float table[16];
+  for (int c = 0; c < 16; ++c) table[c] = code_value<F>(static_cast<std::uint8_t>(c), nullptr);
+  const __m256 low_table = _mm256_load_ps(table), high_table = _mm256_load_ps(table + 8);
+  const __m128i low_nibble = _mm_set1_epi8(0x0f);
+  for (std::int64_t n = 0; n < N; ++n) {
+    __m256 acc[host_fused_rows];
+    for (__m256& a : acc) a = _mm256_setzero_ps();
+    const std::uint8_t* row = codes + n * K / 2;
+    for (std::int64_t kb = 0; kb < K; kb += block_size) {
+      // Scaled tables: the same single products decode() forms.
+      const __m256 scale = _mm256_set1_ps(scales((n * K + kb) / block_size));
+      const __m256 low = _mm256_mul_ps(low_table, scale), high = _mm256_mul_ps(high_table, scale);
+      for (std::int64_t k = kb; k < kb + block_size; k += 8) {
+        std::uint32_t packed;
+        std::memcpy(&packed, row + k / 2, 4);
+        const __m128i bytes = _mm_cvtsi32_si128(static_cast<int>(packed));
+        const __m128i nibbles = _mm_unpacklo_epi8(_mm_and_si128(_mm_srli_epi16(bytes, 4), low_nibble),
+                                                  _mm_and_si128(bytes, low_nibble));
+        const __m256i index = _mm256_cvtepu8_epi32(nibbles);
+        const __m256 w = _mm256_blendv_ps(_mm256_permutevar8x32_ps(low, index), _mm256_permutevar8x32_ps(high, index),
+                                          _mm256_castsi256_ps(_mm256_slli_epi32(index, 28)));
+        for (std::int64_t m = 0; m < M; ++m) acc[m] = _mm256_fmadd_ps(_mm256_loadu_ps(x + m * K + k), w, acc[m]);
+      }
+    }
+    for (std::int64_t m = 0; m < M; ++m) {
+      const __m128 folded = _mm_add_ps(_mm256_castps256_ps128(acc[m]), _mm256_extractf128_ps(acc[m], 1));
+      const __m128 pairs = _mm_add_ps(folded, _mm_movehl_ps(folded, folded));
+      const __m128 total = _mm_add_ss(pairs, _mm_movehdup_ps(pairs));
+      y[m * N + n] = from_float<T>(_mm_cvtss_f32(total));
+    }
+  }
+}
+
+inline bool cpu_has_avx512() noexcept {
+  static const bool has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
+  return has;
+}
+
+// AVX-512: one permute looks up 16 values in the whole 16-entry table.
+template <format F, class T>
+__attribute__((target("avx512f,avx512bw"))) void fused_gemv_avx512(const float* x, std::int64_t M, const std::uint8_t* codes,
+                                                                  const block_scales& scales, std::int64_t block_size,
+                                                                  std::int64_t N, std::int64_t K, T* y) {
+  alignas(64) float table[16];
+  for (int c = 0; c < 16; ++c) table[c] = code_value<F>(static_cast<std::uint8_t>(c), nullptr);
+  const __m512 base_table = _mm512_load_ps(table);
+  const __m128i low_nibble = _mm_set1_epi8(0x0f);
+  for (std::int64_t n = 0; n < N; ++n) {
+    __m512 acc[host_fused_rows];
+    for (__m512& a : acc) a = _mm512_setzero_ps();
+    const std::uint8_t* row = codes + n * K / 2;
+    for (std::int64_t kb = 0; kb < K; kb += block_size) {
+      const __m512 scaled = _mm512_mul_ps(base_table, _mm512_set1_ps(scales((n * K + kb) / block_size)));
+      for (std::int64_t k = kb; k < kb + block_size; k += 32) {  // blocks hold a multiple of 32 values
+        const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + k / 2));
+        const __m128i high = _mm_and_si128(_mm_srli_epi16(bytes, 4), low_nibble);
+        const __m128i low = _mm_and_si128(bytes, low_nibble);
+        // The zero-masked forms: GCC 12 warns about the unmasked ones' undefined pass-through operand.
+        const __m512 w0 = _mm512_maskz_permutexvar_ps(
+            0xffff, _mm512_maskz_cvtepu8_epi32(0xffff, _mm_unpacklo_epi8(high, low)), scaled);
+        const __m512 w1 = _mm512_maskz_permutexvar_ps(
+            0xffff, _mm512_maskz_cvtepu8_epi32(0xffff, _mm_unpackhi_epi8(high, low)), scaled);
+        for (std::int64_t m = 0; m < M; ++m) {
+          acc[m] = _mm512_fmadd_ps(_mm512_loadu_ps(x + m * K + k), w0, acc[m]);
+          acc[m] = _mm512_fmadd_ps(_mm512_loadu_ps(x + m * K + k + 16), w1, acc[m]);
+        }
+      }
+    }
+    for (std::int64_t m = 0; m < M; ++m) {
+      alignas(64) float lanes[16];
+      _mm512_store_ps(lanes, acc[m]);
+      float total = 0.0f;
+      for (float lane : lanes) total += lane;
+      y[m * N + n] = from_float<T>(total);
+    }
+  }
+}
+#endif
 
 struct matmul_dims {
   std::int64_t M, N, K;
@@ -220,6 +347,34 @@ void matmul(const E& exec, tensor_view<const std::type_identity_t<T>> x, const q
   if (M == 0 || N == 0) return;
   const std::int64_t rows = detail::tile_rows(K, config) < N ? detail::tile_rows(K, config) : N;
   if constexpr (!E::on_device) {
+    if constexpr (is_four_bit(F)) {
+      if (detail::host_fused(matmul_kind::forward, F, w.block_size(), M, K)) {
+        block_scales scales = w.scales();
+        scales.nested_map = w.nested_map().value;
+        // x widened to fp32 once, not once per row of W.
+        const float* wide = nullptr;
+        buffer<float> widened;
+        if constexpr (std::is_same_v<T, float>) {
+          wide = x.data();
+        } else {
+          widened = buffer<float>(workspace, shape{M * K});
+          for (std::int64_t i = 0; i < M * K; ++i) widened.data()[i] = to_float(x[i]);
+          wide = widened.data();
+        }
+#if MEMKIT_QUANT_X86_SIMD
+        if (config.host_simd >= 2 && detail::cpu_has_avx512()) {
+          detail::fused_gemv_avx512<F>(wide, M, w.codes().data(), scales, w.block_size(), N, K, y.data());
+          return;
+        }
+        if (config.host_simd >= 1 && detail::cpu_has_avx2_fma_f16c()) {
+          detail::fused_gemv_avx2<F>(wide, M, w.codes().data(), scales, w.block_size(), N, K, y.data());
+          return;
+        }
+#endif
+        detail::fused_gemv_host<F>(wide, M, w.codes().data(), scales, w.block_size(), N, K, y.data());
+        return;
+      }
+    }
     buffer<float> tile(workspace, shape{rows * K});
     for (std::int64_t n0 = 0; n0 < N; n0 += rows) {
       const std::int64_t nt = N - n0 < rows ? N - n0 : rows;
