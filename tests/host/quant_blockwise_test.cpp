@@ -297,3 +297,29 @@ TEST_CASE("quant blockwise: wrong output sizes are rejected before anything is w
           q::quantize_blockwise(host, q::format::nf4, device_input, 64, host_view(enough), host_view(absmax));
         }).find("`input` is in device memory") != std::string::npos);
 }
+
+TEST_CASE("quant blockwise: the branchless int8 encoder agrees with bitsandbytes' search everywhere") {
+  for (const auto* table : {&q::dynamic_map_signed, &q::dynamic_map_unsigned}) {
+    const float* m = table->data();
+    std::vector<float> probes = {0.0f, -0.0f, 2.0f, -2.0f, 1.0f, -1.0f, std::numeric_limits<float>::quiet_NaN(),
+                                 std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity()};
+    for (int i = 0; i < 256; ++i) {
+      probes.push_back(m[i]);
+      probes.push_back(std::nextafter(m[i], 2.0f));
+      probes.push_back(std::nextafter(m[i], -2.0f));
+      if (i < 255) {
+        const float tie = (m[i] + m[i + 1]) * 0.5f;
+        probes.push_back(tie);
+        probes.push_back(std::nextafter(tie, 2.0f));
+        probes.push_back(std::nextafter(tie, -2.0f));
+      }
+    }
+    std::mt19937 rng(21);
+    std::uniform_real_distribution<float> uniform(-1.1f, 1.1f);
+    for (int i = 0; i < 200000; ++i) probes.push_back(uniform(rng) * std::pow(10.0f, -static_cast<float>(i % 8)));
+    for (float x : probes) {
+      CAPTURE(x);
+      REQUIRE(q::nearest_dynamic_counting(m, x) == q::nearest_dynamic(m, x));
+    }
+  }
+}

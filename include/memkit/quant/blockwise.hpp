@@ -138,6 +138,22 @@ MEMKIT_HOST_DEVICE MEMKIT_FORCEINLINE float block_reciprocal(float absmax) noexc
   return detail::div_rn(1.0f, absmax);
 }
 
+// The same code as nearest_dynamic (bitsandbytes' search), found without data-dependent branches: count
+// the entries below x (branchless, 8 steps), then pick between the two neighbours by their float midpoint.
+// bitsandbytes' search ends on a leaf p whose in-order neighbours p - 1 and p + 1 were its last left and
+// right turns, so it compares exactly these two candidates, and on an exact tie it keeps p, which is
+// always the even index of the two. The test suite checks the two functions agree.
+MEMKIT_HOST_DEVICE MEMKIT_FORCEINLINE std::uint8_t nearest_dynamic_counting(const float* map, float x) noexcept {
+  int below = 0;  // entries < x, 0..256
+  MEMKIT_QUANT_UNROLL
+  for (int step = 128; step > 0; step >>= 1) below += step & -static_cast<int>(map[below + step - 1] < x);
+  if (below == 0) return 0;
+  if (below == 256) return 255;
+  const float midpoint = (map[below - 1] + map[below]) * 0.5f;
+  const int even = (below - 1) & 1 ? below : below - 1;
+  return static_cast<std::uint8_t>(x > midpoint ? below : x < midpoint ? below - 1 : even);
+}
+
 // Code of one value already multiplied by its block's reciprocal. `map` is the 256-entry map (int8 only).
 template <format F>
 MEMKIT_HOST_DEVICE MEMKIT_FORCEINLINE std::uint8_t encode(float normalized, const float* map) noexcept {
@@ -164,7 +180,7 @@ MEMKIT_QUANT_UNROLL
     const int bits = rank ^ ((rank & 2) << 1);
     return static_cast<std::uint8_t>(bits | (normalized < 0.0f ? 0b1000 : 0));
   } else {
-    return nearest_dynamic(map, normalized);
+    return nearest_dynamic_counting(map, normalized);
   }
 }
 
