@@ -16,6 +16,7 @@
 // find_nonfinite_block() locates it after the stream is synchronized (quantized_tensor does this for you).
 #pragma once
 
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -186,11 +187,19 @@ MEMKIT_QUANT_UNROLL
 
 // Unscaled value of a code.
 template <format F>
-MEMKIT_HOST_DEVICE MEMKIT_FORCEINLINE float code_value(std::uint8_t code, const float* map) noexcept {
+MEMKIT_HOST_DEVICE constexpr float code_value(std::uint8_t code, const float* map) noexcept {
   if constexpr (F == format::nf4) return nf4_value(code);
   else if constexpr (F == format::fp4) return fp4_value(code);
   else return map[code];
 }
+
+// The 16 values of a 4-bit format as code_value gives them (FP4 code 8 is -0), for host loops.
+template <format F>
+inline constexpr std::array<float, 16> four_bit_values = [] {
+  std::array<float, 16> values{};
+  for (int c = 0; c < 16; ++c) values[static_cast<std::size_t>(c)] = code_value<F>(static_cast<std::uint8_t>(c), nullptr);
+  return values;
+}();
 
 // Decoded value: the code's value times the block's absmax (one rounding, as bitsandbytes).
 template <format F>
@@ -262,6 +271,28 @@ decltype(auto) dispatch_format(format f, Body&& body) {
 inline bool cpu_has_ssse3() noexcept {
   static const bool has = __builtin_cpu_supports("ssse3");
   return has;
+}
+
+// bf16 bits of 16 floats, the same round-to-nearest-even (and canonical NaN) as float_to_bf16_bits,
+// four at a time with SSE2 integer operations (baseline x86-64).
+inline void bf16_bits_x16(const float* in, std::uint16_t* out) noexcept {
+  const __m128i magnitude_mask = _mm_set1_epi32(0x7fffffff), infinity = _mm_set1_epi32(0x7f800000);
+  const __m128i half_minus_one = _mm_set1_epi32(0x7fff), one = _mm_set1_epi32(1), bias16 = _mm_set1_epi32(0x8000);
+  __m128i packed[2];
+  for (int pair = 0; pair < 2; ++pair) {
+    __m128i result[2];
+    for (int q = 0; q < 2; ++q) {
+      const __m128i u = _mm_castps_si128(_mm_loadu_ps(in + 8 * pair + 4 * q));
+      const __m128i nan = _mm_cmpgt_epi32(_mm_and_si128(u, magnitude_mask), infinity);
+      const __m128i rounding = _mm_add_epi32(half_minus_one, _mm_and_si128(_mm_srli_epi32(u, 16), one));
+      const __m128i rounded = _mm_srli_epi32(_mm_add_epi32(u, rounding), 16);
+      const __m128i bits = _mm_or_si128(_mm_and_si128(nan, half_minus_one), _mm_andnot_si128(nan, rounded));
+      result[q] = _mm_sub_epi32(bits, bias16);  // into signed 16-bit range for the saturating pack
+    }
+    packed[pair] = _mm_xor_si128(_mm_packs_epi32(result[0], result[1]), _mm_set1_epi16(static_cast<short>(0x8000)));
+  }
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(out), packed[0]);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 8), packed[1]);
 }
 
 // Expands `pairs` code bytes (two values each, high nibble first) into values of `Bytes` bytes each,
@@ -395,10 +426,14 @@ void dequantize_host(const std::uint8_t* codes, const block_scales& scales, std:
     } else {
       // A 16-entry table of the block's decoded values, already in the output type: the same products
       // decode() forms and the same conversion, done 16 times per block instead of once per value.
-      float decoded[16];
-      for (int c = 0; c < 16; ++c) decoded[c] = decode<F>(static_cast<std::uint8_t>(c), scale, map);
+      float decoded[16];  // decode() of each code: the same single products
+      for (int c = 0; c < 16; ++c) decoded[c] = mul_rn(four_bit_values<F>[static_cast<std::size_t>(c)], scale);
       T scaled[16];
-      for (int c = 0; c < 16; ++c) scaled[c] = from_float<T>(decoded[c]);
+#if MEMKIT_QUANT_X86_SIMD
+      if constexpr (std::is_same_v<T, bf16>) bf16_bits_x16(decoded, reinterpret_cast<std::uint16_t*>(scaled));
+      else
+#endif
+        for (int c = 0; c < 16; ++c) scaled[c] = from_float<T>(decoded[c]);
       std::int64_t k = 0;
       if (element & 1) {
         output[i] = scaled[codes[element >> 1] & 0x0f];
