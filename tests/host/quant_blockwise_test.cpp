@@ -323,3 +323,41 @@ TEST_CASE("quant blockwise: the branchless int8 encoder agrees with bitsandbytes
     }
   }
 }
+
+TEST_CASE("quant blockwise: long blocks (the vectorized encoder) give exactly the per-element codes") {
+  // Normal values plus exact thresholds, zeros of both signs, tiny and huge values, in fp32/bf16/fp16.
+  std::mt19937 rng(8);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> data(4096 * 3 + 50);
+  for (float& v : data) v = normal(rng);
+  const float specials[] = {0.0f, -0.0f, 1e-30f, -1e-30f, 0.8614784181118011f, -0.8480964004993439f, 0.583333f,
+                            -0.0859375f, 0.00260417f, 0.29166667f};
+  for (std::size_t i = 0; i < data.size(); i += 5) data[i] = specials[(i / 5) % 10];
+  for (std::size_t i = 4096; i < 4096 + 64; ++i) data[i] = 0.0f;  // an all-zero block at block size 64
+  auto check = [&](auto tag, q::format fmt, std::int64_t block) {
+    using T = decltype(tag);
+    std::vector<T> input;
+    for (float v : data) input.push_back(memkit::from_float<T>(v));
+    const quantized out = quantize(fmt, input, block);
+    for (std::size_t i = 0; i < input.size(); ++i) {
+      const float absmax = out.absmax[i / static_cast<std::size_t>(block)];
+      const float x = memkit::to_float(input[i]) * q::block_reciprocal(absmax);
+      const std::uint8_t expected = fmt == q::format::nf4 ? q::encode<q::format::nf4>(x, nullptr)
+                                                           : q::encode<q::format::fp4>(x, nullptr);
+      const std::uint8_t got = fmt == q::format::nf4 ? q::code_at<q::format::nf4>(out.codes.data(), static_cast<std::int64_t>(i))
+                                                      : q::code_at<q::format::fp4>(out.codes.data(), static_cast<std::int64_t>(i));
+      if (got != expected) {
+        CAPTURE(i);
+        CHECK(got == expected);
+      }
+    }
+  };
+  for (q::format fmt : {q::format::nf4, q::format::fp4}) {
+    CAPTURE(q::to_string(fmt));
+    for (std::int64_t block : {32, 64, 4096}) {
+      check(float{}, fmt, block);
+      check(bf16{}, fmt, block);
+      check(fp16{}, fmt, block);
+    }
+  }
+}
