@@ -1,0 +1,169 @@
+// CUDA quantization throughput and the quantized matmul against cuBLAS on dense bf16 weights.
+//
+// Quantize / dequantize 256 Mi values (bytes moved = values + codes + scales), timed with CUDA events,
+// reported as bytes/s and as a fraction of the measured device-to-device copy bandwidth (the roofline a
+// memory-bound kernel can reach). Matmul: y = x * W^T, W [8192, 8192], NF4 with double quantization,
+// against cublasGemmEx on the same weights in bf16, for batch 1, 8 (fused kernel) and 256 (tiles + cuBLAS).
+#include <benchmark/benchmark.h>
+#include <memkit/memkit.hpp>
+
+#include <cstdio>
+#include <random>
+#include <vector>
+
+#include "support/roofline.hpp"
+
+namespace q = memkit::quant;
+
+namespace {
+
+constexpr std::int64_t kValues = std::int64_t{1} << 28;
+constexpr std::int64_t kBlock = 64;
+
+template <class Body>
+double seconds_with_events(Body&& body) {
+  cudaEvent_t start, stop;
+  MEMKIT_CUDA_CHECK(cudaEventCreate(&start));
+  MEMKIT_CUDA_CHECK(cudaEventCreate(&stop));
+  MEMKIT_CUDA_CHECK(cudaEventRecord(start));
+  body();
+  MEMKIT_CUDA_CHECK(cudaEventRecord(stop));
+  MEMKIT_CUDA_CHECK(cudaEventSynchronize(stop));
+  float ms = 0;
+  MEMKIT_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+  MEMKIT_CUDA_CHECK(cudaEventDestroy(start));
+  MEMKIT_CUDA_CHECK(cudaEventDestroy(stop));
+  return ms / 1e3;
+}
+
+// Measured device copy bandwidth (read + write bytes per second), once per process.
+double measured_device_bandwidth() {
+  static const double bandwidth = [] {
+    memkit::device_resource device;
+    const std::size_t bytes = std::size_t{1} << 30;
+    memkit::buffer<std::byte> a(device, memkit::shape{static_cast<std::int64_t>(bytes)}),
+        b(device, memkit::shape{static_cast<std::int64_t>(bytes)});
+    double best = 0;
+    for (int i = 0; i < 5; ++i) {
+      const double s = seconds_with_events(
+          [&] { MEMKIT_CUDA_CHECK(cudaMemcpyAsync(b.data(), a.data(), bytes, cudaMemcpyDeviceToDevice)); });
+      best = std::max(best, 2.0 * bytes / s);
+    }
+    return best;
+  }();
+  return bandwidth;
+}
+
+template <class Body>
+void run_timed(benchmark::State& state, Body&& body, double bytes) {
+  body();  // warm-up
+  double total = 0;
+  for (auto _ : state) {
+    const double s = seconds_with_events(body);
+    state.SetIterationTime(s);
+    total += s;
+  }
+  state.SetBytesProcessed(static_cast<std::int64_t>(bytes) * state.iterations());
+  memkit_bench::roofline_timer::report(state, bytes * static_cast<double>(state.iterations()), total,
+                                       measured_device_bandwidth());
+}
+
+__global__ void fill_normalish(memkit::bf16* out, std::int64_t n) {
+  for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n; i += std::int64_t{gridDim.x} * blockDim.x) {
+    const unsigned h = static_cast<unsigned>(i) * 2654435761u;
+    out[i] = memkit::bf16((static_cast<float>(h >> 8) / 16777216.0f - 0.5f) * 4.0f);
+  }
+}
+
+template <q::format F>
+void BM_cuda_quantize(benchmark::State& state) {
+  memkit::device_resource device;
+  memkit::cuda_executor gpu{};
+  memkit::buffer<memkit::bf16> input(device, {kValues});
+  fill_normalish<<<1024, 256>>>(input.data(), kValues);
+  memkit::buffer<std::uint8_t> codes(device, {q::code_bytes(F, kValues)});
+  memkit::buffer<float> absmax(device, {q::block_count(kValues, kBlock)});
+  const double bytes = static_cast<double>(input.bytes() + codes.bytes() + absmax.bytes());
+  run_timed(state, [&] { q::quantize_blockwise(gpu, F, input.view(), kBlock, codes.view(), absmax.view()); }, bytes);
+}
+
+template <q::format F>
+void BM_cuda_dequantize(benchmark::State& state) {
+  memkit::device_resource device;
+  memkit::cuda_executor gpu{};
+  memkit::buffer<memkit::bf16> values(device, {kValues});
+  fill_normalish<<<1024, 256>>>(values.data(), kValues);
+  memkit::buffer<std::uint8_t> codes(device, {q::code_bytes(F, kValues)});
+  memkit::buffer<float> absmax(device, {q::block_count(kValues, kBlock)});
+  q::quantize_blockwise(gpu, F, values.view(), kBlock, codes.view(), absmax.view());
+  const double bytes = static_cast<double>(values.bytes() + codes.bytes() + absmax.bytes());
+  run_timed(state,
+            [&] {
+              q::dequantize_blockwise(gpu, F, memkit::tensor_view<const std::uint8_t>(codes.view()),
+                                      memkit::tensor_view<const float>(absmax.view()), kBlock, 0, values.view());
+            },
+            bytes);
+}
+
+constexpr std::int64_t kN = 8192, kK = 8192;
+
+void BM_cuda_matmul_nf4(benchmark::State& state) {
+  const std::int64_t M = state.range(0);
+  memkit::device_resource device;
+  memkit::cuda_executor gpu{};
+  memkit::buffer<memkit::bf16> dense(device, {kN, kK});
+  fill_normalish<<<1024, 256>>>(dense.data(), kN * kK);
+  const auto w = q::quantized_tensor<q::NF4>::quantize(gpu, dense.view(), {64, true}, device);
+  memkit::buffer<memkit::bf16> x(device, {M, kK}), y(device, {M, kN});
+  fill_normalish<<<1024, 256>>>(x.data(), M * kK);
+  const double bytes = static_cast<double>(w.bytes() + x.bytes() + y.bytes());
+  run_timed(state, [&] { q::matmul(gpu, memkit::tensor_view<const memkit::bf16>(x.view()), w, y.view(), device); },
+            bytes);
+}
+
+void BM_cuda_matmul_dense_bf16(benchmark::State& state) {
+  const std::int64_t M = state.range(0);
+  memkit::device_resource device;
+  memkit::buffer<memkit::bf16> w(device, {kN, kK}), x(device, {M, kK}), y(device, {M, kN});
+  fill_normalish<<<1024, 256>>>(w.data(), kN * kK);
+  fill_normalish<<<1024, 256>>>(x.data(), M * kK);
+  cublasHandle_t handle;
+  cublasCreate(&handle);
+  const float one = 1.0f, zero = 0.0f;
+  const double bytes = static_cast<double>(w.bytes() + x.bytes() + y.bytes());
+  run_timed(state,
+            [&] {
+              cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(kN), static_cast<int>(M), static_cast<int>(kK),
+                           &one, w.data(), CUDA_R_16BF, static_cast<int>(kK), x.data(), CUDA_R_16BF, static_cast<int>(kK),
+                           &zero, y.data(), CUDA_R_16BF, static_cast<int>(kN), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+            },
+            bytes);
+  cublasDestroy(handle);
+}
+
+bool have_device() {
+  int count = 0;
+  return cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  benchmark::Initialize(&argc, argv);
+  if (!have_device()) {
+    std::printf("memkit_bench_quant_cuda: no CUDA device; nothing measured\n");
+    return 0;
+  }
+  benchmark::RegisterBenchmark("BM_cuda_quantize/nf4", BM_cuda_quantize<q::NF4>)->UseManualTime()->Unit(benchmark::kMillisecond);
+  benchmark::RegisterBenchmark("BM_cuda_quantize/int8", BM_cuda_quantize<q::INT8>)->UseManualTime()->Unit(benchmark::kMillisecond);
+  benchmark::RegisterBenchmark("BM_cuda_dequantize/nf4", BM_cuda_dequantize<q::NF4>)->UseManualTime()->Unit(benchmark::kMillisecond);
+  benchmark::RegisterBenchmark("BM_cuda_dequantize/fp4", BM_cuda_dequantize<q::FP4>)->UseManualTime()->Unit(benchmark::kMillisecond);
+  benchmark::RegisterBenchmark("BM_cuda_dequantize/int8", BM_cuda_dequantize<q::INT8>)->UseManualTime()->Unit(benchmark::kMillisecond);
+  for (int m : {1, 8, 256}) {
+    benchmark::RegisterBenchmark("BM_cuda_matmul_nf4", BM_cuda_matmul_nf4)->Arg(m)->UseManualTime()->Unit(benchmark::kMicrosecond);
+    benchmark::RegisterBenchmark("BM_cuda_matmul_dense_bf16", BM_cuda_matmul_dense_bf16)->Arg(m)->UseManualTime()->Unit(benchmark::kMicrosecond);
+  }
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

@@ -1,0 +1,152 @@
+// Host quantization throughput and the quantized matmul against the dense 16-bit one.
+//
+// Quantize / dequantize: 16 Mi values, bytes moved = input read + codes and scales written (or the
+// reverse), reported as bytes/s and as a fraction of the measured STREAM-triad roofline (all cores).
+// Each benchmark thread runs memkit's (single-threaded) host operation on its own slice.
+// Matmul: y = x * W^T with W [4096, 4096]; the NF4 path reads 4.1 bits per weight, the dense baseline
+// reads bf16 weights with the same fp32 dot product, so the comparison isolates the weight format.
+#include <benchmark/benchmark.h>
+
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "memkit/memkit.hpp"
+#include "support/roofline.hpp"
+
+namespace q = memkit::quant;
+
+namespace {
+
+constexpr std::int64_t kValues = std::int64_t{1} << 24;
+constexpr std::int64_t kBlock = 64;
+
+template <class T>
+const std::vector<T>& normal_input() {
+  static const std::vector<T> values = [] {
+    std::mt19937 rng(1);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::vector<T> out(static_cast<std::size_t>(kValues));
+    for (T& v : out) v = memkit::from_float<T>(normal(rng));
+    return out;
+  }();
+  return values;
+}
+
+template <q::format F, class T>
+void BM_quantize(benchmark::State& state) {
+  const std::vector<T>& input = normal_input<T>();
+  const std::int64_t begin = kValues * state.thread_index() / state.threads() / kBlock * kBlock;
+  const std::int64_t end = kValues * (state.thread_index() + 1) / state.threads() / kBlock * kBlock;
+  const std::int64_t n = end - begin;
+  std::vector<std::uint8_t> codes(static_cast<std::size_t>(q::code_bytes(F, n)));
+  std::vector<float> absmax(static_cast<std::size_t>(q::block_count(n, kBlock)));
+  const double bytes = static_cast<double>(n * sizeof(T) + codes.size() + absmax.size() * 4);
+  const memkit_bench::roofline_timer timer(memkit_bench::measured_host_bandwidth());
+  for (auto _ : state) {
+    q::quantize_blockwise(memkit::host, F, memkit::host_view(input.data() + begin, {n}), kBlock,
+                          memkit::host_view(codes), memkit::host_view(absmax));
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(static_cast<std::int64_t>(bytes) * state.iterations());
+  state.counters["values_per_s"] = benchmark::Counter(static_cast<double>(n) * static_cast<double>(state.iterations()),
+                                                      benchmark::Counter::kIsRate);
+  timer.finish(state, bytes);
+}
+
+template <q::format F, class T>
+void BM_dequantize(benchmark::State& state) {
+  const std::vector<float>& input = normal_input<float>();
+  const std::int64_t begin = kValues * state.thread_index() / state.threads() / kBlock * kBlock;
+  const std::int64_t end = kValues * (state.thread_index() + 1) / state.threads() / kBlock * kBlock;
+  const std::int64_t n = end - begin;
+  std::vector<std::uint8_t> codes(static_cast<std::size_t>(q::code_bytes(F, n)));
+  std::vector<float> absmax(static_cast<std::size_t>(q::block_count(n, kBlock)));
+  q::quantize_blockwise(memkit::host, F, memkit::host_view(input.data() + begin, {n}), kBlock,
+                        memkit::host_view(codes), memkit::host_view(absmax));
+  std::vector<T> out(static_cast<std::size_t>(n));
+  const double bytes = static_cast<double>(n * sizeof(T) + codes.size() + absmax.size() * 4);
+  const memkit_bench::roofline_timer timer(memkit_bench::measured_host_bandwidth());
+  for (auto _ : state) {
+    q::dequantize_blockwise(memkit::host, F, memkit::host_view(std::as_const(codes).data(), {static_cast<std::int64_t>(codes.size())}),
+                            memkit::host_view(std::as_const(absmax).data(), {static_cast<std::int64_t>(absmax.size())}),
+                            kBlock, 0, memkit::host_view(out));
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(static_cast<std::int64_t>(bytes) * state.iterations());
+  state.counters["values_per_s"] = benchmark::Counter(static_cast<double>(n) * static_cast<double>(state.iterations()),
+                                                      benchmark::Counter::kIsRate);
+  timer.finish(state, bytes);
+}
+
+constexpr std::int64_t kN = 4096, kK = 4096;
+
+const q::quantized_tensor<q::NF4>& nf4_weight() {
+  static const auto w = [] {
+    std::mt19937 rng(2);
+    std::normal_distribution<float> normal(0.0f, 0.02f);
+    std::vector<float> dense(static_cast<std::size_t>(kN * kK));
+    for (float& v : dense) v = normal(rng);
+    return q::quantized_tensor<q::NF4>::quantize(memkit::host, memkit::host_view(std::as_const(dense).data(), {kN, kK}),
+                                                 {64, true}, memkit::default_host_resource());
+  }();
+  return w;
+}
+
+void BM_matmul_nf4(benchmark::State& state) {
+  const std::int64_t M = state.range(0);
+  const auto& w = nf4_weight();
+  std::vector<memkit::bf16> x(static_cast<std::size_t>(M * kK), memkit::bf16(0.5f)), y(static_cast<std::size_t>(M * kN));
+  memkit::host_resource workspace;
+  const memkit_bench::roofline_timer timer(memkit_bench::measured_host_bandwidth());
+  for (auto _ : state) {
+    q::matmul(memkit::host, memkit::host_view(std::as_const(x).data(), {M, kK}), w, memkit::host_view(y.data(), {M, kN}),
+              workspace);
+    benchmark::ClobberMemory();
+  }
+  const double bytes = static_cast<double>(w.bytes() + x.size() * 2 + y.size() * 2);
+  state.SetBytesProcessed(static_cast<std::int64_t>(bytes) * state.iterations());
+  state.counters["GFLOPs"] = benchmark::Counter(2.0 * M * kN * kK * static_cast<double>(state.iterations()),
+                                                benchmark::Counter::kIsRate, benchmark::Counter::kIs1000);
+  timer.finish(state, bytes);
+}
+
+// The dense baseline: bf16 weights, the same fp32 dot product, no dequantization.
+void BM_matmul_dense_bf16(benchmark::State& state) {
+  const std::int64_t M = state.range(0);
+  std::vector<memkit::bf16> w(static_cast<std::size_t>(kN * kK));
+  {
+    std::vector<float> row(static_cast<std::size_t>(kN * kK));
+    nf4_weight().dequantize(memkit::host, memkit::host_view(row));
+    for (std::size_t i = 0; i < w.size(); ++i) w[i] = memkit::bf16(row[i]);
+  }
+  std::vector<float> x(static_cast<std::size_t>(M * kK), 0.5f);
+  std::vector<memkit::bf16> y(static_cast<std::size_t>(M * kN));
+  const memkit_bench::roofline_timer timer(memkit_bench::measured_host_bandwidth());
+  for (auto _ : state) {
+    for (std::int64_t m = 0; m < M; ++m)
+      for (std::int64_t n = 0; n < kN; ++n)
+        y[static_cast<std::size_t>(m * kN + n)] =
+            memkit::bf16(q::detail::dot(w.data() + n * kK, x.data() + m * kK, kK));
+    benchmark::ClobberMemory();
+  }
+  const double bytes = static_cast<double>(w.size() * 2 + x.size() * 2 + y.size() * 2);
+  state.SetBytesProcessed(static_cast<std::int64_t>(bytes) * state.iterations());
+  state.counters["GFLOPs"] = benchmark::Counter(2.0 * M * kN * kK * static_cast<double>(state.iterations()),
+                                                benchmark::Counter::kIsRate, benchmark::Counter::kIs1000);
+  timer.finish(state, bytes);
+}
+
+}  // namespace
+
+BENCHMARK(BM_quantize<q::NF4, float>)->ThreadRange(1, 2)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_quantize<q::NF4, memkit::bf16>)->ThreadRange(1, 2)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_quantize<q::FP4, memkit::bf16>)->Threads(1)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_quantize<q::INT8, float>)->Threads(1)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_dequantize<q::NF4, memkit::bf16>)->ThreadRange(1, 2)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_dequantize<q::NF4, float>)->ThreadRange(1, 2)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_dequantize<q::FP4, memkit::bf16>)->Threads(1)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_dequantize<q::INT8, memkit::bf16>)->Threads(1)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_matmul_nf4)->Arg(1)->Arg(8)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_matmul_dense_bf16)->Arg(1)->Arg(8)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK_MAIN();

@@ -1,0 +1,373 @@
+// memkit/io/safetensors.hpp — a strict, header-only safetensors reader and writer.
+//
+// Format: an 8-byte little-endian header size N, N bytes of UTF-8 JSON
+//   {"name": {"dtype": "F32", "shape": [2, 3], "data_offsets": [begin, end]}, ..., "__metadata__": {"k": "v"}}
+// then the raw little-endian tensor bytes; offsets are relative to the end of the header.
+//
+// The reader validates everything before handing out a byte: the header size against the file, the JSON,
+// each dtype, shape and offset pair (end - begin must be the shape's byte size), and that the tensors tile
+// the data section exactly, without gaps or overlaps (as the safetensors library requires). A corrupt or
+// truncated file gives a memkit::error naming the file and the problem. Opening reads only the header;
+// read() fetches just the requested tensor's bytes with pread, so one tensor of a large file costs its size.
+#pragma once
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <fcntl.h>
+#include <string>
+#include <string_view>
+#include <sys/stat.h>
+#include <type_traits>
+#include <unistd.h>
+#include <utility>
+#include <vector>
+
+#include "memkit/config.hpp"
+#include "memkit/core/float16.hpp"
+#include "memkit/core/tensor_view.hpp"
+#include "memkit/io/json.hpp"
+
+MEMKIT_NAMESPACE_BEGIN
+
+namespace safetensors {
+
+// Bytes per element of a safetensors dtype name, or 0 when the name is unknown.
+inline std::size_t dtype_size(std::string_view dtype) noexcept {
+  struct entry {
+    const char* name;
+    std::size_t size;
+  };
+  static constexpr entry table[] = {{"BOOL", 1}, {"U8", 1},  {"I8", 1},  {"F8_E4M3", 1}, {"F8_E5M2", 1},
+                                    {"U16", 2},  {"I16", 2}, {"F16", 2}, {"BF16", 2},    {"U32", 4},
+                                    {"I32", 4},  {"F32", 4}, {"U64", 8}, {"I64", 8},     {"F64", 8}};
+  for (const entry& e : table)
+    if (dtype == e.name) return e.size;
+  return 0;
+}
+
+// The safetensors dtype of a C++ element type.
+template <class T>
+constexpr const char* dtype_of() noexcept {
+  using U = std::remove_const_t<T>;
+  if constexpr (std::is_same_v<U, float>) return "F32";
+  else if constexpr (std::is_same_v<U, bf16>) return "BF16";
+  else if constexpr (std::is_same_v<U, fp16>) return "F16";
+  else if constexpr (std::is_same_v<U, double>) return "F64";
+  else if constexpr (std::is_same_v<U, std::uint8_t>) return "U8";
+  else if constexpr (std::is_same_v<U, std::int8_t>) return "I8";
+  else if constexpr (std::is_same_v<U, std::int32_t>) return "I32";
+  else if constexpr (std::is_same_v<U, std::int64_t>) return "I64";
+  else static_assert(sizeof(U) == 0, "no safetensors dtype for this element type");
+}
+
+struct tensor_info {
+  std::string name;
+  std::string dtype;
+  std::vector<std::int64_t> shape;
+  std::uint64_t begin = 0;  // offsets into the data section
+  std::uint64_t end = 0;
+
+  std::int64_t numel() const noexcept {
+    std::int64_t n = 1;
+    for (std::int64_t d : shape) n *= d;
+    return n;
+  }
+  std::uint64_t bytes() const noexcept { return end - begin; }
+};
+
+// The safetensors library refuses headers above 100 MB; so does memkit (a corrupt size would otherwise
+// make us allocate whatever the file claims).
+inline constexpr std::uint64_t max_header_bytes = 100'000'000;
+
+class reader {
+ public:
+  // Opens `path` and reads and validates its header (only the header).
+  explicit reader(std::string path) : path_(std::move(path)) {
+    fd_ = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
+    require(fd_ >= 0, "safetensors: cannot open '" + path_ + "': " + std::strerror(errno));
+    try {
+      load_header();
+    } catch (...) {
+      ::close(fd_);
+      throw;
+    }
+  }
+  reader(const reader&) = delete;
+  reader& operator=(const reader&) = delete;
+  reader(reader&& other) noexcept
+      : path_(std::move(other.path_)), fd_(std::exchange(other.fd_, -1)), file_size_(other.file_size_),
+        data_start_(other.data_start_), tensors_(std::move(other.tensors_)), metadata_(std::move(other.metadata_)) {}
+  ~reader() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+
+  const std::string& path() const noexcept { return path_; }
+  // Tensors in file order (sorted by offset).
+  const std::vector<tensor_info>& tensors() const noexcept { return tensors_; }
+  const std::vector<std::pair<std::string, std::string>>& metadata() const noexcept { return metadata_; }
+
+  const tensor_info* find(std::string_view name) const noexcept {
+    for (const tensor_info& t : tensors_)
+      if (t.name == name) return &t;
+    return nullptr;
+  }
+  const tensor_info& info(std::string_view name) const {
+    const tensor_info* t = find(name);
+    require(t != nullptr, "safetensors: '" + path_ + "' has no tensor named '" + std::string(name) + "'");
+    return *t;
+  }
+
+  // Reads the raw bytes of tensor `name` into host memory `destination` of exactly its size.
+  void read_bytes(std::string_view name, void* destination, std::uint64_t bytes) const {
+    const tensor_info& t = info(name);
+    require(bytes == t.bytes(), "safetensors: tensor '" + t.name + "' in '" + path_ + "' has " +
+                                    std::to_string(t.bytes()) + " bytes, the destination " + std::to_string(bytes));
+    read_at(data_start_ + t.begin, destination, bytes, "tensor '" + t.name + "'");
+  }
+
+  // Reads tensor `name` into `out` (host memory), checking dtype and element count.
+  template <class T>
+  void read(std::string_view name, tensor_view<T> out) const {
+    const tensor_info& t = info(name);
+    require(t.dtype == dtype_of<T>(), "safetensors: tensor '" + t.name + "' in '" + path_ + "' is " + t.dtype +
+                                          ", not " + dtype_of<T>());
+    require(t.numel() == out.size(), "safetensors: tensor '" + t.name + "' in '" + path_ + "' has " +
+                                         std::to_string(t.numel()) + " elements, the destination " +
+                                         std::to_string(out.size()));
+    require(out.where() != memory_kind::device,
+            "safetensors: read: destination of '" + t.name + "' is device memory; read into host memory");
+    read_bytes(name, out.data(), out.bytes());
+  }
+
+  template <class T>
+  std::vector<T> read_vector(std::string_view name) const {
+    std::vector<T> out(static_cast<std::size_t>(info(name).numel()));
+    read(name, tensor_view<T>(out.data(), shape{static_cast<std::int64_t>(out.size())}, memory_kind::host));
+    return out;
+  }
+
+ private:
+  [[noreturn]] void corrupt(const std::string& problem) const {
+    throw error("safetensors: '" + path_ + "' is not a valid safetensors file: " + problem);
+  }
+
+  void read_at(std::uint64_t offset, void* destination, std::uint64_t bytes, const std::string& what) const {
+    auto* out = static_cast<unsigned char*>(destination);
+    std::uint64_t done = 0;
+    while (done < bytes) {
+      const ssize_t got = ::pread(fd_, out + done, static_cast<std::size_t>(bytes - done),
+                                  static_cast<off_t>(offset + done));
+      if (got < 0 && errno == EINTR) continue;
+      if (got < 0) throw error("safetensors: reading " + what + " of '" + path_ + "' failed: " + std::strerror(errno));
+      if (got == 0) corrupt("file ends while reading " + what + " (truncated)");
+      done += static_cast<std::uint64_t>(got);
+    }
+  }
+
+  void load_header() {
+    struct stat status {};
+    require(::fstat(fd_, &status) == 0, "safetensors: cannot stat '" + path_ + "': " + std::strerror(errno));
+    file_size_ = static_cast<std::uint64_t>(status.st_size);
+    if (file_size_ < 8) corrupt("file is " + std::to_string(file_size_) + " bytes, shorter than the 8-byte header size");
+    unsigned char size_bytes[8];
+    read_at(0, size_bytes, 8, "the header size");
+    std::uint64_t header_size = 0;
+    for (int i = 7; i >= 0; --i) header_size = (header_size << 8) | size_bytes[i];
+    if (header_size > max_header_bytes)
+      corrupt("header size " + std::to_string(header_size) + " exceeds the 100 MB limit");
+    if (header_size > file_size_ - 8)
+      corrupt("header size " + std::to_string(header_size) + " runs past the end of the " +
+              std::to_string(file_size_) + "-byte file (truncated?)");
+    std::string header(static_cast<std::size_t>(header_size), '\0');
+    read_at(8, header.data(), header_size, "the header");
+    if (header.empty() || header[0] != '{') corrupt("header does not start with '{'");
+    data_start_ = 8 + header_size;
+    const std::uint64_t data_size = file_size_ - data_start_;
+
+    json::value root;
+    try {
+      root = json::parse(header, "safetensors header");
+    } catch (const error& e) {
+      corrupt(e.what());
+    }
+    for (const auto& [name, entry] : root.as_object()) {
+      if (name == "__metadata__") {
+        if (!entry.is_object()) corrupt("__metadata__ is not an object");
+        for (const auto& [key, value] : entry.as_object()) {
+          if (!value.is_string()) corrupt("__metadata__ value of '" + key + "' is not a string");
+          metadata_.emplace_back(key, value.as_string());
+        }
+        continue;
+      }
+      tensors_.push_back(parse_entry(name, entry, data_size));
+    }
+    std::sort(tensors_.begin(), tensors_.end(),
+              [](const tensor_info& a, const tensor_info& b) { return a.begin < b.begin || (a.begin == b.begin && a.end < b.end); });
+    std::uint64_t expected = 0;
+    for (const tensor_info& t : tensors_) {
+      if (t.begin != expected)
+        corrupt("tensor '" + t.name + "' starts at data offset " + std::to_string(t.begin) + " but the previous one ends at " +
+                std::to_string(expected) + (t.begin < expected ? " (overlap)" : " (gap)"));
+      expected = t.end;
+    }
+    if (expected != data_size)
+      corrupt("tensors cover " + std::to_string(expected) + " data bytes but the file holds " +
+              std::to_string(data_size) + (expected > data_size ? " (truncated)" : " (trailing bytes)"));
+  }
+
+  tensor_info parse_entry(const std::string& name, const json::value& entry, std::uint64_t data_size) const {
+    if (!entry.is_object()) corrupt("entry '" + name + "' is not an object");
+    tensor_info t;
+    t.name = name;
+    for (const auto& [key, value] : entry.as_object())
+      if (key != "dtype" && key != "shape" && key != "data_offsets") corrupt("entry '" + name + "' has unknown field '" + key + "'");
+    const json::value* dtype = entry.find("dtype");
+    const json::value* dims = entry.find("shape");
+    const json::value* offsets = entry.find("data_offsets");
+    if (!dtype || !dtype->is_string()) corrupt("entry '" + name + "' lacks a string dtype");
+    if (!dims || !dims->is_array()) corrupt("entry '" + name + "' lacks a shape array");
+    if (!offsets || !offsets->is_array() || offsets->as_array().size() != 2)
+      corrupt("entry '" + name + "' lacks data_offsets [begin, end]");
+    t.dtype = dtype->as_string();
+    const std::size_t element_size = dtype_size(t.dtype);
+    if (element_size == 0) corrupt("entry '" + name + "' has unknown dtype '" + t.dtype + "'");
+    std::uint64_t numel = 1;
+    for (const json::value& d : dims->as_array()) {
+      std::int64_t extent = -1;
+      try {
+        extent = d.as_int();
+      } catch (const error&) {
+        corrupt("entry '" + name + "' has a shape extent that is not an integer");
+      }
+      if (extent < 0) corrupt("entry '" + name + "' has negative extent " + std::to_string(extent));
+      if (extent != 0 && numel > (std::uint64_t{1} << 62) / static_cast<std::uint64_t>(extent))
+        corrupt("entry '" + name + "' has a shape whose size overflows");
+      numel *= static_cast<std::uint64_t>(extent);
+      t.shape.push_back(extent);
+    }
+    std::int64_t bounds[2] = {0, 0};
+    for (int i = 0; i < 2; ++i) {
+      try {
+        bounds[i] = offsets->as_array()[static_cast<std::size_t>(i)].as_int();
+      } catch (const error&) {
+        corrupt("entry '" + name + "' has a data offset that is not an integer");
+      }
+      if (bounds[i] < 0) corrupt("entry '" + name + "' has a negative data offset");
+    }
+    t.begin = static_cast<std::uint64_t>(bounds[0]);
+    t.end = static_cast<std::uint64_t>(bounds[1]);
+    if (t.end < t.begin) corrupt("entry '" + name + "' has data_offsets end before begin");
+    if (t.end > data_size)
+      corrupt("entry '" + name + "' ends at data offset " + std::to_string(t.end) + " past the " +
+              std::to_string(data_size) + " data bytes in the file (truncated?)");
+    if (t.end - t.begin != numel * element_size)
+      corrupt("entry '" + name + "' spans " + std::to_string(t.end - t.begin) + " bytes but " + t.dtype + " " +
+              "of its shape needs " + std::to_string(numel * element_size));
+    return t;
+  }
+
+  std::string path_;
+  int fd_ = -1;
+  std::uint64_t file_size_ = 0;
+  std::uint64_t data_start_ = 0;
+  std::vector<tensor_info> tensors_;
+  std::vector<std::pair<std::string, std::string>> metadata_;
+};
+
+// Collects tensors (host memory, copied on add) and writes one safetensors file.
+class writer {
+ public:
+  void add_bytes(std::string name, std::string dtype, std::vector<std::int64_t> dims, const void* data,
+                 std::uint64_t bytes) {
+    require(name != "__metadata__", "safetensors: '__metadata__' is reserved");
+    for (const entry& e : entries_) require(e.info.name != name, "safetensors: tensor '" + name + "' added twice");
+    const std::size_t element_size = dtype_size(dtype);
+    require(element_size != 0, "safetensors: unknown dtype '" + dtype + "'");
+    std::uint64_t numel = 1;
+    for (std::int64_t d : dims) {
+      require(d >= 0, "safetensors: tensor '" + name + "' has negative extent");
+      numel *= static_cast<std::uint64_t>(d);
+    }
+    require(numel * element_size == bytes, "safetensors: tensor '" + name + "' of " + dtype + " needs " +
+                                               std::to_string(numel * element_size) + " bytes, got " +
+                                               std::to_string(bytes));
+    entry e;
+    e.info.name = std::move(name);
+    e.info.dtype = std::move(dtype);
+    e.info.shape = std::move(dims);
+    e.bytes.assign(static_cast<const unsigned char*>(data), static_cast<const unsigned char*>(data) + bytes);
+    entries_.push_back(std::move(e));
+  }
+
+  // Adds a host tensor; `dims` defaults to the view's shape (give it to store another shape of the same size).
+  template <class T>
+  void add(std::string name, tensor_view<T> values, std::vector<std::int64_t> dims = {}) {
+    require(values.where() != memory_kind::device, "safetensors: add '" + name + "': copy device data to the host first");
+    if (dims.empty())
+      for (int i = 0; i < values.shape().rank; ++i) dims.push_back(values.shape()[i]);
+    add_bytes(std::move(name), dtype_of<T>(), std::move(dims), values.data(), values.bytes());
+  }
+
+  void add_metadata(std::string key, std::string value) { metadata_.emplace_back(std::move(key), std::move(value)); }
+
+  // The header JSON, padded with spaces so the data section starts 8-byte aligned.
+  std::string header() const {
+    std::string text = "{";
+    bool first = true;
+    if (!metadata_.empty()) {
+      text += "\"__metadata__\":{";
+      for (std::size_t i = 0; i < metadata_.size(); ++i) {
+        if (i) text += ',';
+        text += json::quote(metadata_[i].first);
+        text += ':';
+        text += json::quote(metadata_[i].second);
+      }
+      text += "}";
+      first = false;
+    }
+    std::uint64_t offset = 0;
+    for (const entry& e : entries_) {
+      text += first ? "" : ",";
+      first = false;
+      text += json::quote(e.info.name) + ":{\"dtype\":" + json::quote(e.info.dtype) + ",\"shape\":[";
+      for (std::size_t i = 0; i < e.info.shape.size(); ++i) {
+        if (i) text += ',';
+        text += std::to_string(e.info.shape[i]);
+      }
+      text += "],\"data_offsets\":[" + std::to_string(offset) + "," + std::to_string(offset + e.bytes.size()) + "]}";
+      offset += e.bytes.size();
+    }
+    text += "}";
+    while ((8 + text.size()) % 8 != 0) text += ' ';
+    return text;
+  }
+
+  void write(const std::string& path) const {
+    const std::string head = header();
+    std::FILE* file = std::fopen(path.c_str(), "wb");
+    require(file != nullptr, "safetensors: cannot create '" + path + "': " + std::strerror(errno));
+    unsigned char size_bytes[8];
+    std::uint64_t size = head.size();
+    for (int i = 0; i < 8; ++i) size_bytes[i] = static_cast<unsigned char>(size >> (8 * i));
+    bool ok = std::fwrite(size_bytes, 1, 8, file) == 8 && std::fwrite(head.data(), 1, head.size(), file) == head.size();
+    for (const entry& e : entries_)
+      ok = ok && (e.bytes.empty() || std::fwrite(e.bytes.data(), 1, e.bytes.size(), file) == e.bytes.size());
+    ok = (std::fclose(file) == 0) && ok;
+    require(ok, "safetensors: writing '" + path + "' failed");
+  }
+
+ private:
+  struct entry {
+    tensor_info info;
+    std::vector<unsigned char> bytes;
+  };
+  std::vector<entry> entries_;
+  std::vector<std::pair<std::string, std::string>> metadata_;
+};
+
+}  // namespace safetensors
+
+MEMKIT_NAMESPACE_END

@@ -1,0 +1,789 @@
+// memkit/quant/blockwise.hpp — blockwise NF4 / FP4 / dynamic-int8 quantization, host and CUDA.
+//
+// A tensor is flattened row-major and cut into blocks of `block_size` consecutive elements (a block may
+// straddle rows). Each block keeps its absolute maximum in fp32; each value is multiplied by the block's
+// reciprocal 1/absmax (computed once per block, as bitsandbytes does) and mapped to the nearest code.
+// 4-bit formats pack two codes per byte, the element at the even flat index in the high nibble; an odd
+// element count pads the last byte with the code of 0.0. The int8 format stores one byte per value, an
+// index into the signed dynamic 8-bit map. Results match bitsandbytes bit for bit.
+//
+// The per-element math (encode, decode, reciprocal) is written once, MEMKIT_HOST_DEVICE, and both the host
+// loops and the CUDA kernels call it, so both paths produce identical bytes.
+//
+// Non-finite input: the host path throws memkit::error naming the tensor, the element and the block, and
+// writes nothing. The CUDA path cannot throw without synchronizing, so it marks the offending block by
+// storing NaN as its absmax (every value of that block then decodes to NaN, never to silent garbage);
+// find_nonfinite_block() locates it after the stream is synchronized (quantized_tensor does this for you).
+#pragma once
+
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <limits>
+#include <string>
+#include <type_traits>
+
+#include "memkit/config.hpp"
+#include "memkit/core/execution.hpp"
+#include "memkit/core/float16.hpp"
+#include "memkit/core/tensor_view.hpp"
+#include "memkit/memory/resource.hpp"
+#include "memkit/quant/codebooks.hpp"
+
+// Host SIMD (x86-64 with GCC or Clang, outside nvcc), selected per CPU at run time.
+#if !MEMKIT_HAS_CUDA && defined(__GNUC__) && defined(__x86_64__)
+#include <immintrin.h>
+#define MEMKIT_QUANT_X86_SIMD 1
+#else
+#define MEMKIT_QUANT_X86_SIMD 0
+#endif
+
+// Full unrolling of the small fixed loops, in each compiler's spelling (nvcc's host pass accepts neither).
+#if MEMKIT_DEVICE_PASS
+#define MEMKIT_QUANT_UNROLL _Pragma("unroll")
+#elif MEMKIT_HAS_CUDA
+#define MEMKIT_QUANT_UNROLL
+#else
+#define MEMKIT_QUANT_UNROLL _Pragma("GCC unroll 16")
+#endif
+
+MEMKIT_NAMESPACE_BEGIN
+
+namespace quant {
+
+enum class format : std::uint8_t {
+  nf4,   // 4-bit normal float (QLoRA)
+  fp4,   // 4-bit float, bitsandbytes' e2m1 variant
+  int8,  // 8-bit index into the signed dynamic map ("blockwise int8" of bitsandbytes' quantize_blockwise)
+};
+
+constexpr const char* to_string(format f) noexcept {
+  switch (f) {
+    case format::nf4: return "nf4";
+    case format::fp4: return "fp4";
+    case format::int8: return "int8";
+  }
+  return "unknown";
+}
+
+MEMKIT_HOST_DEVICE constexpr bool is_four_bit(format f) noexcept { return f != format::int8; }
+
+inline constexpr std::int64_t min_block_size = 32;
+inline constexpr std::int64_t max_block_size = 4096;
+
+constexpr bool is_valid_block_size(std::int64_t block_size) noexcept {
+  return block_size >= min_block_size && block_size <= max_block_size && (block_size & (block_size - 1)) == 0;
+}
+
+inline void require_block_size(std::int64_t block_size, const char* operation) {
+  require(is_valid_block_size(block_size), std::string(operation) + ": block size " + std::to_string(block_size) +
+                                               " is not supported (use a power of two from 32 to 4096)");
+}
+
+// Number of blocks (and so of absmax values) for `numel` elements.
+MEMKIT_HOST_DEVICE constexpr std::int64_t block_count(std::int64_t numel, std::int64_t block_size) noexcept {
+  return (numel + block_size - 1) / block_size;
+}
+
+// Bytes of codes for `numel` elements.
+MEMKIT_HOST_DEVICE constexpr std::int64_t code_bytes(format f, std::int64_t numel) noexcept {
+  return is_four_bit(f) ? (numel + 1) / 2 : numel;
+}
+
+// --- per-element math, shared by host and device ---
+
+namespace detail {
+// Plain IEEE single operations. On the device they are spelled as intrinsics so that nvcc cannot contract
+// a multiply and an add into one FMA, which would round differently from the host.
+MEMKIT_HOST_DEVICE MEMKIT_FORCEINLINE float mul_rn(float a, float b) noexcept {
+#if MEMKIT_DEVICE_PASS
+  return __fmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+MEMKIT_HOST_DEVICE MEMKIT_FORCEINLINE float add_rn(float a, float b) noexcept {
+#if MEMKIT_DEVICE_PASS
+  return __fadd_rn(a, b);
+#else
+  return a + b;
+#endif
+}
+MEMKIT_HOST_DEVICE MEMKIT_FORCEINLINE float sub_rn(float a, float b) noexcept {
+#if MEMKIT_DEVICE_PASS
+  return __fsub_rn(a, b);
+#else
+  return a - b;
+#endif
+}
+MEMKIT_HOST_DEVICE MEMKIT_FORCEINLINE float div_rn(float a, float b) noexcept {
+#if MEMKIT_DEVICE_PASS
+  return __fdiv_rn(a, b);
+#else
+  return a / b;
+#endif
+}
+MEMKIT_HOST_DEVICE MEMKIT_FORCEINLINE float abs_value(float x) noexcept {
+  return __builtin_bit_cast(float, __builtin_bit_cast(std::uint32_t, x) & 0x7fffffffu);
+}
+// True for finite magnitudes; false for Inf and NaN (NaN fails every comparison).
+MEMKIT_HOST_DEVICE MEMKIT_FORCEINLINE bool finite_magnitude(float magnitude) noexcept {
+  return magnitude <= 3.40282346638528859811704183484516925e+38f;
+}
+}  // namespace detail
+
+// The block's scale factor: one IEEE division per block. For an all-zero block it is +Inf, every value
+// becomes 0 * Inf = NaN and takes code 0, exactly as in bitsandbytes; the block decodes to zeros.
+MEMKIT_HOST_DEVICE MEMKIT_FORCEINLINE float block_reciprocal(float absmax) noexcept {
+  return detail::div_rn(1.0f, absmax);
+}
+
+// The same code as nearest_dynamic (bitsandbytes' search), found without data-dependent branches: count
+// the entries below x (branchless, 8 steps), then pick between the two neighbours by their float midpoint.
+// bitsandbytes' search ends on a leaf p whose in-order neighbours p - 1 and p + 1 were its last left and
+// right turns, so it compares exactly these two candidates, and on an exact tie it keeps p, which is
+// always the even index of the two. The test suite checks the two functions agree.
+MEMKIT_HOST_DEVICE MEMKIT_FORCEINLINE std::uint8_t nearest_dynamic_counting(const float* map, float x) noexcept {
+  int below = 0;  // entries < x, 0..256
+  MEMKIT_QUANT_UNROLL
+  for (int step = 128; step > 0; step >>= 1) below += step & -static_cast<int>(map[below + step - 1] < x);
+  if (below == 0) return 0;
+  if (below == 256) return 255;
+  const float midpoint = (map[below - 1] + map[below]) * 0.5f;
+  const int even = (below - 1) & 1 ? below : below - 1;
+  return static_cast<std::uint8_t>(x > midpoint ? below : x < midpoint ? below - 1 : even);
+}
+
+// Code of one value already multiplied by its block's reciprocal. `map` is the 256-entry map (int8 only).
+template <format F>
+MEMKIT_HOST_DEVICE MEMKIT_FORCEINLINE std::uint8_t encode(float normalized, const float* map) noexcept {
+  if constexpr (F == format::nf4) {
+    // Counting the thresholds below the value gives the same code as bitsandbytes' comparison tree (the
+    // thresholds are increasing and compared with the same strict `>`), without branches, so loops vectorize.
+    constexpr float thresholds[15] = {-0.8480964004993439f,  -0.6106329262256622f, -0.4599952697753906f,
+                                      -0.33967943489551544f, -0.23460740596055984f, -0.13791173323988914f,
+                                      -0.045525018125772476f, 0.03979014977812767f, 0.1202552504837513f,
+                                      0.2035212516784668f,   0.2920137718319893f,  0.3893125355243683f,
+                                      0.5016634166240692f,   0.6427869200706482f,  0.8614784181118011f};
+    int code = 0;
+MEMKIT_QUANT_UNROLL
+    for (int k = 0; k < 15; ++k) code += normalized > thresholds[k] ? 1 : 0;
+    return static_cast<std::uint8_t>(code);
+  } else if constexpr (F == format::fp4) {
+    constexpr float thresholds[7] = {0.00260417f, 0.0859375f, 0.20833333f, 0.29166667f,
+                                     0.4166667f,  0.583333f,  0.8333333f};
+    const float magnitude = detail::abs_value(normalized);
+    int rank = 0;
+MEMKIT_QUANT_UNROLL
+    for (int k = 0; k < 7; ++k) rank += magnitude > thresholds[k] ? 1 : 0;
+    // Magnitude rank 0..7 to FP4 bits: 0, 1, 6, 7, 4, 5, 2, 3 (flip bit 2 where bit 1 is set).
+    const int bits = rank ^ ((rank & 2) << 1);
+    return static_cast<std::uint8_t>(bits | (normalized < 0.0f ? 0b1000 : 0));
+  } else {
+    return nearest_dynamic_counting(map, normalized);
+  }
+}
+
+// Unscaled value of a code.
+template <format F>
+MEMKIT_HOST_DEVICE constexpr float code_value(std::uint8_t code, const float* map) noexcept {
+  if constexpr (F == format::nf4) return nf4_value(code);
+  else if constexpr (F == format::fp4) return fp4_value(code);
+  else return map[code];
+}
+
+// The 16 values of a 4-bit format as code_value gives them (FP4 code 8 is -0), for host loops.
+template <format F>
+inline constexpr std::array<float, 16> four_bit_values = [] {
+  std::array<float, 16> values{};
+  for (int c = 0; c < 16; ++c) values[static_cast<std::size_t>(c)] = code_value<F>(static_cast<std::uint8_t>(c), nullptr);
+  return values;
+}();
+
+// Decoded value: the code's value times the block's absmax (one rounding, as bitsandbytes).
+template <format F>
+MEMKIT_HOST_DEVICE MEMKIT_FORCEINLINE float decode(std::uint8_t code, float absmax, const float* map) noexcept {
+  return detail::mul_rn(code_value<F>(code, map), absmax);
+}
+
+// Code of flat element `index` in a packed code array.
+template <format F>
+MEMKIT_HOST_DEVICE MEMKIT_FORCEINLINE std::uint8_t code_at(const std::uint8_t* codes, std::int64_t index) noexcept {
+  if constexpr (F == format::int8) return codes[index];
+  else return static_cast<std::uint8_t>((index & 1) ? (codes[index >> 1] & 0x0f) : (codes[index >> 1] >> 4));
+}
+
+// The default map of the int8 format, as a by-value table for kernels.
+inline constexpr code_table<256> signed_dynamic_table = make_code_table(dynamic_map_signed);
+
+// Block size of the second quantization level of double-quantized scales (bitsandbytes' "nested" state).
+inline constexpr std::int64_t nested_block_size = 256;
+
+// A double-quantized scale: the nested code's map value times its group's fp32 absmax, rounded, plus the
+// offset, rounded (bitsandbytes dequantizes the nested codes, then adds the offset as a second operation).
+MEMKIT_HOST_DEVICE MEMKIT_FORCEINLINE float decode_nested_scale(std::uint8_t nested_code, float nested_absmax,
+                                                                float offset, const float* nested_map) noexcept {
+  return detail::add_rn(detail::mul_rn(nested_map[nested_code], nested_absmax), offset);
+}
+
+// Where the per-block scales of a quantized tensor come from: plain fp32 absmax, or double-quantized ones
+// (uint8 nested codes, one fp32 absmax per 256 blocks, an fp32 offset). Trivially copyable, for kernels too.
+struct block_scales {
+  const float* absmax = nullptr;               // plain scales, or nullptr when nested
+  const std::uint8_t* nested_codes = nullptr;  // double quantization:
+  const float* nested_absmax = nullptr;        //   one per nested_block_size blocks
+  const float* offset = nullptr;               //   one value
+  const float* nested_map = nullptr;           //   256 entries (kernels point this at shared memory)
+
+  MEMKIT_HOST_DEVICE MEMKIT_FORCEINLINE bool nested() const noexcept { return nested_codes != nullptr; }
+  MEMKIT_HOST_DEVICE MEMKIT_FORCEINLINE float operator()(std::int64_t block) const noexcept {
+    if (nested_codes == nullptr) return absmax[block];
+    return decode_nested_scale(nested_codes[block], nested_absmax[block / nested_block_size], *offset, nested_map);
+  }
+};
+
+namespace detail {
+
+inline std::string format_float(float value) {
+  char text[48];
+  std::snprintf(text, sizeof text, "%g", static_cast<double>(value));
+  return text;
+}
+
+// Calls body.template operator()<F>() with the runtime format as a template argument.
+template <class Body>
+decltype(auto) dispatch_format(format f, Body&& body) {
+  switch (f) {
+    case format::nf4: return body.template operator()<format::nf4>();
+    case format::fp4: return body.template operator()<format::fp4>();
+    case format::int8: break;
+  }
+  return body.template operator()<format::int8>();
+}
+
+// --- x86 SIMD for the host loops, chosen at run time (no compile flags needed) ---
+//
+// The 4-bit dequantization is a 16-entry table lookup per value: SSSE3's byte shuffle does 16 of them per
+// instruction on the bytes of the block's already-converted table, so the results are the same bytes the
+// scalar loop writes. Plain g++ only: nvcc's host pass and other targets take the scalar loops.
+#if MEMKIT_QUANT_X86_SIMD
+inline bool cpu_has_ssse3() noexcept {
+  static const bool has = __builtin_cpu_supports("ssse3");
+  return has;
+}
+
+// bf16 bits of 16 floats, the same round-to-nearest-even (and canonical NaN) as float_to_bf16_bits,
+// four at a time with SSE2 integer operations (baseline x86-64).
+inline void bf16_bits_x16(const float* in, std::uint16_t* out) noexcept {
+  const __m128i magnitude_mask = _mm_set1_epi32(0x7fffffff), infinity = _mm_set1_epi32(0x7f800000);
+  const __m128i half_minus_one = _mm_set1_epi32(0x7fff), one = _mm_set1_epi32(1), bias16 = _mm_set1_epi32(0x8000);
+  __m128i packed[2];
+  for (int pair = 0; pair < 2; ++pair) {
+    __m128i result[2];
+    for (int q = 0; q < 2; ++q) {
+      const __m128i u = _mm_castps_si128(_mm_loadu_ps(in + 8 * pair + 4 * q));
+      const __m128i nan = _mm_cmpgt_epi32(_mm_and_si128(u, magnitude_mask), infinity);
+      const __m128i rounding = _mm_add_epi32(half_minus_one, _mm_and_si128(_mm_srli_epi32(u, 16), one));
+      const __m128i rounded = _mm_srli_epi32(_mm_add_epi32(u, rounding), 16);
+      const __m128i bits = _mm_or_si128(_mm_and_si128(nan, half_minus_one), _mm_andnot_si128(nan, rounded));
+      result[q] = _mm_sub_epi32(bits, bias16);  // into signed 16-bit range for the saturating pack
+    }
+    packed[pair] = _mm_xor_si128(_mm_packs_epi32(result[0], result[1]), _mm_set1_epi16(static_cast<short>(0x8000)));
+  }
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(out), packed[0]);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 8), packed[1]);
+}
+
+inline bool cpu_has_avx512bw() noexcept {
+  static const bool has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
+  return has;
+}
+
+// 4-bit encoding of `pairs` value pairs (a multiple of 8), 16 values per step: the value times the block
+// reciprocal (one IEEE multiply), then encode<F>'s threshold counting with ordered compares (NaN counts
+// nothing, as `>` does), then two codes per byte. Same codes as the scalar loop; the tests compare them.
+// The zero-masked intrinsics avoid GCC 12's warning about the unmasked ones' undefined operand.
+template <format F, class T>
+__attribute__((target("avx512f,avx512bw"))) void encode4_avx512(const T* values, std::int64_t pairs, float reciprocal,
+                                                               std::uint8_t* out) noexcept {
+  constexpr int count = F == format::nf4 ? 15 : 7;
+  constexpr float nf4_thresholds[15] = {-0.8480964004993439f,  -0.6106329262256622f, -0.4599952697753906f,
+                                        -0.33967943489551544f, -0.23460740596055984f, -0.13791173323988914f,
+                                        -0.045525018125772476f, 0.03979014977812767f, 0.1202552504837513f,
+                                        0.2035212516784668f,   0.2920137718319893f,  0.3893125355243683f,
+                                        0.5016634166240692f,   0.6427869200706482f,  0.8614784181118011f};
+  constexpr float fp4_thresholds[7] = {0.00260417f, 0.0859375f, 0.20833333f, 0.29166667f,
+                                       0.4166667f,  0.583333f,  0.8333333f};
+  __m512 threshold[count];
+  for (int k = 0; k < count; ++k) threshold[k] = _mm512_set1_ps(F == format::nf4 ? nf4_thresholds[k] : fp4_thresholds[k]);
+  const __m512 scale = _mm512_set1_ps(reciprocal);
+  const __m512i one = _mm512_set1_epi32(1);
+  for (std::int64_t p = 0; p < pairs; p += 8) {
+    __m512 x;
+    if constexpr (std::is_same_v<T, float>) {
+      x = _mm512_loadu_ps(values + 2 * p);
+    } else if constexpr (std::is_same_v<T, bf16>) {
+      const __m512i wide = _mm512_maskz_cvtepu16_epi32(0xffff, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(values + 2 * p)));
+      x = _mm512_castsi512_ps(_mm512_maskz_slli_epi32(0xffff, wide, 16));
+    } else {
+      x = _mm512_maskz_cvtph_ps(0xffff, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(values + 2 * p)));
+    }
+    const __m512 normalized = _mm512_mul_ps(x, scale);
+    __m512i code = _mm512_setzero_si512();
+    if constexpr (F == format::nf4) {
+      for (int k = 0; k < count; ++k)
+        code = _mm512_mask_add_epi32(code, _mm512_cmp_ps_mask(normalized, threshold[k], _CMP_GT_OQ), code, one);
+    } else {
+      const __m512 magnitude = _mm512_castsi512_ps(
+          _mm512_and_si512(_mm512_castps_si512(normalized), _mm512_set1_epi32(0x7fffffff)));
+      for (int k = 0; k < count; ++k)
+        code = _mm512_mask_add_epi32(code, _mm512_cmp_ps_mask(magnitude, threshold[k], _CMP_GT_OQ), code, one);
+      code = _mm512_xor_si512(code, _mm512_maskz_slli_epi32(0xffff, _mm512_and_si512(code, _mm512_set1_epi32(2)), 1));
+      const __mmask16 negative = _mm512_cmp_ps_mask(normalized, _mm512_setzero_ps(), _CMP_LT_OQ);
+      code = _mm512_mask_or_epi32(code, negative, code, _mm512_set1_epi32(8));
+    }
+    // 16 codes -> 16 bytes -> 8 bytes, the even value in the high nibble.
+    const __m128i bytes = _mm512_maskz_cvtepi32_epi8(0xffff, code);
+    const __m128i pairs16 = _mm_or_si128(_mm_slli_epi16(_mm_and_si128(bytes, _mm_set1_epi16(0x00ff)), 4),
+                                         _mm_srli_epi16(bytes, 8));
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(out + p), _mm_packus_epi16(pairs16, _mm_setzero_si128()));
+  }
+}
+
+// Expands `pairs` code bytes (two values each, high nibble first) into values of `Bytes` bytes each,
+// looking them up in `table` (16 entries of Bytes bytes). Handles whole groups of 16 bytes; returns how
+// many bytes it consumed.
+template <int Bytes>
+__attribute__((target("ssse3"))) inline std::int64_t expand_nibbles_ssse3(const std::uint8_t* bytes, std::int64_t pairs,
+                                                                          const void* table, void* output) noexcept {
+  static_assert(Bytes == 2 || Bytes == 4);
+  // Split the table into byte planes: plane[b] holds byte b of entries 0..15.
+  const auto* entries = static_cast<const __m128i*>(table);
+  __m128i plane[Bytes];
+  if constexpr (Bytes == 2) {
+    const __m128i first = _mm_loadu_si128(entries), second = _mm_loadu_si128(entries + 1);
+    const __m128i low_byte = _mm_set1_epi16(0x00ff);
+    plane[0] = _mm_packus_epi16(_mm_and_si128(first, low_byte), _mm_and_si128(second, low_byte));
+    plane[1] = _mm_packus_epi16(_mm_srli_epi16(first, 8), _mm_srli_epi16(second, 8));
+  } else {
+    // Within each 4-entry vector gather byte 0 of every entry, then byte 1, ...; then transpose the four
+    // vectors' 32-bit groups so that plane[b] lists byte b of all 16 entries.
+    const __m128i gather = _mm_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    __m128i v[4];
+    for (int q = 0; q < 4; ++q) v[q] = _mm_shuffle_epi8(_mm_loadu_si128(entries + q), gather);
+    const __m128i t0 = _mm_unpacklo_epi32(v[0], v[1]), t1 = _mm_unpackhi_epi32(v[0], v[1]);
+    const __m128i t2 = _mm_unpacklo_epi32(v[2], v[3]), t3 = _mm_unpackhi_epi32(v[2], v[3]);
+    plane[0] = _mm_unpacklo_epi64(t0, t2);
+    plane[1] = _mm_unpackhi_epi64(t0, t2);
+    plane[2] = _mm_unpacklo_epi64(t1, t3);
+    plane[3] = _mm_unpackhi_epi64(t1, t3);
+  }
+  const __m128i low_nibble = _mm_set1_epi8(0x0f);
+  auto* out = static_cast<std::uint8_t*>(output);
+  std::int64_t p = 0;
+  for (; p + 16 <= pairs; p += 16) {
+    const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(bytes + p));
+    const __m128i high = _mm_and_si128(_mm_srli_epi16(packed, 4), low_nibble);
+    const __m128i low = _mm_and_si128(packed, low_nibble);
+    const __m128i index[2] = {_mm_unpacklo_epi8(high, low), _mm_unpackhi_epi8(high, low)};  // values 0..15, 16..31
+    std::uint8_t* dst = out + 2 * p * Bytes;
+    for (int half = 0; half < 2; ++half) {
+      if constexpr (Bytes == 2) {
+        const __m128i b0 = _mm_shuffle_epi8(plane[0], index[half]);
+        const __m128i b1 = _mm_shuffle_epi8(plane[1], index[half]);
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + 32 * half), _mm_unpacklo_epi8(b0, b1));
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + 32 * half + 16), _mm_unpackhi_epi8(b0, b1));
+      } else {
+        const __m128i b0 = _mm_shuffle_epi8(plane[0], index[half]);
+        const __m128i b1 = _mm_shuffle_epi8(plane[1], index[half]);
+        const __m128i b2 = _mm_shuffle_epi8(plane[2], index[half]);
+        const __m128i b3 = _mm_shuffle_epi8(plane[3], index[half]);
+        const __m128i lo01 = _mm_unpacklo_epi8(b0, b1), hi01 = _mm_unpackhi_epi8(b0, b1);
+        const __m128i lo23 = _mm_unpacklo_epi8(b2, b3), hi23 = _mm_unpackhi_epi8(b2, b3);
+        std::uint8_t* d = dst + 64 * half;
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(d), _mm_unpacklo_epi16(lo01, lo23));
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(d + 16), _mm_unpackhi_epi16(lo01, lo23));
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(d + 32), _mm_unpacklo_epi16(hi01, hi23));
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(d + 48), _mm_unpackhi_epi16(hi01, hi23));
+      }
+    }
+  }
+  return p;
+}
+#endif
+
+// --- host loops ---
+
+// Largest |value| of a block as IEEE bits. For non-negative floats the integer order of the bits is the
+// float order, and Inf and NaN sort above every finite value, so one integer maximum gives both the block's
+// absmax (exactly the float maximum) and whether the block is all finite. Sixteen independent lanes keep
+// the reduction vectorized; a maximum does not depend on the order it is taken in.
+template <float_storage T>
+inline std::uint32_t block_magnitude_bits(const T* values, std::int64_t count) noexcept {
+  std::uint32_t lanes[16] = {};
+  const std::int64_t whole = count - count % 16;
+  for (std::int64_t i = 0; i < whole; i += 16)
+    for (int j = 0; j < 16; ++j) {
+      const float value = to_float(values[i + j]);
+      const std::uint32_t bits = ::memkit::detail::bit_cast<std::uint32_t>(value) & 0x7fffffffu;
+      lanes[j] = bits > lanes[j] ? bits : lanes[j];
+    }
+  std::uint32_t largest = 0;
+  for (std::int64_t i = whole; i < count; ++i) {
+    const float value = to_float(values[i]);
+    const std::uint32_t bits = ::memkit::detail::bit_cast<std::uint32_t>(value) & 0x7fffffffu;
+    largest = bits > largest ? bits : largest;
+  }
+  for (std::uint32_t lane : lanes) largest = lane > largest ? lane : largest;
+  return largest;
+}
+
+inline constexpr std::uint32_t infinity_bits = 0x7f800000u;
+
+// Throws, naming the tensor, element and block, if any value is not finite. Reads only.
+template <float_storage T>
+void require_finite_host(const T* input, std::int64_t numel, std::int64_t block_size, const char* operation,
+                         const char* tensor_name) {
+  for (std::int64_t begin = 0; begin < numel; begin += block_size) {
+    const std::int64_t end = begin + block_size < numel ? begin + block_size : numel;
+    if (block_magnitude_bits(input + begin, end - begin) < infinity_bits) continue;
+    for (std::int64_t i = begin; i < end; ++i) {
+      const float value = to_float(input[i]);
+      if (finite_magnitude(abs_value(value))) continue;
+      throw error(std::string(operation) + ": tensor '" + tensor_name + "' has a non-finite value (" +
+                  format_float(value) + ") at flat element " + std::to_string(i) + ", in block " +
+                  std::to_string(begin / block_size) + " of " + std::to_string(block_count(numel, block_size)) +
+                  " (block size " + std::to_string(block_size) + ")");
+    }
+  }
+}
+
+template <format F, float_storage T>
+void quantize_host(const T* input, std::int64_t numel, std::int64_t block_size, std::uint8_t* codes, float* absmax,
+                   const float* map) {
+  for (std::int64_t begin = 0, block = 0; begin < numel; begin += block_size, ++block) {
+    const std::int64_t count = numel - begin < block_size ? numel - begin : block_size;
+    const T* values = input + begin;
+    const std::uint32_t max_bits = block_magnitude_bits(values, count);
+    const float block_max = ::memkit::detail::bit_cast<float>(max_bits);  // finite: checked before
+    absmax[block] = block_max;
+    const float reciprocal = block_reciprocal(block_max);
+    if constexpr (F == format::int8) {
+      for (std::int64_t i = 0; i < count; ++i) codes[begin + i] = encode<F>(mul_rn(to_float(values[i]), reciprocal), map);
+    } else {
+      std::uint8_t* out = codes + begin / 2;
+      const std::int64_t pairs = count / 2;
+      std::int64_t p = 0;
+#if MEMKIT_QUANT_X86_SIMD
+      if (pairs >= 8 && cpu_has_avx512bw()) {
+        p = pairs - pairs % 8;
+        encode4_avx512<F>(values, p, reciprocal, out);
+      }
+#endif
+      for (; p < pairs; ++p) {
+        const std::uint8_t high = encode<F>(mul_rn(to_float(values[2 * p]), reciprocal), map);
+        const std::uint8_t low = encode<F>(mul_rn(to_float(values[2 * p + 1]), reciprocal), map);
+        out[p] = static_cast<std::uint8_t>((high << 4) | low);
+      }
+      if (count & 1) {  // odd tail of the tensor: pad with 0.0, which is scaled like any other value
+        const std::uint8_t high = encode<F>(mul_rn(to_float(values[count - 1]), reciprocal), map);
+        const std::uint8_t low = encode<F>(mul_rn(0.0f, reciprocal), map);
+        out[pairs] = static_cast<std::uint8_t>((high << 4) | low);
+      }
+    }
+  }
+}
+
+template <format F, float_storage T>
+void dequantize_host(const std::uint8_t* codes, const block_scales& scales, std::int64_t block_size,
+                     std::int64_t first, std::int64_t count, T* output, const float* map) {
+  std::int64_t i = 0;
+  while (i < count) {
+    const std::int64_t element = first + i;
+    const std::int64_t block = element / block_size;
+    const std::int64_t block_end = (block + 1) * block_size;
+    const std::int64_t run = (block_end - element) < (count - i) ? (block_end - element) : (count - i);
+    const float scale = scales(block);
+    if constexpr (F == format::int8) {
+      for (std::int64_t k = 0; k < run; ++k) output[i + k] = from_float<T>(decode<F>(codes[element + k], scale, map));
+    } else {
+      // A 16-entry table of the block's decoded values, already in the output type: the same products
+      // decode() forms and the same conversion, done 16 times per block instead of once per value.
+      float decoded[16];  // decode() of each code: the same single products
+      for (int c = 0; c < 16; ++c) decoded[c] = mul_rn(four_bit_values<F>[static_cast<std::size_t>(c)], scale);
+      T scaled[16];
+#if MEMKIT_QUANT_X86_SIMD
+      if constexpr (std::is_same_v<T, bf16>) bf16_bits_x16(decoded, reinterpret_cast<std::uint16_t*>(scaled));
+      else
+#endif
+        for (int c = 0; c < 16; ++c) scaled[c] = from_float<T>(decoded[c]);
+      std::int64_t k = 0;
+      if (element & 1) {
+        output[i] = scaled[codes[element >> 1] & 0x0f];
+        k = 1;
+      }
+      const std::uint8_t* bytes = codes + ((element + k) >> 1);
+      const std::int64_t pairs = (run - k) / 2;
+      T* out = output + i + k;
+      std::int64_t p = 0;
+#if MEMKIT_QUANT_X86_SIMD
+      if (pairs >= 16 && cpu_has_ssse3()) p = expand_nibbles_ssse3<static_cast<int>(sizeof(T))>(bytes, pairs, scaled, out);
+#endif
+      for (; p < pairs; ++p) {
+        const std::uint8_t byte = bytes[p];
+        out[2 * p] = scaled[byte >> 4];
+        out[2 * p + 1] = scaled[byte & 0x0f];
+      }
+      if ((run - k) & 1) output[i + run - 1] = scaled[bytes[pairs] >> 4];
+    }
+    i += run;
+  }
+}
+
+// Index of the first block whose absmax is not finite, or -1.
+inline std::int64_t first_nonfinite(const float* absmax, std::int64_t blocks) {
+  for (std::int64_t b = 0; b < blocks; ++b)
+    if (!finite_magnitude(abs_value(absmax[b]))) return b;
+  return -1;
+}
+
+#if MEMKIT_HAS_CUDA
+// --- CUDA kernels: one warp per block; lanes stride over the block's values. ---
+
+MEMKIT_DEVICE MEMKIT_FORCEINLINE float warp_max(float value) {
+  for (int offset = 16; offset > 0; offset >>= 1) value = fmaxf(value, __shfl_xor_sync(0xffffffffu, value, offset));
+  return value;
+}
+
+template <format F, class T>
+__global__ void quantize_kernel(const T* __restrict__ input, std::int64_t numel, std::int64_t block_size,
+                                std::uint8_t* __restrict__ codes, float* __restrict__ absmax,
+                                code_table<256> map_table) {
+  __shared__ float map[256];
+  if constexpr (F == format::int8)
+    for (int i = threadIdx.x; i < 256; i += blockDim.x) map[i] = map_table.value[i];
+  __syncthreads();
+  const int lane = threadIdx.x & 31;
+  const std::int64_t warps_per_cta = blockDim.x >> 5;
+  const std::int64_t blocks = block_count(numel, block_size);
+  for (std::int64_t block = blockIdx.x * warps_per_cta + (threadIdx.x >> 5); block < blocks;
+       block += gridDim.x * warps_per_cta) {
+    const std::int64_t begin = block * block_size;
+    const std::int64_t count = numel - begin < block_size ? numel - begin : block_size;
+    float block_max = 0.0f;
+    bool finite = true;
+    for (std::int64_t i = lane; i < count; i += 32) {
+      const float magnitude = abs_value(to_float(input[begin + i]));
+      finite &= finite_magnitude(magnitude);
+      block_max = magnitude > block_max ? magnitude : block_max;
+    }
+    block_max = warp_max(block_max);  // max is exact: the order of reduction cannot change it
+    finite = __all_sync(0xffffffffu, finite);
+    if (lane == 0) absmax[block] = finite ? block_max : __int_as_float(0x7fffffff);
+    const float reciprocal = block_reciprocal(block_max);
+    if constexpr (F == format::int8) {
+      for (std::int64_t i = lane; i < count; i += 32)
+        codes[begin + i] = encode<F>(mul_rn(to_float(input[begin + i]), reciprocal), map);
+    } else {
+      const std::int64_t pairs = (count + 1) / 2;
+      for (std::int64_t p = lane; p < pairs; p += 32) {
+        const float first = to_float(input[begin + 2 * p]);
+        const float second = 2 * p + 1 < count ? to_float(input[begin + 2 * p + 1]) : 0.0f;
+        const std::uint8_t high = encode<F>(mul_rn(first, reciprocal), map);
+        const std::uint8_t low = encode<F>(mul_rn(second, reciprocal), map);
+        codes[begin / 2 + p] = static_cast<std::uint8_t>((high << 4) | low);
+      }
+    }
+  }
+}
+
+// Generic dequantization of elements [first, first + count): one element per thread.
+// Copies the nested map into shared memory when the scales are double-quantized.
+MEMKIT_DEVICE MEMKIT_FORCEINLINE void stage_nested_map(block_scales& scales, float* shared_map,
+                                                        const code_table<256>& nested_map) {
+  if (scales.nested())
+    for (int i = threadIdx.x; i < 256; i += blockDim.x) shared_map[i] = nested_map.value[i];
+  scales.nested_map = shared_map;
+}
+
+template <format F, class T>
+__global__ void dequantize_kernel(const std::uint8_t* __restrict__ codes, block_scales scales,
+                                  std::int64_t block_size, std::int64_t first, std::int64_t count,
+                                  T* __restrict__ output, code_table<256> map_table, code_table<256> nested_table) {
+  __shared__ float map[256];
+  __shared__ float nested_map[256];
+  if constexpr (F == format::int8)
+    for (int i = threadIdx.x; i < 256; i += blockDim.x) map[i] = map_table.value[i];
+  stage_nested_map(scales, nested_map, nested_table);
+  __syncthreads();
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < count;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    const std::int64_t element = first + i;
+    output[i] = from_float<T>(decode<F>(code_at<F>(codes, element), scales(element / block_size), map));
+  }
+}
+
+// Fast 4-bit path: each thread turns 4 code bytes (8 values) into one 16- or 32-byte store. Needs `first`
+// to be a multiple of 8 and `output` 16-byte aligned; tails go through dequantize_kernel.
+template <format F, class T>
+__global__ void dequantize4_vector_kernel(const std::uint8_t* __restrict__ codes, block_scales scales,
+                                          std::int64_t block_size, std::int64_t first, std::int64_t groups,
+                                          T* __restrict__ output, code_table<256> nested_table) {
+  __shared__ float table[16];
+  __shared__ float nested_map[256];
+  if (threadIdx.x < 16) table[threadIdx.x] = code_value<F>(static_cast<std::uint8_t>(threadIdx.x), nullptr);
+  stage_nested_map(scales, nested_map, nested_table);
+  __syncthreads();
+  for (std::int64_t g = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; g < groups;
+       g += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    const std::int64_t element = first + 8 * g;
+    const std::uint32_t packed = __ldg(reinterpret_cast<const std::uint32_t*>(codes + (element >> 1)));
+    const float scale = scales(element / block_size);  // blocks are >= 32 values: 8 never straddle
+    alignas(16) T values[8];
+#pragma unroll
+    for (int b = 0; b < 4; ++b) {
+      const std::uint32_t byte = (packed >> (8 * b)) & 0xffu;
+      values[2 * b] = from_float<T>(mul_rn(table[byte >> 4], scale));
+      values[2 * b + 1] = from_float<T>(mul_rn(table[byte & 0x0f], scale));
+    }
+    if constexpr (sizeof(T) == 2) {
+      *reinterpret_cast<uint4*>(output + 8 * g) = *reinterpret_cast<const uint4*>(values);
+    } else {
+      reinterpret_cast<uint4*>(output + 8 * g)[0] = reinterpret_cast<const uint4*>(values)[0];
+      reinterpret_cast<uint4*>(output + 8 * g)[1] = reinterpret_cast<const uint4*>(values)[1];
+    }
+  }
+}
+
+inline int grid_for(std::int64_t work_items, int threads) {
+  const std::int64_t needed = (work_items + threads - 1) / threads;
+  return static_cast<int>(needed < 65535 * 8 ? (needed > 0 ? needed : 1) : 65535 * 8);
+}
+#endif
+
+}  // namespace detail
+
+// Quantizes `input` blockwise into `codes` (code_bytes(fmt, n) bytes) and `absmax` (block_count(n, b)
+// floats). `tensor_name` names the tensor in error messages. `map` is the 8-bit map of the int8 format.
+template <executor E, class Input>
+  requires float_storage<std::remove_const_t<Input>>
+void quantize_blockwise(const E& exec, format fmt, tensor_view<Input> input_view, std::int64_t block_size,
+                        tensor_view<std::uint8_t> codes, tensor_view<float> absmax,
+                        const char* tensor_name = "input", const code_table<256>& map = signed_dynamic_table) {
+  const tensor_view<const std::remove_const_t<Input>> input = input_view;
+  constexpr const char* operation = "quant::quantize_blockwise";
+  require_block_size(block_size, operation);
+  const std::int64_t numel = input.size();
+  require(codes.size() == code_bytes(fmt, numel),
+          std::string(operation) + ": `codes` has " + std::to_string(codes.size()) + " bytes but " +
+              std::to_string(numel) + " " + to_string(fmt) + " values need " + std::to_string(code_bytes(fmt, numel)));
+  require(absmax.size() == block_count(numel, block_size),
+          std::string(operation) + ": `absmax` has " + std::to_string(absmax.size()) + " entries but " +
+              std::to_string(numel) + " values in blocks of " + std::to_string(block_size) + " need " +
+              std::to_string(block_count(numel, block_size)));
+  require_accessible(exec, input, operation, "input");
+  require_accessible(exec, codes, operation, "codes");
+  require_accessible(exec, absmax, operation, "absmax");
+  if (numel == 0) return;
+  if constexpr (!E::on_device) {
+    detail::require_finite_host(input.data(), numel, block_size, operation, tensor_name);
+    detail::dispatch_format(fmt, [&]<format F>() {
+      detail::quantize_host<F>(input.data(), numel, block_size, codes.data(), absmax.data(), map.value);
+    });
+  } else {
+#if MEMKIT_HAS_CUDA
+    (void)tensor_name;
+    constexpr int threads = 256;
+    const int grid = detail::grid_for(block_count(numel, block_size) * 32, threads);
+    ::memkit::detail::with_device(exec.device, [&] {
+      detail::dispatch_format(fmt, [&]<format F>() {
+        detail::quantize_kernel<F><<<grid, threads, 0, exec.stream>>>(input.data(), numel, block_size, codes.data(),
+                                                                       absmax.data(), map);
+      });
+      MEMKIT_CUDA_CHECK(cudaGetLastError());
+      return 0;
+    });
+#endif
+  }
+}
+
+namespace detail {
+// Dequantization with either kind of scales; callers have checked the arguments.
+template <executor E, float_storage T>
+void dequantize_with_scales(const E& exec, format fmt, const std::uint8_t* codes, const block_scales& scales,
+                            std::int64_t block_size, std::int64_t first_element, tensor_view<T> output,
+                            const code_table<256>& map, const code_table<256>& nested_map) {
+  const std::int64_t count = output.size();
+  if (count == 0) return;
+  if constexpr (!E::on_device) {
+    (void)exec;
+    block_scales host_scales = scales;
+    if (host_scales.nested()) host_scales.nested_map = nested_map.value;
+    dispatch_format(fmt, [&]<format F>() {
+      dequantize_host<F>(codes, host_scales, block_size, first_element, count, output.data(), map.value);
+    });
+  } else {
+#if MEMKIT_HAS_CUDA
+    constexpr int threads = 256;
+    ::memkit::detail::with_device(exec.device, [&] {
+      dispatch_format(fmt, [&]<format F>() {
+        std::int64_t done = 0;
+        if constexpr (F != format::int8) {
+          const bool aligned = first_element % 8 == 0 && reinterpret_cast<std::uintptr_t>(output.data()) % 16 == 0 &&
+                               reinterpret_cast<std::uintptr_t>(codes) % 4 == 0;
+          const std::int64_t groups = aligned ? count / 8 : 0;
+          if (groups > 0)
+            dequantize4_vector_kernel<F><<<grid_for(groups, threads), threads, 0, exec.stream>>>(
+                codes, scales, block_size, first_element, groups, output.data(), nested_map);
+          done = groups * 8;
+        }
+        if (done < count)
+          dequantize_kernel<F><<<grid_for(count - done, threads), threads, 0, exec.stream>>>(
+              codes, scales, block_size, first_element + done, count - done, output.data() + done, map, nested_map);
+      });
+      MEMKIT_CUDA_CHECK(cudaGetLastError());
+      return 0;
+    });
+#endif
+  }
+}
+}  // namespace detail
+
+// Dequantizes flat elements [first_element, first_element + output.size()) of a blockwise-quantized tensor
+// into `output` (fp32, bf16 or fp16). With first_element 0 and a full-size output it is the whole tensor;
+// otherwise it is a tile, the building block of the quantized matmul.
+template <executor E, float_storage T>
+void dequantize_blockwise(const E& exec, format fmt, tensor_view<const std::uint8_t> codes,
+                          tensor_view<const float> absmax, std::int64_t block_size, std::int64_t first_element,
+                          tensor_view<T> output, const code_table<256>& map = signed_dynamic_table) {
+  constexpr const char* operation = "quant::dequantize_blockwise";
+  require_block_size(block_size, operation);
+  const std::int64_t count = output.size();
+  const std::int64_t end = first_element + count;
+  const std::int64_t capacity = is_four_bit(fmt) ? 2 * codes.size() : codes.size();
+  require(first_element >= 0 && end <= capacity,
+          std::string(operation) + ": elements [" + std::to_string(first_element) + ", " + std::to_string(end) +
+              ") are outside the " + std::to_string(capacity) + " values `codes` holds");
+  require(absmax.size() >= block_count(end, block_size),
+          std::string(operation) + ": `absmax` has " + std::to_string(absmax.size()) + " entries but elements up to " +
+              std::to_string(end) + " need " + std::to_string(block_count(end, block_size)));
+  require_accessible(exec, codes, operation, "codes");
+  require_accessible(exec, absmax, operation, "absmax");
+  require_accessible(exec, output, operation, "output");
+  block_scales scales;
+  scales.absmax = absmax.data();
+  detail::dequantize_with_scales(exec, fmt, codes.data(), scales, block_size, first_element, output, map,
+                                 signed_dynamic_table);
+}
+
+// Host memory only: the first block whose absmax is not finite (how the CUDA quantizer marks a block that
+// held Inf or NaN), or -1. Copy device absmax to the host first.
+inline std::int64_t find_nonfinite_block(tensor_view<const float> absmax) {
+  require_accessible(host, absmax, "quant::find_nonfinite_block", "absmax");
+  return detail::first_nonfinite(absmax.data(), absmax.size());
+}
+
+}  // namespace quant
+
+MEMKIT_NAMESPACE_END

@@ -1,0 +1,238 @@
+// Quantization on CUDA: the device results must equal the host reference bit for bit.
+// Cases in the "gpu" suite need a device; the others check the nvcc build of the shared math and run anywhere.
+#include <memkit/memkit.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "support/gpu_test.hpp"
+
+namespace q = memkit::quant;
+
+namespace {
+
+template <class T>
+std::vector<T> to_host(const T* device_pointer, std::size_t count) {
+  std::vector<T> out(count);
+  if (count) MEMKIT_CUDA_CHECK(cudaMemcpy(out.data(), device_pointer, count * sizeof(T), cudaMemcpyDeviceToHost));
+  return out;
+}
+
+template <class T>
+memkit::buffer<T> to_device(memkit::memory_resource& resource, const std::vector<T>& values) {
+  memkit::buffer<T> out(resource, memkit::shape{static_cast<std::int64_t>(values.size())});
+  if (!values.empty())
+    MEMKIT_CUDA_CHECK(cudaMemcpy(out.data(), values.data(), values.size() * sizeof(T), cudaMemcpyHostToDevice));
+  return out;
+}
+
+// Random normal values with adversarial ones mixed in: exact ties for every threshold, zeros of both signs,
+// all-zero blocks, subnormals, huge values, block-maximum duplicates.
+std::vector<float> adversarial_input(std::int64_t count, std::int64_t block_size, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> values(static_cast<std::size_t>(count));
+  for (float& v : values) v = normal(rng);
+  const float specials[] = {0.0f, -0.0f, 1e-40f, -1e-40f, 3e38f, -3e38f, 0.8614784181118011f, -0.8480964004993439f,
+                            0.03979014977812767f, 0.583333f, -0.0859375f, 0.00260417f, 1.0f, -1.0f};
+  for (std::int64_t i = 0; i < count; i += 7) values[static_cast<std::size_t>(i)] = specials[(i / 7) % 14];
+  // Blocks scaled by 2 so that x * (1/absmax) hits thresholds exactly, and one all-zero block.
+  const std::int64_t blocks = q::block_count(count, block_size);
+  for (std::int64_t b = 1; b < blocks; b += 3) {
+    const std::int64_t begin = b * block_size;
+    const std::int64_t end = std::min(count, begin + block_size);
+    for (std::int64_t i = begin; i < end; ++i) values[static_cast<std::size_t>(i)] = 2.0f * specials[6 + i % 8];
+    values[static_cast<std::size_t>(begin)] = 2.0f;
+  }
+  if (blocks > 2)
+    for (std::int64_t i = 2 * block_size; i < std::min(count, 3 * block_size); ++i) values[static_cast<std::size_t>(i)] = 0.0f;
+  return values;
+}
+
+template <class T>
+std::vector<T> narrow(const std::vector<float>& values) {
+  std::vector<T> out;
+  for (float v : values) out.push_back(memkit::from_float<T>(v));
+  return out;
+}
+
+template <class In, class Out>
+void check_host_device_equal(q::format fmt, std::int64_t count, std::int64_t block_size, unsigned seed) {
+  CAPTURE(q::to_string(fmt));
+  CAPTURE(count);
+  CAPTURE(block_size);
+  const std::vector<In> input = narrow<In>(adversarial_input(count, block_size, seed));
+  const std::int64_t bytes = q::code_bytes(fmt, count), blocks = q::block_count(count, block_size);
+
+  std::vector<std::uint8_t> host_codes(static_cast<std::size_t>(bytes));
+  std::vector<float> host_absmax(static_cast<std::size_t>(blocks));
+  q::quantize_blockwise(memkit::host, fmt, memkit::host_view(input.data(), {count}), block_size,
+                        memkit::host_view(host_codes), memkit::host_view(host_absmax));
+
+  memkit::device_resource device;
+  memkit::cuda_executor gpu{};
+  auto d_input = to_device(device, input);
+  memkit::buffer<std::uint8_t> d_codes(device, {bytes});
+  memkit::buffer<float> d_absmax(device, {blocks});
+  q::quantize_blockwise(gpu, fmt, d_input.view(), block_size, d_codes.view(), d_absmax.view());
+  gpu.synchronize();
+  CHECK(to_host(d_codes.data(), static_cast<std::size_t>(bytes)) == host_codes);
+  const std::vector<float> device_absmax = to_host(d_absmax.data(), static_cast<std::size_t>(blocks));
+  CHECK(std::memcmp(device_absmax.data(), host_absmax.data(), host_absmax.size() * sizeof(float)) == 0);
+
+  // Whole-tensor and tile dequantization, including unaligned starts that take the generic kernel.
+  for (std::int64_t first : {std::int64_t{0}, std::int64_t{1}, std::int64_t{8}, count / 3}) {
+    const std::int64_t n = count - first;
+    if (n <= 0) continue;
+    std::vector<Out> host_out(static_cast<std::size_t>(n));
+    q::dequantize_blockwise(memkit::host, fmt, memkit::host_view(host_codes.data(), {bytes}),
+                            memkit::host_view(host_absmax.data(), {blocks}), block_size, first,
+                            memkit::host_view(host_out));
+    memkit::buffer<Out> d_out(device, {n});
+    q::dequantize_blockwise(gpu, fmt, memkit::tensor_view<const std::uint8_t>(d_codes.view()),
+                            memkit::tensor_view<const float>(d_absmax.view()), block_size, first, d_out.view());
+    gpu.synchronize();
+    const std::vector<Out> device_out = to_host(d_out.data(), static_cast<std::size_t>(n));
+    CHECK(std::memcmp(device_out.data(), host_out.data(), host_out.size() * sizeof(Out)) == 0);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("quant cuda build: the shared per-element math compiles under nvcc and matches the tables") {
+  for (int code = 0; code < 16; ++code) {
+    CHECK(q::encode<q::format::nf4>(q::nf4_codebook[code], nullptr) == code);
+    CHECK(q::decode<q::format::nf4>(static_cast<std::uint8_t>(code), 2.0f, nullptr) == 2.0f * q::nf4_codebook[code]);
+    if (code != 8) CHECK(q::encode<q::format::fp4>(q::fp4_codebook[code], nullptr) == code);
+  }
+  CHECK(q::encode<q::format::int8>(0.0f, q::dynamic_map_signed.data()) == 127);
+}
+
+MEMKIT_GPU_TEST_CASE("gpu: blockwise quantize and dequantize equal the host bit for bit") {
+  unsigned seed = 1;
+  for (q::format fmt : {q::format::nf4, q::format::fp4, q::format::int8}) {
+    for (std::int64_t block : {32, 64, 256, 4096}) {
+      for (std::int64_t count : {1, 33, 4097, 100003}) {
+        check_host_device_equal<float, float>(fmt, count, block, ++seed);
+        check_host_device_equal<memkit::bf16, memkit::bf16>(fmt, count, block, ++seed);
+        check_host_device_equal<memkit::fp16, memkit::fp16>(fmt, count, block, ++seed);
+        check_host_device_equal<memkit::bf16, float>(fmt, count, block, ++seed);
+      }
+    }
+  }
+}
+
+MEMKIT_GPU_TEST_CASE("gpu: a non-finite value marks its block's absmax as NaN") {
+  std::vector<float> input(1000, 0.5f);
+  input[700] = std::numeric_limits<float>::infinity();
+  memkit::device_resource device;
+  memkit::cuda_executor gpu{};
+  auto d_input = to_device(device, input);
+  memkit::buffer<std::uint8_t> d_codes(device, {500});
+  memkit::buffer<float> d_absmax(device, {16});
+  q::quantize_blockwise(gpu, q::format::nf4, d_input.view(), 64, d_codes.view(), d_absmax.view());
+  gpu.synchronize();
+  const std::vector<float> absmax = to_host(d_absmax.data(), 16);
+  CHECK(q::find_nonfinite_block(memkit::host_view(absmax.data(), {16})) == 10);
+  CHECK(std::isnan(absmax[10]));
+}
+
+MEMKIT_GPU_TEST_CASE("gpu: double-quantized scales and quantized_tensor equal the host bit for bit") {
+  memkit::device_resource device;
+  memkit::cuda_executor gpu{};
+  for (std::int64_t blocks : {1, 255, 257, 70000}) {
+    CAPTURE(blocks);
+    std::mt19937 rng(static_cast<unsigned>(blocks));
+    std::uniform_real_distribution<float> uniform(0.0f, 3.0f);
+    std::vector<float> absmax(static_cast<std::size_t>(blocks));
+    for (float& a : absmax) a = uniform(rng);
+    const std::int64_t groups = q::nested_group_count(blocks);
+    std::vector<std::uint8_t> codes(static_cast<std::size_t>(blocks));
+    std::vector<float> group(static_cast<std::size_t>(groups));
+    float offset = 0;
+    q::quantize_scales(memkit::host, memkit::host_view(absmax.data(), {blocks}), memkit::host_view(codes),
+                       memkit::host_view(group), memkit::host_view(&offset, {1}));
+    auto d_absmax = to_device(device, absmax);
+    memkit::buffer<std::uint8_t> d_codes(device, {blocks});
+    memkit::buffer<float> d_group(device, {groups});
+    memkit::buffer<float> d_offset(device, {1});
+    q::quantize_scales(gpu, memkit::tensor_view<const float>(d_absmax.view()), d_codes.view(), d_group.view(),
+                       d_offset.view());
+    gpu.synchronize();
+    CHECK(to_host(d_codes.data(), codes.size()) == codes);
+    CHECK(to_host(d_group.data(), group.size()) == group);
+    CHECK(to_host(d_offset.data(), 1)[0] == offset);
+  }
+  // A whole tensor with double quantization, quantized and dequantized on both sides.
+  const memkit::shape dims{300, 515};
+  const std::vector<float> data = adversarial_input(dims.numel(), 64, 99);
+  const auto on_host = q::quantized_tensor<q::NF4>::quantize(memkit::host, memkit::host_view(data.data(), dims),
+                                                             {64, true}, memkit::default_host_resource());
+  auto d_data = to_device(device, data);
+  const auto on_device = q::quantized_tensor<q::NF4>::quantize(gpu, d_data.view().reshaped(dims), {64, true}, device);
+  on_device.require_finite(gpu, "w");
+  CHECK(to_host(on_device.codes().data(), static_cast<std::size_t>(on_device.codes().size())) ==
+        std::vector<std::uint8_t>(on_host.codes().begin(), on_host.codes().end()));
+  std::vector<memkit::bf16> host_out(static_cast<std::size_t>(dims.numel()));
+  on_host.dequantize(memkit::host, memkit::host_view(host_out));
+  memkit::buffer<memkit::bf16> d_out(device, {dims.numel()});
+  on_device.dequantize(gpu, d_out.view());
+  gpu.synchronize();
+  const std::vector<memkit::bf16> device_out = to_host(d_out.data(), host_out.size());
+  CHECK(std::memcmp(device_out.data(), host_out.data(), host_out.size() * sizeof(memkit::bf16)) == 0);
+}
+
+namespace {
+// The CUDA matmul against the host one (both fp32-accumulated; summation order differs).
+template <class T>
+void check_matmul_gpu(std::int64_t M, std::int64_t N, std::int64_t K) {
+  CAPTURE(M);
+  CAPTURE(N);
+  CAPTURE(K);
+  memkit::device_resource device;
+  memkit::cuda_executor gpu{};
+  std::mt19937 weight_rng(5);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> weights(static_cast<std::size_t>(N * K));
+  for (float& v : weights) v = normal(weight_rng);
+  const auto w_host = q::quantized_tensor<q::NF4>::quantize(memkit::host, memkit::host_view(weights.data(), {N, K}),
+                                                            {64, true}, memkit::default_host_resource());
+  auto d_weights = to_device(device, weights);
+  const auto w_dev = q::quantized_tensor<q::NF4>::quantize(gpu, d_weights.view().reshaped({N, K}), {64, true}, device);
+  std::mt19937 rng(3);
+  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+  std::vector<T> x(static_cast<std::size_t>(M * K)), dy(static_cast<std::size_t>(M * N));
+  for (T& v : x) v = memkit::from_float<T>(uniform(rng));
+  for (T& v : dy) v = memkit::from_float<T>(uniform(rng));
+  std::vector<T> y_host(static_cast<std::size_t>(M * N)), dx_host(static_cast<std::size_t>(M * K));
+  q::matmul(memkit::host, memkit::host_view(x.data(), {M, K}), w_host, memkit::host_view(y_host.data(), {M, N}),
+            memkit::default_host_resource());
+  q::matmul_input_grad(memkit::host, memkit::host_view(dy.data(), {M, N}), w_host,
+                       memkit::host_view(dx_host.data(), {M, K}), memkit::default_host_resource());
+  auto d_x = to_device(device, x);
+  auto d_dy = to_device(device, dy);
+  memkit::buffer<T> d_y(device, {M, N}), d_dx(device, {M, K});
+  q::matmul(gpu, memkit::tensor_view<const T>(d_x.view().reshaped({M, K})), w_dev, d_y.view(), device);
+  q::matmul_input_grad(gpu, memkit::tensor_view<const T>(d_dy.view().reshaped({M, N})), w_dev, d_dx.view(), device);
+  gpu.synchronize();
+  const std::vector<T> y_dev = to_host(d_y.data(), y_host.size()), dx_dev = to_host(d_dx.data(), dx_host.size());
+  const double tolerance = sizeof(T) == 4 ? 1e-4 : 2e-2;
+  for (std::size_t i = 0; i < y_host.size(); ++i)
+    CHECK(memkit::to_float(y_dev[i]) == doctest::Approx(memkit::to_float(y_host[i])).epsilon(tolerance).scale(1e30));
+  for (std::size_t i = 0; i < dx_host.size(); ++i)
+    CHECK(memkit::to_float(dx_dev[i]) == doctest::Approx(memkit::to_float(dx_host[i])).epsilon(tolerance).scale(1e30));
+}
+}  // namespace
+
+MEMKIT_GPU_TEST_CASE("gpu: quantized matmul (fused small batch and cuBLAS large batch) matches the host") {
+  check_matmul_gpu<float>(1, 96, 256);
+  check_matmul_gpu<memkit::bf16>(4, 130, 200);
+  check_matmul_gpu<memkit::bf16>(64, 256, 512);
+  check_matmul_gpu<memkit::fp16>(33, 100, 96);
+  check_matmul_gpu<float>(20, 64, 130);
+}

@@ -1,0 +1,112 @@
+// Quantized matmul on the host against a dense reference built from the fully dequantized weight.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "memkit/memory/tracking.hpp"
+#include "memkit/quant/matmul.hpp"
+
+namespace q = memkit::quant;
+using memkit::host;
+using memkit::host_view;
+
+namespace {
+std::vector<float> uniform_values(std::int64_t count, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+  std::vector<float> values(static_cast<std::size_t>(count));
+  for (float& v : values) v = uniform(rng);
+  return values;
+}
+
+template <q::format F, class T>
+void check_against_dense(std::int64_t M, std::int64_t N, std::int64_t K, q::quant_options options,
+                         const q::matmul_config& config) {
+  CAPTURE(q::to_string(F));
+  CAPTURE(M);
+  CAPTURE(N);
+  CAPTURE(K);
+  CAPTURE(options.double_quant);
+  const std::vector<float> weights = uniform_values(N * K, 1);
+  const auto w = q::quantized_tensor<F>::quantize(host, host_view(weights.data(), {N, K}), options,
+                                                  memkit::default_host_resource());
+  std::vector<float> dense(static_cast<std::size_t>(N * K));  // the reference may materialize W; matmul may not
+  w.dequantize(host, host_view(dense));
+  std::vector<T> x, dy;
+  for (float v : uniform_values(M * K, 2)) x.push_back(memkit::from_float<T>(v));
+  for (float v : uniform_values(M * N, 3)) dy.push_back(memkit::from_float<T>(v));
+  const double tolerance = std::is_same_v<T, float> ? 1e-5 : 1e-2;  // fp32 sums vs bf16/fp16 outputs
+
+  memkit::tracking_resource workspace(memkit::default_host_resource(), "matmul");
+  std::vector<T> y(static_cast<std::size_t>(M * N));
+  q::matmul(host, host_view(x.data(), {M, K}), w, host_view(y.data(), {M, N}), workspace, config);
+  CHECK(workspace.peak_bytes() ==
+        q::matmul_workspace_bytes(q::matmul_kind::forward, F, options.block_size, M, N, K, sizeof(T), false, config));
+  for (std::int64_t m = 0; m < M; ++m)
+    for (std::int64_t n = 0; n < N; ++n) {
+      double expected = 0, magnitude = 0;
+      for (std::int64_t k = 0; k < K; ++k) {
+        const double term = static_cast<double>(memkit::to_float(x[static_cast<std::size_t>(m * K + k)])) *
+                            dense[static_cast<std::size_t>(n * K + k)];
+        expected += term;
+        magnitude += std::fabs(term);
+      }
+      CHECK(std::fabs(memkit::to_float(y[static_cast<std::size_t>(m * N + n)]) - expected) <= tolerance * (magnitude + 1e-3));
+    }
+
+  workspace.reset_peak();
+  std::vector<T> dx(static_cast<std::size_t>(M * K));
+  q::matmul_input_grad(host, host_view(dy.data(), {M, N}), w, host_view(dx.data(), {M, K}), workspace, config);
+  CHECK(workspace.peak_bytes() ==
+        q::matmul_workspace_bytes(q::matmul_kind::input_grad, F, options.block_size, M, N, K, sizeof(T), false, config));
+  for (std::int64_t m = 0; m < M; ++m)
+    for (std::int64_t k = 0; k < K; ++k) {
+      double expected = 0, magnitude = 0;
+      for (std::int64_t n = 0; n < N; ++n) {
+        const double term = static_cast<double>(memkit::to_float(dy[static_cast<std::size_t>(m * N + n)])) *
+                            dense[static_cast<std::size_t>(n * K + k)];
+        expected += term;
+        magnitude += std::fabs(term);
+      }
+      CHECK(std::fabs(memkit::to_float(dx[static_cast<std::size_t>(m * K + k)]) - expected) <= tolerance * (magnitude + 1e-3));
+    }
+}
+}  // namespace
+
+TEST_CASE("quant matmul: y = x W^T and dx = dy W match a dense reference") {
+  const q::matmul_config small_tiles{300, 8};  // several tiles, rows of W split across none
+  const q::matmul_config default_tiles{};
+  check_against_dense<q::NF4, float>(5, 37, 130, {64, true}, small_tiles);
+  check_against_dense<q::NF4, float>(1, 64, 256, {64, false}, default_tiles);
+  check_against_dense<q::FP4, memkit::bf16>(17, 40, 96, {32, false}, small_tiles);
+  check_against_dense<q::INT8, memkit::fp16>(3, 33, 65, {128, true}, small_tiles);
+  check_against_dense<q::NF4, memkit::bf16>(9, 128, 512, {256, true}, default_tiles);
+  // Small batches with whole-block rows take the fused decode-in-the-dot-product path, in each of its
+  // implementations (AVX-512, AVX2, portable; the SIMD ones where the CPU has them).
+  for (int simd : {2, 1, 0}) {
+    CAPTURE(simd);
+    const q::matmul_config fused{1 << 16, 8, simd};
+    check_against_dense<q::FP4, memkit::fp16>(3, 50, 128, {32, true}, fused);
+    check_against_dense<q::NF4, memkit::bf16>(4, 20, 256, {128, false}, fused);
+    check_against_dense<q::NF4, float>(2, 7, 4096, {4096, true}, fused);
+    check_against_dense<q::NF4, memkit::bf16>(8, 16, 64, {64, true}, fused);
+  }
+}
+
+TEST_CASE("quant matmul: shape errors name the operation and the shapes") {
+  const std::vector<float> weights = uniform_values(8 * 16, 4);
+  const auto w = q::quantized_tensor<q::NF4>::quantize(host, host_view(weights.data(), {8, 16}), {32, false},
+                                                       memkit::default_host_resource());
+  std::vector<float> x(2 * 15), y(2 * 8);
+  CHECK_THROWS_WITH_AS(q::matmul(host, host_view(x.data(), {2, 15}), w, host_view(y.data(), {2, 8}),
+                                 memkit::default_host_resource()),
+                       doctest::Contains("quant::matmul: input has shape [2, 15] but the weight [8, 16] needs a last dimension of 16"),
+                       memkit::error);
+  std::vector<float> x2(2 * 16), y2(2 * 7);
+  CHECK_THROWS_WITH_AS(q::matmul(host, host_view(x2.data(), {2, 16}), w, host_view(y2.data(), {2, 7}),
+                                 memkit::default_host_resource()),
+                       doctest::Contains("output has shape [2, 7] but needs 2 rows of 8"), memkit::error);
+}
