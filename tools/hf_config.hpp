@@ -8,44 +8,46 @@
 
 #include <memkit/budget/model.hpp>
 
-#include "json_reader.hpp"
+#include <memkit/io/json.hpp>
 
 namespace memkit_tools {
+
+using json_value = memkit::json::value;
 
 namespace detail {
 inline std::uint64_t positive_integer(const json_value& config, const char* key, const char* model_type) {
   const json_value* v = config.find(key);
-  if (v == nullptr || v->type == json_value::kind::null)
+  if (v == nullptr || v->is_null())
     throw memkit::error(std::string("config.json (model_type ") + model_type + "): missing field '" + key + "'");
-  if (v->type != json_value::kind::number || v->number != std::floor(v->number))
+  // Integral values written as floats (4096.0) are accepted; fractions are not.
+  if (!v->is_number() || v->as_double() != std::floor(v->as_double()))
     throw memkit::error(std::string("config.json: field '") + key + "' must be an integer");
-  if (v->number <= 0)
-    throw memkit::error(std::string("config.json: field '") + key + "' must be positive, got " + v->text);
-  if (v->number > 1e15) throw memkit::error(std::string("config.json: field '") + key + "' is too large");
-  return static_cast<std::uint64_t>(v->number);
+  if (v->as_double() <= 0)
+    throw memkit::error(std::string("config.json: field '") + key + "' must be positive, got " + v->number_text());
+  if (v->as_double() > 1e15) throw memkit::error(std::string("config.json: field '") + key + "' is too large");
+  return static_cast<std::uint64_t>(v->as_double());
 }
 inline std::uint64_t optional_integer(const json_value& config, const char* key, std::uint64_t fallback,
                                       const char* model_type) {
   const json_value* v = config.find(key);
-  if (v == nullptr || v->type == json_value::kind::null) return fallback;
+  if (v == nullptr || v->is_null()) return fallback;
   return positive_integer(config, key, model_type);
 }
 inline bool optional_bool(const json_value& config, const char* key, bool fallback) {
   const json_value* v = config.find(key);
-  if (v == nullptr || v->type == json_value::kind::null) return fallback;
-  if (v->type != json_value::kind::boolean) throw memkit::error(std::string("config.json: field '") + key + "' must be true or false");
-  return v->boolean;
+  if (v == nullptr || v->is_null()) return fallback;
+  if (!v->is_bool()) throw memkit::error(std::string("config.json: field '") + key + "' must be true or false");
+  return v->as_bool();
 }
 }  // namespace detail
 
 // `name` must outlive the returned description (it keeps a view of it).
 inline memkit::budget::model_config model_from_hf_config(const json_value& config, const std::string& name) {
   using namespace memkit::budget;
-  if (config.type != json_value::kind::object) throw memkit::error("config.json: expected a JSON object");
+  if (!config.is_object()) throw memkit::error("config.json: expected a JSON object");
   const json_value* type_field = config.find("model_type");
-  if (type_field == nullptr || type_field->type != json_value::kind::string)
-    throw memkit::error("config.json: missing field 'model_type'");
-  const std::string& type = type_field->text;
+  if (type_field == nullptr || !type_field->is_string()) throw memkit::error("config.json: missing field 'model_type'");
+  const std::string& type = type_field->as_string();
   const char* t = type.c_str();
   using detail::optional_bool;
   using detail::optional_integer;
@@ -72,8 +74,8 @@ inline memkit::budget::model_config model_from_hf_config(const json_value& confi
       m.fused_gate_up = true;
     }
     const json_value* act = config.find("hidden_activation");
-    if (act == nullptr || act->type != json_value::kind::string) act = config.find("hidden_act");
-    if (act != nullptr && act->type == json_value::kind::string && act->text.rfind("gelu", 0) == 0)
+    if (act == nullptr || !act->is_string()) act = config.find("hidden_act");
+    if (act != nullptr && act->is_string() && act->as_string().rfind("gelu", 0) == 0)
       m.mlp = mlp_kind::geglu;
   } else {
     throw memkit::error("config.json: unsupported model_type '" + type +

@@ -13,7 +13,6 @@
 #include <vector>
 
 #include "hf_config.hpp"
-#include "json_reader.hpp"
 
 namespace {
 
@@ -213,21 +212,6 @@ std::string gpu_names() {
   return names;
 }
 
-std::string json_escape(std::string_view text) {
-  std::string out;
-  for (char c : text) {
-    if (c == '"' || c == '\\') out += '\\';
-    if (static_cast<unsigned char>(c) < 0x20) {
-      char code[8];
-      std::snprintf(code, sizeof code, "\\u%04x", c);
-      out += code;
-      continue;
-    }
-    out += c;
-  }
-  return out;
-}
-
 std::string breakdown_json(const breakdown& b) {
   std::string out = "{";
   for (int c = 0; c < category_count; ++c) {
@@ -331,7 +315,7 @@ int run(int argc, char** argv) {
     model = *preset;
   } else {
     model_name = o.config_path;
-    model = memkit_tools::model_from_hf_config(memkit_tools::parse_json(read_file(o.config_path)), model_name);
+    model = memkit_tools::model_from_hf_config(memkit::json::parse(read_file(o.config_path), "config.json"), model_name);
   }
   training_plan& plan = o.plan;
   if (!o.sequence_given && model.is_gpt2() && model.max_positions < plan.sequence) plan.sequence = model.max_positions;
@@ -353,7 +337,7 @@ int run(int argc, char** argv) {
   if (o.want_plan) steps = plan_ladder(model, *gpu, plan);
 
   if (o.want_json) {
-    std::string out = "{\"model\": \"" + json_escape(model.name) + "\"";
+    std::string out = "{\"model\": " + memkit::json::quote(model.name);
     out += ", \"parameters\": " + std::to_string(e.parameters);
     out += ", \"trainable_parameters\": " + std::to_string(e.trainable_parameters);
     out += ", \"peak_device_bytes\": " + std::to_string(e.peak_device_bytes);
