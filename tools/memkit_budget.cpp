@@ -5,6 +5,7 @@
 #include <memkit/core/units.hpp>
 
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <optional>
@@ -203,6 +204,9 @@ std::string read_file(const std::string& path) {
   if (!file) throw memkit::error("cannot read '" + path + "'");
   std::stringstream buffer;
   buffer << file.rdbuf();
+  // A directory opens as a stream on Linux but reads nothing: say so instead of "invalid JSON".
+  if (file.bad() || (buffer.str().empty() && std::filesystem::is_directory(path)))
+    throw memkit::error("cannot read '" + path + "': it is a directory");
   return buffer.str();
 }
 

@@ -114,6 +114,7 @@ elseif(MODE STREQUAL "bad_input")
     "--config;${DATA}/bad_negative.json"
     "--config;${DATA}/bad_syntax.json"
     "--config;${DATA}/does_not_exist.json"
+    "--config;${DATA}"
     "--preset;gpt2-124m;--gpu;v100"
     "--preset;no-such-model"
     "--preset;gpt2-124m;--batch;-2"
