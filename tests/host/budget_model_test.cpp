@@ -72,10 +72,14 @@ TEST_CASE("budget: NF4 and optimizer-state byte formulas") {
   CHECK(bits_dq == doctest::Approx(4.127).epsilon(0.001));
   const double bits = 8.0 * static_cast<double>(nf4_bytes(n, 64, false)) / static_cast<double>(n);
   CHECK(bits == doctest::Approx(4.5).epsilon(0.001));
-  CHECK(nf4_bytes(65, 64, false) == 33 + 2 * 4 + 64);  // odd tail pads a nibble, partial block has an absmax
-  // 8-bit Adam: two 1-byte states + fp32 absmax per 256; small tensors keep 2 x fp32.
+  CHECK(nf4_bytes(65, 64, false) == 33 + 2 * 4);  // odd tail pads a nibble, partial block has an absmax
+  CHECK(nf4_bytes(65, 64, true) == 33 + 2 + 2 * 4);  // two code bytes, one nested absmax and the offset
+  // 8-bit Adam: two 1-byte states + fp32 absmax per 256; small tensors keep 2 x fp32. Segments are
+  // aligned to 64 bytes.
   CHECK(adam_8bit_state_bytes(4096) == 2 * (4096 + 16 * 4));
-  CHECK(adam_8bit_state_bytes(4095) == 2 * 4095 * 4);
+  CHECK(adam_8bit_state_bytes(4095) == 2 * 16384);  // 4095 x fp32 = 16380, padded to 16384
   CHECK(adam_4bit_state_bytes(4096) == 2 * (2048 + 32 * 4));
+  CHECK(adam_fp32_state_bytes(1000) == 2 * 4032);  // 4000 padded to 4032
+  CHECK(adam_bf16_state_bytes(4096) == 2 * 8192);
   CHECK(int8_bytes(4096 * 11008, 4096) == 4096ull * 11008 + 11008 * 4);
 }

@@ -1,60 +1,65 @@
-// memkit/budget/component_bytes.hpp — bytes of quantized weights and quantized optimizer state.
+// memkit/budget/component_bytes.hpp — bytes of quantized weights and optimizer state, taken from the
+// components that allocate them.
 //
-// Stand-ins: the quantization and optimizer components (built on their own branches) will own the
-// authoritative `bytes_required` functions for these layouts; when they are merged the budget
-// switches over to them. Until then these follow the layouts in shared/REFERENCE.md:
-//   NF4/FP4 weight (bitsandbytes): ceil(n/2) packed bytes, 16-entry fp32 code map, and per block of
-//     `block_size` either one fp32 absmax, or with double quantization one uint8 code per block plus
-//     per 256 blocks one fp32 second-level absmax, a 256-entry fp32 second-level map and an fp32 offset.
-//   int8 weight: one byte per element and one fp32 scale per block (per row for LLM.int8).
-//   8-bit / 4-bit blockwise optimizer state: codes plus one fp32 absmax per block; tensors with fewer
-//     than 4096 elements keep fp32 state.
+// memory_budget predicts what memkit itself allocates, so these are not formulas of their own: each
+// forwards to the component's constexpr bytes_required / tensor_bytes (quant/quantized_tensor.hpp,
+// optim/adam_state.hpp). A change in a component's layout changes the budget with it, and the tests
+// that compare the budget with a tracking_resource keep the two honest.
+//   NF4/FP4 weight: ceil(n/2) packed bytes, and per block of `block_size` one fp32 absmax, or with double
+//     quantization one uint8 code per block plus one fp32 absmax per 256 blocks and an fp32 offset.
+//     (The 16-entry code map is a constant of the program, not an allocation.)
+//   int8 weight: one byte per element and one fp32 absmax per block.
+//   Adam state: two moments per tensor (fp32, bf16, or codes plus one fp32 absmax per block per moment),
+//     each segment aligned to 64 bytes; tensors with fewer than 4096 elements keep fp32 moments.
 #pragma once
 
 #include <cstdint>
 
 #include "memkit/config.hpp"
+#include "memkit/core/tensor_view.hpp"
+#include "memkit/optim/adam_state.hpp"
+#include "memkit/quant/quantized_tensor.hpp"
 
 MEMKIT_NAMESPACE_BEGIN
 namespace budget {
 
 constexpr std::uint64_t ceil_div(std::uint64_t a, std::uint64_t b) noexcept { return b == 0 ? 0 : (a + b - 1) / b; }
 
-inline constexpr std::uint64_t nested_block_size = 256;     // double quantization's second-level block
-inline constexpr std::uint64_t small_tensor_elements = 4096;  // below this, optimizer state stays fp32
+namespace detail {
+template <quant::format F>
+constexpr std::uint64_t quantized_weight_bytes(std::uint64_t elements, std::uint64_t block_size, bool double_quant) noexcept {
+  return quant::quantized_tensor<F>::bytes_required(
+      shape{static_cast<std::int64_t>(elements)},
+      quant::quant_options{static_cast<std::int64_t>(block_size), double_quant});
+}
+}  // namespace detail
 
 // An NF4 (or FP4) weight of `elements` values, quantized in blocks of `block_size`.
 constexpr std::uint64_t nf4_bytes(std::uint64_t elements, std::uint64_t block_size, bool double_quant) noexcept {
-  const std::uint64_t blocks = ceil_div(elements, block_size);
-  const std::uint64_t packed = ceil_div(elements, 2);
-  const std::uint64_t code_map = 16 * 4;
-  if (!double_quant) return packed + blocks * 4 + code_map;
-  const std::uint64_t nested = ceil_div(blocks, nested_block_size) * 4 + 256 * 4 + 4;
-  return packed + blocks + nested + code_map;
+  return detail::quantized_weight_bytes<quant::NF4>(elements, block_size, double_quant);
 }
 constexpr std::uint64_t fp4_bytes(std::uint64_t elements, std::uint64_t block_size, bool double_quant) noexcept {
-  return nf4_bytes(elements, block_size, double_quant);
+  return detail::quantized_weight_bytes<quant::FP4>(elements, block_size, double_quant);
 }
-
-// An int8 weight with one fp32 scale per block of `block_size` (the row length for LLM.int8).
+// An int8 weight with one fp32 absmax per block of `block_size` (the row length for LLM.int8-style rows).
 constexpr std::uint64_t int8_bytes(std::uint64_t elements, std::uint64_t block_size) noexcept {
-  return elements + ceil_div(elements, block_size) * 4;
+  return detail::quantized_weight_bytes<quant::INT8>(elements, block_size, false);
 }
 
-// One optimizer state tensor quantized to `bits` (8 or 4) per element, fp32 absmax per block;
-// small tensors keep the state in fp32.
-constexpr std::uint64_t quantized_state_bytes(std::uint64_t elements, unsigned bits, std::uint64_t block_size) noexcept {
-  if (elements < small_tensor_elements) return elements * 4;
-  return ceil_div(elements * bits, 8) + ceil_div(elements, block_size) * 4;
+// Adam's two moments for one tensor of `elements`, as adam_state allocates them.
+constexpr std::uint64_t adam_fp32_state_bytes(std::uint64_t elements) noexcept {
+  return adam_state<float>::tensor_bytes(static_cast<std::int64_t>(elements));
 }
-
-// Adam's two states, blockwise 8-bit (bitsandbytes, block 256).
-constexpr std::uint64_t adam_8bit_state_bytes(std::uint64_t elements, std::uint64_t block_size = 256) noexcept {
-  return 2 * quantized_state_bytes(elements, 8, block_size);
+constexpr std::uint64_t adam_bf16_state_bytes(std::uint64_t elements) noexcept {
+  return adam_state<bf16>::tensor_bytes(static_cast<std::int64_t>(elements));
 }
-// Adam's two states, blockwise 4-bit (torchao AdamW4bit, block 128).
-constexpr std::uint64_t adam_4bit_state_bytes(std::uint64_t elements, std::uint64_t block_size = 128) noexcept {
-  return 2 * quantized_state_bytes(elements, 4, block_size);
+// Blockwise 8-bit (bitsandbytes' current block 256).
+constexpr std::uint64_t adam_8bit_state_bytes(std::uint64_t elements) noexcept {
+  return adam_state<std::int8_t, 256>::tensor_bytes(static_cast<std::int64_t>(elements));
+}
+// Blockwise 4-bit (torchao AdamW4bit, block 128).
+constexpr std::uint64_t adam_4bit_state_bytes(std::uint64_t elements) noexcept {
+  return adam_state<four_bit, 128>::tensor_bytes(static_cast<std::int64_t>(elements));
 }
 
 }  // namespace budget

@@ -136,8 +136,8 @@ constexpr std::uint64_t frozen_weight_bytes(const parameter_tensor& t, const wei
 constexpr std::uint64_t optimizer_state_bytes(const parameter_tensor& t, optimizer_kind o, bool pure_16bit) noexcept {
   const std::uint64_t n = t.elements();
   switch (o) {
-    case optimizer_kind::adamw: return 8 * n;
-    case optimizer_kind::adamw_bf16: return 4 * n;
+    case optimizer_kind::adamw: return adam_fp32_state_bytes(n);
+    case optimizer_kind::adamw_bf16: return adam_bf16_state_bytes(n);
     case optimizer_kind::adamw_8bit: return adam_8bit_state_bytes(n);
     case optimizer_kind::adamw_4bit: return adam_4bit_state_bytes(n);
     case optimizer_kind::sgd_momentum: return (pure_16bit ? 2 : 4) * n;
