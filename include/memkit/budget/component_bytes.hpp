@@ -62,5 +62,14 @@ constexpr std::uint64_t adam_4bit_state_bytes(std::uint64_t elements) noexcept {
   return adam_state<four_bit, 128>::tensor_bytes(static_cast<std::int64_t>(elements));
 }
 
+// adam_state's fixed part, once per state: its control block and the gradient-norm scratch, which has
+// adam_reduction_chunks(n) entries per tensor of n elements.
+constexpr std::uint64_t adam_reduction_chunks(std::uint64_t elements) noexcept {
+  return static_cast<std::uint64_t>(memkit::detail::reduction_chunks(static_cast<std::int64_t>(elements)));
+}
+constexpr std::uint64_t adam_overhead_bytes(std::uint64_t total_reduction_chunks) noexcept {
+  return adam_state<float>::overhead_bytes(static_cast<std::int64_t>(total_reduction_chunks));
+}
+
 }  // namespace budget
 MEMKIT_NAMESPACE_END

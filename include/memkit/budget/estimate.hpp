@@ -167,8 +167,10 @@ constexpr parameter_totals parameter_bytes(const model_config& m, const training
   const std::uint64_t weight_bytes = p.precision == precision_mode::fp32 ? 4 : 2;
   const bool pure_16bit = p.precision == precision_mode::bf16;
   std::uint64_t largest_trainable = 0;
+  std::uint64_t adam_chunks = 0;
   auto trainable = [&](const parameter_tensor& t) {
     const std::uint64_t n = t.elements();
+    adam_chunks += adam_reduction_chunks(n) * t.count;
     const std::uint64_t w = round_up(weight_bytes * n, g), grad = round_up(weight_bytes * n, g);
     r.weights += w * t.count;
     r.gradients += grad * t.count;
@@ -197,6 +199,10 @@ constexpr parameter_totals parameter_bytes(const model_config& m, const training
     });
     for_each_lora_parameter(m, p.lora.rank, p.lora.targets, trainable);
   }
+  // memkit's adam_state adds one control block and its gradient-norm scratch per state.
+  const bool adam = p.optimizer == optimizer_kind::adamw || p.optimizer == optimizer_kind::adamw_bf16 ||
+                    p.optimizer == optimizer_kind::adamw_8bit || p.optimizer == optimizer_kind::adamw_4bit;
+  if (adam) r.optimizer += round_up(adam_overhead_bytes(adam_chunks), g);
   // PyTorch's foreach AdamW materialises an fp32 temporary the size of all parameters (sqrt of v);
   // Adafactor builds fp32 temporaries per tensor; fused and blockwise optimizers work in place.
   if (!p.fused_optimizer) {
