@@ -46,8 +46,8 @@ fi
 
 case ${1:-} in
   example)
-    cmake --build "$build_dir" -j "$jobs" --target memkit_example_memory_report
-    "$build_dir"/examples/memkit_example_memory_report
+    cmake --build "$build_dir" -j "$jobs" --target memkit_example_train_quantized
+    "$build_dir"/examples/memkit_example_train_quantized
     ;;
   test)
     cmake --build "$build_dir" -j "$jobs"

@@ -1,6 +1,5 @@
 // memory_report: allocate the memory of a small mixed-precision training setup through a
-// tracking_resource and print what it holds. (The end-to-end QLoRA example replaces this one as
-// the main example once the components exist.)
+// tracking_resource and print what it holds.
 #include <memkit/memkit.hpp>
 
 #include <cstdio>
