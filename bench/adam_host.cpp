@@ -1,60 +1,41 @@
 // Host AdamW step throughput for fp32, bf16, 8-bit (block 256 and 2048) and 4-bit state, on the same
 // fp32 parameters and gradients. Reports the bytes one step moves per second and the fraction of the
-// measured host bandwidth (STREAM triad, all threads; the step runs on one thread).
-//
-// Bytes per parameter per step (fp32 params and grads): the norm pass reads the gradient (4); the
-// update reads the gradient (4), reads and writes the parameter (8) and reads and writes both moments:
-// fp32 16, bf16 8, 8-bit 4 + 16/block (two fp32 absmax read and written per block), 4-bit 2 + 16/block.
+// measured host bandwidth (STREAM triad, all threads; the step runs on one thread). The byte model is
+// in support/adam_bench.hpp, shared with bench/adam_cuda.cu.
 #include <benchmark/benchmark.h>
 #include <memkit/memkit.hpp>
 
 #include <cstdint>
-#include <random>
 #include <vector>
 
+#include "support/adam_bench.hpp"
 #include "support/roofline.hpp"
 
 namespace {
 
 template <class S>
-double moment_bytes_per_parameter() {
-  using traits = memkit::adam_state_traits<typename S::state_type>;
-  if constexpr (!traits::quantized) return 2.0 * 2.0 * sizeof(typename traits::moment_type);
-  else return 2.0 * 2.0 * traits::bits / 8.0 + 2.0 * 2.0 * sizeof(float) / S::block_size;
-}
-
-template <class S>
 void BM_adam_step_host(benchmark::State& state) {
   const std::int64_t n = state.range(0);
-  std::mt19937 rng(1);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::vector<float> p(static_cast<std::size_t>(n)), g(static_cast<std::size_t>(n));
-  for (float& x : p) x = 0.1f * normal(rng);
-  for (float& x : g) x = 0.01f * normal(rng);
+  auto [p, g] = memkit_bench::make_adam_inputs(n);
   S adam(memkit::host, memkit::default_host_resource(), std::vector<std::int64_t>{n});
   const std::vector<memkit::adam_param<float, float>> params{{memkit::host_view(p), memkit::host_view(g)}};
   const std::vector<memkit::adam_group> groups{memkit::adam_group{}};
   adam.step(memkit::host, params, groups);  // warm-up: first touch of the state
-  const double bytes = static_cast<double>(n) * (4.0 + 4.0 + 8.0 + moment_bytes_per_parameter<S>());
+  const double bytes = static_cast<double>(n) * memkit_bench::adam_step_bytes_per_parameter<S>();
   const memkit_bench::roofline_timer timer(memkit_bench::measured_host_bandwidth());
   for (auto _ : state) {
     adam.step(memkit::host, params, groups);
     benchmark::ClobberMemory();
   }
   state.SetBytesProcessed(static_cast<std::int64_t>(bytes) * state.iterations());
-  state.counters["bytes_per_param"] = bytes / static_cast<double>(n);
-  state.counters["state_bytes"] = static_cast<double>(adam.bytes());
+  memkit_bench::report_adam_state_counters(state, bytes, n, adam);
   state.counters["ns_per_param"] =
       benchmark::Counter(static_cast<double>(n) * 1e-9, benchmark::Counter::kIsIterationInvariantRate |
                                                              benchmark::Counter::kInvert);
   timer.finish(state, bytes);
 }
 
-using fp32_state = memkit::adam_state<float>;
-using bf16_state = memkit::adam_state<memkit::bf16>;
-using int8_256_state = memkit::adam_state<std::int8_t, 256>;
-using int8_2048_state = memkit::adam_state<std::int8_t, 2048>;
-using int4_state = memkit::adam_state<memkit::four_bit, 128>;
+using namespace memkit_bench::adam_flavours;
 
 }  // namespace
 

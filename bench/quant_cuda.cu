@@ -7,11 +7,10 @@
 #include <benchmark/benchmark.h>
 #include <memkit/memkit.hpp>
 
-#include <cstdio>
 #include <random>
 #include <vector>
 
-#include "support/roofline.hpp"
+#include "support/cuda_timing.hpp"
 
 namespace q = memkit::quant;
 
@@ -21,51 +20,9 @@ constexpr std::int64_t kValues = std::int64_t{1} << 28;
 constexpr std::int64_t kBlock = 64;
 
 template <class Body>
-double seconds_with_events(Body&& body) {
-  cudaEvent_t start, stop;
-  MEMKIT_CUDA_CHECK(cudaEventCreate(&start));
-  MEMKIT_CUDA_CHECK(cudaEventCreate(&stop));
-  MEMKIT_CUDA_CHECK(cudaEventRecord(start));
-  body();
-  MEMKIT_CUDA_CHECK(cudaEventRecord(stop));
-  MEMKIT_CUDA_CHECK(cudaEventSynchronize(stop));
-  float ms = 0;
-  MEMKIT_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-  MEMKIT_CUDA_CHECK(cudaEventDestroy(start));
-  MEMKIT_CUDA_CHECK(cudaEventDestroy(stop));
-  return ms / 1e3;
-}
-
-// Measured device copy bandwidth (read + write bytes per second), once per process.
-double measured_device_bandwidth() {
-  static const double bandwidth = [] {
-    memkit::device_resource device;
-    const std::size_t bytes = std::size_t{1} << 30;
-    memkit::buffer<std::byte> a(device, memkit::shape{static_cast<std::int64_t>(bytes)}),
-        b(device, memkit::shape{static_cast<std::int64_t>(bytes)});
-    double best = 0;
-    for (int i = 0; i < 5; ++i) {
-      const double s = seconds_with_events(
-          [&] { MEMKIT_CUDA_CHECK(cudaMemcpyAsync(b.data(), a.data(), bytes, cudaMemcpyDeviceToDevice)); });
-      best = std::max(best, 2.0 * bytes / s);
-    }
-    return best;
-  }();
-  return bandwidth;
-}
-
-template <class Body>
 void run_timed(benchmark::State& state, Body&& body, double bytes) {
-  body();  // warm-up
-  double total = 0;
-  for (auto _ : state) {
-    const double s = seconds_with_events(body);
-    state.SetIterationTime(s);
-    total += s;
-  }
-  state.SetBytesProcessed(static_cast<std::int64_t>(bytes) * state.iterations());
-  memkit_bench::roofline_timer::report(state, bytes * static_cast<double>(state.iterations()), total,
-                                       measured_device_bandwidth());
+  const double seconds = memkit_bench::time_with_events(state, body);
+  memkit_bench::report_device_throughput(state, bytes, seconds, memkit_bench::measured_device_bandwidth());
 }
 
 __global__ void fill_normalish(memkit::bf16* out, std::int64_t n) {
@@ -141,29 +98,18 @@ void BM_cuda_matmul_dense_bf16(benchmark::State& state) {
   cublasDestroy(handle);
 }
 
-bool have_device() {
-  int count = 0;
-  return cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
-  benchmark::Initialize(&argc, argv);
-  if (!have_device()) {
-    std::printf("memkit_bench_quant_cuda: no CUDA device; nothing measured\n");
-    return 0;
-  }
-  benchmark::RegisterBenchmark("BM_cuda_quantize/nf4", BM_cuda_quantize<q::NF4>)->UseManualTime()->Unit(benchmark::kMillisecond);
-  benchmark::RegisterBenchmark("BM_cuda_quantize/int8", BM_cuda_quantize<q::INT8>)->UseManualTime()->Unit(benchmark::kMillisecond);
-  benchmark::RegisterBenchmark("BM_cuda_dequantize/nf4", BM_cuda_dequantize<q::NF4>)->UseManualTime()->Unit(benchmark::kMillisecond);
-  benchmark::RegisterBenchmark("BM_cuda_dequantize/fp4", BM_cuda_dequantize<q::FP4>)->UseManualTime()->Unit(benchmark::kMillisecond);
-  benchmark::RegisterBenchmark("BM_cuda_dequantize/int8", BM_cuda_dequantize<q::INT8>)->UseManualTime()->Unit(benchmark::kMillisecond);
-  for (int m : {1, 8, 256}) {
-    benchmark::RegisterBenchmark("BM_cuda_matmul_nf4", BM_cuda_matmul_nf4)->Arg(m)->UseManualTime()->Unit(benchmark::kMicrosecond);
-    benchmark::RegisterBenchmark("BM_cuda_matmul_dense_bf16", BM_cuda_matmul_dense_bf16)->Arg(m)->UseManualTime()->Unit(benchmark::kMicrosecond);
-  }
-  benchmark::RunSpecifiedBenchmarks();
-  benchmark::Shutdown();
-  return 0;
+  return memkit_bench::run_cuda_benchmarks(argc, argv, "memkit_bench_quant_cuda", [] {
+    benchmark::RegisterBenchmark("BM_cuda_quantize/nf4", BM_cuda_quantize<q::NF4>)->UseManualTime()->Unit(benchmark::kMillisecond);
+    benchmark::RegisterBenchmark("BM_cuda_quantize/int8", BM_cuda_quantize<q::INT8>)->UseManualTime()->Unit(benchmark::kMillisecond);
+    benchmark::RegisterBenchmark("BM_cuda_dequantize/nf4", BM_cuda_dequantize<q::NF4>)->UseManualTime()->Unit(benchmark::kMillisecond);
+    benchmark::RegisterBenchmark("BM_cuda_dequantize/fp4", BM_cuda_dequantize<q::FP4>)->UseManualTime()->Unit(benchmark::kMillisecond);
+    benchmark::RegisterBenchmark("BM_cuda_dequantize/int8", BM_cuda_dequantize<q::INT8>)->UseManualTime()->Unit(benchmark::kMillisecond);
+    for (int m : {1, 8, 256}) {
+      benchmark::RegisterBenchmark("BM_cuda_matmul_nf4", BM_cuda_matmul_nf4)->Arg(m)->UseManualTime()->Unit(benchmark::kMicrosecond);
+      benchmark::RegisterBenchmark("BM_cuda_matmul_dense_bf16", BM_cuda_matmul_dense_bf16)->Arg(m)->UseManualTime()->Unit(benchmark::kMicrosecond);
+    }
+  });
 }

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "memkit/memkit.hpp"
@@ -33,12 +34,25 @@ const std::vector<T>& normal_input() {
   return values;
 }
 
+// This benchmark thread's share of the kValues inputs, cut at block boundaries: first index and count.
+std::pair<std::int64_t, std::int64_t> thread_share(const benchmark::State& state) {
+  const std::int64_t begin = kValues * state.thread_index() / state.threads() / kBlock * kBlock;
+  const std::int64_t end = kValues * (state.thread_index() + 1) / state.threads() / kBlock * kBlock;
+  return {begin, end - begin};
+}
+
+// Bytes/s, values/s and the roofline fraction of one thread's loop over `n` values; call right after the loop.
+void report_throughput(benchmark::State& state, std::int64_t n, double bytes, const memkit_bench::roofline_timer& timer) {
+  state.SetBytesProcessed(static_cast<std::int64_t>(bytes) * state.iterations());
+  state.counters["values_per_s"] = benchmark::Counter(static_cast<double>(n) * static_cast<double>(state.iterations()),
+                                                      benchmark::Counter::kIsRate);
+  timer.finish(state, bytes);
+}
+
 template <q::format F, class T>
 void BM_quantize(benchmark::State& state) {
   const std::vector<T>& input = normal_input<T>();
-  const std::int64_t begin = kValues * state.thread_index() / state.threads() / kBlock * kBlock;
-  const std::int64_t end = kValues * (state.thread_index() + 1) / state.threads() / kBlock * kBlock;
-  const std::int64_t n = end - begin;
+  const auto [begin, n] = thread_share(state);
   std::vector<std::uint8_t> codes(static_cast<std::size_t>(q::code_bytes(F, n)));
   std::vector<float> absmax(static_cast<std::size_t>(q::block_count(n, kBlock)));
   const double bytes = static_cast<double>(n * sizeof(T) + codes.size() + absmax.size() * 4);
@@ -48,18 +62,13 @@ void BM_quantize(benchmark::State& state) {
                           memkit::host_view(codes), memkit::host_view(absmax));
     benchmark::ClobberMemory();
   }
-  state.SetBytesProcessed(static_cast<std::int64_t>(bytes) * state.iterations());
-  state.counters["values_per_s"] = benchmark::Counter(static_cast<double>(n) * static_cast<double>(state.iterations()),
-                                                      benchmark::Counter::kIsRate);
-  timer.finish(state, bytes);
+  report_throughput(state, n, bytes, timer);
 }
 
 template <q::format F, class T>
 void BM_dequantize(benchmark::State& state) {
   const std::vector<float>& input = normal_input<float>();
-  const std::int64_t begin = kValues * state.thread_index() / state.threads() / kBlock * kBlock;
-  const std::int64_t end = kValues * (state.thread_index() + 1) / state.threads() / kBlock * kBlock;
-  const std::int64_t n = end - begin;
+  const auto [begin, n] = thread_share(state);
   std::vector<std::uint8_t> codes(static_cast<std::size_t>(q::code_bytes(F, n)));
   std::vector<float> absmax(static_cast<std::size_t>(q::block_count(n, kBlock)));
   q::quantize_blockwise(memkit::host, F, memkit::host_view(input.data() + begin, {n}), kBlock,
@@ -73,10 +82,7 @@ void BM_dequantize(benchmark::State& state) {
                             kBlock, 0, memkit::host_view(out));
     benchmark::ClobberMemory();
   }
-  state.SetBytesProcessed(static_cast<std::int64_t>(bytes) * state.iterations());
-  state.counters["values_per_s"] = benchmark::Counter(static_cast<double>(n) * static_cast<double>(state.iterations()),
-                                                      benchmark::Counter::kIsRate);
-  timer.finish(state, bytes);
+  report_throughput(state, n, bytes, timer);
 }
 
 constexpr std::int64_t kN = 4096, kK = 4096;

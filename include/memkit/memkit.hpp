@@ -12,6 +12,7 @@
 #include "memkit/config.hpp"
 #include "memkit/core/execution.hpp"
 #include "memkit/core/float16.hpp"
+#include "memkit/core/rounded_math.hpp"
 #include "memkit/core/tensor_view.hpp"
 #include "memkit/core/units.hpp"
 #include "memkit/io/json.hpp"

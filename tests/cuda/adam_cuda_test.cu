@@ -7,11 +7,11 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
-#include <random>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "host/adam_support.hpp"
 #include "support/gpu_test.hpp"
 
 namespace {
@@ -22,20 +22,8 @@ using memkit::adam_state;
 using memkit::bf16;
 using memkit::fp16;
 
-std::vector<float> normal(std::size_t count, float scale, std::uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> distribution(0.0f, 1.0f);
-  std::vector<float> values(count);
-  for (float& x : values) x = distribution(rng) * scale;
-  return values;
-}
-
-template <class T>
-std::vector<T> convert(const std::vector<float>& values) {
-  std::vector<T> out;
-  for (float x : values) out.push_back(memkit::from_float<T>(x));
-  return out;
-}
+using adam_test::convert;
+using adam_test::normal;
 
 // A host vector and its copy in memory of `resource`'s kind.
 template <class T>
@@ -107,9 +95,7 @@ void check_host_device_agreement(memkit::memory_resource& state_resource, memkit
     if (with_master) differing += !masters[i].same();
   }
   CHECK(differing == 0);
-  const auto host_view = host_state.arena_view();
-  const std::vector<std::byte> host_bytes(host_view.data(), host_view.data() + host_view.size());
-  CHECK(state_bytes(device_state) == host_bytes);
+  CHECK(state_bytes(device_state) == adam_test::snapshot(host_state));
   CHECK(device_state.report(gpu).step == 3);
 }
 

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "support/gpu_test.hpp"
+#include "support/test_values.hpp"
 
 namespace q = memkit::quant;
 
@@ -34,10 +35,7 @@ memkit::buffer<T> to_device(memkit::memory_resource& resource, const std::vector
 // Random normal values with adversarial ones mixed in: exact ties for every threshold, zeros of both signs,
 // all-zero blocks, subnormals, huge values, block-maximum duplicates.
 std::vector<float> adversarial_input(std::int64_t count, std::int64_t block_size, unsigned seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::vector<float> values(static_cast<std::size_t>(count));
-  for (float& v : values) v = normal(rng);
+  std::vector<float> values = memkit_test::standard_normal(count, seed);
   const float specials[] = {0.0f, -0.0f, 1e-40f, -1e-40f, 3e38f, -3e38f, 0.8614784181118011f, -0.8480964004993439f,
                             0.03979014977812767f, 0.583333f, -0.0859375f, 0.00260417f, 1.0f, -1.0f};
   for (std::int64_t i = 0; i < count; i += 7) values[static_cast<std::size_t>(i)] = specials[(i / 7) % 14];
@@ -54,19 +52,12 @@ std::vector<float> adversarial_input(std::int64_t count, std::int64_t block_size
   return values;
 }
 
-template <class T>
-std::vector<T> narrow(const std::vector<float>& values) {
-  std::vector<T> out;
-  for (float v : values) out.push_back(memkit::from_float<T>(v));
-  return out;
-}
-
 template <class In, class Out>
 void check_host_device_equal(q::format fmt, std::int64_t count, std::int64_t block_size, unsigned seed) {
   CAPTURE(q::to_string(fmt));
   CAPTURE(count);
   CAPTURE(block_size);
-  const std::vector<In> input = narrow<In>(adversarial_input(count, block_size, seed));
+  const std::vector<In> input = memkit_test::convert<In>(adversarial_input(count, block_size, seed));
   const std::int64_t bytes = q::code_bytes(fmt, count), blocks = q::block_count(count, block_size);
 
   std::vector<std::uint8_t> host_codes(static_cast<std::size_t>(bytes));
@@ -196,10 +187,7 @@ void check_matmul_gpu(std::int64_t M, std::int64_t N, std::int64_t K) {
   CAPTURE(K);
   memkit::device_resource device;
   memkit::cuda_executor gpu{};
-  std::mt19937 weight_rng(5);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::vector<float> weights(static_cast<std::size_t>(N * K));
-  for (float& v : weights) v = normal(weight_rng);
+  std::vector<float> weights = memkit_test::standard_normal(N * K, 5);
   const auto w_host = q::quantized_tensor<q::NF4>::quantize(memkit::host, memkit::host_view(weights.data(), {N, K}),
                                                             {64, true}, memkit::default_host_resource());
   auto d_weights = to_device(device, weights);

@@ -8,25 +8,19 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
-#include <random>
 #include <vector>
+
+#include "support/test_values.hpp"
 
 namespace adam_test {
 
-inline std::vector<float> normal(std::size_t count, float scale, std::uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> distribution(0.0f, 1.0f);
-  std::vector<float> values(count);
-  for (float& x : values) x = distribution(rng) * scale;
-  return values;
-}
+using memkit_test::convert;
 
-template <class T>
-std::vector<T> convert(const std::vector<float>& values) {
-  std::vector<T> out;
-  out.reserve(values.size());
-  for (float x : values) out.push_back(memkit::from_float<T>(x));
-  return out;
+// Normal values with standard deviation `scale`.
+inline std::vector<float> normal(std::size_t count, float scale, std::uint32_t seed) {
+  std::vector<float> values = memkit_test::standard_normal(static_cast<std::int64_t>(count), seed);
+  for (float& x : values) x *= scale;
+  return values;
 }
 
 inline std::vector<float> to_floats(const auto& values) {

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "memkit/quant/blockwise.hpp"
+#include "support/test_values.hpp"
 
 namespace q = memkit::quant;
 using memkit::bf16;
@@ -44,29 +45,9 @@ std::vector<T> dequantize(q::format fmt, const quantized& data, std::int64_t blo
   return out;
 }
 
-std::vector<float> standard_normal(std::int64_t count, unsigned seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::vector<float> values(static_cast<std::size_t>(count));
-  for (float& v : values) v = normal(rng);
-  return values;
-}
+using memkit_test::standard_normal;
 
-// bitsandbytes' test metrics: mean |x - x'| and mean |x - x'| / (|x| + 1e-8).
-struct errors {
-  double absolute = 0, relative = 0;
-};
-errors round_trip_errors(const std::vector<float>& original, const std::vector<float>& restored) {
-  errors e;
-  for (std::size_t i = 0; i < original.size(); ++i) {
-    const double diff = std::fabs(static_cast<double>(original[i]) - restored[i]);
-    e.absolute += diff;
-    e.relative += diff / (std::fabs(static_cast<double>(original[i])) + 1e-8);
-  }
-  e.absolute /= static_cast<double>(original.size());
-  e.relative /= static_cast<double>(original.size());
-  return e;
-}
+using memkit_test::round_trip_errors;
 
 std::string message_of(auto&& body) {
   try {
@@ -165,7 +146,7 @@ TEST_CASE("quant blockwise: 1024x1024 standard-normal round trips stay within bi
     CAPTURE(q::to_string(b.fmt));
     CAPTURE(b.block);
     const quantized out = quantize(b.fmt, data, b.block);
-    const errors e = round_trip_errors(data, dequantize(b.fmt, out, b.block, 1024 * 1024));
+    const auto e = round_trip_errors(data, dequantize(b.fmt, out, b.block, 1024 * 1024));
     CAPTURE(e.absolute);
     CAPTURE(e.relative);
     CHECK(e.absolute < b.absolute);
@@ -227,7 +208,7 @@ TEST_CASE("quant blockwise: every supported block size, and a clear error for th
   for (std::int64_t block = 32; block <= 4096; block *= 2) {
     const quantized out = quantize(q::format::nf4, data, block);
     CHECK(out.absmax.size() == static_cast<std::size_t>((5000 + block - 1) / block));
-    const errors e = round_trip_errors(data, dequantize(q::format::nf4, out, block, 5000));
+    const auto e = round_trip_errors(data, dequantize(q::format::nf4, out, block, 5000));
     CHECK(e.absolute < 0.1);
   }
   for (std::int64_t bad : {0, 16, 48, 100, 8192}) {
@@ -326,18 +307,14 @@ TEST_CASE("quant blockwise: the branchless int8 encoder agrees with bitsandbytes
 
 TEST_CASE("quant blockwise: long blocks (the vectorized encoder) give exactly the per-element codes") {
   // Normal values plus exact thresholds, zeros of both signs, tiny and huge values, in fp32/bf16/fp16.
-  std::mt19937 rng(8);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::vector<float> data(4096 * 3 + 50);
-  for (float& v : data) v = normal(rng);
+  std::vector<float> data = standard_normal(4096 * 3 + 50, 8);
   const float specials[] = {0.0f, -0.0f, 1e-30f, -1e-30f, 0.8614784181118011f, -0.8480964004993439f, 0.583333f,
                             -0.0859375f, 0.00260417f, 0.29166667f};
   for (std::size_t i = 0; i < data.size(); i += 5) data[i] = specials[(i / 5) % 10];
   for (std::size_t i = 4096; i < 4096 + 64; ++i) data[i] = 0.0f;  // an all-zero block at block size 64
   auto check = [&](auto tag, q::format fmt, std::int64_t block) {
     using T = decltype(tag);
-    std::vector<T> input;
-    for (float v : data) input.push_back(memkit::from_float<T>(v));
+    const std::vector<T> input = memkit_test::convert<T>(data);
     const quantized out = quantize(fmt, input, block);
     for (std::size_t i = 0; i < input.size(); ++i) {
       const float absmax = out.absmax[i / static_cast<std::size_t>(block)];

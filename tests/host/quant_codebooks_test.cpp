@@ -2,6 +2,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -102,16 +103,23 @@ TEST_CASE("quant codebooks: FP4 magnitudes by bit pattern, sign only in bit 3") 
   CHECK(std::signbit(q::fp4_value(8)));           // and its kernels decode code 8 as -0
 }
 
+namespace {
+// `map` equals the table rebuilt from the recipe, entry by entry, and increases strictly.
+void check_rebuilt_and_increasing(const std::array<float, 256>& map, bool is_signed) {
+  const std::vector<float> rebuilt = rebuild_dynamic_map(is_signed);
+  REQUIRE(rebuilt.size() == 256);
+  for (int i = 0; i < 256; ++i) {
+    CAPTURE(i);
+    CHECK(map[i] == rebuilt[static_cast<std::size_t>(i)]);
+  }
+  for (int i = 0; i + 1 < 256; ++i) CHECK(map[i] < map[i + 1]);
+}
+}  // namespace
+
 TEST_CASE("quant codebooks: dynamic 8-bit maps match the 8-bit optimizers recipe and published properties") {
   SUBCASE("signed") {
     const auto& map = q::dynamic_map_signed;
-    const std::vector<float> rebuilt = rebuild_dynamic_map(true);
-    REQUIRE(rebuilt.size() == 256);
-    for (int i = 0; i < 256; ++i) {
-      CAPTURE(i);
-      CHECK(map[i] == rebuilt[static_cast<std::size_t>(i)]);
-    }
-    for (int i = 0; i + 1 < 256; ++i) CHECK(map[i] < map[i + 1]);
+    check_rebuilt_and_increasing(map, true);
     CHECK(map[127] == 0.0f);
     CHECK(map[255] == 1.0f);
     CHECK(map[0] == static_cast<float>(-0.99296875));
@@ -125,13 +133,7 @@ TEST_CASE("quant codebooks: dynamic 8-bit maps match the 8-bit optimizers recipe
   }
   SUBCASE("unsigned") {
     const auto& map = q::dynamic_map_unsigned;
-    const std::vector<float> rebuilt = rebuild_dynamic_map(false);
-    REQUIRE(rebuilt.size() == 256);
-    for (int i = 0; i < 256; ++i) {
-      CAPTURE(i);
-      CHECK(map[i] == rebuilt[static_cast<std::size_t>(i)]);
-    }
-    for (int i = 0; i + 1 < 256; ++i) CHECK(map[i] < map[i + 1]);
+    check_rebuilt_and_increasing(map, false);
     CHECK(map[0] == 0.0f);
     CHECK(map[255] == 1.0f);
     CHECK(map[1] == doctest::Approx(0.325e-6).epsilon(1e-6));  // 0.1 + 0.9/4 / 2 at 1e-6

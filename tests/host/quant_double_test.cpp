@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "memkit/quant/double_quant.hpp"
+#include "support/test_values.hpp"
 
 namespace q = memkit::quant;
 using memkit::host;
@@ -58,11 +59,9 @@ TEST_CASE("quant double: a hand-made set of scales") {
 }
 
 TEST_CASE("quant double: groups of 256 scales, the offset, and the decoding error") {
-  std::mt19937 rng(3);
-  std::uniform_real_distribution<float> uniform(0.5f, 4.0f);
   const std::int64_t blocks = 256 * 5 + 17;  // a partial last group
-  std::vector<float> absmax(static_cast<std::size_t>(blocks));
-  for (float& v : absmax) v = uniform(rng);
+  const std::vector<float> absmax =
+      memkit_test::random_values(blocks, 3, std::uniform_real_distribution<float>(0.5f, 4.0f));
   const nested out = quantize_scales(absmax);
   REQUIRE(out.group_absmax.size() == 6);
   double mean = 0;
@@ -84,11 +83,8 @@ TEST_CASE("quant double: groups of 256 scales, the offset, and the decoding erro
 }
 
 TEST_CASE("quant double: NF4 with double-quantized scales stays within bitsandbytes' bounds") {
-  std::mt19937 rng(77);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
   const std::int64_t n = 1024 * 1024;
-  std::vector<float> data(static_cast<std::size_t>(n));
-  for (float& v : data) v = normal(rng);
+  const std::vector<float> data = memkit_test::standard_normal(n, 77);
   for (std::int64_t block : {32, 64, 128}) {
     CAPTURE(block);
     const std::int64_t blocks = q::block_count(n, block);
@@ -101,14 +97,9 @@ TEST_CASE("quant double: NF4 with double-quantized scales stays within bitsandby
     std::vector<float> back(static_cast<std::size_t>(n));
     q::dequantize_blockwise(host, q::format::nf4, host_view(codes.data(), {n / 2}),
                             host_view(decoded_scales.data(), {blocks}), block, 0, host_view(back));
-    double absolute = 0, relative = 0;
-    for (std::size_t i = 0; i < data.size(); ++i) {
-      const double diff = std::fabs(static_cast<double>(data[i]) - back[i]);
-      absolute += diff;
-      relative += diff / (std::fabs(static_cast<double>(data[i])) + 1e-8);
-    }
-    CHECK(absolute / static_cast<double>(n) < 0.11);
-    CHECK(relative / static_cast<double>(n) < 0.28);
+    const auto e = memkit_test::round_trip_errors(data, back);
+    CHECK(e.absolute < 0.11);
+    CHECK(e.relative < 0.28);
   }
 }
 

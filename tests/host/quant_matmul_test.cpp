@@ -3,23 +3,35 @@
 
 #include <cmath>
 #include <cstdint>
-#include <random>
 #include <vector>
 
 #include "memkit/memory/tracking.hpp"
 #include "memkit/quant/matmul.hpp"
+#include "support/test_values.hpp"
 
 namespace q = memkit::quant;
 using memkit::host;
 using memkit::host_view;
 
+using memkit_test::uniform_values;
+
 namespace {
-std::vector<float> uniform_values(std::int64_t count, unsigned seed) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
-  std::vector<float> values(static_cast<std::size_t>(count));
-  for (float& v : values) v = uniform(rng);
-  return values;
+// Checks out[r, c] (rows x cols) against sum over i of a[r, i] * b(i, c), summed in double, within
+// `tolerance` times the sum of the terms' magnitudes.
+template <class T, class B>
+void check_product(const std::vector<T>& out, const std::vector<T>& a, std::int64_t rows, std::int64_t inner,
+                   std::int64_t cols, B b, double tolerance) {
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (std::int64_t c = 0; c < cols; ++c) {
+      double expected = 0, magnitude = 0;
+      for (std::int64_t i = 0; i < inner; ++i) {
+        const double term = static_cast<double>(memkit::to_float(a[static_cast<std::size_t>(r * inner + i)])) * b(i, c);
+        expected += term;
+        magnitude += std::fabs(term);
+      }
+      CHECK(std::fabs(memkit::to_float(out[static_cast<std::size_t>(r * cols + c)]) - expected) <=
+            tolerance * (magnitude + 1e-3));
+    }
 }
 
 template <q::format F, class T>
@@ -35,9 +47,8 @@ void check_against_dense(std::int64_t M, std::int64_t N, std::int64_t K, q::quan
                                                   memkit::default_host_resource());
   std::vector<float> dense(static_cast<std::size_t>(N * K));  // the reference may materialize W; matmul may not
   w.dequantize(host, host_view(dense));
-  std::vector<T> x, dy;
-  for (float v : uniform_values(M * K, 2)) x.push_back(memkit::from_float<T>(v));
-  for (float v : uniform_values(M * N, 3)) dy.push_back(memkit::from_float<T>(v));
+  const std::vector<T> x = memkit_test::convert<T>(uniform_values(M * K, 2));
+  const std::vector<T> dy = memkit_test::convert<T>(uniform_values(M * N, 3));
   const double tolerance = std::is_same_v<T, float> ? 1e-5 : 1e-2;  // fp32 sums vs bf16/fp16 outputs
 
   memkit::tracking_resource workspace(memkit::default_host_resource(), "matmul");
@@ -45,34 +56,16 @@ void check_against_dense(std::int64_t M, std::int64_t N, std::int64_t K, q::quan
   q::matmul(host, host_view(x.data(), {M, K}), w, host_view(y.data(), {M, N}), workspace, config);
   CHECK(workspace.peak_bytes() ==
         q::matmul_workspace_bytes(q::matmul_kind::forward, F, options.block_size, M, N, K, sizeof(T), false, config));
-  for (std::int64_t m = 0; m < M; ++m)
-    for (std::int64_t n = 0; n < N; ++n) {
-      double expected = 0, magnitude = 0;
-      for (std::int64_t k = 0; k < K; ++k) {
-        const double term = static_cast<double>(memkit::to_float(x[static_cast<std::size_t>(m * K + k)])) *
-                            dense[static_cast<std::size_t>(n * K + k)];
-        expected += term;
-        magnitude += std::fabs(term);
-      }
-      CHECK(std::fabs(memkit::to_float(y[static_cast<std::size_t>(m * N + n)]) - expected) <= tolerance * (magnitude + 1e-3));
-    }
+  check_product(y, x, M, K, N, [&](std::int64_t k, std::int64_t n) { return dense[static_cast<std::size_t>(n * K + k)]; },
+                tolerance);
 
   workspace.reset_peak();
   std::vector<T> dx(static_cast<std::size_t>(M * K));
   q::matmul_input_grad(host, host_view(dy.data(), {M, N}), w, host_view(dx.data(), {M, K}), workspace, config);
   CHECK(workspace.peak_bytes() ==
         q::matmul_workspace_bytes(q::matmul_kind::input_grad, F, options.block_size, M, N, K, sizeof(T), false, config));
-  for (std::int64_t m = 0; m < M; ++m)
-    for (std::int64_t k = 0; k < K; ++k) {
-      double expected = 0, magnitude = 0;
-      for (std::int64_t n = 0; n < N; ++n) {
-        const double term = static_cast<double>(memkit::to_float(dy[static_cast<std::size_t>(m * N + n)])) *
-                            dense[static_cast<std::size_t>(n * K + k)];
-        expected += term;
-        magnitude += std::fabs(term);
-      }
-      CHECK(std::fabs(memkit::to_float(dx[static_cast<std::size_t>(m * K + k)]) - expected) <= tolerance * (magnitude + 1e-3));
-    }
+  check_product(dx, dy, M, N, K, [&](std::int64_t n, std::int64_t k) { return dense[static_cast<std::size_t>(n * K + k)]; },
+                tolerance);
 }
 }  // namespace
 

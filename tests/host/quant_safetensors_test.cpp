@@ -5,7 +5,6 @@
 #include <cstdint>
 #include <cstdio>
 #include <fstream>
-#include <random>
 #include <string>
 #include <unistd.h>
 #include <vector>
@@ -14,6 +13,7 @@
 #include "memkit/io/safetensors.hpp"
 #include "memkit/memory/tracking.hpp"
 #include "memkit/quant/bnb_checkpoint.hpp"
+#include "support/test_values.hpp"
 
 namespace q = memkit::quant;
 namespace st = memkit::safetensors;
@@ -47,13 +47,7 @@ std::string open_error(const std::string& path) {
   return "(opened)";
 }
 
-std::vector<float> standard_normal(std::int64_t count, unsigned seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::vector<float> values(static_cast<std::size_t>(count));
-  for (float& v : values) v = normal(rng);
-  return values;
-}
+using memkit_test::standard_normal;
 
 }  // namespace
 

@@ -4,27 +4,19 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
-#include <random>
 #include <utility>
 #include <string>
 #include <vector>
 
 #include "memkit/memory/tracking.hpp"
 #include "memkit/quant/quantized_tensor.hpp"
+#include "support/test_values.hpp"
 
 namespace q = memkit::quant;
 using memkit::host;
 using memkit::host_view;
 
-namespace {
-std::vector<float> standard_normal(std::int64_t count, unsigned seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::vector<float> values(static_cast<std::size_t>(count));
-  for (float& v : values) v = normal(rng);
-  return values;
-}
-}  // namespace
+using memkit_test::standard_normal;
 
 // bytes_required is usable at compile time, e.g. by memory_budget.
 static_assert(q::quantized_tensor<q::NF4>::bytes_required(memkit::shape{4096, 4096}, {64, false}) ==

@@ -14,6 +14,7 @@
 
 #include "memkit/config.hpp"
 #include "memkit/core/float16.hpp"
+#include "memkit/core/rounded_math.hpp"
 
 MEMKIT_NAMESPACE_BEGIN
 
@@ -62,70 +63,6 @@ inline void validate(const loss_scaler_options& options, const std::string& wher
 }
 
 namespace detail {
-
-// Rounded arithmetic that the device compiler may not contract into FMAs (see the file comment).
-MEMKIT_HOST_DEVICE MEMKIT_FORCEINLINE float mul_rn(float a, float b) noexcept {
-#if MEMKIT_DEVICE_PASS
-  return __fmul_rn(a, b);
-#else
-  return a * b;
-#endif
-}
-MEMKIT_HOST_DEVICE MEMKIT_FORCEINLINE float add_rn(float a, float b) noexcept {
-#if MEMKIT_DEVICE_PASS
-  return __fadd_rn(a, b);
-#else
-  return a + b;
-#endif
-}
-MEMKIT_HOST_DEVICE MEMKIT_FORCEINLINE float sub_rn(float a, float b) noexcept {
-#if MEMKIT_DEVICE_PASS
-  return __fsub_rn(a, b);
-#else
-  return a - b;
-#endif
-}
-MEMKIT_HOST_DEVICE MEMKIT_FORCEINLINE float div_rn(float a, float b) noexcept {
-#if MEMKIT_DEVICE_PASS
-  return __fdiv_rn(a, b);
-#else
-  return a / b;
-#endif
-}
-MEMKIT_HOST_DEVICE MEMKIT_FORCEINLINE float sqrt_rn(float a) noexcept {
-#if MEMKIT_DEVICE_PASS
-  return __fsqrt_rn(a);
-#else
-  return std::sqrt(a);
-#endif
-}
-MEMKIT_HOST_DEVICE MEMKIT_FORCEINLINE double dmul_rn(double a, double b) noexcept {
-#if MEMKIT_DEVICE_PASS
-  return __dmul_rn(a, b);
-#else
-  return a * b;
-#endif
-}
-MEMKIT_HOST_DEVICE MEMKIT_FORCEINLINE double dadd_rn(double a, double b) noexcept {
-#if MEMKIT_DEVICE_PASS
-  return __dadd_rn(a, b);
-#else
-  return a + b;
-#endif
-}
-MEMKIT_HOST_DEVICE MEMKIT_FORCEINLINE double dsqrt_rn(double a) noexcept {
-#if MEMKIT_DEVICE_PASS
-  return __dsqrt_rn(a);
-#else
-  return std::sqrt(a);
-#endif
-}
-MEMKIT_HOST_DEVICE MEMKIT_FORCEINLINE bool is_finite(double x) noexcept {
-  return x - x == 0.0;  // false exactly for Inf and NaN; no libm call, same on host and device
-}
-MEMKIT_HOST_DEVICE MEMKIT_FORCEINLINE bool is_finite(float x) noexcept {
-  return (bit_cast<std::uint32_t>(x) & 0x7f800000u) != 0x7f800000u;
-}
 
 // base^exponent by repeated squaring in double: exact operation order, so host and device agree.
 MEMKIT_HOST_DEVICE inline double power(double base, std::int64_t exponent) noexcept {

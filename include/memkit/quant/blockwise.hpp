@@ -27,6 +27,7 @@
 #include "memkit/config.hpp"
 #include "memkit/core/execution.hpp"
 #include "memkit/core/float16.hpp"
+#include "memkit/core/rounded_math.hpp"
 #include "memkit/core/tensor_view.hpp"
 #include "memkit/memory/resource.hpp"
 #include "memkit/quant/codebooks.hpp"
@@ -94,36 +95,14 @@ MEMKIT_HOST_DEVICE constexpr std::int64_t code_bytes(format f, std::int64_t nume
 // --- per-element math, shared by host and device ---
 
 namespace detail {
-// Plain IEEE single operations. On the device they are spelled as intrinsics so that nvcc cannot contract
-// a multiply and an add into one FMA, which would round differently from the host.
-MEMKIT_HOST_DEVICE MEMKIT_FORCEINLINE float mul_rn(float a, float b) noexcept {
-#if MEMKIT_DEVICE_PASS
-  return __fmul_rn(a, b);
-#else
-  return a * b;
-#endif
-}
-MEMKIT_HOST_DEVICE MEMKIT_FORCEINLINE float add_rn(float a, float b) noexcept {
-#if MEMKIT_DEVICE_PASS
-  return __fadd_rn(a, b);
-#else
-  return a + b;
-#endif
-}
-MEMKIT_HOST_DEVICE MEMKIT_FORCEINLINE float sub_rn(float a, float b) noexcept {
-#if MEMKIT_DEVICE_PASS
-  return __fsub_rn(a, b);
-#else
-  return a - b;
-#endif
-}
-MEMKIT_HOST_DEVICE MEMKIT_FORCEINLINE float div_rn(float a, float b) noexcept {
-#if MEMKIT_DEVICE_PASS
-  return __fdiv_rn(a, b);
-#else
-  return a / b;
-#endif
-}
+// The explicitly rounded operations shared with the rest of memkit (core/rounded_math.hpp), so that
+// host and device round every step of the per-element math identically.
+using memkit::detail::add_rn;
+using memkit::detail::dadd_rn;
+using memkit::detail::div_rn;
+using memkit::detail::mul_rn;
+using memkit::detail::sub_rn;
+
 MEMKIT_HOST_DEVICE MEMKIT_FORCEINLINE float abs_value(float x) noexcept {
   return __builtin_bit_cast(float, __builtin_bit_cast(std::uint32_t, x) & 0x7fffffffu);
 }

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <array>
+#include <cstddef>
 #include <cstdint>
 
 #include "memkit/config.hpp"
@@ -19,25 +20,34 @@ MEMKIT_NAMESPACE_BEGIN
 
 namespace quant {
 
-// The 16 NF4 values, indexed by 4-bit code (code 7 is exactly 0, code 15 is exactly 1).
-inline constexpr std::array<float, 16> nf4_codebook = {
-    -1.0f,
-    -0.6961928009986877f,
-    -0.5250730514526367f,
-    -0.39491748809814453f,
-    -0.28444138169288635f,
-    -0.18477343022823334f,
-    -0.09105003625154495f,
-    0.0f,
-    0.07958029955625534f,
-    0.16093020141124725f,
-    0.24611230194568634f,
-    0.33791524171829224f,
-    0.44070982933044434f,
-    0.5626170039176941f,
-    0.7229568362236023f,
-    1.0f,
-};
+// NF4 value of a code (low 4 bits used): code 7 is exactly 0, code 15 is exactly 1.
+MEMKIT_HOST_DEVICE constexpr float nf4_value(std::uint8_t code) noexcept {
+  // A function-local table: legal in device code, unlike indexing the namespace-scope array.
+  constexpr float values[16] = {-1.0f,
+                                -0.6961928009986877f,
+                                -0.5250730514526367f,
+                                -0.39491748809814453f,
+                                -0.28444138169288635f,
+                                -0.18477343022823334f,
+                                -0.09105003625154495f,
+                                0.0f,
+                                0.07958029955625534f,
+                                0.16093020141124725f,
+                                0.24611230194568634f,
+                                0.33791524171829224f,
+                                0.44070982933044434f,
+                                0.5626170039176941f,
+                                0.7229568362236023f,
+                                1.0f};
+  return values[code & 0x0f];
+}
+
+// The 16 NF4 values, indexed by 4-bit code (the same table as nf4_value, for host code that wants an array).
+inline constexpr std::array<float, 16> nf4_codebook = [] {
+  std::array<float, 16> values{};
+  for (std::size_t code = 0; code < values.size(); ++code) values[code] = nf4_value(static_cast<std::uint8_t>(code));
+  return values;
+}();
 
 // FP4, indexed by code: bit 3 is the sign, bits 2..0 select a magnitude out of {0, 0.0625, 8, 12, 4, 6, 2, 3},
 // normalised by 12 (the largest) with one float32 division, as bitsandbytes builds its quant_map (whose
@@ -228,28 +238,6 @@ MEMKIT_HOST_DEVICE constexpr std::uint8_t nearest_nf4(float x) noexcept {
   }
   if (x > -0.6106329262256622f) return x > -0.4599952697753906f ? 3 : 2;
   return x > -0.8480964004993439f ? 1 : 0;
-}
-
-// NF4 value of a code (low 4 bits used).
-MEMKIT_HOST_DEVICE constexpr float nf4_value(std::uint8_t code) noexcept {
-  // A function-local table: legal in device code, unlike indexing the namespace-scope array.
-  constexpr float values[16] = {-1.0f,
-                                -0.6961928009986877f,
-                                -0.5250730514526367f,
-                                -0.39491748809814453f,
-                                -0.28444138169288635f,
-                                -0.18477343022823334f,
-                                -0.09105003625154495f,
-                                0.0f,
-                                0.07958029955625534f,
-                                0.16093020141124725f,
-                                0.24611230194568634f,
-                                0.33791524171829224f,
-                                0.44070982933044434f,
-                                0.5626170039176941f,
-                                0.7229568362236023f,
-                                1.0f};
-  return values[code & 0x0f];
 }
 
 // --- FP4 ---

@@ -32,20 +32,12 @@ namespace detail {
 
 inline constexpr int mean_lanes = 256;
 
-MEMKIT_HOST_DEVICE MEMKIT_FORCEINLINE double add_double_rn(double a, double b) noexcept {
-#if MEMKIT_DEVICE_PASS
-  return __dadd_rn(a, b);
-#else
-  return a + b;
-#endif
-}
-
 // Sum of scales [group*256, min(blocks, group*256+256)) in order, in double.
 MEMKIT_HOST_DEVICE inline double group_sum(const float* absmax, std::int64_t blocks, std::int64_t group) noexcept {
   const std::int64_t begin = group * nested_block_size;
   const std::int64_t end = begin + nested_block_size < blocks ? begin + nested_block_size : blocks;
   double sum = 0.0;
-  for (std::int64_t b = begin; b < end; ++b) sum = add_double_rn(sum, static_cast<double>(absmax[b]));
+  for (std::int64_t b = begin; b < end; ++b) sum = dadd_rn(sum, static_cast<double>(absmax[b]));
   return sum;
 }
 
@@ -53,7 +45,7 @@ MEMKIT_HOST_DEVICE inline double group_sum(const float* absmax, std::int64_t blo
 MEMKIT_HOST_DEVICE inline double lane_sum(const float* absmax, std::int64_t blocks, int lane) noexcept {
   double sum = 0.0;
   for (std::int64_t group = lane; group < nested_group_count(blocks); group += mean_lanes)
-    sum = add_double_rn(sum, group_sum(absmax, blocks, group));
+    sum = dadd_rn(sum, group_sum(absmax, blocks, group));
   return sum;
 }
 
@@ -89,7 +81,7 @@ __global__ void mean_offset_kernel(const Float* __restrict__ absmax, std::int64_
   __syncthreads();
   if (threadIdx.x == 0) {
     double total = 0.0;
-    for (int lane = 0; lane < mean_lanes; ++lane) total = add_double_rn(total, partial[lane]);
+    for (int lane = 0; lane < mean_lanes; ++lane) total = dadd_rn(total, partial[lane]);
     *offset = static_cast<float>(__ddiv_rn(total, static_cast<double>(blocks)));
   }
 }

@@ -1,0 +1,87 @@
+// memkit/core/rounded_math.hpp — explicitly rounded float and double arithmetic for per-element math.
+//
+// memkit's host loops and CUDA kernels call the same MEMKIT_HOST_DEVICE functions and must produce the same
+// bits, so every operation has to round the same way on both sides. nvcc contracts a * b + c into one FMA
+// (rounded once, not twice) unless told otherwise; on the device these helpers are therefore spelled as the
+// _rn intrinsics, which it never fuses. On the host they are the plain operators: memkit's targets compile
+// with -ffp-contract=off (the ISO default for g++ -std=c++20). Division and square root are IEEE correctly
+// rounded on both sides.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "memkit/config.hpp"
+
+MEMKIT_NAMESPACE_BEGIN
+
+namespace detail {
+
+MEMKIT_HOST_DEVICE MEMKIT_FORCEINLINE float mul_rn(float a, float b) noexcept {
+#if MEMKIT_DEVICE_PASS
+  return __fmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+MEMKIT_HOST_DEVICE MEMKIT_FORCEINLINE float add_rn(float a, float b) noexcept {
+#if MEMKIT_DEVICE_PASS
+  return __fadd_rn(a, b);
+#else
+  return a + b;
+#endif
+}
+MEMKIT_HOST_DEVICE MEMKIT_FORCEINLINE float sub_rn(float a, float b) noexcept {
+#if MEMKIT_DEVICE_PASS
+  return __fsub_rn(a, b);
+#else
+  return a - b;
+#endif
+}
+MEMKIT_HOST_DEVICE MEMKIT_FORCEINLINE float div_rn(float a, float b) noexcept {
+#if MEMKIT_DEVICE_PASS
+  return __fdiv_rn(a, b);
+#else
+  return a / b;
+#endif
+}
+MEMKIT_HOST_DEVICE MEMKIT_FORCEINLINE float sqrt_rn(float a) noexcept {
+#if MEMKIT_DEVICE_PASS
+  return __fsqrt_rn(a);
+#else
+  return std::sqrt(a);
+#endif
+}
+MEMKIT_HOST_DEVICE MEMKIT_FORCEINLINE double dmul_rn(double a, double b) noexcept {
+#if MEMKIT_DEVICE_PASS
+  return __dmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+MEMKIT_HOST_DEVICE MEMKIT_FORCEINLINE double dadd_rn(double a, double b) noexcept {
+#if MEMKIT_DEVICE_PASS
+  return __dadd_rn(a, b);
+#else
+  return a + b;
+#endif
+}
+MEMKIT_HOST_DEVICE MEMKIT_FORCEINLINE double dsqrt_rn(double a) noexcept {
+#if MEMKIT_DEVICE_PASS
+  return __dsqrt_rn(a);
+#else
+  return std::sqrt(a);
+#endif
+}
+
+// Finiteness without libm (std::isfinite is not a device function everywhere): same answer on host and device.
+MEMKIT_HOST_DEVICE MEMKIT_FORCEINLINE bool is_finite(double x) noexcept {
+  return x - x == 0.0;  // false exactly for Inf and NaN
+}
+MEMKIT_HOST_DEVICE MEMKIT_FORCEINLINE bool is_finite(float x) noexcept {
+  return (__builtin_bit_cast(std::uint32_t, x) & 0x7f800000u) != 0x7f800000u;
+}
+
+}  // namespace detail
+
+MEMKIT_NAMESPACE_END
