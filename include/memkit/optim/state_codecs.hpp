@@ -488,19 +488,22 @@ inline void table16_codes(const float* table, const float* values, float inverse
                           std::uint8_t* codes) noexcept {
   std::int64_t e = 0;
 #if MEMKIT_HOST_SIMD && defined(__AVX512F__)
-  // nearest_in_table's search ends at the number of entries 1..15 that are <= x; its midpoint test
-  // compares with (table[low] + table[low + 1]) * 0.5f, never passed at the last entry.
+  // After nearest_in_table's search, its midpoint test compares with (table[low] + table[low + 1]) * 0.5f,
+  // never passed at the last entry.
   float midpoints[16];
   for (int k = 0; k < 15; ++k) midpoints[k] = mul_rn(add_rn(table[k], table[k + 1]), 0.5f);
   midpoints[15] = std::numeric_limits<float>::infinity();
-  const __m512 middle = _mm512_loadu_ps(midpoints);
+  const __m512 middle = _mm512_loadu_ps(midpoints), entries = _mm512_loadu_ps(table);
   const __m512 scale = _mm512_set1_ps(inverse);
   const __m512i one = _mm512_set1_epi32(1);
   for (const std::int64_t end = count - count % 16; e < end; e += 16) {
     const __m512 x = _mm512_mul_ps(_mm512_loadu_ps(values + e), scale);
     __m512i low = _mm512_setzero_si512();
-    for (int k = 1; k < 16; ++k)
-      low = _mm512_mask_add_epi32(low, _mm512_cmp_ps_mask(_mm512_set1_ps(table[k]), x, _CMP_LE_OQ), low, one);
+    for (int half = 8; half > 0; half >>= 1) {  // nearest_in_table's search, the table in a register
+      const __m512i step = _mm512_set1_epi32(half);
+      const __m512 probe = _mm512_maskz_permutexvar_ps(0xffff, _mm512_add_epi32(low, step), entries);
+      low = _mm512_mask_add_epi32(low, _mm512_cmp_ps_mask(probe, x, _CMP_LE_OQ), low, step);
+    }
     const __mmask16 up = _mm512_cmp_ps_mask(x, _mm512_maskz_permutexvar_ps(0xffff, low, middle), _CMP_GT_OQ);
     const __m128i code = _mm512_maskz_cvtepi32_epi8(0xffff, _mm512_mask_add_epi32(low, up, low, one));
     // Pairs (even, odd) -> (even << 4) | odd.
