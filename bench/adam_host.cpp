@@ -2,10 +2,16 @@
 // fp32 parameters and gradients. Reports the bytes one step moves per second and the fraction of the
 // measured host bandwidth (STREAM triad, all threads; the step runs on one thread). The byte model is
 // in support/adam_bench.hpp, shared with bench/adam_cuda.cu.
+//
+// BM_adam_part_* time the pieces of the quantized step's per-block work on data that fits in the cache
+// (64Ki elements, blocks of 256), to show where a compute-bound step spends its time: the AdamW
+// arithmetic, decoding both moments' codes, and encoding them again.
 #include <benchmark/benchmark.h>
 #include <memkit/memkit.hpp>
 
+#include <cmath>
 #include <cstdint>
+#include <random>
 #include <vector>
 
 #include "support/adam_bench.hpp"
@@ -35,6 +41,84 @@ void BM_adam_step_host(benchmark::State& state) {
   timer.finish(state, bytes);
 }
 
+struct part_data {
+  std::int64_t n = 1 << 16;
+  std::vector<float> p, g, m, v;
+  std::vector<std::uint8_t> m_codes, v_codes;
+  part_data() {
+    std::mt19937 rng(2);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::uniform_int_distribution<int> byte(0, 255);
+    for (std::int64_t i = 0; i < n; ++i) {
+      p.push_back(0.1f * normal(rng));
+      g.push_back(0.01f * normal(rng));
+      m.push_back(0.25f * normal(rng));              // moments as the requantization sees them: |x| <= ~1
+      v.push_back(0.05f * std::fabs(normal(rng) * normal(rng)));
+      m_codes.push_back(static_cast<std::uint8_t>(byte(rng)));
+      v_codes.push_back(static_cast<std::uint8_t>(byte(rng)));
+    }
+  }
+};
+
+template <class Body>
+void run_part(benchmark::State& state, part_data& d, Body body) {
+  for (auto _ : state) {
+    for (std::int64_t b = 0; b < d.n; b += 256) body(b, std::int64_t{256});
+    benchmark::ClobberMemory();
+  }
+  state.counters["ns_per_param"] = benchmark::Counter(static_cast<double>(d.n) * 1e-9,
+                                                      benchmark::Counter::kIsIterationInvariantRate |
+                                                          benchmark::Counter::kInvert);
+}
+
+void BM_adam_part_update(benchmark::State& state) {
+  part_data d;
+  memkit::adam_control control;
+  control.step = 10;
+  const memkit::adam_coefficients c = memkit::make_coefficients(memkit::adam_group{}, control);
+  run_part(state, d, [&](std::int64_t b, std::int64_t count) {
+    memkit::detail::adamw_update_array(d.p.data() + b, d.m.data() + b, d.v.data() + b, d.g.data() + b, count, c);
+  });
+}
+void BM_adam_part_decode_int8(benchmark::State& state) {
+  part_data d;
+  const auto& maps = memkit::detail::int8_maps;
+  float m[256], v[256];
+  run_part(state, d, [&](std::int64_t b, std::int64_t count) {
+    memkit::detail::dequantize_codes<8>(maps.m.data(), d.m_codes.data(), b, count, 0.5f, m);
+    memkit::detail::dequantize_codes<8>(maps.v.data(), d.v_codes.data(), b, count, 0.5f, v);
+    benchmark::DoNotOptimize(m);
+    benchmark::DoNotOptimize(v);
+  });
+}
+void BM_adam_part_encode_int8(benchmark::State& state) {
+  part_data d;
+  const auto coder = memkit::adam_state_traits<std::int8_t>::make_host_coder();
+  run_part(state, d, [&](std::int64_t b, std::int64_t count) {
+    memkit::detail::dynamic_codes_indexed(*coder.m_index, d.m.data() + b, 1.0f, count, d.m_codes.data() + b);
+    memkit::detail::dynamic_codes_indexed(*coder.v_index, d.v.data() + b, 1.0f, count, d.v_codes.data() + b);
+  });
+}
+void BM_adam_part_decode_4bit(benchmark::State& state) {
+  part_data d;
+  const auto& maps = memkit::detail::int4_maps;
+  float m[256], v[256];
+  run_part(state, d, [&](std::int64_t b, std::int64_t count) {
+    memkit::detail::dequantize_codes<4>(maps.m.data(), d.m_codes.data(), b, count, 0.5f, m);
+    memkit::detail::dequantize_codes<4>(maps.v.data(), d.v_codes.data(), b, count, 0.5f, v);
+    benchmark::DoNotOptimize(m);
+    benchmark::DoNotOptimize(v);
+  });
+}
+void BM_adam_part_encode_4bit(benchmark::State& state) {
+  part_data d;
+  const auto& maps = memkit::detail::int4_maps;
+  run_part(state, d, [&](std::int64_t b, std::int64_t count) {
+    memkit::detail::table16_codes(maps.m.data(), d.m.data() + b, 1.0f, count, d.m_codes.data() + b / 2);
+    memkit::detail::table16_codes(maps.v.data(), d.v.data() + b, 1.0f, count, d.v_codes.data() + b / 2);
+  });
+}
+
 using namespace memkit_bench::adam_flavours;
 
 }  // namespace
@@ -45,4 +129,9 @@ BENCHMARK_TEMPLATE(BM_adam_step_host, bf16_state)->Arg(1 << 16)->Arg(1 << 24)->U
 BENCHMARK_TEMPLATE(BM_adam_step_host, int8_256_state)->Arg(1 << 16)->Arg(1 << 24)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK_TEMPLATE(BM_adam_step_host, int8_2048_state)->Arg(1 << 16)->Arg(1 << 24)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK_TEMPLATE(BM_adam_step_host, int4_state)->Arg(1 << 16)->Arg(1 << 24)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_adam_part_update);
+BENCHMARK(BM_adam_part_decode_int8);
+BENCHMARK(BM_adam_part_encode_int8);
+BENCHMARK(BM_adam_part_decode_4bit);
+BENCHMARK(BM_adam_part_encode_4bit);
 BENCHMARK_MAIN();

@@ -821,23 +821,15 @@ class adam_state {
     const float m_inverse = detail::inverse_scale(m_max), v_inverse = detail::inverse_scale(v_max);
     auto* m_codes = reinterpret_cast<std::uint8_t*>(base + t.m_offset);
     auto* v_codes = reinterpret_cast<std::uint8_t*>(base + t.v_offset);
-    const auto coder = traits::make_host_coder();
     const std::int64_t begin = b * Block;
     if constexpr (traits::bits == 8) {
-      for (std::int64_t i = 0; i < count; ++i) {
-        m_codes[begin + i] = static_cast<std::uint8_t>(coder.m(detail::mul_rn(m[i], m_inverse)));
-        v_codes[begin + i] = static_cast<std::uint8_t>(coder.v(detail::mul_rn(v[i], v_inverse)));
-      }
+      const auto coder = traits::make_host_coder();
+      detail::dynamic_codes_indexed(*coder.m_index, m, m_inverse, count, m_codes + begin);
+      detail::dynamic_codes_indexed(*coder.v_index, v, v_inverse, count, v_codes + begin);
     } else {
       // Blocks are even-sized and start at even indices, so a byte never straddles two blocks.
-      for (std::int64_t i = 0; i < count; i += 2) {
-        const unsigned m_hi = coder.m(detail::mul_rn(m[i], m_inverse));
-        const unsigned v_hi = coder.v(detail::mul_rn(v[i], v_inverse));
-        const unsigned m_lo = i + 1 < count ? coder.m(detail::mul_rn(m[i + 1], m_inverse)) : 0u;
-        const unsigned v_lo = i + 1 < count ? coder.v(detail::mul_rn(v[i + 1], v_inverse)) : 0u;
-        m_codes[(begin + i) / 2] = static_cast<std::uint8_t>((m_hi << 4) | m_lo);
-        v_codes[(begin + i) / 2] = static_cast<std::uint8_t>((v_hi << 4) | v_lo);
-      }
+      detail::table16_codes(traits::tables().m.data(), m, m_inverse, count, m_codes + begin / 2);
+      detail::table16_codes(traits::tables().v.data(), v, v_inverse, count, v_codes + begin / 2);
     }
   }
 
@@ -946,8 +938,20 @@ class adam_state {
     for (std::int64_t c = 0; c < t.chunks; ++c) {
       const std::int64_t begin = c * detail::reduction_chunk;
       const std::int64_t count = std::min(detail::reduction_chunk, t.size - begin);
-      for (int lane = 0; lane < detail::reduction_lanes; ++lane)
-        lanes[lane] = detail::lane_sum_of_squares(grad + begin, count, lane);
+      // detail::lane_sum_of_squares for every lane at once, row by row: each lane adds the same terms in
+      // the same order (so the same bits), and the loop over lanes vectorizes.
+      const G* chunk = grad + begin;
+      for (double& lane : lanes) lane = 0.0;
+      std::int64_t row = 0;
+      for (; row + detail::reduction_lanes <= count; row += detail::reduction_lanes)
+        for (int lane = 0; lane < detail::reduction_lanes; ++lane) {
+          const double g = static_cast<double>(to_float(chunk[row + lane]));
+          lanes[lane] = detail::dadd_rn(lanes[lane], detail::dmul_rn(g, g));
+        }
+      for (std::int64_t lane = 0; row + lane < count; ++lane) {
+        const double g = static_cast<double>(to_float(chunk[row + lane]));
+        lanes[lane] = detail::dadd_rn(lanes[lane], detail::dmul_rn(g, g));
+      }
       host_chunk_sums()[t.first_chunk + c] = detail::tree_sum(lanes);
     }
   }
@@ -962,7 +966,10 @@ class adam_state {
             static_cast<std::int64_t>(tensor)};
   }
 
-  // The fused update of one tensor (after host_finalize applied the step).
+  // The fused update of one tensor (after host_finalize applied the step), tile by tile: the tile's
+  // parameters, gradients and moments are gathered as fp32 into L1-resident buffers (unless they are
+  // fp32 arrays already), updated by detail::adamw_update_array, and written back; a quantized block
+  // is one tile, so its new moments are requantized while still in L1.
   template <float_storage P, float_storage G>
   void host_update(std::size_t tensor, const detail::param_access<P, G>& access, const adam_group& group) {
     std::byte* base = arena_.data();
@@ -970,13 +977,11 @@ class adam_state {
     const adam_coefficients c = make_coefficients(group, host_control());
     if (!t.quantized) {
       if constexpr (quantized) {
-        auto* m = reinterpret_cast<float*>(base + t.m_offset);
-        auto* v = reinterpret_cast<float*>(base + t.v_offset);
-        for (std::int64_t e = 0; e < t.size; ++e) detail::update_plain_element(access, m, v, e, c);
+        host_update_plain(access, reinterpret_cast<float*>(base + t.m_offset), reinterpret_cast<float*>(base + t.v_offset),
+                          t.size, c);
       } else {
-        auto* m = reinterpret_cast<moment_type*>(base + t.m_offset);
-        auto* v = reinterpret_cast<moment_type*>(base + t.v_offset);
-        for (std::int64_t e = 0; e < t.size; ++e) detail::update_plain_element(access, m, v, e, c);
+        host_update_plain(access, reinterpret_cast<moment_type*>(base + t.m_offset),
+                          reinterpret_cast<moment_type*>(base + t.v_offset), t.size, c);
       }
       return;
     }
@@ -986,19 +991,58 @@ class adam_state {
       const auto* v_codes = reinterpret_cast<const std::uint8_t*>(base + t.v_offset);
       const auto* m_scale = reinterpret_cast<const float*>(base + t.m_scale_offset);
       const auto* v_scale = reinterpret_cast<const float*>(base + t.v_scale_offset);
-      float m_new[Block], v_new[Block];
+      host_tile tile;
       for (std::int64_t b = 0; b < t.units; ++b) {
         const std::int64_t begin = b * Block, count = std::min<std::int64_t>(Block, t.size - begin);
-        const float m_absmax = m_scale[b], v_absmax = v_scale[b];
-        for (std::int64_t e = 0; e < count; ++e) {
-          const std::int64_t index = begin + e;
-          float m = detail::mul_rn(tables.m[detail::load_code<traits::bits>(m_codes, index)], m_absmax);
-          float v = detail::mul_rn(tables.v[detail::load_code<traits::bits>(v_codes, index)], v_absmax);
-          detail::update_element(access, m, v, index, c);
-          m_new[e] = m;
-          v_new[e] = v;
-        }
-        quantize_block(base, t, b, m_new, v_new, count);
+        detail::dequantize_codes<traits::bits>(tables.m.data(), m_codes, begin, count, m_scale[b], tile.m);
+        detail::dequantize_codes<traits::bits>(tables.v.data(), v_codes, begin, count, v_scale[b], tile.v);
+        update_params(access, tile, tile.m, tile.v, begin, count, c);
+        quantize_block(base, t, b, tile.m, tile.v, count);
+      }
+    }
+  }
+
+  static constexpr std::int64_t host_tile_size = Block > 0 ? Block : 256;
+  struct host_tile {
+    float p[host_tile_size], g[host_tile_size], m[host_tile_size], v[host_tile_size];
+  };
+
+  // Updates elements [begin, begin + count) given their fp32 moments (updated in place).
+  template <float_storage P, float_storage G>
+  static void update_params(const detail::param_access<P, G>& access, host_tile& tile, float* m, float* v,
+                            std::int64_t begin, std::int64_t count, const adam_coefficients& c) {
+    if constexpr (std::is_same_v<P, float> && std::is_same_v<G, float>) {
+      if (access.master == nullptr) {  // fp32 parameters are their own master: update them where they are
+        detail::adamw_update_array(access.param + begin, m, v, access.grad + begin, count, c);
+        return;
+      }
+    }
+    for (std::int64_t e = 0; e < count; ++e) tile.p[e] = access.load(begin + e);
+    for (std::int64_t e = 0; e < count; ++e) tile.g[e] = to_float(access.grad[begin + e]);
+    detail::adamw_update_array(tile.p, m, v, tile.g, count, c);
+    for (std::int64_t e = 0; e < count; ++e) access.store(begin + e, tile.p[e]);
+  }
+
+  template <float_storage P, float_storage G, float_storage M>
+  static void host_update_plain(const detail::param_access<P, G>& access, M* m, M* v, std::int64_t size,
+                                const adam_coefficients& c) {
+    host_tile tile;
+    if constexpr (std::is_same_v<M, float> && std::is_same_v<P, float> && std::is_same_v<G, float>) {
+      if (access.master == nullptr) {
+        detail::adamw_update_array(access.param, m, v, access.grad, size, c);
+        return;
+      }
+    }
+    for (std::int64_t begin = 0; begin < size; begin += host_tile_size) {
+      const std::int64_t count = std::min(host_tile_size, size - begin);
+      if constexpr (std::is_same_v<M, float>) {
+        update_params(access, tile, m + begin, v + begin, begin, count, c);
+      } else {
+        for (std::int64_t e = 0; e < count; ++e) tile.m[e] = to_float(m[begin + e]);
+        for (std::int64_t e = 0; e < count; ++e) tile.v[e] = to_float(v[begin + e]);
+        update_params(access, tile, tile.m, tile.v, begin, count, c);
+        for (std::int64_t e = 0; e < count; ++e) m[begin + e] = from_float<M>(tile.m[e]);
+        for (std::int64_t e = 0; e < count; ++e) v[begin + e] = from_float<M>(tile.v[e]);
       }
     }
   }

@@ -17,6 +17,14 @@
 #include "memkit/optim/adam_math.hpp"
 #include "memkit/quant/codebooks.hpp"
 
+// The host step's vector paths (plain host compilers only: nvcc's host pass keeps the scalar loops).
+#if !defined(__CUDACC__) && defined(__SSE2__)
+#include <immintrin.h>
+#define MEMKIT_HOST_SIMD 1
+#else
+#define MEMKIT_HOST_SIMD 0
+#endif
+
 MEMKIT_NAMESPACE_BEGIN
 
 // Tag type: adam_state<four_bit, Block> keeps 4-bit moments.
@@ -65,15 +73,13 @@ MEMKIT_HOST_DEVICE MEMKIT_FORCEINLINE unsigned dynamic_code(const float* map, fl
 // This index, keyed by the top 16 bits of x (sign, exponent, 7 mantissa bits), stores per bucket the
 // code at the bucket's low end and the one midpoint inside the bucket (buckets are narrower than the
 // spacing of the entries, checked when it is built), so a lookup is one load and one compare instead
-// of a chain of dependent loads. tests/host/adam_codes_test.cpp checks it against the shared function.
-struct dynamic_code_bucket {
-  float threshold;      // the midpoint inside the bucket (+Inf when there is none)
-  std::uint8_t code;    // the code below the threshold
-  std::uint8_t tie_up;  // 1 when x == threshold goes to code + 1 (code + 1 is even)
-  std::uint16_t unused;
-};
+// of a chain of dependent loads. A midpoint inside a bucket shares the bucket's top 16 bits, so one
+// 32-bit word per bucket holds everything, and a vector lookup is a single gather:
+//   bits 0-15 the midpoint's low 16 bits, 16-23 the code below it, 24 "a tie goes up" (the code above
+//   is even), 25 "the bucket has a midpoint".
+// tests/host/adam_codes_test.cpp checks it against the shared function.
 struct dynamic_code_index {
-  std::array<dynamic_code_bucket, 65536> buckets;
+  std::array<std::uint32_t, 65536> buckets;
 };
 
 inline dynamic_code_index build_dynamic_code_index(const float* map) {
@@ -82,15 +88,14 @@ inline dynamic_code_index build_dynamic_code_index(const float* map) {
     const bool negative = (key & 0x8000u) != 0;
     const float low = bit_cast<float>(negative ? (key << 16) | 0xffffu : key << 16);
     const float high = bit_cast<float>(negative ? key << 16 : (key << 16) | 0xffffu);
-    dynamic_code_bucket bucket{std::numeric_limits<float>::infinity(), static_cast<std::uint8_t>(dynamic_code(map, low)), 0, 0};
+    std::uint32_t bucket = dynamic_code(map, low) << 16;
     int boundaries = 0;
     for (unsigned c = 0; c < 255; ++c) {
       const float middle = (map[c + 1] + map[c]) * 0.5f;
       if (!(middle >= low && middle <= high)) continue;  // NaN buckets have none
+      if (bit_cast<std::uint32_t>(middle) >> 16 != key) throw error("memkit: dynamic map midpoint outside its bucket");
       ++boundaries;
-      bucket.threshold = middle;
-      bucket.code = static_cast<std::uint8_t>(c);
-      bucket.tie_up = static_cast<std::uint8_t>((c + 1) % 2 == 0);
+      bucket = (bit_cast<std::uint32_t>(middle) & 0xffffu) | (c << 16) | (((c + 1) % 2 == 0 ? 1u : 0u) << 24) | (1u << 25);
     }
     if (boundaries > 1) throw error("memkit: dynamic map too dense for its 16-bit index");
     index.buckets[key] = bucket;
@@ -106,8 +111,12 @@ const dynamic_code_index& dynamic_code_index_for() {
 }
 
 inline unsigned dynamic_code_indexed(const dynamic_code_index& index, float x) noexcept {
-  const dynamic_code_bucket& bucket = index.buckets[bit_cast<std::uint32_t>(x) >> 16];
-  return bucket.code + static_cast<unsigned>((x > bucket.threshold) | ((x == bucket.threshold) & (bucket.tie_up != 0)));
+  const std::uint32_t bits = bit_cast<std::uint32_t>(x);
+  const std::uint32_t bucket = index.buckets[bits >> 16];
+  const float threshold = bit_cast<float>((bits & 0xffff0000u) | (bucket & 0xffffu));
+  const bool has_threshold = (bucket >> 25) & 1u, tie_up = (bucket >> 24) & 1u;
+  return ((bucket >> 16) & 0xffu) +
+         static_cast<unsigned>(has_threshold & ((x > threshold) | ((x == threshold) & tie_up)));
 }
 
 template <int Bits>
@@ -308,6 +317,206 @@ MEMKIT_HOST_DEVICE MEMKIT_FORCEINLINE void update_plain_element(const param_acce
   update_element(access, m, v, i, c);
   m_array[i] = from_float<M>(m);
   v_array[i] = from_float<M>(v);
+}
+
+
+// ---- Host block kernels of the step: the same bits as the per-element functions above, several
+// elements at a time. Each vector lane performs exactly the scalar operations, in the same order and
+// each IEEE correctly rounded, so the results do not depend on the vector width (tests/host/
+// adam_fast_path_test.cpp checks every path against the per-element functions). ----
+
+#if MEMKIT_HOST_SIMD
+// The widest float vector the host compiler targets (SSE2 is the x86-64 baseline). The AVX-512 code
+// uses the all-lanes masked forms of some intrinsics: g++ 12 warns (maybe-uninitialized) on the plain ones.
+struct host_lanes {
+  // g++ implements these intrinsics as vector arithmetic, which -ffp-contract=fast (g++'s default even
+  // with -std=c++20) may fuse with a following add into an FMA; the CUDA kernels never fuse. Passing
+  // each product through an empty asm keeps it a rounded product.
+  template <class V>
+  static V unfused(V product) noexcept {
+    asm("" : "+v"(product));
+    return product;
+  }
+#if defined(__AVX512F__)
+  using type = __m512;
+  static constexpr int width = 16;
+  static type load(const float* p) noexcept { return _mm512_loadu_ps(p); }
+  static void store(float* p, type x) noexcept { _mm512_storeu_ps(p, x); }
+  static type set(float x) noexcept { return _mm512_set1_ps(x); }
+  static type add(type a, type b) noexcept { return _mm512_add_ps(a, b); }
+  static type sub(type a, type b) noexcept { return _mm512_sub_ps(a, b); }
+  static type mul(type a, type b) noexcept { return unfused(_mm512_mul_ps(a, b)); }
+  static type div(type a, type b) noexcept { return _mm512_div_ps(a, b); }
+  static type sqrt(type a) noexcept { return _mm512_maskz_sqrt_ps(0xffff, a); }
+#elif defined(__AVX__)
+  using type = __m256;
+  static constexpr int width = 8;
+  static type load(const float* p) noexcept { return _mm256_loadu_ps(p); }
+  static void store(float* p, type x) noexcept { _mm256_storeu_ps(p, x); }
+  static type set(float x) noexcept { return _mm256_set1_ps(x); }
+  static type add(type a, type b) noexcept { return _mm256_add_ps(a, b); }
+  static type sub(type a, type b) noexcept { return _mm256_sub_ps(a, b); }
+  static type mul(type a, type b) noexcept { return unfused(_mm256_mul_ps(a, b)); }
+  static type div(type a, type b) noexcept { return _mm256_div_ps(a, b); }
+  static type sqrt(type a) noexcept { return _mm256_sqrt_ps(a); }
+#else
+  using type = __m128;
+  static constexpr int width = 4;
+  static type load(const float* p) noexcept { return _mm_loadu_ps(p); }
+  static void store(float* p, type x) noexcept { _mm_storeu_ps(p, x); }
+  static type set(float x) noexcept { return _mm_set1_ps(x); }
+  static type add(type a, type b) noexcept { return _mm_add_ps(a, b); }
+  static type sub(type a, type b) noexcept { return _mm_sub_ps(a, b); }
+  static type mul(type a, type b) noexcept { return unfused(_mm_mul_ps(a, b)); }
+  static type div(type a, type b) noexcept { return _mm_div_ps(a, b); }
+  static type sqrt(type a) noexcept { return _mm_sqrt_ps(a); }
+#endif
+};
+#endif
+
+// adamw_update over contiguous arrays. The vector body repeats adamw_update's operations one for one
+// (keep the two in step): g++ cannot vectorize adamw_update itself, because std::sqrt may set errno
+// (-fmath-errno is the default), which puts a branch in every element.
+inline void adamw_update_array(float* param, float* m, float* v, const float* grad, std::int64_t count,
+                               const adam_coefficients& c) noexcept {
+  std::int64_t i = 0;
+#if MEMKIT_HOST_SIMD
+  using L = host_lanes;
+  const L::type multiplier = L::set(c.grad_multiplier), decay = L::set(c.decay), beta1 = L::set(c.beta1),
+                one_minus_beta1 = L::set(c.one_minus_beta1), beta2 = L::set(c.beta2),
+                one_minus_beta2 = L::set(c.one_minus_beta2), correction2 = L::set(c.bias_correction2_sqrt),
+                eps = L::set(c.eps), step_size = L::set(c.step_size);
+  for (const std::int64_t end = count - count % L::width; i < end; i += L::width) {
+    const L::type g = L::mul(L::load(grad + i), multiplier);
+    L::type p = L::mul(L::load(param + i), decay);
+    const L::type m_new = L::add(L::mul(beta1, L::load(m + i)), L::mul(one_minus_beta1, g));
+    const L::type v_new = L::add(L::mul(beta2, L::load(v + i)), L::mul(L::mul(one_minus_beta2, g), g));
+    const L::type denominator = L::add(L::div(L::sqrt(v_new), correction2), eps);
+    p = L::sub(p, L::mul(step_size, L::div(m_new, denominator)));
+    L::store(m + i, m_new);
+    L::store(v + i, v_new);
+    L::store(param + i, p);
+  }
+#endif
+  for (; i < count; ++i) adamw_update(param[i], m[i], v[i], grad[i], c);
+}
+
+// Dequantizes `count` codes of one block starting at element `first`: out[e] = table[code] * absmax.
+template <int Bits>
+inline void dequantize_codes(const float* table, const std::uint8_t* codes, std::int64_t first, std::int64_t count,
+                             float absmax, float* out) noexcept {
+  std::int64_t e = 0;
+#if MEMKIT_HOST_SIMD && defined(__AVX512F__)
+  const __m512 scale = _mm512_set1_ps(absmax);
+  if constexpr (Bits == 8) {
+    // The 256-entry lookup from registers (a gather costs more): eight 32-entry permutes on the code's
+    // low 5 bits, then a selection tree on bits 5, 6 and 7.
+    __m512 entries[16];
+    for (int j = 0; j < 16; ++j) entries[j] = _mm512_loadu_ps(table + 16 * j);
+    for (const std::int64_t end = count - count % 16; e < end; e += 16) {
+      const __m512i index = _mm512_maskz_cvtepu8_epi32(0xffff, _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + first + e)));
+      __m512 part[8];
+      for (int k = 0; k < 8; ++k) part[k] = _mm512_permutex2var_ps(entries[2 * k], index, entries[2 * k + 1]);
+      const __mmask16 bit5 = _mm512_test_epi32_mask(index, _mm512_set1_epi32(32));
+      const __mmask16 bit6 = _mm512_test_epi32_mask(index, _mm512_set1_epi32(64));
+      const __mmask16 bit7 = _mm512_test_epi32_mask(index, _mm512_set1_epi32(128));
+      for (int k = 0; k < 4; ++k) part[k] = _mm512_mask_blend_ps(bit5, part[2 * k], part[2 * k + 1]);
+      for (int k = 0; k < 2; ++k) part[k] = _mm512_mask_blend_ps(bit6, part[2 * k], part[2 * k + 1]);
+      _mm512_storeu_ps(out + e, _mm512_mul_ps(_mm512_mask_blend_ps(bit7, part[0], part[1]), scale));
+    }
+  } else if ((first & 1) == 0) {  // 16 codes in 8 bytes, the even element in the high nibble
+    const __m512 entries = _mm512_loadu_ps(table);
+    for (const std::int64_t end = count - count % 16; e < end; e += 16) {
+      const __m128i packed = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes + (first + e) / 2));
+      const __m128i high = _mm_and_si128(_mm_srli_epi16(packed, 4), _mm_set1_epi8(0x0f));
+      const __m128i low = _mm_and_si128(packed, _mm_set1_epi8(0x0f));
+      const __m512i index = _mm512_maskz_cvtepu8_epi32(0xffff, _mm_unpacklo_epi8(high, low));
+      _mm512_storeu_ps(out + e, _mm512_mul_ps(_mm512_maskz_permutexvar_ps(0xffff, index, entries), scale));
+    }
+  }
+#endif
+  for (; e < count; ++e) out[e] = mul_rn(table[load_code<Bits>(codes, first + e)], absmax);
+}
+
+// 8-bit codes of values[e] * inverse, e < count, by the index (the codes of dynamic_code_indexed).
+// The AVX-512 path works in three phases per chunk: keys (vector), the index words (scalar loads: on
+// the CPUs measured, 16 scalar loads cost less than one 16-lane gather), then the midpoint test (vector).
+inline void dynamic_codes_indexed(const dynamic_code_index& index, const float* values, float inverse,
+                                  std::int64_t count, std::uint8_t* codes) noexcept {
+  std::int64_t e = 0;
+#if MEMKIT_HOST_SIMD && defined(__AVX512F__)
+  const __m512 scale = _mm512_set1_ps(inverse);
+  const __m512i low_bits = _mm512_set1_epi32(0xffff), high_bits = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
+  const __m512i code_bits = _mm512_set1_epi32(0xff), one = _mm512_set1_epi32(1);
+  constexpr int chunk = 256;
+  alignas(64) std::uint32_t keys[chunk], words[chunk];
+  for (const std::int64_t end = count - count % chunk; e < end; e += chunk) {
+    for (int k = 0; k < chunk; k += 16) {
+      const __m512 x = _mm512_mul_ps(_mm512_loadu_ps(values + e + k), scale);
+      _mm512_store_si512(keys + k, _mm512_maskz_srli_epi32(0xffff, _mm512_castps_si512(x), 16));
+    }
+    for (int k = 0; k < chunk; k += 4) {
+      std::uint32_t k0 = keys[k], k1 = keys[k + 1], k2 = keys[k + 2], k3 = keys[k + 3];
+      asm("" : "+r"(k0), "+r"(k1), "+r"(k2), "+r"(k3));  // keeps g++ from turning these loads back into a gather
+      words[k] = index.buckets[k0];
+      words[k + 1] = index.buckets[k1];
+      words[k + 2] = index.buckets[k2];
+      words[k + 3] = index.buckets[k3];
+    }
+    for (int k = 0; k < chunk; k += 16) {
+      const __m512 x = _mm512_mul_ps(_mm512_loadu_ps(values + e + k), scale);
+      const __m512i x_bits = _mm512_castps_si512(x);
+      const __m512i bucket = _mm512_load_si512(words + k);
+      const __m512 threshold = _mm512_castsi512_ps(
+          _mm512_or_si512(_mm512_and_si512(x_bits, high_bits), _mm512_and_si512(bucket, low_bits)));
+      const __mmask16 has_threshold = _mm512_test_epi32_mask(bucket, _mm512_set1_epi32(1 << 25));
+      const __mmask16 tie_up = _mm512_test_epi32_mask(bucket, _mm512_set1_epi32(1 << 24));
+      const __mmask16 up = has_threshold & (_mm512_cmp_ps_mask(x, threshold, _CMP_GT_OQ) |
+                                            (_mm512_cmp_ps_mask(x, threshold, _CMP_EQ_OQ) & tie_up));
+      const __m512i code = _mm512_and_si512(_mm512_maskz_srli_epi32(0xffff, bucket, 16), code_bits);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + e + k),
+                       _mm512_maskz_cvtepi32_epi8(0xffff, _mm512_mask_add_epi32(code, up, code, one)));
+    }
+  }
+#endif
+  for (; e < count; ++e) codes[e] = static_cast<std::uint8_t>(dynamic_code_indexed(index, mul_rn(values[e], inverse)));
+}
+
+// 4-bit codes of values[e] * inverse (nearest_in_table<16>), packed two per byte into codes[0..count/2);
+// count is even (blocks are even-sized and start at even indices) except for a tensor's last block.
+inline void table16_codes(const float* table, const float* values, float inverse, std::int64_t count,
+                          std::uint8_t* codes) noexcept {
+  std::int64_t e = 0;
+#if MEMKIT_HOST_SIMD && defined(__AVX512F__)
+  // After nearest_in_table's search, its midpoint test compares with (table[low] + table[low + 1]) * 0.5f,
+  // never passed at the last entry.
+  float midpoints[16];
+  for (int k = 0; k < 15; ++k) midpoints[k] = mul_rn(add_rn(table[k], table[k + 1]), 0.5f);
+  midpoints[15] = std::numeric_limits<float>::infinity();
+  const __m512 middle = _mm512_loadu_ps(midpoints), entries = _mm512_loadu_ps(table);
+  const __m512 scale = _mm512_set1_ps(inverse);
+  const __m512i one = _mm512_set1_epi32(1);
+  for (const std::int64_t end = count - count % 16; e < end; e += 16) {
+    const __m512 x = _mm512_mul_ps(_mm512_loadu_ps(values + e), scale);
+    __m512i low = _mm512_setzero_si512();
+    for (int half = 8; half > 0; half >>= 1) {  // nearest_in_table's search, the table in a register
+      const __m512i step = _mm512_set1_epi32(half);
+      const __m512 probe = _mm512_maskz_permutexvar_ps(0xffff, _mm512_add_epi32(low, step), entries);
+      low = _mm512_mask_add_epi32(low, _mm512_cmp_ps_mask(probe, x, _CMP_LE_OQ), low, step);
+    }
+    const __mmask16 up = _mm512_cmp_ps_mask(x, _mm512_maskz_permutexvar_ps(0xffff, low, middle), _CMP_GT_OQ);
+    const __m128i code = _mm512_maskz_cvtepi32_epi8(0xffff, _mm512_mask_add_epi32(low, up, low, one));
+    // Pairs (even, odd) -> (even << 4) | odd.
+    const __m128i pairs = _mm_or_si128(_mm_slli_epi16(_mm_and_si128(code, _mm_set1_epi16(0x00ff)), 4),
+                                       _mm_srli_epi16(code, 8));
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(codes + e / 2), _mm_packus_epi16(pairs, pairs));
+  }
+#endif
+  for (; e < count; e += 2) {
+    const unsigned high = nearest_in_table<16>(table, mul_rn(values[e], inverse));
+    const unsigned low = e + 1 < count ? nearest_in_table<16>(table, mul_rn(values[e + 1], inverse)) : 0u;
+    codes[e / 2] = static_cast<std::uint8_t>((high << 4) | low);
+  }
 }
 
 }  // namespace detail
