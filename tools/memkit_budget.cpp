@@ -32,7 +32,8 @@ constexpr const char* usage_text =
     "  --kbit-prepared  (PEFT prepare_model_for_kbit_training: fp32 non-quantized weights and activations)\n"
     "  --fused-norms    (norm and softmax kernels that keep no fp32 copies)\n"
     "  --lora-dropout   (lora_dropout > 0: each adapter keeps a dropped copy of its input and a mask)\n"
-    "  --no-double-quant (QLoRA NF4 with one fp32 absmax per block, as bitsandbytes without double quantization)\n";
+    "  --no-double-quant (QLoRA NF4 with one fp32 absmax per block, as bitsandbytes without double quantization)\n"
+    "  --bnb-keeps-input (bitsandbytes < 0.43.2: every 4-bit linear keeps its input for backward)\n";
 
 struct usage_error : memkit::error {
   using memkit::error::error;
@@ -111,6 +112,8 @@ options parse_arguments(int argc, char** argv) {
       p.lora.rank = parse_count(flag, value());
     } else if (flag == "--lora-targets") {
       p.lora.targets = parse_targets(value());
+    } else if (flag == "--bnb-keeps-input") {
+      p.quantized_matmul_keeps_input = true;
     } else if (flag == "--no-double-quant") {
       o.double_quant = false;
     } else if (flag == "--lora-dropout") {
