@@ -30,7 +30,10 @@ constexpr const char* usage_text =
     "  --logits fp32|bf16|chunked  --offload none|optimizer|optimizer+params  --gpus N  --zero 0|1|2|3\n"
     "  --gpu NAME  --plan  --max-batch  --max-seq  --json  --svg PATH\n"
     "  --kbit-prepared  (PEFT prepare_model_for_kbit_training: fp32 non-quantized weights and activations)\n"
-    "  --fused-norms    (norm and softmax kernels that keep no fp32 copies)\n";
+    "  --fused-norms    (norm and softmax kernels that keep no fp32 copies)\n"
+    "  --lora-dropout   (lora_dropout > 0: each adapter keeps a dropped copy of its input and a mask)\n"
+    "  --no-double-quant (QLoRA NF4 with one fp32 absmax per block, as bitsandbytes without double quantization)\n"
+    "  --bnb-keeps-input (bitsandbytes < 0.43.2: every 4-bit linear keeps its input for backward)\n";
 
 struct usage_error : memkit::error {
   using memkit::error::error;
@@ -39,6 +42,7 @@ struct usage_error : memkit::error {
 struct options {
   std::string config_path, preset, gpu_name, svg_path;
   std::string method = "full";
+  bool double_quant = true;
   training_plan plan{};
   bool sequence_given = false;
   bool want_plan = false, want_max_batch = false, want_max_seq = false, want_json = false;
@@ -108,6 +112,12 @@ options parse_arguments(int argc, char** argv) {
       p.lora.rank = parse_count(flag, value());
     } else if (flag == "--lora-targets") {
       p.lora.targets = parse_targets(value());
+    } else if (flag == "--bnb-keeps-input") {
+      p.quantized_matmul_keeps_input = true;
+    } else if (flag == "--no-double-quant") {
+      o.double_quant = false;
+    } else if (flag == "--lora-dropout") {
+      p.lora.dropout = true;
     } else if (flag == "--precision") {
       static constexpr std::pair<const char*, precision_mode> choices[] = {
           {"fp32", precision_mode::fp32}, {"bf16-mixed", precision_mode::bf16_mixed},
@@ -192,7 +202,7 @@ options parse_arguments(int argc, char** argv) {
   if (o.config_path.empty() == o.preset.empty()) throw usage_error("give exactly one of --config PATH or --preset NAME");
   if (o.method != "full") {
     p.training = method::lora;
-    if (o.method == "qlora") p.weights = weight_storage{weight_format::nf4, 64, true};
+    if (o.method == "qlora") p.weights = weight_storage{weight_format::nf4, 64, o.double_quant};
   }
   if ((o.want_plan || o.want_max_batch || o.want_max_seq) && o.gpu_name.empty())
     throw usage_error("--plan, --max-batch and --max-seq need --gpu NAME");

@@ -45,6 +45,19 @@ if(MODE STREQUAL "json")
   run_tool(json --preset gpt2-124m --json)
   string(JSON fits ERROR_VARIABLE missing GET "${json}" fits)
   expect("no fits field without --gpu" NOT missing STREQUAL "NOTFOUND")
+  # --lora-dropout keeps dropped adapter inputs (more activations); --no-double-quant stores one fp32
+  # absmax per 64-weight block instead of an 8-bit code (more weight bytes).
+  run_tool(json --preset llama-2-7b --method lora --lora-targets q,v --batch 2 --seq 512 --json)
+  string(JSON plain_activations GET "${json}" phases backward activations)
+  run_tool(json --preset llama-2-7b --method lora --lora-targets q,v --batch 2 --seq 512 --lora-dropout --json)
+  string(JSON dropout_activations GET "${json}" phases backward activations)
+  expect("dropout adds activations: ${dropout_activations} > ${plain_activations}"
+         dropout_activations GREATER plain_activations)
+  run_tool(json --preset llama-2-7b --method qlora --json)
+  string(JSON dq_weights GET "${json}" breakdown weights)
+  run_tool(json --preset llama-2-7b --method qlora --no-double-quant --json)
+  string(JSON plain_weights GET "${json}" breakdown weights)
+  expect("no double quantization stores more: ${plain_weights} > ${dq_weights}" plain_weights GREATER dq_weights)
   message(STATUS "json: fields parsed back")
 elseif(MODE STREQUAL "configs")
   # Each sample config.json gives the preset's exact parameter count.

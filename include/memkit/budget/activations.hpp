@@ -43,8 +43,13 @@ constexpr std::uint64_t max_of(std::uint64_t a, std::uint64_t b) noexcept { retu
 namespace detail {
 // Does autograd keep this linear layer's input? Its weight gradient needs it (full training) and so
 // does a LoRA adapter reading it directly; with LoRA dropout the adapter keeps its own dropped copy.
+// bitsandbytes before 0.43.2 saved a 4-bit matmul's input whenever it needed a gradient, although
+// the backward only uses the weight: with `quantized_matmul_keeps_input` a frozen NF4/FP4 linear
+// keeps its input too.
 constexpr bool keeps_linear_input(const training_plan& plan, module_set modules) noexcept {
   if (!plan.lora_training()) return true;
+  const bool four_bit = plan.weights.format == weight_format::nf4 || plan.weights.format == weight_format::fp4;
+  if (four_bit && plan.quantized_matmul_keeps_input) return true;
   return contains(plan.lora.targets, modules) && !plan.lora.dropout;
 }
 }  // namespace detail

@@ -93,6 +93,8 @@ struct training_plan {
   // bitsandbytes' 4-bit linears return their input's dtype, and the residual stream and the MLP run
   // in fp32; only the attention kernel's q, k, v are cast back to 16-bit.
   bool kbit_prepared = false;
+  // bitsandbytes < 0.43.2: MatMul4Bit saved its input for backward (fixed by bitsandbytes PR #1270).
+  bool quantized_matmul_keeps_input = false;
 
   std::uint64_t gpus = 1;
   int zero_stage = 0;
