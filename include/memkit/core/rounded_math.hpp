@@ -3,9 +3,11 @@
 // memkit's host loops and CUDA kernels call the same MEMKIT_HOST_DEVICE functions and must produce the same
 // bits, so every operation has to round the same way on both sides. nvcc contracts a * b + c into one FMA
 // (rounded once, not twice) unless told otherwise; on the device these helpers are therefore spelled as the
-// _rn intrinsics, which it never fuses. On the host they are the plain operators: memkit's targets compile
-// with -ffp-contract=off (the ISO default for g++ -std=c++20). Division and square root are IEEE correctly
-// rounded on both sides.
+// _rn intrinsics, which it never fuses. Host compilers fuse too: g++ contracts in C++ by default whenever
+// the target has FMA (-march=native, -mfma), whatever the -std. So on the host every product passes
+// through rounded(), an empty asm that makes the rounded value exist before anything else uses it; no
+// flag of the consumer's can then fuse it into a later addition. Division and square root are IEEE
+// correctly rounded on both sides.
 #pragma once
 
 #include <cmath>
@@ -17,13 +19,32 @@ MEMKIT_NAMESPACE_BEGIN
 
 namespace detail {
 
+#if !MEMKIT_DEVICE_PASS
+// The value, forced to exist as a rounded float/double in a register: the compiler cannot see through
+// the asm, so it cannot fold the multiplication that produced it into a fused multiply-add.
+template <class T>
+inline T rounded(T value) noexcept {
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+  __asm__("" : "+x"(value));
+#elif defined(__GNUC__) && defined(__aarch64__)
+  __asm__("" : "+w"(value));
+#endif
+  return value;
+}
+#endif
+
 MEMKIT_HOST_DEVICE MEMKIT_FORCEINLINE float mul_rn(float a, float b) noexcept {
 #if MEMKIT_DEVICE_PASS
   return __fmul_rn(a, b);
 #else
-  return a * b;
+  return rounded(a * b);
 #endif
 }
+// a * b for a product that is only stored, converted or compared, never added to: nothing can fuse it
+// into an FMA, so it needs no barrier, and host loops built on it still vectorize. Use mul_rn for any
+// product that feeds an addition.
+MEMKIT_HOST_DEVICE MEMKIT_FORCEINLINE float stored_product(float a, float b) noexcept { return a * b; }
+
 MEMKIT_HOST_DEVICE MEMKIT_FORCEINLINE float add_rn(float a, float b) noexcept {
 #if MEMKIT_DEVICE_PASS
   return __fadd_rn(a, b);
@@ -56,7 +77,7 @@ MEMKIT_HOST_DEVICE MEMKIT_FORCEINLINE double dmul_rn(double a, double b) noexcep
 #if MEMKIT_DEVICE_PASS
   return __dmul_rn(a, b);
 #else
-  return a * b;
+  return rounded(a * b);
 #endif
 }
 MEMKIT_HOST_DEVICE MEMKIT_FORCEINLINE double dadd_rn(double a, double b) noexcept {

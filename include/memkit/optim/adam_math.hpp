@@ -2,8 +2,8 @@
 //
 // Everything here is MEMKIT_HOST_DEVICE and written so that the host and the device round every
 // operation the same way: products and sums go through mul_rn/add_rn, which on the device are the
-// explicitly rounded intrinsics nvcc never fuses into an FMA, and on the host are the plain operators
-// (memkit's own targets compile with -ffp-contract=off, the ISO default). Division and square root
+// explicitly rounded intrinsics nvcc never fuses into an FMA, and on the host products that the
+// compiler cannot fuse either, whatever the flags (core/rounded_math.hpp). Division and square root
 // are IEEE correctly rounded on both sides. Powers of beta are taken by repeated squaring in double,
 // so no libm pow (whose last bit differs between glibc and CUDA) is involved.
 #pragma once

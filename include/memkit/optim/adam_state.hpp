@@ -939,18 +939,20 @@ class adam_state {
       const std::int64_t begin = c * detail::reduction_chunk;
       const std::int64_t count = std::min(detail::reduction_chunk, t.size - begin);
       // detail::lane_sum_of_squares for every lane at once, row by row: each lane adds the same terms in
-      // the same order (so the same bits), and the loop over lanes vectorizes.
+      // the same order (so the same bits), and the loop over lanes vectorizes. The square of a float held
+      // in a double is exact (24-bit mantissas), so g * g needs no rounding barrier (dmul_rn's would stop
+      // the vectorization): fused or not, the sum rounds the same exact value.
       const G* chunk = grad + begin;
       for (double& lane : lanes) lane = 0.0;
       std::int64_t row = 0;
       for (; row + detail::reduction_lanes <= count; row += detail::reduction_lanes)
         for (int lane = 0; lane < detail::reduction_lanes; ++lane) {
           const double g = static_cast<double>(to_float(chunk[row + lane]));
-          lanes[lane] = detail::dadd_rn(lanes[lane], detail::dmul_rn(g, g));
+          lanes[lane] = detail::dadd_rn(lanes[lane], g * g);
         }
       for (std::int64_t lane = 0; row + lane < count; ++lane) {
         const double g = static_cast<double>(to_float(chunk[row + lane]));
-        lanes[lane] = detail::dadd_rn(lanes[lane], detail::dmul_rn(g, g));
+        lanes[lane] = detail::dadd_rn(lanes[lane], g * g);
       }
       host_chunk_sums()[t.first_chunk + c] = detail::tree_sum(lanes);
     }

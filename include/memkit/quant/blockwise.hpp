@@ -101,6 +101,7 @@ using memkit::detail::add_rn;
 using memkit::detail::dadd_rn;
 using memkit::detail::div_rn;
 using memkit::detail::mul_rn;
+using memkit::detail::stored_product;
 using memkit::detail::sub_rn;
 
 MEMKIT_HOST_DEVICE MEMKIT_FORCEINLINE float abs_value(float x) noexcept {
@@ -183,7 +184,7 @@ inline constexpr std::array<float, 16> four_bit_values = [] {
 // Decoded value: the code's value times the block's absmax (one rounding, as bitsandbytes).
 template <format F>
 MEMKIT_HOST_DEVICE MEMKIT_FORCEINLINE float decode(std::uint8_t code, float absmax, const float* map) noexcept {
-  return detail::mul_rn(code_value<F>(code, map), absmax);
+  return detail::stored_product(code_value<F>(code, map), absmax);
 }
 
 // Code of flat element `index` in a packed code array.
@@ -449,7 +450,7 @@ void quantize_host(const T* input, std::int64_t numel, std::int64_t block_size, 
     absmax[block] = block_max;
     const float reciprocal = block_reciprocal(block_max);
     if constexpr (F == format::int8) {
-      for (std::int64_t i = 0; i < count; ++i) codes[begin + i] = encode<F>(mul_rn(to_float(values[i]), reciprocal), map);
+      for (std::int64_t i = 0; i < count; ++i) codes[begin + i] = encode<F>(stored_product(to_float(values[i]), reciprocal), map);
     } else {
       std::uint8_t* out = codes + begin / 2;
       const std::int64_t pairs = count / 2;
@@ -461,13 +462,13 @@ void quantize_host(const T* input, std::int64_t numel, std::int64_t block_size, 
       }
 #endif
       for (; p < pairs; ++p) {
-        const std::uint8_t high = encode<F>(mul_rn(to_float(values[2 * p]), reciprocal), map);
-        const std::uint8_t low = encode<F>(mul_rn(to_float(values[2 * p + 1]), reciprocal), map);
+        const std::uint8_t high = encode<F>(stored_product(to_float(values[2 * p]), reciprocal), map);
+        const std::uint8_t low = encode<F>(stored_product(to_float(values[2 * p + 1]), reciprocal), map);
         out[p] = static_cast<std::uint8_t>((high << 4) | low);
       }
       if (count & 1) {  // odd tail of the tensor: pad with 0.0, which is scaled like any other value
-        const std::uint8_t high = encode<F>(mul_rn(to_float(values[count - 1]), reciprocal), map);
-        const std::uint8_t low = encode<F>(mul_rn(0.0f, reciprocal), map);
+        const std::uint8_t high = encode<F>(stored_product(to_float(values[count - 1]), reciprocal), map);
+        const std::uint8_t low = encode<F>(stored_product(0.0f, reciprocal), map);
         out[pairs] = static_cast<std::uint8_t>((high << 4) | low);
       }
     }
@@ -490,7 +491,7 @@ void dequantize_host(const std::uint8_t* codes, const block_scales& scales, std:
       // A 16-entry table of the block's decoded values, already in the output type: the same products
       // decode() forms and the same conversion, done 16 times per block instead of once per value.
       float decoded[16];  // decode() of each code: the same single products
-      for (int c = 0; c < 16; ++c) decoded[c] = mul_rn(four_bit_values<F>[static_cast<std::size_t>(c)], scale);
+      for (int c = 0; c < 16; ++c) decoded[c] = stored_product(four_bit_values<F>[static_cast<std::size_t>(c)], scale);
       T scaled[16];
 #if MEMKIT_QUANT_X86_SIMD
       if constexpr (std::is_same_v<T, bf16>) bf16_bits_x16(decoded, reinterpret_cast<std::uint16_t*>(scaled));
@@ -563,14 +564,14 @@ __global__ void quantize_kernel(const T* __restrict__ input, std::int64_t numel,
     const float reciprocal = block_reciprocal(block_max);
     if constexpr (F == format::int8) {
       for (std::int64_t i = lane; i < count; i += 32)
-        codes[begin + i] = encode<F>(mul_rn(to_float(input[begin + i]), reciprocal), map);
+        codes[begin + i] = encode<F>(stored_product(to_float(input[begin + i]), reciprocal), map);
     } else {
       const std::int64_t pairs = (count + 1) / 2;
       for (std::int64_t p = lane; p < pairs; p += 32) {
         const float first = to_float(input[begin + 2 * p]);
         const float second = 2 * p + 1 < count ? to_float(input[begin + 2 * p + 1]) : 0.0f;
-        const std::uint8_t high = encode<F>(mul_rn(first, reciprocal), map);
-        const std::uint8_t low = encode<F>(mul_rn(second, reciprocal), map);
+        const std::uint8_t high = encode<F>(stored_product(first, reciprocal), map);
+        const std::uint8_t low = encode<F>(stored_product(second, reciprocal), map);
         codes[begin / 2 + p] = static_cast<std::uint8_t>((high << 4) | low);
       }
     }
@@ -623,8 +624,8 @@ __global__ void dequantize4_vector_kernel(const std::uint8_t* __restrict__ codes
 #pragma unroll
     for (int b = 0; b < 4; ++b) {
       const std::uint32_t byte = (packed >> (8 * b)) & 0xffu;
-      values[2 * b] = from_float<T>(mul_rn(table[byte >> 4], scale));
-      values[2 * b + 1] = from_float<T>(mul_rn(table[byte & 0x0f], scale));
+      values[2 * b] = from_float<T>(stored_product(table[byte >> 4], scale));
+      values[2 * b + 1] = from_float<T>(stored_product(table[byte & 0x0f], scale));
     }
     if constexpr (sizeof(T) == 2) {
       *reinterpret_cast<uint4*>(output + 8 * g) = *reinterpret_cast<const uint4*>(values);

@@ -62,7 +62,7 @@ MEMKIT_HOST_DEVICE inline float group_absmax(const float* absmax, std::int64_t b
 
 MEMKIT_HOST_DEVICE MEMKIT_FORCEINLINE std::uint8_t nested_code(float scale, float offset, float group_reciprocal,
                                                               const float* map) noexcept {
-  return encode<format::int8>(mul_rn(sub_rn(scale, offset), group_reciprocal), map);
+  return encode<format::int8>(stored_product(sub_rn(scale, offset), group_reciprocal), map);
 }
 
 inline float host_mean_offset(const float* absmax, std::int64_t blocks) {
