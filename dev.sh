@@ -51,6 +51,8 @@ case ${1:-} in
     ;;
   test)
     cmake --build "$build_dir" -j "$jobs"
+    # Say up front whether the GPU suite can run here (CTest lists it as Skipped when it cannot).
+    if [[ -x $build_dir/tests/memkit_cuda_tests ]]; then "$build_dir"/tests/memkit_cuda_tests --memkit-gpu-probe; fi
     ctest --test-dir "$build_dir" --output-on-failure -j "$jobs"
     ;;
   bench)

@@ -3,6 +3,7 @@
 // Test cases in the "gpu" suite need a CUDA device. A normal run excludes them and says so; a run
 // with --memkit-gpu-suite runs only them, or, when no device is usable, prints how many were
 // skipped and why, and exits 77 so CTest reports the test as Skipped instead of Passed.
+// --memkit-gpu-probe runs nothing: it prints how many GPU cases there are and whether they can run.
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 
@@ -41,10 +42,18 @@ std::string why_no_cuda_device() {
 
 int main(int argc, char** argv) {
   std::vector<char*> args;
-  bool gpu_suite = false;
+  bool gpu_suite = false, gpu_probe = false;
   for (int i = 0; i < argc; ++i) {
     if (std::strcmp(argv[i], "--memkit-gpu-suite") == 0) gpu_suite = true;
+    else if (std::strcmp(argv[i], "--memkit-gpu-probe") == 0) gpu_probe = true;
     else args.push_back(argv[i]);
+  }
+  if (gpu_probe) {
+    const std::string reason = why_no_cuda_device();
+    if (reason.empty()) std::printf("memkit: %d GPU test cases will run on the CUDA device\n", count_gpu_test_cases());
+    else std::printf("memkit: %d GPU test cases will be SKIPPED: no usable CUDA device (%s)\n", count_gpu_test_cases(),
+                     reason.c_str());
+    return 0;
   }
 
   doctest::Context context(static_cast<int>(args.size()), args.data());
