@@ -7,7 +7,6 @@
 #pragma once
 
 #include <cstdint>
-#include <string>
 
 #include "memkit/config.hpp"
 #include "memkit/core/execution.hpp"
