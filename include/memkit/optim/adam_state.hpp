@@ -833,17 +833,27 @@ class adam_state {
   }
 
   // ---- validation: every check happens before anything is written ----
-  template <executor E, float_storage P, float_storage G>
-  void validate_step(const E& exec, std::span<const adam_param<P, G>> params, std::span<const adam_group> groups,
-                     float gradient_scale) const {
-    const char* op = "adam_state::step";
-    require(params.size() == layout_.size(), std::string(op) + ": got " + std::to_string(params.size()) +
-                                                 " parameter tensors, the state was made for " +
-                                                 std::to_string(layout_.size()));
+  // The checks step and offload_step share: tensor count, groups and gradient scale.
+  void validate_arguments(const char* op, std::size_t param_count, std::span<const adam_group> groups,
+                          float gradient_scale) const {
+    require(param_count == layout_.size(), std::string(op) + ": got " + std::to_string(param_count) +
+                                               " parameter tensors, the state was made for " +
+                                               std::to_string(layout_.size()));
     require(!groups.empty(), std::string(op) + ": no parameter groups given");
     require(gradient_scale > 0.0f && std::isfinite(gradient_scale),
             std::string(op) + ": gradient_scale must be finite and > 0, got " + std::to_string(gradient_scale));
     for (std::size_t g = 0; g < groups.size(); ++g) validate(groups[g], std::string(op) + ": group " + std::to_string(g));
+  }
+  static void require_known_group(const char* op, const std::string& which, int group, std::size_t group_count) {
+    require(group >= 0 && static_cast<std::size_t>(group) < group_count,
+            std::string(op) + ": " + which + " names group " + std::to_string(group) + " but only " +
+                std::to_string(group_count) + " groups were given");
+  }
+  template <executor E, float_storage P, float_storage G>
+  void validate_step(const E& exec, std::span<const adam_param<P, G>> params, std::span<const adam_group> groups,
+                     float gradient_scale) const {
+    const char* op = "adam_state::step";
+    validate_arguments(op, params.size(), groups, gradient_scale);
     require_accessible(exec, arena_view(), op, "optimizer state");
     for (std::size_t i = 0; i < params.size(); ++i) {
       const adam_param<P, G>& p = params[i];
@@ -859,9 +869,7 @@ class adam_state {
         require_same_shape(p.param, tensor_view<const float>(p.master), op, (which + " param").c_str(),
                            (which + " master").c_str());
       }
-      require(p.group >= 0 && static_cast<std::size_t>(p.group) < groups.size(),
-              std::string(op) + ": " + which + " names group " + std::to_string(p.group) + " but only " +
-                  std::to_string(groups.size()) + " groups were given");
+      require_known_group(op, which, p.group, groups.size());
       require_accessible(exec, p.param, op, (which + " param").c_str());
       require_accessible(exec, p.grad, op, (which + " grad").c_str());
       if (p.master.data() != nullptr) require_accessible(exec, p.master, op, (which + " master").c_str());
@@ -875,12 +883,7 @@ class adam_state {
     const char* op = "adam_state::offload_step";
     require(host_executor::can_access(where()),
             std::string(op) + ": the state is in " + to_string(where()) + " memory; CPU offload keeps it in host memory");
-    require(params.size() == layout_.size(), std::string(op) + ": got " + std::to_string(params.size()) +
-                                                 " parameter tensors, the state was made for " +
-                                                 std::to_string(layout_.size()));
-    require(!groups.empty(), std::string(op) + ": no parameter groups given");
-    require(gradient_scale > 0.0f && std::isfinite(gradient_scale), std::string(op) + ": gradient_scale must be finite and > 0");
-    for (std::size_t g = 0; g < groups.size(); ++g) validate(groups[g], std::string(op) + ": group " + std::to_string(g));
+    validate_arguments(op, params.size(), groups, gradient_scale);
     for (std::size_t i = 0; i < params.size(); ++i) {
       const adam_offload_param<P, G>& p = params[i];
       const std::string which = "tensor " + std::to_string(i);
@@ -895,9 +898,7 @@ class adam_state {
       if constexpr (!std::is_same_v<P, float>)
         require_same_shape(p.param, tensor_view<const P>(p.param_staging), op, (which + " param").c_str(),
                            (which + " param_staging").c_str());
-      require(p.group >= 0 && static_cast<std::size_t>(p.group) < groups.size(),
-              std::string(op) + ": " + which + " names group " + std::to_string(p.group) + " but only " +
-                  std::to_string(groups.size()) + " groups were given");
+      require_known_group(op, which, p.group, groups.size());
       require_accessible(exec, p.param, op, (which + " param").c_str());
       require_accessible(exec, p.grad, op, (which + " grad").c_str());
       auto pinned = [&](memory_kind kind, const char* name) {
