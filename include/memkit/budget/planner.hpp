@@ -138,8 +138,9 @@ constexpr ladder plan_ladder(const model_config& m, const gpu_spec& gpu, const t
     ladder_rung& r = out.rungs[i];
     r.kind = static_cast<rung_kind>(i);
     r.plan = plans[i];
-    r.estimate = estimate_memory(m, plans[i]);
-    r.fits = r.estimate.valid() && r.estimate.peak_device_bytes <= gpu.memory_bytes;
+    const fit_report fit = check_fit(m, plans[i], gpu);
+    r.estimate = fit.estimate;
+    r.fits = fit.fits;
     if (r.fits && out.first_fit < 0) out.first_fit = i;
   }
   return out;
