@@ -107,10 +107,10 @@ constexpr std::string_view plan_problem(const model_config& m, const training_pl
     return "full training needs fp32/bf16/fp16 weights; quantized weights train with LoRA";
   if (p.lora_training() && (p.lora.rank == 0 || p.lora.targets == 0))
     return "LoRA needs a positive rank and at least one target module";
-  if (p.weights.format == weight_format::nf4 || p.weights.format == weight_format::fp4) {
-    const std::uint64_t bs = p.weights.block_size;
-    if (bs < 32 || bs > 4096 || (bs & (bs - 1)) != 0) return "4-bit block size must be a power of two in 32..4096";
-  }
+  // The rule quantized_tensor enforces (a block size past int64 converts negative and is refused too).
+  if ((p.weights.format == weight_format::nf4 || p.weights.format == weight_format::fp4) &&
+      !quant::is_valid_block_size(static_cast<std::int64_t>(p.weights.block_size)))
+    return "4-bit block size must be a power of two in 32..4096";
   if (p.offload_parameters && p.placement != optimizer_placement::host)
     return "offloading parameters needs the optimizer offloaded to the host too";
   return {};
