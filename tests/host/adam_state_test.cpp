@@ -315,6 +315,7 @@ TEST_CASE("adam: bad input is refused with a clear message and leaves the state 
   refused(wrong_group, groups, "tensor 0 names group 3 but only 1 groups were given");
   refused(params, {{.beta1 = 1.0f}}, "beta1 must be in [0, 1)");
   refused(params, {{.lr = std::numeric_limits<float>::quiet_NaN()}}, "lr must be finite");
+  refused(params, {{.eps = -1e-9f}}, "eps must be finite and >= 0, got -1e-09");  // not "-0.000000"
   refused(params, {}, "no parameter groups");
   auto device_grad = params;
   device_grad[1].grad = memkit::tensor_view<const float>(t.g1.data(), memkit::shape{6000}, memkit::memory_kind::device);
@@ -330,6 +331,8 @@ TEST_CASE("adam: bad input is refused with a clear message and leaves the state 
     CHECK(contains(e.what(), "gradient_scale must be finite and > 0"));
   }
   CHECK_THROWS_WITH_AS(make_state<adam_state<float>>({10, 0}), doctest::Contains("tensor 1 has 0 elements"), memkit::error);
+  CHECK_THROWS_WITH_AS(make_state<adam_state<float>>({10}, {.loss_scaling = {.enabled = true, .backoff_factor = 1.5f}}),
+                       doctest::Contains("backoff_factor must be in (0, 1), got 1.5"), memkit::error);
 }
 
 TEST_CASE("adam: accumulated micro-batches scaled once by the step equal a step on the mean gradient") {

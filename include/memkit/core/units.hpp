@@ -1,4 +1,4 @@
-// memkit/core/units.hpp — byte-size constants and the one human-readable byte formatter.
+// memkit/core/units.hpp — byte-size constants and the human-readable byte and float formatters.
 #pragma once
 
 #include <cstddef>
@@ -26,6 +26,14 @@ inline std::string format_bytes(std::uint64_t bytes) {
   char text[32];
   if (unit == 0) std::snprintf(text, sizeof text, "%llu B", static_cast<unsigned long long>(bytes));
   else std::snprintf(text, sizeof text, "%.2f %s", value, units[unit]);
+  return text;
+}
+
+// A float in error messages, as "%g" prints it ("0.001", "-1e-09", "inf", "nan"): unlike
+// std::to_string's fixed six decimals, a small value does not print as 0.000000.
+inline std::string format_float(float value) {
+  char text[48];
+  std::snprintf(text, sizeof text, "%g", static_cast<double>(value));
   return text;
 }
 

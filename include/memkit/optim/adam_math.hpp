@@ -15,6 +15,7 @@
 #include "memkit/config.hpp"
 #include "memkit/core/float16.hpp"
 #include "memkit/core/rounded_math.hpp"
+#include "memkit/core/units.hpp"
 
 MEMKIT_NAMESPACE_BEGIN
 
@@ -28,12 +29,12 @@ struct adam_group {
 };
 
 inline void validate(const adam_group& group, const std::string& where) {
-  require(group.lr >= 0.0f && std::isfinite(group.lr), where + ": lr must be finite and >= 0, got " + std::to_string(group.lr));
-  require(group.beta1 >= 0.0f && group.beta1 < 1.0f, where + ": beta1 must be in [0, 1), got " + std::to_string(group.beta1));
-  require(group.beta2 >= 0.0f && group.beta2 < 1.0f, where + ": beta2 must be in [0, 1), got " + std::to_string(group.beta2));
-  require(group.eps >= 0.0f && std::isfinite(group.eps), where + ": eps must be finite and >= 0, got " + std::to_string(group.eps));
+  require(group.lr >= 0.0f && std::isfinite(group.lr), where + ": lr must be finite and >= 0, got " + format_float(group.lr));
+  require(group.beta1 >= 0.0f && group.beta1 < 1.0f, where + ": beta1 must be in [0, 1), got " + format_float(group.beta1));
+  require(group.beta2 >= 0.0f && group.beta2 < 1.0f, where + ": beta2 must be in [0, 1), got " + format_float(group.beta2));
+  require(group.eps >= 0.0f && std::isfinite(group.eps), where + ": eps must be finite and >= 0, got " + format_float(group.eps));
   require(group.weight_decay >= 0.0f && std::isfinite(group.weight_decay),
-          where + ": weight_decay must be finite and >= 0, got " + std::to_string(group.weight_decay));
+          where + ": weight_decay must be finite and >= 0, got " + format_float(group.weight_decay));
 }
 
 // Dynamic loss scaling for fp16 training (the policy of PyTorch's GradScaler): the loss is multiplied by
@@ -53,13 +54,16 @@ struct loss_scaler_options {
 inline void validate(const loss_scaler_options& options, const std::string& where) {
   if (!options.enabled) return;
   require(options.initial_scale > 0.0f && std::isfinite(options.initial_scale),
-          where + ": loss scaling initial_scale must be finite and > 0");
-  require(options.growth_factor >= 1.0f, where + ": loss scaling growth_factor must be >= 1");
+          where + ": loss scaling initial_scale must be finite and > 0, got " + format_float(options.initial_scale));
+  require(options.growth_factor >= 1.0f,
+          where + ": loss scaling growth_factor must be >= 1, got " + format_float(options.growth_factor));
   require(options.backoff_factor > 0.0f && options.backoff_factor < 1.0f,
-          where + ": loss scaling backoff_factor must be in (0, 1)");
-  require(options.growth_interval >= 1, where + ": loss scaling growth_interval must be >= 1");
+          where + ": loss scaling backoff_factor must be in (0, 1), got " + format_float(options.backoff_factor));
+  require(options.growth_interval >= 1,
+          where + ": loss scaling growth_interval must be >= 1, got " + std::to_string(options.growth_interval));
   require(options.min_scale > 0.0f && options.min_scale <= options.max_scale,
-          where + ": loss scaling needs 0 < min_scale <= max_scale");
+          where + ": loss scaling needs 0 < min_scale <= max_scale, got min_scale " + format_float(options.min_scale) +
+              " and max_scale " + format_float(options.max_scale));
 }
 
 namespace detail {

@@ -841,7 +841,7 @@ class adam_state {
                                                std::to_string(layout_.size()));
     require(!groups.empty(), std::string(op) + ": no parameter groups given");
     require(gradient_scale > 0.0f && std::isfinite(gradient_scale),
-            std::string(op) + ": gradient_scale must be finite and > 0, got " + std::to_string(gradient_scale));
+            std::string(op) + ": gradient_scale must be finite and > 0, got " + format_float(gradient_scale));
     for (std::size_t g = 0; g < groups.size(); ++g) validate(groups[g], std::string(op) + ": group " + std::to_string(g));
   }
   static void require_known_group(const char* op, const std::string& which, int group, std::size_t group_count) {

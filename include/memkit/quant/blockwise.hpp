@@ -19,7 +19,6 @@
 #include <array>
 #include <cmath>
 #include <cstdint>
-#include <cstdio>
 #include <string>
 #include <type_traits>
 
@@ -28,6 +27,7 @@
 #include "memkit/core/float16.hpp"
 #include "memkit/core/rounded_math.hpp"
 #include "memkit/core/tensor_view.hpp"
+#include "memkit/core/units.hpp"
 #include "memkit/memory/resource.hpp"
 #include "memkit/quant/codebooks.hpp"
 
@@ -223,12 +223,6 @@ struct block_scales {
 };
 
 namespace detail {
-
-inline std::string format_float(float value) {
-  char text[48];
-  std::snprintf(text, sizeof text, "%g", static_cast<double>(value));
-  return text;
-}
 
 // Calls body.template operator()<F>() with the runtime format as a template argument.
 template <class Body>
