@@ -123,4 +123,15 @@ TEST_CASE("quant tensor: errors name the tensor and block, the shape, and bad op
   CHECK_THROWS_WITH_AS(t.dequantize_range(host, 900, host_view(tile)), doctest::Contains("outside the tensor"),
                        memkit::error);
   t.require_finite_scales("w");
+  // Double-quantized scales: a bad group absmax names its group's first block, a bad offset block 0.
+  const std::vector<float> wide = standard_normal(64 * 300, 5);
+  auto dq = q::quantized_tensor<q::NF4>::quantize(host, host_view(wide.data(), {300, 64}), {64, true}, tracker);
+  dq.require_finite_scales("dq");
+  dq.nested_group_absmax()[1] = std::numeric_limits<float>::infinity();
+  CHECK_THROWS_WITH_AS(dq.require_finite_scales("dq"), doctest::Contains("non-finite value in block 256 of 300"),
+                       memkit::error);
+  dq.nested_group_absmax()[1] = 1.0f;
+  dq.offset_view()[0] = std::numeric_limits<float>::quiet_NaN();
+  CHECK_THROWS_WITH_AS(dq.require_finite_scales("dq"), doctest::Contains("non-finite value in block 0 of 300"),
+                       memkit::error);
 }

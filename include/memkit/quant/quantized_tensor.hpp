@@ -193,10 +193,10 @@ class quantized_tensor {
             "quantized_tensor::require_finite_scales: the tensor is in device memory; use require_finite(exec, name)");
     std::int64_t bad = -1;
     if (options_.double_quant) {
-      const float* group = nested_absmax_.data();
+      // The group absmax values and, last, the offset, which every block's scale adds.
       const std::int64_t groups = nested_group_count(blocks());
-      for (std::int64_t g = 0; g <= groups && bad < 0; ++g)
-        if (!detail::finite_magnitude(detail::abs_value(group[g]))) bad = g < groups ? g * nested_block_size : 0;
+      const std::int64_t g = detail::first_nonfinite(nested_absmax_.data(), groups + 1);
+      if (g >= 0) bad = g < groups ? g * nested_block_size : 0;
     } else {
       bad = detail::first_nonfinite(absmax_.data(), blocks());
     }
