@@ -303,14 +303,12 @@ constexpr memory_estimate estimate_memory(const model_config& m, const training_
   out.phases[0] = forward;
 
   // Backward, from the loss: the head's gradient first, then block by block.
-  const bool host_grads = host_optimizer;
-  const std::uint64_t grads_base = p.grad_accum > 1 ? gradients : 0;
   auto grads_so_far = [&](std::uint64_t produced) {
-    if (p.grad_accum > 1 || host_grads) return gradients;  // already allocated (or a fixed bucket)
+    if (p.grad_accum > 1 || host_optimizer) return gradients;  // already allocated (or a fixed bucket)
     return produced < gradients ? produced : gradients;
   };
-  breakdown backward = with(persistent, grads_so_far(grads_base + params.head_gradients),
-                            saved_blocks + extras, logits.backward_peak, 0);
+  breakdown backward = with(persistent, grads_so_far(params.head_gradients), saved_blocks + extras,
+                            logits.backward_peak, 0);
   for (std::uint64_t i = L; i-- > 0;) {
     // Layer i runs backward: blocks 0..i-1 (or their checkpoints) are still saved.
     std::uint64_t activations = extras + block.backward_transient;
