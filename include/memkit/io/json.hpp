@@ -68,9 +68,9 @@ class value {
   bool is_array() const noexcept { return kind_ == kind::array; }
   bool is_object() const noexcept { return kind_ == kind::object; }
 
-  bool as_bool() const { return expect(kind::boolean, "a boolean").boolean_; }
-  const std::string& as_string() const { return expect(kind::string, "a string").text_; }
-  const std::string& number_text() const { return expect(kind::number, "a number").text_; }
+  bool as_bool() const { return expect(kind::boolean).boolean_; }
+  const std::string& as_string() const { return expect(kind::string).text_; }
+  const std::string& number_text() const { return expect(kind::number).text_; }
   // The number as an exact integer; throws for fractions, exponents or values outside int64.
   std::int64_t as_int() const {
     const std::string& text = number_text();
@@ -82,8 +82,8 @@ class value {
     return parsed;
   }
   double as_double() const { return std::strtod(number_text().c_str(), nullptr); }
-  const std::vector<value>& as_array() const { return expect(kind::array, "an array").items_; }
-  const std::vector<std::pair<std::string, value>>& as_object() const { return expect(kind::object, "an object").members_; }
+  const std::vector<value>& as_array() const { return expect(kind::array).items_; }
+  const std::vector<std::pair<std::string, value>>& as_object() const { return expect(kind::object).members_; }
 
   // Member `key` of an object, or nullptr.
   const value* find(std::string_view key) const {
@@ -110,8 +110,8 @@ class value {
   }
 
  private:
-  const value& expect(kind k, const char* what) const {
-    require(kind_ == k, std::string("json: expected ") + what + ", found " + kind_name(kind_));
+  const value& expect(kind k) const {
+    require(kind_ == k, std::string("json: expected ") + kind_name(k) + ", found " + kind_name(kind_));
     return *this;
   }
 
