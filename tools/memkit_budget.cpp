@@ -220,9 +220,11 @@ std::string read_file(const std::string& path) {
   return buffer.str();
 }
 
-std::string gpu_names() {
+// "a, b, c": the names of the presets in `items`, for "unknown ..." errors.
+template <class Presets>
+std::string preset_names(const Presets& items) {
   std::string names;
-  for (const gpu_spec& g : presets::all_gpus) names += (names.empty() ? "" : ", ") + std::string(g.name);
+  for (const auto& item : items) names += (names.empty() ? "" : ", ") + std::string(item.name);
   return names;
 }
 
@@ -321,11 +323,8 @@ int run(int argc, char** argv) {
   model_config model;
   if (!o.preset.empty()) {
     const model_config* preset = find_model_preset(o.preset);
-    if (preset == nullptr) {
-      std::string names;
-      for (const model_config& m : presets::all_models) names += (names.empty() ? "" : ", ") + std::string(m.name);
-      throw usage_error("unknown preset '" + o.preset + "' (known: " + names + ")");
-    }
+    if (preset == nullptr)
+      throw usage_error("unknown preset '" + o.preset + "' (known: " + preset_names(presets::all_models) + ")");
     model = *preset;
   } else {
     model_name = o.config_path;
@@ -337,7 +336,7 @@ int run(int argc, char** argv) {
   std::optional<gpu_spec> gpu;
   if (!o.gpu_name.empty()) {
     const gpu_spec* found = find_gpu_preset(o.gpu_name);
-    if (found == nullptr) throw usage_error("unknown GPU '" + o.gpu_name + "' (known: " + gpu_names() + ")");
+    if (found == nullptr) throw usage_error("unknown GPU '" + o.gpu_name + "' (known: " + preset_names(presets::all_gpus) + ")");
     gpu = *found;
   }
 
