@@ -252,6 +252,8 @@ TEST_CASE("bitsandbytes Linear4bit: inconsistent checkpoints are rejected naming
   CHECK(load_error().find("bad quant_state") != std::string::npos);
   save_with_state(R"({"quant_type": "nf4", "blocksize": 64, "dtype": "bfloat16", "shape": [8, 64]})", true);
   CHECK(load_error().find("quant_map entry 3") != std::string::npos);
+  // Both values to 9 digits, so a map that differs only in its last bits does not print as the standard one.
+  CHECK(load_error().find(", not the standard nf4 value " + memkit::format_float(q::nf4_value(3), 9)) != std::string::npos);
   save_with_state(R"({"quant_type": "nf4", "blocksize": 64, "dtype": "bfloat16", "shape": [8, 64], "nested_offset": 0.5, )"
                   R"("nested_blocksize": 256, "nested_dtype": "float32"})");
   CHECK(load_error().find("'w.absmax' is F32, expected U8") != std::string::npos);

@@ -30,10 +30,11 @@ inline std::string format_bytes(std::uint64_t bytes) {
 }
 
 // A float in error messages, as "%g" prints it ("0.001", "-1e-09", "inf", "nan"): unlike
-// std::to_string's fixed six decimals, a small value does not print as 0.000000.
-inline std::string format_float(float value) {
+// std::to_string's fixed six decimals, a small value does not print as 0.000000. 9 significant
+// digits tell any two floats apart.
+inline std::string format_float(float value, int significant_digits = 6) {
   char text[48];
-  std::snprintf(text, sizeof text, "%g", static_cast<double>(value));
+  std::snprintf(text, sizeof text, "%.*g", significant_digits, static_cast<double>(value));
   return text;
 }
 

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "memkit/config.hpp"
+#include "memkit/core/units.hpp"
 #include "memkit/io/json.hpp"
 #include "memkit/io/safetensors.hpp"
 #include "memkit/memory/resource.hpp"
@@ -171,8 +172,9 @@ void read_linear4bit_tensors(const safetensors::reader& in, const std::string& k
   const std::vector<float> table = in.read_vector<float>(key + ".quant_map");
   for (std::size_t c = 0; c < 16; ++c)
     require(table[c] == four_bit_table<F>()[c], where + ": quant_map entry " + std::to_string(c) + " is " +
-                                                    std::to_string(table[c]) + ", not the standard " +
-                                                    bnb_type_name<F>() + " value");
+                                                    format_float(table[c], 9) + ", not the standard " +
+                                                    bnb_type_name<F>() + " value " +
+                                                    format_float(four_bit_table<F>()[c], 9));
   if (header.options.double_quant) {
     expect_tensor(in, key + ".absmax", "U8", blocks, where, header);
     in.read(key + ".absmax", weight.nested_codes());
