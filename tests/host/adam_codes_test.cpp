@@ -90,3 +90,21 @@ TEST_CASE("adam codes: the 4-bit maps are torchao's and round to the nearest ent
   }
   CHECK(not_nearest == 0);
 }
+
+TEST_CASE("adam codes: the 8-bit index keeps only the magnitudes between the smallest midpoint and 1") {
+  // Both indexes together stay small enough to share L1/L2 with the step's streams.
+  const auto& signed_index = memkit::detail::dynamic_code_index_for<true>();
+  const auto& unsigned_index = memkit::detail::dynamic_code_index_for<false>();
+  const std::size_t bytes = (signed_index.buckets.size() + unsigned_index.buckets.size()) * sizeof(std::uint32_t);
+  CHECK(bytes < 40 * 1024);
+  // The signed map mirrors its buckets; the unsigned map has one bucket for every negative value.
+  CHECK(signed_index.buckets.size() == 2 * signed_index.positive_buckets);
+  CHECK(unsigned_index.buckets.size() == unsigned_index.positive_buckets + 1);
+  // The clamped ends: a tiny magnitude codes as zero, anything past 1 as the largest entry.
+  for (float x : {1e-30f, 1.5f, 1e30f, -1e-30f, -1.5f, -1e30f}) {
+    CHECK(memkit::detail::dynamic_code_indexed(signed_index, x) ==
+          memkit::quant::nearest_dynamic(memkit::quant::dynamic_map_signed.data(), x));
+    CHECK(memkit::detail::dynamic_code_indexed(unsigned_index, x) ==
+          memkit::quant::nearest_dynamic(memkit::quant::dynamic_map_unsigned.data(), x));
+  }
+}

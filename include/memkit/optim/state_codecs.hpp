@@ -7,9 +7,11 @@
 #pragma once
 
 #include <array>
+#include <cmath>
 #include <cstdint>
 #include <limits>
 #include <type_traits>
+#include <vector>
 
 #include "memkit/config.hpp"
 #include "memkit/core/float16.hpp"
@@ -69,35 +71,66 @@ MEMKIT_HOST_DEVICE MEMKIT_FORCEINLINE unsigned dynamic_code(const float* map, fl
 
 // Host-only acceleration. quant::nearest_dynamic amounts to: the nearest entry by the float midpoints
 // (a + b) * 0.5f of adjacent entries, an exact tie going to the even index (where its search ends).
-// This index, keyed by the top 16 bits of x (sign, exponent, 7 mantissa bits), stores per bucket the
-// code at the bucket's low end and the one midpoint inside the bucket (buckets are narrower than the
-// spacing of the entries, checked when it is built), so a lookup is one load and one compare instead
-// of a chain of dependent loads. A midpoint inside a bucket shares the bucket's top 16 bits, so one
-// 32-bit word per bucket holds everything, and a vector lookup is a single gather:
+// This index, keyed by the top 16 bits of |x| (exponent and 7 mantissa bits) and the sign, stores per
+// bucket the code at the bucket's low end and the one midpoint inside the bucket (buckets are narrower
+// than the spacing of the entries, checked when it is built), so a lookup is one load and one compare
+// instead of a chain of dependent loads. A midpoint inside a bucket shares the bucket's top 16 bits, so
+// one 32-bit word per bucket holds everything:
 //   bits 0-15 the midpoint's low 16 bits, 16-23 the code below it, 24 "a tie goes up" (the code above
 //   is even), 25 "the bucket has a midpoint".
-// tests/host/adam_codes_test.cpp checks it against the shared function.
+// Only magnitudes between the smallest midpoint and 1 need buckets of their own (normalised moments lie
+// in [-1, 1]); smaller and larger magnitudes are clamped to the end buckets, which the build checks hold
+// one code each. Both maps' indexes take 33 KiB and build in about 3 ms on first use (a full 16-bit
+// index took 512 KiB and 54 ms; the step ran no faster with it). NaN maps to code 0, as in
+// quant::nearest_dynamic. tests/host/adam_codes_test.cpp checks it against the shared function.
 struct dynamic_code_index {
-  std::array<std::uint32_t, 65536> buckets;
+  static constexpr std::uint32_t top_key = 0x3f80;  // 1.0f >> 16: larger magnitudes share its bucket
+  std::uint32_t first_key = 0;                      // smaller magnitudes share this key's bucket
+  std::uint32_t positive_buckets = 0;               // keys first_key..top_key
+  std::uint32_t negative_limit = 0;                 // the largest clamped magnitude key of a negative x
+  std::vector<std::uint32_t> buckets;               // positive keys, then negative ones
+
+  // The bucket of x (not NaN): its clamped magnitude key, offset past the positive buckets if x < 0.
+  std::uint32_t bucket_of(std::uint32_t bits) const noexcept {
+    const std::uint32_t magnitude = (bits & 0x7fffffffu) >> 16;
+    const std::uint32_t key = (magnitude < first_key ? first_key : magnitude > top_key ? top_key : magnitude) - first_key;
+    return (bits >> 31) == 0 ? key : positive_buckets + (key < negative_limit ? key : negative_limit);
+  }
 };
 
 inline dynamic_code_index build_dynamic_code_index(const float* map) {
-  dynamic_code_index index{};
-  for (std::uint32_t key = 0; key < 65536; ++key) {
-    const bool negative = (key & 0x8000u) != 0;
-    const float low = bit_cast<float>(negative ? (key << 16) | 0xffffu : key << 16);
-    const float high = bit_cast<float>(negative ? key << 16 : (key << 16) | 0xffffu);
+  dynamic_code_index index;
+  float smallest_midpoint = 1.0f;
+  for (unsigned c = 0; c < 255; ++c) {
+    const float middle = (map[c + 1] + map[c]) * 0.5f;
+    if (middle != 0.0f && std::fabs(middle) < smallest_midpoint) smallest_midpoint = std::fabs(middle);
+  }
+  index.first_key = (bit_cast<std::uint32_t>(smallest_midpoint) >> 16) - 1;
+  index.positive_buckets = dynamic_code_index::top_key - index.first_key + 1;
+  const bool has_negatives = map[0] < 0.0f;  // an unsigned map gives every negative x code 0: one bucket
+  index.negative_limit = has_negatives ? index.positive_buckets - 1 : 0;
+  index.buckets.resize(index.positive_buckets + index.negative_limit + 1);
+  for (std::uint32_t slot = 0; slot < index.buckets.size(); ++slot) {
+    const bool negative = slot >= index.positive_buckets;
+    const std::uint32_t key = index.first_key + (negative ? slot - index.positive_buckets : slot);
+    // The magnitudes the bucket serves, clamped ends included.
+    const float small = bit_cast<float>(key == index.first_key ? 0u : key << 16);
+    const float large = key == dynamic_code_index::top_key || (negative && !has_negatives)
+                            ? std::numeric_limits<float>::infinity()
+                            : bit_cast<float>((key << 16) | 0xffffu);
+    const float low = negative ? -large : small, high = negative ? -small : large;
     std::uint32_t bucket = dynamic_code(map, low) << 16;
     int boundaries = 0;
     for (unsigned c = 0; c < 255; ++c) {
       const float middle = (map[c + 1] + map[c]) * 0.5f;
-      if (!(middle >= low && middle <= high)) continue;  // NaN buckets have none
-      if (bit_cast<std::uint32_t>(middle) >> 16 != key) throw error("memkit: dynamic map midpoint outside its bucket");
+      if (!(middle >= low && middle <= high)) continue;
+      if (bit_cast<std::uint32_t>(middle) >> 16 != (key | (negative ? 0x8000u : 0u)))
+        throw error("memkit: dynamic map midpoint outside its bucket");
       ++boundaries;
       bucket = (bit_cast<std::uint32_t>(middle) & 0xffffu) | (c << 16) | (((c + 1) % 2 == 0 ? 1u : 0u) << 24) | (1u << 25);
     }
     if (boundaries > 1) throw error("memkit: dynamic map too dense for its 16-bit index");
-    index.buckets[key] = bucket;
+    index.buckets[slot] = bucket;
   }
   return index;
 }
@@ -111,11 +144,12 @@ const dynamic_code_index& dynamic_code_index_for() {
 
 inline unsigned dynamic_code_indexed(const dynamic_code_index& index, float x) noexcept {
   const std::uint32_t bits = bit_cast<std::uint32_t>(x);
-  const std::uint32_t bucket = index.buckets[bits >> 16];
+  const std::uint32_t bucket = index.buckets[index.bucket_of(bits)];
   const float threshold = bit_cast<float>((bits & 0xffff0000u) | (bucket & 0xffffu));
   const bool has_threshold = (bucket >> 25) & 1u, tie_up = (bucket >> 24) & 1u;
-  return ((bucket >> 16) & 0xffu) +
-         static_cast<unsigned>(has_threshold & ((x > threshold) | ((x == threshold) & tie_up)));
+  const unsigned code = ((bucket >> 16) & 0xffu) +
+                        static_cast<unsigned>(has_threshold & ((x > threshold) | ((x == threshold) & tie_up)));
+  return x == x ? code : 0u;
 }
 
 template <int Bits>
@@ -447,20 +481,29 @@ inline void dynamic_codes_indexed(const dynamic_code_index& index, const float* 
   const __m512 scale = _mm512_set1_ps(inverse);
   const __m512i low_bits = _mm512_set1_epi32(0xffff), high_bits = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
   const __m512i code_bits = _mm512_set1_epi32(0xff), one = _mm512_set1_epi32(1);
+  const __m512i magnitude_bits = _mm512_set1_epi32(0x7fffffff);
+  const __m512i first_key = _mm512_set1_epi32(static_cast<int>(index.first_key));
+  const __m512i last_key = _mm512_set1_epi32(static_cast<int>(dynamic_code_index::top_key - index.first_key));
+  const __m512i negative_limit = _mm512_set1_epi32(static_cast<int>(index.negative_limit));
+  const __m512i positive_buckets = _mm512_set1_epi32(static_cast<int>(index.positive_buckets));
+  const std::uint32_t* buckets = index.buckets.data();
   constexpr int chunk = 256;
   alignas(64) std::uint32_t keys[chunk], words[chunk];
   for (const std::int64_t end = count - count % chunk; e < end; e += chunk) {
-    for (int k = 0; k < chunk; k += 16) {
-      const __m512 x = _mm512_mul_ps(_mm512_loadu_ps(values + e + k), scale);
-      _mm512_store_si512(keys + k, _mm512_maskz_srli_epi32(0xffff, _mm512_castps_si512(x), 16));
+    for (int k = 0; k < chunk; k += 16) {  // dynamic_code_index::bucket_of, 16 lanes
+      const __m512i x_bits = _mm512_castps_si512(_mm512_mul_ps(_mm512_loadu_ps(values + e + k), scale));
+      const __m512i magnitude = _mm512_maskz_srli_epi32(0xffff, _mm512_and_si512(x_bits, magnitude_bits), 16);
+      const __m512i key = _mm512_maskz_min_epu32(0xffff, _mm512_sub_epi32(_mm512_maskz_max_epu32(0xffff, magnitude, first_key), first_key), last_key);
+      const __m512i negative_key = _mm512_add_epi32(_mm512_maskz_min_epu32(0xffff, key, negative_limit), positive_buckets);
+      _mm512_store_si512(keys + k, _mm512_mask_blend_epi32(_mm512_cmplt_epi32_mask(x_bits, _mm512_setzero_si512()), key, negative_key));
     }
     for (int k = 0; k < chunk; k += 4) {
       std::uint32_t k0 = keys[k], k1 = keys[k + 1], k2 = keys[k + 2], k3 = keys[k + 3];
       asm("" : "+r"(k0), "+r"(k1), "+r"(k2), "+r"(k3));  // keeps g++ from turning these loads back into a gather
-      words[k] = index.buckets[k0];
-      words[k + 1] = index.buckets[k1];
-      words[k + 2] = index.buckets[k2];
-      words[k + 3] = index.buckets[k3];
+      words[k] = buckets[k0];
+      words[k + 1] = buckets[k1];
+      words[k + 2] = buckets[k2];
+      words[k + 3] = buckets[k3];
     }
     for (int k = 0; k < chunk; k += 16) {
       const __m512 x = _mm512_mul_ps(_mm512_loadu_ps(values + e + k), scale);
@@ -473,8 +516,9 @@ inline void dynamic_codes_indexed(const dynamic_code_index& index, const float* 
       const __mmask16 up = has_threshold & (_mm512_cmp_ps_mask(x, threshold, _CMP_GT_OQ) |
                                             (_mm512_cmp_ps_mask(x, threshold, _CMP_EQ_OQ) & tie_up));
       const __m512i code = _mm512_and_si512(_mm512_maskz_srli_epi32(0xffff, bucket, 16), code_bits);
+      const __mmask16 number = _mm512_cmp_ps_mask(x, x, _CMP_ORD_Q);  // NaN -> code 0
       _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + e + k),
-                       _mm512_maskz_cvtepi32_epi8(0xffff, _mm512_mask_add_epi32(code, up, code, one)));
+                       _mm512_maskz_cvtepi32_epi8(number, _mm512_mask_add_epi32(code, up, code, one)));
     }
   }
 #endif
