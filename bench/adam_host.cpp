@@ -1,6 +1,7 @@
 // Host AdamW step throughput for fp32, bf16, 8-bit (block 256 and 2048) and 4-bit state, on the same
 // fp32 parameters and gradients. Reports the bytes one step moves per second and the fraction of the
-// measured host bandwidth (STREAM triad, all threads; the step runs on one thread). The byte model is
+// measured host bandwidth (STREAM triad, all threads), with the step on 1 and on 2 threads
+// (adam_options::host_threads; the second benchmark argument). The byte model is
 // in support/adam_bench.hpp, shared with bench/adam_cuda.cu.
 //
 // BM_adam_part_* time the pieces of the quantized step's per-block work on data that fits in the cache
@@ -23,7 +24,9 @@ template <class S>
 void BM_adam_step_host(benchmark::State& state) {
   const std::int64_t n = state.range(0);
   auto [p, g] = memkit_bench::make_adam_inputs(n);
-  S adam(memkit::host, memkit::default_host_resource(), std::vector<std::int64_t>{n});
+  memkit::adam_options options;
+  options.host_threads = static_cast<int>(state.range(1));
+  S adam(memkit::host, memkit::default_host_resource(), std::vector<std::int64_t>{n}, options);
   const std::vector<memkit::adam_param<float, float>> params{{memkit::host_view(p), memkit::host_view(g)}};
   const std::vector<memkit::adam_group> groups{memkit::adam_group{}};
   adam.step(memkit::host, params, groups);  // warm-up: first touch of the state
@@ -123,12 +126,14 @@ using namespace memkit_bench::adam_flavours;
 
 }  // namespace
 
-// 16M parameters (64 MiB per fp32 array: far beyond the caches); the smoke test runs the 64Ki size.
-BENCHMARK_TEMPLATE(BM_adam_step_host, fp32_state)->Arg(1 << 16)->Arg(1 << 24)->Unit(benchmark::kMillisecond)->UseRealTime();
-BENCHMARK_TEMPLATE(BM_adam_step_host, bf16_state)->Arg(1 << 16)->Arg(1 << 24)->Unit(benchmark::kMillisecond)->UseRealTime();
-BENCHMARK_TEMPLATE(BM_adam_step_host, int8_256_state)->Arg(1 << 16)->Arg(1 << 24)->Unit(benchmark::kMillisecond)->UseRealTime();
-BENCHMARK_TEMPLATE(BM_adam_step_host, int8_2048_state)->Arg(1 << 16)->Arg(1 << 24)->Unit(benchmark::kMillisecond)->UseRealTime();
-BENCHMARK_TEMPLATE(BM_adam_step_host, int4_state)->Arg(1 << 16)->Arg(1 << 24)->Unit(benchmark::kMillisecond)->UseRealTime();
+// 16M parameters (64 MiB per fp32 array: far beyond the caches) on 1 and 2 threads; the smoke test runs
+// the 64Ki size.
+#define MEMKIT_ADAM_HOST_SIZES ->ArgsProduct({{1 << 16, 1 << 24}, {1, 2}})->ArgNames({"n", "threads"})->Unit(benchmark::kMillisecond)->UseRealTime()
+BENCHMARK_TEMPLATE(BM_adam_step_host, fp32_state) MEMKIT_ADAM_HOST_SIZES;
+BENCHMARK_TEMPLATE(BM_adam_step_host, bf16_state) MEMKIT_ADAM_HOST_SIZES;
+BENCHMARK_TEMPLATE(BM_adam_step_host, int8_256_state) MEMKIT_ADAM_HOST_SIZES;
+BENCHMARK_TEMPLATE(BM_adam_step_host, int8_2048_state) MEMKIT_ADAM_HOST_SIZES;
+BENCHMARK_TEMPLATE(BM_adam_step_host, int4_state) MEMKIT_ADAM_HOST_SIZES;
 BENCHMARK(BM_adam_part_update);
 BENCHMARK(BM_adam_part_decode_int8);
 BENCHMARK(BM_adam_part_encode_int8);

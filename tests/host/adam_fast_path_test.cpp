@@ -288,3 +288,57 @@ TEST_CASE_TEMPLATE("adam fast path: host steps equal per-element steps bit for b
   SUBCASE("bf16 parameters with an fp32 master, bf16 gradients") { check_steps_match_reference<S, bf16, bf16>(true); }
   SUBCASE("bf16 parameters rounded stochastically, fp32 gradients") { check_steps_match_reference<S, bf16, float>(false); }
 }
+
+namespace {
+
+// The same steps with `threads` host threads: the state bytes and the parameters after them.
+template <class S, class P>
+std::pair<std::vector<std::byte>, std::vector<std::vector<P>>> run_threaded_steps(int threads) {
+  // Tensors that split across threads (> 2^17 elements each part), with odd tails, and a small one that does not.
+  const std::vector<std::int64_t> sizes{300001, 1000, 4096 * 70 + 3};
+  adam_options options;
+  options.max_grad_norm = 5.0f;
+  options.seed = 7;
+  options.host_threads = threads;
+  S state(host, memkit::default_host_resource(), sizes, options);
+  std::vector<std::vector<P>> params;
+  for (std::size_t t = 0; t < sizes.size(); ++t)
+    params.push_back(adam_test::convert<P>(adam_test::normal(static_cast<std::size_t>(sizes[t]), 0.1f, static_cast<std::uint32_t>(t + 3))));
+  for (int step = 0; step < 2; ++step) {
+    std::vector<std::vector<float>> grads;
+    std::vector<adam_param<P, float>> views;
+    for (std::size_t t = 0; t < sizes.size(); ++t)
+      grads.push_back(adam_test::normal(static_cast<std::size_t>(sizes[t]), 0.05f, static_cast<std::uint32_t>(50 * step + t)));
+    for (std::size_t t = 0; t < sizes.size(); ++t) views.push_back({host_view(params[t]), host_view(grads[t]), {}, 0});
+    state.step(host, views, std::vector<adam_group>{{.lr = 1e-2f, .weight_decay = 0.05f}});
+    CHECK(state.control(host).applied == 1);
+  }
+  return {adam_test::snapshot(state), params};
+}
+
+}  // namespace
+
+TEST_CASE_TEMPLATE("adam fast path: the host step gives the same bits on any number of threads", S, adam_state<float>,
+                   adam_state<bf16>, adam_state<std::int8_t, 256>, adam_state<std::int8_t, 2048>,
+                   adam_state<four_bit, 128>) {
+  // fp32 parameters, and bf16 parameters rounded stochastically (the random bits are per element).
+  const auto fp32_one = run_threaded_steps<S, float>(1);
+  const auto bf16_one = run_threaded_steps<S, bf16>(1);
+  for (int threads : {2, 3, 0}) {
+    CAPTURE(threads);
+    const auto fp32_many = run_threaded_steps<S, float>(threads);
+    CHECK(fp32_many.first == fp32_one.first);
+    for (std::size_t t = 0; t < fp32_one.second.size(); ++t) CHECK(adam_test::same_bits(fp32_many.second[t], fp32_one.second[t]));
+    const auto bf16_many = run_threaded_steps<S, bf16>(threads);
+    CHECK(bf16_many.first == bf16_one.first);
+    for (std::size_t t = 0; t < bf16_one.second.size(); ++t) CHECK(adam_test::same_bits(bf16_many.second[t], bf16_one.second[t]));
+  }
+}
+
+TEST_CASE("adam fast path: host_threads below 0 is an error") {
+  adam_options options;
+  options.host_threads = -1;
+  const std::vector<std::int64_t> sizes{10};
+  CHECK_THROWS_WITH_AS(adam_state<float>(host, memkit::default_host_resource(), sizes, options),
+                       doctest::Contains("host_threads must be >= 0"), memkit::error);
+}

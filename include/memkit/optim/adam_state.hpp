@@ -36,6 +36,8 @@
 #include <ostream>
 #include <span>
 #include <string>
+#include <system_error>
+#include <thread>
 #include <type_traits>
 #include <vector>
 
@@ -57,6 +59,8 @@ struct adam_options {
   loss_scaler_options loss_scaling{};      // dynamic loss scaling for fp16 gradients
   bool stochastic_rounding = true;         // bf16 parameters without a master copy: round stochastically
   std::uint64_t seed = 0;                  // of the stochastic rounding; same seed, same bits
+  int host_threads = 1;                    // threads of the host and CPU-offload steps, 0 = all hardware
+                                           // threads; the results do not depend on it
 };
 
 // One parameter tensor of a step: the parameter, its gradient, an optional fp32 master copy (then the
@@ -112,6 +116,40 @@ constexpr std::size_t align_segment(std::size_t bytes) noexcept {
 
 // Elements per work unit of a tensor with fp32/bf16 moments (one CUDA block each).
 inline constexpr std::int64_t plain_unit = 4096;
+
+inline std::int64_t hardware_threads() noexcept {
+  const unsigned n = std::thread::hardware_concurrency();
+  return n > 0 ? n : 1;
+}
+
+// Runs work(first, last) over `parts` contiguous, disjoint ranges of [0, count), the calling thread taking
+// the first. A thread that cannot be started has its range run on the calling thread instead: every range
+// runs exactly once, so a failure to start threads never leaves a step half applied.
+template <class Work>
+void run_in_parts(int parts, std::int64_t count, Work&& work) {
+  parts = static_cast<int>(std::min<std::int64_t>(std::max(parts, 1), std::max<std::int64_t>(count, 1)));
+  const auto bound = [&](int part) { return count * part / parts; };
+  if (parts == 1) {
+    work(std::int64_t{0}, count);
+    return;
+  }
+  std::vector<std::thread> threads;
+  struct join_all {  // also when the calling thread's range throws
+    std::vector<std::thread>& threads;
+    ~join_all() {
+      for (std::thread& thread : threads) thread.join();
+    }
+  } joiner{threads};
+  threads.reserve(static_cast<std::size_t>(parts - 1));
+  for (int part = 1; part < parts; ++part) {
+    try {
+      threads.emplace_back([&work, first = bound(part), last = bound(part + 1)] { work(first, last); });
+    } catch (const std::system_error&) {
+      work(bound(part), bound(part + 1));
+    }
+  }
+  work(std::int64_t{0}, bound(1));
+}
 // Most tensors one kernel launch carries in its argument block.
 inline constexpr int tensors_per_launch = 16;
 
@@ -381,6 +419,8 @@ class adam_state {
     validate(options_.loss_scaling, "adam_state");
     require(options_.min_quantized_size >= 0, "adam_state: min_quantized_size must be >= 0");
     require(options_.max_grad_norm >= 0.0f, "adam_state: max_grad_norm must be >= 0");
+    require(options_.host_threads >= 0, "adam_state: host_threads must be >= 0 (0: all hardware threads), got " +
+                                            std::to_string(options_.host_threads));
     std::int64_t chunks = 0;
     for (std::size_t i = 0; i < sizes.size(); ++i) {
       require(sizes[i] > 0, "adam_state: tensor " + std::to_string(i) + " has " + std::to_string(sizes[i]) +
@@ -934,8 +974,20 @@ class adam_state {
   template <float_storage G>
   void host_norm(std::size_t tensor, const G* grad) {
     const detail::adam_tensor_layout& t = layout_[tensor];
+    detail::run_in_parts(host_parts(t.size), t.chunks, [&](std::int64_t first, std::int64_t last) {
+      host_norm_chunks(t, grad, first, last);
+    });
+  }
+  // The number of threads for a tensor of `size` elements: enough work per thread to repay starting it.
+  int host_parts(std::int64_t size) const noexcept {
+    constexpr std::int64_t min_elements_per_thread = 1 << 17;
+    const std::int64_t wanted = options_.host_threads > 0 ? options_.host_threads : detail::hardware_threads();
+    return static_cast<int>(std::max<std::int64_t>(1, std::min(wanted, size / min_elements_per_thread)));
+  }
+  template <float_storage G>
+  void host_norm_chunks(const detail::adam_tensor_layout& t, const G* grad, std::int64_t first, std::int64_t last) {
     double lanes[detail::reduction_lanes];
-    for (std::int64_t c = 0; c < t.chunks; ++c) {
+    for (std::int64_t c = first; c < last; ++c) {
       const std::int64_t begin = c * detail::reduction_chunk;
       const std::int64_t count = std::min(detail::reduction_chunk, t.size - begin);
       // detail::lane_sum_of_squares for every lane at once, row by row: each lane adds the same terms in
@@ -972,18 +1024,29 @@ class adam_state {
   // parameters, gradients and moments are gathered as fp32 into L1-resident buffers (unless they are
   // fp32 arrays already), updated by detail::adamw_update_array, and written back; a quantized block
   // is one tile, so its new moments are requantized while still in L1.
+  // The work is split across host_parts threads in whole units (quantization blocks, or plain units of
+  // detail::plain_unit elements); each element is computed by the same code whatever the split.
   template <float_storage P, float_storage G>
   void host_update(std::size_t tensor, const detail::param_access<P, G>& access, const adam_group& group) {
-    std::byte* base = arena_.data();
     const detail::adam_tensor_layout& t = layout_[tensor];
     const adam_coefficients c = make_coefficients(group, host_control());
+    detail::run_in_parts(host_parts(t.size), t.units, [&](std::int64_t first, std::int64_t last) {
+      host_update_units(t, access, c, first, last);
+    });
+  }
+  template <float_storage P, float_storage G>
+  void host_update_units(const detail::adam_tensor_layout& t, const detail::param_access<P, G>& access,
+                         const adam_coefficients& c, std::int64_t first_unit, std::int64_t last_unit) {
+    std::byte* base = arena_.data();
     if (!t.quantized) {
+      const std::int64_t begin = first_unit * detail::plain_unit;
+      const std::int64_t end = std::min(t.size, last_unit * detail::plain_unit);
       if constexpr (quantized) {
         host_update_plain(access, reinterpret_cast<float*>(base + t.m_offset), reinterpret_cast<float*>(base + t.v_offset),
-                          t.size, c);
+                          begin, end, c);
       } else {
         host_update_plain(access, reinterpret_cast<moment_type*>(base + t.m_offset),
-                          reinterpret_cast<moment_type*>(base + t.v_offset), t.size, c);
+                          reinterpret_cast<moment_type*>(base + t.v_offset), begin, end, c);
       }
       return;
     }
@@ -994,7 +1057,7 @@ class adam_state {
       const auto* m_scale = reinterpret_cast<const float*>(base + t.m_scale_offset);
       const auto* v_scale = reinterpret_cast<const float*>(base + t.v_scale_offset);
       host_tile tile;
-      for (std::int64_t b = 0; b < t.units; ++b) {
+      for (std::int64_t b = first_unit; b < last_unit; ++b) {
         const std::int64_t begin = b * Block, count = std::min<std::int64_t>(Block, t.size - begin);
         detail::dequantize_codes<traits::bits>(tables.m.data(), m_codes, begin, count, m_scale[b], tile.m);
         detail::dequantize_codes<traits::bits>(tables.v.data(), v_codes, begin, count, v_scale[b], tile.v);
@@ -1026,17 +1089,17 @@ class adam_state {
   }
 
   template <float_storage P, float_storage G, float_storage M>
-  static void host_update_plain(const detail::param_access<P, G>& access, M* m, M* v, std::int64_t size,
-                                const adam_coefficients& c) {
+  static void host_update_plain(const detail::param_access<P, G>& access, M* m, M* v, std::int64_t first,
+                                std::int64_t end, const adam_coefficients& c) {
     host_tile tile;
     if constexpr (std::is_same_v<M, float> && std::is_same_v<P, float> && std::is_same_v<G, float>) {
       if (access.master == nullptr) {
-        detail::adamw_update_array(access.param, m, v, access.grad, size, c);
+        detail::adamw_update_array(access.param + first, m + first, v + first, access.grad + first, end - first, c);
         return;
       }
     }
-    for (std::int64_t begin = 0; begin < size; begin += host_tile_size) {
-      const std::int64_t count = std::min(host_tile_size, size - begin);
+    for (std::int64_t begin = first; begin < end; begin += host_tile_size) {
+      const std::int64_t count = std::min(host_tile_size, end - begin);
       if constexpr (std::is_same_v<M, float>) {
         update_params(access, tile, m + begin, v + begin, begin, count, c);
       } else {
