@@ -8,6 +8,7 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "support/gpu_test.hpp"
@@ -52,12 +53,22 @@ std::vector<float> adversarial_input(std::int64_t count, std::int64_t block_size
   return values;
 }
 
+// adversarial_input in the input type. fp16 cannot hold the +-3e38 specials (they would round to Inf, which
+// the host reference refuses): they become fp16's largest finite magnitude, still the block maximum.
+template <class In>
+std::vector<In> adversarial_input_as(std::int64_t count, std::int64_t block_size, unsigned seed) {
+  std::vector<float> values = adversarial_input(count, block_size, seed);
+  if constexpr (std::is_same_v<In, memkit::fp16>)
+    for (float& v : values) v = std::fmax(-65504.0f, std::fmin(v, 65504.0f));
+  return memkit_test::convert<In>(values);
+}
+
 template <class In, class Out>
 void check_host_device_equal(q::format fmt, std::int64_t count, std::int64_t block_size, unsigned seed) {
   CAPTURE(q::to_string(fmt));
   CAPTURE(count);
   CAPTURE(block_size);
-  const std::vector<In> input = memkit_test::convert<In>(adversarial_input(count, block_size, seed));
+  const std::vector<In> input = adversarial_input_as<In>(count, block_size, seed);
   const std::int64_t bytes = q::code_bytes(fmt, count), blocks = q::block_count(count, block_size);
 
   std::vector<std::uint8_t> host_codes(static_cast<std::size_t>(bytes));
@@ -102,6 +113,26 @@ TEST_CASE("quant cuda build: the shared per-element math compiles under nvcc and
     if (code != 8) CHECK(q::encode<q::format::fp4>(q::fp4_codebook[code], nullptr) == code);
   }
   CHECK(q::encode<q::format::int8>(0.0f, q::dynamic_map_signed.data()) == 127);
+}
+
+// Runs without a device: the host half of the GPU comparison below must accept its inputs in every type.
+TEST_CASE("quant cuda test inputs: the host reference quantizes every adversarial input the GPU case uses") {
+  auto host_quantizes = [](auto tag, std::int64_t count, std::int64_t block) {
+    using In = decltype(tag);
+    const std::vector<In> input = adversarial_input_as<In>(count, block, 7);
+    std::vector<std::uint8_t> codes(static_cast<std::size_t>(q::code_bytes(q::format::nf4, count)));
+    std::vector<float> absmax(static_cast<std::size_t>(q::block_count(count, block)));
+    q::quantize_blockwise(memkit::host, q::format::nf4, memkit::host_view(input.data(), {count}), block,
+                          memkit::host_view(codes), memkit::host_view(absmax));
+  };
+  for (std::int64_t block : {32, 64, 256, 4096})
+    for (std::int64_t count : {1, 33, 4097, 100003}) {
+      CAPTURE(block);
+      CAPTURE(count);
+      CHECK_NOTHROW(host_quantizes(float{}, count, block));
+      CHECK_NOTHROW(host_quantizes(memkit::bf16{}, count, block));
+      CHECK_NOTHROW(host_quantizes(memkit::fp16{}, count, block));
+    }
 }
 
 MEMKIT_GPU_TEST_CASE("gpu: blockwise quantize and dequantize equal the host bit for bit") {
