@@ -46,7 +46,12 @@ void BM_device_copy_kernel(benchmark::State& state) {
       b(device, memkit::shape{static_cast<std::int64_t>(kBytes / sizeof(float4))});
   int sms = 0;
   MEMKIT_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  time_copy(state, [&] { copy_kernel<<<sms * 8, 256>>>(a.data(), b.data(), a.size()); }, 2.0 * kBytes);
+  time_copy(state,
+            [&] {
+              copy_kernel<<<sms * 8, 256>>>(a.data(), b.data(), static_cast<std::size_t>(a.size()));
+              MEMKIT_CUDA_CHECK(cudaGetLastError());
+            },
+            2.0 * kBytes);
 }
 
 }  // namespace

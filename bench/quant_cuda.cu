@@ -38,6 +38,7 @@ void BM_cuda_quantize(benchmark::State& state) {
   memkit::cuda_executor gpu{};
   memkit::buffer<memkit::bf16> input(device, {kValues});
   fill_normalish<<<1024, 256>>>(input.data(), kValues);
+  MEMKIT_CUDA_CHECK(cudaGetLastError());
   memkit::buffer<std::uint8_t> codes(device, {q::code_bytes(F, kValues)});
   memkit::buffer<float> absmax(device, {q::block_count(kValues, kBlock)});
   const double bytes = static_cast<double>(input.bytes() + codes.bytes() + absmax.bytes());
@@ -50,6 +51,7 @@ void BM_cuda_dequantize(benchmark::State& state) {
   memkit::cuda_executor gpu{};
   memkit::buffer<memkit::bf16> values(device, {kValues});
   fill_normalish<<<1024, 256>>>(values.data(), kValues);
+  MEMKIT_CUDA_CHECK(cudaGetLastError());
   memkit::buffer<std::uint8_t> codes(device, {q::code_bytes(F, kValues)});
   memkit::buffer<float> absmax(device, {q::block_count(kValues, kBlock)});
   q::quantize_blockwise(gpu, F, values.view(), kBlock, codes.view(), absmax.view());
@@ -70,9 +72,11 @@ void BM_cuda_matmul_nf4(benchmark::State& state) {
   memkit::cuda_executor gpu{};
   memkit::buffer<memkit::bf16> dense(device, {kN, kK});
   fill_normalish<<<1024, 256>>>(dense.data(), kN * kK);
+  MEMKIT_CUDA_CHECK(cudaGetLastError());
   const auto w = q::quantized_tensor<q::NF4>::quantize(gpu, dense.view(), {64, true}, device);
   memkit::buffer<memkit::bf16> x(device, {M, kK}), y(device, {M, kN});
   fill_normalish<<<1024, 256>>>(x.data(), M * kK);
+  MEMKIT_CUDA_CHECK(cudaGetLastError());
   const double bytes = static_cast<double>(w.bytes() + x.bytes() + y.bytes());
   run_timed(state, [&] { q::matmul(gpu, memkit::tensor_view<const memkit::bf16>(x.view()), w, y.view(), device); },
             bytes);
@@ -83,16 +87,21 @@ void BM_cuda_matmul_dense_bf16(benchmark::State& state) {
   memkit::device_resource device;
   memkit::buffer<memkit::bf16> w(device, {kN, kK}), x(device, {M, kK}), y(device, {M, kN});
   fill_normalish<<<1024, 256>>>(w.data(), kN * kK);
+  MEMKIT_CUDA_CHECK(cudaGetLastError());
   fill_normalish<<<1024, 256>>>(x.data(), M * kK);
+  MEMKIT_CUDA_CHECK(cudaGetLastError());
   cublasHandle_t handle;
-  cublasCreate(&handle);
+  q::detail::cublas_check(cublasCreate(&handle), "cublasCreate");
   const float one = 1.0f, zero = 0.0f;
   const double bytes = static_cast<double>(w.bytes() + x.bytes() + y.bytes());
   run_timed(state,
             [&] {
-              cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(kN), static_cast<int>(M), static_cast<int>(kK),
-                           &one, w.data(), CUDA_R_16BF, static_cast<int>(kK), x.data(), CUDA_R_16BF, static_cast<int>(kK),
-                           &zero, y.data(), CUDA_R_16BF, static_cast<int>(kN), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+              q::detail::cublas_check(
+                  cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(kN), static_cast<int>(M),
+                               static_cast<int>(kK), &one, w.data(), CUDA_R_16BF, static_cast<int>(kK), x.data(),
+                               CUDA_R_16BF, static_cast<int>(kK), &zero, y.data(), CUDA_R_16BF, static_cast<int>(kN),
+                               CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                  "cublasGemmEx");
             },
             bytes);
   cublasDestroy(handle);

@@ -103,3 +103,28 @@ TEST_CASE("quant matmul: shape errors name the operation and the shapes") {
                                  memkit::default_host_resource()),
                        doctest::Contains("output has shape [2, 7] but needs 2 rows of 8"), memkit::error);
 }
+
+// The CUDA plan (no GPU needed to check the prediction): the fused kernels take batches of at most 8 rows
+// whatever small_batch_limit says, so a larger batch under a larger limit takes the tiled path and needs
+// its tile (and, for dx in 16 bits, the fp32 accumulator).
+TEST_CASE("quant matmul: the CUDA workspace prediction follows the path the CUDA matmul takes") {
+  const std::int64_t N = 64, K = 256;
+  q::matmul_config limit_16;
+  limit_16.small_batch_limit = 16;
+  const std::size_t tile = static_cast<std::size_t>(N * K) * 2;  // tile_rows(K) = 256 > N: the whole W, in bf16
+  for (std::int64_t M : {1, 8}) {
+    CAPTURE(M);
+    CHECK(q::matmul_workspace_bytes(q::matmul_kind::forward, q::NF4, 64, M, N, K, 2, true, limit_16) == 0);
+    CHECK(q::matmul_workspace_bytes(q::matmul_kind::input_grad, q::NF4, 64, M, N, K, 2, true, limit_16) == 0);
+  }
+  for (std::int64_t M : {9, 12, 16, 17}) {
+    CAPTURE(M);
+    CHECK(q::matmul_workspace_bytes(q::matmul_kind::forward, q::NF4, 64, M, N, K, 2, true, limit_16) == tile);
+    CHECK(q::matmul_workspace_bytes(q::matmul_kind::input_grad, q::NF4, 64, M, N, K, 2, true, limit_16) ==
+          tile + static_cast<std::size_t>(M * K) * 4);
+  }
+  q::matmul_config limit_4;
+  limit_4.small_batch_limit = 4;
+  CHECK(q::matmul_workspace_bytes(q::matmul_kind::forward, q::NF4, 64, 4, N, K, 2, true, limit_4) == 0);
+  CHECK(q::matmul_workspace_bytes(q::matmul_kind::forward, q::NF4, 64, 5, N, K, 2, true, limit_4) == tile);
+}

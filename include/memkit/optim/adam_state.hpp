@@ -663,13 +663,19 @@ class adam_state {
   // this itself for managed state. Asynchronous on the stream.
   void prefetch(const cuda_executor& exec) const {
     if (where() != memory_kind::managed || arena_.bytes() == 0) return;
-    prefetch_to(exec, exec.device);
+    detail::with_device(exec.device, [&] {
+      prefetch_to(exec, exec.device);
+      return 0;
+    });
   }
   // Managed state: moves the pages back to host memory and prefers them there, releasing the device
   // memory until the next prefetch (e.g. while activations of the forward pass need the room).
   void release(const cuda_executor& exec) const {
     if (where() != memory_kind::managed || arena_.bytes() == 0) return;
-    prefetch_to(exec, cudaCpuDeviceId);
+    detail::with_device(exec.device, [&] {  // exec.stream belongs to exec.device
+      prefetch_to(exec, cudaCpuDeviceId);
+      return 0;
+    });
   }
 #endif
 

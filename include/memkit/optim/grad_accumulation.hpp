@@ -12,6 +12,7 @@
 #include "memkit/core/execution.hpp"
 #include "memkit/core/float16.hpp"
 #include "memkit/core/tensor_view.hpp"
+#include "memkit/memory/resource.hpp"
 
 MEMKIT_NAMESPACE_BEGIN
 
@@ -45,9 +46,12 @@ void accumulate_gradient([[maybe_unused]] const E& exec, tensor_view<A> sum, ten
   } else {
 #if MEMKIT_HAS_CUDA
     const std::int64_t blocks = (sum.size() + 255) / 256;
-    detail::accumulate_kernel<<<static_cast<unsigned>(blocks < 65536 ? blocks : 65536), 256, 0, exec.stream>>>(
-        sum.data(), micro.data(), sum.size(), first);
-    MEMKIT_CUDA_CHECK(cudaGetLastError());
+    detail::with_device(exec.device, [&] {  // the kernel runs on the current device: make it exec's
+      detail::accumulate_kernel<<<static_cast<unsigned>(blocks < 65536 ? blocks : 65536), 256, 0, exec.stream>>>(
+          sum.data(), micro.data(), sum.size(), first);
+      MEMKIT_CUDA_CHECK(cudaGetLastError());
+      return 0;
+    });
 #endif
   }
 }

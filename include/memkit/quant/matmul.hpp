@@ -5,9 +5,9 @@
 //
 // Host: W is dequantized a tile of rows at a time into fp32 workspace (tile_floats values, 256 KiB by
 // default, so it stays in cache) and multiplied there; fp32 accumulation throughout.
-// CUDA: for M <= small_batch_limit a fused kernel decodes W on the fly (one warp per output column for
-// y, one thread per input column for dx), reading the 4-bit codes once; larger batches dequantize
-// row tiles into workspace and call cuBLAS (tensor cores for bf16/fp16), accumulating dx in fp32.
+// CUDA: for M <= small_batch_limit (at most 8) a fused kernel decodes W on the fly (one warp per output
+// column for y, one thread per input column for dx), reading the 4-bit codes once; larger batches
+// dequantize row tiles into workspace and call cuBLAS (tensor cores for bf16/fp16), accumulating dx in fp32.
 // Users of the CUDA large-batch path link CUDA::cublas.
 //
 // matmul_workspace_bytes() says exactly what a call takes from the workspace resource.
@@ -38,7 +38,7 @@ namespace quant {
 
 struct matmul_config {
   std::int64_t tile_floats = 1 << 16;   // dequantized values per tile (host and CUDA large batch)
-  std::int64_t small_batch_limit = 8;   // CUDA: M up to this uses the fused kernels
+  std::int64_t small_batch_limit = 8;   // CUDA: M up to this (and up to 8) uses the fused kernels
   int host_simd = 2;                    // host fused path: 2 best available, 1 at most AVX2, 0 portable C++
 };
 
@@ -62,6 +62,15 @@ constexpr bool host_fused(matmul_kind kind, format fmt, std::int64_t block_size,
 }
 }  // namespace detail
 
+namespace detail {
+// The CUDA fused kernels keep one accumulator per row of the batch: they serve M up to this many rows,
+// and only when config.small_batch_limit allows; larger batches take the tiled cuBLAS path.
+inline constexpr int device_fused_rows = 8;
+constexpr bool device_fused(std::int64_t M, const matmul_config& config) noexcept {
+  return M <= config.small_batch_limit && M <= device_fused_rows;
+}
+}  // namespace detail
+
 // Workspace bytes of one call: M, N, K as in the header; `fmt` and `block_size` those of W; `on_device`
 // selects the CUDA plan; `element_bytes` is sizeof the activation type.
 constexpr std::size_t matmul_workspace_bytes(matmul_kind kind, format fmt, std::int64_t block_size, std::int64_t M,
@@ -74,7 +83,7 @@ constexpr std::size_t matmul_workspace_bytes(matmul_kind kind, format fmt, std::
     const std::size_t tile = static_cast<std::size_t>(rows * K) * 4;
     return tile + (kind == matmul_kind::input_grad && !fp32 ? static_cast<std::size_t>(M * K) * 4 : 0);
   }
-  if (M <= config.small_batch_limit) return 0;
+  if (detail::device_fused(M, config)) return 0;
   const std::size_t tile = static_cast<std::size_t>(rows * K) * element_bytes;
   return tile + (kind == matmul_kind::input_grad && !fp32 ? static_cast<std::size_t>(M * K) * 4 : 0);
 }
@@ -386,9 +395,9 @@ void matmul(const E& exec, tensor_view<const std::type_identity_t<T>> x, const q
   } else {
 #if MEMKIT_HAS_CUDA
     ::memkit::detail::with_device(exec.device, [&] {
-      if (M <= config.small_batch_limit && M <= 8) {
+      if (detail::device_fused(M, config)) {
         constexpr int threads = 256;
-        detail::fused_gemv_kernel<F, T, 8><<<detail::grid_for(N * 32, threads), threads, 0, exec.stream>>>(
+        detail::fused_gemv_kernel<F, T, detail::device_fused_rows><<<detail::grid_for(N * 32, threads), threads, 0, exec.stream>>>(
             x.data(), w.codes().data(), w.scales(), w.block_size(), M, N, K, y.data(), signed_dynamic_table,
             w.nested_map());
         MEMKIT_CUDA_CHECK(cudaGetLastError());
@@ -451,8 +460,8 @@ void matmul_input_grad(const E& exec, tensor_view<const std::type_identity_t<T>>
 #if MEMKIT_HAS_CUDA
     ::memkit::detail::with_device(exec.device, [&] {
       constexpr int threads = 256;
-      if (M <= config.small_batch_limit && M <= 8) {
-        detail::fused_gemv_t_kernel<F, T, 8><<<detail::grid_for(K, threads), threads, 0, exec.stream>>>(
+      if (detail::device_fused(M, config)) {
+        detail::fused_gemv_t_kernel<F, T, detail::device_fused_rows><<<detail::grid_for(K, threads), threads, 0, exec.stream>>>(
             dy.data(), w.codes().data(), w.scales(), w.block_size(), M, N, K, dx.data(), signed_dynamic_table,
             w.nested_map());
         MEMKIT_CUDA_CHECK(cudaGetLastError());
