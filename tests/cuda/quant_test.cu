@@ -231,7 +231,7 @@ int count_outside_bound(const std::vector<T>& device, const std::vector<T>& host
 
 // The CUDA matmul against the host one (both fp32-accumulated; summation order differs).
 template <class T>
-void check_matmul_gpu(std::int64_t M, std::int64_t N, std::int64_t K) {
+void check_matmul_gpu(std::int64_t M, std::int64_t N, std::int64_t K, const q::matmul_config& config = {}) {
   CAPTURE(M);
   CAPTURE(N);
   CAPTURE(K);
@@ -257,8 +257,9 @@ void check_matmul_gpu(std::int64_t M, std::int64_t N, std::int64_t K) {
   auto d_x = to_device(device, x);
   auto d_dy = to_device(device, dy);
   memkit::buffer<T> d_y(device, {M, N}), d_dx(device, {M, K});
-  q::matmul(gpu, memkit::tensor_view<const T>(d_x.view().reshaped({M, K})), w_dev, d_y.view(), device);
-  q::matmul_input_grad(gpu, memkit::tensor_view<const T>(d_dy.view().reshaped({M, N})), w_dev, d_dx.view(), device);
+  q::matmul(gpu, memkit::tensor_view<const T>(d_x.view().reshaped({M, K})), w_dev, d_y.view(), device, config);
+  q::matmul_input_grad(gpu, memkit::tensor_view<const T>(d_dy.view().reshaped({M, N})), w_dev, d_dx.view(), device,
+                       config);
   gpu.synchronize();
   const std::vector<T> y_dev = to_host(d_y.data(), y_host.size()), dx_dev = to_host(d_dx.data(), dx_host.size());
   // fp32: accumulation order only; 16-bit: a few units of 2^-9 from the rounded weights and outputs.
@@ -301,6 +302,9 @@ MEMKIT_GPU_TEST_CASE("gpu: quantized matmul (fused small batch and cuBLAS large 
   check_matmul_gpu<float>(1, 96, 256);
   check_matmul_gpu<memkit::bf16>(4, 130, 200);
   check_matmul_gpu<memkit::bf16>(64, 256, 512);
+  q::matmul_config uneven_tiles;  // several cuBLAS tiles of 100 rows, the last one of 56
+  uneven_tiles.device_tile_floats = 100 * 512;
+  check_matmul_gpu<memkit::bf16>(64, 256, 512, uneven_tiles);
   check_matmul_gpu<memkit::fp16>(33, 100, 96);
   check_matmul_gpu<float>(20, 64, 130);
 }

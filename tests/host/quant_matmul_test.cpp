@@ -111,7 +111,7 @@ TEST_CASE("quant matmul: the CUDA workspace prediction follows the path the CUDA
   const std::int64_t N = 64, K = 256;
   q::matmul_config limit_16;
   limit_16.small_batch_limit = 16;
-  const std::size_t tile = static_cast<std::size_t>(N * K) * 2;  // tile_rows(K) = 256 > N: the whole W, in bf16
+  const std::size_t tile = static_cast<std::size_t>(N * K) * 2;  // the device tile holds the whole W, in bf16
   for (std::int64_t M : {1, 8}) {
     CAPTURE(M);
     CHECK(q::matmul_workspace_bytes(q::matmul_kind::forward, q::NF4, 64, M, N, K, 2, true, limit_16) == 0);
@@ -127,4 +127,20 @@ TEST_CASE("quant matmul: the CUDA workspace prediction follows the path the CUDA
   limit_4.small_batch_limit = 4;
   CHECK(q::matmul_workspace_bytes(q::matmul_kind::forward, q::NF4, 64, 4, N, K, 2, true, limit_4) == 0);
   CHECK(q::matmul_workspace_bytes(q::matmul_kind::forward, q::NF4, 64, 5, N, K, 2, true, limit_4) == tile);
+}
+
+// The CUDA large-batch path dequantizes device_tile_floats values per cuBLAS call (hundreds of rows of a
+// large layer), the host tile_floats (a cache-sized tile); both predictions follow their own tile.
+TEST_CASE("quant matmul: the CUDA and host tiles are sized separately") {
+  const std::int64_t M = 256, N = 4096, K = 8192;
+  const q::matmul_config config;
+  const std::size_t device_rows = static_cast<std::size_t>(config.device_tile_floats / K);
+  const std::size_t host_rows = static_cast<std::size_t>(config.tile_floats / K);
+  CHECK(device_rows == 2048);
+  CHECK(host_rows == 8);
+  CHECK(q::matmul_workspace_bytes(q::matmul_kind::forward, q::NF4, 64, M, N, K, 2, true, config) == device_rows * K * 2);
+  CHECK(q::matmul_workspace_bytes(q::matmul_kind::forward, q::NF4, 64, M, N, K, 4, false, config) == host_rows * K * 4);
+  // A layer narrower than the tile: the tile is the whole weight.
+  CHECK(q::matmul_workspace_bytes(q::matmul_kind::forward, q::NF4, 64, M, 512, K, 2, true, config) ==
+        static_cast<std::size_t>(512 * K) * 2);
 }

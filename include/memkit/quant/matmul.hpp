@@ -7,7 +7,7 @@
 // default, so it stays in cache) and multiplied there; fp32 accumulation throughout.
 // CUDA: for M <= small_batch_limit (at most 8) a fused kernel decodes W on the fly (one warp per output
 // column for y, one thread per input column for dx), reading the 4-bit codes once; larger batches
-// dequantize row tiles into workspace and call cuBLAS (tensor cores for bf16/fp16), accumulating dx in fp32.
+// dequantize row tiles (device_tile_floats values, 32 MiB of bf16 by default) into workspace and call cuBLAS (tensor cores for bf16/fp16), accumulating dx in fp32.
 // Users of the CUDA large-batch path link CUDA::cublas.
 //
 // matmul_workspace_bytes() says exactly what a call takes from the workspace resource.
@@ -37,7 +37,9 @@ MEMKIT_NAMESPACE_BEGIN
 namespace quant {
 
 struct matmul_config {
-  std::int64_t tile_floats = 1 << 16;   // dequantized values per tile (host and CUDA large batch)
+  std::int64_t tile_floats = 1 << 16;   // host: dequantized values per tile (256 KiB of fp32: stays in cache)
+  std::int64_t device_tile_floats = 1 << 24;  // CUDA large batch: values per tile (32 MiB of bf16), so each
+                                              // cuBLAS call gets hundreds of rows, not a handful
   std::int64_t small_batch_limit = 8;   // CUDA: M up to this (and up to 8) uses the fused kernels
   int host_simd = 2;                    // host fused path: 2 best available, 1 at most AVX2, 0 portable C++
 };
@@ -45,9 +47,11 @@ struct matmul_config {
 enum class matmul_kind : std::uint8_t { forward, input_grad };
 
 namespace detail {
-constexpr std::int64_t tile_rows(std::int64_t K, const matmul_config& config) noexcept {
-  const std::int64_t rows = K > 0 ? config.tile_floats / K : 1;
-  return rows > 0 ? rows : 1;
+// Rows of W dequantized per tile: at least one, at most N.
+constexpr std::int64_t tile_rows(std::int64_t N, std::int64_t K, const matmul_config& config, bool on_device) noexcept {
+  const std::int64_t floats = on_device ? config.device_tile_floats : config.tile_floats;
+  const std::int64_t rows = K > 0 ? floats / K : 1;
+  return rows < 1 ? 1 : rows < N ? rows : N;
 }
 }  // namespace detail
 
@@ -76,7 +80,7 @@ constexpr bool device_fused(std::int64_t M, const matmul_config& config) noexcep
 constexpr std::size_t matmul_workspace_bytes(matmul_kind kind, format fmt, std::int64_t block_size, std::int64_t M,
                                              std::int64_t N, std::int64_t K, std::size_t element_bytes,
                                              bool on_device, const matmul_config& config = {}) noexcept {
-  const std::int64_t rows = detail::tile_rows(K, config) < N ? detail::tile_rows(K, config) : N;
+  const std::int64_t rows = detail::tile_rows(N, K, config, on_device);
   const bool fp32 = element_bytes == 4;
   if (!on_device) {
     if (detail::host_fused(kind, fmt, block_size, M, K)) return fp32 ? 0 : static_cast<std::size_t>(M * K) * 4;
@@ -354,7 +358,7 @@ void matmul(const E& exec, tensor_view<const std::type_identity_t<T>> x, const q
   require_accessible(exec, w.codes(), operation, "w");
   require_accessible(exec, y, operation, "y");
   if (M == 0 || N == 0) return;
-  const std::int64_t rows = detail::tile_rows(K, config) < N ? detail::tile_rows(K, config) : N;
+  const std::int64_t rows = detail::tile_rows(N, K, config, E::on_device);
   if constexpr (!E::on_device) {
     if constexpr (is_four_bit(F)) {
       if (detail::host_fused(matmul_kind::forward, F, w.block_size(), M, K)) {
@@ -435,7 +439,7 @@ void matmul_input_grad(const E& exec, tensor_view<const std::type_identity_t<T>>
   require_accessible(exec, w.codes(), operation, "w");
   require_accessible(exec, dx, operation, "dx");
   if (M == 0 || K == 0) return;
-  const std::int64_t rows = detail::tile_rows(K, config) < N ? detail::tile_rows(K, config) : N;
+  const std::int64_t rows = detail::tile_rows(N, K, config, E::on_device);
   if constexpr (!E::on_device) {
     buffer<float> tile(workspace, shape{rows * K});
     buffer<float> accumulator;
