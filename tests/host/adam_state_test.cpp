@@ -223,6 +223,43 @@ TEST_CASE_TEMPLATE("adam: a NaN or Inf gradient skips the step and leaves parame
   CHECK(state.report(host).step == 4);
 }
 
+TEST_CASE_TEMPLATE("adam: a finite gradient too large for fp32 moments skips the step, unless clipping tames it", S,
+                   adam_state<float>, adam_state<std::int8_t>, adam_state<four_bit>) {
+  two_tensors t;
+  auto state = make_state<S>(t.sizes);
+  const std::vector<adam_group> groups{adam_group{}};
+  state.step(host, t.params(), groups);
+  const auto p0 = t.p0, p1 = t.p1;
+  const auto moments = moment_bytes(state, t.sizes);
+  const float saved = t.g1[10];
+  t.g1[10] = 2e19f;  // finite, but g * g = 4e38 overflows fp32 (tensor 1 is quantized)
+  state.step(host, t.params(), groups);
+  CHECK(adam_test::same_bits(p0, t.p0));
+  CHECK(adam_test::same_bits(p1, t.p1));
+  CHECK(moment_bytes(state, t.sizes) == moments);
+  const auto report = state.report(host);
+  CHECK_FALSE(report.applied);
+  CHECK(report.step == 1);
+  CHECK(report.skipped_steps == 1);
+  CHECK(report.first_nonfinite_tensor == -1);
+  CHECK(contains(report.to_string(), "too large for fp32 moments"));
+  // Just below the bound the step applies, and the moments stay finite.
+  t.g1[10] = 1.2e19f;
+  state.step(host, t.params(), groups);
+  CHECK(state.report(host).applied);
+  std::vector<float> m, v;
+  state.read_moments(host, 1, m, v);
+  CHECK(std::isfinite(v[10]));
+  // With clipping the same huge gradient is scaled down first, and the step applies.
+  t.g1[10] = 2e19f;
+  adam_options clipped;
+  clipped.max_grad_norm = 1.0f;
+  auto clipping = make_state<S>(t.sizes, clipped);
+  clipping.step(host, t.params(), groups);
+  CHECK(clipping.report(host).applied);
+  t.g1[10] = saved;
+}
+
 TEST_CASE("adam: dynamic loss scaling unscales fp16 gradients exactly, backs off on overflow and grows back") {
   const std::vector<std::int64_t> sizes{6000};
   const adam_options scaled{.loss_scaling = {.enabled = true, .initial_scale = 1024.0f, .growth_interval = 3}};

@@ -227,13 +227,20 @@ MEMKIT_HOST_DEVICE inline void finalize_step(adam_control& control, const double
   double clip = 1.0;
   if (finite && max_grad_norm > 0.0f && norm > static_cast<double>(max_grad_norm))
     clip = static_cast<double>(max_grad_norm) / dadd_rn(norm, 1e-6);  // torch.nn.utils.clip_grad_norm_'s rule
+  // A finite gradient can still be too large for the fp32 moments: once (1-b2)*g*g overflows, v is Inf
+  // for good and the parameter never moves again (or, quantized, its block turns NaN). Every |g| is at
+  // most the norm, so a norm (after clipping) with norm^2 <= FLT_MAX / 2 keeps g*g and v finite; a step
+  // above that is refused like a non-finite one (first_nonfinite_chunk stays -1 to tell them apart).
+  constexpr double largest_safe_norm_squared = 3.4028234663852886e38 / 2.0;
+  const double applied_norm = dmul_rn(norm, clip);
+  const bool safe = finite && dmul_rn(applied_norm, applied_norm) <= largest_safe_norm_squared;
   control.grad_norm = norm;
   control.first_nonfinite_chunk = first_bad;
   control.grad_multiplier = static_cast<float>(dmul_rn(multiplier, clip));
-  control.applied = finite ? 1 : 0;
-  if (finite) ++control.step;
+  control.applied = safe ? 1 : 0;
+  if (safe) ++control.step;
   else ++control.skipped_steps;
-  update_loss_scale(control.loss_scale, control.good_steps, finite, scaler);
+  update_loss_scale(control.loss_scale, control.good_steps, safe, scaler);
 }
 
 }  // namespace detail

@@ -103,6 +103,10 @@ struct adam_step_report {
       return "adam step skipped: tensor " + std::to_string(first_nonfinite_tensor) +
              " has a non-finite gradient; parameters and optimizer state are unchanged (" +
              std::to_string(skipped_steps) + " steps skipped so far, loss scale now " + std::to_string(loss_scale) + ")";
+    if (skipped_steps > 0)
+      return "adam step skipped: the gradient norm " + std::to_string(grad_norm) +
+             " is too large for fp32 moments (g*g would overflow); parameters and optimizer state are unchanged (" +
+             std::to_string(skipped_steps) + " steps skipped so far, loss scale now " + std::to_string(loss_scale) + ")";
     return "no adam step has been taken yet";
   }
 };
