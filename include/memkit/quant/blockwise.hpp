@@ -99,6 +99,7 @@ namespace detail {
 using memkit::detail::add_rn;
 using memkit::detail::dadd_rn;
 using memkit::detail::div_rn;
+using memkit::detail::max_magnitude_bits;
 using memkit::detail::mul_rn;
 using memkit::detail::stored_product;
 using memkit::detail::sub_rn;
@@ -388,30 +389,6 @@ __attribute__((target("ssse3"))) inline std::int64_t expand_nibbles_ssse3(const 
 
 // --- host loops ---
 
-// Largest |value| of a block as IEEE bits. For non-negative floats the integer order of the bits is the
-// float order, and Inf and NaN sort above every finite value, so one integer maximum gives both the block's
-// absmax (exactly the float maximum) and whether the block is all finite. Sixteen independent lanes keep
-// the reduction vectorized; a maximum does not depend on the order it is taken in.
-template <float_storage T>
-inline std::uint32_t block_magnitude_bits(const T* values, std::int64_t count) noexcept {
-  std::uint32_t lanes[16] = {};
-  const std::int64_t whole = count - count % 16;
-  for (std::int64_t i = 0; i < whole; i += 16)
-    for (int j = 0; j < 16; ++j) {
-      const float value = to_float(values[i + j]);
-      const std::uint32_t bits = ::memkit::detail::bit_cast<std::uint32_t>(value) & 0x7fffffffu;
-      lanes[j] = bits > lanes[j] ? bits : lanes[j];
-    }
-  std::uint32_t largest = 0;
-  for (std::int64_t i = whole; i < count; ++i) {
-    const float value = to_float(values[i]);
-    const std::uint32_t bits = ::memkit::detail::bit_cast<std::uint32_t>(value) & 0x7fffffffu;
-    largest = bits > largest ? bits : largest;
-  }
-  for (std::uint32_t lane : lanes) largest = lane > largest ? lane : largest;
-  return largest;
-}
-
 inline constexpr std::uint32_t infinity_bits = 0x7f800000u;
 
 // Throws, naming the tensor, element and block, if any value is not finite. Reads only.
@@ -420,7 +397,7 @@ void require_finite_host(const T* input, std::int64_t numel, std::int64_t block_
                          const char* tensor_name) {
   for (std::int64_t begin = 0; begin < numel; begin += block_size) {
     const std::int64_t end = begin + block_size < numel ? begin + block_size : numel;
-    if (block_magnitude_bits(input + begin, end - begin) < infinity_bits) continue;
+    if (max_magnitude_bits(input + begin, end - begin) < infinity_bits) continue;
     for (std::int64_t i = begin; i < end; ++i) {
       const float value = to_float(input[i]);
       if (finite_magnitude(abs_value(value))) continue;
@@ -438,7 +415,7 @@ void quantize_host(const T* input, std::int64_t numel, std::int64_t block_size, 
   for (std::int64_t begin = 0, block = 0; begin < numel; begin += block_size, ++block) {
     const std::int64_t count = numel - begin < block_size ? numel - begin : block_size;
     const T* values = input + begin;
-    const std::uint32_t max_bits = block_magnitude_bits(values, count);
+    const std::uint32_t max_bits = max_magnitude_bits(values, count);
     const float block_max = ::memkit::detail::bit_cast<float>(max_bits);  // finite: checked before
     absmax[block] = block_max;
     const float reciprocal = block_reciprocal(block_max);
