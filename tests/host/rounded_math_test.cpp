@@ -66,3 +66,19 @@ TEST_CASE("rounded_math: max_magnitude_bits is the largest |x| wherever it stand
   odd[3] = -std::numeric_limits<float>::quiet_NaN();
   CHECK(max_magnitude_bits(odd.data(), 20) > 0x7f800000u);
 }
+
+TEST_CASE("rounded_math: is_finite is false exactly for Inf and NaN, float and double") {
+  using memkit::detail::is_finite;
+  for (float x : {0.0f, -0.0f, 1.0f, -2.5f, std::numeric_limits<float>::max(), -std::numeric_limits<float>::max(),
+                  std::numeric_limits<float>::denorm_min(), std::numeric_limits<float>::min()})
+    CHECK(is_finite(x));
+  for (float x : {std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
+                  std::numeric_limits<float>::quiet_NaN(), -std::numeric_limits<float>::quiet_NaN(),
+                  std::numeric_limits<float>::signaling_NaN()})
+    CHECK_FALSE(is_finite(x));
+  for (double x : {0.0, -0.0, 1e300, -std::numeric_limits<double>::max(), std::numeric_limits<double>::denorm_min()})
+    CHECK(is_finite(x));
+  for (double x : {std::numeric_limits<double>::infinity(), -std::numeric_limits<double>::infinity(),
+                   std::numeric_limits<double>::quiet_NaN(), -std::numeric_limits<double>::quiet_NaN()})
+    CHECK_FALSE(is_finite(x));
+}

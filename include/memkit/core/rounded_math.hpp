@@ -96,12 +96,14 @@ MEMKIT_HOST_DEVICE MEMKIT_FORCEINLINE double dsqrt_rn(double a) noexcept {
 #endif
 }
 
-// Finiteness without libm (std::isfinite is not a device function everywhere): same answer on host and device.
-MEMKIT_HOST_DEVICE MEMKIT_FORCEINLINE bool is_finite(double x) noexcept {
-  return x - x == 0.0;  // false exactly for Inf and NaN
-}
+// memkit's one finiteness test, from the exponent bits (all ones: Inf or NaN): no libm (std::isfinite is not a
+// device function everywhere) and no float arithmetic or compare that -ffast-math could assume away, so
+// host and device give the same answer under any flags.
 MEMKIT_HOST_DEVICE MEMKIT_FORCEINLINE bool is_finite(float x) noexcept {
-  return (__builtin_bit_cast(std::uint32_t, x) & 0x7f800000u) != 0x7f800000u;
+  return (bit_cast<std::uint32_t>(x) & 0x7f800000u) != 0x7f800000u;
+}
+MEMKIT_HOST_DEVICE MEMKIT_FORCEINLINE bool is_finite(double x) noexcept {
+  return (bit_cast<std::uint64_t>(x) & 0x7ff0000000000000ull) != 0x7ff0000000000000ull;
 }
 
 // The largest |value| of values[0, count) as IEEE bits. For non-negative floats the integer order of the

@@ -446,7 +446,7 @@ class adam_state {
   const adam_options& options() const noexcept { return options_; }
   // Changes the clipping threshold for later steps (0 disables clipping).
   void set_max_grad_norm(float max_norm) {
-    require(max_norm >= 0.0f && std::isfinite(max_norm), "adam_state::set_max_grad_norm: need a finite value >= 0");
+    require(max_norm >= 0.0f && detail::is_finite(max_norm), "adam_state::set_max_grad_norm: need a finite value >= 0");
     options_.max_grad_norm = max_norm;
   }
 
@@ -832,7 +832,7 @@ class adam_state {
                                                " parameter tensors, the state was made for " +
                                                std::to_string(layout_.size()));
     require(!groups.empty(), std::string(op) + ": no parameter groups given");
-    require(gradient_scale > 0.0f && std::isfinite(gradient_scale),
+    require(gradient_scale > 0.0f && detail::is_finite(gradient_scale),
             std::string(op) + ": gradient_scale must be finite and > 0, got " + format_float(gradient_scale));
     for (std::size_t g = 0; g < groups.size(); ++g) validate(groups[g], std::string(op) + ": group " + std::to_string(g));
   }

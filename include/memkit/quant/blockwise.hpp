@@ -99,6 +99,7 @@ namespace detail {
 using memkit::detail::add_rn;
 using memkit::detail::dadd_rn;
 using memkit::detail::div_rn;
+using memkit::detail::is_finite;
 using memkit::detail::max_magnitude_bits;
 using memkit::detail::mul_rn;
 using memkit::detail::stored_product;
@@ -106,10 +107,6 @@ using memkit::detail::sub_rn;
 
 MEMKIT_HOST_DEVICE MEMKIT_FORCEINLINE float abs_value(float x) noexcept {
   return __builtin_bit_cast(float, __builtin_bit_cast(std::uint32_t, x) & 0x7fffffffu);
-}
-// True for finite magnitudes; false for Inf and NaN (NaN fails every comparison).
-MEMKIT_HOST_DEVICE MEMKIT_FORCEINLINE bool finite_magnitude(float magnitude) noexcept {
-  return magnitude <= 3.40282346638528859811704183484516925e+38f;
 }
 }  // namespace detail
 
@@ -400,7 +397,7 @@ void require_finite_host(const T* input, std::int64_t numel, std::int64_t block_
     if (max_magnitude_bits(input + begin, end - begin) < infinity_bits) continue;
     for (std::int64_t i = begin; i < end; ++i) {
       const float value = to_float(input[i]);
-      if (finite_magnitude(abs_value(value))) continue;
+      if (is_finite(value)) continue;
       throw error(std::string(operation) + ": tensor '" + tensor_name + "' has a non-finite value (" +
                   format_float(value) + ") at flat element " + std::to_string(i) + ", in block " +
                   std::to_string(begin / block_size) + " of " + std::to_string(block_count(numel, block_size)) +
@@ -494,7 +491,7 @@ void dequantize_host(const std::uint8_t* codes, const block_scales& scales, std:
 // Index of the first block whose absmax is not finite, or -1.
 inline std::int64_t first_nonfinite(const float* absmax, std::int64_t blocks) {
   for (std::int64_t b = 0; b < blocks; ++b)
-    if (!finite_magnitude(abs_value(absmax[b]))) return b;
+    if (!is_finite(absmax[b])) return b;
   return -1;
 }
 
@@ -525,7 +522,7 @@ __global__ void quantize_kernel(const T* __restrict__ input, std::int64_t numel,
     bool finite = true;
     for (std::int64_t i = lane; i < count; i += 32) {
       const float magnitude = abs_value(to_float(input[begin + i]));
-      finite &= finite_magnitude(magnitude);
+      finite &= is_finite(magnitude);
       block_max = magnitude > block_max ? magnitude : block_max;
     }
     block_max = warp_max(block_max);  // max is exact: the order of reduction cannot change it
