@@ -496,6 +496,8 @@ inline std::int64_t first_nonfinite(const float* absmax, std::int64_t blocks) {
 }
 
 #if MEMKIT_HAS_CUDA
+using memkit::detail::grid_for;  // the launch geometry every grid-stride kernel shares (core/execution.hpp)
+
 // --- CUDA kernels: one warp per block; lanes stride over the block's values. ---
 
 MEMKIT_DEVICE MEMKIT_FORCEINLINE float warp_max(float value) {
@@ -601,11 +603,6 @@ __global__ void dequantize4_vector_kernel(const std::uint8_t* __restrict__ codes
       reinterpret_cast<uint4*>(output + 8 * g)[1] = reinterpret_cast<const uint4*>(values)[1];
     }
   }
-}
-
-inline int grid_for(std::int64_t work_items, int threads) {
-  const std::int64_t needed = (work_items + threads - 1) / threads;
-  return static_cast<int>(needed < 65535 * 8 ? (needed > 0 ? needed : 1) : 65535 * 8);
 }
 #endif
 
