@@ -39,9 +39,17 @@ struct usage_error : memkit::error {
   using memkit::error::error;
 };
 
+enum class method_choice { full, lora, qlora };
+
+// Where --offload puts the optimizer state, and whether the base weights go with it.
+struct offload_choice {
+  optimizer_placement placement;
+  bool parameters;
+};
+
 struct options {
   std::string config_path, preset, gpu_name, svg_path;
-  std::string method = "full";
+  method_choice method = method_choice::full;
   bool double_quant = true;
   training_plan plan{};
   bool sequence_given = false;
@@ -62,8 +70,8 @@ std::uint64_t parse_count(const std::string& flag, const std::string& text, bool
   return static_cast<std::uint64_t>(value);
 }
 
-template <class Enum, std::size_t N>
-Enum parse_choice(const std::string& flag, const std::string& text, const std::pair<const char*, Enum> (&choices)[N]) {
+template <class Value, std::size_t N>
+Value parse_choice(const std::string& flag, const std::string& text, const std::pair<const char*, Value> (&choices)[N]) {
   std::string names;
   for (const auto& [name, value] : choices) {
     if (text == name) return value;
@@ -105,9 +113,9 @@ options parse_arguments(int argc, char** argv) {
     } else if (flag == "--preset") {
       o.preset = value();
     } else if (flag == "--method") {
-      o.method = value();
-      if (o.method != "full" && o.method != "lora" && o.method != "qlora")
-        throw usage_error("--method must be one of full|lora|qlora, got '" + o.method + "'");
+      static constexpr std::pair<const char*, method_choice> choices[] = {
+          {"full", method_choice::full}, {"lora", method_choice::lora}, {"qlora", method_choice::qlora}};
+      o.method = parse_choice(flag, value(), choices);
     } else if (flag == "--lora-rank") {
       p.lora.rank = parse_count(flag, value());
     } else if (flag == "--lora-targets") {
@@ -160,19 +168,13 @@ options parse_arguments(int argc, char** argv) {
           {"fp32", logits_mode::fp32}, {"bf16", logits_mode::half}, {"chunked", logits_mode::chunked}};
       p.logits = parse_choice(flag, value(), choices);
     } else if (flag == "--offload") {
-      const std::string what = value();
-      if (what == "none") {
-        p.placement = optimizer_placement::device;
-        p.offload_parameters = false;
-      } else if (what == "optimizer") {
-        p.placement = optimizer_placement::host;
-        p.offload_parameters = false;
-      } else if (what == "optimizer+params") {
-        p.placement = optimizer_placement::host;
-        p.offload_parameters = true;
-      } else {
-        throw usage_error("--offload must be one of none|optimizer|optimizer+params, got '" + what + "'");
-      }
+      static constexpr std::pair<const char*, offload_choice> choices[] = {
+          {"none", {optimizer_placement::device, false}},
+          {"optimizer", {optimizer_placement::host, false}},
+          {"optimizer+params", {optimizer_placement::host, true}}};
+      const offload_choice offload = parse_choice(flag, value(), choices);
+      p.placement = offload.placement;
+      p.offload_parameters = offload.parameters;
     } else if (flag == "--gpus") {
       p.gpus = parse_count(flag, value());
     } else if (flag == "--zero") {
@@ -200,9 +202,9 @@ options parse_arguments(int argc, char** argv) {
     }
   }
   if (o.config_path.empty() == o.preset.empty()) throw usage_error("give exactly one of --config PATH or --preset NAME");
-  if (o.method != "full") {
+  if (o.method != method_choice::full) {
     p.training = method::lora;
-    if (o.method == "qlora") p.weights = weight_storage{weight_format::nf4, 64, o.double_quant};
+    if (o.method == method_choice::qlora) p.weights = weight_storage{weight_format::nf4, 64, o.double_quant};
   }
   if ((o.want_plan || o.want_max_batch || o.want_max_seq) && o.gpu_name.empty())
     throw usage_error("--plan, --max-batch and --max-seq need --gpu NAME");

@@ -282,3 +282,18 @@ TEST_CASE("cuda build: the host step compiled under nvcc matches a double-precis
   for (std::size_t i = 0; i < p.size(); ++i) mismatches += std::abs(p[i] - ref_p[i]) > 1e-6 + 1e-5 * std::abs(ref_p[i]);
   CHECK(mismatches == 0);
 }
+
+MEMKIT_GPU_TEST_CASE("gpu: accumulate_gradient on the device equals the host bit for bit") {
+  memkit::device_resource device;
+  memkit::cuda_executor gpu{};
+  for (const std::size_t n : {std::size_t{1}, std::size_t{70001}}) {  // one CTA, and several
+    mirrored<bf16> sum(device, std::vector<bf16>(n));
+    for (std::uint32_t k = 0; k < 3; ++k) {
+      const mirrored<float> micro(device, normal(n, 0.01f, 700 + k));
+      memkit::accumulate_gradient(memkit::host, memkit::host_view(sum.host), memkit::host_view(micro.host), k == 0);
+      memkit::accumulate_gradient(gpu, sum.device.view(), micro.device.view(), k == 0);
+    }
+    gpu.synchronize();
+    CHECK(sum.same());
+  }
+}

@@ -103,6 +103,7 @@ TEST_CASE("safetensors: write and read back, one tensor at a time, with metadata
                        memkit::error);
   CHECK_THROWS_WITH_AS(r.read_vector<float>("b"), doctest::Contains("is BF16, not F32"), memkit::error);
   CHECK_THROWS_WITH_AS(r.info("zzz"), doctest::Contains("no tensor named 'zzz'"), memkit::error);
+  CHECK_THROWS_WITH_AS(r.read_vector<float>("zzz"), doctest::Contains("no tensor named 'zzz'"), memkit::error);
 }
 
 TEST_CASE("safetensors: corrupt and truncated files name the problem") {

@@ -5,6 +5,9 @@
 #include <memkit/core/rounded_math.hpp>
 
 #include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
 
 namespace {
 
@@ -40,4 +43,42 @@ TEST_CASE("rounded_math: products are rounded before they are added, even where 
         0x1p-24f);  // the fused answer really differs
   CHECK(double_product_then_sum_with_fma_allowed() == 0.0);
 #endif
+}
+
+TEST_CASE("rounded_math: max_magnitude_bits is the largest |x| wherever it stands, and sorts Inf and NaN above") {
+  using memkit::detail::bit_cast;
+  using memkit::detail::max_magnitude_bits;
+  // Every length around the 16-lane stride, the largest magnitude (negative) at every position.
+  for (std::int64_t count = 1; count <= 40; ++count)
+    for (std::int64_t at = 0; at < count; ++at) {
+      std::vector<float> values(static_cast<std::size_t>(count));
+      for (std::int64_t i = 0; i < count; ++i) values[static_cast<std::size_t>(i)] = 0.25f * static_cast<float>(i % 7) - 0.75f;
+      values[static_cast<std::size_t>(at)] = -3.5f;
+      REQUIRE(bit_cast<float>(max_magnitude_bits(values.data(), count)) == 3.5f);
+    }
+  std::vector<memkit::bf16> halves(37, memkit::bf16(0.5f));
+  halves[33] = memkit::bf16(-2.0f);
+  CHECK(bit_cast<float>(max_magnitude_bits(halves.data(), 37)) == 2.0f);
+  CHECK(max_magnitude_bits(halves.data(), 0) == 0u);
+  std::vector<float> odd(20, 1.0f);
+  odd[17] = -std::numeric_limits<float>::infinity();
+  CHECK(max_magnitude_bits(odd.data(), 20) == 0x7f800000u);
+  odd[3] = -std::numeric_limits<float>::quiet_NaN();
+  CHECK(max_magnitude_bits(odd.data(), 20) > 0x7f800000u);
+}
+
+TEST_CASE("rounded_math: is_finite is false exactly for Inf and NaN, float and double") {
+  using memkit::detail::is_finite;
+  for (float x : {0.0f, -0.0f, 1.0f, -2.5f, std::numeric_limits<float>::max(), -std::numeric_limits<float>::max(),
+                  std::numeric_limits<float>::denorm_min(), std::numeric_limits<float>::min()})
+    CHECK(is_finite(x));
+  for (float x : {std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
+                  std::numeric_limits<float>::quiet_NaN(), -std::numeric_limits<float>::quiet_NaN(),
+                  std::numeric_limits<float>::signaling_NaN()})
+    CHECK_FALSE(is_finite(x));
+  for (double x : {0.0, -0.0, 1e300, -std::numeric_limits<double>::max(), std::numeric_limits<double>::denorm_min()})
+    CHECK(is_finite(x));
+  for (double x : {std::numeric_limits<double>::infinity(), -std::numeric_limits<double>::infinity(),
+                   std::numeric_limits<double>::quiet_NaN(), -std::numeric_limits<double>::quiet_NaN()})
+    CHECK_FALSE(is_finite(x));
 }

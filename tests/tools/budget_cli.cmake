@@ -134,6 +134,7 @@ elseif(MODE STREQUAL "bad_input")
     "--preset;gpt2-124m;--seq;0"
     "--preset;gpt2-124m;--seq;4096"
     "--preset;gpt2-124m;--method;dora"
+    "--preset;gpt2-124m;--offload;disk"
     "--preset;gpt2-124m;--zero;5"
     "--preset;gpt2-124m;--checkpointing;every:0"
     "--preset;gpt2-124m;--gpus;-1"

@@ -21,7 +21,22 @@
 MEMKIT_NAMESPACE_BEGIN
 namespace budget {
 
+namespace detail {
+// Bisection on [good, bad): `fits(good)` holds and `fits(bad)` does not (or bad is past the limit).
+// Returns the largest value that fits, assuming fitting is monotone.
+template <class Fits>
+constexpr std::uint64_t largest_fitting(Fits&& fits, std::uint64_t good, std::uint64_t bad) {
+  while (bad - good > 1) {
+    const std::uint64_t mid = good + (bad - good) / 2;
+    (fits(mid) ? good : bad) = mid;
+  }
+  return good;
+}
+}  // namespace detail
+
 // The largest micro-batch (or sequence) for which `plan` fits `gpu`; 0 when even 1 does not.
+// A micro-batch has no natural bound (the limit is far above any that fits), so doubling from 1
+// brackets it before the bisection.
 constexpr std::uint64_t max_micro_batch(const model_config& m, training_plan plan, const gpu_spec& gpu,
                                         std::uint64_t limit = 1u << 20) noexcept {
   auto fits_with = [&](std::uint64_t batch) {
@@ -35,14 +50,11 @@ constexpr std::uint64_t max_micro_batch(const model_config& m, training_plan pla
     bad *= 2;
   }
   if (bad > limit) bad = limit + 1;
-  while (bad - good > 1) {
-    const std::uint64_t mid = good + (bad - good) / 2;
-    (fits_with(mid) ? good : bad) = mid;
-  }
-  return good;
+  return detail::largest_fitting(fits_with, good, bad);
 }
 
-// The longest sequence that fits, up to the model's max_positions (its trained context).
+// The longest sequence that fits, up to the model's max_positions (its trained context). That bound
+// is tried first, then [1, bound) is bisected.
 constexpr std::uint64_t max_sequence(const model_config& m, training_plan plan, const gpu_spec& gpu) noexcept {
   const std::uint64_t limit = m.max_positions != 0 ? m.max_positions : (1u << 22);
   auto fits_with = [&](std::uint64_t sequence) {
@@ -51,12 +63,7 @@ constexpr std::uint64_t max_sequence(const model_config& m, training_plan plan, 
   };
   if (!fits_with(1)) return 0;
   if (fits_with(limit)) return limit;
-  std::uint64_t good = 1, bad = limit;
-  while (bad - good > 1) {
-    const std::uint64_t mid = good + (bad - good) / 2;
-    (fits_with(mid) ? good : bad) = mid;
-  }
-  return good;
+  return detail::largest_fitting(fits_with, 1, limit);
 }
 
 enum class rung_kind : std::uint8_t { bf16, checkpointing, optimizer_8bit, smaller_micro_batch, qlora, cpu_offload };

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <concepts>
+#include <cstdint>
 #include <string>
 
 #include "memkit/config.hpp"
@@ -37,6 +38,16 @@ struct cuda_executor {
   // Blocks until all work enqueued on this executor's stream has finished.
   void synchronize() const { MEMKIT_CUDA_CHECK(cudaStreamSynchronize(stream)); }
 };
+
+namespace detail {
+// Grid size for a grid-stride kernel over `work_items` with `threads` per CTA: one thread per item,
+// at least one CTA, and at most 65535 * 8 CTAs (many times what any GPU runs at once; the kernel's
+// stride loop covers the rest).
+inline int grid_for(std::int64_t work_items, int threads) {
+  const std::int64_t needed = (work_items + threads - 1) / threads;
+  return static_cast<int>(needed < 65535 * 8 ? (needed > 0 ? needed : 1) : 65535 * 8);
+}
+}  // namespace detail
 #endif
 
 template <class E>

@@ -14,6 +14,7 @@
 #include <cstdint>
 
 #include "memkit/config.hpp"
+#include "memkit/core/float16.hpp"
 
 MEMKIT_NAMESPACE_BEGIN
 
@@ -95,12 +96,37 @@ MEMKIT_HOST_DEVICE MEMKIT_FORCEINLINE double dsqrt_rn(double a) noexcept {
 #endif
 }
 
-// Finiteness without libm (std::isfinite is not a device function everywhere): same answer on host and device.
-MEMKIT_HOST_DEVICE MEMKIT_FORCEINLINE bool is_finite(double x) noexcept {
-  return x - x == 0.0;  // false exactly for Inf and NaN
-}
+// memkit's one finiteness test, from the exponent bits (all ones: Inf or NaN): no libm (std::isfinite is not a
+// device function everywhere) and no float arithmetic or compare that -ffast-math could assume away, so
+// host and device give the same answer under any flags.
 MEMKIT_HOST_DEVICE MEMKIT_FORCEINLINE bool is_finite(float x) noexcept {
-  return (__builtin_bit_cast(std::uint32_t, x) & 0x7f800000u) != 0x7f800000u;
+  return (bit_cast<std::uint32_t>(x) & 0x7f800000u) != 0x7f800000u;
+}
+MEMKIT_HOST_DEVICE MEMKIT_FORCEINLINE bool is_finite(double x) noexcept {
+  return (bit_cast<std::uint64_t>(x) & 0x7ff0000000000000ull) != 0x7ff0000000000000ull;
+}
+
+// The largest |value| of values[0, count) as IEEE bits. For non-negative floats the integer order of the
+// bits is the float order, and Inf and NaN sort above every finite value, so one integer maximum gives
+// both the exact float maximum (max is exact, so a device reduction in any order gets the same bits) and
+// whether all values are finite. Integer maxima need no serial chain of float compares, and sixteen
+// independent lanes keep the loop vectorized. For host loops over a block; kernels reduce across a warp.
+template <float_storage T>
+inline std::uint32_t max_magnitude_bits(const T* values, std::int64_t count) noexcept {
+  std::uint32_t lanes[16] = {};
+  const std::int64_t whole = count - count % 16;
+  for (std::int64_t i = 0; i < whole; i += 16)
+    for (int j = 0; j < 16; ++j) {
+      const std::uint32_t bits = bit_cast<std::uint32_t>(to_float(values[i + j])) & 0x7fffffffu;
+      lanes[j] = bits > lanes[j] ? bits : lanes[j];
+    }
+  std::uint32_t largest = 0;
+  for (std::int64_t i = whole; i < count; ++i) {
+    const std::uint32_t bits = bit_cast<std::uint32_t>(to_float(values[i])) & 0x7fffffffu;
+    largest = bits > largest ? bits : largest;
+  }
+  for (std::uint32_t lane : lanes) largest = lane > largest ? lane : largest;
+  return largest;
 }
 
 }  // namespace detail

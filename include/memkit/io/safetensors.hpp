@@ -122,16 +122,36 @@ class reader {
 
   // Reads the raw bytes of tensor `name` into host memory `destination` of exactly its size.
   void read_bytes(std::string_view name, void* destination, std::uint64_t bytes) const {
-    const tensor_info& t = info(name);
-    require(bytes == t.bytes(), "safetensors: tensor '" + t.name + "' in '" + path_ + "' has " +
-                                    std::to_string(t.bytes()) + " bytes, the destination " + std::to_string(bytes));
-    read_at(data_start_ + t.begin, destination, bytes, "tensor '" + t.name + "'");
+    read_entry_bytes(info(name), destination, bytes);
   }
 
   // Reads tensor `name` into `out` (host memory), checking dtype and element count.
   template <class T>
   void read(std::string_view name, tensor_view<T> out) const {
+    read_entry(info(name), out);
+  }
+
+  template <class T>
+  std::vector<T> read_vector(std::string_view name) const {
     const tensor_info& t = info(name);
+    std::vector<T> out(static_cast<std::size_t>(t.numel()));
+    read_entry(t, tensor_view<T>(out.data(), shape{static_cast<std::int64_t>(out.size())}, memory_kind::host));
+    return out;
+  }
+
+ private:
+  [[noreturn]] void corrupt(const std::string& problem) const {
+    throw error("safetensors: '" + path_ + "' is not a valid safetensors file: " + problem);
+  }
+
+  // The reads above, given the tensor's entry (looked up once).
+  void read_entry_bytes(const tensor_info& t, void* destination, std::uint64_t bytes) const {
+    require(bytes == t.bytes(), "safetensors: tensor '" + t.name + "' in '" + path_ + "' has " +
+                                    std::to_string(t.bytes()) + " bytes, the destination " + std::to_string(bytes));
+    read_at(data_start_ + t.begin, destination, bytes, "tensor '" + t.name + "'");
+  }
+  template <class T>
+  void read_entry(const tensor_info& t, tensor_view<T> out) const {
     require(t.dtype == dtype_of<T>(), "safetensors: tensor '" + t.name + "' in '" + path_ + "' is " + t.dtype +
                                           ", not " + dtype_of<T>());
     require(t.numel() == out.size(), "safetensors: tensor '" + t.name + "' in '" + path_ + "' has " +
@@ -139,19 +159,7 @@ class reader {
                                          std::to_string(out.size()));
     require(out.where() != memory_kind::device,
             "safetensors: read: destination of '" + t.name + "' is device memory; read into host memory");
-    read_bytes(name, out.data(), out.bytes());
-  }
-
-  template <class T>
-  std::vector<T> read_vector(std::string_view name) const {
-    std::vector<T> out(static_cast<std::size_t>(info(name).numel()));
-    read(name, tensor_view<T>(out.data(), shape{static_cast<std::int64_t>(out.size())}, memory_kind::host));
-    return out;
-  }
-
- private:
-  [[noreturn]] void corrupt(const std::string& problem) const {
-    throw error("safetensors: '" + path_ + "' is not a valid safetensors file: " + problem);
+    read_entry_bytes(t, out.data(), out.bytes());
   }
 
   void read_at(std::uint64_t offset, void* destination, std::uint64_t bytes, const std::string& what) const {

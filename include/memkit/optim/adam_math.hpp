@@ -8,7 +8,6 @@
 // so no libm pow (whose last bit differs between glibc and CUDA) is involved.
 #pragma once
 
-#include <cmath>
 #include <cstdint>
 #include <string>
 
@@ -29,11 +28,11 @@ struct adam_group {
 };
 
 inline void validate(const adam_group& group, const std::string& where) {
-  require(group.lr >= 0.0f && std::isfinite(group.lr), where + ": lr must be finite and >= 0, got " + format_float(group.lr));
+  require(group.lr >= 0.0f && detail::is_finite(group.lr), where + ": lr must be finite and >= 0, got " + format_float(group.lr));
   require(group.beta1 >= 0.0f && group.beta1 < 1.0f, where + ": beta1 must be in [0, 1), got " + format_float(group.beta1));
   require(group.beta2 >= 0.0f && group.beta2 < 1.0f, where + ": beta2 must be in [0, 1), got " + format_float(group.beta2));
-  require(group.eps >= 0.0f && std::isfinite(group.eps), where + ": eps must be finite and >= 0, got " + format_float(group.eps));
-  require(group.weight_decay >= 0.0f && std::isfinite(group.weight_decay),
+  require(group.eps >= 0.0f && detail::is_finite(group.eps), where + ": eps must be finite and >= 0, got " + format_float(group.eps));
+  require(group.weight_decay >= 0.0f && detail::is_finite(group.weight_decay),
           where + ": weight_decay must be finite and >= 0, got " + format_float(group.weight_decay));
 }
 
@@ -53,7 +52,7 @@ struct loss_scaler_options {
 
 inline void validate(const loss_scaler_options& options, const std::string& where) {
   if (!options.enabled) return;
-  require(options.initial_scale > 0.0f && std::isfinite(options.initial_scale),
+  require(options.initial_scale > 0.0f && detail::is_finite(options.initial_scale),
           where + ": loss scaling initial_scale must be finite and > 0, got " + format_float(options.initial_scale));
   require(options.growth_factor >= 1.0f,
           where + ": loss scaling growth_factor must be >= 1, got " + format_float(options.growth_factor));

@@ -490,7 +490,7 @@ class adam_state {
   const adam_options& options() const noexcept { return options_; }
   // Changes the clipping threshold for later steps (0 disables clipping).
   void set_max_grad_norm(float max_norm) {
-    require(max_norm >= 0.0f && std::isfinite(max_norm), "adam_state::set_max_grad_norm: need a finite value >= 0");
+    require(max_norm >= 0.0f && detail::is_finite(max_norm), "adam_state::set_max_grad_norm: need a finite value >= 0");
     options_.max_grad_norm = max_norm;
   }
 
@@ -850,18 +850,10 @@ class adam_state {
                       const float* v, std::int64_t count) {
     quantize_block(base, t, b, m, v, count, block_absmax(m, count), block_absmax(v, count));
   }
-  // The largest magnitude, as the integer maximum of the magnitudes' bit patterns: for finite
-  // non-negative floats the two orders agree, and the integer form runs without a serial chain
-  // of float compares (the device uses max_abs; max is exact, so both give the same bits).
+  // The block's absmax: the largest magnitude, taken as an integer maximum over bit patterns (exact,
+  // so it matches the device's max_abs reduction bit for bit).
   static float block_absmax(const float* values, std::int64_t count) noexcept {
-    std::uint32_t lanes[8] = {};
-    std::int64_t i = 0;
-    for (; i + 8 <= count; i += 8)
-      for (int l = 0; l < 8; ++l) lanes[l] = std::max(lanes[l], detail::bit_cast<std::uint32_t>(values[i + l]) & 0x7fffffffu);
-    for (; i < count; ++i) lanes[0] = std::max(lanes[0], detail::bit_cast<std::uint32_t>(values[i]) & 0x7fffffffu);
-    std::uint32_t best = 0;
-    for (std::uint32_t lane : lanes) best = std::max(best, lane);
-    return detail::bit_cast<float>(best);
+    return detail::bit_cast<float>(detail::max_magnitude_bits(values, count));
   }
   void quantize_block(std::byte* base, const detail::adam_tensor_layout& t, std::int64_t b, const float* m,
                       const float* v, std::int64_t count, float m_max, float v_max) {
@@ -890,7 +882,7 @@ class adam_state {
                                                " parameter tensors, the state was made for " +
                                                std::to_string(layout_.size()));
     require(!groups.empty(), std::string(op) + ": no parameter groups given");
-    require(gradient_scale > 0.0f && std::isfinite(gradient_scale),
+    require(gradient_scale > 0.0f && detail::is_finite(gradient_scale),
             std::string(op) + ": gradient_scale must be finite and > 0, got " + format_float(gradient_scale));
     for (std::size_t g = 0; g < groups.size(); ++g) validate(groups[g], std::string(op) + ": group " + std::to_string(g));
   }

@@ -45,9 +45,9 @@ void accumulate_gradient([[maybe_unused]] const E& exec, tensor_view<A> sum, ten
     for (std::int64_t i = 0; i < sum.size(); ++i) detail::accumulate_element(sum.data(), micro.data(), i, first);
   } else {
 #if MEMKIT_HAS_CUDA
-    const std::int64_t blocks = (sum.size() + 255) / 256;
+    constexpr int threads = 256;
     detail::with_device(exec.device, [&] {  // the kernel runs on the current device: make it exec's
-      detail::accumulate_kernel<<<static_cast<unsigned>(blocks < 65536 ? blocks : 65536), 256, 0, exec.stream>>>(
+      detail::accumulate_kernel<<<detail::grid_for(sum.size(), threads), threads, 0, exec.stream>>>(
           sum.data(), micro.data(), sum.size(), first);
       MEMKIT_CUDA_CHECK(cudaGetLastError());
       return 0;

@@ -99,16 +99,14 @@ namespace detail {
 using memkit::detail::add_rn;
 using memkit::detail::dadd_rn;
 using memkit::detail::div_rn;
+using memkit::detail::is_finite;
+using memkit::detail::max_magnitude_bits;
 using memkit::detail::mul_rn;
 using memkit::detail::stored_product;
 using memkit::detail::sub_rn;
 
 MEMKIT_HOST_DEVICE MEMKIT_FORCEINLINE float abs_value(float x) noexcept {
   return __builtin_bit_cast(float, __builtin_bit_cast(std::uint32_t, x) & 0x7fffffffu);
-}
-// True for finite magnitudes; false for Inf and NaN (NaN fails every comparison).
-MEMKIT_HOST_DEVICE MEMKIT_FORCEINLINE bool finite_magnitude(float magnitude) noexcept {
-  return magnitude <= 3.40282346638528859811704183484516925e+38f;
 }
 }  // namespace detail
 
@@ -388,30 +386,6 @@ __attribute__((target("ssse3"))) inline std::int64_t expand_nibbles_ssse3(const 
 
 // --- host loops ---
 
-// Largest |value| of a block as IEEE bits. For non-negative floats the integer order of the bits is the
-// float order, and Inf and NaN sort above every finite value, so one integer maximum gives both the block's
-// absmax (exactly the float maximum) and whether the block is all finite. Sixteen independent lanes keep
-// the reduction vectorized; a maximum does not depend on the order it is taken in.
-template <float_storage T>
-inline std::uint32_t block_magnitude_bits(const T* values, std::int64_t count) noexcept {
-  std::uint32_t lanes[16] = {};
-  const std::int64_t whole = count - count % 16;
-  for (std::int64_t i = 0; i < whole; i += 16)
-    for (int j = 0; j < 16; ++j) {
-      const float value = to_float(values[i + j]);
-      const std::uint32_t bits = ::memkit::detail::bit_cast<std::uint32_t>(value) & 0x7fffffffu;
-      lanes[j] = bits > lanes[j] ? bits : lanes[j];
-    }
-  std::uint32_t largest = 0;
-  for (std::int64_t i = whole; i < count; ++i) {
-    const float value = to_float(values[i]);
-    const std::uint32_t bits = ::memkit::detail::bit_cast<std::uint32_t>(value) & 0x7fffffffu;
-    largest = bits > largest ? bits : largest;
-  }
-  for (std::uint32_t lane : lanes) largest = lane > largest ? lane : largest;
-  return largest;
-}
-
 inline constexpr std::uint32_t infinity_bits = 0x7f800000u;
 
 // Throws, naming the tensor, element and block, if any value is not finite. Reads only.
@@ -420,10 +394,10 @@ void require_finite_host(const T* input, std::int64_t numel, std::int64_t block_
                          const char* tensor_name) {
   for (std::int64_t begin = 0; begin < numel; begin += block_size) {
     const std::int64_t end = begin + block_size < numel ? begin + block_size : numel;
-    if (block_magnitude_bits(input + begin, end - begin) < infinity_bits) continue;
+    if (max_magnitude_bits(input + begin, end - begin) < infinity_bits) continue;
     for (std::int64_t i = begin; i < end; ++i) {
       const float value = to_float(input[i]);
-      if (finite_magnitude(abs_value(value))) continue;
+      if (is_finite(value)) continue;
       throw error(std::string(operation) + ": tensor '" + tensor_name + "' has a non-finite value (" +
                   format_float(value) + ") at flat element " + std::to_string(i) + ", in block " +
                   std::to_string(begin / block_size) + " of " + std::to_string(block_count(numel, block_size)) +
@@ -438,7 +412,7 @@ void quantize_host(const T* input, std::int64_t numel, std::int64_t block_size, 
   for (std::int64_t begin = 0, block = 0; begin < numel; begin += block_size, ++block) {
     const std::int64_t count = numel - begin < block_size ? numel - begin : block_size;
     const T* values = input + begin;
-    const std::uint32_t max_bits = block_magnitude_bits(values, count);
+    const std::uint32_t max_bits = max_magnitude_bits(values, count);
     const float block_max = ::memkit::detail::bit_cast<float>(max_bits);  // finite: checked before
     absmax[block] = block_max;
     const float reciprocal = block_reciprocal(block_max);
@@ -517,11 +491,13 @@ void dequantize_host(const std::uint8_t* codes, const block_scales& scales, std:
 // Index of the first block whose absmax is not finite, or -1.
 inline std::int64_t first_nonfinite(const float* absmax, std::int64_t blocks) {
   for (std::int64_t b = 0; b < blocks; ++b)
-    if (!finite_magnitude(abs_value(absmax[b]))) return b;
+    if (!is_finite(absmax[b])) return b;
   return -1;
 }
 
 #if MEMKIT_HAS_CUDA
+using memkit::detail::grid_for;  // the launch geometry every grid-stride kernel shares (core/execution.hpp)
+
 // --- CUDA kernels: one warp per block; lanes stride over the block's values. ---
 
 MEMKIT_DEVICE MEMKIT_FORCEINLINE float warp_max(float value) {
@@ -548,7 +524,7 @@ __global__ void quantize_kernel(const T* __restrict__ input, std::int64_t numel,
     bool finite = true;
     for (std::int64_t i = lane; i < count; i += 32) {
       const float magnitude = abs_value(to_float(input[begin + i]));
-      finite &= finite_magnitude(magnitude);
+      finite &= is_finite(magnitude);
       block_max = magnitude > block_max ? magnitude : block_max;
     }
     block_max = warp_max(block_max);  // max is exact: the order of reduction cannot change it
@@ -627,11 +603,6 @@ __global__ void dequantize4_vector_kernel(const std::uint8_t* __restrict__ codes
       reinterpret_cast<uint4*>(output + 8 * g)[1] = reinterpret_cast<const uint4*>(values)[1];
     }
   }
-}
-
-inline int grid_for(std::int64_t work_items, int threads) {
-  const std::int64_t needed = (work_items + threads - 1) / threads;
-  return static_cast<int>(needed < 65535 * 8 ? (needed > 0 ? needed : 1) : 65535 * 8);
 }
 #endif
 

@@ -185,13 +185,13 @@ void read_linear4bit_tensors(const safetensors::reader& in, const std::string& k
     code_table<256> nested_map{};
     for (std::size_t i = 0; i < 256; ++i) {
       nested_map.value[i] = map[i];
-      require(finite_magnitude(abs_value(map[i])), where + ": nested_quant_map entry " + std::to_string(i) + " is not finite");
+      require(is_finite(map[i]), where + ": nested_quant_map entry " + std::to_string(i) + " is not finite");
     }
     weight.set_nested_map(nested_map);
     weight.offset_view()[0] = static_cast<float>(header.nested_offset);
     for (float a : weight.nested_group_absmax())
-      require(finite_magnitude(abs_value(a)), where + ": nested_absmax holds a non-finite value");
-    require(finite_magnitude(abs_value(weight.offset_view()[0])), where + ": nested_offset is not finite");
+      require(is_finite(a), where + ": nested_absmax holds a non-finite value");
+    require(is_finite(weight.offset_view()[0]), where + ": nested_offset is not finite");
   } else {
     expect_tensor(in, key + ".absmax", "F32", blocks, where, header);
     in.read(key + ".absmax", weight.absmax());
