@@ -154,6 +154,7 @@ void run_in_parts(int parts, std::int64_t count, Work&& work) {
   }
   work(std::int64_t{0}, bound(1));
 }
+
 // Most tensors one kernel launch carries in its argument block.
 inline constexpr int tensors_per_launch = 16;
 
