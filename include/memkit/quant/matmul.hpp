@@ -178,11 +178,6 @@ __attribute__((target("avx2,fma,f16c"))) void fused_gemv_avx2(const float* x, st
   }
 }
 
-inline bool cpu_has_avx512() noexcept {
-  static const bool has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
-  return has;
-}
-
 // AVX-512: one permute looks up 16 values in the whole 16-entry table.
 template <format F, class T>
 __attribute__((target("avx512f,avx512bw"))) void fused_gemv_avx512(const float* x, std::int64_t M, const std::uint8_t* codes,
@@ -375,7 +370,7 @@ void matmul(const E& exec, tensor_view<const std::type_identity_t<T>> x, const q
           wide = widened.data();
         }
 #if MEMKIT_QUANT_X86_SIMD
-        if (config.host_simd >= 2 && detail::cpu_has_avx512()) {
+        if (config.host_simd >= 2 && detail::cpu_has_avx512bw()) {
           detail::fused_gemv_avx512<F>(wide, M, w.codes().data(), scales, w.block_size(), N, K, y.data());
           return;
         }
