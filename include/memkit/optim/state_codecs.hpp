@@ -100,9 +100,10 @@ struct dynamic_code_index {
 
 inline dynamic_code_index build_dynamic_code_index(const float* map) {
   dynamic_code_index index;
+  const auto midpoint = [map](unsigned c) { return (map[c + 1] + map[c]) * 0.5f; };  // nearest_dynamic's
   float smallest_midpoint = 1.0f;
   for (unsigned c = 0; c < 255; ++c) {
-    const float middle = (map[c + 1] + map[c]) * 0.5f;
+    const float middle = midpoint(c);
     if (middle != 0.0f && std::fabs(middle) < smallest_midpoint) smallest_midpoint = std::fabs(middle);
   }
   index.first_key = (bit_cast<std::uint32_t>(smallest_midpoint) >> 16) - 1;
@@ -122,7 +123,7 @@ inline dynamic_code_index build_dynamic_code_index(const float* map) {
     std::uint32_t bucket = dynamic_code(map, low) << 16;
     int boundaries = 0;
     for (unsigned c = 0; c < 255; ++c) {
-      const float middle = (map[c + 1] + map[c]) * 0.5f;
+      const float middle = midpoint(c);
       if (!(middle >= low && middle <= high)) continue;
       if (bit_cast<std::uint32_t>(middle) >> 16 != (key | (negative ? 0x8000u : 0u)))
         throw error("memkit: dynamic map midpoint outside its bucket");
