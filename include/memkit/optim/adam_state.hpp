@@ -36,14 +36,13 @@
 #include <ostream>
 #include <span>
 #include <string>
-#include <system_error>
-#include <thread>
 #include <type_traits>
 #include <vector>
 
 #include "memkit/config.hpp"
 #include "memkit/core/execution.hpp"
 #include "memkit/core/float16.hpp"
+#include "memkit/core/host_threads.hpp"
 #include "memkit/core/tensor_view.hpp"
 #include "memkit/memory/buffer.hpp"
 #include "memkit/memory/resource.hpp"
@@ -120,40 +119,6 @@ constexpr std::size_t align_segment(std::size_t bytes) noexcept {
 
 // Elements per work unit of a tensor with fp32/bf16 moments (one CUDA block each).
 inline constexpr std::int64_t plain_unit = 4096;
-
-inline std::int64_t hardware_threads() noexcept {
-  const unsigned n = std::thread::hardware_concurrency();
-  return n > 0 ? n : 1;
-}
-
-// Runs work(first, last) over `parts` contiguous, disjoint ranges of [0, count), the calling thread taking
-// the first. A thread that cannot be started has its range run on the calling thread instead: every range
-// runs exactly once, so a failure to start threads never leaves a step half applied.
-template <class Work>
-void run_in_parts(int parts, std::int64_t count, Work&& work) {
-  parts = static_cast<int>(std::min<std::int64_t>(std::max(parts, 1), std::max<std::int64_t>(count, 1)));
-  const auto bound = [&](int part) { return count * part / parts; };
-  if (parts == 1) {
-    work(std::int64_t{0}, count);
-    return;
-  }
-  std::vector<std::thread> threads;
-  struct join_all {  // also when the calling thread's range throws
-    std::vector<std::thread>& threads;
-    ~join_all() {
-      for (std::thread& thread : threads) thread.join();
-    }
-  } joiner{threads};
-  threads.reserve(static_cast<std::size_t>(parts - 1));
-  for (int part = 1; part < parts; ++part) {
-    try {
-      threads.emplace_back([&work, first = bound(part), last = bound(part + 1)] { work(first, last); });
-    } catch (const std::system_error&) {
-      work(bound(part), bound(part + 1));
-    }
-  }
-  work(std::int64_t{0}, bound(1));
-}
 
 // Most tensors one kernel launch carries in its argument block.
 inline constexpr int tensors_per_launch = 16;
@@ -984,7 +949,7 @@ class adam_state {
   // The number of threads for a tensor of `size` elements: enough work per thread to repay starting it.
   int host_parts(std::int64_t size) const noexcept {
     constexpr std::int64_t min_elements_per_thread = 1 << 17;
-    const std::int64_t wanted = options_.host_threads > 0 ? options_.host_threads : detail::hardware_threads();
+    const std::int64_t wanted = resolve_host_threads(options_.host_threads);
     return static_cast<int>(std::max<std::int64_t>(1, std::min(wanted, size / min_elements_per_thread)));
   }
   template <float_storage G>

@@ -1,0 +1,149 @@
+// memkit/checkpoint/layer.hpp — what a hand-written layer offers so that a C++ training loop (and
+// checkpoint_segment) can run its forward and backward, and where it keeps what its backward needs.
+//
+// There is no autograd: a layer's forward writes its output and saves, into an activation_store, exactly
+// the tensors its backward will need; its backward takes them back (last saved, first taken), writes the
+// input gradient and accumulates its own parameter gradients. Everything saved comes from the store's
+// memory resource, so a tracking_resource charges it to "activations".
+//
+// Randomness (dropout) comes only from the forward_context: the same context gives the same masks, which
+// is what lets activation checkpointing recompute a forward bit for bit.
+#pragma once
+
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "memkit/config.hpp"
+#include "memkit/core/execution.hpp"
+#include "memkit/core/tensor_view.hpp"
+#include "memkit/memory/buffer.hpp"
+#include "memkit/memory/resource.hpp"
+
+MEMKIT_NAMESPACE_BEGIN
+
+// The random state and mode of one forward pass. A layer draws its random numbers from (seed, counter)
+// alone; a stack gives each of its layers its own counter with for_layer().
+struct forward_context {
+  std::uint64_t seed = 0;     // randomness of this training step
+  std::uint64_t counter = 0;  // where this layer's random stream starts
+  bool training = true;       // false: no dropout
+
+  constexpr forward_context for_layer(std::uint64_t index) const noexcept {
+    // Counters 2^40 apart: a layer may draw up to 2^40 random words without overlapping the next one.
+    return {seed, counter + (index << 40), training};
+  }
+};
+
+namespace detail {
+// One address per type: identifies a saved tensor's element type without RTTI.
+template <class T>
+inline constexpr char type_tag = 0;
+}  // namespace detail
+
+// A tensor saved for backward, owned by whoever took it from the store; freed when it is destroyed.
+template <class T>
+class saved_tensor {
+ public:
+  saved_tensor() = default;
+  explicit saved_tensor(buffer<std::byte>&& storage, shape dims) : storage_(std::move(storage)), shape_(dims) {}
+
+  tensor_view<T> view() noexcept { return {reinterpret_cast<T*>(storage_.data()), shape_, storage_.where()}; }
+  tensor_view<const T> view() const noexcept {
+    return {reinterpret_cast<const T*>(storage_.data()), shape_, storage_.where()};
+  }
+  const shape& dims() const noexcept { return shape_; }
+
+ private:
+  buffer<std::byte> storage_;
+  shape shape_{};
+};
+
+// A last-in, first-out store of the tensors forward passes save for their backward passes.
+class activation_store {
+ public:
+  explicit activation_store(memory_resource& resource) : resource_(&resource) {}
+  activation_store(activation_store&&) noexcept = default;
+  activation_store& operator=(activation_store&&) noexcept = default;
+
+  // Bytes a saved tensor of `dims` elements of T takes (what a layer's saved_bytes() adds up).
+  template <class T>
+  static constexpr std::size_t bytes_required(const shape& dims) noexcept {
+    return buffer<T>::bytes_required(dims);
+  }
+
+  // Allocates a tensor to save (contents uninitialized: the forward fills it) and returns a view of it.
+  template <class T>
+  tensor_view<T> save(shape dims) {
+    entry saved{buffer<std::byte>(*resource_, shape{static_cast<std::int64_t>(bytes_required<T>(dims))}), dims,
+                &detail::type_tag<T>, sizeof(T)};
+    T* data = reinterpret_cast<T*>(saved.storage.data());
+    const memory_kind where = saved.storage.where();
+    entries_.push_back(std::move(saved));
+    held_bytes_ += bytes_required<T>(dims);
+    return {data, dims, where};
+  }
+
+  // Takes back the most recently saved tensor not yet taken. Throws memkit::error, and takes nothing,
+  // when the store is empty or that tensor is not `expected` elements of T: a backward that does not
+  // match its forward is reported, never run on the wrong bytes.
+  template <class T>
+  saved_tensor<T> take(const shape& expected, const char* who = "activation_store") {
+    require(!entries_.empty(), std::string(who) + ": backward asked for a saved tensor of shape " +
+                                   to_string(expected) + " but nothing is saved (backward before forward, or twice?)");
+    entry& last = entries_.back();
+    require(last.type == &detail::type_tag<T> && last.dims == expected,
+            std::string(who) + ": the last saved tensor has shape " + to_string(last.dims) + " of " +
+                std::to_string(last.element_bytes) + "-byte elements, but backward asked for shape " +
+                to_string(expected) + " of " + std::to_string(sizeof(T)) + "-byte elements" +
+                (last.type == &detail::type_tag<T> ? "" : " of another type"));
+    held_bytes_ -= bytes_required<T>(last.dims);
+    saved_tensor<T> taken(std::move(last.storage), last.dims);
+    entries_.pop_back();
+    return taken;
+  }
+
+  std::size_t size() const noexcept { return entries_.size(); }
+  bool empty() const noexcept { return entries_.empty(); }
+  std::size_t bytes() const noexcept { return held_bytes_; }  // bytes of the tensors held now
+  memory_resource& resource() const noexcept { return *resource_; }
+  // Frees everything still held (e.g. after a forward whose backward will not run).
+  void clear() noexcept {
+    entries_.clear();
+    held_bytes_ = 0;
+  }
+
+ private:
+  struct entry {
+    buffer<std::byte> storage;
+    shape dims;
+    const char* type;
+    std::size_t element_bytes;
+  };
+  memory_resource* resource_;
+  std::vector<entry> entries_;
+  std::size_t held_bytes_ = 0;
+};
+
+// A trainable (or frozen) layer from activations of value_type to activations of value_type.
+//   output_shape(in)         the output's shape for an input of shape `in`
+//   saved_bytes(in, ctx)     exactly the bytes forward(…, ctx, x of shape in, …) saves in the store
+//   forward(exec, ctx, x, y, store)   writes y, saves what backward needs
+//   backward(exec, dy, dx, store)     takes it back, writes dx (skipped when dx is empty), accumulates
+//                                     parameter gradients into the layer's own gradient tensors
+template <class L, class E>
+concept layer = executor<E> && requires(L& l, const L& cl, const E& exec, const forward_context& ctx,
+                                        const shape& in, activation_store& store,
+                                        tensor_view<const typename L::value_type> x,
+                                        tensor_view<typename L::value_type> y) {
+  typename L::value_type;
+  { cl.output_shape(in) } -> std::same_as<shape>;
+  { cl.saved_bytes(in, ctx) } -> std::convertible_to<std::size_t>;
+  l.forward(exec, ctx, x, y, store);
+  l.backward(exec, x, y, store);  // (dy, dx): dy has the output's shape, dx the input's
+};
+
+MEMKIT_NAMESPACE_END
