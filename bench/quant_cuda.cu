@@ -91,12 +91,12 @@ void BM_cuda_matmul_dense_bf16(benchmark::State& state) {
   fill_normalish<<<1024, 256>>>(x.data(), M * kK);
   MEMKIT_CUDA_CHECK(cudaGetLastError());
   cublasHandle_t handle;
-  q::detail::cublas_check(cublasCreate(&handle), "cublasCreate");
+  memkit::detail::cublas_check(cublasCreate(&handle), "cublasCreate");
   const float one = 1.0f, zero = 0.0f;
   const double bytes = static_cast<double>(w.bytes() + x.bytes() + y.bytes());
   run_timed(state,
             [&] {
-              q::detail::cublas_check(
+              memkit::detail::cublas_check(
                   cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(kN), static_cast<int>(M),
                                static_cast<int>(kK), &one, w.data(), CUDA_R_16BF, static_cast<int>(kK), x.data(),
                                CUDA_R_16BF, static_cast<int>(kK), &zero, y.data(), CUDA_R_16BF, static_cast<int>(kN),

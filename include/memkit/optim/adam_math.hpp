@@ -13,6 +13,7 @@
 
 #include "memkit/config.hpp"
 #include "memkit/core/float16.hpp"
+#include "memkit/core/random.hpp"
 #include "memkit/core/rounded_math.hpp"
 #include "memkit/core/units.hpp"
 
@@ -76,22 +77,6 @@ MEMKIT_HOST_DEVICE inline double power(double base, std::int64_t exponent) noexc
     exponent >>= 1;
   }
   return result;
-}
-
-// SplitMix64's finaliser: a counter-based generator, so the random bits of element i at step t do not
-// depend on how the elements are split among threads.
-MEMKIT_HOST_DEVICE MEMKIT_FORCEINLINE std::uint64_t mix64(std::uint64_t z) noexcept {
-  z += 0x9e3779b97f4a7c15ull;
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
-
-MEMKIT_HOST_DEVICE MEMKIT_FORCEINLINE std::uint32_t random_bits(std::uint64_t seed, std::int64_t step,
-                                                               std::int64_t tensor, std::int64_t index) noexcept {
-  const std::uint64_t key = mix64(seed ^ mix64(static_cast<std::uint64_t>(step) * 0x100000001b3ull +
-                                                static_cast<std::uint64_t>(tensor)));
-  return static_cast<std::uint32_t>(mix64(key + static_cast<std::uint64_t>(index)) >> 32);
 }
 
 }  // namespace detail

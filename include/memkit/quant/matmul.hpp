@@ -20,6 +20,7 @@
 #include <type_traits>
 
 #include "memkit/config.hpp"
+#include "memkit/core/cublas.hpp"
 #include "memkit/core/execution.hpp"
 #include "memkit/core/float16.hpp"
 #include "memkit/core/tensor_view.hpp"
@@ -28,9 +29,6 @@
 #include "memkit/quant/blockwise.hpp"
 #include "memkit/quant/quantized_tensor.hpp"
 
-#if MEMKIT_HAS_CUDA
-#include <cublas_v2.h>
-#endif
 
 MEMKIT_NAMESPACE_BEGIN
 
@@ -313,32 +311,6 @@ __global__ void convert_kernel(const float* __restrict__ in, T* __restrict__ out
     out[i] = from_float<T>(in[i]);
 }
 
-template <class T>
-constexpr cudaDataType_t cuda_type() noexcept {
-  if constexpr (std::is_same_v<T, float>) return CUDA_R_32F;
-  else if constexpr (std::is_same_v<T, bf16>) return CUDA_R_16BF;
-  else return CUDA_R_16F;
-}
-
-inline void cublas_check(cublasStatus_t status, const char* call) {
-  require(status == CUBLAS_STATUS_SUCCESS, std::string("cuBLAS call ") + call + " failed with status " +
-                                               std::to_string(static_cast<int>(status)));
-}
-
-// One cuBLAS handle per thread and device, created on first use and kept for the thread's lifetime.
-inline cublasHandle_t cublas_handle_for(int device) {
-  struct handles {
-    cublasHandle_t by_device[64] = {};
-    ~handles() {
-      for (cublasHandle_t h : by_device)
-        if (h) cublasDestroy(h);
-    }
-  };
-  thread_local handles cache;
-  require(device >= 0 && device < 64, "quant::matmul: device index out of range");
-  if (!cache.by_device[device]) cublas_check(cublasCreate(&cache.by_device[device]), "cublasCreate");
-  return cache.by_device[device];
-}
 #endif
 
 }  // namespace detail
@@ -403,17 +375,17 @@ void matmul(const E& exec, tensor_view<const std::type_identity_t<T>> x, const q
         return 0;
       }
       buffer<T> tile(workspace, shape{rows * K});
-      cublasHandle_t handle = detail::cublas_handle_for(exec.device);
-      detail::cublas_check(cublasSetStream(handle, exec.stream), "cublasSetStream");
+      cublasHandle_t handle = ::memkit::detail::cublas_handle_for(exec.device);
+      ::memkit::detail::cublas_check(cublasSetStream(handle, exec.stream), "cublasSetStream");
       const float one = 1.0f, zero = 0.0f;
       for (std::int64_t n0 = 0; n0 < N; n0 += rows) {
         const std::int64_t nt = N - n0 < rows ? N - n0 : rows;
         w.dequantize_range(exec, n0 * K, tile.view().flat_slice(0, nt * K));
         // Column-major view: y^T[nt, M] (ld N) = tile[nt, K] * x^T[K, M].
-        detail::cublas_check(
+        ::memkit::detail::cublas_check(
             cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(nt), static_cast<int>(M), static_cast<int>(K),
-                         &one, tile.data(), detail::cuda_type<T>(), static_cast<int>(K), x.data(), detail::cuda_type<T>(),
-                         static_cast<int>(K), &zero, y.data() + n0, detail::cuda_type<T>(), static_cast<int>(N),
+                         &one, tile.data(), ::memkit::detail::cuda_type<T>(), static_cast<int>(K), x.data(), ::memkit::detail::cuda_type<T>(),
+                         static_cast<int>(K), &zero, y.data() + n0, ::memkit::detail::cuda_type<T>(), static_cast<int>(N),
                          CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
             "cublasGemmEx");
       }
@@ -469,23 +441,23 @@ void matmul_input_grad(const E& exec, tensor_view<const std::type_identity_t<T>>
       buffer<T> tile(workspace, shape{rows * K});
       buffer<float> accumulator;
       void* c = dx.data();
-      cudaDataType_t c_type = detail::cuda_type<T>();
+      cudaDataType_t c_type = ::memkit::detail::cuda_type<T>();
       if constexpr (!std::is_same_v<T, float>) {
         accumulator = buffer<float>(workspace, shape{M * K});
         c = accumulator.data();
         c_type = CUDA_R_32F;
       }
-      cublasHandle_t handle = detail::cublas_handle_for(exec.device);
-      detail::cublas_check(cublasSetStream(handle, exec.stream), "cublasSetStream");
+      cublasHandle_t handle = ::memkit::detail::cublas_handle_for(exec.device);
+      ::memkit::detail::cublas_check(cublasSetStream(handle, exec.stream), "cublasSetStream");
       const float one = 1.0f, zero = 0.0f;
       for (std::int64_t n0 = 0; n0 < N; n0 += rows) {
         const std::int64_t nt = N - n0 < rows ? N - n0 : rows;
         w.dequantize_range(exec, n0 * K, tile.view().flat_slice(0, nt * K));
         // Column-major: dx^T[K, M] (+)= tile^T[K, nt] * dy^T[nt, M] (dy columns n0.., ld N).
-        detail::cublas_check(
+        ::memkit::detail::cublas_check(
             cublasGemmEx(handle, CUBLAS_OP_N, CUBLAS_OP_N, static_cast<int>(K), static_cast<int>(M), static_cast<int>(nt),
-                         &one, tile.data(), detail::cuda_type<T>(), static_cast<int>(K), dy.data() + n0,
-                         detail::cuda_type<T>(), static_cast<int>(N), n0 == 0 ? &zero : &one, c, c_type,
+                         &one, tile.data(), ::memkit::detail::cuda_type<T>(), static_cast<int>(K), dy.data() + n0,
+                         ::memkit::detail::cuda_type<T>(), static_cast<int>(N), n0 == 0 ? &zero : &one, c, c_type,
                          static_cast<int>(K), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
             "cublasGemmEx");
       }
