@@ -22,6 +22,7 @@
 #include "memkit/io/json.hpp"
 #include "memkit/io/safetensors.hpp"
 #include "memkit/linalg/gemm.hpp"
+#include "memkit/lora/peft_adapter.hpp"
 #include "memkit/memory/buffer.hpp"
 #include "memkit/memory/resource.hpp"
 #include "memkit/memory/tracking.hpp"
