@@ -62,6 +62,19 @@ struct adam_options {
                                            // threads; the results do not depend on it
 };
 
+// One tensor's optimizer state as adam_state stores it, read-only: views into the state's own memory (of
+// its memory kind). A quantized tensor has codes and one absmax per block for each moment (value =
+// map[code] * absmax[element / block]); a plain tensor (fp32/bf16 states, or a quantized state's tensors
+// below min_quantized_size, which keep fp32) has the moments themselves. adam_state::assign takes the same
+// struct, filled with host views, to replace the state (importing another optimizer's state).
+template <class Plain>
+struct adam_tensor_state {
+  bool quantized = false;
+  tensor_view<const std::uint8_t> m_codes{}, v_codes{};  // [size] (8-bit) or [(size + 1) / 2] (4-bit, two per byte)
+  tensor_view<const float> m_absmax{}, v_absmax{};       // [blocks]
+  tensor_view<const Plain> m{}, v{};                     // [size]
+};
+
 // One parameter tensor of a step: the parameter, its gradient, an optional fp32 master copy (then the
 // update is computed on the master and the parameter receives its rounded value) and its group.
 template <float_storage P, float_storage G>
@@ -552,6 +565,85 @@ class adam_state {
     }
   }
 
+  // ---- The state as it is stored: read-only views, and wholesale replacement (interop) ----
+  using plain_moment_type = std::conditional_t<quantized, float, moment_type>;
+
+  // Views of tensor `tensor`'s moments, valid while the state lives; they change with every step.
+  adam_tensor_state<plain_moment_type> tensor_state(std::size_t tensor) const {
+    require(tensor < layout_.size(), "adam_state::tensor_state: tensor " + std::to_string(tensor) + " of " +
+                                         std::to_string(layout_.size()));
+    const detail::adam_tensor_layout& t = layout_[tensor];
+    const std::byte* base = arena_.data();
+    adam_tensor_state<plain_moment_type> s;
+    s.quantized = t.quantized;
+    if (!t.quantized) {
+      s.m = {reinterpret_cast<const plain_moment_type*>(base + t.m_offset), shape{t.size}, where()};
+      s.v = {reinterpret_cast<const plain_moment_type*>(base + t.v_offset), shape{t.size}, where()};
+      return s;
+    }
+    const std::int64_t codes = traits::bits == 8 ? t.size : (t.size + 1) / 2;
+    s.m_codes = {reinterpret_cast<const std::uint8_t*>(base + t.m_offset), shape{codes}, where()};
+    s.v_codes = {reinterpret_cast<const std::uint8_t*>(base + t.v_offset), shape{codes}, where()};
+    s.m_absmax = {reinterpret_cast<const float*>(base + t.m_scale_offset), shape{t.units}, where()};
+    s.v_absmax = {reinterpret_cast<const float*>(base + t.v_scale_offset), shape{t.units}, where()};
+    return s;
+  }
+  // The code tables of a quantized state (256 entries for 8 bits, 16 for 4): m's signed, v's unsigned.
+  static std::span<const float> m_map() noexcept
+    requires quantized
+  {
+    return {traits::tables().m.data(), traits::tables().m.size()};
+  }
+  static std::span<const float> v_map() noexcept
+    requires quantized
+  {
+    return {traits::tables().v.data(), traits::tables().v.size()};
+  }
+  // Steps applied so far: a view of the counter in the control block (device memory for a device state;
+  // control(exec).step reads it back from anywhere).
+  tensor_view<const std::int64_t> step_view() const noexcept {
+    static_assert(offsetof(adam_control, step) == 0);
+    return {reinterpret_cast<const std::int64_t*>(arena_.data()), shape{1}, where()};
+  }
+
+  // Replaces every tensor's moments and the step count, e.g. with another optimizer's state: `tensors`
+  // (host-accessible views, one per tensor, laid out as tensor_state() shows them) must match the
+  // state's layout exactly, quantized tensors with quantized sources. Everything is checked first
+  // (sizes, finite absmax >= 0, finite moments, v >= 0); on any mismatch nothing changes. The control
+  // block starts afresh with `step` applied steps (no skipped steps, the initial loss scale).
+  template <executor E>
+  void assign(const E& exec, std::span<const adam_tensor_state<plain_moment_type>> tensors, std::int64_t step) {
+    const std::string op = "adam_state::assign";
+    require(tensors.size() == layout_.size(), op + ": got " + std::to_string(tensors.size()) + " tensors, the state has " +
+                                                  std::to_string(layout_.size()));
+    require(step >= 0, op + ": step must be >= 0, got " + std::to_string(step));
+    for (std::size_t i = 0; i < tensors.size(); ++i) validate_source(op + ": tensor " + std::to_string(i), layout_[i], tensors[i]);
+    std::vector<std::byte> image(arena_.bytes(), std::byte{0});
+    adam_control control{};
+    control.step = step;
+    control.loss_scale = options_.loss_scaling.enabled ? options_.loss_scaling.initial_scale : 1.0f;
+    std::memcpy(image.data(), &control, sizeof control);
+    for (std::size_t i = 0; i < tensors.size(); ++i) {
+      const detail::adam_tensor_layout& t = layout_[i];
+      const adam_tensor_state<plain_moment_type>& s = tensors[i];
+      auto put = [&](std::size_t offset, const auto& view) { std::memcpy(image.data() + offset, view.data(), view.bytes()); };
+      if (!t.quantized) {
+        put(t.m_offset, s.m);
+        put(t.v_offset, s.v);
+      } else {
+        put(t.m_offset, s.m_codes);
+        put(t.v_offset, s.v_codes);
+        put(t.m_scale_offset, s.m_absmax);
+        put(t.v_scale_offset, s.v_absmax);
+      }
+    }
+    copy_in(exec, image.data(), image.size());
+  }
+  template <executor E>
+  void assign(const E& exec, const std::vector<adam_tensor_state<plain_moment_type>>& tensors, std::int64_t step) {
+    assign(exec, std::span<const adam_tensor_state<plain_moment_type>>(tensors), step);
+  }
+
   // ---- Save / load: a self-describing binary image of the whole state. ----
   static constexpr std::uint32_t format_version = 1;
   static std::string format_name() { return std::string("memkit.adam_state.") + traits::name; }
@@ -841,6 +933,46 @@ class adam_state {
   }
 
   // ---- validation: every check happens before anything is written ----
+  // One source tensor of assign() against its layout.
+  void validate_source(const std::string& which, const detail::adam_tensor_layout& t,
+                       const adam_tensor_state<plain_moment_type>& s) const {
+    auto expect = [&](const auto& view, std::int64_t count, const char* name) {
+      require(view.data() != nullptr || count == 0, which + ": `" + name + "` is null");
+      require(view.where() != memory_kind::device, which + ": `" + name + "` is in device memory; give host views");
+      require(view.size() == count, which + ": `" + name + "` has " + std::to_string(view.size()) + " elements, expected " +
+                                        std::to_string(count));
+    };
+    if (!t.quantized) {
+      require(!s.quantized, which + ": the source is quantized, but this state keeps plain moments for a tensor of " +
+                                std::to_string(t.size) + " elements (min_quantized_size " +
+                                std::to_string(options_.min_quantized_size) + ")");
+      expect(s.m, t.size, "m");
+      expect(s.v, t.size, "v");
+      for (std::int64_t i = 0; i < t.size; ++i) {
+        const float m = to_float(s.m[i]), v = to_float(s.v[i]);
+        if (!detail::is_finite(m)) throw error(which + ": m[" + std::to_string(i) + "] is " + format_float(m));
+        if (!(detail::is_finite(v) && v >= 0.0f))
+          throw error(which + ": v[" + std::to_string(i) + "] is " + format_float(v) + "; the second moment must be finite and >= 0");
+      }
+      return;
+    }
+    require(s.quantized, which + ": the source has plain moments, but this state quantizes a tensor of " +
+                             std::to_string(t.size) + " elements (min_quantized_size " +
+                             std::to_string(options_.min_quantized_size) + ")");
+    const std::int64_t codes = traits::bits == 8 ? t.size : (t.size + 1) / 2;
+    expect(s.m_codes, codes, "m_codes");
+    expect(s.v_codes, codes, "v_codes");
+    expect(s.m_absmax, t.units, "m_absmax");
+    expect(s.v_absmax, t.units, "v_absmax");
+    for (std::int64_t b = 0; b < t.units; ++b)
+      for (const auto* absmax : {&s.m_absmax, &s.v_absmax}) {
+        const float a = (*absmax)[b];
+        if (!(detail::is_finite(a) && a >= 0.0f))
+          throw error(which + ": " + (absmax == &s.m_absmax ? "m" : "v") + "_absmax[" + std::to_string(b) + "] is " +
+                      format_float(a) + "; block scales must be finite and >= 0");
+      }
+  }
+
   // The checks step and offload_step share: tensor count, groups and gradient scale.
   void validate_arguments(const char* op, std::size_t param_count, std::span<const adam_group> groups,
                           float gradient_scale) const {
