@@ -595,7 +595,7 @@ class adapter_file {
     for (std::size_t d = 0; d < destinations.size(); ++d) {
       const lora_tensors<T>& dest = destinations[d];
       for (std::size_t e = 0; e < d; ++e)
-        require(destinations[e].path != dest.path, where() + ": module '" + dest.path + "' is listed twice");
+        if (destinations[e].path == dest.path) throw error(where() + ": module '" + dest.path + "' is listed twice");
       const lora_module& m = module(dest.path);
       if (m.rank > 0) {
         stage(staged, m.a_key(), dest.A, {m.rank, m.in_features}, options, "A");
@@ -655,8 +655,8 @@ class adapter_file {
     std::vector<T> values(static_cast<std::size_t>(info.numel()));
     for (std::int64_t i = 0; i < info.numel(); ++i) {
       const float v = detail::decode_element(raw.data(), from, i);
-      require(memkit::detail::is_finite(v), where() + ": '" + info.name + "' holds " + format_float(v) +
-                                                " at element " + std::to_string(i) + " (flat index)");
+      if (!memkit::detail::is_finite(v))
+        throw error(where() + ": '" + info.name + "' holds " + format_float(v) + " at element " + std::to_string(i) + " (flat index)");
       values[static_cast<std::size_t>(i)] = from_float<T>(v);
     }
     return values;
@@ -881,8 +881,8 @@ class adapter_writer {
     for (std::int64_t i = 0; i < values.size(); ++i) {
       T v;
       std::memcpy(&v, t.bytes.data() + static_cast<std::size_t>(i) * sizeof(T), sizeof(T));
-      require(memkit::detail::is_finite(to_float(v)), op + ": " + (suffix + 1) + " holds " + format_float(to_float(v)) +
-                                                          " at element " + std::to_string(i));
+      if (!memkit::detail::is_finite(to_float(v)))
+        throw error(op + ": " + (suffix + 1) + " holds " + format_float(to_float(v)) + " at element " + std::to_string(i));
     }
     return t;
   }
