@@ -28,6 +28,7 @@
 #include "memkit/memory/tracking.hpp"
 #include "memkit/optim/adam_math.hpp"
 #include "memkit/optim/adam_state.hpp"
+#include "memkit/optim/bnb_adam_state.hpp"
 #include "memkit/optim/grad_accumulation.hpp"
 #include "memkit/optim/state_codecs.hpp"
 #include "memkit/quant/blockwise.hpp"
