@@ -64,6 +64,9 @@ def main(export_dir):
     # 1. memkit's adapter in PEFT.
     adapter_dir = os.path.join(export_dir, "adapter_step15")
     model, params = model_with_adapter(adapter_dir)
+    config = model.peft_config["default"]
+    assert (config.r, config.lora_alpha, config.rank_pattern, config.bias, sorted(config.target_modules)) == \
+        (16, 32, {"v_proj": 8}, "lora_only", ["down_proj", "q_proj", "v_proj"]), config
     written = load_file(os.path.join(adapter_dir, "adapter_model.safetensors"))
     assert sorted(written) == sorted(n for n, _ in params), "memkit's adapter keys differ from PEFT's trainable parameters"
     for name, p in params:
@@ -71,7 +74,8 @@ def main(export_dir):
     with torch.no_grad():
         logits = model(input_ids=torch.arange(16).reshape(1, 16)).logits
     assert torch.isfinite(logits).all()
-    lines.append(f"adapter: PeftModel.from_pretrained loaded all {len(params)} tensors of memkit's adapter exactly; "
+    lines.append(f"adapter: PeftModel.from_pretrained read memkit's config (r 16, alpha 32, rank_pattern, bias lora_only) and "
+                 f"loaded all {len(params)} tensors of memkit's adapter exactly; "
                  f"forward ok (logits {tuple(logits.shape)})")
 
     # 2-3. memkit's optimizer state in bitsandbytes, continued.
