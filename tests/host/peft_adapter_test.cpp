@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -191,6 +192,9 @@ TEST_CASE("peft: an adapter written by PEFT loads with its config and reproduces
     const double tolerance = 1e-6 * (1.0 + largest);  // fp32 rounding of PEFT's matmuls, nothing more
     CAPTURE(worst);
     CAPTURE(adapter_part);
+    if (std::getenv("MEMKIT_PRINT_PEFT"))
+      std::printf("%-34s max |y - y_peft| %.3g  max |y_peft| %.3g  adapter's share %.3g\n", m.path.c_str(), worst, largest,
+                  adapter_part);
     CHECK(worst <= tolerance);
     CHECK(adapter_part > 1000.0 * tolerance);  // the adapter's share of the output is far above the tolerance
   }
