@@ -285,12 +285,12 @@ class checkpoint_offload {
     });
     side_.device = exec.device;
   }
-  struct side_stream {
+  struct side_state {
     int device = -1;
     cudaStream_t stream = nullptr;
     cudaEvent_t ready = nullptr, copied = nullptr, allocated = nullptr, arrived = nullptr;
   };
-  side_stream side_;
+  side_state side_;
 #endif
 
   memory_resource* host_;
