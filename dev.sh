@@ -17,6 +17,7 @@ declare -A package_probe=(
   [ninja-build]=/usr/bin/ninja
   [doctest-dev]=/usr/include/doctest/doctest.h
   [libbenchmark-dev]=/usr/include/benchmark/benchmark.h
+  [libopenblas-dev]=/usr/include/x86_64-linux-gnu/openblas-pthread/cblas.h  # GEMM baseline and the MEMKIT_USE_CBLAS test
 )
 missing=()
 for package in "${!package_probe[@]}"; do

@@ -32,6 +32,7 @@ constexpr const char* usage_text =
     "  --kbit-prepared  (PEFT prepare_model_for_kbit_training: fp32 non-quantized weights and activations)\n"
     "  --fused-norms    (norm and softmax kernels that keep no fp32 copies)\n"
     "  --lora-dropout   (lora_dropout > 0: each adapter keeps a dropped copy of its input and a mask)\n"
+    "  --offload-checkpoints (activation checkpoints wait in pinned host memory until backward)\n"
     "  --no-double-quant (QLoRA NF4 with one fp32 absmax per block, as bitsandbytes without double quantization)\n"
     "  --bnb-keeps-input (bitsandbytes < 0.43.2: every 4-bit linear keeps its input for backward)\n";
 
@@ -189,6 +190,8 @@ options parse_arguments(int argc, char** argv) {
       o.want_max_batch = true;
     } else if (flag == "--max-seq") {
       o.want_max_seq = true;
+    } else if (flag == "--offload-checkpoints") {
+      p.offload_checkpoints = true;
     } else if (flag == "--kbit-prepared") {
       p.kbit_prepared = true;
     } else if (flag == "--fused-norms") {
@@ -247,6 +250,7 @@ std::string describe(const training_plan& p) {
   text += ", micro-batch " + std::to_string(p.micro_batch) + " x " + std::to_string(p.sequence) + ", grad-accum " +
           std::to_string(p.grad_accum);
   text += p.checkpoint == checkpointing::none ? ", no checkpointing" : ", checkpointing";
+  if (p.checkpoint != checkpointing::none && p.offload_checkpoints) text += " (checkpoints offloaded)";
   text += p.attention == attention_impl::eager ? ", eager attention" : ", flash attention";
   if (p.gpus > 1) text += ", " + std::to_string(p.gpus) + " GPUs ZeRO-" + std::to_string(p.zero_stage);
   return text;

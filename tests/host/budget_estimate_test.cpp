@@ -203,6 +203,39 @@ TEST_CASE("budget: checkpointing keeps one input per segment") {
   CHECK(revolve.peak_device_bytes < every.peak_device_bytes);
 }
 
+TEST_CASE("budget: checkpoint terms come from the schedule's plan; offloaded checkpoints move to the host") {
+  const model_config& m = presets::llama_2_7b;
+  training_plan plan{.training = method::lora, .micro_batch = 2, .sequence = 1024, .checkpoint = checkpointing::every_layer,
+                     .logits = logits_mode::chunked, .overhead = exact};
+  const std::uint64_t checkpoint = 2 * 2 * 1024 * m.hidden;
+  const std::uint64_t extras = model_level_activation_bytes(m, plan);
+  const block_activations block = block_activation_bytes(m, plan);
+  const memory_estimate kept = estimate_memory(m, plan);
+  plan.offload_checkpoints = true;
+  const memory_estimate offloaded = estimate_memory(m, plan);
+  CHECK(kept.host[category::activations] == 0);
+  CHECK(offloaded.host[category::activations] == m.layers * checkpoint);
+  CHECK(offloaded.host_bytes == kept.host_bytes + m.layers * checkpoint);
+  // Forward keeps no checkpoint on the device; backward holds the checkpoint it fetched (freed once the
+  // layer is recomputed) and the next one, prefetched: at most the recomputed block and one checkpoint.
+  const memkit::checkpoint_trace trace =
+      memkit::trace_checkpointing(plan.checkpoint_schedule_of(), m.layers, checkpoint, block.saved_bytes, true);
+  CHECK(trace.after_forward == 0);
+  for (std::uint64_t i = 0; i < m.layers; ++i)
+    CHECK(trace.at_backward(i) == block.saved_bytes + (i > 0 ? checkpoint : 0));
+  CHECK(offloaded.phases[1][category::activations] <=
+        extras + block.backward_transient + block.saved_bytes + checkpoint);
+  CHECK(offloaded.peak_device_bytes < kept.peak_device_bytes);
+  // Binomial keeps the last block taped at the end of the forward pass (Revolve tapes it first).
+  plan.offload_checkpoints = false;
+  plan.checkpoint = checkpointing::binomial;
+  plan.checkpoint_slots = 3;
+  const memory_estimate revolve = estimate_memory(m, plan);
+  const std::uint64_t forward_without_logits = revolve.phases[0][category::activations];
+  CHECK((forward_without_logits == 3 * checkpoint + block.saved_bytes + extras ||
+         forward_without_logits == 3 * checkpoint + block.saved_bytes + extras + block.forward_transient));
+}
+
 TEST_CASE("budget: logits modes") {
   const model_config& m = presets::llama_3_1_8b;
   training_plan plan{.training = method::lora, .micro_batch = 2, .sequence = 1024, .overhead = exact};

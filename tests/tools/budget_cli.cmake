@@ -53,6 +53,16 @@ if(MODE STREQUAL "json")
   string(JSON dropout_activations GET "${json}" phases backward activations)
   expect("dropout adds activations: ${dropout_activations} > ${plain_activations}"
          dropout_activations GREATER plain_activations)
+  # --offload-checkpoints moves the checkpoints of every-layer checkpointing to the host: the forward keeps
+  # none on the device, the host holds all 32 (2 x 512 tokens x 4096 x 2 bytes each).
+  run_tool(json --preset llama-2-7b --method lora --batch 2 --seq 512 --checkpointing layer --json)
+  string(JSON kept_forward GET "${json}" phases forward activations)
+  run_tool(json --preset llama-2-7b --method lora --batch 2 --seq 512 --checkpointing layer --offload-checkpoints --json)
+  string(JSON offloaded_forward GET "${json}" phases forward activations)
+  string(JSON offloaded_host GET "${json}" host_breakdown activations)
+  expect("offloaded checkpoints leave the device: ${offloaded_forward} < ${kept_forward}"
+         offloaded_forward LESS kept_forward)
+  expect("32 checkpoints of 8 MiB on the host, got ${offloaded_host}" offloaded_host EQUAL 268435456)
   run_tool(json --preset llama-2-7b --method qlora --json)
   string(JSON dq_weights GET "${json}" breakdown weights)
   run_tool(json --preset llama-2-7b --method qlora --no-double-quant --json)

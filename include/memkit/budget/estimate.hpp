@@ -260,7 +260,6 @@ constexpr memory_estimate estimate_memory(const model_config& m, const training_
   // A quantized base is dequantized one linear at a time into a 16-bit tile.
   persistent[category::workspace] = p.overhead.workspace_bytes + round_up(2 * params.largest_frozen_linear, g);
   persistent[category::overhead] = p.overhead.cuda_context_bytes + (N > 1 ? p.overhead.nccl_bytes : 0);
-  out.host_bytes = host.total();
 
   // --- activations ---
   const block_activations block = block_activation_bytes(m, p);
@@ -268,22 +267,12 @@ constexpr memory_estimate estimate_memory(const model_config& m, const training_
   const logits_bytes logits = logits_activation_bytes(m, p);
   const std::uint64_t L = m.layers;
   const std::uint64_t layer_input = round_up(p.stream_bytes() * p.tokens() * m.hidden, g);
-  // k: layers per checkpointed segment (0: no checkpointing).
-  std::uint64_t k = 0;
-  switch (p.checkpoint) {
-    case checkpointing::none: break;
-    case checkpointing::every_layer: k = 1; break;
-    case checkpointing::every_k_layers: k = p.checkpoint_every < L ? p.checkpoint_every : L; break;
-    case checkpointing::sqrt:
-      while (k * k < L) ++k;
-      break;
-    case checkpointing::binomial: k = 1; break;
-  }
-  const bool binomial = p.checkpoint == checkpointing::binomial;
-  const std::uint64_t slots = p.checkpoint_slots < L ? p.checkpoint_slots : L;
-  const std::uint64_t segments = k == 0 ? 0 : binomial ? slots : ceil_div(L, k);
-  // Saved through forward: every block's tensors, or only the checkpoints.
-  const std::uint64_t saved_blocks = k == 0 ? L * block.saved_bytes : segments * layer_input;
+  // The blocks' saved tensors and checkpoints at every moment of the schedule (checkpoint/schedule.hpp).
+  const checkpoint_trace blocks =
+      trace_checkpointing(p.checkpoint_schedule_of(), L, layer_input, block.saved_bytes, p.offload_checkpoints);
+  host[category::activations] = blocks.host_bytes;  // offloaded checkpoints
+  out.host_bytes = host.total();
+  const std::uint64_t saved_blocks = blocks.after_forward;
   const std::uint64_t grads_kept_in_forward = p.grad_accum > 1 ? gradients : 0;
 
   auto with = [&](breakdown b, std::uint64_t grads, std::uint64_t activations, std::uint64_t logit_bytes,
@@ -310,18 +299,8 @@ constexpr memory_estimate estimate_memory(const model_config& m, const training_
   breakdown backward = with(persistent, grads_so_far(params.head_gradients), saved_blocks + extras,
                             logits.backward_peak, 0);
   for (std::uint64_t i = L; i-- > 0;) {
-    // Layer i runs backward: blocks 0..i-1 (or their checkpoints) are still saved.
-    std::uint64_t activations = extras + block.backward_transient;
-    if (k == 0) {
-      activations += (i + 1) * block.saved_bytes;
-    } else if (binomial) {
-      // At most `slots` checkpoints are alive; layer i is recomputed from one and run backward alone.
-      activations += (i < slots ? i : slots) * layer_input + block.saved_bytes;
-    } else {
-      const std::uint64_t segment = i / k;
-      const std::uint64_t recomputed = i - segment * k + 1;  // blocks of this segment up to i
-      activations += segment * layer_input + recomputed * block.saved_bytes;
-    }
+    // Layer i runs backward: what blocks 0..i (or their checkpoints) still keep, plus its temporaries.
+    const std::uint64_t activations = extras + block.backward_transient + blocks.at_backward(i);
     const std::uint64_t produced = params.head_gradients + (L - i) * params.layer_gradients;
     backward = larger(backward, with(persistent, grads_so_far(produced), activations, 0, 0));
   }

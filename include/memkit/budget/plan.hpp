@@ -9,6 +9,7 @@
 #include <string_view>
 
 #include "memkit/budget/model.hpp"
+#include "memkit/checkpoint/schedule.hpp"
 #include "memkit/core/units.hpp"
 
 MEMKIT_NAMESPACE_BEGIN
@@ -51,10 +52,10 @@ enum class optimizer_placement : std::uint8_t {
   host,    // CPU offload: states, master weights and fp32 gradients live on the host
 };
 
-// none; every layer; every k layers (one checkpoint per segment of k); sqrt (segments of
-// ceil(sqrt(L)) layers); binomial (Griewank's Revolve with `checkpoint_slots` checkpoints, each layer
-// recomputed from the nearest one and run backward alone).
-enum class checkpointing : std::uint8_t { none, every_layer, every_k_layers, sqrt, binomial };
+// Activation checkpointing (memkit/checkpoint/schedule.hpp): none; every layer; every k layers (one
+// checkpoint per segment of k); sqrt (segments of ceil(sqrt(L)) layers); binomial (Griewank's Revolve with
+// `checkpoint_slots` checkpoints, each layer taped from the nearest one and run backward alone).
+using ::memkit::checkpointing;
 enum class attention_impl : std::uint8_t { eager, memory_efficient };
 enum class logits_mode : std::uint8_t { fp32, half, chunked };
 
@@ -82,6 +83,7 @@ struct training_plan {
   checkpointing checkpoint = checkpointing::none;
   std::uint64_t checkpoint_every = 1;  // layers per segment for every_k_layers
   std::uint64_t checkpoint_slots = 4;  // checkpoints kept by the binomial schedule
+  bool offload_checkpoints = false;    // checkpoints wait in pinned host memory, fetched back one ahead
   attention_impl attention = attention_impl::memory_efficient;
   logits_mode logits = logits_mode::fp32;
   std::uint64_t logits_chunk_tokens = 1024;
@@ -108,6 +110,9 @@ struct training_plan {
   constexpr std::uint64_t activation_bytes() const noexcept { return precision == precision_mode::fp32 ? 4 : 2; }
   constexpr std::uint64_t stream_bytes() const noexcept { return kbit_prepared ? 4 : activation_bytes(); }
   constexpr std::uint64_t tokens() const noexcept { return micro_batch * sequence; }
+  constexpr checkpoint_schedule checkpoint_schedule_of() const noexcept {
+    return {checkpoint, checkpoint_every, checkpoint_slots};
+  }
 };
 
 constexpr std::string_view to_string(precision_mode p) noexcept {

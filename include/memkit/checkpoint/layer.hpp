@@ -87,6 +87,20 @@ class activation_store {
     return {data, dims, where};
   }
 
+  // Saves a tensor that already sits in `storage` (a buffer the caller filled, e.g. a layer's output that
+  // becomes a checkpoint) without copying it. `storage` must hold exactly bytes_required<T>(dims).
+  template <class T>
+  tensor_view<T> adopt(buffer<std::byte>&& storage, shape dims) {
+    require(storage.bytes() == bytes_required<T>(dims),
+            "activation_store::adopt: a buffer of " + std::to_string(storage.bytes()) + " bytes cannot hold shape " +
+                to_string(dims) + " of " + std::to_string(sizeof(T)) + "-byte elements");
+    T* data = reinterpret_cast<T*>(storage.data());
+    const memory_kind where = storage.where();
+    entries_.push_back(entry{std::move(storage), dims, &detail::type_tag<T>, sizeof(T)});
+    held_bytes_ += bytes_required<T>(dims);
+    return {data, dims, where};
+  }
+
   // Takes back the most recently saved tensor not yet taken. Throws memkit::error, and takes nothing,
   // when the store is empty or that tensor is not `expected` elements of T: a backward that does not
   // match its forward is reported, never run on the wrong bytes.
@@ -106,6 +120,19 @@ class activation_store {
     return taken;
   }
 
+  // The most recently saved tensor, left in the store; checked like take().
+  template <class T>
+  tensor_view<const T> peek(const shape& expected, const char* who = "activation_store") const {
+    require(!entries_.empty(), std::string(who) + ": asked for a saved tensor of shape " + to_string(expected) +
+                                   " but nothing is saved");
+    const entry& last = entries_.back();
+    require(last.type == &detail::type_tag<T> && last.dims == expected,
+            std::string(who) + ": the last saved tensor has shape " + to_string(last.dims) + " of " +
+                std::to_string(last.element_bytes) + "-byte elements, not shape " + to_string(expected) + " of " +
+                std::to_string(sizeof(T)) + "-byte elements" + (last.type == &detail::type_tag<T> ? "" : " of another type"));
+    return {reinterpret_cast<const T*>(last.storage.data()), last.dims, last.storage.where()};
+  }
+
   std::size_t size() const noexcept { return entries_.size(); }
   bool empty() const noexcept { return entries_.empty(); }
   std::size_t bytes() const noexcept { return held_bytes_; }  // bytes of the tensors held now
@@ -114,6 +141,13 @@ class activation_store {
   void clear() noexcept {
     entries_.clear();
     held_bytes_ = 0;
+  }
+  // Frees the tensors saved after the first `count` (e.g. those of a forward whose backward will not run).
+  void release_to(std::size_t count) noexcept {
+    if (count >= entries_.size()) return;
+    const auto first = entries_.begin() + static_cast<std::ptrdiff_t>(count);
+    for (auto it = first; it != entries_.end(); ++it) held_bytes_ -= it->storage.bytes();
+    entries_.erase(first, entries_.end());
   }
 
  private:
@@ -145,5 +179,35 @@ concept layer = executor<E> && requires(L& l, const L& cl, const E& exec, const 
   l.forward(exec, ctx, x, y, store);
   l.backward(exec, x, y, store);  // (dy, dx): dy has the output's shape, dx the input's
 };
+
+// Says which requirement of layer<L, E> a type misses, one static_assert per requirement, where the
+// concept alone only says it is not satisfied:
+//   static_assert(memkit::explain_layer<my_layer, memkit::host_executor>());
+template <class L, class E>
+constexpr bool explain_layer() {
+  static_assert(executor<E>, "memkit::layer<L, E>: E is not an executor (memkit::host_executor or cuda_executor)");
+  static_assert(requires { typename L::value_type; },
+                "memkit::layer: the layer needs `using value_type = ...;` (the element type of its activations)");
+  if constexpr (requires { typename L::value_type; }) {
+    using T = typename L::value_type;
+    static_assert(requires(const L& l, const shape& in) {
+      { l.output_shape(in) } -> std::same_as<shape>;
+    }, "memkit::layer: the layer needs `memkit::shape output_shape(const memkit::shape& in) const`");
+    static_assert(requires(const L& l, const shape& in, const forward_context& ctx) {
+      { l.saved_bytes(in, ctx) } -> std::convertible_to<std::size_t>;
+    }, "memkit::layer: the layer needs `std::size_t saved_bytes(const memkit::shape& in, const memkit::forward_context& "
+       "ctx) const` (exactly the bytes its forward saves in the store)");
+    static_assert(requires(L& l, const E& exec, const forward_context& ctx, tensor_view<const T> x, tensor_view<T> y,
+                           activation_store& store) { l.forward(exec, ctx, x, y, store); },
+                  "memkit::layer: the layer needs `void forward(const E& exec, const memkit::forward_context& ctx, "
+                  "memkit::tensor_view<const value_type> x, memkit::tensor_view<value_type> y, memkit::activation_store& "
+                  "store)` for this executor E");
+    static_assert(requires(L& l, const E& exec, tensor_view<const T> dy, tensor_view<T> dx, activation_store& store) {
+      l.backward(exec, dy, dx, store);
+    }, "memkit::layer: the layer needs `void backward(const E& exec, memkit::tensor_view<const value_type> dy, "
+       "memkit::tensor_view<value_type> dx, memkit::activation_store& store)` for this executor E");
+  }
+  return layer<L, E>;
+}
 
 MEMKIT_NAMESPACE_END

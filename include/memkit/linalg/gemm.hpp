@@ -5,25 +5,40 @@
 // fp32, bf16 or fp16, and every product accumulates in fp32. op(A) is M x K, op(B) is K x N, C is M x N.
 // As in BLAS, beta == 0 overwrites C without reading it.
 //
-// Host: operands are converted to fp32 while they are packed into workspace, so 16-bit inputs cost no
-// separate conversion pass; gemm_workspace_bytes() says exactly what a call takes from the workspace
-// resource. Threads: gemm_options::host_threads (0 = every hardware thread); the result does not
-// depend on the thread count.
+// Host: a cache-blocked GEMM in the BLIS/GotoBLAS structure. Blocks of op(A) and op(B) are packed into
+// fp32 micro-panels in workspace (16-bit inputs are converted while packing, so they cost no separate
+// pass), and a register-blocked micro-kernel computes MR x NR tiles of C: 12 x 32 with AVX-512, 6 x 16 with
+// AVX2 + FMA, 4 x 8 in portable C++, chosen at run time (core/host_simd.hpp). gemm_workspace_bytes() says
+// exactly what a call takes from the workspace resource. Threads: gemm_options::host_threads (0 = every
+// hardware thread) split C into column (and, for narrow C, row) ranges; K is never split, so the result
+// is the same for every thread count, and the AVX2 and AVX-512 kernels give the same bits (one FMA chain
+// per element and depth block, in k order).
+//
+// Opt-in: define MEMKIT_USE_CBLAS (CMake: -DMEMKIT_USE_CBLAS=ON, which finds OpenBLAS) and all-fp32
+// products call the system's cblas_sgemm instead; 16-bit operands keep using the kernel here.
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <type_traits>
+#include <utility>
 
 #include "memkit/config.hpp"
 #include "memkit/core/execution.hpp"
 #include "memkit/core/float16.hpp"
+#include "memkit/core/host_simd.hpp"
 #include "memkit/core/host_threads.hpp"
 #include "memkit/core/tensor_view.hpp"
 #include "memkit/memory/buffer.hpp"
 #include "memkit/memory/resource.hpp"
+
+#if defined(MEMKIT_USE_CBLAS)
+#include <cblas.h>
+#endif
 
 MEMKIT_NAMESPACE_BEGIN
 
@@ -68,15 +83,96 @@ namespace detail {
 struct gemm_dims {
   std::int64_t M, N, K;
 };
+
+// Cache blocking of the host kernel. It is the same for every instruction set, so gemm_workspace_bytes is
+// one constexpr formula. A block of op(B) (kc x nc, packed into micro-panels of NR columns) is reused for
+// every block of op(A) (mc x kc, packed into micro-panels of MR rows, sized for L2); one micro-panel of B
+// (kc x NR) stays in L1 while the micro-kernel walks down the rows of the A block.
+struct gemm_blocking {
+  static constexpr std::int64_t mc = 144;
+  static constexpr std::int64_t kc = 256;
+  static constexpr std::int64_t nc = 2048;
+  static constexpr std::int64_t row_unit = 12;     // every micro-kernel's MR divides it; parts split rows in it
+  static constexpr std::int64_t column_unit = 32;  // every micro-kernel's NR divides it; parts split columns in it
+  static constexpr std::int64_t accumulator_rows = 4 * mc;  // 16-bit C with K > kc: rows of fp32 partial sums
+  static constexpr std::int64_t min_part_work = std::int64_t{1} << 18;  // multiply-adds that pay for a thread
+  static_assert(mc % row_unit == 0 && nc % column_unit == 0 && accumulator_rows % mc == 0);
+};
+
+constexpr std::int64_t ceil_div(std::int64_t value, std::int64_t divisor) noexcept { return (value + divisor - 1) / divisor; }
+constexpr std::int64_t round_up(std::int64_t value, std::int64_t unit) noexcept { return ceil_div(value, unit) * unit; }
+
+// How one host gemm call splits its work and its workspace. The output is cut into threads_m x threads_n
+// parts (rows in row_units, columns in column_units); each part is one thread's and has its own packing
+// buffers. K is never split, so every element of C is computed by the same operations in the same order
+// whatever the number of parts.
+struct gemm_plan {
+  std::int64_t threads_m = 0, threads_n = 0;  // parts = threads_m * threads_n
+  std::int64_t part_rows = 0, part_cols = 0;  // the most rows / columns of C one part holds
+  std::int64_t a_floats = 0, b_floats = 0, acc_floats = 0;  // one part's buffers, each a multiple of 64 bytes
+  bool accumulate = false;  // 16-bit C and K > kc: partial sums wait in fp32, not in C
+  constexpr std::int64_t parts() const noexcept { return threads_m * threads_n; }
+  constexpr std::int64_t part_floats() const noexcept { return a_floats + b_floats + acc_floats; }
+};
+
+constexpr gemm_plan plan_gemm(std::int64_t M, std::int64_t N, std::int64_t K, std::int64_t threads,
+                              bool c_is_16_bit) noexcept {
+  using blocking = gemm_blocking;
+  gemm_plan plan;
+  if (M <= 0 || N <= 0 || K <= 0) return plan;  // nothing to pack: C = beta * C
+  // No more parts than there is work for (M * N * K in double: it can exceed int64).
+  const double useful = static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K) /
+                        static_cast<double>(blocking::min_part_work);
+  if (useful < static_cast<double>(threads)) threads = useful < 1.0 ? 1 : static_cast<std::int64_t>(useful);
+  if (threads < 1) threads = 1;
+  const std::int64_t row_units = ceil_div(M, blocking::row_unit), column_units = ceil_div(N, blocking::column_unit);
+  plan.threads_n = std::min(threads, column_units);
+  plan.threads_m = std::min(std::max<std::int64_t>(threads / plan.threads_n, 1), row_units);
+  plan.part_rows = ceil_div(row_units, plan.threads_m) * blocking::row_unit;
+  plan.part_cols = ceil_div(column_units, plan.threads_n) * blocking::column_unit;
+  const std::int64_t depth = std::min(K, blocking::kc);
+  const std::int64_t block_cols = std::min(plan.part_cols, blocking::nc);
+  plan.accumulate = c_is_16_bit && K > blocking::kc;
+  plan.a_floats = round_up(std::min(plan.part_rows, blocking::mc) * depth, 16);
+  plan.b_floats = round_up(depth * block_cols, 16);
+  plan.acc_floats = plan.accumulate ? round_up(std::min(plan.part_rows, blocking::accumulator_rows) * block_cols, 16) : 0;
+  return plan;
+}
+
+// The thread count a gemm_options asks for (0 = every hardware thread, known only at run time).
+constexpr std::int64_t gemm_threads(const gemm_options& options) noexcept {
+  if (options.host_threads > 0) return options.host_threads;
+  return options.host_threads == 0 ? resolve_host_threads(0) : 1;
+}
+
+// MEMKIT_USE_CBLAS: all-fp32 products go to the system's cblas_sgemm.
+template <class TA, class TB, class TC>
+constexpr bool gemm_uses_cblas(std::int64_t M, std::int64_t N, std::int64_t K) noexcept {
+#if defined(MEMKIT_USE_CBLAS)
+  return std::is_same_v<TA, float> && std::is_same_v<TB, float> && std::is_same_v<TC, float> && M > 0 && N > 0 &&
+         K > 0;
+#else
+  (void)M, (void)N, (void)K;
+  return false;
+#endif
+}
 }  // namespace detail
 
-// Exact bytes a host gemm of op(A) M x K times op(B) K x N takes from its workspace resource.
+// Exact bytes a host gemm of op(A) M x K (elements TA) times op(B) K x N (TB) into C (TC) takes from its
+// workspace resource. With host_threads = 0 the count depends on the machine, so it is known only at run time.
+template <float_storage TA, float_storage TB, float_storage TC>
 constexpr std::size_t gemm_workspace_bytes(std::int64_t M, std::int64_t N, std::int64_t K,
                                            const gemm_options& options = {}) noexcept {
-  if (M <= 0 || N <= 0) return 0;
-  const std::int64_t threads = std::min<std::int64_t>(std::max(options.host_threads, 1), M);
-  // op(B) packed as fp32 [K, N], and one fp32 row accumulator per thread.
-  return static_cast<std::size_t>(K * N + threads * N) * sizeof(float);
+  if (detail::gemm_uses_cblas<TA, TB, TC>(M, N, K)) return 0;
+  const detail::gemm_plan plan =
+      detail::plan_gemm(M, N, K, detail::gemm_threads(options), !std::is_same_v<TC, float>);
+  return static_cast<std::size_t>(plan.parts() * plan.part_floats()) * sizeof(float);
+}
+
+// The most bytes a host gemm of these dimensions takes, for any element types (16-bit C needs the most).
+constexpr std::size_t gemm_workspace_bytes(std::int64_t M, std::int64_t N, std::int64_t K,
+                                           const gemm_options& options = {}) noexcept {
+  return gemm_workspace_bytes<bf16, bf16, bf16>(M, N, K, options);
 }
 
 namespace detail {
@@ -84,10 +180,12 @@ namespace detail {
 template <class TA, class TB, class TC>
 gemm_dims check_gemm(transpose op_a, transpose op_b, const matrix_ref<const TA>& A, const matrix_ref<const TB>& B,
                      const matrix_ref<TC>& C) {
+  // The messages are built only for a failed check: a small gemm must not pay for string formatting.
   const auto valid = [](const char* name, std::int64_t rows, std::int64_t cols, std::int64_t ld, const void* data) {
-    require(rows >= 0 && cols >= 0 && ld >= cols && (rows == 0 || cols == 0 || data != nullptr),
-            std::string("linalg::gemm: matrix ") + name + " is " + std::to_string(rows) + " x " + std::to_string(cols) +
-                " with leading dimension " + std::to_string(ld) + " (needs ld >= cols and data for a non-empty matrix)");
+    if (rows >= 0 && cols >= 0 && ld >= cols && (rows == 0 || cols == 0 || data != nullptr)) return;
+    throw error(std::string("linalg::gemm: matrix ") + name + " is " + std::to_string(rows) + " x " +
+                std::to_string(cols) + " with leading dimension " + std::to_string(ld) +
+                " (needs ld >= cols and data for a non-empty matrix)");
   };
   valid("A", A.rows, A.cols, A.ld, A.data);
   valid("B", B.rows, B.cols, B.ld, B.data);
@@ -96,55 +194,303 @@ gemm_dims check_gemm(transpose op_a, transpose op_b, const matrix_ref<const TA>&
   const std::int64_t K = op_a == transpose::no ? A.cols : A.rows;
   const std::int64_t KB = op_b == transpose::no ? B.rows : B.cols;
   const std::int64_t N = op_b == transpose::no ? B.cols : B.rows;
-  require(K == KB && C.rows == M && C.cols == N,
-          "linalg::gemm: op(A) is " + std::to_string(M) + " x " + std::to_string(K) + ", op(B) is " +
-              std::to_string(KB) + " x " + std::to_string(N) + " and C is " + std::to_string(C.rows) + " x " +
-              std::to_string(C.cols) + "; needs op(A) M x K, op(B) K x N, C M x N");
+  if (K != KB || C.rows != M || C.cols != N)
+    throw error("linalg::gemm: op(A) is " + std::to_string(M) + " x " + std::to_string(K) + ", op(B) is " +
+                std::to_string(KB) + " x " + std::to_string(N) + " and C is " + std::to_string(C.rows) + " x " +
+                std::to_string(C.cols) + "; needs op(A) M x K, op(B) K x N, C M x N");
   return {M, N, K};
 }
 
+// --- Packing: op(A) and op(B) blocks converted to fp32 into the layout the micro-kernels stream. ---
+
+// count values widened to fp32 (a plain copy for fp32, which g++ does not vectorize on its own here).
 template <class T>
-inline float element(const matrix_ref<const T>& m, transpose op, std::int64_t row, std::int64_t col) noexcept {
-  return op == transpose::no ? to_float(m.data[row * m.ld + col]) : to_float(m.data[col * m.ld + row]);
+inline void widen(const T* __restrict source, std::int64_t count, float* __restrict target) noexcept {
+  if constexpr (std::is_same_v<T, float>) {
+    std::memcpy(target, source, static_cast<std::size_t>(count) * sizeof(float));
+  } else {
+    for (std::int64_t j = 0; j < count; ++j) target[j] = to_float(source[j]);
+  }
+}
+
+// Rows [row0, row0 + rows) x depth [k0, k0 + depth) of op(A), as panels of MR rows: for each k the MR values
+// of the panel's rows. A last, partial panel leaves its missing rows unwritten: the micro-kernel for fewer
+// rows never reads them.
+template <std::int64_t MR, class TA>
+void pack_a(const matrix_ref<const TA>& A, transpose op, std::int64_t row0, std::int64_t rows, std::int64_t k0,
+            std::int64_t depth, float* out) noexcept {
+  for (std::int64_t p = 0; p < rows; p += MR) {
+    const std::int64_t panel_rows = std::min(MR, rows - p);
+    float* panel = out + p * depth;
+    if (op == transpose::no) {
+      // Row by row in k, so the panel is written in order while MR rows are read as parallel streams.
+      const TA* rows_of[MR];
+      for (std::int64_t r = 0; r < MR; ++r) rows_of[r] = A.data + (row0 + p + std::min(r, panel_rows - 1)) * A.ld + k0;
+      for (std::int64_t k = 0; k < depth; ++k)
+        for (std::int64_t r = 0; r < MR; ++r) panel[k * MR + r] = to_float(rows_of[r][k]);
+    } else {
+      for (std::int64_t k = 0; k < depth; ++k) {
+        const TA* source = A.data + (k0 + k) * A.ld + row0 + p;
+        for (std::int64_t r = 0; r < panel_rows; ++r) panel[k * MR + r] = to_float(source[r]);
+      }
+    }
+  }
+}
+
+// Depth [k0, k0 + depth) x columns [col0, col0 + cols) of op(B), as panels of NR columns: for each k the NR
+// values of the panel's columns, a last partial panel padded with zeros (the micro-kernel computes whole
+// panels; the padding columns are never stored).
+template <std::int64_t NR, class TB>
+void pack_b(const matrix_ref<const TB>& B, transpose op, std::int64_t k0, std::int64_t depth, std::int64_t col0,
+            std::int64_t cols, float* out) noexcept {
+  const std::int64_t whole = cols - cols % NR;
+  if (op == transpose::no) {
+    // Row by row, so B is read in order (the hardware prefetcher follows one stream, not depth of them).
+    for (std::int64_t k = 0; k < depth; ++k) {
+      const TB* source = B.data + (k0 + k) * B.ld + col0;
+      for (std::int64_t p = 0; p < whole; p += NR) widen(source + p, NR, out + p * depth + k * NR);
+      if (whole < cols) {
+        float* target = out + whole * depth + k * NR;
+        widen(source + whole, cols - whole, target);
+        for (std::int64_t j = cols - whole; j < NR; ++j) target[j] = 0.0f;
+      }
+    }
+    return;
+  }
+  for (std::int64_t p = 0; p < cols; p += NR) {
+    const std::int64_t panel_cols = std::min(NR, cols - p);
+    float* panel = out + p * depth;
+    for (std::int64_t j = 0; j < panel_cols; ++j) {
+      const TB* source = B.data + (col0 + p + j) * B.ld + k0;
+      for (std::int64_t k = 0; k < depth; ++k) panel[k * NR + j] = to_float(source[k]);
+    }
+    for (std::int64_t k = 0; panel_cols < NR && k < depth; ++k)
+      for (std::int64_t j = panel_cols; j < NR; ++j) panel[k * NR + j] = 0.0f;
+  }
+}
+
+// --- Micro-kernels: tile[r][j] = sum over k of a[k][r] * b[k][j], for `Rows` <= MR rows and all NR columns,
+//     every sum one chain of multiply-adds in k order (fused where the instruction set has FMA). ---
+
+using gemm_micro_kernel = void (*)(std::int64_t depth, const float* a, const float* b, float* tile);
+
+#if MEMKIT_HAS_CUDA
+#define MEMKIT_GEMM_UNROLL
+#else
+#define MEMKIT_GEMM_UNROLL _Pragma("GCC unroll 16")
+#endif
+
+// Plain C++: what the compiler's own target makes of it (SSE2 on baseline x86-64).
+struct gemm_kernel_portable {
+  static constexpr std::int64_t mr = 4, nr = 8;
+  template <int Rows>
+  static void run(std::int64_t depth, const float* a, const float* b, float* tile) noexcept {
+    float acc[Rows][nr] = {};
+    for (std::int64_t k = 0; k < depth; ++k, a += mr, b += nr) {
+      MEMKIT_GEMM_UNROLL
+      for (int r = 0; r < Rows; ++r)
+        for (int j = 0; j < nr; ++j) acc[r][j] += a[r] * b[j];
+    }
+    for (int r = 0; r < Rows; ++r)
+      for (int j = 0; j < nr; ++j) tile[r * nr + j] = acc[r][j];
+  }
+};
+
+#if MEMKIT_X86_DISPATCH
+// AVX2 + FMA: 6 x 16, twelve ymm accumulators.
+struct gemm_kernel_avx2 {
+  static constexpr std::int64_t mr = 6, nr = 16;
+  template <int Rows>
+  __attribute__((target("avx2,fma"))) static void run(std::int64_t depth, const float* a, const float* b,
+                                                      float* tile) noexcept {
+    __m256 c0[Rows], c1[Rows];
+    MEMKIT_GEMM_UNROLL
+    for (int r = 0; r < Rows; ++r) c0[r] = c1[r] = _mm256_setzero_ps();
+    for (std::int64_t k = 0; k < depth; ++k, a += mr, b += nr) {
+      const __m256 b0 = _mm256_loadu_ps(b), b1 = _mm256_loadu_ps(b + 8);
+      MEMKIT_GEMM_UNROLL
+      for (int r = 0; r < Rows; ++r) {
+        const __m256 ar = _mm256_broadcast_ss(a + r);
+        c0[r] = _mm256_fmadd_ps(ar, b0, c0[r]);
+        c1[r] = _mm256_fmadd_ps(ar, b1, c1[r]);
+      }
+    }
+    MEMKIT_GEMM_UNROLL
+    for (int r = 0; r < Rows; ++r) {
+      _mm256_storeu_ps(tile + r * nr, c0[r]);
+      _mm256_storeu_ps(tile + r * nr + 8, c1[r]);
+    }
+  }
+};
+
+// AVX-512: 12 x 32, twenty-four zmm accumulators.
+struct gemm_kernel_avx512 {
+  static constexpr std::int64_t mr = 12, nr = 32;
+  template <int Rows>
+  __attribute__((target("avx512f"))) static void run(std::int64_t depth, const float* a, const float* b,
+                                                     float* tile) noexcept {
+    __m512 c0[Rows], c1[Rows];
+    MEMKIT_GEMM_UNROLL
+    for (int r = 0; r < Rows; ++r) c0[r] = c1[r] = _mm512_setzero_ps();
+    for (std::int64_t k = 0; k < depth; ++k, a += mr, b += nr) {
+      const __m512 b0 = _mm512_loadu_ps(b), b1 = _mm512_loadu_ps(b + 16);
+      MEMKIT_GEMM_UNROLL
+      for (int r = 0; r < Rows; ++r) {
+        const __m512 ar = _mm512_set1_ps(a[r]);
+        c0[r] = _mm512_fmadd_ps(ar, b0, c0[r]);
+        c1[r] = _mm512_fmadd_ps(ar, b1, c1[r]);
+      }
+    }
+    MEMKIT_GEMM_UNROLL
+    for (int r = 0; r < Rows; ++r) {
+      _mm512_storeu_ps(tile + r * nr, c0[r]);
+      _mm512_storeu_ps(tile + r * nr + 16, c1[r]);
+    }
+  }
+};
+#endif
+
+template <class Kernel, std::size_t... Rows>
+constexpr std::array<gemm_micro_kernel, sizeof...(Rows)> gemm_kernels(std::index_sequence<Rows...>) noexcept {
+  return {&Kernel::template run<static_cast<int>(Rows) + 1>...};
+}
+
+// Where one tile's sums go. Without accumulation (fp32 C, or K within one block) C itself holds the running
+// result: the first depth block writes alpha * S + beta * C (never reading C when beta is 0) and later blocks
+// add alpha * S. With accumulation (16-bit C, K > kc) fp32 partial sums wait in `acc` and C is written once,
+// from the last block: (sum of alpha * S) + beta * C.
+template <class TC>
+void store_tile(const float* tile, std::int64_t nr, std::int64_t rows, std::int64_t cols, TC* c, std::int64_t ldc,
+                float* acc, std::int64_t ld_acc, bool accumulate, bool first, bool last, float alpha, float beta) noexcept {
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const float* s = tile + r * nr;
+    TC* c_row = c + r * ldc;
+    if (!accumulate) {
+      if (!first) {
+        for (std::int64_t j = 0; j < cols; ++j) c_row[j] = from_float<TC>(to_float(c_row[j]) + alpha * s[j]);
+      } else if (beta == 0.0f) {
+        for (std::int64_t j = 0; j < cols; ++j) c_row[j] = from_float<TC>(alpha * s[j]);
+      } else {
+        for (std::int64_t j = 0; j < cols; ++j) c_row[j] = from_float<TC>(alpha * s[j] + beta * to_float(c_row[j]));
+      }
+      continue;
+    }
+    float* acc_row = acc + r * ld_acc;
+    if (first) {
+      for (std::int64_t j = 0; j < cols; ++j) acc_row[j] = alpha * s[j];
+    } else if (!last) {
+      for (std::int64_t j = 0; j < cols; ++j) acc_row[j] += alpha * s[j];
+    } else if (beta == 0.0f) {
+      for (std::int64_t j = 0; j < cols; ++j) c_row[j] = from_float<TC>(acc_row[j] + alpha * s[j]);
+    } else {
+      for (std::int64_t j = 0; j < cols; ++j)
+        c_row[j] = from_float<TC>((acc_row[j] + alpha * s[j]) + beta * to_float(c_row[j]));
+    }
+  }
+}
+
+// The blocked host gemm with one instruction set's micro-kernel; `workspace` holds plan.parts() parts.
+template <class Kernel, class TA, class TB, class TC>
+void gemm_blocked(transpose op_a, transpose op_b, float alpha, const matrix_ref<const TA>& A,
+                  const matrix_ref<const TB>& B, float beta, const matrix_ref<TC>& C, const gemm_dims& dims,
+                  const gemm_plan& plan, float* workspace) {
+  using blocking = gemm_blocking;
+  constexpr std::int64_t MR = Kernel::mr, NR = Kernel::nr;
+  static_assert(blocking::row_unit % MR == 0 && blocking::column_unit % NR == 0);
+  static constexpr auto kernels = gemm_kernels<Kernel>(std::make_index_sequence<static_cast<std::size_t>(MR)>{});
+  const auto [M, N, K] = dims;
+  const std::int64_t row_units = ceil_div(M, blocking::row_unit), column_units = ceil_div(N, blocking::column_unit);
+  const std::int64_t ld_acc = std::min(plan.part_cols, blocking::nc);
+  ::memkit::detail::run_in_parts(static_cast<int>(plan.parts()), plan.parts(), [&](std::int64_t first_part,
+                                                                                  std::int64_t last_part) {
+    alignas(64) float tile[MR * NR];
+    for (std::int64_t part = first_part; part < last_part; ++part) {
+      const std::int64_t pm = part / plan.threads_n, pn = part % plan.threads_n;
+      const std::int64_t r0 = std::min(M, row_units * pm / plan.threads_m * blocking::row_unit);
+      const std::int64_t r1 = std::min(M, row_units * (pm + 1) / plan.threads_m * blocking::row_unit);
+      const std::int64_t c0 = std::min(N, column_units * pn / plan.threads_n * blocking::column_unit);
+      const std::int64_t c1 = std::min(N, column_units * (pn + 1) / plan.threads_n * blocking::column_unit);
+      float* a_pack = workspace + part * plan.part_floats();
+      float* b_pack = a_pack + plan.a_floats;
+      float* acc = b_pack + plan.b_floats;
+      const std::int64_t chunk = plan.accumulate ? blocking::accumulator_rows : r1 - r0;
+      for (std::int64_t rc = r0; rc < r1; rc += chunk) {
+        const std::int64_t rc_end = std::min(r1, rc + chunk);
+        for (std::int64_t jc = c0; jc < c1; jc += blocking::nc) {
+          const std::int64_t nc = std::min(blocking::nc, c1 - jc);
+          for (std::int64_t pc = 0; pc < K; pc += blocking::kc) {
+            const std::int64_t kc = std::min(blocking::kc, K - pc);
+            const bool first = pc == 0, last = pc + kc == K;
+            pack_b<NR>(B, op_b, pc, kc, jc, nc, b_pack);
+            for (std::int64_t ic = rc; ic < rc_end; ic += blocking::mc) {
+              const std::int64_t mc = std::min(blocking::mc, rc_end - ic);
+              pack_a<MR>(A, op_a, ic, mc, pc, kc, a_pack);
+              for (std::int64_t jr = 0; jr < nc; jr += NR) {
+                const std::int64_t cols = std::min(NR, nc - jr);
+                for (std::int64_t ir = 0; ir < mc; ir += MR) {
+                  const std::int64_t rows = std::min(MR, mc - ir);
+                  kernels[static_cast<std::size_t>(rows - 1)](kc, a_pack + ir * kc, b_pack + jr * kc, tile);
+                  store_tile(tile, NR, rows, cols, C.data + (ic + ir) * C.ld + jc + jr, C.ld,
+                             acc + (ic + ir - rc) * ld_acc + jr, ld_acc, plan.accumulate, first, last, alpha, beta);
+                }
+              }
+            }
+          }
+        }
+      }
+    }
+  });
 }
 
 }  // namespace detail
 
-// C = alpha * op(A) * op(B) + beta * C on the host. `workspace` supplies gemm_workspace_bytes(M, N, K, options).
+// C = alpha * op(A) * op(B) + beta * C on the host. `workspace` supplies gemm_workspace_bytes<TA, TB, TC>(M, N,
+// K, options). With MEMKIT_USE_CBLAS defined, all-fp32 products call the system's cblas_sgemm instead (no
+// workspace; its own threads, e.g. OPENBLAS_NUM_THREADS, and its own summation order).
 template <float_storage TA, float_storage TB, float_storage TC>
 void gemm(const host_executor& exec, transpose op_a, transpose op_b, float alpha, matrix_ref<const TA> A,
           matrix_ref<const TB> B, float beta, matrix_ref<TC> C, memory_resource& workspace,
           const gemm_options& options = {}) {
-  const auto [M, N, K] = detail::check_gemm(op_a, op_b, A, B, C);
+  const auto dims = detail::check_gemm(op_a, op_b, A, B, C);
+  const auto [M, N, K] = dims;
   const char* operation = "linalg::gemm";
-  require(exec.can_access(A.where) && exec.can_access(B.where) && exec.can_access(C.where),
-          std::string(operation) + ": an operand is in device memory, which the host executor cannot access");
-  require(options.host_threads >= 0,
-          std::string(operation) + ": host_threads must be >= 0, got " + std::to_string(options.host_threads));
+  if (!exec.can_access(A.where) || !exec.can_access(B.where) || !exec.can_access(C.where))
+    throw error(std::string(operation) + ": an operand is in device memory, which the host executor cannot access");
+  if (options.host_threads < 0)
+    throw error(std::string(operation) + ": host_threads must be >= 0, got " + std::to_string(options.host_threads));
   if (M == 0 || N == 0) return;
-  const std::int64_t threads = std::min<std::int64_t>(resolve_host_threads(options.host_threads), M);
-  const gemm_options used{static_cast<int>(threads)};
-  buffer<float> scratch(workspace, shape{static_cast<std::int64_t>(gemm_workspace_bytes(M, N, K, used) / sizeof(float))});
-  float* packed_b = scratch.data();
-  for (std::int64_t k = 0; k < K; ++k)
-    for (std::int64_t n = 0; n < N; ++n) packed_b[k * N + n] = detail::element(B, op_b, k, n);
-  // One part per thread, each with its own accumulator row: part p computes rows [M*p/threads, M*(p+1)/threads).
-  ::memkit::detail::run_in_parts(static_cast<int>(threads), threads, [&](std::int64_t first_part, std::int64_t last_part) {
-    for (std::int64_t part = first_part; part < last_part; ++part) {
-      float* acc = packed_b + K * N + part * N;
-      for (std::int64_t m = M * part / threads; m < M * (part + 1) / threads; ++m) {
-        std::fill(acc, acc + N, 0.0f);
-        for (std::int64_t k = 0; k < K; ++k) {
-          const float a = detail::element(A, op_a, m, k);
-          const float* b = packed_b + k * N;
-          for (std::int64_t n = 0; n < N; ++n) acc[n] += a * b[n];
-        }
-        TC* c = C.data + m * C.ld;
-        for (std::int64_t n = 0; n < N; ++n)
-          c[n] = from_float<TC>(beta == 0.0f ? alpha * acc[n] : alpha * acc[n] + beta * to_float(c[n]));
-      }
-    }
-  });
+  if (K == 0) {  // an empty sum: C = beta * C, and C is not read when beta is 0
+    for (std::int64_t m = 0; m < M; ++m)
+      for (std::int64_t n = 0; n < N; ++n)
+        C.data[m * C.ld + n] = from_float<TC>(beta == 0.0f ? 0.0f : beta * to_float(C.data[m * C.ld + n]));
+    return;
+  }
+#if defined(MEMKIT_USE_CBLAS)
+  if constexpr (detail::gemm_uses_cblas<TA, TB, TC>(1, 1, 1)) {
+    constexpr std::int64_t blas_int_max = 2147483647;
+    require(M <= blas_int_max && N <= blas_int_max && K <= blas_int_max && A.ld <= blas_int_max &&
+                B.ld <= blas_int_max && C.ld <= blas_int_max,
+            std::string(operation) + ": MEMKIT_USE_CBLAS: a dimension or leading dimension exceeds BLAS's int range");
+    cblas_sgemm(CblasRowMajor, op_a == transpose::no ? CblasNoTrans : CblasTrans,
+                op_b == transpose::no ? CblasNoTrans : CblasTrans, static_cast<int>(M), static_cast<int>(N),
+                static_cast<int>(K), alpha, A.data, static_cast<int>(A.ld), B.data, static_cast<int>(B.ld), beta,
+                C.data, static_cast<int>(C.ld));
+    return;
+  }
+#endif
+  const detail::gemm_plan plan =
+      detail::plan_gemm(M, N, K, resolve_host_threads(options.host_threads), !std::is_same_v<TC, float>);
+  buffer<float> scratch(workspace, shape{plan.parts() * plan.part_floats()});
+#if MEMKIT_X86_DISPATCH
+  switch (host_isa_in_use()) {
+    case host_isa::avx512:
+      return detail::gemm_blocked<detail::gemm_kernel_avx512>(op_a, op_b, alpha, A, B, beta, C, dims, plan, scratch.data());
+    case host_isa::avx2:
+      return detail::gemm_blocked<detail::gemm_kernel_avx2>(op_a, op_b, alpha, A, B, beta, C, dims, plan, scratch.data());
+    case host_isa::portable: break;
+  }
+#endif
+  detail::gemm_blocked<detail::gemm_kernel_portable>(op_a, op_b, alpha, A, B, beta, C, dims, plan, scratch.data());
 }
 
 }  // namespace linalg

@@ -1,0 +1,455 @@
+// memkit/checkpoint/segment.hpp — activation checkpointing for a sequence of hand-written layers.
+//
+// checkpoint_segment wraps layers (memkit::layers(a, b, c), or a std::vector / std::span of one layer type,
+// or both mixed: layers(embedding, std::span(blocks), norm)) and is itself a layer, so a training loop calls
+// it like any other:
+//
+//   std::vector<decoder_block> blocks = ...;
+//   memkit::checkpoint_segment stack(blocks, {.schedule = memkit::checkpoint_schedule::binomial(4)});
+//   stack.forward(exec, ctx, x, y, store);    // keeps checkpoints, not every block's activations
+//   ...loss...
+//   stack.backward(exec, dy, dx, store);      // recomputes from the checkpoints, then runs each backward
+//
+// The default schedule is one segment: forward keeps only the input; backward recomputes every layer. The
+// recomputation uses the forward's own forward_context, so dropout masks are identical and the gradients
+// are bit-identical to running the layers without checkpointing. Inner layer i draws its randomness from
+// ctx.for_layer(first_layer + i): give a segment the index of its first layer in the whole stack and pass the
+// stack's context, and it reproduces the uncheckpointed loop exactly.
+//
+// Memory: checkpoints are saved in the activation store (charged to its resource) or, with
+// checkpoint_options::offload, kept in host memory. Hidden states between the layers and the gradients
+// between their backwards are buffers from the store's resource, freed as soon as they are consumed.
+// cost(in, ctx) predicts, before anything runs, exactly what that resource will see (checkpoint/schedule.hpp).
+//
+// Misuse is an error, never a silent wrong gradient: backward before forward or twice, a layer whose
+// forward saves other bytes than its saved_bytes() says or whose recomputation saves something else than
+// its first forward did, a backward that does not take back what its forward saved.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "memkit/checkpoint/layer.hpp"
+#include "memkit/checkpoint/offload.hpp"
+#include "memkit/checkpoint/schedule.hpp"
+#include "memkit/config.hpp"
+#include "memkit/core/execution.hpp"
+#include "memkit/memory/buffer.hpp"
+
+MEMKIT_NAMESPACE_BEGIN
+
+namespace detail {
+
+// A part of a layer sequence: one layer (held by reference) or a span of layers of one type.
+template <class Part>
+struct layer_part;
+template <class L>
+struct layer_part<L&> {
+  using layer_type = L;
+  static constexpr std::size_t count(const L&) noexcept { return 1; }
+  static constexpr L& at(L& layer, std::size_t) noexcept { return layer; }
+};
+template <class L, std::size_t Extent>
+struct layer_part<std::span<L, Extent>> {
+  using layer_type = L;
+  static constexpr std::size_t count(std::span<L, Extent> layers) noexcept { return layers.size(); }
+  static constexpr L& at(std::span<L, Extent> layers, std::size_t i) noexcept { return layers[i]; }
+};
+
+// What memkit::layers() keeps of each argument.
+template <class A>
+struct part_of {
+  using type = A&;
+};
+template <class L, std::size_t Extent>
+struct part_of<std::span<L, Extent>> {
+  using type = std::span<L, Extent>;
+};
+template <class L, class Allocator>
+struct part_of<std::vector<L, Allocator>> {
+  using type = std::span<L>;
+};
+template <class L, std::size_t N>
+struct part_of<std::array<L, N>> {
+  using type = std::span<L, N>;
+};
+
+template <class Part>
+using part_layer = typename layer_part<Part>::layer_type;
+
+}  // namespace detail
+
+// A sequence of layers whose activations pass from one to the next, by reference (the layers must outlive
+// it). Parts are single layers (L&) or spans of layers of one type.
+template <class... Parts>
+class layer_list {
+  static_assert(sizeof...(Parts) > 0, "memkit::layers: give at least one layer");
+  using first_part = std::tuple_element_t<0, std::tuple<Parts...>>;
+
+ public:
+  static_assert(requires { typename detail::part_layer<first_part>::value_type; },
+                "memkit::layers: a layer needs `using value_type = ...;` (see memkit::explain_layer)");
+  using value_type = typename detail::part_layer<first_part>::value_type;
+  static_assert((std::is_same_v<typename detail::part_layer<Parts>::value_type, value_type> && ...),
+                "memkit::layers: every layer of a sequence must have the same value_type (each one's output is the "
+                "next one's input)");
+  static_assert((!std::is_const_v<detail::part_layer<Parts>> && ...),
+                "memkit::layers: layers are run forward and backward, so they cannot be const");
+
+  // Whether every layer runs on executor E (memkit::explain_layer<L, E>() says what a layer misses).
+  template <class E>
+  static constexpr bool runs_on = (layer<detail::part_layer<Parts>, E> && ...);
+
+  template <class... Args>
+    requires(sizeof...(Args) == sizeof...(Parts) && std::is_constructible_v<std::tuple<Parts...>, Args&&...>)
+  constexpr layer_list(Args&&... parts) : parts_(std::forward<Args>(parts)...) {}
+
+  constexpr std::size_t size() const noexcept {
+    return std::apply([](const auto&... part) { return (detail::layer_part<Parts>::count(part) + ...); }, parts_);
+  }
+
+  // Calls f(layer) with the layer at `index` (its own type).
+  template <class F>
+  constexpr void visit(std::size_t index, F&& f) const {
+    visit_parts(index, f, std::index_sequence_for<Parts...>{});
+  }
+
+ private:
+  template <class F, std::size_t... I>
+  constexpr void visit_parts(std::size_t index, F& f, std::index_sequence<I...>) const {
+    (void)(visit_part<I>(index, f) || ...);
+  }
+  template <std::size_t I, class F>
+  constexpr bool visit_part(std::size_t& index, F& f) const {
+    using part = detail::layer_part<std::tuple_element_t<I, std::tuple<Parts...>>>;
+    const std::size_t n = part::count(std::get<I>(parts_));
+    if (index >= n) {
+      index -= n;
+      return false;
+    }
+    f(part::at(std::get<I>(parts_), index));
+    return true;
+  }
+
+  std::tuple<Parts...> parts_;
+};
+
+// layers(a, b, std::span(blocks), blocks_vector, ...): a sequence of single layers and ranges of layers.
+template <class... Args>
+constexpr auto layers(Args&&... args) {
+  return layer_list<typename detail::part_of<std::remove_reference_t<Args>>::type...>(std::forward<Args>(args)...);
+}
+
+struct checkpoint_options {
+  checkpoint_schedule schedule = checkpoint_schedule::single_segment();
+  std::uint64_t first_layer = 0;           // inner layer i uses ctx.for_layer(first_layer + i)
+  checkpoint_offload* offload = nullptr;   // keep checkpoints in host memory instead of the store
+};
+
+template <class List>
+class checkpoint_segment {
+ public:
+  using value_type = typename List::value_type;
+
+  explicit checkpoint_segment(List layers, checkpoint_options options = {})
+      : layers_(std::move(layers)), options_(options) {
+    const std::string_view problem = options_.schedule.problem();
+    require(problem.empty(), "checkpoint_segment: " + std::string(problem));
+    require(layers_.size() > 0, "checkpoint_segment: no layers to run");
+    require(layers_.size() <= max_checkpointed_layers,
+            "checkpoint_segment: " + std::to_string(layers_.size()) + " layers is more than a plan indexes");
+    plan_ = make_checkpoint_plan(options_.schedule, layers_.size());
+  }
+  checkpoint_segment(checkpoint_segment&&) noexcept = default;
+  checkpoint_segment& operator=(checkpoint_segment&&) noexcept = default;
+
+  std::size_t size() const noexcept { return layers_.size(); }
+  const checkpoint_options& options() const noexcept { return options_; }
+  const checkpoint_plan& plan() const noexcept { return plan_; }
+  std::size_t pending_backwards() const noexcept { return passes_.size(); }
+
+  shape output_shape(const shape& in) const {
+    shape s = in;
+    for (std::size_t j = 0; j < size(); ++j) layers_.visit(j, [&](const auto& layer) { s = layer.output_shape(s); });
+    return s;
+  }
+
+  // Exactly what forward() leaves in the store for backward (checkpoints and taped layers; with offload,
+  // only taped layers).
+  std::size_t saved_bytes(const shape& in, const forward_context& ctx) const { return cost(in, ctx).saved_bytes; }
+
+  // The schedule's cost on this stack for input shape `in`: recomputed forwards, device activation bytes
+  // (the peak is what the store's resource sees on top of the caller's x, y, dy, dx) and host bytes.
+  checkpoint_cost cost(const shape& in, const forward_context& ctx) const {
+    const sizes s = sizes_for(in, ctx);
+    return checkpoint_cost_of(
+        options_.schedule, size(), [&s](std::uint64_t p) { return s.hidden_bytes[p]; },
+        [&s](std::uint64_t j) { return s.saved[j]; }, options_.offload != nullptr);
+  }
+
+  template <executor E>
+    requires(List::template runs_on<E>)
+  void forward(const E& exec, const forward_context& ctx, tensor_view<const value_type> x, tensor_view<value_type> y,
+               activation_store& store) {
+    const char* operation = "checkpoint_segment::forward";
+    require_accessible(exec, x, operation, "x");
+    require_accessible(exec, y, operation, "y");
+    pass p{next_pass_++, ctx, sizes_for(x.shape(), ctx), {}, store.size()};
+    p.tensors.assign(size(), unevaluated);
+    require(y.shape() == p.shapes.shapes.back(), std::string(operation) + ": y has shape " + to_string(y.shape()) +
+                                                     " but the layers output " + to_string(p.shapes.shapes.back()));
+    runner<E> run(*this, exec, store, p);
+    run.x = x;
+    run.y = y;
+    try {
+      detail::checkpoint_interpreter interpreter(plan_, run);
+      interpreter.forward();
+    } catch (...) {
+      abandon(exec, p, store);
+      throw;
+    }
+    passes_.push_back(std::move(p));
+  }
+
+  // dx may be empty (no input gradient needed).
+  template <executor E>
+    requires(List::template runs_on<E>)
+  void backward(const E& exec, tensor_view<const value_type> dy, tensor_view<value_type> dx, activation_store& store) {
+    const char* operation = "checkpoint_segment::backward";
+    require(!passes_.empty(), std::string(operation) +
+                                  ": no forward pass to go back through (backward before forward, or twice?)");
+    require_accessible(exec, dy, operation, "dy");
+    require_accessible(exec, dx, operation, "dx");
+    const sizes& shapes = passes_.back().shapes;
+    require(dy.shape() == shapes.shapes.back(), std::string(operation) + ": dy has shape " + to_string(dy.shape()) +
+                                                    " but the forward's output has shape " +
+                                                    to_string(shapes.shapes.back()));
+    require(dx.empty() || dx.shape() == shapes.shapes.front(),
+            std::string(operation) + ": dx has shape " + to_string(dx.shape()) + " but the forward's input has shape " +
+                to_string(shapes.shapes.front()));
+    pass p = std::move(passes_.back());
+    passes_.pop_back();
+    runner<E> run(*this, exec, store, p);
+    run.dy = dy;
+    run.dx = dx;
+    try {
+      detail::checkpoint_interpreter interpreter(plan_, run);
+      interpreter.backward();
+    } catch (...) {
+      abandon(exec, p, store);
+      throw;
+    }
+  }
+
+ private:
+  static constexpr std::uint32_t unevaluated = ~std::uint32_t{0};
+
+  struct sizes {
+    std::vector<shape> shapes;               // hidden state at positions 0..N
+    std::vector<std::uint64_t> hidden_bytes;  // their bytes
+    std::vector<std::uint64_t> saved;         // what each step's forward saves (its saved_bytes())
+  };
+
+  struct pass {
+    std::uint64_t id;
+    forward_context ctx;
+    sizes shapes;
+    std::vector<std::uint32_t> tensors;  // tensors each step's first forward saved
+    std::size_t store_base;              // the store's size when the forward began
+  };
+
+  forward_context context_of(const forward_context& ctx, std::size_t step) const {
+    return ctx.for_layer(options_.first_layer + step);
+  }
+
+  sizes sizes_for(const shape& in, const forward_context& ctx) const {
+    sizes s;
+    s.shapes.reserve(size() + 1);
+    s.shapes.push_back(in);
+    for (std::size_t j = 0; j < size(); ++j)
+      layers_.visit(j, [&](const auto& layer) {
+        s.saved.push_back(layer.saved_bytes(s.shapes.back(), context_of(ctx, j)));
+        s.shapes.push_back(layer.output_shape(s.shapes.back()));
+      });
+    for (const shape& dims : s.shapes) s.hidden_bytes.push_back(activation_store::bytes_required<value_type>(dims));
+    return s;
+  }
+
+  // After a failure: free what this pass keeps, so a retry starts clean.
+  template <class E>
+  void abandon(const E& exec, const pass& p, activation_store& store) noexcept {
+    if (store.size() >= p.store_base) store.release_to(p.store_base);
+    if (options_.offload != nullptr) {
+      try {
+        options_.offload->forget(exec, id_, p.id);
+      } catch (...) {
+      }
+    }
+  }
+
+  // The real backend of the plan interpreter (detail::checkpoint_interpreter in schedule.hpp).
+  template <class E>
+  class runner {
+   public:
+    using T = value_type;
+    struct hidden {
+      T* data = nullptr;
+      memory_kind where = memory_kind::host;
+      buffer<std::byte> storage;  // an owned buffer
+      saved_tensor<T> slot;       // an owned checkpoint taken from the store
+      bool owned = false;
+      bool copy_pending = false;  // an offload copy reads it
+    };
+
+    runner(checkpoint_segment& segment, const E& exec, activation_store& store, pass& p)
+        : segment_(segment), exec_(exec), store_(store), pass_(p) {}
+
+    tensor_view<const T> x{}, dy{};
+    tensor_view<T> y{}, dx{};
+
+    hidden caller_input() { return view_of(x); }
+    hidden caller_output() { return view_of(y); }
+    hidden caller_grad_output() { return view_of(dy); }
+    hidden caller_grad_input() { return view_of(dx); }
+
+    hidden temporary(std::uint64_t p) {
+      hidden h;
+      h.storage = buffer<std::byte>(store_.resource(), shape{static_cast<std::int64_t>(bytes(p))});
+      h.data = reinterpret_cast<T*>(h.storage.data());
+      h.where = h.storage.where();
+      h.owned = true;
+      return h;
+    }
+    void release(hidden& h) {
+      if (h.copy_pending) segment_.options_.offload->wait_for_copies(exec_);
+      h = hidden{};
+    }
+
+    void forward(std::uint64_t step, const hidden& in, hidden& out, bool keep) {
+      const std::size_t entries = store_.size(), held = store_.bytes();
+      segment_.layers_.visit(step, [&](auto& layer) {
+        layer.forward(exec_, segment_.context_of(pass_.ctx, step), const_view(in, step), view(out, step + 1), store_);
+      });
+      require(store_.size() >= entries, "checkpoint_segment: layer " + std::to_string(step) +
+                                            "'s forward took tensors out of the store it was given");
+      check_saved(step, store_.size() - entries, store_.bytes() - held);
+      if (!keep) store_.release_to(entries);
+    }
+
+    void backward(std::uint64_t step, const hidden& grad_out, hidden& grad_in) {
+      const std::size_t entries = store_.size();
+      segment_.layers_.visit(step, [&](auto& layer) {
+        // Step 0 writes the caller's dx as given (it may be empty: no input gradient wanted).
+        layer.backward(exec_, const_view(grad_out, step + 1), step == 0 ? dx : view(grad_in, step), store_);
+      });
+      const std::uint32_t saved = pass_.tensors[step];
+      require(store_.size() + saved == entries,
+              "checkpoint_segment: layer " + std::to_string(step) + "'s backward took " +
+                  std::to_string(entries >= store_.size() ? entries - store_.size() : 0) +
+                  " tensors from the store but its forward saved " + std::to_string(saved));
+    }
+
+    bool offloading() const noexcept { return segment_.options_.offload != nullptr; }
+
+    hidden keep_copy(std::uint64_t p, hidden& work) {
+      tensor_view<T> kept = store_.save<T>(pass_.shapes.shapes[p]);
+      detail::copy_bytes(exec_, kept.data(), work.data, bytes(p));
+      return view_of(kept);
+    }
+    hidden keep_adopted(std::uint64_t p, hidden& work) {
+      tensor_view<T> kept = store_.adopt<T>(std::move(work.storage), pass_.shapes.shapes[p]);
+      work = hidden{};
+      return view_of(kept);
+    }
+    hidden peek(std::uint64_t p) {
+      return view_of(store_.peek<T>(pass_.shapes.shapes[p], "checkpoint_segment (a checkpoint)"));
+    }
+    hidden take(std::uint64_t p) {
+      hidden h;
+      h.slot = store_.take<T>(pass_.shapes.shapes[p], "checkpoint_segment (a checkpoint)");
+      h.data = h.slot.view().data();
+      h.where = h.slot.view().where();
+      h.owned = true;
+      return h;
+    }
+    void offload(std::uint64_t p, hidden& work) {
+      segment_.options_.offload->keep(exec_, work.data, bytes(p), key(p));
+      work.copy_pending = true;
+    }
+    hidden fetch(std::uint64_t p, bool last) {
+      hidden h;
+      h.storage = segment_.options_.offload->fetch(exec_, store_.resource(), key(p), last);
+      h.data = reinterpret_cast<T*>(h.storage.data());
+      h.where = h.storage.where();
+      h.owned = true;
+      return h;
+    }
+    void prefetch(std::uint64_t p) { segment_.options_.offload->prefetch(exec_, store_.resource(), key(p)); }
+    void prefetch_beyond() { segment_.options_.offload->prefetch_latest(exec_, store_.resource()); }
+    void forward_done() {
+      if (offloading()) segment_.options_.offload->wait_for_copies(exec_);
+    }
+
+   private:
+    std::uint64_t bytes(std::uint64_t p) const { return pass_.shapes.hidden_bytes[p]; }
+    checkpoint_key key(std::uint64_t p) const { return {segment_.id_, pass_.id, p}; }
+
+    template <class U>
+    static hidden view_of(tensor_view<U> v) {
+      hidden h;
+      h.data = const_cast<T*>(v.data());  // the caller's x and dy are only read
+      h.where = v.where();
+      return h;
+    }
+    tensor_view<T> view(const hidden& h, std::uint64_t p) const { return {h.data, pass_.shapes.shapes[p], h.where}; }
+    tensor_view<const T> const_view(const hidden& h, std::uint64_t p) const {
+      return {h.data, pass_.shapes.shapes[p], h.where};
+    }
+
+    void check_saved(std::uint64_t step, std::size_t tensors, std::size_t saved_bytes) {
+      const std::string layer = "checkpoint_segment: layer " + std::to_string(step);
+      std::uint32_t& first = pass_.tensors[step];
+      if (first == unevaluated) {
+        require(saved_bytes == pass_.shapes.saved[step],
+                layer + "'s forward saved " + std::to_string(saved_bytes) + " bytes but its saved_bytes() says " +
+                    std::to_string(pass_.shapes.saved[step]) + ": a layer must report exactly what it saves");
+        first = static_cast<std::uint32_t>(tensors);
+        return;
+      }
+      require(saved_bytes == pass_.shapes.saved[step] && tensors == first,
+              layer + "'s recomputed forward saved " + std::to_string(saved_bytes) + " bytes in " +
+                  std::to_string(tensors) + " tensors, but its first forward saved " +
+                  std::to_string(pass_.shapes.saved[step]) + " bytes in " + std::to_string(first) +
+                  ": a recomputation must repeat the forward exactly (same input and forward_context, no layer "
+                  "state changed between forward and backward)");
+    }
+
+    checkpoint_segment& segment_;
+    const E& exec_;
+    activation_store& store_;
+    pass& pass_;
+  };
+
+  List layers_;
+  checkpoint_options options_;
+  checkpoint_plan plan_;
+  std::vector<pass> passes_;
+  std::uint64_t next_pass_ = 0;
+  std::uint64_t id_ = detail::next_checkpoint_owner();
+};
+
+template <class... Parts>
+checkpoint_segment(layer_list<Parts...>, checkpoint_options = {}) -> checkpoint_segment<layer_list<Parts...>>;
+template <class L, class Allocator>
+checkpoint_segment(std::vector<L, Allocator>&, checkpoint_options = {}) -> checkpoint_segment<layer_list<std::span<L>>>;
+template <class L, std::size_t Extent>
+checkpoint_segment(std::span<L, Extent>, checkpoint_options = {}) -> checkpoint_segment<layer_list<std::span<L, Extent>>>;
+
+MEMKIT_NAMESPACE_END

@@ -1,0 +1,415 @@
+// checkpoint_segment on the host: gradients bit-identical to running the layers without checkpointing under
+// every schedule, with and without offload; the activation bytes a tracking_resource measures equal the
+// prediction exactly; recomputed forwards counted on the layers equal the plan's; misuse is an error.
+#include <doctest/doctest.h>
+#include <memkit/checkpoint/segment.hpp>
+#include <memkit/memory/tracking.hpp>
+
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "host/checkpoint_layers.hpp"
+
+namespace {
+
+using namespace checkpoint_test;
+using memkit::checkpoint_options;
+using memkit::checkpoint_schedule;
+using memkit::checkpoint_segment;
+using memkit::memory_category;
+
+constexpr forward_context step_context{0x5eed, 0, true};
+
+struct step_result {
+  std::vector<float> y, dx;
+  std::vector<float> grads;  // every linear's weight and bias gradients, in order
+  std::uint64_t forwards = 0;
+};
+
+void zero_grads(std::vector<mixed_layer>& stack) {
+  for (mixed_layer& l : stack) {
+    std::fill(l.lin.weight_grad.begin(), l.lin.weight_grad.end(), 0.0f);
+    std::fill(l.lin.bias_grad.begin(), l.lin.bias_grad.end(), 0.0f);
+    l.lin.forwards = l.drop.forwards = l.act.forwards = 0;
+  }
+}
+
+void collect(std::vector<mixed_layer>& stack, step_result& r) {
+  for (mixed_layer& l : stack) {
+    r.grads.insert(r.grads.end(), l.lin.weight_grad.begin(), l.lin.weight_grad.end());
+    r.grads.insert(r.grads.end(), l.lin.bias_grad.begin(), l.lin.bias_grad.end());
+    r.forwards += l.forwards();
+  }
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// The reference: the layers called one after the other, every activation kept.
+step_result run_plain(std::vector<mixed_layer>& stack, const std::vector<float>& x, shape in) {
+  zero_grads(stack);
+  activation_store store(memkit::default_host_resource());
+  std::vector<std::vector<float>> hidden{x};
+  std::vector<shape> shapes{in};
+  for (std::size_t i = 0; i < stack.size(); ++i) {
+    shapes.push_back(stack[i].output_shape(shapes.back()));
+    hidden.emplace_back(shapes.back().numel());
+    stack[i].forward(memkit::host, step_context.for_layer(i), memkit::host_view<const float>(hidden[i].data(), shapes[i]),
+                     memkit::host_view(hidden[i + 1].data(), shapes[i + 1]), store);
+  }
+  std::vector<float> grad = random_values(hidden.back().size(), 99);
+  for (std::size_t i = stack.size(); i-- > 0;) {
+    std::vector<float> dx(shapes[i].numel());
+    stack[i].backward(memkit::host, memkit::host_view<const float>(grad.data(), shapes[i + 1]),
+                      memkit::host_view(dx.data(), shapes[i]), store);
+    grad = std::move(dx);
+  }
+  REQUIRE(store.empty());
+  step_result r{hidden.back(), grad, {}, 0};
+  collect(stack, r);
+  return r;
+}
+
+struct measured {
+  step_result result;
+  std::size_t saved_after_forward = 0;  // store.bytes()
+  std::size_t device_after_forward = 0;
+  std::size_t device_peak = 0;
+  std::size_t host_peak = 0;
+};
+
+// One training step through a checkpoint_segment; activations charged to a tracker, offloaded checkpoints
+// to another.
+measured run_checkpointed(std::vector<mixed_layer>& stack, const std::vector<float>& x, shape in,
+                          checkpoint_schedule schedule, bool offload) {
+  zero_grads(stack);
+  memkit::tracking_resource device(memkit::default_host_resource(), "activations");
+  memkit::tracking_resource host(memkit::default_host_resource(), "offloaded");
+  memkit::checkpoint_offload offloaded(host.category(memory_category::activations));
+  activation_store store(device.category(memory_category::activations));
+  checkpoint_segment segment(stack, {.schedule = schedule, .offload = offload ? &offloaded : nullptr});
+  const shape out = segment.output_shape(in);
+  measured m;
+  m.result.y.resize(out.numel());
+  segment.forward(memkit::host, step_context, memkit::host_view<const float>(x.data(), in),
+                  memkit::host_view(m.result.y.data(), out), store);
+  m.saved_after_forward = store.bytes();
+  m.device_after_forward = device.current_bytes();
+  std::vector<float> grad = random_values(m.result.y.size(), 99);
+  m.result.dx.resize(in.numel());
+  segment.backward(memkit::host, memkit::host_view<const float>(grad.data(), out),
+                   memkit::host_view(m.result.dx.data(), in), store);
+  CHECK(store.empty());
+  CHECK(device.current_bytes() == 0);
+  CHECK(offloaded.kept() == 0);
+  m.device_peak = device.peak_bytes();
+  m.host_peak = host.peak_bytes();
+  collect(stack, m.result);
+  return m;
+}
+
+std::vector<checkpoint_schedule> all_schedules(std::size_t layers) {
+  std::vector<checkpoint_schedule> s{checkpoint_schedule::none(), checkpoint_schedule::single_segment(),
+                                     checkpoint_schedule::every_layer(), checkpoint_schedule::every_k_layers(2),
+                                     checkpoint_schedule::every_k_layers(3), checkpoint_schedule::sqrt()};
+  for (std::uint64_t c : {1, 2, 3, 5}) s.push_back(checkpoint_schedule::binomial(c));
+  s.push_back(checkpoint_schedule::binomial(layers + 2));
+  return s;
+}
+
+std::string describe(const checkpoint_schedule& s, std::size_t layers, bool offload) {
+  return std::string(memkit::to_string(s.kind)) + " every=" + std::to_string(s.every) +
+         " slots=" + std::to_string(s.slots) + " layers=" + std::to_string(layers) + (offload ? " offload" : "");
+}
+
+}  // namespace
+
+TEST_CASE("checkpoint_segment: every schedule, with and without offload, gives the uncheckpointed gradients bit for "
+          "bit, and the tracker sees exactly the predicted bytes") {
+  for (std::size_t layers : {1, 2, 3, 5, 8, 13}) {
+    std::vector<mixed_layer> stack = mixed_stack(layers, 6, 17);
+    const shape in{5, 6};
+    const std::vector<float> x = random_values(in.numel(), 3);
+    const step_result reference = run_plain(stack, x, in);
+    REQUIRE(reference.forwards == layers);
+    for (const checkpoint_schedule& schedule : all_schedules(layers))
+      for (bool offload : {false, true}) {
+        CAPTURE(describe(schedule, layers, offload));
+        const measured m = run_checkpointed(stack, x, in, schedule, offload);
+        CHECK(same_bits(m.result.y, reference.y));
+        CHECK(same_bits(m.result.dx, reference.dx));
+        CHECK(same_bits(m.result.grads, reference.grads));
+
+        memkit::checkpoint_offload unused(memkit::default_host_resource());
+        const checkpoint_segment segment(stack, {.schedule = schedule, .offload = offload ? &unused : nullptr});
+        const memkit::checkpoint_cost cost = segment.cost(in, step_context);
+        CHECK(m.result.forwards == layers + cost.recomputed_forwards);
+        CHECK(cost.recomputed_forwards == memkit::recomputed_forwards(schedule, layers));
+        CHECK(m.saved_after_forward == cost.saved_bytes);
+        CHECK(m.device_after_forward == cost.saved_bytes);
+        CHECK(segment.saved_bytes(in, step_context) == cost.saved_bytes);
+        CHECK(m.device_peak == cost.peak_bytes);
+        CHECK(m.host_peak == cost.host_bytes);
+        if (!offload) CHECK(cost.host_bytes == 0);
+      }
+  }
+}
+
+TEST_CASE("checkpoint_segment: predictions of a uniform stack match the closed forms") {
+  // N tanh layers of [4, 8] floats: every hidden state and every layer's saved tensor is 128 bytes.
+  constexpr std::size_t layers = 9;
+  constexpr std::uint64_t bytes = 4 * 8 * sizeof(float);
+  std::vector<tanh_layer> stack(layers);
+  const shape in{4, 8};
+  using memkit::checkpoint_cost_of;
+  using memkit::uniform_layer_bytes;
+  const uniform_layer_bytes uniform{bytes, bytes};
+  // none: every layer's saved tensor plus the hidden state between two of them.
+  CHECK(checkpoint_cost_of(checkpoint_schedule::none(), layers, uniform).peak_bytes == layers * bytes + bytes);
+  // every layer: N checkpoints; backward of the last layer adds its recomputed output and saved tensor.
+  CHECK(checkpoint_cost_of(checkpoint_schedule::every_layer(), layers, uniform).peak_bytes ==
+        (layers + 1) * bytes + bytes);
+  CHECK(checkpoint_cost_of(checkpoint_schedule::every_layer(), layers, uniform).saved_bytes == layers * bytes);
+  // binomial with 2 slots over 9 layers: C(2+r, 2) >= 9 at r = 3, so 3*9 - C(5, 3) = 17 recomputations.
+  CHECK(checkpoint_cost_of(checkpoint_schedule::binomial(2), layers, uniform).recomputed_forwards == 17);
+  for (const checkpoint_schedule& schedule : all_schedules(layers)) {
+    CAPTURE(describe(schedule, layers, false));
+    checkpoint_segment segment(stack, {.schedule = schedule});
+    CHECK(segment.cost(in, step_context).peak_bytes == checkpoint_cost_of(schedule, layers, uniform).peak_bytes);
+  }
+  // Compile-time: a budget can be checked in a static_assert.
+  static_assert(checkpoint_cost_of(checkpoint_schedule::binomial(3), 32, uniform_layer_bytes{1024, 4096}).checkpoints ==
+                3);
+  static_assert(checkpoint_cost_of(checkpoint_schedule::every_layer(), 32, uniform_layer_bytes{1024, 4096})
+                    .recomputed_forwards == 32);
+}
+
+TEST_CASE("checkpoint_segment: heterogeneous layers, single and in ranges, in one sequence") {
+  linear first(6, 9, 1), last(9, 4, 2);
+  dropout drop{0.2f};
+  tanh_layer act;
+  std::vector<mixed_layer> middle;
+  for (int i = 0; i < 4; ++i) middle.push_back(i % 2 ? mixed_layer::make_tanh() : mixed_layer::make_linear(9, 9, 10 + i));
+  const shape in{3, 6};
+  const std::vector<float> x = random_values(in.numel(), 5);
+  const std::vector<float> dy = random_values(3 * 4, 6);
+
+  // Reference: the same seven layers by hand.
+  auto run_by_hand = [&] {
+    activation_store store(memkit::default_host_resource());
+    std::vector<std::vector<float>> h{x};
+    std::vector<shape> shapes{in};
+    auto forward = [&](auto& layer, std::size_t i) {
+      shapes.push_back(layer.output_shape(shapes.back()));
+      h.emplace_back(shapes.back().numel());
+      layer.forward(memkit::host, step_context.for_layer(i), memkit::host_view<const float>(h[i].data(), shapes[i]),
+                    memkit::host_view(h[i + 1].data(), shapes[i + 1]), store);
+    };
+    forward(first, 0);
+    forward(drop, 1);
+    for (std::size_t i = 0; i < middle.size(); ++i) forward(middle[i], 2 + i);
+    forward(act, 6);
+    forward(last, 7);
+    std::vector<float> grad = dy;
+    auto backward = [&](auto& layer, std::size_t i) {
+      std::vector<float> dx(shapes[i].numel());
+      layer.backward(memkit::host, memkit::host_view<const float>(grad.data(), shapes[i + 1]),
+                     memkit::host_view(dx.data(), shapes[i]), store);
+      grad = std::move(dx);
+    };
+    backward(last, 7);
+    backward(act, 6);
+    for (std::size_t i = middle.size(); i-- > 0;) backward(middle[i], 2 + i);
+    backward(drop, 1);
+    backward(first, 0);
+    return grad;
+  };
+  auto grads = [&] {
+    std::vector<float> g = first.weight_grad;
+    g.insert(g.end(), last.weight_grad.begin(), last.weight_grad.end());
+    for (mixed_layer& m : middle) g.insert(g.end(), m.lin.weight_grad.begin(), m.lin.weight_grad.end());
+    return g;
+  };
+  auto reset = [&] {
+    for (linear* l : {&first, &last, &middle[0].lin, &middle[2].lin}) {
+      std::fill(l->weight_grad.begin(), l->weight_grad.end(), 0.0f);
+      std::fill(l->bias_grad.begin(), l->bias_grad.end(), 0.0f);
+    }
+  };
+  const std::vector<float> dx_reference = run_by_hand();
+  const std::vector<float> grads_reference = grads();
+
+  for (const checkpoint_schedule& schedule : all_schedules(8)) {
+    CAPTURE(describe(schedule, 8, false));
+    reset();
+    auto sequence = memkit::layers(first, drop, middle, act, last);
+    static_assert(std::is_same_v<decltype(sequence), memkit::layer_list<linear&, dropout&, std::span<mixed_layer>,
+                                                                        tanh_layer&, linear&>>);
+    CHECK(sequence.size() == 8);
+    checkpoint_segment segment(sequence, {.schedule = schedule});
+    static_assert(memkit::layer<decltype(segment), memkit::host_executor>);
+    activation_store store(memkit::default_host_resource());
+    std::vector<float> y(3 * 4), dx(in.numel());
+    segment.forward(memkit::host, step_context, memkit::host_view<const float>(x.data(), in),
+                    memkit::host_view(y.data(), {3, 4}), store);
+    segment.backward(memkit::host, memkit::host_view<const float>(dy.data(), {3, 4}), memkit::host_view(dx.data(), in),
+                     store);
+    CHECK(same_bits(dx, dx_reference));
+    CHECK(same_bits(grads(), grads_reference));
+  }
+}
+
+TEST_CASE("checkpoint_segment: segments in a hand-written loop share one offload, prefetching across segments") {
+  // Four segments of three layers each, the way a loop over decoder blocks would use them.
+  std::vector<mixed_layer> stack = mixed_stack(12, 6, 23);
+  const shape in{4, 6};
+  const std::vector<float> x = random_values(in.numel(), 8);
+  const step_result reference = run_plain(stack, x, in);
+
+  memkit::tracking_resource host(memkit::default_host_resource(), "offloaded");
+  memkit::checkpoint_offload offload(host.category(memory_category::activations));
+  std::vector<checkpoint_segment<memkit::layer_list<std::span<mixed_layer>>>> segments;
+  segments.reserve(4);
+  for (std::size_t s = 0; s < 4; ++s)
+    segments.emplace_back(std::span(stack).subspan(3 * s, 3), checkpoint_options{.first_layer = 3 * s, .offload = &offload});
+
+  for (int step = 0; step < 2; ++step) {
+    zero_grads(stack);
+    activation_store store(memkit::default_host_resource());
+    std::vector<std::vector<float>> h{x};
+    std::vector<shape> shapes{in};
+    for (auto& segment : segments) {
+      shapes.push_back(segment.output_shape(shapes.back()));
+      h.emplace_back(shapes.back().numel());
+      segment.forward(memkit::host, step_context, memkit::host_view<const float>(h[h.size() - 2].data(), shapes[h.size() - 2]),
+                      memkit::host_view(h.back().data(), shapes.back()), store);
+    }
+    CHECK(offload.kept() == 4);
+    CHECK(store.bytes() == 0);  // every checkpoint is on the "host"
+    std::vector<float> grad = random_values(h.back().size(), 99);
+    for (std::size_t s = segments.size(); s-- > 0;) {
+      std::vector<float> dx(shapes[s].numel());
+      segments[s].backward(memkit::host, memkit::host_view<const float>(grad.data(), shapes[s + 1]),
+                           memkit::host_view(dx.data(), shapes[s]), store);
+      grad = std::move(dx);
+    }
+    CHECK(offload.kept() == 0);
+    step_result r{h.back(), grad, {}, 0};
+    collect(stack, r);
+    CHECK(same_bits(r.y, reference.y));
+    CHECK(same_bits(r.dx, reference.dx));
+    CHECK(same_bits(r.grads, reference.grads));
+    // The pool holds one buffer per checkpoint of the step; the second step reuses them.
+    CHECK(host.total().total_allocations == 4);
+    CHECK(offload.host_bytes() == host.current_bytes());
+  }
+  offload.release_unused();
+  CHECK(host.current_bytes() == 0);
+}
+
+TEST_CASE("checkpoint_segment: misuse is a clear error, never a silent wrong gradient") {
+  std::vector<mixed_layer> stack = mixed_stack(6, 4, 31);
+  const shape in{2, 4};
+  const std::vector<float> x = random_values(in.numel(), 1);
+  std::vector<float> y(2 * 4), dy(2 * 4, 1.0f), dx(in.numel());
+  auto x_view = memkit::host_view<const float>(x.data(), in);
+  auto y_view = memkit::host_view(y.data(), {2, 4});
+  auto dy_view = memkit::host_view<const float>(dy.data(), {2, 4});
+  auto dx_view = memkit::host_view(dx.data(), in);
+
+  SUBCASE("backward before forward, and backward twice") {
+    for (const checkpoint_schedule& schedule : all_schedules(6)) {
+      activation_store store(memkit::default_host_resource());
+      checkpoint_segment segment(stack, {.schedule = schedule});
+      CHECK_THROWS_WITH_AS(segment.backward(memkit::host, dy_view, dx_view, store),
+                           doctest::Contains("backward before forward, or twice"), memkit::error);
+      segment.forward(memkit::host, step_context, x_view, y_view, store);
+      segment.backward(memkit::host, dy_view, dx_view, store);
+      CHECK_THROWS_WITH_AS(segment.backward(memkit::host, dy_view, dx_view, store),
+                           doctest::Contains("backward before forward, or twice"), memkit::error);
+    }
+  }
+
+  SUBCASE("a layer whose recomputed forward saves something else") {
+    // A layer that changes between forward and backward: its recomputation saves other bytes.
+    for (const checkpoint_schedule& schedule : {checkpoint_schedule::single_segment(), checkpoint_schedule::sqrt(),
+                                                checkpoint_schedule::binomial(2)}) {
+      std::vector<mixed_layer> changing = mixed_stack(6, 4, 31);
+      activation_store store(memkit::default_host_resource());
+      checkpoint_segment segment(changing, {.schedule = schedule});
+      segment.forward(memkit::host, step_context, x_view, y_view, store);
+      changing[1].what = mixed_layer::kind::tanh;  // layer 1 now saves a float output, not a byte mask
+      CHECK_THROWS_WITH_AS(segment.backward(memkit::host, dy_view, dx_view, store),
+                           doctest::Contains("recomputed forward saved"), memkit::error);
+      CHECK(store.empty());  // the failed pass released what it kept
+    }
+  }
+
+  SUBCASE("a layer whose saved_bytes() does not match its forward") {
+    struct lying : tanh_layer {
+      std::size_t saved_bytes(const shape&, const forward_context&) const { return 8; }
+    };
+    std::vector<lying> liars(3);
+    activation_store store(memkit::default_host_resource());
+    checkpoint_segment segment(liars, {.schedule = checkpoint_schedule::none()});
+    CHECK_THROWS_WITH_AS(segment.forward(memkit::host, step_context, x_view, memkit::host_view(y.data(), in), store),
+                         doctest::Contains("saved_bytes() says 8"), memkit::error);
+    CHECK(store.empty());
+    CHECK(segment.pending_backwards() == 0);
+  }
+
+  SUBCASE("a backward that leaves what its forward saved") {
+    struct forgetful : tanh_layer {
+      void backward(const host_executor&, tensor_view<const float> dy, tensor_view<float> dx, activation_store&) {
+        std::memcpy(dx.data(), dy.data(), dy.bytes());
+      }
+    };
+    std::vector<forgetful> layers(2);
+    activation_store store(memkit::default_host_resource());
+    checkpoint_segment segment(layers, {.schedule = checkpoint_schedule::every_layer()});
+    segment.forward(memkit::host, step_context, x_view, memkit::host_view(y.data(), in), store);
+    CHECK_THROWS_WITH_AS(
+        segment.backward(memkit::host, memkit::host_view<const float>(dy.data(), in), dx_view, store),
+        doctest::Contains("layer 1's backward took 0 tensors from the store but its forward saved 1"), memkit::error);
+  }
+
+  SUBCASE("shapes, schedules and offload order") {
+    activation_store store(memkit::default_host_resource());
+    CHECK_THROWS_WITH_AS(checkpoint_segment(stack, {.schedule = checkpoint_schedule::binomial(0)}),
+                         doctest::Contains("at least 1 checkpoint slot"), memkit::error);
+    CHECK_THROWS_WITH_AS(checkpoint_segment(stack, {.schedule = checkpoint_schedule::every_k_layers(0)}),
+                         doctest::Contains("at least 1 layer per segment"), memkit::error);
+    std::vector<mixed_layer> none;
+    CHECK_THROWS_WITH_AS(checkpoint_segment(none, {}), doctest::Contains("no layers"), memkit::error);
+    checkpoint_segment segment(stack);
+    CHECK_THROWS_WITH_AS(segment.forward(memkit::host, step_context, x_view, memkit::host_view(y.data(), {4, 2}), store),
+                         doctest::Contains("y has shape [4, 2] but the layers output [2, 4]"), memkit::error);
+    segment.forward(memkit::host, step_context, x_view, y_view, store);
+    CHECK_THROWS_WITH_AS(segment.backward(memkit::host, dy_view, memkit::host_view(dx.data(), {8}), store),
+                         doctest::Contains("dx has shape [8]"), memkit::error);
+    CHECK(segment.pending_backwards() == 1);
+    segment.backward(memkit::host, dy_view, memkit::host_view<float>(nullptr, {0}), store);  // no input gradient
+    CHECK(store.empty());
+
+    memkit::checkpoint_offload offload(memkit::default_host_resource());
+    const std::span<mixed_layer> all(stack);
+    checkpoint_segment a(all.first(3), {.offload = &offload});
+    checkpoint_segment b(all.subspan(3), {.first_layer = 3, .offload = &offload});
+    std::vector<float> h(a.output_shape(in).numel());
+    a.forward(memkit::host, step_context, x_view, memkit::host_view(h.data(), a.output_shape(in)), store);
+    b.forward(memkit::host, step_context, memkit::host_view<const float>(h.data(), a.output_shape(in)), y_view, store);
+    std::vector<float> dh(h.size());
+    CHECK_THROWS_WITH_AS(a.backward(memkit::host, memkit::host_view<const float>(dh.data(), a.output_shape(in)),
+                                    dx_view, store),
+                         doctest::Contains("out of order"), memkit::error);
+  }
+}
+
+TEST_CASE("explain_layer names the requirement a type misses") {
+  static_assert(memkit::explain_layer<linear, host_executor>());
+  static_assert(memkit::explain_layer<memkit::checkpoint_segment<memkit::layer_list<std::span<tanh_layer>>>,
+                                      host_executor>());
+}
