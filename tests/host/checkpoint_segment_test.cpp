@@ -49,15 +49,16 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
 }
 
 // The reference: the layers called one after the other, every activation kept.
-step_result run_plain(std::vector<mixed_layer>& stack, const std::vector<float>& x, shape in) {
-  zero_grads(stack);
+step_result run_plain(std::vector<mixed_layer>& stack, const std::vector<float>& x, shape in,
+                      const forward_context& ctx = step_context, bool zero = true) {
+  if (zero) zero_grads(stack);
   activation_store store(memkit::default_host_resource());
   std::vector<std::vector<float>> hidden{x};
   std::vector<shape> shapes{in};
   for (std::size_t i = 0; i < stack.size(); ++i) {
     shapes.push_back(stack[i].output_shape(shapes.back()));
     hidden.emplace_back(shapes.back().numel());
-    stack[i].forward(memkit::host, step_context.for_layer(i), memkit::host_view<const float>(hidden[i].data(), shapes[i]),
+    stack[i].forward(memkit::host, ctx.for_layer(i), memkit::host_view<const float>(hidden[i].data(), shapes[i]),
                      memkit::host_view(hidden[i + 1].data(), shapes[i + 1]), store);
   }
   std::vector<float> grad = random_values(hidden.back().size(), 99);
@@ -308,6 +309,45 @@ TEST_CASE("checkpoint_segment: segments in a hand-written loop share one offload
   }
   offload.release_unused();
   CHECK(host.current_bytes() == 0);
+}
+
+TEST_CASE("checkpoint_segment: two forward passes in flight (two micro-batches), backward in reverse order") {
+  std::vector<mixed_layer> stack = mixed_stack(9, 5, 41);
+  const shape in{3, 5};
+  const std::vector<float> x1 = random_values(in.numel(), 11), x2 = random_values(in.numel(), 12);
+  const forward_context ctx1{1, 0, true}, ctx2{2, 0, true};
+  // Reference: micro-batch 2's step, then micro-batch 1's, accumulating into the same gradients (the order
+  // in which the checkpointed backwards below run).
+  const step_result second = run_plain(stack, x2, in, ctx2);
+  const step_result first = run_plain(stack, x1, in, ctx1, false);
+  for (const checkpoint_schedule& schedule : all_schedules(9))
+    for (bool offload : {false, true}) {
+      CAPTURE(describe(schedule, 9, offload));
+      zero_grads(stack);
+      memkit::checkpoint_offload offloaded(memkit::default_host_resource());
+      activation_store store(memkit::default_host_resource());
+      checkpoint_segment segment(stack, {.schedule = schedule, .offload = offload ? &offloaded : nullptr});
+      const shape out = segment.output_shape(in);
+      std::vector<float> y1(out.numel()), y2(out.numel()), dx1(in.numel()), dx2(in.numel());
+      segment.forward(memkit::host, ctx1, memkit::host_view<const float>(x1.data(), in), memkit::host_view(y1.data(), out),
+                      store);
+      segment.forward(memkit::host, ctx2, memkit::host_view<const float>(x2.data(), in), memkit::host_view(y2.data(), out),
+                      store);
+      CHECK(segment.pending_backwards() == 2);
+      const std::vector<float> dy = random_values(out.numel(), 99);  // what run_plain uses
+      segment.backward(memkit::host, memkit::host_view<const float>(dy.data(), out), memkit::host_view(dx2.data(), in),
+                       store);
+      segment.backward(memkit::host, memkit::host_view<const float>(dy.data(), out), memkit::host_view(dx1.data(), in),
+                       store);
+      CHECK(store.empty());
+      CHECK(same_bits(y1, first.y));
+      CHECK(same_bits(y2, second.y));
+      CHECK(same_bits(dx1, first.dx));
+      CHECK(same_bits(dx2, second.dx));
+      step_result r;
+      collect(stack, r);
+      CHECK(same_bits(r.grads, first.grads));  // both micro-batches' gradients, accumulated in the same order
+    }
 }
 
 TEST_CASE("checkpoint_segment: misuse is a clear error, never a silent wrong gradient") {
