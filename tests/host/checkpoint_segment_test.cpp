@@ -30,16 +30,16 @@ struct step_result {
 
 void zero_grads(std::vector<mixed_layer>& stack) {
   for (mixed_layer& l : stack) {
-    std::fill(l.lin.weight_grad.begin(), l.lin.weight_grad.end(), 0.0f);
-    std::fill(l.lin.bias_grad.begin(), l.lin.bias_grad.end(), 0.0f);
-    l.lin.forwards = l.drop.forwards = l.act.forwards = 0;
+    for (std::vector<float>* g : {&l.lin.weight_grad, &l.lin.bias_grad, &l.adapter.a_grad, &l.adapter.b_grad})
+      std::fill(g->begin(), g->end(), 0.0f);
+    l.lin.forwards = l.drop.forwards = l.act.forwards = l.adapter.forwards = 0;
   }
 }
 
 void collect(std::vector<mixed_layer>& stack, step_result& r) {
   for (mixed_layer& l : stack) {
-    r.grads.insert(r.grads.end(), l.lin.weight_grad.begin(), l.lin.weight_grad.end());
-    r.grads.insert(r.grads.end(), l.lin.bias_grad.begin(), l.lin.bias_grad.end());
+    for (const std::vector<float>* g : {&l.lin.weight_grad, &l.lin.bias_grad, &l.adapter.a_grad, &l.adapter.b_grad})
+      r.grads.insert(r.grads.end(), g->begin(), g->end());
     r.forwards += l.forwards();
   }
 }
@@ -192,13 +192,14 @@ TEST_CASE("checkpoint_segment: heterogeneous layers, single and in ranges, in on
   linear first(6, 9, 1), last(9, 4, 2);
   dropout drop{0.2f};
   tanh_layer act;
+  lora_like adapter(9, 9, 3, 9);
   std::vector<mixed_layer> middle;
   for (int i = 0; i < 4; ++i) middle.push_back(i % 2 ? mixed_layer::make_tanh() : mixed_layer::make_linear(9, 9, 10 + i));
   const shape in{3, 6};
   const std::vector<float> x = random_values(in.numel(), 5);
   const std::vector<float> dy = random_values(3 * 4, 6);
 
-  // Reference: the same seven layers by hand.
+  // Reference: the same nine layers by hand.
   auto run_by_hand = [&] {
     activation_store store(memkit::default_host_resource());
     std::vector<std::vector<float>> h{x};
@@ -213,7 +214,8 @@ TEST_CASE("checkpoint_segment: heterogeneous layers, single and in ranges, in on
     forward(drop, 1);
     for (std::size_t i = 0; i < middle.size(); ++i) forward(middle[i], 2 + i);
     forward(act, 6);
-    forward(last, 7);
+    forward(adapter, 7);
+    forward(last, 8);
     std::vector<float> grad = dy;
     auto backward = [&](auto& layer, std::size_t i) {
       std::vector<float> dx(shapes[i].numel());
@@ -221,7 +223,8 @@ TEST_CASE("checkpoint_segment: heterogeneous layers, single and in ranges, in on
                      memkit::host_view(dx.data(), shapes[i]), store);
       grad = std::move(dx);
     };
-    backward(last, 7);
+    backward(last, 8);
+    backward(adapter, 7);
     backward(act, 6);
     for (std::size_t i = middle.size(); i-- > 0;) backward(middle[i], 2 + i);
     backward(drop, 1);
@@ -231,6 +234,8 @@ TEST_CASE("checkpoint_segment: heterogeneous layers, single and in ranges, in on
   auto grads = [&] {
     std::vector<float> g = first.weight_grad;
     g.insert(g.end(), last.weight_grad.begin(), last.weight_grad.end());
+    g.insert(g.end(), adapter.a_grad.begin(), adapter.a_grad.end());
+    g.insert(g.end(), adapter.b_grad.begin(), adapter.b_grad.end());
     for (mixed_layer& m : middle) g.insert(g.end(), m.lin.weight_grad.begin(), m.lin.weight_grad.end());
     return g;
   };
@@ -239,17 +244,19 @@ TEST_CASE("checkpoint_segment: heterogeneous layers, single and in ranges, in on
       std::fill(l->weight_grad.begin(), l->weight_grad.end(), 0.0f);
       std::fill(l->bias_grad.begin(), l->bias_grad.end(), 0.0f);
     }
+    std::fill(adapter.a_grad.begin(), adapter.a_grad.end(), 0.0f);
+    std::fill(adapter.b_grad.begin(), adapter.b_grad.end(), 0.0f);
   };
   const std::vector<float> dx_reference = run_by_hand();
   const std::vector<float> grads_reference = grads();
 
-  for (const checkpoint_schedule& schedule : all_schedules(8)) {
-    CAPTURE(describe(schedule, 8, false));
+  for (const checkpoint_schedule& schedule : all_schedules(9)) {
+    CAPTURE(describe(schedule, 9, false));
     reset();
-    auto sequence = memkit::layers(first, drop, middle, act, last);
+    auto sequence = memkit::layers(first, drop, middle, act, adapter, last);
     static_assert(std::is_same_v<decltype(sequence), memkit::layer_list<linear&, dropout&, std::span<mixed_layer>,
-                                                                        tanh_layer&, linear&>>);
-    CHECK(sequence.size() == 8);
+                                                                        tanh_layer&, lora_like&, linear&>>);
+    CHECK(sequence.size() == 9);
     checkpoint_segment segment(sequence, {.schedule = schedule});
     static_assert(memkit::layer<decltype(segment), memkit::host_executor>);
     activation_store store(memkit::default_host_resource());
