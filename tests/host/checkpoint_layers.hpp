@@ -138,13 +138,88 @@ struct tanh_layer {
   }
 };
 
-// One type for any of the three, so a std::vector of it is a stack of different layers.
+// A LoRA-shaped layer (PEFT's conventions), standing in for lora_linear until it lands: a frozen base W
+// [out, in] plus scale * B(A(dropout(x))) with trainable A [r, in], B [out, r]; dropout only on the adapter
+// branch, its mask from the forward_context. Saves the dropped input, the mask and A's output.
+struct lora_like {
+  using value_type = float;
+  std::int64_t in = 0, out = 0, rank = 0;
+  float scale = 2.0f, p = 0.1f;
+  std::vector<float> weight, a, b, a_grad, b_grad;
+  std::uint64_t forwards = 0;
+
+  lora_like() = default;
+  lora_like(std::int64_t in_features, std::int64_t out_features, std::int64_t r, std::uint32_t seed)
+      : in(in_features), out(out_features), rank(r), weight(random_values(in * out, seed, 1.0f / std::sqrt(float(in)))),
+        a(random_values(r * in, seed + 1, 1.0f / std::sqrt(float(in)))), b(random_values(out * r, seed + 2, 0.2f)),
+        a_grad(r * in, 0.0f), b_grad(out * r, 0.0f) {}
+
+  shape output_shape(const shape& s) const { return {s[0], out}; }
+  std::size_t saved_bytes(const shape& s, const forward_context&) const {
+    return activation_store::bytes_required<float>(s) + activation_store::bytes_required<std::uint8_t>(s) +
+           activation_store::bytes_required<float>({s[0], rank});
+  }
+  void forward(const host_executor& exec, const forward_context& ctx, tensor_view<const float> x, tensor_view<float> y,
+               activation_store& store) {
+    ++forwards;
+    namespace la = memkit::linalg;
+    const std::int64_t rows = x.shape()[0];
+    tensor_view<float> dropped = store.save<float>(x.shape());
+    tensor_view<std::uint8_t> mask = store.save<std::uint8_t>(x.shape());
+    tensor_view<float> down = store.save<float>({rows, rank});
+    for (std::int64_t i = 0; i < x.size(); ++i) {
+      const bool keep = !ctx.training ||
+                        memkit::unit_float(memkit::random_word(ctx.seed, ctx.counter, static_cast<std::uint64_t>(i))) >= p;
+      mask[i] = keep;
+      dropped[i] = keep ? (ctx.training ? x[i] / (1.0f - p) : x[i]) : 0.0f;
+    }
+    la::gemm(exec, la::transpose::no, la::transpose::yes, 1.0f, la::as_matrix(tensor_view<const float>(dropped), rows, in),
+             matrix(a, rank, in), 0.0f, la::as_matrix(down, rows, rank), memkit::default_host_resource());
+    la::gemm(exec, la::transpose::no, la::transpose::yes, 1.0f, la::as_matrix(x, rows, in), matrix(weight, out, in), 0.0f,
+             la::as_matrix(y, rows, out), memkit::default_host_resource());
+    la::gemm(exec, la::transpose::no, la::transpose::yes, scale, la::as_matrix(tensor_view<const float>(down), rows, rank),
+             matrix(b, out, rank), 1.0f, la::as_matrix(y, rows, out), memkit::default_host_resource());
+  }
+  void backward(const host_executor& exec, tensor_view<const float> dy, tensor_view<float> dx, activation_store& store) {
+    namespace la = memkit::linalg;
+    const std::int64_t rows = dy.shape()[0];
+    memkit::saved_tensor<float> down = store.take<float>({rows, rank}, "lora_like");
+    memkit::saved_tensor<std::uint8_t> mask = store.take<std::uint8_t>({rows, in}, "lora_like");
+    memkit::saved_tensor<float> dropped = store.take<float>({rows, in}, "lora_like");
+    std::vector<float> d_down(rows * rank);
+    la::gemm(exec, la::transpose::yes, la::transpose::no, scale, la::as_matrix(dy, rows, out),
+             la::as_matrix(tensor_view<const float>(down.view()), rows, rank), 1.0f, mutable_matrix(b_grad, out, rank),
+             memkit::default_host_resource());
+    la::gemm(exec, la::transpose::no, la::transpose::no, scale, la::as_matrix(dy, rows, out), matrix(b, out, rank), 0.0f,
+             mutable_matrix(d_down, rows, rank), memkit::default_host_resource());
+    la::gemm(exec, la::transpose::yes, la::transpose::no, 1.0f, matrix(d_down, rows, rank),
+             la::as_matrix(tensor_view<const float>(dropped.view()), rows, in), 1.0f, mutable_matrix(a_grad, rank, in),
+             memkit::default_host_resource());
+    if (dx.empty()) return;
+    std::vector<float> d_dropped(rows * in);
+    la::gemm(exec, la::transpose::no, la::transpose::no, 1.0f, matrix(d_down, rows, rank), matrix(a, rank, in), 0.0f,
+             mutable_matrix(d_dropped, rows, in), memkit::default_host_resource());
+    la::gemm(exec, la::transpose::no, la::transpose::no, 1.0f, la::as_matrix(dy, rows, out), matrix(weight, out, in),
+             0.0f, la::as_matrix(dx, rows, in), memkit::default_host_resource());
+    for (std::int64_t i = 0; i < dx.size(); ++i) dx[i] += mask.view()[i] ? d_dropped[i] / (1.0f - p) : 0.0f;
+  }
+
+  static memkit::linalg::matrix_ref<const float> matrix(const std::vector<float>& m, std::int64_t r, std::int64_t c) {
+    return {m.data(), r, c, c, memkit::memory_kind::host};
+  }
+  static memkit::linalg::matrix_ref<float> mutable_matrix(std::vector<float>& m, std::int64_t r, std::int64_t c) {
+    return {m.data(), r, c, c, memkit::memory_kind::host};
+  }
+};
+
+// One type for any of the four, so a std::vector of it is a stack of different layers.
 struct mixed_layer {
   using value_type = float;
-  enum class kind { linear, dropout, tanh } what = kind::tanh;
+  enum class kind { linear, dropout, tanh, lora } what = kind::tanh;
   checkpoint_test::linear lin;
   checkpoint_test::dropout drop;
   tanh_layer act;
+  lora_like adapter;
 
   static mixed_layer make_linear(std::int64_t in, std::int64_t out, std::uint32_t seed) {
     mixed_layer m;
@@ -159,12 +234,19 @@ struct mixed_layer {
     return m;
   }
   static mixed_layer make_tanh() { return mixed_layer{}; }
+  static mixed_layer make_lora(std::int64_t features, std::uint32_t seed) {
+    mixed_layer m;
+    m.what = kind::lora;
+    m.adapter = lora_like(features, features, 2, seed);
+    return m;
+  }
 
   template <class F>
   decltype(auto) with(F&& f) {
     switch (what) {
       case kind::linear: return f(lin);
       case kind::dropout: return f(drop);
+      case kind::lora: return f(adapter);
       default: return f(act);
     }
   }
@@ -173,6 +255,7 @@ struct mixed_layer {
     switch (what) {
       case kind::linear: return f(lin);
       case kind::dropout: return f(drop);
+      case kind::lora: return f(adapter);
       default: return f(act);
     }
   }
@@ -197,23 +280,25 @@ struct mixed_layer {
 static_assert(memkit::layer<linear, host_executor>);
 static_assert(memkit::layer<dropout, host_executor>);
 static_assert(memkit::layer<tanh_layer, host_executor>);
+static_assert(memkit::layer<lora_like, host_executor>);
 static_assert(memkit::layer<mixed_layer, host_executor>);
 
-// linear(width -> wider) dropout tanh linear(wider -> width) ... repeated: `layers` layers, hidden widths
-// alternating so the stack's hidden states and saved bytes are not uniform.
+// linear(width -> wider) dropout tanh lora linear(wider -> width) ... repeated: `layers` layers, hidden
+// widths alternating so the stack's hidden states and saved bytes are not uniform.
 inline std::vector<mixed_layer> mixed_stack(std::size_t layers, std::int64_t width, std::uint32_t seed) {
   std::vector<mixed_layer> stack;
   std::int64_t features = width;
   for (std::size_t i = 0; i < layers; ++i) {
-    switch (i % 4) {
+    switch (i % 5) {
       case 0: {
-        const std::int64_t next = (i / 4) % 2 == 0 ? width + 3 : width;
+        const std::int64_t next = (i / 5) % 2 == 0 ? width + 3 : width;
         stack.push_back(mixed_layer::make_linear(features, next, seed + static_cast<std::uint32_t>(i) * 7));
         features = next;
         break;
       }
       case 1: stack.push_back(mixed_layer::make_dropout(0.3f)); break;
       case 2: stack.push_back(mixed_layer::make_tanh()); break;
+      case 3: stack.push_back(mixed_layer::make_lora(features, seed + static_cast<std::uint32_t>(i) * 7)); break;
       default: {
         stack.push_back(mixed_layer::make_linear(features, width, seed + static_cast<std::uint32_t>(i) * 7));
         features = width;

@@ -30,16 +30,16 @@ struct step_result {
 
 void zero_grads(std::vector<mixed_layer>& stack) {
   for (mixed_layer& l : stack) {
-    std::fill(l.lin.weight_grad.begin(), l.lin.weight_grad.end(), 0.0f);
-    std::fill(l.lin.bias_grad.begin(), l.lin.bias_grad.end(), 0.0f);
-    l.lin.forwards = l.drop.forwards = l.act.forwards = 0;
+    for (std::vector<float>* g : {&l.lin.weight_grad, &l.lin.bias_grad, &l.adapter.a_grad, &l.adapter.b_grad})
+      std::fill(g->begin(), g->end(), 0.0f);
+    l.lin.forwards = l.drop.forwards = l.act.forwards = l.adapter.forwards = 0;
   }
 }
 
 void collect(std::vector<mixed_layer>& stack, step_result& r) {
   for (mixed_layer& l : stack) {
-    r.grads.insert(r.grads.end(), l.lin.weight_grad.begin(), l.lin.weight_grad.end());
-    r.grads.insert(r.grads.end(), l.lin.bias_grad.begin(), l.lin.bias_grad.end());
+    for (const std::vector<float>* g : {&l.lin.weight_grad, &l.lin.bias_grad, &l.adapter.a_grad, &l.adapter.b_grad})
+      r.grads.insert(r.grads.end(), g->begin(), g->end());
     r.forwards += l.forwards();
   }
 }
@@ -49,15 +49,16 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
 }
 
 // The reference: the layers called one after the other, every activation kept.
-step_result run_plain(std::vector<mixed_layer>& stack, const std::vector<float>& x, shape in) {
-  zero_grads(stack);
+step_result run_plain(std::vector<mixed_layer>& stack, const std::vector<float>& x, shape in,
+                      const forward_context& ctx = step_context, bool zero = true) {
+  if (zero) zero_grads(stack);
   activation_store store(memkit::default_host_resource());
   std::vector<std::vector<float>> hidden{x};
   std::vector<shape> shapes{in};
   for (std::size_t i = 0; i < stack.size(); ++i) {
     shapes.push_back(stack[i].output_shape(shapes.back()));
     hidden.emplace_back(shapes.back().numel());
-    stack[i].forward(memkit::host, step_context.for_layer(i), memkit::host_view<const float>(hidden[i].data(), shapes[i]),
+    stack[i].forward(memkit::host, ctx.for_layer(i), memkit::host_view<const float>(hidden[i].data(), shapes[i]),
                      memkit::host_view(hidden[i + 1].data(), shapes[i + 1]), store);
   }
   std::vector<float> grad = random_values(hidden.back().size(), 99);
@@ -191,13 +192,14 @@ TEST_CASE("checkpoint_segment: heterogeneous layers, single and in ranges, in on
   linear first(6, 9, 1), last(9, 4, 2);
   dropout drop{0.2f};
   tanh_layer act;
+  lora_like adapter(9, 9, 3, 9);
   std::vector<mixed_layer> middle;
   for (int i = 0; i < 4; ++i) middle.push_back(i % 2 ? mixed_layer::make_tanh() : mixed_layer::make_linear(9, 9, 10 + i));
   const shape in{3, 6};
   const std::vector<float> x = random_values(in.numel(), 5);
   const std::vector<float> dy = random_values(3 * 4, 6);
 
-  // Reference: the same seven layers by hand.
+  // Reference: the same nine layers by hand.
   auto run_by_hand = [&] {
     activation_store store(memkit::default_host_resource());
     std::vector<std::vector<float>> h{x};
@@ -212,7 +214,8 @@ TEST_CASE("checkpoint_segment: heterogeneous layers, single and in ranges, in on
     forward(drop, 1);
     for (std::size_t i = 0; i < middle.size(); ++i) forward(middle[i], 2 + i);
     forward(act, 6);
-    forward(last, 7);
+    forward(adapter, 7);
+    forward(last, 8);
     std::vector<float> grad = dy;
     auto backward = [&](auto& layer, std::size_t i) {
       std::vector<float> dx(shapes[i].numel());
@@ -220,7 +223,8 @@ TEST_CASE("checkpoint_segment: heterogeneous layers, single and in ranges, in on
                      memkit::host_view(dx.data(), shapes[i]), store);
       grad = std::move(dx);
     };
-    backward(last, 7);
+    backward(last, 8);
+    backward(adapter, 7);
     backward(act, 6);
     for (std::size_t i = middle.size(); i-- > 0;) backward(middle[i], 2 + i);
     backward(drop, 1);
@@ -230,6 +234,8 @@ TEST_CASE("checkpoint_segment: heterogeneous layers, single and in ranges, in on
   auto grads = [&] {
     std::vector<float> g = first.weight_grad;
     g.insert(g.end(), last.weight_grad.begin(), last.weight_grad.end());
+    g.insert(g.end(), adapter.a_grad.begin(), adapter.a_grad.end());
+    g.insert(g.end(), adapter.b_grad.begin(), adapter.b_grad.end());
     for (mixed_layer& m : middle) g.insert(g.end(), m.lin.weight_grad.begin(), m.lin.weight_grad.end());
     return g;
   };
@@ -238,17 +244,19 @@ TEST_CASE("checkpoint_segment: heterogeneous layers, single and in ranges, in on
       std::fill(l->weight_grad.begin(), l->weight_grad.end(), 0.0f);
       std::fill(l->bias_grad.begin(), l->bias_grad.end(), 0.0f);
     }
+    std::fill(adapter.a_grad.begin(), adapter.a_grad.end(), 0.0f);
+    std::fill(adapter.b_grad.begin(), adapter.b_grad.end(), 0.0f);
   };
   const std::vector<float> dx_reference = run_by_hand();
   const std::vector<float> grads_reference = grads();
 
-  for (const checkpoint_schedule& schedule : all_schedules(8)) {
-    CAPTURE(describe(schedule, 8, false));
+  for (const checkpoint_schedule& schedule : all_schedules(9)) {
+    CAPTURE(describe(schedule, 9, false));
     reset();
-    auto sequence = memkit::layers(first, drop, middle, act, last);
+    auto sequence = memkit::layers(first, drop, middle, act, adapter, last);
     static_assert(std::is_same_v<decltype(sequence), memkit::layer_list<linear&, dropout&, std::span<mixed_layer>,
-                                                                        tanh_layer&, linear&>>);
-    CHECK(sequence.size() == 8);
+                                                                        tanh_layer&, lora_like&, linear&>>);
+    CHECK(sequence.size() == 9);
     checkpoint_segment segment(sequence, {.schedule = schedule});
     static_assert(memkit::layer<decltype(segment), memkit::host_executor>);
     activation_store store(memkit::default_host_resource());
@@ -308,6 +316,45 @@ TEST_CASE("checkpoint_segment: segments in a hand-written loop share one offload
   }
   offload.release_unused();
   CHECK(host.current_bytes() == 0);
+}
+
+TEST_CASE("checkpoint_segment: two forward passes in flight (two micro-batches), backward in reverse order") {
+  std::vector<mixed_layer> stack = mixed_stack(9, 5, 41);
+  const shape in{3, 5};
+  const std::vector<float> x1 = random_values(in.numel(), 11), x2 = random_values(in.numel(), 12);
+  const forward_context ctx1{1, 0, true}, ctx2{2, 0, true};
+  // Reference: micro-batch 2's step, then micro-batch 1's, accumulating into the same gradients (the order
+  // in which the checkpointed backwards below run).
+  const step_result second = run_plain(stack, x2, in, ctx2);
+  const step_result first = run_plain(stack, x1, in, ctx1, false);
+  for (const checkpoint_schedule& schedule : all_schedules(9))
+    for (bool offload : {false, true}) {
+      CAPTURE(describe(schedule, 9, offload));
+      zero_grads(stack);
+      memkit::checkpoint_offload offloaded(memkit::default_host_resource());
+      activation_store store(memkit::default_host_resource());
+      checkpoint_segment segment(stack, {.schedule = schedule, .offload = offload ? &offloaded : nullptr});
+      const shape out = segment.output_shape(in);
+      std::vector<float> y1(out.numel()), y2(out.numel()), dx1(in.numel()), dx2(in.numel());
+      segment.forward(memkit::host, ctx1, memkit::host_view<const float>(x1.data(), in), memkit::host_view(y1.data(), out),
+                      store);
+      segment.forward(memkit::host, ctx2, memkit::host_view<const float>(x2.data(), in), memkit::host_view(y2.data(), out),
+                      store);
+      CHECK(segment.pending_backwards() == 2);
+      const std::vector<float> dy = random_values(out.numel(), 99);  // what run_plain uses
+      segment.backward(memkit::host, memkit::host_view<const float>(dy.data(), out), memkit::host_view(dx2.data(), in),
+                       store);
+      segment.backward(memkit::host, memkit::host_view<const float>(dy.data(), out), memkit::host_view(dx1.data(), in),
+                       store);
+      CHECK(store.empty());
+      CHECK(same_bits(y1, first.y));
+      CHECK(same_bits(y2, second.y));
+      CHECK(same_bits(dx1, first.dx));
+      CHECK(same_bits(dx2, second.dx));
+      step_result r;
+      collect(stack, r);
+      CHECK(same_bits(r.grads, first.grads));  // both micro-batches' gradients, accumulated in the same order
+    }
 }
 
 TEST_CASE("checkpoint_segment: misuse is a clear error, never a silent wrong gradient") {
