@@ -423,6 +423,32 @@ TEST_CASE("checkpoint_segment: misuse is a clear error, never a silent wrong gra
         doctest::Contains("layer 1's backward took 0 tensors from the store but its forward saved 1"), memkit::error);
   }
 
+  SUBCASE("a layer that throws: the pass frees everything it kept, offloaded or not") {
+    struct failing : tanh_layer {
+      bool fail = false;
+      void forward(const host_executor& exec, const forward_context& ctx, tensor_view<const float> in,
+                   tensor_view<float> out, activation_store& store) {
+        if (fail) throw memkit::error("failing layer");
+        tanh_layer::forward(exec, ctx, in, out, store);
+      }
+    };
+    std::vector<failing> layers(5);
+    layers[3].fail = true;
+    for (const checkpoint_schedule& schedule : all_schedules(5))
+      for (bool offload : {false, true}) {
+        memkit::tracking_resource device(memkit::default_host_resource(), "activations");
+        memkit::checkpoint_offload offloaded(memkit::default_host_resource());
+        activation_store store(device.category(memory_category::activations));
+        checkpoint_segment segment(layers, {.schedule = schedule, .offload = offload ? &offloaded : nullptr});
+        CHECK_THROWS_WITH_AS(segment.forward(memkit::host, step_context, x_view, memkit::host_view(y.data(), in), store),
+                             "failing layer", memkit::error);
+        CHECK(store.empty());
+        CHECK(device.current_bytes() == 0);
+        CHECK(offloaded.kept() == 0);
+        CHECK(segment.pending_backwards() == 0);
+      }
+  }
+
   SUBCASE("shapes, schedules and offload order") {
     activation_store store(memkit::default_host_resource());
     CHECK_THROWS_WITH_AS(checkpoint_segment(stack, {.schedule = checkpoint_schedule::binomial(0)}),
@@ -453,6 +479,37 @@ TEST_CASE("checkpoint_segment: misuse is a clear error, never a silent wrong gra
                                     dx_view, store),
                          doctest::Contains("out of order"), memkit::error);
   }
+}
+
+TEST_CASE("checkpoint_segment: moving or assigning a segment rebinds it, never touching the layers") {
+  std::vector<tanh_layer> a(3), b(5);
+  const tanh_layer* const a_data = a.data();
+  linear x(4, 4, 1), y(4, 4, 2);
+  const std::vector<float> x_weight = x.weight;
+  checkpoint_segment first(memkit::layers(x, a)), second(memkit::layers(y, b));
+  first = std::move(second);
+  CHECK(first.size() == 6);
+  CHECK(x.weight == x_weight);  // x was not assigned from y
+  CHECK(a.data() == a_data);
+  checkpoint_segment moved(std::move(first));
+  CHECK(moved.size() == 6);
+  // The moved-to segment runs the second sequence's layers.
+  activation_store store(memkit::default_host_resource());
+  const std::vector<float> in = random_values(8, 3);
+  std::vector<float> out(8), grad(8, 1.0f), dx(8);
+  moved.forward(memkit::host, step_context, memkit::host_view<const float>(in.data(), {2, 4}),
+                memkit::host_view(out.data(), {2, 4}), store);
+  moved.backward(memkit::host, memkit::host_view<const float>(grad.data(), {2, 4}), memkit::host_view(dx.data(), {2, 4}),
+                 store);
+  CHECK(y.forwards == 2);  // forward, then recomputed
+  CHECK(x.forwards == 0);
+  // A moved-from segment still runs its own (last assigned) layers.
+  CHECK(first.size() == 6);
+  first.forward(memkit::host, step_context, memkit::host_view<const float>(in.data(), {2, 4}),
+                memkit::host_view(out.data(), {2, 4}), store);
+  first.backward(memkit::host, memkit::host_view<const float>(grad.data(), {2, 4}), memkit::host_view(dx.data(), {2, 4}),
+                 store);
+  CHECK(y.forwards == 4);
 }
 
 TEST_CASE("explain_layer names the requirement a type misses") {

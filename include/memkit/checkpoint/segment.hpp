@@ -47,20 +47,25 @@ MEMKIT_NAMESPACE_BEGIN
 
 namespace detail {
 
-// A part of a layer sequence: one layer (held by reference) or a span of layers of one type.
+// A part of a layer sequence: one layer (kept as a pointer, so assigning a sequence rebinds it instead of
+// assigning the layers) or a span of layers of one type.
 template <class Part>
 struct layer_part;
 template <class L>
 struct layer_part<L&> {
   using layer_type = L;
-  static constexpr std::size_t count(const L&) noexcept { return 1; }
-  static constexpr L& at(L& layer, std::size_t) noexcept { return layer; }
+  using stored = L*;
+  static constexpr stored keep(L& layer) noexcept { return &layer; }
+  static constexpr std::size_t count(stored) noexcept { return 1; }
+  static constexpr L& at(stored layer, std::size_t) noexcept { return *layer; }
 };
 template <class L, std::size_t Extent>
 struct layer_part<std::span<L, Extent>> {
   using layer_type = L;
-  static constexpr std::size_t count(std::span<L, Extent> layers) noexcept { return layers.size(); }
-  static constexpr L& at(std::span<L, Extent> layers, std::size_t i) noexcept { return layers[i]; }
+  using stored = std::span<L, Extent>;
+  static constexpr stored keep(std::span<L, Extent> layers) noexcept { return layers; }
+  static constexpr std::size_t count(stored layers) noexcept { return layers.size(); }
+  static constexpr L& at(stored layers, std::size_t i) noexcept { return layers[i]; }
 };
 
 // What memkit::layers() keeps of each argument.
@@ -109,7 +114,7 @@ class layer_list {
 
   template <class... Args>
     requires(sizeof...(Args) == sizeof...(Parts) && std::is_constructible_v<std::tuple<Parts...>, Args&&...>)
-  constexpr layer_list(Args&&... parts) : parts_(std::forward<Args>(parts)...) {}
+  constexpr layer_list(Args&&... parts) : parts_(detail::layer_part<Parts>::keep(std::forward<Args>(parts))...) {}
 
   constexpr std::size_t size() const noexcept {
     return std::apply([](const auto&... part) { return (detail::layer_part<Parts>::count(part) + ...); }, parts_);
@@ -138,7 +143,7 @@ class layer_list {
     return true;
   }
 
-  std::tuple<Parts...> parts_;
+  std::tuple<typename detail::layer_part<Parts>::stored...> parts_;
 };
 
 // layers(a, b, std::span(blocks), blocks_vector, ...): a sequence of single layers and ranges of layers.
@@ -167,8 +172,25 @@ class checkpoint_segment {
             "checkpoint_segment: " + std::to_string(layers_.size()) + " layers is more than a plan indexes");
     plan_ = make_checkpoint_plan(options_.schedule, layers_.size());
   }
-  checkpoint_segment(checkpoint_segment&&) noexcept = default;
-  checkpoint_segment& operator=(checkpoint_segment&&) noexcept = default;
+  // A moved-from segment keeps its layers and plan (it still works) but no pending passes, and takes a new
+  // id, so checkpoints it offloads later cannot be mistaken for the moved passes'.
+  checkpoint_segment(checkpoint_segment&& other)
+      : layers_(other.layers_), options_(other.options_), plan_(other.plan_), passes_(std::move(other.passes_)),
+        next_pass_(other.next_pass_), id_(std::exchange(other.id_, detail::next_checkpoint_owner())) {
+    other.passes_.clear();
+  }
+  checkpoint_segment& operator=(checkpoint_segment&& other) {
+    if (this != &other) {
+      layers_ = other.layers_;
+      options_ = other.options_;
+      plan_ = other.plan_;
+      passes_ = std::move(other.passes_);
+      other.passes_.clear();
+      next_pass_ = other.next_pass_;
+      id_ = std::exchange(other.id_, detail::next_checkpoint_owner());
+    }
+    return *this;
+  }
 
   std::size_t size() const noexcept { return layers_.size(); }
   const checkpoint_options& options() const noexcept { return options_; }
@@ -305,7 +327,42 @@ class checkpoint_segment {
       buffer<std::byte> storage;  // an owned buffer
       saved_tensor<T> slot;       // an owned checkpoint taken from the store
       bool owned = false;
-      bool copy_pending = false;  // an offload copy reads it
+      // An offload copy reads this memory: the compute stream waits for it before the memory is freed or
+      // given back, also when a failure unwinds the pass.
+      checkpoint_offload* copy_pending = nullptr;
+      const E* exec = nullptr;
+
+      hidden() = default;
+      hidden(hidden&& other) noexcept { take_from(other); }
+      hidden& operator=(hidden&& other) noexcept {
+        if (this != &other) {
+          wait_for_copy();
+          storage = buffer<std::byte>();
+          slot = saved_tensor<T>();
+          take_from(other);
+        }
+        return *this;
+      }
+      ~hidden() { wait_for_copy(); }
+
+     private:
+      void wait_for_copy() noexcept {
+        if (copy_pending == nullptr) return;
+        try {
+          copy_pending->wait_for_copies(*exec);
+        } catch (...) {  // a failing stream: nothing left to order against
+        }
+        copy_pending = nullptr;
+      }
+      void take_from(hidden& other) noexcept {
+        data = std::exchange(other.data, nullptr);
+        where = other.where;
+        storage = std::move(other.storage);
+        slot = std::move(other.slot);
+        owned = std::exchange(other.owned, false);
+        copy_pending = std::exchange(other.copy_pending, nullptr);
+        exec = other.exec;
+      }
     };
 
     runner(checkpoint_segment& segment, const E& exec, activation_store& store, pass& p)
@@ -327,10 +384,7 @@ class checkpoint_segment {
       h.owned = true;
       return h;
     }
-    void release(hidden& h) {
-      if (h.copy_pending) segment_.options_.offload->wait_for_copies(exec_);
-      h = hidden{};
-    }
+    void release(hidden& h) { h = hidden{}; }
 
     void forward(std::uint64_t step, const hidden& in, hidden& out, bool keep) {
       const std::size_t entries = store_.size(), held = store_.bytes();
@@ -381,7 +435,8 @@ class checkpoint_segment {
     }
     void offload(std::uint64_t p, hidden& work) {
       segment_.options_.offload->keep(exec_, work.data, bytes(p), key(p));
-      work.copy_pending = true;
+      work.copy_pending = segment_.options_.offload;
+      work.exec = &exec_;
     }
     hidden fetch(std::uint64_t p, bool last) {
       hidden h;
