@@ -1,7 +1,12 @@
 // PEFT adapters and bitsandbytes optimizer state with device memory (suite "gpu": these need a device):
 // an AdamW8bit state imported into a device adam_state steps there exactly as on the host and exports the
 // same file; a PEFT adapter loads into device buffers.
-#include <memkit/memkit.hpp>
+#include <memkit/core/random.hpp>
+#include <memkit/io/safetensors.hpp>
+#include <memkit/lora/peft_adapter.hpp>
+#include <memkit/memory/buffer.hpp>
+#include <memkit/memory/resource.hpp>
+#include <memkit/optim/bnb_adam_state.hpp>
 
 #include <cstdint>
 #include <cstdio>
