@@ -355,6 +355,10 @@ TEST_CASE("peft: a config that does not match the file is refused, naming the ke
   e = open_error("{\"peft_type\": \"LORA\", \"r\": ");
   CHECK(e.find("invalid JSON") != std::string::npos);
   copy_adapter(dir.path);
+  std::filesystem::rename(dir.path + "/adapter_model.safetensors", dir.path + "/adapter_model.bin");
+  CHECK(error_of([&] { peft::adapter_file adapter(dir.path); }).find("has adapter_model.bin (a pickle) but no adapter_model.safetensors") !=
+        std::string::npos);
+  copy_adapter(dir.path);
   std::filesystem::remove(config_path);
   CHECK(error_of([&] { peft::adapter_file adapter(dir.path); }).find("cannot open '" + config_path + "'") != std::string::npos);
 }

@@ -557,7 +557,7 @@ inline void copy_from(void* destination, const void* source, memory_kind where, 
 class adapter_file {
  public:
   explicit adapter_file(const std::string& directory)
-      : adapter_file(directory + "/" + config_file_name, directory + "/" + weights_file_name) {}
+      : adapter_file(directory + "/" + config_file_name, weights_in(directory)) {}
   adapter_file(const std::string& config_path, const std::string& weights_path)
       : config_(read_lora_config(config_path)), weights_(weights_path) {
     index_modules();
@@ -629,6 +629,17 @@ class adapter_file {
 
  private:
   std::string where() const { return "peft adapter '" + weights_.path() + "'"; }
+
+  // The weights file of an adapter directory; a pickled adapter_model.bin (PEFT's safe_serialization=False)
+  // is named as such, since memkit reads safetensors only.
+  static std::string weights_in(const std::string& directory) {
+    const std::string path = directory + "/" + weights_file_name;
+    std::error_code ec;
+    if (!std::filesystem::exists(path, ec) && std::filesystem::exists(directory + "/adapter_model.bin", ec))
+      throw error("peft adapter '" + directory + "': has adapter_model.bin (a pickle) but no " + weights_file_name +
+                  "; memkit reads safetensors: save with save_pretrained(..., safe_serialization=True)");
+    return path;
+  }
 
   template <float_storage T, class Pending>
   void stage(std::vector<Pending>& staged, const std::string& key, tensor_view<T> destination,
