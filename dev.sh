@@ -49,8 +49,9 @@ fi
 
 case ${1:-} in
   example)
-    cmake --build "$build_dir" -j "$jobs" --target memkit_example_train_quantized
-    "$build_dir"/examples/memkit_example_train_quantized
+    cmake --build "$build_dir" -j "$jobs" --target memkit_example_train_llama
+    # Writes its CSV, SVG and checkpoints under train_llama_out/ (next to where it runs); flags follow.
+    "$build_dir"/examples/memkit_example_train_llama "${@:2}"
     ;;
   test)
     cmake --build "$build_dir" -j "$jobs"
