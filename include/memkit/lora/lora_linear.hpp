@@ -137,7 +137,8 @@ constexpr std::size_t forward_workspace_bytes(std::int64_t tokens, std::int64_t 
 }
 
 // Exact bytes a backward takes from its workspace resource. `input_grad`: dx is wanted (not empty);
-// `dropout`: the forward applied dropout (training with p > 0).
+// `dropout`: on the host, the forward applied dropout (training with p > 0); on CUDA, p > 0 (the host cannot
+// read the device's record of the forward without waiting, so the masked path runs whenever p > 0).
 template <class Base, float_storage T = typename base_traits<Base>::default_activation>
 constexpr std::size_t backward_workspace_bytes(std::int64_t tokens, std::int64_t in, std::int64_t out,
                                                std::int64_t rank, bool dropout, bool input_grad, bool on_device,
