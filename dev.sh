@@ -18,6 +18,8 @@ declare -A package_probe=(
   [doctest-dev]=/usr/include/doctest/doctest.h
   [libbenchmark-dev]=/usr/include/benchmark/benchmark.h
   [libopenblas-dev]=/usr/include/x86_64-linux-gnu/openblas-pthread/cblas.h  # GEMM baseline and the MEMKIT_USE_CBLAS test
+  [openmpi-bin]=/usr/bin/mpirun.openmpi                                    # runs the sharded optimizer tests (tests/mpi)
+  [libopenmpi-dev]=/usr/lib/x86_64-linux-gnu/openmpi/include/mpi.h          # dist/mpi_communicator.hpp
 )
 missing=()
 for package in "${!package_probe[@]}"; do
