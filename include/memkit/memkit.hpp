@@ -28,6 +28,8 @@
 #include "memkit/io/json.hpp"
 #include "memkit/io/safetensors.hpp"
 #include "memkit/linalg/gemm.hpp"
+#include "memkit/lora/lora_linear.hpp"
+#include "memkit/lora/lora_memory.hpp"
 #include "memkit/lora/peft_adapter.hpp"
 #include "memkit/memory/buffer.hpp"
 #include "memkit/memory/resource.hpp"

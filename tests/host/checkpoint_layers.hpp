@@ -1,4 +1,4 @@
-// Small host layers for the checkpointing tests: a linear (linalg::gemm), dropout, tanh, and mixed_layer,
+// Small host layers for the checkpointing tests: a linear (linalg::gemm), dropout, tanh, memkit's lora_linear, and mixed_layer,
 // one type that is any of them (a std::vector<mixed_layer> is a stack whose layers differ in widths and
 // saved bytes). Each counts its forward calls so tests can check the recomputations a schedule predicts.
 #pragma once
@@ -6,10 +6,13 @@
 #include <memkit/checkpoint/layer.hpp>
 #include <memkit/core/random.hpp>
 #include <memkit/linalg/gemm.hpp>
+#include <memkit/lora/lora_linear.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <vector>
 
@@ -138,77 +141,44 @@ struct tanh_layer {
   }
 };
 
-// A LoRA-shaped layer (PEFT's conventions), standing in for lora_linear until it lands: a frozen base W
-// [out, in] plus scale * B(A(dropout(x))) with trainable A [r, in], B [out, r]; dropout only on the adapter
-// branch, its mask from the forward_context. Saves the dropped input, the mask and A's output.
-struct lora_like {
+// memkit's lora_linear (lora/lora_linear.hpp) over a frozen fp32 base W [out, in], with dropout on the adapter
+// branch (its mask from the forward_context, drawn again in backward) and a non-zero B, counting its forwards
+// as the other test layers do.
+struct lora_adapter {
   using value_type = float;
-  std::int64_t in = 0, out = 0, rank = 0;
-  float scale = 2.0f, p = 0.1f;
-  std::vector<float> weight, a, b, a_grad, b_grad;
+  std::vector<float> weight;  // the frozen base; a vector's move keeps its data where the layer's view points
+  std::unique_ptr<memkit::lora::lora_linear<float>> layer;
   std::uint64_t forwards = 0;
 
-  lora_like() = default;
-  lora_like(std::int64_t in_features, std::int64_t out_features, std::int64_t r, std::uint32_t seed)
-      : in(in_features), out(out_features), rank(r), weight(random_values(in * out, seed, 1.0f / std::sqrt(float(in)))),
-        a(random_values(r * in, seed + 1, 1.0f / std::sqrt(float(in)))), b(random_values(out * r, seed + 2, 0.2f)),
-        a_grad(r * in, 0.0f), b_grad(out * r, 0.0f) {}
-
-  shape output_shape(const shape& s) const { return {s[0], out}; }
-  std::size_t saved_bytes(const shape& s, const forward_context&) const {
-    return activation_store::bytes_required<float>(s) + activation_store::bytes_required<std::uint8_t>(s) +
-           activation_store::bytes_required<float>({s[0], rank});
+  lora_adapter() = default;
+  lora_adapter(std::int64_t in, std::int64_t out, std::int64_t r, std::uint32_t seed)
+      : weight(random_values(static_cast<std::size_t>(in * out), seed, 1.0f / std::sqrt(float(in)))),
+        layer(std::make_unique<memkit::lora::lora_linear<float>>(
+            memkit::host_view(weight.data(), {out, in}),
+            memkit::lora::lora_options{.rank = r, .alpha = 2.0 * static_cast<double>(r), .dropout = 0.1f, .init_seed = seed},
+            memkit::default_host_resource(), memkit::default_host_resource())) {
+    const std::vector<float> b = random_values(static_cast<std::size_t>(out * r), seed + 2, 0.2f);
+    std::copy(b.begin(), b.end(), layer->lora_B().begin());
   }
+
+  shape output_shape(const shape& s) const { return layer->output_shape(s); }
+  std::size_t saved_bytes(const shape& s, const forward_context& ctx) const { return layer->saved_bytes(s, ctx); }
   void forward(const host_executor& exec, const forward_context& ctx, tensor_view<const float> x, tensor_view<float> y,
                activation_store& store) {
     ++forwards;
-    namespace la = memkit::linalg;
-    const std::int64_t rows = x.shape()[0];
-    tensor_view<float> dropped = store.save<float>(x.shape());
-    tensor_view<std::uint8_t> mask = store.save<std::uint8_t>(x.shape());
-    tensor_view<float> down = store.save<float>({rows, rank});
-    for (std::int64_t i = 0; i < x.size(); ++i) {
-      const bool keep = !ctx.training ||
-                        memkit::unit_float(memkit::random_word(ctx.seed, ctx.counter, static_cast<std::uint64_t>(i))) >= p;
-      mask[i] = keep;
-      dropped[i] = keep ? (ctx.training ? x[i] / (1.0f - p) : x[i]) : 0.0f;
-    }
-    la::gemm(exec, la::transpose::no, la::transpose::yes, 1.0f, la::as_matrix(tensor_view<const float>(dropped), rows, in),
-             matrix(a, rank, in), 0.0f, la::as_matrix(down, rows, rank), memkit::default_host_resource());
-    la::gemm(exec, la::transpose::no, la::transpose::yes, 1.0f, la::as_matrix(x, rows, in), matrix(weight, out, in), 0.0f,
-             la::as_matrix(y, rows, out), memkit::default_host_resource());
-    la::gemm(exec, la::transpose::no, la::transpose::yes, scale, la::as_matrix(tensor_view<const float>(down), rows, rank),
-             matrix(b, out, rank), 1.0f, la::as_matrix(y, rows, out), memkit::default_host_resource());
+    layer->forward(exec, ctx, x, y, store);
   }
   void backward(const host_executor& exec, tensor_view<const float> dy, tensor_view<float> dx, activation_store& store) {
-    namespace la = memkit::linalg;
-    const std::int64_t rows = dy.shape()[0];
-    memkit::saved_tensor<float> down = store.take<float>({rows, rank}, "lora_like");
-    memkit::saved_tensor<std::uint8_t> mask = store.take<std::uint8_t>({rows, in}, "lora_like");
-    memkit::saved_tensor<float> dropped = store.take<float>({rows, in}, "lora_like");
-    std::vector<float> d_down(rows * rank);
-    la::gemm(exec, la::transpose::yes, la::transpose::no, scale, la::as_matrix(dy, rows, out),
-             la::as_matrix(tensor_view<const float>(down.view()), rows, rank), 1.0f, mutable_matrix(b_grad, out, rank),
-             memkit::default_host_resource());
-    la::gemm(exec, la::transpose::no, la::transpose::no, scale, la::as_matrix(dy, rows, out), matrix(b, out, rank), 0.0f,
-             mutable_matrix(d_down, rows, rank), memkit::default_host_resource());
-    la::gemm(exec, la::transpose::yes, la::transpose::no, 1.0f, matrix(d_down, rows, rank),
-             la::as_matrix(tensor_view<const float>(dropped.view()), rows, in), 1.0f, mutable_matrix(a_grad, rank, in),
-             memkit::default_host_resource());
-    if (dx.empty()) return;
-    std::vector<float> d_dropped(rows * in);
-    la::gemm(exec, la::transpose::no, la::transpose::no, 1.0f, matrix(d_down, rows, rank), matrix(a, rank, in), 0.0f,
-             mutable_matrix(d_dropped, rows, in), memkit::default_host_resource());
-    la::gemm(exec, la::transpose::no, la::transpose::no, 1.0f, la::as_matrix(dy, rows, out), matrix(weight, out, in),
-             0.0f, la::as_matrix(dx, rows, in), memkit::default_host_resource());
-    for (std::int64_t i = 0; i < dx.size(); ++i) dx[i] += mask.view()[i] ? d_dropped[i] / (1.0f - p) : 0.0f;
+    layer->backward(exec, dy, dx, store);
   }
-
-  static memkit::linalg::matrix_ref<const float> matrix(const std::vector<float>& m, std::int64_t r, std::int64_t c) {
-    return {m.data(), r, c, c, memkit::memory_kind::host};
+  void zero_grad() {
+    if (layer) layer->zero_grad();
   }
-  static memkit::linalg::matrix_ref<float> mutable_matrix(std::vector<float>& m, std::int64_t r, std::int64_t c) {
-    return {m.data(), r, c, c, memkit::memory_kind::host};
+  // A's and B's gradients, appended to `out`.
+  void append_grads(std::vector<float>& out) const {
+    if (!layer) return;
+    out.insert(out.end(), layer->grad_A().begin(), layer->grad_A().end());
+    out.insert(out.end(), layer->grad_B().begin(), layer->grad_B().end());
   }
 };
 
@@ -219,7 +189,7 @@ struct mixed_layer {
   checkpoint_test::linear lin;
   checkpoint_test::dropout drop;
   tanh_layer act;
-  lora_like adapter;
+  lora_adapter adapter;
 
   static mixed_layer make_linear(std::int64_t in, std::int64_t out, std::uint32_t seed) {
     mixed_layer m;
@@ -237,7 +207,7 @@ struct mixed_layer {
   static mixed_layer make_lora(std::int64_t features, std::uint32_t seed) {
     mixed_layer m;
     m.what = kind::lora;
-    m.adapter = lora_like(features, features, 2, seed);
+    m.adapter = lora_adapter(features, features, 2, seed);
     return m;
   }
 
@@ -280,7 +250,8 @@ struct mixed_layer {
 static_assert(memkit::layer<linear, host_executor>);
 static_assert(memkit::layer<dropout, host_executor>);
 static_assert(memkit::layer<tanh_layer, host_executor>);
-static_assert(memkit::layer<lora_like, host_executor>);
+static_assert(memkit::layer<lora_adapter, host_executor>);
+static_assert(memkit::layer<memkit::lora::lora_linear<float>, host_executor>);
 static_assert(memkit::layer<mixed_layer, host_executor>);
 
 // linear(width -> wider) dropout tanh lora linear(wider -> width) ... repeated: `layers` layers, hidden

@@ -30,16 +30,16 @@ struct step_result {
 
 void zero_grads(std::vector<mixed_layer>& stack) {
   for (mixed_layer& l : stack) {
-    for (std::vector<float>* g : {&l.lin.weight_grad, &l.lin.bias_grad, &l.adapter.a_grad, &l.adapter.b_grad})
-      std::fill(g->begin(), g->end(), 0.0f);
+    for (std::vector<float>* g : {&l.lin.weight_grad, &l.lin.bias_grad}) std::fill(g->begin(), g->end(), 0.0f);
+    l.adapter.zero_grad();
     l.lin.forwards = l.drop.forwards = l.act.forwards = l.adapter.forwards = 0;
   }
 }
 
 void collect(std::vector<mixed_layer>& stack, step_result& r) {
   for (mixed_layer& l : stack) {
-    for (const std::vector<float>* g : {&l.lin.weight_grad, &l.lin.bias_grad, &l.adapter.a_grad, &l.adapter.b_grad})
-      r.grads.insert(r.grads.end(), g->begin(), g->end());
+    for (const std::vector<float>* g : {&l.lin.weight_grad, &l.lin.bias_grad}) r.grads.insert(r.grads.end(), g->begin(), g->end());
+    l.adapter.append_grads(r.grads);
     r.forwards += l.forwards();
   }
 }
@@ -192,7 +192,13 @@ TEST_CASE("checkpoint_segment: heterogeneous layers, single and in ranges, in on
   linear first(6, 9, 1), last(9, 4, 2);
   dropout drop{0.2f};
   tanh_layer act;
-  lora_like adapter(9, 9, 3, 9);
+  // memkit's lora_linear itself, over a frozen base, with dropout on the adapter and a non-zero B.
+  std::vector<float> adapter_base = random_values(81, 9, 1.0f / 3.0f);
+  memkit::lora::lora_linear<float> adapter(memkit::host_view(adapter_base.data(), {9, 9}),
+                                           {.rank = 3, .alpha = 6.0, .dropout = 0.1f, .init_seed = 9},
+                                           memkit::default_host_resource(), memkit::default_host_resource());
+  const std::vector<float> adapter_b = random_values(27, 11, 0.2f);
+  std::copy(adapter_b.begin(), adapter_b.end(), adapter.lora_B().begin());
   std::vector<mixed_layer> middle;
   for (int i = 0; i < 4; ++i) middle.push_back(i % 2 ? mixed_layer::make_tanh() : mixed_layer::make_linear(9, 9, 10 + i));
   const shape in{3, 6};
@@ -234,8 +240,8 @@ TEST_CASE("checkpoint_segment: heterogeneous layers, single and in ranges, in on
   auto grads = [&] {
     std::vector<float> g = first.weight_grad;
     g.insert(g.end(), last.weight_grad.begin(), last.weight_grad.end());
-    g.insert(g.end(), adapter.a_grad.begin(), adapter.a_grad.end());
-    g.insert(g.end(), adapter.b_grad.begin(), adapter.b_grad.end());
+    g.insert(g.end(), adapter.grad_A().begin(), adapter.grad_A().end());
+    g.insert(g.end(), adapter.grad_B().begin(), adapter.grad_B().end());
     for (mixed_layer& m : middle) g.insert(g.end(), m.lin.weight_grad.begin(), m.lin.weight_grad.end());
     return g;
   };
@@ -244,8 +250,7 @@ TEST_CASE("checkpoint_segment: heterogeneous layers, single and in ranges, in on
       std::fill(l->weight_grad.begin(), l->weight_grad.end(), 0.0f);
       std::fill(l->bias_grad.begin(), l->bias_grad.end(), 0.0f);
     }
-    std::fill(adapter.a_grad.begin(), adapter.a_grad.end(), 0.0f);
-    std::fill(adapter.b_grad.begin(), adapter.b_grad.end(), 0.0f);
+    adapter.zero_grad();
   };
   const std::vector<float> dx_reference = run_by_hand();
   const std::vector<float> grads_reference = grads();
@@ -255,7 +260,7 @@ TEST_CASE("checkpoint_segment: heterogeneous layers, single and in ranges, in on
     reset();
     auto sequence = memkit::layers(first, drop, middle, act, adapter, last);
     static_assert(std::is_same_v<decltype(sequence), memkit::layer_list<linear&, dropout&, std::span<mixed_layer>,
-                                                                        tanh_layer&, lora_like&, linear&>>);
+                                                                        tanh_layer&, memkit::lora::lora_linear<float>&, linear&>>);
     CHECK(sequence.size() == 9);
     checkpoint_segment segment(sequence, {.schedule = schedule});
     static_assert(memkit::layer<decltype(segment), memkit::host_executor>);

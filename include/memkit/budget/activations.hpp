@@ -12,6 +12,7 @@
 
 #include "memkit/budget/model.hpp"
 #include "memkit/budget/plan.hpp"
+#include "memkit/lora/lora_memory.hpp"
 
 MEMKIT_NAMESPACE_BEGIN
 namespace budget {
@@ -74,14 +75,18 @@ constexpr block_activations block_activation_bytes(const model_config& m, const 
     if (upcast && norms_train) add(normalized, e * T * h);  // bf16 normalized value, for the weight's gradient
   };
   // LoRA on the linears of this block: the A output (read by B) and, with dropout, a mask and dropped input.
+  // The dropped input and the A output are lora_linear's own saved tensors (lora/lora_memory.hpp); the 1-byte
+  // mask is PEFT's (nn.Dropout keeps it; lora_linear draws it again in backward instead).
   auto lora = [&](module_set modules, std::uint64_t in, std::string_view dropped, std::string_view mask,
                   std::string_view down_projection) {
     if (!plan.lora_training() || !contains(plan.lora.targets, modules)) return;
+    const lora::saved_bytes_parts adapter = lora::saved_activation_bytes(
+        static_cast<std::int64_t>(T), static_cast<std::int64_t>(in), static_cast<std::int64_t>(plan.lora.rank), e);
     if (plan.lora.dropout) {
-      add(dropped, e * T * in);
+      add(dropped, adapter.adapter_input);
       add(mask, T * in);
     }
-    add(down_projection, e * T * plan.lora.rank);
+    add(down_projection, adapter.adapter_output);
   };
   const block_linears linears = linears_of(m);
   auto lora_all = [&](module_set which) {
