@@ -43,5 +43,6 @@
 #include "memkit/quant/bnb_checkpoint.hpp"
 #include "memkit/quant/codebooks.hpp"
 #include "memkit/quant/double_quant.hpp"
+#include "memkit/quant/dynamic_index.hpp"
 #include "memkit/quant/matmul.hpp"
 #include "memkit/quant/quantized_tensor.hpp"

@@ -49,7 +49,22 @@ std::vector<float> mixed_values(std::size_t count, float scale, std::uint32_t se
 
 }  // namespace
 
-TEST_CASE("adam fast path: adamw_update_array equals adamw_update element by element") {
+namespace {
+
+// Runs `check` once per instruction set this CPU has (core/host_simd.hpp: the dispatched kernels take
+// each path in turn), with the cap restored afterwards.
+template <class Check>
+void on_every_isa(Check&& check) {
+  for (memkit::host_isa isa : {memkit::host_isa::portable, memkit::host_isa::avx2, memkit::host_isa::avx512}) {
+    if (isa > memkit::detail::process_host_isa()) continue;
+    CAPTURE(memkit::to_string(isa));
+    const memkit::host_isa previous = memkit::limit_host_isa(isa);
+    check();
+    memkit::limit_host_isa(previous);
+  }
+}
+
+void check_update_array() {
   const std::size_t n = 4099;  // not a multiple of any vector width: the tail runs the scalar function
   adam_group groups[3] = {{}, {.lr = 3e-2f, .beta1 = 0.5f, .beta2 = 0.9f, .eps = 0.0f, .weight_decay = 0.0f},
                           {.lr = 1e-4f, .beta1 = 0.0f, .beta2 = 0.99f, .eps = 1e-6f, .weight_decay = 0.3f}};
@@ -76,7 +91,15 @@ TEST_CASE("adam fast path: adamw_update_array equals adamw_update element by ele
   CHECK(mismatches == 0);
 }
 
-TEST_CASE("adam fast path: block dequantize and requantize equal the per-element codes") {
+}  // namespace
+
+TEST_CASE("adam fast path: adamw_update_array equals adamw_update element by element, on every instruction set") {
+  on_every_isa(check_update_array);
+}
+
+namespace {
+
+void check_block_codes() {
   std::mt19937 rng(11);
   std::uniform_int_distribution<int> byte(0, 255);
   std::vector<std::uint8_t> codes(4096);
@@ -153,6 +176,12 @@ TEST_CASE("adam fast path: block dequantize and requantize equal the per-element
   CHECK(n > 60000);
   CHECK(wrong8 == 0);
   CHECK(wrong4 == 0);
+}
+
+}  // namespace
+
+TEST_CASE("adam fast path: block dequantize and requantize equal the per-element codes, on every instruction set") {
+  on_every_isa(check_block_codes);
 }
 
 namespace {
@@ -280,6 +309,12 @@ void check_steps_match_reference(bool with_master) {
 }
 
 }  // namespace
+
+TEST_CASE_TEMPLATE("adam fast path: host steps on every instruction set equal per-element steps", S, adam_state<float>,
+                   adam_state<std::int8_t, 256>, adam_state<four_bit, 128>) {
+  on_every_isa([] { check_steps_match_reference<S, float, float>(false); });
+  on_every_isa([] { check_steps_match_reference<S, bf16, bf16>(true); });
+}
 
 TEST_CASE_TEMPLATE("adam fast path: host steps equal per-element steps bit for bit", S, adam_state<float>,
                    adam_state<bf16>, adam_state<std::int8_t, 256>, adam_state<std::int8_t, 2048>,

@@ -305,7 +305,7 @@ TEST_CASE("quant blockwise: the branchless int8 encoder agrees with bitsandbytes
   }
 }
 
-TEST_CASE("quant blockwise: long blocks (the vectorized encoder) give exactly the per-element codes") {
+TEST_CASE("quant blockwise: long blocks (the vectorized encoders) give exactly the per-element codes on every instruction set") {
   // Normal values plus exact thresholds, zeros of both signs, tiny and huge values, in fp32/bf16/fp16.
   std::vector<float> data = standard_normal(4096 * 3 + 50, 8);
   const float specials[] = {0.0f, -0.0f, 1e-30f, -1e-30f, 0.8614784181118011f, -0.8480964004993439f, 0.583333f,
@@ -319,22 +319,32 @@ TEST_CASE("quant blockwise: long blocks (the vectorized encoder) give exactly th
     for (std::size_t i = 0; i < input.size(); ++i) {
       const float absmax = out.absmax[i / static_cast<std::size_t>(block)];
       const float x = memkit::to_float(input[i]) * q::block_reciprocal(absmax);
-      const std::uint8_t expected = fmt == q::format::nf4 ? q::encode<q::format::nf4>(x, nullptr)
-                                                           : q::encode<q::format::fp4>(x, nullptr);
-      const std::uint8_t got = fmt == q::format::nf4 ? q::code_at<q::format::nf4>(out.codes.data(), static_cast<std::int64_t>(i))
-                                                      : q::code_at<q::format::fp4>(out.codes.data(), static_cast<std::int64_t>(i));
+      const auto e = static_cast<std::int64_t>(i);
+      const std::uint8_t expected = fmt == q::format::nf4   ? q::encode<q::format::nf4>(x, nullptr)
+                                    : fmt == q::format::fp4 ? q::encode<q::format::fp4>(x, nullptr)
+                                                            : q::encode<q::format::int8>(x, q::dynamic_map_signed.data());
+      const std::uint8_t got = fmt == q::format::nf4   ? q::code_at<q::format::nf4>(out.codes.data(), e)
+                               : fmt == q::format::fp4 ? q::code_at<q::format::fp4>(out.codes.data(), e)
+                                                       : q::code_at<q::format::int8>(out.codes.data(), e);
       if (got != expected) {
         CAPTURE(i);
         CHECK(got == expected);
       }
     }
   };
-  for (q::format fmt : {q::format::nf4, q::format::fp4}) {
-    CAPTURE(q::to_string(fmt));
-    for (std::int64_t block : {32, 64, 4096}) {
-      check(float{}, fmt, block);
-      check(bf16{}, fmt, block);
-      check(fp16{}, fmt, block);
+  // Each instruction set this CPU has in turn (core/host_simd.hpp): the AVX-512, AVX2 and portable encoders.
+  for (memkit::host_isa isa : {memkit::host_isa::portable, memkit::host_isa::avx2, memkit::host_isa::avx512}) {
+    if (isa > memkit::detail::process_host_isa()) continue;
+    CAPTURE(memkit::to_string(isa));
+    const memkit::host_isa previous = memkit::limit_host_isa(isa);
+    for (q::format fmt : {q::format::nf4, q::format::fp4, q::format::int8}) {
+      CAPTURE(q::to_string(fmt));
+      for (std::int64_t block : {32, 64, 4096}) {
+        check(float{}, fmt, block);
+        check(bf16{}, fmt, block);
+        check(fp16{}, fmt, block);
+      }
     }
+    memkit::limit_host_isa(previous);
   }
 }

@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "memkit/core/host_simd.hpp"
+#include "memkit/linalg/gemm.hpp"
 #include "memkit/memory/tracking.hpp"
 #include "memkit/quant/matmul.hpp"
 #include "support/test_values.hpp"
@@ -86,6 +88,32 @@ TEST_CASE("quant matmul: y = x W^T and dx = dy W match a dense reference") {
     check_against_dense<q::NF4, memkit::bf16>(4, 20, 256, {128, false}, fused);
     check_against_dense<q::NF4, float>(2, 7, 4096, {4096, true}, fused);
     check_against_dense<q::NF4, memkit::bf16>(8, 16, 64, {64, true}, fused);
+    check_against_dense<q::NF4, float>(1, 9, 64, {32, false}, fused);  // a column left over by the 4-column kernel
+  }
+}
+
+TEST_CASE("quant matmul: every host path on any number of threads, and the GEMM path on each instruction set") {
+  for (int threads : {1, 2, 3, 0}) {
+    CAPTURE(threads);
+    q::matmul_config config;
+    config.host_threads = threads;
+    config.tile_floats = 300;  // tiles of host_gemm_min_rows rows: several per thread for the wider weights
+    check_against_dense<q::NF4, float>(9, 300, 64, {64, false}, config);     // fused path, two passes over W
+    check_against_dense<q::NF4, float>(33, 300, 64, {64, false}, config);    // GEMM path, just past the fused one
+    check_against_dense<q::FP4, memkit::bf16>(29, 100, 64, {32, true}, config);  // four fused passes
+    check_against_dense<q::NF4, memkit::bf16>(33, 200, 128, {32, true}, config);
+    check_against_dense<q::INT8, float>(64, 130, 96, {32, false}, config);
+    check_against_dense<q::FP4, memkit::fp16>(12, 70, 300, {32, false}, config);  // rows not whole blocks
+    check_against_dense<q::NF4, float>(3, 200, 256, {64, false}, config);    // fused path, columns split
+    check_against_dense<q::NF4, memkit::bf16>(7, 45, 128, {128, true}, config);
+  }
+  for (memkit::host_isa isa : {memkit::host_isa::portable, memkit::host_isa::avx2, memkit::host_isa::avx512}) {
+    if (isa > memkit::detail::process_host_isa()) continue;
+    CAPTURE(memkit::to_string(isa));
+    const memkit::host_isa previous = memkit::limit_host_isa(isa);
+    check_against_dense<q::NF4, float>(20, 150, 320, {64, false}, q::matmul_config{});
+    check_against_dense<q::NF4, float>(5, 150, 320, {64, false}, q::matmul_config{});
+    memkit::limit_host_isa(previous);
   }
 }
 
@@ -135,11 +163,14 @@ TEST_CASE("quant matmul: the CUDA and host tiles are sized separately") {
   const std::int64_t M = 256, N = 4096, K = 8192;
   const q::matmul_config config;
   const std::size_t device_rows = static_cast<std::size_t>(config.device_tile_floats / K);
-  const std::size_t host_rows = static_cast<std::size_t>(config.tile_floats / K);
   CHECK(device_rows == 2048);
-  CHECK(host_rows == 8);
+  CHECK(config.tile_floats / K == 8);
   CHECK(q::matmul_workspace_bytes(q::matmul_kind::forward, q::NF4, 64, M, N, K, 2, true, config) == device_rows * K * 2);
-  CHECK(q::matmul_workspace_bytes(q::matmul_kind::forward, q::NF4, 64, M, N, K, 4, false, config) == host_rows * K * 4);
+  // The host's GEMM path takes at least host_gemm_min_rows rows per tile (so x is packed once per 128 columns,
+  // not per 8), plus the gemm's packing buffers for that tile.
+  const std::int64_t host_rows = q::detail::host_gemm_min_rows;
+  CHECK(q::matmul_workspace_bytes(q::matmul_kind::forward, q::NF4, 64, M, N, K, 4, false, config) ==
+        static_cast<std::size_t>(host_rows * K) * 4 + memkit::linalg::gemm_workspace_bytes<float, float, float>(M, host_rows, K));
   // A layer narrower than the tile: the tile is the whole weight.
   CHECK(q::matmul_workspace_bytes(q::matmul_kind::forward, q::NF4, 64, M, 512, K, 2, true, config) ==
         static_cast<std::size_t>(512 * K) * 2);

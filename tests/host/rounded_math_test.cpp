@@ -67,6 +67,31 @@ TEST_CASE("rounded_math: max_magnitude_bits is the largest |x| wherever it stand
   CHECK(max_magnitude_bits(odd.data(), 20) > 0x7f800000u);
 }
 
+TEST_CASE("rounded_math: max_magnitude_bits of bf16 and fp16 equals the maximum over the widened values") {
+  using memkit::detail::bit_cast;
+  // Every 16-bit pattern (NaNs, Infs, subnormals, both zeros) in runs of every length around the 32-lane
+  // stride: the 16-bit maximum, widened once, must be the maximum of the widened magnitudes.
+  auto check = [](auto tag) {
+    using T = decltype(tag);
+    int wrong = 0;
+    for (std::uint32_t start = 0; start < 65536; start += 61) {
+      const std::int64_t count = 1 + start % 70;
+      std::vector<T> values(static_cast<std::size_t>(count));
+      std::uint32_t expected = 0;
+      for (std::int64_t i = 0; i < count; ++i) {
+        const auto bits = static_cast<std::uint16_t>((start * 2654435761u + static_cast<std::uint32_t>(i) * 40503u) >> 16);
+        values[static_cast<std::size_t>(i)] = bit_cast<T>(bits);
+        const std::uint32_t widened = bit_cast<std::uint32_t>(memkit::to_float(values[static_cast<std::size_t>(i)])) & 0x7fffffffu;
+        expected = widened > expected ? widened : expected;
+      }
+      wrong += memkit::detail::max_magnitude_bits(values.data(), count) != expected;
+    }
+    CHECK(wrong == 0);
+  };
+  check(memkit::bf16{});
+  check(memkit::fp16{});
+}
+
 TEST_CASE("rounded_math: is_finite is false exactly for Inf and NaN, float and double") {
   using memkit::detail::is_finite;
   for (float x : {0.0f, -0.0f, 1.0f, -2.5f, std::numeric_limits<float>::max(), -std::numeric_limits<float>::max(),

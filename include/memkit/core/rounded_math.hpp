@@ -113,6 +113,25 @@ MEMKIT_HOST_DEVICE MEMKIT_FORCEINLINE bool is_finite(double x) noexcept {
 // independent lanes keep the loop vectorized. For host loops over a block; kernels reduce across a warp.
 template <float_storage T>
 inline std::uint32_t max_magnitude_bits(const T* values, std::int64_t count) noexcept {
+  if constexpr (sizeof(T) == 2) {
+    // bf16 / fp16: their magnitude bits sort the same way (Inf and NaN above every finite value) and widening
+    // to float keeps that order, so the maximum is taken over the 16-bit patterns (which vectorizes well,
+    // unlike a widening per value) and widened once.
+    std::uint16_t lanes16[32] = {};
+    const std::int64_t whole16 = count - count % 32;
+    for (std::int64_t i = 0; i < whole16; i += 32)
+      for (int j = 0; j < 32; ++j) {
+        const std::uint16_t bits = values[i + j].bits & 0x7fffu;
+        lanes16[j] = bits > lanes16[j] ? bits : lanes16[j];
+      }
+    std::uint16_t largest16 = 0;
+    for (std::int64_t i = whole16; i < count; ++i) {
+      const std::uint16_t bits = values[i].bits & 0x7fffu;
+      largest16 = bits > largest16 ? bits : largest16;
+    }
+    for (std::uint16_t lane : lanes16) largest16 = lane > largest16 ? lane : largest16;
+    return bit_cast<std::uint32_t>(to_float(bit_cast<T>(largest16))) & 0x7fffffffu;
+  }
   std::uint32_t lanes[16] = {};
   const std::int64_t whole = count - count % 16;
   for (std::int64_t i = 0; i < whole; i += 16)

@@ -442,6 +442,23 @@ void gemm_blocked(transpose op_a, transpose op_b, float alpha, const matrix_ref<
   });
 }
 
+// The host gemm on caller-given scratch (plan.parts() * plan.part_floats() floats of a plan_gemm plan), with
+// this CPU's micro-kernel (core/host_simd.hpp). For memkit's own callers that run many products on one
+// workspace, e.g. quant::matmul's dequantized tiles, one product per thread. Never calls cblas.
+template <class TA, class TB, class TC>
+void gemm_host_on_scratch(transpose op_a, transpose op_b, float alpha, const matrix_ref<const TA>& A,
+                          const matrix_ref<const TB>& B, float beta, const matrix_ref<TC>& C, const gemm_dims& dims,
+                          const gemm_plan& plan, float* scratch) {
+#if MEMKIT_X86_DISPATCH
+  switch (host_isa_in_use()) {
+    case host_isa::avx512: return gemm_blocked<gemm_kernel_avx512>(op_a, op_b, alpha, A, B, beta, C, dims, plan, scratch);
+    case host_isa::avx2: return gemm_blocked<gemm_kernel_avx2>(op_a, op_b, alpha, A, B, beta, C, dims, plan, scratch);
+    case host_isa::portable: break;
+  }
+#endif
+  gemm_blocked<gemm_kernel_portable>(op_a, op_b, alpha, A, B, beta, C, dims, plan, scratch);
+}
+
 }  // namespace detail
 
 // C = alpha * op(A) * op(B) + beta * C on the host. `workspace` supplies gemm_workspace_bytes<TA, TB, TC>(M, N,
@@ -481,16 +498,7 @@ void gemm(const host_executor& exec, transpose op_a, transpose op_b, float alpha
   const detail::gemm_plan plan =
       detail::plan_gemm(M, N, K, resolve_host_threads(options.host_threads), !std::is_same_v<TC, float>);
   buffer<float> scratch(workspace, shape{plan.parts() * plan.part_floats()});
-#if MEMKIT_X86_DISPATCH
-  switch (host_isa_in_use()) {
-    case host_isa::avx512:
-      return detail::gemm_blocked<detail::gemm_kernel_avx512>(op_a, op_b, alpha, A, B, beta, C, dims, plan, scratch.data());
-    case host_isa::avx2:
-      return detail::gemm_blocked<detail::gemm_kernel_avx2>(op_a, op_b, alpha, A, B, beta, C, dims, plan, scratch.data());
-    case host_isa::portable: break;
-  }
-#endif
-  detail::gemm_blocked<detail::gemm_kernel_portable>(op_a, op_b, alpha, A, B, beta, C, dims, plan, scratch.data());
+  detail::gemm_host_on_scratch(op_a, op_b, alpha, A, B, beta, C, dims, plan, scratch.data());
 }
 
 }  // namespace linalg

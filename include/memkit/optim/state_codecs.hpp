@@ -15,8 +15,10 @@
 
 #include "memkit/config.hpp"
 #include "memkit/core/float16.hpp"
+#include "memkit/core/host_simd.hpp"
 #include "memkit/optim/adam_math.hpp"
 #include "memkit/quant/codebooks.hpp"
+#include "memkit/quant/dynamic_index.hpp"
 
 // The host step's vector paths (plain host compilers only: nvcc's host pass keeps the scalar loops).
 #if !defined(__CUDACC__) && defined(__SSE2__)
@@ -43,114 +45,6 @@ MEMKIT_HOST_DEVICE MEMKIT_FORCEINLINE unsigned nearest_in_table(const float* tab
     low += half & (0u - static_cast<unsigned>(table[low + half] <= x));  // branch-free: the outcomes are coin flips
   const unsigned next = low + 1 < static_cast<unsigned>(Entries) ? low + 1 : low;
   return low + static_cast<unsigned>((x > mul_rn(add_rn(table[low], table[next]), 0.5f)) & (next != low));
-}
-
-// The last step of quant::nearest_dynamic once its search has ended at the even index `pivot`: move
-// to a neighbour past the float midpoint (a tie stays at pivot). Written without branches, because the
-// comparisons are coin flips for optimizer moments and mispredict half the time on a CPU.
-MEMKIT_HOST_DEVICE MEMKIT_FORCEINLINE unsigned finish_dynamic_code(const float* map, unsigned pivot, float x) noexcept {
-  const float probe = map[pivot];
-  const float up = (map[pivot + 1] + probe) * 0.5f;
-  const float down = (map[pivot == 0 ? 0 : pivot - 1] + probe) * 0.5f;
-  const bool above = x > probe;
-  return pivot + static_cast<unsigned>(above & (x > up)) - static_cast<unsigned>(!above & (pivot != 0) & (x < down));
-}
-
-// quant::nearest_dynamic's result, computed without its data-dependent branches. That search is a
-// complete binary search tree over the 127 odd indices 1..253 of the map, so the even index P where it
-// ends is twice the number of odd entries below x, and its last two brackets are P-1 and P+1; the
-// final midpoint test is then the same float expression as in quant::nearest_dynamic, so the codes
-// are identical, ties included (tests/host/adam_codes_test.cpp checks this against the shared function).
-// Branch-free, it runs several times faster on a CPU, where the shared function's branches mispredict.
-MEMKIT_HOST_DEVICE MEMKIT_FORCEINLINE unsigned dynamic_code(const float* map, float x) noexcept {
-  unsigned below = 0;  // odd entries map[2i - 1], i = 1..127, that are < x
-
-  for (unsigned step = 64; step > 0; step >>= 1) below += map[2 * (below + step) - 1] < x ? step : 0u;
-  return finish_dynamic_code(map, 2 * below, x);
-}
-
-// Host-only acceleration. quant::nearest_dynamic amounts to: the nearest entry by the float midpoints
-// (a + b) * 0.5f of adjacent entries, an exact tie going to the even index (where its search ends).
-// This index, keyed by the top 16 bits of |x| (exponent and 7 mantissa bits) and the sign, stores per
-// bucket the code at the bucket's low end and the one midpoint inside the bucket (buckets are narrower
-// than the spacing of the entries, checked when it is built), so a lookup is one load and one compare
-// instead of a chain of dependent loads. A midpoint inside a bucket shares the bucket's top 16 bits, so
-// one 32-bit word per bucket holds everything:
-//   bits 0-15 the midpoint's low 16 bits, 16-23 the code below it, 24 "a tie goes up" (the code above
-//   is even), 25 "the bucket has a midpoint".
-// Only magnitudes between the smallest midpoint and 1 need buckets of their own (normalised moments lie
-// in [-1, 1]); smaller and larger magnitudes are clamped to the end buckets, which the build checks hold
-// one code each. Both maps' indexes take 33 KiB and build in about 3 ms on first use (a full 16-bit
-// index took 512 KiB and 54 ms; the step ran no faster with it). NaN maps to code 0, as in
-// quant::nearest_dynamic. tests/host/adam_codes_test.cpp checks it against the shared function.
-struct dynamic_code_index {
-  static constexpr std::uint32_t top_key = 0x3f80;  // 1.0f >> 16: larger magnitudes share its bucket
-  std::uint32_t first_key = 0;                      // smaller magnitudes share this key's bucket
-  std::uint32_t positive_buckets = 0;               // keys first_key..top_key
-  std::uint32_t negative_limit = 0;                 // the largest clamped magnitude key of a negative x
-  std::vector<std::uint32_t> buckets;               // positive keys, then negative ones
-
-  // The bucket of x (not NaN): its clamped magnitude key, offset past the positive buckets if x < 0.
-  std::uint32_t bucket_of(std::uint32_t bits) const noexcept {
-    const std::uint32_t magnitude = (bits & 0x7fffffffu) >> 16;
-    const std::uint32_t key = (magnitude < first_key ? first_key : magnitude > top_key ? top_key : magnitude) - first_key;
-    return (bits >> 31) == 0 ? key : positive_buckets + (key < negative_limit ? key : negative_limit);
-  }
-};
-
-inline dynamic_code_index build_dynamic_code_index(const float* map) {
-  dynamic_code_index index;
-  const auto midpoint = [map](unsigned c) { return (map[c + 1] + map[c]) * 0.5f; };  // nearest_dynamic's
-  float smallest_midpoint = 1.0f;
-  for (unsigned c = 0; c < 255; ++c) {
-    const float middle = midpoint(c);
-    if (middle != 0.0f && std::fabs(middle) < smallest_midpoint) smallest_midpoint = std::fabs(middle);
-  }
-  index.first_key = (bit_cast<std::uint32_t>(smallest_midpoint) >> 16) - 1;
-  index.positive_buckets = dynamic_code_index::top_key - index.first_key + 1;
-  const bool has_negatives = map[0] < 0.0f;  // an unsigned map gives every negative x code 0: one bucket
-  index.negative_limit = has_negatives ? index.positive_buckets - 1 : 0;
-  index.buckets.resize(index.positive_buckets + index.negative_limit + 1);
-  for (std::uint32_t slot = 0; slot < index.buckets.size(); ++slot) {
-    const bool negative = slot >= index.positive_buckets;
-    const std::uint32_t key = index.first_key + (negative ? slot - index.positive_buckets : slot);
-    // The magnitudes the bucket serves, clamped ends included.
-    const float small = bit_cast<float>(key == index.first_key ? 0u : key << 16);
-    const float large = key == dynamic_code_index::top_key || (negative && !has_negatives)
-                            ? std::numeric_limits<float>::infinity()
-                            : bit_cast<float>((key << 16) | 0xffffu);
-    const float low = negative ? -large : small, high = negative ? -small : large;
-    std::uint32_t bucket = dynamic_code(map, low) << 16;
-    int boundaries = 0;
-    for (unsigned c = 0; c < 255; ++c) {
-      const float middle = midpoint(c);
-      if (!(middle >= low && middle <= high)) continue;
-      if (bit_cast<std::uint32_t>(middle) >> 16 != (key | (negative ? 0x8000u : 0u)))
-        throw error("memkit: dynamic map midpoint outside its bucket");
-      ++boundaries;
-      bucket = (bit_cast<std::uint32_t>(middle) & 0xffffu) | (c << 16) | (((c + 1) % 2 == 0 ? 1u : 0u) << 24) | (1u << 25);
-    }
-    if (boundaries > 1) throw error("memkit: dynamic map too dense for its 16-bit index");
-    index.buckets[slot] = bucket;
-  }
-  return index;
-}
-
-template <bool Signed>
-const dynamic_code_index& dynamic_code_index_for() {
-  static const dynamic_code_index index =
-      build_dynamic_code_index(Signed ? quant::dynamic_map_signed.data() : quant::dynamic_map_unsigned.data());
-  return index;
-}
-
-inline unsigned dynamic_code_indexed(const dynamic_code_index& index, float x) noexcept {
-  const std::uint32_t bits = bit_cast<std::uint32_t>(x);
-  const std::uint32_t bucket = index.buckets[index.bucket_of(bits)];
-  const float threshold = bit_cast<float>((bits & 0xffff0000u) | (bucket & 0xffffu));
-  const bool has_threshold = (bucket >> 25) & 1u, tie_up = (bucket >> 24) & 1u;
-  const unsigned code = ((bucket >> 16) & 0xffu) +
-                        static_cast<unsigned>(has_threshold & ((x > threshold) | ((x == threshold) & tie_up)));
-  return x == x ? code : 0u;
 }
 
 template <int Bits>
@@ -357,12 +251,16 @@ MEMKIT_HOST_DEVICE MEMKIT_FORCEINLINE void update_plain_element(const param_acce
 
 // ---- Host block kernels of the step: the same bits as the per-element functions above, several
 // elements at a time. Each vector lane performs exactly the scalar operations, in the same order and
-// each IEEE correctly rounded, so the results do not depend on the vector width (tests/host/
-// adam_fast_path_test.cpp checks every path against the per-element functions). ----
+// each IEEE correctly rounded, so the results do not depend on the vector width or the instruction set
+// (tests/host/adam_fast_path_test.cpp checks every path against the per-element functions).
+// The AVX-512 and AVX2 kernels are compiled with __attribute__((target)) and chosen at run time
+// (core/host_simd.hpp: host_isa_in_use, MEMKIT_HOST_ISA, limit_host_isa), so a binary built for baseline
+// x86-64 uses them; the portable path is what the compiler's own target makes of plain C++. ----
 
 #if MEMKIT_HOST_SIMD
-// The widest float vector the host compiler targets (SSE2 is the x86-64 baseline). The AVX-512 code
-// uses the all-lanes masked forms of some intrinsics: g++ 12 warns (maybe-uninitialized) on the plain ones.
+// The portable path's float vector: the widest the host compiler targets (SSE2 is the x86-64 baseline).
+// The AVX-512 code uses the all-lanes masked forms of some intrinsics: g++ 12 warns (maybe-uninitialized)
+// on the plain ones.
 struct host_lanes {
   // g++ implements these intrinsics as vector arithmetic, which -ffp-contract=fast (g++'s default even
   // with -std=c++20) may fuse with a following add into an FMA; the CUDA kernels never fuse. Passing
@@ -409,39 +307,84 @@ struct host_lanes {
 };
 #endif
 
-// adamw_update over contiguous arrays. The vector body repeats adamw_update's operations one for one
-// (keep the two in step): g++ cannot vectorize adamw_update itself, because std::sqrt may set errno
-// (-fmath-errno is the default), which puts a branch in every element.
-inline void adamw_update_array(float* param, float* m, float* v, const float* grad, std::int64_t count,
-                               const adam_coefficients& c) noexcept {
+#if MEMKIT_X86_DISPATCH
+// The run-time dispatched kernels. Each handles a prefix of its range in whole vectors and returns how
+// many elements it did; the caller finishes with the scalar functions. Products pass through an empty asm
+// (see host_lanes::unfused): these functions are compiled with FMA enabled, and a fused multiply-add
+// would round differently from the scalar functions and the CUDA kernels.
+// (A GNU statement expression: a lambda would not inherit the function's target attribute.)
+#define MEMKIT_UNFUSED(expression) \
+  __extension__({                  \
+    auto product_ = (expression);  \
+    asm("" : "+v"(product_));      \
+    product_;                      \
+  })
+
+__attribute__((target("avx512f"))) inline std::int64_t adamw_update_avx512(float* param, float* m, float* v,
+                                                                          const float* grad, std::int64_t count,
+                                                                          const adam_coefficients& c) noexcept {
+  const __m512 multiplier = _mm512_set1_ps(c.grad_multiplier), decay = _mm512_set1_ps(c.decay);
+  const __m512 beta1 = _mm512_set1_ps(c.beta1), one_minus_beta1 = _mm512_set1_ps(c.one_minus_beta1);
+  const __m512 beta2 = _mm512_set1_ps(c.beta2), one_minus_beta2 = _mm512_set1_ps(c.one_minus_beta2);
+  const __m512 correction2 = _mm512_set1_ps(c.bias_correction2_sqrt), eps = _mm512_set1_ps(c.eps);
+  const __m512 step_size = _mm512_set1_ps(c.step_size);
   std::int64_t i = 0;
-#if MEMKIT_HOST_SIMD
-  using L = host_lanes;
-  const L::type multiplier = L::set(c.grad_multiplier), decay = L::set(c.decay), beta1 = L::set(c.beta1),
-                one_minus_beta1 = L::set(c.one_minus_beta1), beta2 = L::set(c.beta2),
-                one_minus_beta2 = L::set(c.one_minus_beta2), correction2 = L::set(c.bias_correction2_sqrt),
-                eps = L::set(c.eps), step_size = L::set(c.step_size);
-  for (const std::int64_t end = count - count % L::width; i < end; i += L::width) {
-    const L::type g = L::mul(L::load(grad + i), multiplier);
-    L::type p = L::mul(L::load(param + i), decay);
-    const L::type m_new = L::add(L::mul(beta1, L::load(m + i)), L::mul(one_minus_beta1, g));
-    const L::type v_new = L::add(L::mul(beta2, L::load(v + i)), L::mul(L::mul(one_minus_beta2, g), g));
-    const L::type denominator = L::add(L::div(L::sqrt(v_new), correction2), eps);
-    p = L::sub(p, L::mul(step_size, L::div(m_new, denominator)));
-    L::store(m + i, m_new);
-    L::store(v + i, v_new);
-    L::store(param + i, p);
+  for (const std::int64_t end = count - count % 16; i < end; i += 16) {  // adamw_update, 16 lanes
+    const __m512 g = MEMKIT_UNFUSED(_mm512_mul_ps(_mm512_loadu_ps(grad + i), multiplier));
+    const __m512 p = MEMKIT_UNFUSED(_mm512_mul_ps(_mm512_loadu_ps(param + i), decay));
+    const __m512 m_new = _mm512_add_ps(MEMKIT_UNFUSED(_mm512_mul_ps(beta1, _mm512_loadu_ps(m + i))),
+                                       MEMKIT_UNFUSED(_mm512_mul_ps(one_minus_beta1, g)));
+    const __m512 v_new = _mm512_add_ps(MEMKIT_UNFUSED(_mm512_mul_ps(beta2, _mm512_loadu_ps(v + i))),
+                                       MEMKIT_UNFUSED(_mm512_mul_ps(MEMKIT_UNFUSED(_mm512_mul_ps(one_minus_beta2, g)), g)));
+    const __m512 denominator = _mm512_add_ps(_mm512_div_ps(_mm512_maskz_sqrt_ps(0xffff, v_new), correction2), eps);
+    _mm512_storeu_ps(m + i, m_new);
+    _mm512_storeu_ps(v + i, v_new);
+    _mm512_storeu_ps(param + i, _mm512_sub_ps(p, MEMKIT_UNFUSED(_mm512_mul_ps(step_size, _mm512_div_ps(m_new, denominator)))));
   }
-#endif
-  for (; i < count; ++i) adamw_update(param[i], m[i], v[i], grad[i], c);
+  return i;
 }
 
-// Dequantizes `count` codes of one block starting at element `first`: out[e] = table[code] * absmax.
+__attribute__((target("avx2,fma"))) inline std::int64_t adamw_update_avx2(float* param, float* m, float* v,
+                                                                         const float* grad, std::int64_t count,
+                                                                         const adam_coefficients& c) noexcept {
+  const __m256 multiplier = _mm256_set1_ps(c.grad_multiplier), decay = _mm256_set1_ps(c.decay);
+  const __m256 beta1 = _mm256_set1_ps(c.beta1), one_minus_beta1 = _mm256_set1_ps(c.one_minus_beta1);
+  const __m256 beta2 = _mm256_set1_ps(c.beta2), one_minus_beta2 = _mm256_set1_ps(c.one_minus_beta2);
+  const __m256 correction2 = _mm256_set1_ps(c.bias_correction2_sqrt), eps = _mm256_set1_ps(c.eps);
+  const __m256 step_size = _mm256_set1_ps(c.step_size);
+  std::int64_t i = 0;
+  for (const std::int64_t end = count - count % 8; i < end; i += 8) {  // adamw_update, 8 lanes
+    const __m256 g = MEMKIT_UNFUSED(_mm256_mul_ps(_mm256_loadu_ps(grad + i), multiplier));
+    const __m256 p = MEMKIT_UNFUSED(_mm256_mul_ps(_mm256_loadu_ps(param + i), decay));
+    const __m256 m_new = _mm256_add_ps(MEMKIT_UNFUSED(_mm256_mul_ps(beta1, _mm256_loadu_ps(m + i))),
+                                       MEMKIT_UNFUSED(_mm256_mul_ps(one_minus_beta1, g)));
+    const __m256 v_new = _mm256_add_ps(MEMKIT_UNFUSED(_mm256_mul_ps(beta2, _mm256_loadu_ps(v + i))),
+                                       MEMKIT_UNFUSED(_mm256_mul_ps(MEMKIT_UNFUSED(_mm256_mul_ps(one_minus_beta2, g)), g)));
+    const __m256 denominator = _mm256_add_ps(_mm256_div_ps(_mm256_sqrt_ps(v_new), correction2), eps);
+    _mm256_storeu_ps(m + i, m_new);
+    _mm256_storeu_ps(v + i, v_new);
+    _mm256_storeu_ps(param + i, _mm256_sub_ps(p, MEMKIT_UNFUSED(_mm256_mul_ps(step_size, _mm256_div_ps(m_new, denominator)))));
+  }
+  return i;
+}
+
+// The entries of a 16-entry table held as two 8-entry halves, at 8 indices 0..15.
+__attribute__((target("avx2"))) inline __m256 lookup16_avx2(__m256 low_half, __m256 high_half, __m256i index) noexcept {
+  return _mm256_blendv_ps(_mm256_permutevar8x32_ps(low_half, index), _mm256_permutevar8x32_ps(high_half, index),
+                          _mm256_castsi256_ps(_mm256_slli_epi32(index, 28)));  // bit 3 of the index picks the half
+}
+
+// Pairs of 4-bit codes (the even element's in the high nibble) from 16 codes in bytes.
+inline __m128i pack_nibble_pairs(__m128i codes) noexcept {
+  const __m128i pairs = _mm_or_si128(_mm_slli_epi16(_mm_and_si128(codes, _mm_set1_epi16(0x00ff)), 4), _mm_srli_epi16(codes, 8));
+  return _mm_packus_epi16(pairs, pairs);
+}
+
 template <int Bits>
-inline void dequantize_codes(const float* table, const std::uint8_t* codes, std::int64_t first, std::int64_t count,
-                             float absmax, float* out) noexcept {
+__attribute__((target("avx512f"))) inline std::int64_t dequantize_codes_avx512(const float* table, const std::uint8_t* codes,
+                                                                              std::int64_t first, std::int64_t count,
+                                                                              float absmax, float* out) noexcept {
   std::int64_t e = 0;
-#if MEMKIT_HOST_SIMD && defined(__AVX512F__)
   const __m512 scale = _mm512_set1_ps(absmax);
   if constexpr (Bits == 8) {
     // The 256-entry lookup from registers (a gather costs more): eight 32-entry permutes on the code's
@@ -469,75 +412,99 @@ inline void dequantize_codes(const float* table, const std::uint8_t* codes, std:
       _mm512_storeu_ps(out + e, _mm512_mul_ps(_mm512_maskz_permutexvar_ps(0xffff, index, entries), scale));
     }
   }
+  return e;
+}
+
+template <int Bits>
+__attribute__((target("avx2,fma"))) inline std::int64_t dequantize_codes_avx2(const float* table, const std::uint8_t* codes,
+                                                                             std::int64_t first, std::int64_t count,
+                                                                             float absmax, float* out) noexcept {
+  std::int64_t e = 0;
+  const __m256 scale = _mm256_set1_ps(absmax);
+  if constexpr (Bits == 8) {
+    // AVX2 has no 256-entry permute; an 8-lane gather is cheaper than the 32-permute tree it would take.
+    for (const std::int64_t end = count - count % 8; e < end; e += 8) {
+      const __m256i index = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes + first + e)));
+      _mm256_storeu_ps(out + e, _mm256_mul_ps(_mm256_i32gather_ps(table, index, 4), scale));
+    }
+  } else if ((first & 1) == 0) {  // 16 codes in 8 bytes, the even element in the high nibble
+    const __m256 low_half = _mm256_loadu_ps(table), high_half = _mm256_loadu_ps(table + 8);
+    for (const std::int64_t end = count - count % 16; e < end; e += 16) {
+      const __m128i packed = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes + (first + e) / 2));
+      const __m128i high = _mm_and_si128(_mm_srli_epi16(packed, 4), _mm_set1_epi8(0x0f));
+      const __m128i low = _mm_and_si128(packed, _mm_set1_epi8(0x0f));
+      const __m128i index = _mm_unpacklo_epi8(high, low);  // 16 codes in element order
+      const __m256i first8 = _mm256_cvtepu8_epi32(index), next8 = _mm256_cvtepu8_epi32(_mm_srli_si128(index, 8));
+      _mm256_storeu_ps(out + e, _mm256_mul_ps(lookup16_avx2(low_half, high_half, first8), scale));
+      _mm256_storeu_ps(out + e + 8, _mm256_mul_ps(lookup16_avx2(low_half, high_half, next8), scale));
+    }
+  }
+  return e;
+}
+#endif
+
+// adamw_update over contiguous arrays. The vector bodies repeat adamw_update's operations one for one
+// (keep them in step): g++ cannot vectorize adamw_update itself, because std::sqrt may set errno
+// (-fmath-errno is the default), which puts a branch in every element.
+inline void adamw_update_array(float* param, float* m, float* v, const float* grad, std::int64_t count,
+                               const adam_coefficients& c) noexcept {
+  std::int64_t i = 0;
+#if MEMKIT_X86_DISPATCH
+  const host_isa isa = host_isa_in_use();
+  if (isa == host_isa::avx512) i = adamw_update_avx512(param, m, v, grad, count, c);
+  else if (isa == host_isa::avx2) i = adamw_update_avx2(param, m, v, grad, count, c);
+  else
+#endif
+  {
+#if MEMKIT_HOST_SIMD
+    using L = host_lanes;
+    const L::type multiplier = L::set(c.grad_multiplier), decay = L::set(c.decay), beta1 = L::set(c.beta1),
+                  one_minus_beta1 = L::set(c.one_minus_beta1), beta2 = L::set(c.beta2),
+                  one_minus_beta2 = L::set(c.one_minus_beta2), correction2 = L::set(c.bias_correction2_sqrt),
+                  eps = L::set(c.eps), step_size = L::set(c.step_size);
+    for (const std::int64_t end = count - count % L::width; i < end; i += L::width) {
+      const L::type g = L::mul(L::load(grad + i), multiplier);
+      L::type p = L::mul(L::load(param + i), decay);
+      const L::type m_new = L::add(L::mul(beta1, L::load(m + i)), L::mul(one_minus_beta1, g));
+      const L::type v_new = L::add(L::mul(beta2, L::load(v + i)), L::mul(L::mul(one_minus_beta2, g), g));
+      const L::type denominator = L::add(L::div(L::sqrt(v_new), correction2), eps);
+      p = L::sub(p, L::mul(step_size, L::div(m_new, denominator)));
+      L::store(m + i, m_new);
+      L::store(v + i, v_new);
+      L::store(param + i, p);
+    }
+#endif
+  }
+  for (; i < count; ++i) adamw_update(param[i], m[i], v[i], grad[i], c);
+}
+
+// Dequantizes `count` codes of one block starting at element `first`: out[e] = table[code] * absmax.
+template <int Bits>
+inline void dequantize_codes(const float* table, const std::uint8_t* codes, std::int64_t first, std::int64_t count,
+                             float absmax, float* out) noexcept {
+  std::int64_t e = 0;
+#if MEMKIT_X86_DISPATCH
+  const host_isa isa = host_isa_in_use();
+  if (isa == host_isa::avx512) e = dequantize_codes_avx512<Bits>(table, codes, first, count, absmax, out);
+  else if (isa == host_isa::avx2) e = dequantize_codes_avx2<Bits>(table, codes, first, count, absmax, out);
 #endif
   for (; e < count; ++e) out[e] = mul_rn(table[load_code<Bits>(codes, first + e)], absmax);
 }
 
-// 8-bit codes of values[e] * inverse, e < count, by the index (the codes of dynamic_code_indexed).
-// The AVX-512 path works in three phases per chunk: keys (vector), the index words (scalar loads: on
-// the CPUs measured, 16 scalar loads cost less than one 16-lane gather), then the midpoint test (vector).
-inline void dynamic_codes_indexed(const dynamic_code_index& index, const float* values, float inverse,
-                                  std::int64_t count, std::uint8_t* codes) noexcept {
-  std::int64_t e = 0;
-#if MEMKIT_HOST_SIMD && defined(__AVX512F__)
-  const __m512 scale = _mm512_set1_ps(inverse);
-  const __m512i low_bits = _mm512_set1_epi32(0xffff), high_bits = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
-  const __m512i code_bits = _mm512_set1_epi32(0xff), one = _mm512_set1_epi32(1);
-  const __m512i magnitude_bits = _mm512_set1_epi32(0x7fffffff);
-  const __m512i first_key = _mm512_set1_epi32(static_cast<int>(index.first_key));
-  const __m512i last_key = _mm512_set1_epi32(static_cast<int>(dynamic_code_index::top_key - index.first_key));
-  const __m512i negative_limit = _mm512_set1_epi32(static_cast<int>(index.negative_limit));
-  const __m512i positive_buckets = _mm512_set1_epi32(static_cast<int>(index.positive_buckets));
-  const std::uint32_t* buckets = index.buckets.data();
-  constexpr int chunk = 256;
-  alignas(64) std::uint32_t keys[chunk], words[chunk];
-  for (const std::int64_t end = count - count % chunk; e < end; e += chunk) {
-    for (int k = 0; k < chunk; k += 16) {  // dynamic_code_index::bucket_of, 16 lanes
-      const __m512i x_bits = _mm512_castps_si512(_mm512_mul_ps(_mm512_loadu_ps(values + e + k), scale));
-      const __m512i magnitude = _mm512_maskz_srli_epi32(0xffff, _mm512_and_si512(x_bits, magnitude_bits), 16);
-      const __m512i key = _mm512_maskz_min_epu32(0xffff, _mm512_sub_epi32(_mm512_maskz_max_epu32(0xffff, magnitude, first_key), first_key), last_key);
-      const __m512i negative_key = _mm512_add_epi32(_mm512_maskz_min_epu32(0xffff, key, negative_limit), positive_buckets);
-      _mm512_store_si512(keys + k, _mm512_mask_blend_epi32(_mm512_cmplt_epi32_mask(x_bits, _mm512_setzero_si512()), key, negative_key));
-    }
-    for (int k = 0; k < chunk; k += 4) {
-      std::uint32_t k0 = keys[k], k1 = keys[k + 1], k2 = keys[k + 2], k3 = keys[k + 3];
-      asm("" : "+r"(k0), "+r"(k1), "+r"(k2), "+r"(k3));  // keeps g++ from turning these loads back into a gather
-      words[k] = buckets[k0];
-      words[k + 1] = buckets[k1];
-      words[k + 2] = buckets[k2];
-      words[k + 3] = buckets[k3];
-    }
-    for (int k = 0; k < chunk; k += 16) {
-      const __m512 x = _mm512_mul_ps(_mm512_loadu_ps(values + e + k), scale);
-      const __m512i x_bits = _mm512_castps_si512(x);
-      const __m512i bucket = _mm512_load_si512(words + k);
-      const __m512 threshold = _mm512_castsi512_ps(
-          _mm512_or_si512(_mm512_and_si512(x_bits, high_bits), _mm512_and_si512(bucket, low_bits)));
-      const __mmask16 has_threshold = _mm512_test_epi32_mask(bucket, _mm512_set1_epi32(1 << 25));
-      const __mmask16 tie_up = _mm512_test_epi32_mask(bucket, _mm512_set1_epi32(1 << 24));
-      const __mmask16 up = has_threshold & (_mm512_cmp_ps_mask(x, threshold, _CMP_GT_OQ) |
-                                            (_mm512_cmp_ps_mask(x, threshold, _CMP_EQ_OQ) & tie_up));
-      const __m512i code = _mm512_and_si512(_mm512_maskz_srli_epi32(0xffff, bucket, 16), code_bits);
-      const __mmask16 number = _mm512_cmp_ps_mask(x, x, _CMP_ORD_Q);  // NaN -> code 0
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + e + k),
-                       _mm512_maskz_cvtepi32_epi8(number, _mm512_mask_add_epi32(code, up, code, one)));
-    }
-  }
-#endif
-  for (; e < count; ++e) codes[e] = static_cast<std::uint8_t>(dynamic_code_indexed(index, mul_rn(values[e], inverse)));
-}
-
-// 4-bit codes of values[e] * inverse (nearest_in_table<16>), packed two per byte into codes[0..count/2);
-// count is even (blocks are even-sized and start at even indices) except for a tensor's last block.
-inline void table16_codes(const float* table, const float* values, float inverse, std::int64_t count,
-                          std::uint8_t* codes) noexcept {
-  std::int64_t e = 0;
-#if MEMKIT_HOST_SIMD && defined(__AVX512F__)
-  // After nearest_in_table's search, its midpoint test compares with (table[low] + table[low + 1]) * 0.5f,
-  // never passed at the last entry.
-  float midpoints[16];
+#if MEMKIT_X86_DISPATCH
+// After nearest_in_table's search, its midpoint test compares with (table[low] + table[low + 1]) * 0.5f,
+// never passed at the last entry.
+inline void table16_midpoints(const float* table, float* midpoints) noexcept {
   for (int k = 0; k < 15; ++k) midpoints[k] = mul_rn(add_rn(table[k], table[k + 1]), 0.5f);
   midpoints[15] = std::numeric_limits<float>::infinity();
+}
+
+__attribute__((target("avx512f"))) inline std::int64_t table16_codes_avx512(const float* table, const float* values,
+                                                                           float inverse, std::int64_t count,
+                                                                           std::uint8_t* codes) noexcept {
+  std::int64_t e = 0;
+  float midpoints[16];
+  table16_midpoints(table, midpoints);
   const __m512 middle = _mm512_loadu_ps(midpoints), entries = _mm512_loadu_ps(table);
   const __m512 scale = _mm512_set1_ps(inverse);
   const __m512i one = _mm512_set1_epi32(1);
@@ -550,12 +517,49 @@ inline void table16_codes(const float* table, const float* values, float inverse
       low = _mm512_mask_add_epi32(low, _mm512_cmp_ps_mask(probe, x, _CMP_LE_OQ), low, step);
     }
     const __mmask16 up = _mm512_cmp_ps_mask(x, _mm512_maskz_permutexvar_ps(0xffff, low, middle), _CMP_GT_OQ);
-    const __m128i code = _mm512_maskz_cvtepi32_epi8(0xffff, _mm512_mask_add_epi32(low, up, low, one));
-    // Pairs (even, odd) -> (even << 4) | odd.
-    const __m128i pairs = _mm_or_si128(_mm_slli_epi16(_mm_and_si128(code, _mm_set1_epi16(0x00ff)), 4),
-                                       _mm_srli_epi16(code, 8));
-    _mm_storel_epi64(reinterpret_cast<__m128i*>(codes + e / 2), _mm_packus_epi16(pairs, pairs));
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(codes + e / 2),
+                     pack_nibble_pairs(_mm512_maskz_cvtepi32_epi8(0xffff, _mm512_mask_add_epi32(low, up, low, one))));
   }
+  return e;
+}
+
+__attribute__((target("avx2,fma"))) inline std::int64_t table16_codes_avx2(const float* table, const float* values,
+                                                                          float inverse, std::int64_t count,
+                                                                          std::uint8_t* codes) noexcept {
+  std::int64_t e = 0;
+  float midpoints[16];
+  table16_midpoints(table, midpoints);
+  const __m256 entries_low = _mm256_loadu_ps(table), entries_high = _mm256_loadu_ps(table + 8);
+  const __m256 middle_low = _mm256_loadu_ps(midpoints), middle_high = _mm256_loadu_ps(midpoints + 8);
+  const __m256 scale = _mm256_set1_ps(inverse);
+  for (const std::int64_t end = count - count % 16; e < end; e += 16) {
+    __m128i bytes[2];
+    for (int part = 0; part < 2; ++part) {
+      const __m256 x = _mm256_mul_ps(_mm256_loadu_ps(values + e + 8 * part), scale);
+      __m256i low = _mm256_setzero_si256();
+      for (int half = 8; half > 0; half >>= 1) {  // nearest_in_table's search, the table in two registers
+        const __m256i step = _mm256_set1_epi32(half);
+        const __m256 probe = lookup16_avx2(entries_low, entries_high, _mm256_add_epi32(low, step));
+        low = _mm256_add_epi32(low, _mm256_and_si256(_mm256_castps_si256(_mm256_cmp_ps(probe, x, _CMP_LE_OQ)), step));
+      }
+      const __m256 up = _mm256_cmp_ps(x, lookup16_avx2(middle_low, middle_high, low), _CMP_GT_OQ);
+      bytes[part] = low_bytes_avx2(_mm256_sub_epi32(low, _mm256_castps_si256(up)));
+    }
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(codes + e / 2), pack_nibble_pairs(_mm_unpacklo_epi64(bytes[0], bytes[1])));
+  }
+  return e;
+}
+#endif
+
+// 4-bit codes of values[e] * inverse (nearest_in_table<16>), packed two per byte into codes[0..count/2);
+// count is even (blocks are even-sized and start at even indices) except for a tensor's last block.
+inline void table16_codes(const float* table, const float* values, float inverse, std::int64_t count,
+                          std::uint8_t* codes) noexcept {
+  std::int64_t e = 0;
+#if MEMKIT_X86_DISPATCH
+  const host_isa isa = host_isa_in_use();
+  if (isa == host_isa::avx512) e = table16_codes_avx512(table, values, inverse, count, codes);
+  else if (isa == host_isa::avx2) e = table16_codes_avx2(table, values, inverse, count, codes);
 #endif
   for (; e < count; e += 2) {
     const unsigned high = nearest_in_table<16>(table, mul_rn(values[e], inverse));
@@ -563,6 +567,10 @@ inline void table16_codes(const float* table, const float* values, float inverse
     codes[e / 2] = static_cast<std::uint8_t>((high << 4) | low);
   }
 }
+
+#if MEMKIT_X86_DISPATCH
+#undef MEMKIT_UNFUSED
+#endif
 
 }  // namespace detail
 

@@ -16,8 +16,10 @@
 // find_nonfinite_block() locates it after the stream is synchronized (quantized_tensor does this for you).
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cmath>
+#include <limits>
 #include <cstdint>
 #include <string>
 #include <type_traits>
@@ -29,7 +31,9 @@
 #include "memkit/core/tensor_view.hpp"
 #include "memkit/core/units.hpp"
 #include "memkit/memory/resource.hpp"
+#include "memkit/core/host_simd.hpp"
 #include "memkit/quant/codebooks.hpp"
+#include "memkit/quant/dynamic_index.hpp"
 
 // Host SIMD (x86-64 with GCC or Clang, outside nvcc), selected per CPU at run time.
 #if !MEMKIT_HAS_CUDA && defined(__GNUC__) && defined(__x86_64__)
@@ -271,25 +275,39 @@ inline bool cpu_has_avx512bw() noexcept {
   return has;
 }
 
+// encode<F>'s thresholds, for the vector encoders.
+inline constexpr float nf4_thresholds[15] = {-0.8480964004993439f,  -0.6106329262256622f, -0.4599952697753906f,
+                                             -0.33967943489551544f, -0.23460740596055984f, -0.13791173323988914f,
+                                             -0.045525018125772476f, 0.03979014977812767f, 0.1202552504837513f,
+                                             0.2035212516784668f,   0.2920137718319893f,  0.3893125355243683f,
+                                             0.5016634166240692f,   0.6427869200706482f,  0.8614784181118011f};
+inline constexpr float fp4_thresholds[7] = {0.00260417f, 0.0859375f, 0.20833333f, 0.29166667f,
+                                            0.4166667f,  0.583333f,  0.8333333f};
+
+// The thresholds of a 4-bit format padded to 16 with +Inf, which no value exceeds. encode<F> counts the
+// thresholds below a value; over sorted thresholds a binary search with the same strict, ordered `>` finds
+// the same count (NaN exceeds none: code 0) in 4 steps instead of 15 compares.
+template <format F>
+inline constexpr std::array<float, 16> padded_thresholds = [] {
+  std::array<float, 16> padded{};
+  for (int k = 0; k < 16; ++k) {
+    const int count = F == format::nf4 ? 15 : 7;
+    padded[static_cast<std::size_t>(k)] = k < count ? (F == format::nf4 ? nf4_thresholds[k] : fp4_thresholds[k])
+                                                    : std::numeric_limits<float>::infinity();
+  }
+  return padded;
+}();
+
 // 4-bit encoding of `pairs` value pairs (a multiple of 8), 16 values per step: the value times the block
-// reciprocal (one IEEE multiply), then encode<F>'s threshold counting with ordered compares (NaN counts
-// nothing, as `>` does), then two codes per byte. Same codes as the scalar loop; the tests compare them.
+// reciprocal (one IEEE multiply), then encode<F>'s threshold count by binary search (padded_thresholds),
+// then two codes per byte. Same codes as the scalar loop; the tests compare them.
 // The zero-masked intrinsics avoid GCC 12's warning about the unmasked ones' undefined operand.
 template <format F, class T>
 __attribute__((target("avx512f,avx512bw"))) void encode4_avx512(const T* values, std::int64_t pairs, float reciprocal,
                                                                std::uint8_t* out) noexcept {
-  constexpr int count = F == format::nf4 ? 15 : 7;
-  constexpr float nf4_thresholds[15] = {-0.8480964004993439f,  -0.6106329262256622f, -0.4599952697753906f,
-                                        -0.33967943489551544f, -0.23460740596055984f, -0.13791173323988914f,
-                                        -0.045525018125772476f, 0.03979014977812767f, 0.1202552504837513f,
-                                        0.2035212516784668f,   0.2920137718319893f,  0.3893125355243683f,
-                                        0.5016634166240692f,   0.6427869200706482f,  0.8614784181118011f};
-  constexpr float fp4_thresholds[7] = {0.00260417f, 0.0859375f, 0.20833333f, 0.29166667f,
-                                       0.4166667f,  0.583333f,  0.8333333f};
-  __m512 threshold[count];
-  for (int k = 0; k < count; ++k) threshold[k] = _mm512_set1_ps(F == format::nf4 ? nf4_thresholds[k] : fp4_thresholds[k]);
+  constexpr int first_step = F == format::nf4 ? 8 : 4;  // 15 or 7 thresholds
+  const __m512 thresholds = _mm512_loadu_ps(padded_thresholds<F>.data());
   const __m512 scale = _mm512_set1_ps(reciprocal);
-  const __m512i one = _mm512_set1_epi32(1);
   for (std::int64_t p = 0; p < pairs; p += 8) {
     __m512 x;
     if constexpr (std::is_same_v<T, float>) {
@@ -303,13 +321,19 @@ __attribute__((target("avx512f,avx512bw"))) void encode4_avx512(const T* values,
     const __m512 normalized = _mm512_mul_ps(x, scale);
     __m512i code = _mm512_setzero_si512();
     if constexpr (F == format::nf4) {
-      for (int k = 0; k < count; ++k)
-        code = _mm512_mask_add_epi32(code, _mm512_cmp_ps_mask(normalized, threshold[k], _CMP_GT_OQ), code, one);
+      for (int step = first_step; step > 0; step >>= 1) {
+        const __m512i probe = _mm512_add_epi32(code, _mm512_set1_epi32(step - 1));
+        const __mmask16 above = _mm512_cmp_ps_mask(normalized, _mm512_maskz_permutexvar_ps(0xffff, probe, thresholds), _CMP_GT_OQ);
+        code = _mm512_mask_add_epi32(code, above, code, _mm512_set1_epi32(step));
+      }
     } else {
       const __m512 magnitude = _mm512_castsi512_ps(
           _mm512_and_si512(_mm512_castps_si512(normalized), _mm512_set1_epi32(0x7fffffff)));
-      for (int k = 0; k < count; ++k)
-        code = _mm512_mask_add_epi32(code, _mm512_cmp_ps_mask(magnitude, threshold[k], _CMP_GT_OQ), code, one);
+      for (int step = first_step; step > 0; step >>= 1) {
+        const __m512i probe = _mm512_add_epi32(code, _mm512_set1_epi32(step - 1));
+        const __mmask16 above = _mm512_cmp_ps_mask(magnitude, _mm512_maskz_permutexvar_ps(0xffff, probe, thresholds), _CMP_GT_OQ);
+        code = _mm512_mask_add_epi32(code, above, code, _mm512_set1_epi32(step));
+      }
       code = _mm512_xor_si512(code, _mm512_maskz_slli_epi32(0xffff, _mm512_and_si512(code, _mm512_set1_epi32(2)), 1));
       const __mmask16 negative = _mm512_cmp_ps_mask(normalized, _mm512_setzero_ps(), _CMP_LT_OQ);
       code = _mm512_mask_or_epi32(code, negative, code, _mm512_set1_epi32(8));
@@ -318,6 +342,74 @@ __attribute__((target("avx512f,avx512bw"))) void encode4_avx512(const T* values,
     const __m128i bytes = _mm512_maskz_cvtepi32_epi8(0xffff, code);
     const __m128i pairs16 = _mm_or_si128(_mm_slli_epi16(_mm_and_si128(bytes, _mm_set1_epi16(0x00ff)), 4),
                                          _mm_srli_epi16(bytes, 8));
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(out + p), _mm_packus_epi16(pairs16, _mm_setzero_si128()));
+  }
+}
+
+// The low bytes of 8 int32 lanes holding 0..255, in order, in the low 8 bytes.
+__attribute__((target("avx2"))) inline __m128i low_bytes_of_lanes_avx2(__m256i lanes) noexcept {
+  const __m256i gather = _mm256_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,  //
+                                          0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1);
+  const __m256i bytes = _mm256_shuffle_epi8(lanes, gather);
+  return _mm_unpacklo_epi32(_mm256_castsi256_si128(bytes), _mm256_extracti128_si256(bytes, 1));
+}
+
+// 8 values widened to fp32 (exactly, as to_float does).
+template <class T>
+__attribute__((target("avx2,fma,f16c"))) inline __m256 load8_as_float_avx2(const T* values) noexcept {
+  if constexpr (std::is_same_v<T, float>) {
+    return _mm256_loadu_ps(values);
+  } else if constexpr (std::is_same_v<T, bf16>) {
+    const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(values)));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
+  } else {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(values)));
+  }
+}
+
+// The entries of a 16-entry table, held as two 8-entry halves, at 8 indices 0..15 (bit 3 picks the half).
+__attribute__((target("avx2"))) inline __m256 lookup16_avx2(__m256 low_half, __m256 high_half, __m256i index) noexcept {
+  return _mm256_blendv_ps(_mm256_permutevar8x32_ps(low_half, index), _mm256_permutevar8x32_ps(high_half, index),
+                          _mm256_castsi256_ps(_mm256_slli_epi32(index, 28)));
+}
+
+// encode4_avx512's AVX2 + FMA sibling, 16 values (two vectors of 8) per step: the same multiply, the same
+// binary search over the padded thresholds, the same codes.
+template <format F, class T>
+__attribute__((target("avx2,fma,f16c"))) void encode4_avx2(const T* values, std::int64_t pairs, float reciprocal,
+                                                          std::uint8_t* out) noexcept {
+  constexpr int first_step = F == format::nf4 ? 8 : 4;  // 15 or 7 thresholds
+  const __m256 low_half = _mm256_loadu_ps(padded_thresholds<F>.data());
+  const __m256 high_half = _mm256_loadu_ps(padded_thresholds<F>.data() + 8);
+  const __m256 scale = _mm256_set1_ps(reciprocal);
+  for (std::int64_t p = 0; p < pairs; p += 8) {
+    __m128i bytes[2];
+    for (int half = 0; half < 2; ++half) {
+      const __m256 normalized = _mm256_mul_ps(load8_as_float_avx2(values + 2 * p + 8 * half), scale);
+      __m256i code = _mm256_setzero_si256();
+      if constexpr (F == format::nf4) {
+        for (int step = first_step; step > 0; step >>= 1) {
+          const __m256i probe = _mm256_add_epi32(code, _mm256_set1_epi32(step - 1));
+          const __m256 above = _mm256_cmp_ps(normalized, lookup16_avx2(low_half, high_half, probe), _CMP_GT_OQ);
+          code = _mm256_add_epi32(code, _mm256_and_si256(_mm256_castps_si256(above), _mm256_set1_epi32(step)));
+        }
+      } else {
+        const __m256 magnitude = _mm256_and_ps(normalized, _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff)));
+        for (int step = first_step; step > 0; step >>= 1) {  // 8 thresholds: the low half is enough
+          const __m256i probe = _mm256_add_epi32(code, _mm256_set1_epi32(step - 1));
+          const __m256 above = _mm256_cmp_ps(magnitude, _mm256_permutevar8x32_ps(low_half, probe), _CMP_GT_OQ);
+          code = _mm256_add_epi32(code, _mm256_and_si256(_mm256_castps_si256(above), _mm256_set1_epi32(step)));
+        }
+        code = _mm256_xor_si256(code, _mm256_slli_epi32(_mm256_and_si256(code, _mm256_set1_epi32(2)), 1));
+        const __m256i negative = _mm256_castps_si256(_mm256_cmp_ps(normalized, _mm256_setzero_ps(), _CMP_LT_OQ));
+        code = _mm256_or_si256(code, _mm256_and_si256(negative, _mm256_set1_epi32(8)));
+      }
+      bytes[half] = low_bytes_of_lanes_avx2(code);
+    }
+    // 16 codes -> 8 bytes, the even value in the high nibble.
+    const __m128i codes16 = _mm_unpacklo_epi64(bytes[0], bytes[1]);
+    const __m128i pairs16 = _mm_or_si128(_mm_slli_epi16(_mm_and_si128(codes16, _mm_set1_epi16(0x00ff)), 4),
+                                         _mm_srli_epi16(codes16, 8));
     _mm_storel_epi64(reinterpret_cast<__m128i*>(out + p), _mm_packus_epi16(pairs16, _mm_setzero_si128()));
   }
 }
@@ -406,37 +498,82 @@ void require_finite_host(const T* input, std::int64_t numel, std::int64_t block_
   }
 }
 
+// Whether `map` is the signed dynamic map, whose codes the indexed encoder (quant/dynamic_index.hpp) finds.
+inline bool is_signed_dynamic_map(const float* map) noexcept {
+  for (int i = 0; i < 256; ++i)
+    if (::memkit::detail::bit_cast<std::uint32_t>(map[i]) != ::memkit::detail::bit_cast<std::uint32_t>(dynamic_map_signed[static_cast<std::size_t>(i)]))
+      return false;
+  return true;
+}
+
+// Per block: the absmax pass (max_magnitude_bits, which the finiteness check has already read), then the
+// codes of value * reciprocal while the block is in L1. The vector encoders are chosen at run time
+// (core/host_simd.hpp); int8 with the signed dynamic map takes the indexed encoder. Every path gives the
+// codes of encode<F> (tests/host/quant_blockwise_test.cpp compares them on each instruction set).
 template <format F, float_storage T>
 void quantize_host(const T* input, std::int64_t numel, std::int64_t block_size, std::uint8_t* codes, float* absmax,
                    const float* map) {
-  for (std::int64_t begin = 0, block = 0; begin < numel; begin += block_size, ++block) {
-    const std::int64_t count = numel - begin < block_size ? numel - begin : block_size;
-    const T* values = input + begin;
-    const std::uint32_t max_bits = max_magnitude_bits(values, count);
-    const float block_max = ::memkit::detail::bit_cast<float>(max_bits);  // finite: checked before
-    absmax[block] = block_max;
-    const float reciprocal = block_reciprocal(block_max);
-    if constexpr (F == format::int8) {
-      for (std::int64_t i = 0; i < count; ++i) codes[begin + i] = encode<F>(stored_product(to_float(values[i]), reciprocal), map);
-    } else {
-      std::uint8_t* out = codes + begin / 2;
-      const std::int64_t pairs = count / 2;
-      std::int64_t p = 0;
 #if MEMKIT_QUANT_X86_SIMD
-      if (pairs >= 8 && cpu_has_avx512bw()) {
-        p = pairs - pairs % 8;
-        encode4_avx512<F>(values, p, reciprocal, out);
-      }
+  const host_isa isa = host_isa_in_use();
 #endif
-      for (; p < pairs; ++p) {
-        const std::uint8_t high = encode<F>(stored_product(to_float(values[2 * p]), reciprocal), map);
-        const std::uint8_t low = encode<F>(stored_product(to_float(values[2 * p + 1]), reciprocal), map);
-        out[p] = static_cast<std::uint8_t>((high << 4) | low);
-      }
-      if (count & 1) {  // odd tail of the tensor: pad with 0.0, which is scaled like any other value
-        const std::uint8_t high = encode<F>(stored_product(to_float(values[count - 1]), reciprocal), map);
-        const std::uint8_t low = encode<F>(stored_product(0.0f, reciprocal), map);
-        out[pairs] = static_cast<std::uint8_t>((high << 4) | low);
+  const ::memkit::detail::dynamic_code_index* index = nullptr;
+  if constexpr (F == format::int8)
+    if (is_signed_dynamic_map(map)) index = &::memkit::detail::dynamic_code_index_for<true>();
+  // Blocks go in groups of up to max_block_size values: first every absmax and reciprocal of the group, then
+  // their codes. Block by block, each block's encoding would wait for its own absmax and division.
+  constexpr std::int64_t group_values = max_block_size;
+  const std::int64_t group_blocks = block_size < group_values ? group_values / block_size : 1;
+  float reciprocals[group_values / min_block_size];
+  for (std::int64_t first_block = 0; first_block * block_size < numel; first_block += group_blocks) {
+    const std::int64_t blocks = std::min(group_blocks, block_count(numel, block_size) - first_block);
+    for (std::int64_t g = 0; g < blocks; ++g) {
+      const std::int64_t begin = (first_block + g) * block_size;
+      const std::int64_t count = numel - begin < block_size ? numel - begin : block_size;
+      // Finite: checked before.
+      const float block_max = ::memkit::detail::bit_cast<float>(max_magnitude_bits(input + begin, count));
+      absmax[first_block + g] = block_max;
+      reciprocals[g] = block_reciprocal(block_max);
+    }
+    for (std::int64_t g = 0; g < blocks; ++g) {
+      const std::int64_t begin = (first_block + g) * block_size;
+      const std::int64_t count = numel - begin < block_size ? numel - begin : block_size;
+      const T* values = input + begin;
+      const float reciprocal = reciprocals[g];
+      if constexpr (F == format::int8) {
+        if (index != nullptr) {
+          if constexpr (std::is_same_v<T, float>) {
+            ::memkit::detail::dynamic_codes_indexed(*index, values, reciprocal, count, codes + begin);
+          } else {
+            float widened[max_block_size];
+            for (std::int64_t i = 0; i < count; ++i) widened[i] = to_float(values[i]);
+            ::memkit::detail::dynamic_codes_indexed(*index, widened, reciprocal, count, codes + begin);
+          }
+        } else {
+          for (std::int64_t i = 0; i < count; ++i) codes[begin + i] = encode<F>(stored_product(to_float(values[i]), reciprocal), map);
+        }
+      } else {
+        std::uint8_t* out = codes + begin / 2;
+        const std::int64_t pairs = count / 2;
+        std::int64_t p = 0;
+#if MEMKIT_QUANT_X86_SIMD
+        if (pairs >= 8 && isa == host_isa::avx512) {
+          p = pairs - pairs % 8;
+          encode4_avx512<F>(values, p, reciprocal, out);
+        } else if (pairs >= 8 && isa == host_isa::avx2) {
+          p = pairs - pairs % 8;
+          encode4_avx2<F>(values, p, reciprocal, out);
+        }
+#endif
+        for (; p < pairs; ++p) {
+          const std::uint8_t high = encode<F>(stored_product(to_float(values[2 * p]), reciprocal), map);
+          const std::uint8_t low = encode<F>(stored_product(to_float(values[2 * p + 1]), reciprocal), map);
+          out[p] = static_cast<std::uint8_t>((high << 4) | low);
+        }
+        if (count & 1) {  // odd tail of the tensor: pad with 0.0, which is scaled like any other value
+          const std::uint8_t high = encode<F>(stored_product(to_float(values[count - 1]), reciprocal), map);
+          const std::uint8_t low = encode<F>(stored_product(0.0f, reciprocal), map);
+          out[pairs] = static_cast<std::uint8_t>((high << 4) | low);
+        }
       }
     }
   }
@@ -608,13 +745,13 @@ __global__ void dequantize4_vector_kernel(const std::uint8_t* __restrict__ codes
 
 }  // namespace detail
 
-// Quantizes `input` blockwise into `codes` (code_bytes(fmt, n) bytes) and `absmax` (block_count(n, b)
-// floats). `tensor_name` names the tensor in error messages. `map` is the 8-bit map of the int8 format.
+namespace detail {
+// quantize_blockwise; `input_checked`: the caller has already checked on the host that every value is finite
+// (quantized_tensor::quantize does, before it allocates), so the input is read once less.
 template <executor E, class Input>
-  requires float_storage<std::remove_const_t<Input>>
-void quantize_blockwise(const E& exec, format fmt, tensor_view<Input> input_view, std::int64_t block_size,
-                        tensor_view<std::uint8_t> codes, tensor_view<float> absmax,
-                        const char* tensor_name = "input", const code_table<256>& map = signed_dynamic_table) {
+void quantize_blockwise_checked(const E& exec, format fmt, tensor_view<Input> input_view, std::int64_t block_size,
+                                tensor_view<std::uint8_t> codes, tensor_view<float> absmax, const char* tensor_name,
+                                const code_table<256>& map, bool input_checked) {
   const tensor_view<const std::remove_const_t<Input>> input = input_view;
   constexpr const char* operation = "quant::quantize_blockwise";
   require_block_size(block_size, operation);
@@ -631,13 +768,13 @@ void quantize_blockwise(const E& exec, format fmt, tensor_view<Input> input_view
   require_accessible(exec, absmax, operation, "absmax");
   if (numel == 0) return;
   if constexpr (!E::on_device) {
-    detail::require_finite_host(input.data(), numel, block_size, operation, tensor_name);
-    detail::dispatch_format(fmt, [&]<format F>() {
-      detail::quantize_host<F>(input.data(), numel, block_size, codes.data(), absmax.data(), map.value);
+    if (!input_checked) require_finite_host(input.data(), numel, block_size, operation, tensor_name);
+    dispatch_format(fmt, [&]<format F>() {
+      quantize_host<F>(input.data(), numel, block_size, codes.data(), absmax.data(), map.value);
     });
   } else {
 #if MEMKIT_HAS_CUDA
-    (void)tensor_name;
+    (void)tensor_name, (void)input_checked;
     constexpr int threads = 256;
     const int grid = detail::grid_for(block_count(numel, block_size) * 32, threads);
     ::memkit::detail::with_device(exec.device, [&] {
@@ -650,6 +787,18 @@ void quantize_blockwise(const E& exec, format fmt, tensor_view<Input> input_view
     });
 #endif
   }
+}
+
+}  // namespace detail
+
+// Quantizes `input` blockwise into `codes` (code_bytes(fmt, n) bytes) and `absmax` (block_count(n, b)
+// floats). `tensor_name` names the tensor in error messages. `map` is the 8-bit map of the int8 format.
+template <executor E, class Input>
+  requires float_storage<std::remove_const_t<Input>>
+void quantize_blockwise(const E& exec, format fmt, tensor_view<Input> input, std::int64_t block_size,
+                        tensor_view<std::uint8_t> codes, tensor_view<float> absmax,
+                        const char* tensor_name = "input", const code_table<256>& map = signed_dynamic_table) {
+  detail::quantize_blockwise_checked(exec, fmt, input, block_size, codes, absmax, tensor_name, map, false);
 }
 
 namespace detail {

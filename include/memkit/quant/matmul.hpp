@@ -3,8 +3,12 @@
 //   y  = x  * dequant(W)^T     x [M, K], W [N, K] -> y  [M, N]    (the Linear forward)
 //   dx = dy * dequant(W)       dy [M, N]           -> dx [M, K]   (the input gradient; W gets none)
 //
-// Host: W is dequantized a tile of rows at a time into fp32 workspace (tile_floats values, 256 KiB by
-// default, so it stays in cache) and multiplied there; fp32 accumulation throughout.
+// Host: batches of up to 32 rows (4-bit W, rows of whole blocks) decode W inside the dot products, up to 8
+// rows per pass over W, several columns and two accumulators per row at a time (AVX-512, AVX2 + FMA or
+// portable, chosen at run time by core/host_simd.hpp). Larger batches dequantize tiles of W's rows (at least host_gemm_min_rows of them)
+// into fp32 workspace and multiply them with linalg's packed, register-blocked GEMM micro-kernel. Both
+// paths split the output columns over matmul_config::host_threads threads (core/host_threads.hpp); fp32
+// accumulation throughout.
 // CUDA: for M <= small_batch_limit (at most 8) a fused kernel decodes W on the fly (one warp per output
 // column for y, one thread per input column for dx), reading the 4-bit codes once; larger batches
 // dequantize row tiles (device_tile_floats values, 32 MiB of bf16 by default) into workspace and call cuBLAS (tensor cores for bf16/fp16), accumulating dx in fp32.
@@ -23,7 +27,10 @@
 #include "memkit/core/cublas.hpp"
 #include "memkit/core/execution.hpp"
 #include "memkit/core/float16.hpp"
+#include "memkit/core/host_simd.hpp"
+#include "memkit/core/host_threads.hpp"
 #include "memkit/core/tensor_view.hpp"
+#include "memkit/linalg/gemm.hpp"
 #include "memkit/memory/buffer.hpp"
 #include "memkit/memory/resource.hpp"
 #include "memkit/quant/blockwise.hpp"
@@ -40,6 +47,7 @@ struct matmul_config {
                                               // cuBLAS call gets hundreds of rows, not a handful
   std::int64_t small_batch_limit = 8;   // CUDA: M up to this (and up to 8) uses the fused kernels
   int host_simd = 2;                    // host fused path: 2 best available, 1 at most AVX2, 0 portable C++
+  int host_threads = 1;                 // host: threads over output columns, 0 = every hardware thread
 };
 
 enum class matmul_kind : std::uint8_t { forward, input_grad };
@@ -55,12 +63,77 @@ constexpr std::int64_t tile_rows(std::int64_t N, std::int64_t K, const matmul_co
 
 namespace detail {
 // The host forward with a small batch decodes W inside the dot products (workspace: x widened to fp32
-// once when it is 16-bit): 4-bit formats, M up to host_fused_rows, rows made of whole blocks.
+// once when it is 16-bit): 4-bit formats, rows made of whole blocks, M up to host_fused_limit. The kernels
+// take up to host_fused_rows rows of x per pass over W; a batch of up to host_fused_limit rows makes a few
+// passes, which costs less than dequantizing W for the GEMM path (measured on the 2-core EPYC, 4096 x 4096:
+// decoding W is most of a pass, and the GEMM path's dequantization and packing cost about two passes), so
+// the time grows smoothly from the fused path to the GEMM path instead of jumping at M = 9.
 inline constexpr std::int64_t host_fused_rows = 8;
+inline constexpr std::int64_t host_fused_limit = 32;
 constexpr bool host_fused(matmul_kind kind, format fmt, std::int64_t block_size, std::int64_t M,
                           std::int64_t K) noexcept {
-  return kind == matmul_kind::forward && is_four_bit(fmt) && M <= host_fused_rows && block_size > 0 &&
+  return kind == matmul_kind::forward && is_four_bit(fmt) && M <= host_fused_limit && block_size > 0 &&
          K % block_size == 0;
+}
+}  // namespace detail
+
+namespace detail {
+// The host's threads (0 = every hardware thread, known only at run time).
+constexpr std::int64_t host_matmul_threads(const matmul_config& config) noexcept {
+  if (config.host_threads > 0) return config.host_threads;
+  return config.host_threads == 0 ? resolve_host_threads(0) : 1;
+}
+
+// Host paths split the output columns (rows of W) into `parts` ranges of whole 32-column units.
+inline constexpr std::int64_t host_column_unit = 32;
+constexpr std::int64_t host_column_parts(std::int64_t N, std::int64_t threads) noexcept {
+  const std::int64_t units = (N + host_column_unit - 1) / host_column_unit;
+  return threads < 1 ? 1 : threads < units ? threads : units;
+}
+constexpr std::int64_t host_part_begin(std::int64_t N, std::int64_t parts, std::int64_t part) noexcept {
+  const std::int64_t units = (N + host_column_unit - 1) / host_column_unit;
+  const std::int64_t begin = units * part / parts * host_column_unit;
+  return begin < N ? begin : N;
+}
+
+// The host tiled path: each part dequantizes `rows` rows of W at a time into its tile and multiplies x by
+// it with linalg's micro-kernel on its own gemm scratch. A tile holds at least host_gemm_min_rows rows (or
+// all of the part's), so packing x once per tile stays small against the tile's products.
+inline constexpr std::int64_t host_gemm_min_rows = 128;
+struct host_tiled_plan {
+  std::int64_t parts = 1;
+  std::int64_t rows = 0;
+  std::int64_t tile_floats = 0;      // one part's tile, rounded up to 64 bytes
+  linalg::detail::gemm_plan gemm{};  // one part's product with a full tile
+  constexpr std::int64_t part_floats() const noexcept { return tile_floats + gemm.parts() * gemm.part_floats(); }
+};
+constexpr host_tiled_plan plan_host_forward(std::int64_t M, std::int64_t N, std::int64_t K, bool y_is_16_bit,
+                                            const matmul_config& config) noexcept {
+  host_tiled_plan plan;
+  plan.parts = host_column_parts(N, host_matmul_threads(config));
+  std::int64_t widest = 0;  // the most columns a part holds
+  for (std::int64_t part = 0; part < plan.parts; ++part) {
+    const std::int64_t width = host_part_begin(N, plan.parts, part + 1) - host_part_begin(N, plan.parts, part);
+    widest = width > widest ? width : widest;
+  }
+  const std::int64_t cache_rows = tile_rows(N, K, config, false);
+  const std::int64_t rows = cache_rows > host_gemm_min_rows ? cache_rows : host_gemm_min_rows;
+  plan.rows = rows < widest ? rows : widest;
+  plan.tile_floats = linalg::detail::round_up(plan.rows * K, 16);
+  plan.gemm = linalg::detail::plan_gemm(M, plan.rows, K, 1, y_is_16_bit);
+  return plan;
+}
+// The input gradient: one tile of `rows` rows of W, multiplied into the fp32 dx (or its fp32 accumulator)
+// by a gemm whose threads split dx's columns.
+constexpr host_tiled_plan plan_host_input_grad(std::int64_t M, std::int64_t N, std::int64_t K,
+                                               const matmul_config& config) noexcept {
+  host_tiled_plan plan;
+  const std::int64_t cache_rows = tile_rows(N, K, config, false);
+  const std::int64_t rows = cache_rows > host_gemm_min_rows ? cache_rows : host_gemm_min_rows;
+  plan.rows = rows < N ? rows : N;
+  plan.tile_floats = linalg::detail::round_up(plan.rows * K, 16);
+  plan.gemm = linalg::detail::plan_gemm(M, K, plan.rows, host_matmul_threads(config), false);
+  return plan;
 }
 }  // namespace detail
 
@@ -82,8 +155,13 @@ constexpr std::size_t matmul_workspace_bytes(matmul_kind kind, format fmt, std::
   const bool fp32 = element_bytes == 4;
   if (!on_device) {
     if (detail::host_fused(kind, fmt, block_size, M, K)) return fp32 ? 0 : static_cast<std::size_t>(M * K) * 4;
-    const std::size_t tile = static_cast<std::size_t>(rows * K) * 4;
-    return tile + (kind == matmul_kind::input_grad && !fp32 ? static_cast<std::size_t>(M * K) * 4 : 0);
+    if (M == 0 || N == 0 || K == 0) return 0;
+    if (kind == matmul_kind::forward) {
+      const detail::host_tiled_plan plan = detail::plan_host_forward(M, N, K, !fp32, config);
+      return static_cast<std::size_t>(plan.parts * plan.part_floats()) * 4;
+    }
+    const detail::host_tiled_plan plan = detail::plan_host_input_grad(M, N, K, config);
+    return static_cast<std::size_t>(plan.part_floats()) * 4 + (fp32 ? 0 : static_cast<std::size_t>(M * K) * 4);
   }
   if (detail::device_fused(M, config)) return 0;
   const std::size_t tile = static_cast<std::size_t>(rows * K) * element_bytes;
@@ -109,12 +187,13 @@ inline void axpy(float alpha, const float* x, float* y, std::int64_t n) noexcept
   for (std::int64_t i = 0; i < n; ++i) y[i] += alpha * x[i];
 }
 
-// Host small-batch forward: each row of W is decoded block by block straight into the dot products.
-// Portable version; the AVX2 one below does the same with 8-wide table lookups.
+// Host small-batch forward, y[m, n] for n in [n0, n1): each row of W is decoded block by block straight
+// into the dot products of all M rows of x. Portable version; the vector ones below do the same with
+// wider lookups, several columns at once and two accumulators per row.
 template <format F, class T>
 void fused_gemv_host(const float* x, std::int64_t M, const std::uint8_t* codes, const block_scales& scales,
-                     std::int64_t block_size, std::int64_t N, std::int64_t K, T* y) {
-  for (std::int64_t n = 0; n < N; ++n) {
+                     std::int64_t block_size, std::int64_t N, std::int64_t K, std::int64_t n0, std::int64_t n1, T* y) {
+  for (std::int64_t n = n0; n < n1; ++n) {
     float acc[host_fused_rows] = {};
     for (std::int64_t kb = 0; kb < K; kb += block_size) {
       const float scale = scales((n * K + kb) / block_size);
@@ -133,87 +212,129 @@ void fused_gemv_host(const float* x, std::int64_t M, const std::uint8_t* codes, 
 }
 
 #if MEMKIT_QUANT_X86_SIMD
-inline bool cpu_has_avx2_fma_f16c() noexcept {
-  static const bool has =
-      __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
-  return has;
-}
+// Columns decoded together, per batch size: enough independent accumulator chains (2 per row and column)
+// to hide the FMA latency, within the 32 (AVX-512) or 16 (AVX2) vector registers.
+constexpr int fused_columns_avx512(int rows) noexcept { return rows == 1 ? 4 : rows <= 4 ? 2 : 1; }
+constexpr int fused_columns_avx2(int rows) noexcept { return rows == 1 ? 2 : 1; }
 
-template <format F, class T>
-__attribute__((target("avx2,fma,f16c"))) void fused_gemv_avx2(const float* x, std::int64_t M, const std::uint8_t* codes,
-                                                              const block_scales& scales, std::int64_t block_size,
-                                                              std::int64_t N, std::int64_t K, T* y) {
-  alignas(32) float table[16];
-  for (int c = 0; c < 16; ++c) table[c] = code_value<F>(static_cast<std::uint8_t>(c), nullptr);
-  const __m256 low_table = _mm256_load_ps(table), high_table = _mm256_load_ps(table + 8);
-  const __m128i low_nibble = _mm_set1_epi8(0x0f);
-  for (std::int64_t n = 0; n < N; ++n) {
-    __m256 acc[host_fused_rows];
-    for (__m256& a : acc) a = _mm256_setzero_ps();
-    const std::uint8_t* row = codes + n * K / 2;
-    for (std::int64_t kb = 0; kb < K; kb += block_size) {
-      // Scaled tables: the same single products decode() forms.
-      const __m256 scale = _mm256_set1_ps(scales((n * K + kb) / block_size));
-      const __m256 low = _mm256_mul_ps(low_table, scale), high = _mm256_mul_ps(high_table, scale);
-      for (std::int64_t k = kb; k < kb + block_size; k += 8) {
-        std::uint32_t packed;
-        std::memcpy(&packed, row + k / 2, 4);
-        const __m128i bytes = _mm_cvtsi32_si128(static_cast<int>(packed));
-        const __m128i nibbles = _mm_unpacklo_epi8(_mm_and_si128(_mm_srli_epi16(bytes, 4), low_nibble),
-                                                  _mm_and_si128(bytes, low_nibble));
-        const __m256i index = _mm256_cvtepu8_epi32(nibbles);
-        const __m256 w = _mm256_blendv_ps(_mm256_permutevar8x32_ps(low, index), _mm256_permutevar8x32_ps(high, index),
-                                          _mm256_castsi256_ps(_mm256_slli_epi32(index, 28)));
-        for (std::int64_t m = 0; m < M; ++m) acc[m] = _mm256_fmadd_ps(_mm256_loadu_ps(x + m * K + k), w, acc[m]);
-      }
-    }
-    for (std::int64_t m = 0; m < M; ++m) {
-      const __m128 folded = _mm_add_ps(_mm256_castps256_ps128(acc[m]), _mm256_extractf128_ps(acc[m], 1));
-      const __m128 pairs = _mm_add_ps(folded, _mm_movehl_ps(folded, folded));
-      const __m128 total = _mm_add_ss(pairs, _mm_movehdup_ps(pairs));
-      y[m * N + n] = from_float<T>(_mm_cvtss_f32(total));
-    }
-  }
-}
-
-// AVX-512: one permute looks up 16 values in the whole 16-entry table.
-template <format F, class T>
-__attribute__((target("avx512f,avx512bw"))) void fused_gemv_avx512(const float* x, std::int64_t M, const std::uint8_t* codes,
+// AVX-512: one permute looks up 16 values in the whole 16-entry table; 32 values per step.
+template <format F, class T, int Rows, int Cols>
+__attribute__((target("avx512f,avx512bw"))) void fused_gemv_avx512(const float* x, const std::uint8_t* codes,
                                                                   const block_scales& scales, std::int64_t block_size,
-                                                                  std::int64_t N, std::int64_t K, T* y) {
+                                                                  std::int64_t N, std::int64_t K, std::int64_t n0,
+                                                                  std::int64_t n1, T* y) {
   alignas(64) float table[16];
   for (int c = 0; c < 16; ++c) table[c] = code_value<F>(static_cast<std::uint8_t>(c), nullptr);
   const __m512 base_table = _mm512_load_ps(table);
   const __m128i low_nibble = _mm_set1_epi8(0x0f);
-  for (std::int64_t n = 0; n < N; ++n) {
-    __m512 acc[host_fused_rows];
-    for (__m512& a : acc) a = _mm512_setzero_ps();
-    const std::uint8_t* row = codes + n * K / 2;
+  std::int64_t n = n0;
+  for (; n + Cols <= n1; n += Cols) {
+    __m512 acc[Rows][Cols][2];
+    for (int r = 0; r < Rows; ++r)
+      for (int c = 0; c < Cols; ++c) acc[r][c][0] = acc[r][c][1] = _mm512_setzero_ps();
     for (std::int64_t kb = 0; kb < K; kb += block_size) {
-      const __m512 scaled = _mm512_mul_ps(base_table, _mm512_set1_ps(scales((n * K + kb) / block_size)));
+      __m512 scaled[Cols];
+      for (int c = 0; c < Cols; ++c) scaled[c] = _mm512_mul_ps(base_table, _mm512_set1_ps(scales(((n + c) * K + kb) / block_size)));
       for (std::int64_t k = kb; k < kb + block_size; k += 32) {  // blocks hold a multiple of 32 values
-        const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + k / 2));
-        const __m128i high = _mm_and_si128(_mm_srli_epi16(bytes, 4), low_nibble);
-        const __m128i low = _mm_and_si128(bytes, low_nibble);
-        // The zero-masked forms: GCC 12 warns about the unmasked ones' undefined pass-through operand.
-        const __m512 w0 = _mm512_maskz_permutexvar_ps(
-            0xffff, _mm512_maskz_cvtepu8_epi32(0xffff, _mm_unpacklo_epi8(high, low)), scaled);
-        const __m512 w1 = _mm512_maskz_permutexvar_ps(
-            0xffff, _mm512_maskz_cvtepu8_epi32(0xffff, _mm_unpackhi_epi8(high, low)), scaled);
-        for (std::int64_t m = 0; m < M; ++m) {
-          acc[m] = _mm512_fmadd_ps(_mm512_loadu_ps(x + m * K + k), w0, acc[m]);
-          acc[m] = _mm512_fmadd_ps(_mm512_loadu_ps(x + m * K + k + 16), w1, acc[m]);
+        __m512 w[Cols][2];
+        for (int c = 0; c < Cols; ++c) {
+          const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + ((n + c) * K + k) / 2));
+          const __m128i high = _mm_and_si128(_mm_srli_epi16(bytes, 4), low_nibble);
+          const __m128i low = _mm_and_si128(bytes, low_nibble);
+          // The zero-masked forms: GCC 12 warns about the unmasked ones' undefined pass-through operand.
+          w[c][0] = _mm512_maskz_permutexvar_ps(0xffff, _mm512_maskz_cvtepu8_epi32(0xffff, _mm_unpacklo_epi8(high, low)), scaled[c]);
+          w[c][1] = _mm512_maskz_permutexvar_ps(0xffff, _mm512_maskz_cvtepu8_epi32(0xffff, _mm_unpackhi_epi8(high, low)), scaled[c]);
+        }
+        for (int r = 0; r < Rows; ++r) {
+          const __m512 x0 = _mm512_loadu_ps(x + r * K + k), x1 = _mm512_loadu_ps(x + r * K + k + 16);
+          for (int c = 0; c < Cols; ++c) {
+            acc[r][c][0] = _mm512_fmadd_ps(x0, w[c][0], acc[r][c][0]);
+            acc[r][c][1] = _mm512_fmadd_ps(x1, w[c][1], acc[r][c][1]);
+          }
         }
       }
     }
-    for (std::int64_t m = 0; m < M; ++m) {
-      alignas(64) float lanes[16];
-      _mm512_store_ps(lanes, acc[m]);
-      float total = 0.0f;
-      for (float lane : lanes) total += lane;
-      y[m * N + n] = from_float<T>(total);
-    }
+    for (int r = 0; r < Rows; ++r)
+      for (int c = 0; c < Cols; ++c) {
+        alignas(64) float lanes[16];  // (_mm512_reduce_add_ps trips GCC 12's maybe-uninitialized warning)
+        _mm512_store_ps(lanes, _mm512_add_ps(acc[r][c][0], acc[r][c][1]));
+        float total = 0.0f;
+        for (float lane : lanes) total += lane;
+        y[r * N + n + c] = from_float<T>(total);
+      }
   }
+  if constexpr (Cols > 1)
+    if (n < n1) fused_gemv_avx512<F, T, Rows, 1>(x, codes, scales, block_size, N, K, n, n1, y);
+}
+
+// AVX2 + FMA: two 8-entry permutes and a blend look up 8 values; 16 values per step.
+template <format F, class T, int Rows, int Cols>
+__attribute__((target("avx2,fma,f16c"))) void fused_gemv_avx2(const float* x, const std::uint8_t* codes,
+                                                              const block_scales& scales, std::int64_t block_size,
+                                                              std::int64_t N, std::int64_t K, std::int64_t n0,
+                                                              std::int64_t n1, T* y) {
+  constexpr int halves = Rows <= 4 ? 2 : 1;  // accumulators per row and column (registers allowing)
+  alignas(32) float table[16];
+  for (int c = 0; c < 16; ++c) table[c] = code_value<F>(static_cast<std::uint8_t>(c), nullptr);
+  const __m256 low_table = _mm256_load_ps(table), high_table = _mm256_load_ps(table + 8);
+  const __m128i low_nibble = _mm_set1_epi8(0x0f);
+  std::int64_t n = n0;
+  for (; n + Cols <= n1; n += Cols) {
+    __m256 acc[Rows][Cols][halves];
+    for (int r = 0; r < Rows; ++r)
+      for (int c = 0; c < Cols; ++c)
+        for (int h = 0; h < halves; ++h) acc[r][c][h] = _mm256_setzero_ps();
+    for (std::int64_t kb = 0; kb < K; kb += block_size) {
+      __m256 low[Cols], high[Cols];  // scaled tables: the same single products decode() forms
+      for (int c = 0; c < Cols; ++c) {
+        const __m256 scale = _mm256_set1_ps(scales(((n + c) * K + kb) / block_size));
+        low[c] = _mm256_mul_ps(low_table, scale);
+        high[c] = _mm256_mul_ps(high_table, scale);
+      }
+      for (std::int64_t k = kb; k < kb + block_size; k += 16) {
+        __m256 w[Cols][2];
+        for (int c = 0; c < Cols; ++c) {
+          const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes + ((n + c) * K + k) / 2));
+          const __m128i nibbles = _mm_unpacklo_epi8(_mm_and_si128(_mm_srli_epi16(bytes, 4), low_nibble),
+                                                    _mm_and_si128(bytes, low_nibble));
+          for (int h = 0; h < 2; ++h) {
+            const __m256i index = _mm256_cvtepu8_epi32(h == 0 ? nibbles : _mm_srli_si128(nibbles, 8));
+            w[c][h] = _mm256_blendv_ps(_mm256_permutevar8x32_ps(low[c], index), _mm256_permutevar8x32_ps(high[c], index),
+                                       _mm256_castsi256_ps(_mm256_slli_epi32(index, 28)));
+          }
+        }
+        for (int r = 0; r < Rows; ++r) {
+          const __m256 x0 = _mm256_loadu_ps(x + r * K + k), x1 = _mm256_loadu_ps(x + r * K + k + 8);
+          for (int c = 0; c < Cols; ++c) {
+            acc[r][c][0] = _mm256_fmadd_ps(x0, w[c][0], acc[r][c][0]);
+            acc[r][c][halves - 1] = _mm256_fmadd_ps(x1, w[c][1], acc[r][c][halves - 1]);
+          }
+        }
+      }
+    }
+    for (int r = 0; r < Rows; ++r)
+      for (int c = 0; c < Cols; ++c) {
+        const __m256 both = halves == 2 ? _mm256_add_ps(acc[r][c][0], acc[r][c][halves - 1]) : acc[r][c][0];
+        const __m128 folded = _mm_add_ps(_mm256_castps256_ps128(both), _mm256_extractf128_ps(both, 1));
+        const __m128 pairs = _mm_add_ps(folded, _mm_movehl_ps(folded, folded));
+        y[r * N + n + c] = from_float<T>(_mm_cvtss_f32(_mm_add_ss(pairs, _mm_movehdup_ps(pairs))));
+      }
+  }
+  if constexpr (Cols > 1)
+    if (n < n1) fused_gemv_avx2<F, T, Rows, 1>(x, codes, scales, block_size, N, K, n, n1, y);
+}
+
+// The vector kernel for M rows (1..host_fused_rows), as a compile-time row count.
+template <format F, class T, int Rows = 1>
+void fused_gemv_simd(host_isa isa, const float* x, std::int64_t M, const std::uint8_t* codes, const block_scales& scales,
+                     std::int64_t block_size, std::int64_t N, std::int64_t K, std::int64_t n0, std::int64_t n1, T* y) {
+  if constexpr (Rows < host_fused_rows) {
+    if (M > Rows) return fused_gemv_simd<F, T, Rows + 1>(isa, x, M, codes, scales, block_size, N, K, n0, n1, y);
+  }
+  if (isa == host_isa::avx512)
+    fused_gemv_avx512<F, T, Rows, fused_columns_avx512(Rows)>(x, codes, scales, block_size, N, K, n0, n1, y);
+  else
+    fused_gemv_avx2<F, T, Rows, fused_columns_avx2(Rows)>(x, codes, scales, block_size, N, K, n0, n1, y);
 }
 #endif
 
@@ -325,7 +446,6 @@ void matmul(const E& exec, tensor_view<const std::type_identity_t<T>> x, const q
   require_accessible(exec, w.codes(), operation, "w");
   require_accessible(exec, y, operation, "y");
   if (M == 0 || N == 0) return;
-  const std::int64_t rows = detail::tile_rows(N, K, config, E::on_device);
   if constexpr (!E::on_device) {
     if constexpr (is_four_bit(F)) {
       if (detail::host_fused(matmul_kind::forward, F, w.block_size(), M, K)) {
@@ -342,27 +462,49 @@ void matmul(const E& exec, tensor_view<const std::type_identity_t<T>> x, const q
           wide = widened.data();
         }
 #if MEMKIT_QUANT_X86_SIMD
-        if (config.host_simd >= 2 && detail::cpu_has_avx512bw()) {
-          detail::fused_gemv_avx512<F>(wide, M, w.codes().data(), scales, w.block_size(), N, K, y.data());
-          return;
-        }
-        if (config.host_simd >= 1 && detail::cpu_has_avx2_fma_f16c()) {
-          detail::fused_gemv_avx2<F>(wide, M, w.codes().data(), scales, w.block_size(), N, K, y.data());
-          return;
-        }
+        host_isa isa = host_isa_in_use();
+        if (config.host_simd < 2 && isa == host_isa::avx512) isa = host_isa::avx2;
+        if (config.host_simd < 1) isa = host_isa::portable;
 #endif
-        detail::fused_gemv_host<F>(wide, M, w.codes().data(), scales, w.block_size(), N, K, y.data());
+        const std::int64_t parts = detail::host_column_parts(N, detail::host_matmul_threads(config));
+        ::memkit::detail::run_in_parts(static_cast<int>(parts), parts, [&](std::int64_t first, std::int64_t last) {
+          const std::int64_t n0 = detail::host_part_begin(N, parts, first), n1 = detail::host_part_begin(N, parts, last);
+          // Passes over this part of W, each with up to host_fused_rows rows of x, as even as can be.
+          const std::int64_t passes = (M + detail::host_fused_rows - 1) / detail::host_fused_rows;
+          for (std::int64_t pass = 0; pass < passes; ++pass) {
+            const std::int64_t m0 = M * pass / passes, rows = M * (pass + 1) / passes - m0;
+            const float* x_rows = wide + m0 * K;
+            T* y_rows = y.data() + m0 * N;
+#if MEMKIT_QUANT_X86_SIMD
+            if (isa != host_isa::portable) {
+              detail::fused_gemv_simd<F>(isa, x_rows, rows, w.codes().data(), scales, w.block_size(), N, K, n0, n1, y_rows);
+              continue;
+            }
+#endif
+            detail::fused_gemv_host<F>(x_rows, rows, w.codes().data(), scales, w.block_size(), N, K, n0, n1, y_rows);
+          }
+        });
         return;
       }
     }
-    buffer<float> tile(workspace, shape{rows * K});
-    for (std::int64_t n0 = 0; n0 < N; n0 += rows) {
-      const std::int64_t nt = N - n0 < rows ? N - n0 : rows;
-      w.dequantize_range(exec, n0 * K, tile.view().flat_slice(0, nt * K));
-      for (std::int64_t m = 0; m < M; ++m)
-        for (std::int64_t n = 0; n < nt; ++n)
-          y[m * N + n0 + n] = from_float<T>(detail::dot(x.data() + m * K, tile.data() + n * K, K));
-    }
+    const detail::host_tiled_plan plan = detail::plan_host_forward(M, N, K, !std::is_same_v<T, float>, config);
+    buffer<float> scratch(workspace, shape{plan.parts * plan.part_floats()});
+    ::memkit::detail::run_in_parts(static_cast<int>(plan.parts), plan.parts, [&](std::int64_t first, std::int64_t last) {
+      for (std::int64_t part = first; part < last; ++part) {
+        float* tile = scratch.data() + part * plan.part_floats();
+        const std::int64_t end = detail::host_part_begin(N, plan.parts, part + 1);
+        for (std::int64_t n0 = detail::host_part_begin(N, plan.parts, part); n0 < end; n0 += plan.rows) {
+          const std::int64_t nt = end - n0 < plan.rows ? end - n0 : plan.rows;
+          w.dequantize_range(exec, n0 * K, tensor_view<float>(tile, shape{nt * K}, memory_kind::host));
+          // y[:, n0 .. n0 + nt) = x * tile^T, with linalg's micro-kernel on this part's gemm scratch.
+          linalg::detail::gemm_host_on_scratch(
+              linalg::transpose::no, linalg::transpose::yes, 1.0f, linalg::matrix_ref<const T>(x.data(), M, K, K, memory_kind::host),
+              linalg::matrix_ref<const float>(tile, nt, K, K, memory_kind::host), 0.0f,
+              linalg::matrix_ref<T>(y.data() + n0, M, nt, N, memory_kind::host), {M, nt, K},
+              plan.gemm, tile + plan.tile_floats);  // planned for a full tile: a narrower one fits its buffers
+        }
+      }
+    });
   } else {
 #if MEMKIT_HAS_CUDA
     ::memkit::detail::with_device(exec.device, [&] {
@@ -374,6 +516,7 @@ void matmul(const E& exec, tensor_view<const std::type_identity_t<T>> x, const q
         MEMKIT_CUDA_CHECK(cudaGetLastError());
         return 0;
       }
+      const std::int64_t rows = detail::tile_rows(N, K, config, true);
       buffer<T> tile(workspace, shape{rows * K});
       cublasHandle_t handle = ::memkit::detail::cublas_handle_for(exec.device);
       ::memkit::detail::cublas_check(cublasSetStream(handle, exec.stream), "cublasSetStream");
@@ -408,7 +551,7 @@ void matmul_input_grad(const E& exec, tensor_view<const std::type_identity_t<T>>
   if (M == 0 || K == 0) return;
   const std::int64_t rows = detail::tile_rows(N, K, config, E::on_device);
   if constexpr (!E::on_device) {
-    buffer<float> tile(workspace, shape{rows * K});
+    (void)rows;
     buffer<float> accumulator;
     float* acc = nullptr;
     if constexpr (std::is_same_v<T, float>) {
@@ -417,13 +560,22 @@ void matmul_input_grad(const E& exec, tensor_view<const std::type_identity_t<T>>
       accumulator = buffer<float>(workspace, shape{M * K});
       acc = accumulator.data();
     }
-    for (std::int64_t i = 0; i < M * K; ++i) acc[i] = 0.0f;
-    for (std::int64_t n0 = 0; n0 < N; n0 += rows) {
-      const std::int64_t nt = N - n0 < rows ? N - n0 : rows;
-      w.dequantize_range(exec, n0 * K, tile.view().flat_slice(0, nt * K));
-      for (std::int64_t m = 0; m < M; ++m)
-        for (std::int64_t n = 0; n < nt; ++n)
-          detail::axpy(to_float(dy[m * N + n0 + n]), tile.data() + n * K, acc + m * K, K);
+    if (N == 0) {
+      for (std::int64_t i = 0; i < M * K; ++i) acc[i] = 0.0f;
+    } else {
+      // dx (+)= dy[:, n0 .. n0 + nt) * tile, tile by tile, the gemm's threads splitting dx's columns.
+      const detail::host_tiled_plan plan = detail::plan_host_input_grad(M, N, K, config);
+      buffer<float> scratch(workspace, shape{plan.part_floats()});
+      float* tile = scratch.data();
+      for (std::int64_t n0 = 0; n0 < N; n0 += plan.rows) {
+        const std::int64_t nt = N - n0 < plan.rows ? N - n0 : plan.rows;
+        w.dequantize_range(exec, n0 * K, tensor_view<float>(tile, shape{nt * K}, memory_kind::host));
+        linalg::detail::gemm_host_on_scratch(
+            linalg::transpose::no, linalg::transpose::no, 1.0f, linalg::matrix_ref<const T>(dy.data() + n0, M, nt, N, memory_kind::host),
+            linalg::matrix_ref<const float>(tile, nt, K, K, memory_kind::host), n0 == 0 ? 0.0f : 1.0f,
+            linalg::matrix_ref<float>(acc, M, K, K, memory_kind::host), {M, K, nt},
+            plan.gemm, tile + plan.tile_floats);  // planned for a full tile: a shallower one fits its buffers
+      }
     }
     if constexpr (!std::is_same_v<T, float>)
       for (std::int64_t i = 0; i < M * K; ++i) dx[i] = from_float<T>(acc[i]);

@@ -86,7 +86,7 @@ class quantized_tensor {
     if constexpr (!E::on_device)
       detail::require_finite_host(input.data(), input.size(), options.block_size, "quantized_tensor::quantize", name);
     quantized_tensor result(resource, input.shape(), options);
-    result.quantize_into(exec, input, resource, name);
+    result.quantize_checked(exec, input, resource, name, !E::on_device);  // checked above: one pass, not two
     return result;
   }
 
@@ -96,19 +96,30 @@ class quantized_tensor {
   void quantize_into(const E& exec, tensor_view<Input> input, memory_resource& workspace, const char* name = "weight") {
     require(input.shape() == shape_, std::string("quantized_tensor::quantize_into: input has shape ") +
                                          to_string(input.shape()) + " but the tensor has shape " + to_string(shape_));
+    quantize_checked(exec, input, workspace, name, false);
+  }
+
+ private:
+  // quantize_into; `input_checked`: quantize() has already checked the input's finiteness on the host.
+  template <executor E, class Input>
+  void quantize_checked(const E& exec, tensor_view<Input> input, memory_resource& workspace, const char* name,
+                        bool input_checked) {
     if (!options_.double_quant) {
-      quantize_blockwise(exec, F, input, options_.block_size, codes_.view(), absmax_.view(), name);
+      detail::quantize_blockwise_checked(exec, F, input, options_.block_size, codes_.view(), absmax_.view(), name,
+                                         signed_dynamic_table, input_checked);
       return;
     }
     const std::int64_t blocks = block_count(numel(), options_.block_size);
     buffer<float> first_level(workspace, shape{blocks});
-    quantize_blockwise(exec, F, input, options_.block_size, codes_.view(), first_level.view(), name);
+    detail::quantize_blockwise_checked(exec, F, input, options_.block_size, codes_.view(), first_level.view(), name,
+                                       signed_dynamic_table, input_checked);
     // first_level is released at the end of this scope: stream-ordered with device_async_resource; a plain
     // device_resource frees with cudaFree, which waits for the device.
     quantize_scales(exec, std::as_const(first_level).view(), nested_codes_.view(), nested_group_absmax(),
                     offset_view(), nested_map_);
   }
 
+ public:
   const shape& logical_shape() const noexcept { return shape_; }
   const quant_options& options() const noexcept { return options_; }
   std::int64_t numel() const noexcept { return shape_.numel(); }

@@ -1,0 +1,268 @@
+// memkit/quant/dynamic_index.hpp — the nearest code in the 8-bit dynamic maps, found fast on the host.
+//
+// quant::nearest_dynamic (bitsandbytes' search over a 256-entry sorted map) is a chain of dependent,
+// data-dependent branches. Two forms here give exactly its codes, ties and NaN included:
+//   dynamic_code            branch-free binary search, host and device (MEMKIT_HOST_DEVICE);
+//   dynamic_code_indexed    host: one load from a 33 KiB index keyed by the value's top 16 bits and one
+//                           compare, with AVX-512 and AVX2 kernels for whole arrays (dynamic_codes_indexed).
+// The 8-bit optimizer state (optim/state_codecs.hpp) encodes its moments with them, and blockwise int8
+// quantization (quant/blockwise.hpp) its values. tests/host/adam_codes_test.cpp and the blockwise tests
+// check them against nearest_dynamic.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "memkit/config.hpp"
+#include "memkit/core/float16.hpp"
+#include "memkit/core/host_simd.hpp"
+#include "memkit/core/rounded_math.hpp"
+#include "memkit/quant/codebooks.hpp"
+
+MEMKIT_NAMESPACE_BEGIN
+
+namespace detail {
+
+// The last step of quant::nearest_dynamic once its search has ended at the even index `pivot`: move
+// to a neighbour past the float midpoint (a tie stays at pivot). Written without branches, because the
+// comparisons are coin flips for optimizer moments and mispredict half the time on a CPU.
+MEMKIT_HOST_DEVICE MEMKIT_FORCEINLINE unsigned finish_dynamic_code(const float* map, unsigned pivot, float x) noexcept {
+  const float probe = map[pivot];
+  const float up = (map[pivot + 1] + probe) * 0.5f;
+  const float down = (map[pivot == 0 ? 0 : pivot - 1] + probe) * 0.5f;
+  const bool above = x > probe;
+  return pivot + static_cast<unsigned>(above & (x > up)) - static_cast<unsigned>(!above & (pivot != 0) & (x < down));
+}
+
+// quant::nearest_dynamic's result, computed without its data-dependent branches. That search is a
+// complete binary search tree over the 127 odd indices 1..253 of the map, so the even index P where it
+// ends is twice the number of odd entries below x, and its last two brackets are P-1 and P+1; the
+// final midpoint test is then the same float expression as in quant::nearest_dynamic, so the codes
+// are identical, ties included (tests/host/adam_codes_test.cpp checks this against the shared function).
+// Branch-free, it runs several times faster on a CPU, where the shared function's branches mispredict.
+MEMKIT_HOST_DEVICE MEMKIT_FORCEINLINE unsigned dynamic_code(const float* map, float x) noexcept {
+  unsigned below = 0;  // odd entries map[2i - 1], i = 1..127, that are < x
+
+  for (unsigned step = 64; step > 0; step >>= 1) below += map[2 * (below + step) - 1] < x ? step : 0u;
+  return finish_dynamic_code(map, 2 * below, x);
+}
+
+// Host-only acceleration. quant::nearest_dynamic amounts to: the nearest entry by the float midpoints
+// (a + b) * 0.5f of adjacent entries, an exact tie going to the even index (where its search ends).
+// This index, keyed by the top 16 bits of |x| (exponent and 7 mantissa bits) and the sign, stores per
+// bucket the code at the bucket's low end and the one midpoint inside the bucket (buckets are narrower
+// than the spacing of the entries, checked when it is built), so a lookup is one load and one compare
+// instead of a chain of dependent loads. A midpoint inside a bucket shares the bucket's top 16 bits, so
+// one 32-bit word per bucket holds everything:
+//   bits 0-15 the midpoint's low 16 bits, 16-23 the code below it, 24 "a tie goes up" (the code above
+//   is even), 25 "the bucket has a midpoint".
+// Only magnitudes between the smallest midpoint and 1 need buckets of their own (normalised moments lie
+// in [-1, 1]); smaller and larger magnitudes are clamped to the end buckets, which the build checks hold
+// one code each. Both maps' indexes take 33 KiB and build in about 3 ms on first use (a full 16-bit
+// index took 512 KiB and 54 ms; the step ran no faster with it). NaN maps to code 0, as in
+// quant::nearest_dynamic. tests/host/adam_codes_test.cpp checks it against the shared function.
+struct dynamic_code_index {
+  static constexpr std::uint32_t top_key = 0x3f80;  // 1.0f >> 16: larger magnitudes share its bucket
+  std::uint32_t first_key = 0;                      // smaller magnitudes share this key's bucket
+  std::uint32_t positive_buckets = 0;               // keys first_key..top_key
+  std::uint32_t negative_limit = 0;                 // the largest clamped magnitude key of a negative x
+  std::vector<std::uint32_t> buckets;               // positive keys, then negative ones
+
+  // The bucket of x (not NaN): its clamped magnitude key, offset past the positive buckets if x < 0.
+  std::uint32_t bucket_of(std::uint32_t bits) const noexcept {
+    const std::uint32_t magnitude = (bits & 0x7fffffffu) >> 16;
+    const std::uint32_t key = (magnitude < first_key ? first_key : magnitude > top_key ? top_key : magnitude) - first_key;
+    // Selected arithmetically: the sign is a coin flip for optimizer moments, and a branch on it mispredicts.
+    const std::uint32_t negative_key = positive_buckets + (key < negative_limit ? key : negative_limit);
+    const std::uint32_t negative = 0u - (bits >> 31);
+    return key ^ ((key ^ negative_key) & negative);
+  }
+};
+
+inline dynamic_code_index build_dynamic_code_index(const float* map) {
+  dynamic_code_index index;
+  const auto midpoint = [map](unsigned c) { return (map[c + 1] + map[c]) * 0.5f; };  // nearest_dynamic's
+  float smallest_midpoint = 1.0f;
+  for (unsigned c = 0; c < 255; ++c) {
+    const float middle = midpoint(c);
+    if (middle != 0.0f && std::fabs(middle) < smallest_midpoint) smallest_midpoint = std::fabs(middle);
+  }
+  index.first_key = (bit_cast<std::uint32_t>(smallest_midpoint) >> 16) - 1;
+  index.positive_buckets = dynamic_code_index::top_key - index.first_key + 1;
+  const bool has_negatives = map[0] < 0.0f;  // an unsigned map gives every negative x code 0: one bucket
+  index.negative_limit = has_negatives ? index.positive_buckets - 1 : 0;
+  index.buckets.resize(index.positive_buckets + index.negative_limit + 1);
+  for (std::uint32_t slot = 0; slot < index.buckets.size(); ++slot) {
+    const bool negative = slot >= index.positive_buckets;
+    const std::uint32_t key = index.first_key + (negative ? slot - index.positive_buckets : slot);
+    // The magnitudes the bucket serves, clamped ends included.
+    const float small = bit_cast<float>(key == index.first_key ? 0u : key << 16);
+    const float large = key == dynamic_code_index::top_key || (negative && !has_negatives)
+                            ? std::numeric_limits<float>::infinity()
+                            : bit_cast<float>((key << 16) | 0xffffu);
+    const float low = negative ? -large : small, high = negative ? -small : large;
+    std::uint32_t bucket = dynamic_code(map, low) << 16;
+    int boundaries = 0;
+    for (unsigned c = 0; c < 255; ++c) {
+      const float middle = midpoint(c);
+      if (!(middle >= low && middle <= high)) continue;
+      if (bit_cast<std::uint32_t>(middle) >> 16 != (key | (negative ? 0x8000u : 0u)))
+        throw error("memkit: dynamic map midpoint outside its bucket");
+      ++boundaries;
+      bucket = (bit_cast<std::uint32_t>(middle) & 0xffffu) | (c << 16) | (((c + 1) % 2 == 0 ? 1u : 0u) << 24) | (1u << 25);
+    }
+    if (boundaries > 1) throw error("memkit: dynamic map too dense for its 16-bit index");
+    index.buckets[slot] = bucket;
+  }
+  return index;
+}
+
+template <bool Signed>
+const dynamic_code_index& dynamic_code_index_for() {
+  static const dynamic_code_index index =
+      build_dynamic_code_index(Signed ? quant::dynamic_map_signed.data() : quant::dynamic_map_unsigned.data());
+  return index;
+}
+
+inline unsigned dynamic_code_indexed(const dynamic_code_index& index, float x) noexcept {
+  const std::uint32_t bits = bit_cast<std::uint32_t>(x);
+  const std::uint32_t bucket = index.buckets[index.bucket_of(bits)];
+  const float threshold = bit_cast<float>((bits & 0xffff0000u) | (bucket & 0xffffu));
+  const bool has_threshold = (bucket >> 25) & 1u, tie_up = (bucket >> 24) & 1u;
+  const unsigned code = ((bucket >> 16) & 0xffu) +
+                        static_cast<unsigned>(has_threshold & ((x > threshold) | ((x == threshold) & tie_up)));
+  return x == x ? code : 0u;
+}
+
+#if MEMKIT_X86_DISPATCH
+// 8 int32 lanes holding values 0..255 -> their low bytes, in order, in the low 8 bytes.
+__attribute__((target("avx2"))) inline __m128i low_bytes_avx2(__m256i lanes) noexcept {
+  const __m256i gather = _mm256_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,  //
+                                          0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1);
+  const __m256i bytes = _mm256_shuffle_epi8(lanes, gather);
+  return _mm_unpacklo_epi32(_mm256_castsi256_si128(bytes), _mm256_extracti128_si256(bytes, 1));
+}
+
+#endif
+
+#if MEMKIT_X86_DISPATCH
+// dynamic_codes_indexed's vector kernels work in three phases per chunk of up to indexed_chunk values:
+// the bucket keys (vector), the index words (scalar loads: on the CPUs measured, scalar loads cost less
+// than a gather), then the midpoint test (vector).
+inline constexpr int indexed_chunk = 256;
+
+inline void load_index_words(const std::uint32_t* buckets, const std::uint32_t* keys, int length,
+                             std::uint32_t* words) noexcept {
+  for (int k = 0; k < length; k += 4) {
+    std::uint32_t k0 = keys[k], k1 = keys[k + 1], k2 = keys[k + 2], k3 = keys[k + 3];
+    asm("" : "+r"(k0), "+r"(k1), "+r"(k2), "+r"(k3));  // keeps g++ from turning these loads back into a gather
+    words[k] = buckets[k0];
+    words[k + 1] = buckets[k1];
+    words[k + 2] = buckets[k2];
+    words[k + 3] = buckets[k3];
+  }
+}
+
+__attribute__((target("avx512f"))) inline std::int64_t dynamic_codes_indexed_avx512(const dynamic_code_index& index,
+                                                                                   const float* values, float inverse,
+                                                                                   std::int64_t count,
+                                                                                   std::uint8_t* codes) noexcept {
+  std::int64_t e = 0;
+  const __m512 scale = _mm512_set1_ps(inverse);
+  const __m512i low_bits = _mm512_set1_epi32(0xffff), high_bits = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
+  const __m512i code_bits = _mm512_set1_epi32(0xff), one = _mm512_set1_epi32(1);
+  const __m512i magnitude_bits = _mm512_set1_epi32(0x7fffffff);
+  const __m512i first_key = _mm512_set1_epi32(static_cast<int>(index.first_key));
+  const __m512i last_key = _mm512_set1_epi32(static_cast<int>(dynamic_code_index::top_key - index.first_key));
+  const __m512i negative_limit = _mm512_set1_epi32(static_cast<int>(index.negative_limit));
+  const __m512i positive_buckets = _mm512_set1_epi32(static_cast<int>(index.positive_buckets));
+  alignas(64) std::uint32_t keys[indexed_chunk], words[indexed_chunk];
+  for (int length; (length = static_cast<int>(std::min<std::int64_t>(indexed_chunk, (count - e) / 16 * 16))) > 0; e += length) {
+    for (int k = 0; k < length; k += 16) {  // dynamic_code_index::bucket_of, 16 lanes
+      const __m512i x_bits = _mm512_castps_si512(_mm512_mul_ps(_mm512_loadu_ps(values + e + k), scale));
+      const __m512i magnitude = _mm512_maskz_srli_epi32(0xffff, _mm512_and_si512(x_bits, magnitude_bits), 16);
+      const __m512i key = _mm512_maskz_min_epu32(0xffff, _mm512_sub_epi32(_mm512_maskz_max_epu32(0xffff, magnitude, first_key), first_key), last_key);
+      const __m512i negative_key = _mm512_add_epi32(_mm512_maskz_min_epu32(0xffff, key, negative_limit), positive_buckets);
+      _mm512_store_si512(keys + k, _mm512_mask_blend_epi32(_mm512_cmplt_epi32_mask(x_bits, _mm512_setzero_si512()), key, negative_key));
+    }
+    load_index_words(index.buckets.data(), keys, length, words);
+    for (int k = 0; k < length; k += 16) {
+      const __m512 x = _mm512_mul_ps(_mm512_loadu_ps(values + e + k), scale);
+      const __m512i x_bits = _mm512_castps_si512(x);
+      const __m512i bucket = _mm512_load_si512(words + k);
+      const __m512 threshold = _mm512_castsi512_ps(
+          _mm512_or_si512(_mm512_and_si512(x_bits, high_bits), _mm512_and_si512(bucket, low_bits)));
+      const __mmask16 has_threshold = _mm512_test_epi32_mask(bucket, _mm512_set1_epi32(1 << 25));
+      const __mmask16 tie_up = _mm512_test_epi32_mask(bucket, _mm512_set1_epi32(1 << 24));
+      const __mmask16 up = has_threshold & (_mm512_cmp_ps_mask(x, threshold, _CMP_GT_OQ) |
+                                            (_mm512_cmp_ps_mask(x, threshold, _CMP_EQ_OQ) & tie_up));
+      const __m512i code = _mm512_and_si512(_mm512_maskz_srli_epi32(0xffff, bucket, 16), code_bits);
+      const __mmask16 number = _mm512_cmp_ps_mask(x, x, _CMP_ORD_Q);  // NaN -> code 0
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + e + k),
+                       _mm512_maskz_cvtepi32_epi8(number, _mm512_mask_add_epi32(code, up, code, one)));
+    }
+  }
+  return e;
+}
+
+__attribute__((target("avx2,fma"))) inline std::int64_t dynamic_codes_indexed_avx2(const dynamic_code_index& index,
+                                                                                  const float* values, float inverse,
+                                                                                  std::int64_t count,
+                                                                                  std::uint8_t* codes) noexcept {
+  std::int64_t e = 0;
+  const __m256 scale = _mm256_set1_ps(inverse);
+  const __m256i low_bits = _mm256_set1_epi32(0xffff), high_bits = _mm256_set1_epi32(static_cast<int>(0xffff0000u));
+  const __m256i code_bits = _mm256_set1_epi32(0xff), magnitude_bits = _mm256_set1_epi32(0x7fffffff);
+  const __m256i first_key = _mm256_set1_epi32(static_cast<int>(index.first_key));
+  const __m256i last_key = _mm256_set1_epi32(static_cast<int>(dynamic_code_index::top_key - index.first_key));
+  const __m256i negative_limit = _mm256_set1_epi32(static_cast<int>(index.negative_limit));
+  const __m256i positive_buckets = _mm256_set1_epi32(static_cast<int>(index.positive_buckets));
+  alignas(64) std::uint32_t keys[indexed_chunk], words[indexed_chunk];
+  for (int length; (length = static_cast<int>(std::min<std::int64_t>(indexed_chunk, (count - e) / 8 * 8))) > 0; e += length) {
+    for (int k = 0; k < length; k += 8) {  // dynamic_code_index::bucket_of, 8 lanes
+      const __m256i x_bits = _mm256_castps_si256(_mm256_mul_ps(_mm256_loadu_ps(values + e + k), scale));
+      const __m256i magnitude = _mm256_srli_epi32(_mm256_and_si256(x_bits, magnitude_bits), 16);
+      const __m256i key = _mm256_min_epu32(_mm256_sub_epi32(_mm256_max_epu32(magnitude, first_key), first_key), last_key);
+      const __m256i negative_key = _mm256_add_epi32(_mm256_min_epu32(key, negative_limit), positive_buckets);
+      const __m256i negative = _mm256_srai_epi32(x_bits, 31);  // the sign bit, in every bit
+      _mm256_store_si256(reinterpret_cast<__m256i*>(keys + k), _mm256_blendv_epi8(key, negative_key, negative));
+    }
+    load_index_words(index.buckets.data(), keys, length, words);
+    for (int k = 0; k < length; k += 8) {
+      const __m256 x = _mm256_mul_ps(_mm256_loadu_ps(values + e + k), scale);
+      const __m256i x_bits = _mm256_castps_si256(x);
+      const __m256i bucket = _mm256_load_si256(reinterpret_cast<const __m256i*>(words + k));
+      const __m256 threshold = _mm256_castsi256_ps(
+          _mm256_or_si256(_mm256_and_si256(x_bits, high_bits), _mm256_and_si256(bucket, low_bits)));
+      const __m256i has_threshold = _mm256_srai_epi32(_mm256_slli_epi32(bucket, 6), 31);  // bit 25, in every bit
+      const __m256i tie_up = _mm256_srai_epi32(_mm256_slli_epi32(bucket, 7), 31);         // bit 24
+      const __m256i above = _mm256_castps_si256(_mm256_cmp_ps(x, threshold, _CMP_GT_OQ));
+      const __m256i tie = _mm256_and_si256(_mm256_castps_si256(_mm256_cmp_ps(x, threshold, _CMP_EQ_OQ)), tie_up);
+      const __m256i up = _mm256_and_si256(has_threshold, _mm256_or_si256(above, tie));  // -1 where the code goes up
+      const __m256i code = _mm256_sub_epi32(_mm256_and_si256(_mm256_srli_epi32(bucket, 16), code_bits), up);
+      const __m256i number = _mm256_castps_si256(_mm256_cmp_ps(x, x, _CMP_ORD_Q));  // NaN -> code 0
+      _mm_storel_epi64(reinterpret_cast<__m128i*>(codes + e + k), low_bytes_avx2(_mm256_and_si256(code, number)));
+    }
+  }
+  return e;
+}
+#endif
+
+// 8-bit codes of values[e] * inverse, e < count, by the index (the codes of dynamic_code_indexed).
+inline void dynamic_codes_indexed(const dynamic_code_index& index, const float* values, float inverse,
+                                  std::int64_t count, std::uint8_t* codes) noexcept {
+  std::int64_t e = 0;
+#if MEMKIT_X86_DISPATCH
+  const host_isa isa = host_isa_in_use();
+  if (isa == host_isa::avx512) e = dynamic_codes_indexed_avx512(index, values, inverse, count, codes);
+  else if (isa == host_isa::avx2) e = dynamic_codes_indexed_avx2(index, values, inverse, count, codes);
+#endif
+  for (; e < count; ++e) codes[e] = static_cast<std::uint8_t>(dynamic_code_indexed(index, mul_rn(values[e], inverse)));
+}
+
+}  // namespace detail
+
+MEMKIT_NAMESPACE_END
