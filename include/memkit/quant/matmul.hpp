@@ -23,6 +23,7 @@
 #include "memkit/core/cublas.hpp"
 #include "memkit/core/execution.hpp"
 #include "memkit/core/float16.hpp"
+#include "memkit/core/host_simd.hpp"
 #include "memkit/core/tensor_view.hpp"
 #include "memkit/memory/buffer.hpp"
 #include "memkit/memory/resource.hpp"
@@ -135,7 +136,7 @@ void fused_gemv_host(const float* x, std::int64_t M, const std::uint8_t* codes, 
 #if MEMKIT_QUANT_X86_SIMD
 inline bool cpu_has_avx2_fma_f16c() noexcept {
   static const bool has =
-      __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+      __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && ::memkit::detail::cpu_has_f16c();
   return has;
 }
 
