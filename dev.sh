@@ -80,12 +80,13 @@ case ${1:-} in
     findings=0
     for target in json safetensors hf_config bnb_linear4bit adam_state; do
       mkdir -p "$fuzz_dir/corpus/$target" "$fuzz_dir/findings/$target"
+      inputs=("$fuzz_dir/corpus/$target" "tests/fuzz/corpus/$target")
+      [[ -d tests/fuzz/regressions/$target ]] && inputs+=("tests/fuzz/regressions/$target")
       before=$(find "$fuzz_dir/findings/$target" -type f | wc -l)
       # -malloc_limit_mb: one allocation above 2 GiB is a finding (sizes taken from the input unchecked).
       "$fuzz_dir/tests/fuzz/memkit_fuzz_$target" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=4096 \
         -malloc_limit_mb=2048 -print_final_stats=1 -artifact_prefix="$fuzz_dir/findings/$target/" \
-        "$fuzz_dir/corpus/$target" "tests/fuzz/corpus/$target" "tests/fuzz/regressions/$target" \
-        >"$fuzz_dir/$target.log" 2>&1 || true
+        "${inputs[@]}" >"$fuzz_dir/$target.log" 2>&1 || true
       after=$(find "$fuzz_dir/findings/$target" -type f | wc -l)
       executions=$(sed -n 's/^stat::number_of_executed_units: *//p' "$fuzz_dir/$target.log" | tail -1)
       echo "memkit fuzz: $target: ${executions:-?} executions in ${seconds} s, $((after - before)) new findings (log: $fuzz_dir/$target.log)"
