@@ -91,6 +91,7 @@ case ${1:-} in
       executions=$(sed -n 's/^stat::number_of_executed_units: *//p' "$fuzz_dir/$target.log" | tail -1)
       echo "memkit fuzz: $target: ${executions:-?} executions in ${seconds} s, $((after - before)) new findings (log: $fuzz_dir/$target.log)"
       findings=$((findings + after - before))
+      [[ -n $executions ]] || { echo "memkit fuzz: $target did not run to the end (see its log)" >&2; findings=$((findings + 1)); }
     done
     ((findings == 0)) || { echo "memkit fuzz: $findings findings in $fuzz_dir/findings/" >&2; exit 1; }
     ;;
