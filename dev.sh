@@ -3,6 +3,7 @@
 #   ./dev.sh example   build and run the main example
 #   ./dev.sh test      build everything and run the whole test suite (what CI runs)
 #   ./dev.sh bench     build and run the benchmarks
+#   ./dev.sh fuzz [seconds]  run each libFuzzer target (tests/fuzz/) for [seconds] (default 120: 10 minutes)
 # Installs missing Debian packages when run as root; otherwise prints the exact command to run.
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -63,8 +64,39 @@ case ${1:-} in
     cmake --build "$build_dir" -j "$jobs"
     for bench in "$build_dir"/bench/memkit_bench_*; do "$bench"; done
     ;;
+  fuzz)
+    # A clang build of the libFuzzer targets with ASan + UBSan (tests/checks.cmake), then each target for
+    # [seconds], starting from the committed corpus and regressions. New interesting inputs go to
+    # $fuzz_dir/corpus/<target>/ (copy the worthwhile ones to tests/fuzz/corpus/), crashes to
+    # $fuzz_dir/findings/<target>/ (minimize, fix, add to tests/fuzz/regressions/). Exit 1 on any finding.
+    seconds=${2:-120}
+    fuzz_dir=${MEMKIT_FUZZ_BUILD_DIR:-build-fuzz}
+    if [[ ! -f $fuzz_dir/CMakeCache.txt ]]; then
+      cmake -S . -B "$fuzz_dir" -G Ninja -DCMAKE_CXX_COMPILER="$(command -v clang++-14 || command -v clang++)" \
+        -DCMAKE_BUILD_TYPE=Release -DMEMKIT_CHECK_BUILD=libfuzzer -DMEMKIT_BUILD_BENCHMARKS=OFF \
+        -DMEMKIT_BUILD_EXAMPLES=OFF -DMEMKIT_BUILD_TOOLS=OFF -DMEMKIT_ENABLE_CUDA=OFF -DMEMKIT_CLANG_CHECKS=OFF
+    fi
+    cmake --build "$fuzz_dir" -j "$jobs"
+    findings=0
+    for target in json safetensors hf_config bnb_linear4bit adam_state; do
+      mkdir -p "$fuzz_dir/corpus/$target" "$fuzz_dir/findings/$target"
+      inputs=("$fuzz_dir/corpus/$target" "tests/fuzz/corpus/$target")
+      [[ -d tests/fuzz/regressions/$target ]] && inputs+=("tests/fuzz/regressions/$target")
+      before=$(find "$fuzz_dir/findings/$target" -type f | wc -l)
+      # -malloc_limit_mb: one allocation above 2 GiB is a finding (sizes taken from the input unchecked).
+      "$fuzz_dir/tests/fuzz/memkit_fuzz_$target" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=4096 \
+        -malloc_limit_mb=2048 -print_final_stats=1 -artifact_prefix="$fuzz_dir/findings/$target/" \
+        "${inputs[@]}" >"$fuzz_dir/$target.log" 2>&1 || true
+      after=$(find "$fuzz_dir/findings/$target" -type f | wc -l)
+      executions=$(sed -n 's/^stat::number_of_executed_units: *//p' "$fuzz_dir/$target.log" | tail -1)
+      echo "memkit fuzz: $target: ${executions:-?} executions in ${seconds} s, $((after - before)) new findings (log: $fuzz_dir/$target.log)"
+      findings=$((findings + after - before))
+      [[ -n $executions ]] || { echo "memkit fuzz: $target did not run to the end (see its log)" >&2; findings=$((findings + 1)); }
+    done
+    ((findings == 0)) || { echo "memkit fuzz: $findings findings in $fuzz_dir/findings/" >&2; exit 1; }
+    ;;
   *)
-    echo "usage: $0 example|test|bench" >&2
+    echo "usage: $0 example|test|bench|fuzz [seconds]" >&2
     exit 2
     ;;
 esac

@@ -18,6 +18,7 @@
 #include "memkit/config.hpp"
 
 #if !MEMKIT_HAS_CUDA && defined(__GNUC__) && defined(__x86_64__)
+#include <cpuid.h>
 #include <immintrin.h>
 #define MEMKIT_X86_DISPATCH 1
 #else
@@ -44,14 +45,21 @@ constexpr const char* to_string(host_isa isa) noexcept {
 
 namespace detail {
 
+#if MEMKIT_X86_DISPATCH
+// F16C from CPUID leaf 1 (ECX bit 29): clang 14's __builtin_cpu_supports does not know "f16c".
+inline bool cpu_has_f16c() noexcept {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  return __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & (1u << 29)) != 0;
+}
+#endif
+
 inline host_isa detect_host_isa() noexcept {
 #if MEMKIT_X86_DISPATCH
   __builtin_cpu_init();
   if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
       __builtin_cpu_supports("avx512vl"))
     return host_isa::avx512;
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
-    return host_isa::avx2;
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && cpu_has_f16c()) return host_isa::avx2;
 #endif
   return host_isa::portable;
 }

@@ -13,6 +13,7 @@
 #include <type_traits>
 
 #include "memkit/config.hpp"
+#include "memkit/core/checked_math.hpp"
 
 MEMKIT_NAMESPACE_BEGIN
 
@@ -33,7 +34,8 @@ constexpr const char* to_string(memory_kind kind) noexcept {
   return "unknown";
 }
 
-// Row-major extents of rank 0..4. Rank 0 is a scalar (one element).
+// Row-major extents of rank 0..4. Rank 0 is a scalar (one element). The constructor refuses extents whose
+// element count does not fit int64, so numel() of a constructed shape never overflows.
 struct shape {
   static constexpr int max_rank = 4;
   int rank = 0;
@@ -42,8 +44,10 @@ struct shape {
   constexpr shape() = default;
   constexpr shape(std::initializer_list<std::int64_t> dims) {
     if (dims.size() > static_cast<std::size_t>(max_rank)) throw error("memkit::shape: rank above 4 is not supported");
+    std::int64_t count = 1;
     for (std::int64_t d : dims) {
       if (d < 0) throw error("memkit::shape: negative extent " + std::to_string(d));
+      count = checked_mul(count, d, "memkit::shape: element count");
       extents[rank++] = d;
     }
   }
@@ -104,9 +108,9 @@ class tensor_view {
   }
   // Elements [offset, offset + count) of the flattened view, as a rank-1 view.
   tensor_view flat_slice(std::int64_t offset, std::int64_t count) const {
-    require(offset >= 0 && count >= 0 && offset + count <= size(),
-            "tensor_view::flat_slice: [" + std::to_string(offset) + ", " + std::to_string(offset + count) +
-                ") is outside a view of " + std::to_string(size()) + " elements");
+    require(within_range(offset, count, size()),
+            "tensor_view::flat_slice: " + std::to_string(count) + " elements from offset " + std::to_string(offset) +
+                " are outside a view of " + std::to_string(size()) + " elements");
     return {data_ + offset, memkit::shape{count}, where_};
   }
 

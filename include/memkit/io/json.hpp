@@ -2,11 +2,15 @@
 //
 // memkit's headers depend on no JSON library. This reader accepts RFC 8259 JSON only: no comments, no
 // trailing commas, no duplicate object keys, no leading zeros, no control characters in strings, valid
-// \u escapes (surrogate pairs joined), nesting at most 64 deep. Numbers keep their text, so integers are
-// read exactly (as int64) and floats are converted once (as double). Errors say what was wrong and where.
+// \u escapes (surrogate pairs joined), well-formed UTF-8 only (no overlong forms, surrogates, stray
+// continuation bytes or code points above U+10FFFF), nesting at most 64 deep. Numbers keep their text, so
+// integers are read exactly (as int64) and floats are converted once (as double; a value beyond double's
+// range is an error, not Inf). Errors say what was wrong and where. The writer helpers never produce
+// invalid JSON: quote() refuses malformed UTF-8 and number() refuses NaN and Inf.
 #pragma once
 
 #include <cerrno>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -81,7 +85,13 @@ class value {
     require(errno == 0 && end == text.c_str() + text.size(), "json: integer " + text + " is out of range");
     return parsed;
   }
-  double as_double() const { return std::strtod(number_text().c_str(), nullptr); }
+  // The number as a double; throws when its magnitude is beyond double's range (strtod would give Inf).
+  double as_double() const {
+    const std::string& text = number_text();
+    const double parsed = std::strtod(text.c_str(), nullptr);
+    require(std::isfinite(parsed), "json: number " + text + " is outside the range of a double");
+    return parsed;
+  }
   const std::vector<value>& as_array() const { return expect(kind::array).items_; }
   const std::vector<std::pair<std::string, value>>& as_object() const { return expect(kind::object).members_; }
 
@@ -123,6 +133,38 @@ class value {
 };
 
 namespace detail {
+
+// Length of the well-formed UTF-8 sequence starting at text[pos] (Unicode's table 3-7), or 0 when the
+// bytes there are not one: a stray continuation byte, an overlong form, a surrogate, a code point above
+// U+10FFFF or a truncated sequence.
+inline std::size_t utf8_sequence_length(std::string_view text, std::size_t pos) noexcept {
+  auto byte = [&](std::size_t i) { return pos + i < text.size() ? static_cast<unsigned char>(text[pos + i]) : 0u; };
+  auto continuation = [](unsigned b, unsigned low = 0x80, unsigned high = 0xBF) { return b >= low && b <= high; };
+  const unsigned b0 = byte(0);
+  if (b0 < 0x80) return pos < text.size() ? 1 : 0;
+  if (b0 >= 0xC2 && b0 <= 0xDF) return continuation(byte(1)) ? 2 : 0;
+  if (b0 >= 0xE0 && b0 <= 0xEF) {
+    const unsigned low = b0 == 0xE0 ? 0xA0 : 0x80;   // E0 80..9F would be overlong
+    const unsigned high = b0 == 0xED ? 0x9F : 0xBF;  // ED A0..BF would be a surrogate
+    return continuation(byte(1), low, high) && continuation(byte(2)) ? 3 : 0;
+  }
+  if (b0 >= 0xF0 && b0 <= 0xF4) {
+    const unsigned low = b0 == 0xF0 ? 0x90 : 0x80;   // F0 80..8F would be overlong
+    const unsigned high = b0 == 0xF4 ? 0x8F : 0xBF;  // F4 90.. would be above U+10FFFF
+    return continuation(byte(1), low, high) && continuation(byte(2)) && continuation(byte(3)) ? 4 : 0;
+  }
+  return 0;  // 80..C1 (continuation or overlong lead) and F5..FF never start a character
+}
+
+// Byte offset of the first malformed UTF-8 sequence in `text`, or npos.
+inline std::size_t first_invalid_utf8(std::string_view text) noexcept {
+  for (std::size_t pos = 0; pos < text.size();) {
+    const std::size_t length = utf8_sequence_length(text, pos);
+    if (length == 0) return pos;
+    pos += length;
+  }
+  return std::string_view::npos;
+}
 
 class parser {
  public:
@@ -286,6 +328,14 @@ class parser {
       const char c = text_[pos_++];
       if (c == '"') return out;
       if (static_cast<unsigned char>(c) < 0x20) fail("control character in a string");
+      if (static_cast<unsigned char>(c) >= 0x80) {
+        --pos_;
+        const std::size_t length = utf8_sequence_length(text_, pos_);
+        if (length == 0) fail("invalid UTF-8 in a string");
+        out.append(text_.substr(pos_, length));
+        pos_ += length;
+        continue;
+      }
       if (c != '\\') {
         out += c;
         continue;
@@ -332,8 +382,11 @@ inline value parse(std::string_view text, std::string_view what = "json") {
   return detail::parser(text, what).parse_document();
 }
 
-// A JSON string literal for `text` (quotes and escapes added).
+// A JSON string literal for `text` (quotes and escapes added); throws when `text` is not well-formed UTF-8.
 inline std::string quote(std::string_view text) {
+  const std::size_t bad = detail::first_invalid_utf8(text);
+  require(bad == std::string_view::npos,
+          "json::quote: text is not valid UTF-8 (byte " + std::to_string(bad) + "); JSON strings must be UTF-8");
   std::string out = "\"";
   for (const char c : text) {
     switch (c) {
@@ -355,8 +408,11 @@ inline std::string quote(std::string_view text) {
   return out + "\"";
 }
 
-// The shortest decimal text that reads back as the same double (as Python's repr writes floats).
+// The shortest decimal text that reads back as the same double (as Python's repr writes floats). JSON has
+// no NaN or Inf: they throw rather than produce a document no reader accepts.
 inline std::string number(double v) {
+  require(std::isfinite(v), "json::number: " + std::string(std::isnan(v) ? "NaN" : "Inf") +
+                                " cannot be written as JSON");
   char text[40];
   for (int digits = 1; digits <= 17; ++digits) {
     std::snprintf(text, sizeof text, "%.*g", digits, v);

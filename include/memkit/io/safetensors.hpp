@@ -6,7 +6,9 @@
 //
 // The reader validates everything before handing out a byte: the header size against the file, the JSON,
 // each dtype, shape and offset pair (end - begin must be the shape's byte size), and that the tensors tile
-// the data section exactly, without gaps or overlaps (as the safetensors library requires). A corrupt or
+// the data section exactly, without gaps or overlaps (as the safetensors library requires). Element counts
+// and byte sizes are computed with checked arithmetic, so a shape whose size wraps around 64 bits is
+// refused rather than taken for a small tensor. A corrupt or
 // truncated file gives a memkit::error naming the file and the problem. Opening reads only the header;
 // read() fetches just the requested tensor's bytes with pread, so one tensor of a large file costs its size.
 #pragma once
@@ -26,6 +28,7 @@
 #include <vector>
 
 #include "memkit/config.hpp"
+#include "memkit/core/checked_math.hpp"
 #include "memkit/core/float16.hpp"
 #include "memkit/core/tensor_view.hpp"
 #include "memkit/io/json.hpp"
@@ -134,6 +137,7 @@ class reader {
   template <class T>
   std::vector<T> read_vector(std::string_view name) const {
     const tensor_info& t = info(name);
+    require_dtype<T>(t);  // before allocating: the element count is only bounded for the tensor's own dtype
     std::vector<T> out(static_cast<std::size_t>(t.numel()));
     read_entry(t, tensor_view<T>(out.data(), shape{static_cast<std::int64_t>(out.size())}, memory_kind::host));
     return out;
@@ -151,9 +155,13 @@ class reader {
     read_at(data_start_ + t.begin, destination, bytes, "tensor '" + t.name + "'");
   }
   template <class T>
-  void read_entry(const tensor_info& t, tensor_view<T> out) const {
+  void require_dtype(const tensor_info& t) const {
     require(t.dtype == dtype_of<T>(), "safetensors: tensor '" + t.name + "' in '" + path_ + "' is " + t.dtype +
                                           ", not " + dtype_of<T>());
+  }
+  template <class T>
+  void read_entry(const tensor_info& t, tensor_view<T> out) const {
+    require_dtype<T>(t);
     require(t.numel() == out.size(), "safetensors: tensor '" + t.name + "' in '" + path_ + "' has " +
                                          std::to_string(t.numel()) + " elements, the destination " +
                                          std::to_string(out.size()));
@@ -242,7 +250,9 @@ class reader {
     t.dtype = dtype->as_string();
     const std::size_t element_size = dtype_size(t.dtype);
     if (element_size == 0) corrupt("entry '" + name + "' has unknown dtype '" + t.dtype + "'");
-    std::uint64_t numel = 1;
+    // Every partial product must fit int64 (tensor_info::numel and tensor_view count in int64), and the
+    // byte size in uint64: 2^61 F64 elements would otherwise be 0 bytes and match an empty range.
+    std::int64_t numel = 1;
     for (const json::value& d : dims->as_array()) {
       std::int64_t extent = -1;
       try {
@@ -251,11 +261,13 @@ class reader {
         corrupt("entry '" + name + "' has a shape extent that is not an integer");
       }
       if (extent < 0) corrupt("entry '" + name + "' has negative extent " + std::to_string(extent));
-      if (extent != 0 && numel > (std::uint64_t{1} << 62) / static_cast<std::uint64_t>(extent))
-        corrupt("entry '" + name + "' has a shape whose size overflows");
-      numel *= static_cast<std::uint64_t>(extent);
+      const checked<std::int64_t> product = try_mul(numel, extent);
+      if (!product) corrupt("entry '" + name + "' has a shape whose element count overflows 64 bits");
+      numel = product.value;
       t.shape.push_back(extent);
     }
+    const checked<std::uint64_t> byte_size = try_mul(static_cast<std::uint64_t>(numel), std::uint64_t{element_size});
+    if (!byte_size) corrupt("entry '" + name + "' has a shape whose byte size overflows 64 bits");
     std::int64_t bounds[2] = {0, 0};
     for (int i = 0; i < 2; ++i) {
       try {
@@ -271,9 +283,9 @@ class reader {
     if (t.end > data_size)
       corrupt("entry '" + name + "' ends at data offset " + std::to_string(t.end) + " past the " +
               std::to_string(data_size) + " data bytes in the file (truncated?)");
-    if (t.end - t.begin != numel * element_size)
+    if (t.end - t.begin != byte_size.value)
       corrupt("entry '" + name + "' spans " + std::to_string(t.end - t.begin) + " bytes but " + t.dtype + " " +
-              "of its shape needs " + std::to_string(numel * element_size));
+              "of its shape needs " + std::to_string(byte_size.value));
     return t;
   }
 
@@ -294,14 +306,15 @@ class writer {
     for (const entry& e : entries_) require(e.info.name != name, "safetensors: tensor '" + name + "' added twice");
     const std::size_t element_size = dtype_size(dtype);
     require(element_size != 0, "safetensors: unknown dtype '" + dtype + "'");
-    std::uint64_t numel = 1;
+    std::int64_t numel = 1;
     for (std::int64_t d : dims) {
       require(d >= 0, "safetensors: tensor '" + name + "' has negative extent");
-      numel *= static_cast<std::uint64_t>(d);
+      numel = checked_mul(numel, d, "safetensors: element count of the tensor being added");
     }
-    require(numel * element_size == bytes, "safetensors: tensor '" + name + "' of " + dtype + " needs " +
-                                               std::to_string(numel * element_size) + " bytes, got " +
-                                               std::to_string(bytes));
+    const std::uint64_t needed = checked_mul(static_cast<std::uint64_t>(numel), std::uint64_t{element_size},
+                                             "safetensors: byte size of the tensor being added");
+    require(needed == bytes, "safetensors: tensor '" + name + "' of " + dtype + " needs " + std::to_string(needed) +
+                                 " bytes, got " + std::to_string(bytes));
     entry e;
     e.info.name = std::move(name);
     e.info.dtype = std::move(dtype);

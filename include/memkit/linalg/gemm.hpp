@@ -398,7 +398,8 @@ void gemm_blocked(transpose op_a, transpose op_b, float alpha, const matrix_ref<
   constexpr std::int64_t MR = Kernel::mr, NR = Kernel::nr;
   static_assert(blocking::row_unit % MR == 0 && blocking::column_unit % NR == 0);
   static constexpr auto kernels = gemm_kernels<Kernel>(std::make_index_sequence<static_cast<std::size_t>(MR)>{});
-  const auto [M, N, K] = dims;
+  // Plain copies: clang before 16 cannot capture structured bindings in the lambda below.
+  const std::int64_t M = dims.M, N = dims.N, K = dims.K;
   const std::int64_t row_units = ceil_div(M, blocking::row_unit), column_units = ceil_div(N, blocking::column_unit);
   const std::int64_t ld_acc = std::min(plan.part_cols, blocking::nc);
   ::memkit::detail::run_in_parts(static_cast<int>(plan.parts()), plan.parts(), [&](std::int64_t first_part,

@@ -366,7 +366,9 @@ inline lora_config parse_lora_config(std::string_view text, std::string_view wha
         }
       }
     } else {
-      if (std::find_if(std::begin(unsupported), std::end(unsupported), [&](const char* u) { return name == u; }) !=
+      // `field` copies the binding: clang before 16 cannot capture structured bindings in a lambda.
+      const std::string& field = name;
+      if (std::find_if(std::begin(unsupported), std::end(unsupported), [&](const char* u) { return field == u; }) !=
           std::end(unsupported))
         refuse_unless_default(name, v);
       c.other_fields.emplace_back(name, detail::dump(v, 1));

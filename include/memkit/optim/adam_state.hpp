@@ -572,20 +572,23 @@ class adam_state {
   adam_tensor_state<plain_moment_type> tensor_state(std::size_t tensor) const {
     require(tensor < layout_.size(), "adam_state::tensor_state: tensor " + std::to_string(tensor) + " of " +
                                          std::to_string(layout_.size()));
-    const detail::adam_tensor_layout& t = layout_[tensor];
-    const std::byte* base = arena_.data();
+    return tensor_state_at(arena_.data(), layout_[tensor], where());
+  }
+  // Views of one tensor's moments in an arena (or an image of one) at `base`.
+  static adam_tensor_state<plain_moment_type> tensor_state_at(const std::byte* base, const detail::adam_tensor_layout& t,
+                                                               memory_kind kind) {
     adam_tensor_state<plain_moment_type> s;
     s.quantized = t.quantized;
     if (!t.quantized) {
-      s.m = {reinterpret_cast<const plain_moment_type*>(base + t.m_offset), shape{t.size}, where()};
-      s.v = {reinterpret_cast<const plain_moment_type*>(base + t.v_offset), shape{t.size}, where()};
+      s.m = {reinterpret_cast<const plain_moment_type*>(base + t.m_offset), shape{t.size}, kind};
+      s.v = {reinterpret_cast<const plain_moment_type*>(base + t.v_offset), shape{t.size}, kind};
       return s;
     }
     const std::int64_t codes = traits::bits == 8 ? t.size : (t.size + 1) / 2;
-    s.m_codes = {reinterpret_cast<const std::uint8_t*>(base + t.m_offset), shape{codes}, where()};
-    s.v_codes = {reinterpret_cast<const std::uint8_t*>(base + t.v_offset), shape{codes}, where()};
-    s.m_absmax = {reinterpret_cast<const float*>(base + t.m_scale_offset), shape{t.units}, where()};
-    s.v_absmax = {reinterpret_cast<const float*>(base + t.v_scale_offset), shape{t.units}, where()};
+    s.m_codes = {reinterpret_cast<const std::uint8_t*>(base + t.m_offset), shape{codes}, kind};
+    s.v_codes = {reinterpret_cast<const std::uint8_t*>(base + t.v_offset), shape{codes}, kind};
+    s.m_absmax = {reinterpret_cast<const float*>(base + t.m_scale_offset), shape{t.units}, kind};
+    s.v_absmax = {reinterpret_cast<const float*>(base + t.v_scale_offset), shape{t.units}, kind};
     return s;
   }
   // The code tables of a quantized state (256 entries for 8 bits, 16 for 4): m's signed, v's unsigned.
@@ -669,8 +672,10 @@ class adam_state {
   }
 
   // Restores a state saved by save(). Everything is checked (format, version, bit width, block size,
-  // maps, threshold, tensor sizes, length, checksum) before a byte of this state changes; any mismatch
-  // throws memkit::error naming what differs and leaves the state untouched.
+  // maps, threshold, tensor sizes, length, checksum, then every field of the control block and every
+  // moment and block scale, as assign() checks them) before a byte of this state changes; any mismatch
+  // throws memkit::error naming what differs and leaves the state untouched. The checksum only detects
+  // accidents: a forged image can carry a valid one, so the values themselves are validated too.
   template <executor E>
   void load(const E& exec, std::istream& in) {
     const char* op = "adam_state::load";
@@ -717,6 +722,7 @@ class adam_state {
     require(static_cast<std::size_t>(in.gcount()) == bytes.size(), std::string(op) + ": image is truncated");
     const auto sum = read_pod<std::uint64_t>(in, op);
     require(sum == checksum(bytes.data(), bytes.size()), std::string(op) + ": image checksum does not match (corrupt)");
+    validate_image(op, bytes.data());
     copy_in(exec, bytes.data(), bytes.size());
   }
 
@@ -971,6 +977,47 @@ class adam_state {
           throw error(which + ": " + (absmax == &s.m_absmax ? "m" : "v") + "_absmax[" + std::to_string(b) + "] is " +
                       format_float(a) + "; block scales must be finite and >= 0");
       }
+  }
+
+  // The values of a loaded image (host bytes laid out as this state's arena): the control block field by
+  // field, then each tensor's moments and scales.
+  void validate_image(const char* op, const std::byte* image) const {
+    adam_control c{};
+    std::memcpy(&c, image, sizeof c);
+    const std::string where = std::string(op) + ": the image's control block has ";
+    // No run takes 2^62 steps; the bound leaves room to keep counting without overflow.
+    constexpr std::int64_t max_steps = std::int64_t{1} << 62;
+    require(c.step >= 0 && c.step <= max_steps, where + "step " + std::to_string(c.step) + " (must be 0 .. 2^62)");
+    require(c.skipped_steps >= 0 && c.skipped_steps <= max_steps,
+            where + "skipped_steps " + std::to_string(c.skipped_steps) + " (must be 0 .. 2^62)");
+    require(c.first_nonfinite_chunk >= -1 && c.first_nonfinite_chunk < std::max<std::int64_t>(total_chunks_, 1),
+            where + "first_nonfinite_chunk " + std::to_string(c.first_nonfinite_chunk) + " (must be -1 .. " +
+                std::to_string(total_chunks_ - 1) + ")");
+    require(c.applied == 0 || c.applied == 1, where + "applied " + std::to_string(c.applied) + " (must be 0 or 1)");
+    // grad_norm is Inf or NaN after a skipped step; never negative. grad_multiplier is recomputed by the next
+    // step, but an applied step's was finite.
+    require(!(c.grad_norm < 0.0), where + "grad_norm " + std::to_string(c.grad_norm) + " (must not be negative)");
+    require(c.applied == 0 || (detail::is_finite(c.grad_norm) && c.first_nonfinite_chunk == -1 &&
+                               detail::is_finite(c.grad_multiplier) && c.grad_multiplier >= 0.0f),
+            where + "applied 1 with grad_norm " + std::to_string(c.grad_norm) + ", first_nonfinite_chunk " +
+                std::to_string(c.first_nonfinite_chunk) + " and grad_multiplier " + format_float(c.grad_multiplier) +
+                " (an applied step has a finite norm and multiplier and no non-finite chunk)");
+    require(detail::is_finite(c.loss_scale) && c.loss_scale > 0.0f,
+            where + "loss_scale " + format_float(c.loss_scale) + " (must be finite and > 0)");
+    const loss_scaler_options& scaler = options_.loss_scaling;
+    if (scaler.enabled) {
+      require(c.loss_scale >= scaler.min_scale && c.loss_scale <= scaler.max_scale,
+              where + "loss_scale " + format_float(c.loss_scale) + " outside this state's [min_scale " +
+                  format_float(scaler.min_scale) + ", max_scale " + format_float(scaler.max_scale) + "]");
+      require(c.good_steps >= 0 && c.good_steps < scaler.growth_interval,
+              where + "good_steps " + std::to_string(c.good_steps) + " (must be 0 .. growth_interval - 1 = " +
+                  std::to_string(scaler.growth_interval - 1) + ")");
+    } else {
+      require(c.good_steps >= 0, where + "good_steps " + std::to_string(c.good_steps) + " (must be >= 0)");
+    }
+    for (std::size_t i = 0; i < layout_.size(); ++i)
+      validate_source(std::string(op) + ": the image's tensor " + std::to_string(i), layout_[i],
+                      tensor_state_at(image, layout_[i], memory_kind::host));
   }
 
   // The checks step and offload_step share: tensor count, groups and gradient scale.

@@ -25,6 +25,7 @@
 #include <type_traits>
 
 #include "memkit/config.hpp"
+#include "memkit/core/checked_math.hpp"
 #include "memkit/core/execution.hpp"
 #include "memkit/core/float16.hpp"
 #include "memkit/core/rounded_math.hpp"
@@ -853,11 +854,12 @@ void dequantize_blockwise(const E& exec, format fmt, tensor_view<const std::uint
   constexpr const char* operation = "quant::dequantize_blockwise";
   require_block_size(block_size, operation);
   const std::int64_t count = output.size();
+  const std::int64_t capacity = is_four_bit(fmt) ? saturating_mul(std::int64_t{2}, codes.size()) : codes.size();
+  // Compared without forming first_element + count, which wraps for first_element near INT64_MAX.
+  require(within_range(first_element, count, capacity),
+          std::string(operation) + ": " + std::to_string(count) + " elements from element " +
+              std::to_string(first_element) + " are outside the " + std::to_string(capacity) + " values `codes` holds");
   const std::int64_t end = first_element + count;
-  const std::int64_t capacity = is_four_bit(fmt) ? 2 * codes.size() : codes.size();
-  require(first_element >= 0 && end <= capacity,
-          std::string(operation) + ": elements [" + std::to_string(first_element) + ", " + std::to_string(end) +
-              ") are outside the " + std::to_string(capacity) + " values `codes` holds");
   require(absmax.size() >= block_count(end, block_size),
           std::string(operation) + ": `absmax` has " + std::to_string(absmax.size()) + " entries but elements up to " +
               std::to_string(end) + " need " + std::to_string(block_count(end, block_size)));

@@ -9,7 +9,9 @@
 //   W.quant_state.bitsandbytes__nf4      U8  [bytes]            UTF-8 JSON: quant_type, blocksize, dtype,
 //                                                               shape, and nested_blocksize, nested_dtype,
 //                                                               nested_offset when nested
-// Loading validates every piece against the JSON state and names the key at fault. Host memory only.
+// Loading validates the JSON state (shape within int64, block size, dtypes) and every tensor's dtype and size
+// against it before allocating anything, then reads; errors name the key at fault. Saving refuses a weight
+// with a non-finite scale or offset (JSON cannot hold it) before adding anything. Host memory only.
 #pragma once
 
 #include <array>
@@ -56,6 +58,9 @@ template <format F>
 void save_linear4bit(safetensors::writer& out, const std::string& key, const quantized_tensor<F>& weight,
                      const linear4bit_state& state = {}) {
   require(weight.where() != memory_kind::device, "save_linear4bit: '" + key + "' is in device memory; copy it to the host");
+  // Checked before the first add, so a refused weight leaves `out` as it was.
+  const std::string what = "save_linear4bit: '" + key + "'";
+  weight.require_finite_scales(what.c_str());
   const std::int64_t blocks = weight.blocks();
   out.add(key, weight.codes(), {weight.codes().size(), 1});
   const bool nested = weight.options().double_quant;
@@ -79,13 +84,15 @@ void save_linear4bit(safetensors::writer& out, const std::string& key, const qua
   text += "]";
   if (nested)
     text += ", \"nested_blocksize\": 256, \"nested_dtype\": \"float32\", \"nested_offset\": " +
-            json::number(static_cast<double>(weight.offset_view()[0]));
+            json::number(static_cast<double>(weight.offset_view()[0]));  // finite: checked above
   text += "}";
   out.add_bytes(key + ".quant_state.bitsandbytes__" + detail::bnb_type_name<F>(), "U8",
                 {static_cast<std::int64_t>(text.size())}, text.data(), text.size());
 }
 
 namespace detail {
+inline constexpr std::int64_t max_linear4bit_elements = std::int64_t{1} << 62;
+
 struct linear4bit_header {
   shape dims;
   quant_options options;
@@ -128,12 +135,17 @@ linear4bit_header read_linear4bit_state(const safetensors::reader& in, const std
       extent[i] = extents[i].as_int();
       require(extent[i] >= 0, "negative extent in shape");
     }
+    // shape's constructor refuses an element count beyond int64; the cap below keeps the block and byte
+    // counts derived from it (numel + block_size - 1, ...) far from overflow. The file's tensors, checked
+    // next, bound it much more tightly.
     switch (extents.size()) {
       case 1: header.dims = shape{extent[0]}; break;
       case 2: header.dims = shape{extent[0], extent[1]}; break;
       case 3: header.dims = shape{extent[0], extent[1], extent[2]}; break;
       default: header.dims = shape{extent[0], extent[1], extent[2], extent[3]}; break;
     }
+    require(header.dims.numel() <= max_linear4bit_elements,
+            "shape " + to_string(header.dims) + " has more than 2^62 elements");
     header.dtype = field("dtype").as_string();
     require(header.dtype == "float32" || header.dtype == "float16" || header.dtype == "bfloat16",
             "dtype \"" + header.dtype + "\" is not float32, float16 or bfloat16");
@@ -162,13 +174,29 @@ inline void expect_tensor(const safetensors::reader& in, const std::string& name
                                       std::to_string(header.options.block_size));
 }
 
+// Every tensor the header implies, present with the right dtype and size: checked before anything is
+// allocated, so a header claiming a huge shape is reported as a corrupt file, not as out of memory.
+template <format F>
+void expect_linear4bit_tensors(const safetensors::reader& in, const std::string& key, const std::string& where,
+                               const linear4bit_header& header) {
+  const std::int64_t blocks = block_count(header.dims.numel(), header.options.block_size);
+  expect_tensor(in, key, "U8", code_bytes(F, header.dims.numel()), where, header);
+  expect_tensor(in, key + ".quant_map", "F32", 16, where, header);
+  if (header.options.double_quant) {
+    expect_tensor(in, key + ".absmax", "U8", blocks, where, header);
+    expect_tensor(in, key + ".nested_absmax", "F32", nested_group_count(blocks), where, header);
+    expect_tensor(in, key + ".nested_quant_map", "F32", 256, where, header);
+  } else {
+    expect_tensor(in, key + ".absmax", "F32", blocks, where, header);
+  }
+}
+
 template <format F>
 void read_linear4bit_tensors(const safetensors::reader& in, const std::string& key, const std::string& where,
                              const linear4bit_header& header, quantized_tensor<F>& weight) {
   const std::int64_t blocks = weight.blocks();
-  expect_tensor(in, key, "U8", code_bytes(F, header.dims.numel()), where, header);
+  expect_linear4bit_tensors<F>(in, key, where, header);
   in.read(key, weight.codes());
-  expect_tensor(in, key + ".quant_map", "F32", 16, where, header);
   const std::vector<float> table = in.read_vector<float>(key + ".quant_map");
   for (std::size_t c = 0; c < 16; ++c)
     require(table[c] == four_bit_table<F>()[c], where + ": quant_map entry " + std::to_string(c) + " is " +
@@ -176,11 +204,8 @@ void read_linear4bit_tensors(const safetensors::reader& in, const std::string& k
                                                     bnb_type_name<F>() + " value " +
                                                     format_float(four_bit_table<F>()[c], 9));
   if (header.options.double_quant) {
-    expect_tensor(in, key + ".absmax", "U8", blocks, where, header);
     in.read(key + ".absmax", weight.nested_codes());
-    expect_tensor(in, key + ".nested_absmax", "F32", nested_group_count(blocks), where, header);
     in.read(key + ".nested_absmax", weight.nested_group_absmax());
-    expect_tensor(in, key + ".nested_quant_map", "F32", 256, where, header);
     const std::vector<float> map = in.read_vector<float>(key + ".nested_quant_map");
     code_table<256> nested_map{};
     for (std::size_t i = 0; i < 256; ++i) {
@@ -193,7 +218,6 @@ void read_linear4bit_tensors(const safetensors::reader& in, const std::string& k
       require(is_finite(a), where + ": nested_absmax holds a non-finite value");
     require(is_finite(weight.offset_view()[0]), where + ": nested_offset is not finite");
   } else {
-    expect_tensor(in, key + ".absmax", "F32", blocks, where, header);
     in.read(key + ".absmax", weight.absmax());
     const std::int64_t bad = first_nonfinite(weight.absmax().data(), blocks);
     require(bad < 0, where + ": absmax of block " + std::to_string(bad) + " is not finite");
@@ -208,6 +232,7 @@ quantized_tensor<F> load_linear4bit(const safetensors::reader& in, const std::st
   const std::string where = "load_linear4bit: '" + key + "' in '" + in.path() + "'";
   const detail::linear4bit_header header = detail::read_linear4bit_state<F>(in, key, where);
   require(resource.kind() != memory_kind::device, where + ": load into host memory, then copy to the device");
+  detail::expect_linear4bit_tensors<F>(in, key, where, header);  // before allocating
   quantized_tensor<F> weight(resource, header.dims, header.options);
   detail::read_linear4bit_tensors(in, key, where, header, weight);
   if (state) state->dtype = header.dtype;

@@ -177,9 +177,9 @@ class quantized_tensor {
   template <executor E, float_storage T>
   void dequantize_range(const E& exec, std::int64_t first_element, tensor_view<T> out) const {
     constexpr const char* operation = "quantized_tensor::dequantize_range";
-    require(first_element >= 0 && first_element + out.size() <= numel(),
-            std::string(operation) + ": elements [" + std::to_string(first_element) + ", " +
-                std::to_string(first_element + out.size()) + ") are outside the tensor's " + std::to_string(numel()));
+    require(within_range(first_element, out.size(), numel()),
+            std::string(operation) + ": " + std::to_string(out.size()) + " elements from element " +
+                std::to_string(first_element) + " are outside the tensor's " + std::to_string(numel()));
     require_accessible(exec, codes(), operation, "the tensor");
     require_accessible(exec, out, operation, "out");
     detail::dequantize_with_scales(exec, F, codes_.data(), scales(), options_.block_size, first_element, out,
@@ -193,6 +193,10 @@ class quantized_tensor {
     require(columns > 0 && out.size() % columns == 0,
             "quantized_tensor::dequantize_rows: `out` has " + std::to_string(out.size()) +
                 " elements, not a whole number of rows of " + std::to_string(columns));
+    const std::int64_t rows = numel() / columns;
+    require(within_range(first_row, out.size() / columns, rows),
+            "quantized_tensor::dequantize_rows: " + std::to_string(out.size() / columns) + " rows from row " +
+                std::to_string(first_row) + " are outside the tensor's " + std::to_string(rows));
     dequantize_range(exec, first_row * columns, out);
   }
 

@@ -1,0 +1,197 @@
+// Writes the seed corpus of the fuzz targets (tests/fuzz/corpus/<target>/): valid inputs that reach deep
+// into each reader, made with memkit's own writers, plus a few hand-written JSON documents; and the
+// regression inputs of issue #15's defects (tests/fuzz/regressions/<target>/). The committed files were
+// made by this program; fuzzing adds to the corpus. Build and run from the repository root:
+//   g++ -std=c++20 -O1 -Iinclude -Itests/fuzz tests/fuzz/make_seed_corpus.cpp -o /tmp/make_seed_corpus && /tmp/make_seed_corpus
+// (HF config seeds are copies of tests/data/budget/*.json; see ./dev.sh fuzz.)
+#include <memkit/io/safetensors.hpp>
+#include <memkit/optim/adam_state.hpp>
+#include <memkit/quant/bnb_checkpoint.hpp>
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "adam_image.hpp"
+
+using namespace memkit;
+namespace fs = std::filesystem;
+
+namespace {
+const fs::path root = "tests/fuzz/corpus";
+const fs::path regressions = "tests/fuzz/regressions";
+
+void write(const std::string& target, const std::string& name, const std::string& bytes, const fs::path& dir = root) {
+  fs::create_directories(dir / target);
+  std::ofstream(dir / target / name, std::ios::binary) << bytes;
+}
+void regression(const std::string& target, const std::string& name, const std::string& bytes) {
+  write(target, name, bytes, regressions);
+}
+
+// A safetensors file with a hand-written header and `data_bytes` zero bytes of data.
+std::string raw_safetensors(std::string header, std::size_t data_bytes) {
+  while ((8 + header.size()) % 8 != 0) header += ' ';
+  std::string bytes;
+  for (int i = 0; i < 8; ++i) bytes += static_cast<char>(static_cast<std::uint64_t>(header.size()) >> (8 * i));
+  return bytes + header + std::string(data_bytes, '\0');
+}
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+std::string saved(const safetensors::writer& out) {
+  const std::string path = (fs::temp_directory_path() / "memkit_seed.safetensors").string();
+  out.write(path);
+  std::string bytes = slurp(path);
+  fs::remove(path);
+  return bytes;
+}
+
+std::vector<float> wave(std::size_t n, float scale) {
+  std::vector<float> v(n);
+  for (std::size_t i = 0; i < n; ++i) v[i] = scale * std::sin(0.37f * static_cast<float>(i) + 0.1f);
+  return v;
+}
+
+void json_seeds() {
+  const char* documents[] = {
+      "{}", "[]", "null", "true", "false", "0", "-0", "12345678901234567890", "-9223372036854775808",
+      "3.14159e-10", "1E+308", "\"plain\"", "\"esc \\\" \\\\ \\/ \\b \\f \\n \\r \\t \\u0041 \\u00e9 \\ud834\\udd1e\"",
+      "\"utf8 \xC3\xA9 \xE2\x82\xAC \xF0\x9D\x84\x9E\"", "[1, [2, [3, [4, [5]]]]]",
+      "{\"a\": {\"b\": {\"c\": [true, false, null, 1.5, \"x\"]}}}",
+      "{\"dtype\": \"F32\", \"shape\": [2, 3], \"data_offsets\": [0, 24]}",
+      "{\"quant_type\": \"nf4\", \"blocksize\": 64, \"dtype\": \"bfloat16\", \"shape\": [8, 16], \"nested_blocksize\": 256, "
+      "\"nested_dtype\": \"float32\", \"nested_offset\": 0.0123}",
+      "  [ 1 , 2 ,\t3 ]\n", "{\"k\": \"\\u0000\"}", "[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]",
+      "{\"a\": 1, \"b\": 2, \"c\": 3, \"d\": [4, 5, {\"e\": 6}]}"};
+  int i = 0;
+  for (const char* d : documents) write("json", "seed_" + std::to_string(i++) + ".json", d);
+}
+
+void safetensors_seeds() {
+  {
+    safetensors::writer out;
+    const std::vector<float> a = wave(6, 1.0f);
+    out.add("a", host_view(a.data(), {2, 3}));
+    write("safetensors", "one_f32.safetensors", saved(out));
+  }
+  {
+    safetensors::writer out;
+    const std::vector<float> a = wave(12, 2.0f);
+    const std::vector<std::uint8_t> b{1, 2, 3, 4, 5};
+    const std::vector<std::int64_t> c{-1, 0, 1};
+    std::vector<bf16> d(4);
+    for (std::size_t i = 0; i < d.size(); ++i) d[i] = bf16(static_cast<float>(i) * 0.5f);
+    out.add("layer.weight", host_view(a.data(), {3, 4}));
+    out.add("bytes", host_view(b));
+    out.add("ints", host_view(c));
+    out.add("half", host_view(d));
+    out.add_metadata("format", "pt");
+    out.add_metadata("note", "seed \xE2\x82\xAC");
+    write("safetensors", "mixed.safetensors", saved(out));
+  }
+  {
+    safetensors::writer out;
+    const std::vector<float> none;
+    out.add("empty", host_view(none.data(), {0, 7}));
+    write("safetensors", "empty_tensor.safetensors", saved(out));
+  }
+  write("safetensors", "no_tensors.safetensors", saved(safetensors::writer{}));
+}
+
+template <quant::format F>
+void bnb_seed(const std::string& name, bool nested, shape dims) {
+  const std::vector<float> values = wave(static_cast<std::size_t>(dims.numel()), 0.2f);
+  const auto weight = quant::quantized_tensor<F>::quantize(host, host_view(values.data(), dims), {64, nested},
+                                                           default_host_resource());
+  safetensors::writer out;
+  quant::save_linear4bit(out, "w", weight);
+  write("bnb_linear4bit", name, saved(out));
+}
+
+// A bitsandbytes NF4 weight "w" whose quant_state claims `shape_json` over `code_bytes` codes and `blocks` scales.
+std::string bnb_claiming(const std::string& shape_json, std::int64_t code_bytes, std::int64_t blocks) {
+  safetensors::writer out;
+  std::vector<std::uint8_t> codes(static_cast<std::size_t>(code_bytes), 0x77);
+  std::vector<float> absmax(static_cast<std::size_t>(blocks), 1.0f);
+  out.add("w", host_view(codes), {code_bytes, 1});
+  out.add("w.absmax", host_view(absmax));
+  out.add("w.quant_map", tensor_view<const float>(quant::nf4_codebook.data(), shape{16}, memory_kind::host));
+  const std::string state = "{\"quant_type\": \"nf4\", \"blocksize\": 64, \"dtype\": \"bfloat16\", \"shape\": " + shape_json + "}";
+  out.add_bytes("w.quant_state.bitsandbytes__nf4", "U8", {static_cast<std::int64_t>(state.size())}, state.data(), state.size());
+  return saved(out);
+}
+
+void regressions_of_issue_15() {
+  const char* json[] = {"\"\x80\"", "\"\xC0\xAF\"", "\"\xE0\x80\xAF\"", "\"\xED\xA0\x80\"", "\"\xF4\x90\x80\x80\"",
+                        "\"\xE2\x82\"", "[1e999]", "{\"k\xFF\": 1}"};
+  int i = 0;
+  for (const char* d : json) regression("json", "issue15_" + std::to_string(i++) + ".json", d);
+  regression("safetensors", "issue15_f64_bytes_wrap.safetensors",
+             raw_safetensors(R"({"w":{"dtype":"F64","shape":[2305843009213693952],"data_offsets":[0,0]}})", 0));
+  regression("safetensors", "issue15_int64_wrap.safetensors",
+             raw_safetensors(R"({"w":{"dtype":"U8","shape":[4294967296,4294967296],"data_offsets":[0,0]}})", 0));
+  regression("bnb_linear4bit", "issue15_512gib_claim.safetensors", bnb_claiming("[1048576, 1048576]", 32, 1));
+  regression("bnb_linear4bit", "issue15_numel_minus_one.safetensors", bnb_claiming("[3, 6148914691236517205]", 0, 0));
+  regression("bnb_linear4bit", "issue15_int64_max.safetensors", bnb_claiming("[9223372036854775807]", 0, 0));
+}
+
+template <class State>
+void adam_seed(const std::string& name, const std::vector<std::int64_t>& sizes, adam_options options, int steps) {
+  State state(host, default_host_resource(), sizes, options);
+  std::vector<std::vector<float>> params, grads;
+  for (std::size_t i = 0; i < sizes.size(); ++i) {
+    params.push_back(wave(static_cast<std::size_t>(sizes[i]), 0.1f));
+    grads.push_back(wave(static_cast<std::size_t>(sizes[i]), 0.01f));
+  }
+  std::vector<adam_param<float, float>> views;
+  for (std::size_t i = 0; i < sizes.size(); ++i) views.push_back({host_view(params[i]), host_view(grads[i]), {}, 0});
+  const std::vector<adam_group> groups{adam_group{}};
+  for (int s = 0; s < steps; ++s) state.step(host, views, groups);
+  std::stringstream image;
+  state.save(host, image);
+  write("adam_state", name, image.str());
+  if (name != "fp32_3_steps.bin") return;
+  // The forged control block of issue #15: step -5, with a valid checksum.
+  std::string forged = image.str();
+  const std::int64_t step = -5;
+  std::memcpy(forged.data() + memkit_test::adam_image_state_offset(forged, state.bytes()), &step, sizeof step);
+  memkit_test::fix_adam_image_checksum(forged, state.bytes());
+  regression("adam_state", "issue15_step_minus_5.bin", forged);
+  const float nan = std::nanf("");
+  forged = image.str();
+  std::memcpy(forged.data() + memkit_test::adam_image_state_offset(forged, state.bytes()) + offsetof(adam_control, loss_scale),
+              &nan, sizeof nan);
+  memkit_test::fix_adam_image_checksum(forged, state.bytes());
+  regression("adam_state", "issue15_loss_scale_nan.bin", forged);
+}
+}  // namespace
+
+int main() {
+  regressions_of_issue_15();
+  json_seeds();
+  safetensors_seeds();
+  bnb_seed<quant::format::nf4>("nf4.safetensors", false, {4, 32});
+  bnb_seed<quant::format::nf4>("nf4_nested.safetensors", true, {3, 40});
+  bnb_seed<quant::format::fp4>("fp4.safetensors", false, {129});
+  bnb_seed<quant::format::fp4>("fp4_nested.safetensors", true, {2, 2, 33});
+  adam_seed<adam_state<float>>("fp32_fresh.bin", {7, 3}, {}, 0);
+  adam_seed<adam_state<float>>("fp32_3_steps.bin", {7, 3}, {}, 3);
+  adam_seed<adam_state<float>>("fp32_scaled.bin", {7, 3}, {.loss_scaling = {.enabled = true, .initial_scale = 256.0f}}, 2);
+  adam_seed<adam_state<std::int8_t, 256>>("int8_2_steps.bin", {300, 5}, {.min_quantized_size = 256}, 2);
+  for (const auto& entry : fs::directory_iterator("tests/data/budget"))
+    if (entry.path().filename().string().rfind("bad_", 0) != 0)
+      write("hf_config", entry.path().filename().string(), slurp(entry.path().string()));
+  return 0;
+}
