@@ -37,6 +37,10 @@
 #include "memkit/memory/buffer.hpp"
 #include "memkit/memory/resource.hpp"
 
+#if MEMKIT_HAS_CUDA
+#include <mma.h>
+#endif
+
 MEMKIT_NAMESPACE_BEGIN
 namespace attention {
 
@@ -427,7 +431,7 @@ MEMKIT_ATTENTION_ISA_VARIANTS(backward_query_item)
     default: NAME(__VA_ARGS__); break;                         \
   }
 #else
-#define MEMKIT_ATTENTION_DISPATCH(NAME, ...) NAME(__VA_ARGS__)
+#define MEMKIT_ATTENTION_DISPATCH(NAME, ...) NAME(__VA_ARGS__);
 #endif
 
 inline problem make_problem(const shape& qs, std::int64_t Hkv, const attention_options& o) {
@@ -515,6 +519,415 @@ void backward(const host_executor& exec, tensor_view<const std::type_identity_t<
                                 static_cast<const float*>(delta), dq.data(), item, mine)
   });
 }
+
+// ---------------------------------------------------------------------------------------------------------------
+// CUDA. One CTA owns a tile of rows (queries in forward and the dq pass, keys in the dk/dv pass), one warp per 16
+// rows, and walks the tiles of the other side through shared memory. The two products of each step run on the
+// tensor cores (WMMA 16x16x16, fp32 accumulation) for bf16 and fp16, and as plain fp32 loops for fp32. Softmax,
+// masking and the backward's elementwise step use the same first_key / last_key / exp2_nonpositive as the host.
+// Every warp only ever touches its own rows between the block-wide tile loads, so warps synchronize with
+// __syncwarp and the block only around loads. All launches go on the executor's stream; nothing synchronizes.
+// Limits: head_dim <= 128, and a multiple of 16 for bf16 / fp16 (the MMA shape).
+// ---------------------------------------------------------------------------------------------------------------
+#if MEMKIT_HAS_CUDA
+namespace detail {
+
+template <class T> struct cuda_tiles {
+  static constexpr int rows = std::is_same_v<T, float> ? 32 : 64;  // rows a CTA owns (16 per warp)
+  static constexpr int forward_cols = 64;                          // key tile of forward
+  static constexpr int backward_cols = 32;                         // the other side's tile in backward
+  static constexpr int threads = rows / 16 * 32;
+};
+MEMKIT_HOST_DEVICE constexpr std::int64_t align32(std::int64_t bytes) noexcept { return (bytes + 31) / 32 * 32; }
+
+// Shared-memory bytes of each kernel (checked against the device's opt-in limit before launching).
+template <class T> constexpr std::int64_t cuda_forward_smem(std::int64_t D) noexcept {
+  using C = cuda_tiles<T>;
+  const std::int64_t e = sizeof(T), R = C::rows, N = C::forward_cols;
+  return align32(R * D * e) + 2 * align32(N * D * e) + align32(R * N * 4) + align32(R * N * e) + align32(R * D * 4) +
+         align32(3 * R * 4);
+}
+template <class T> constexpr std::int64_t cuda_key_pass_smem(std::int64_t D) noexcept {
+  using C = cuda_tiles<T>;
+  const std::int64_t e = sizeof(T), R = C::rows, N = C::backward_cols;
+  return 2 * align32(R * D * e) + 2 * align32(N * D * e) + 2 * align32(R * N * 4) + 2 * align32(R * N * e) +
+         2 * align32(R * D * 4) + align32(2 * N * 4);
+}
+template <class T> constexpr std::int64_t cuda_query_pass_smem(std::int64_t D) noexcept {
+  using C = cuda_tiles<T>;
+  const std::int64_t e = sizeof(T), R = C::rows, N = C::backward_cols;
+  return 2 * align32(R * D * e) + 2 * align32(N * D * e) + 2 * align32(R * N * 4) + align32(R * N * e) +
+         align32(R * D * 4) + align32(2 * R * 4);
+}
+
+template <class T> struct mma_type { using type = T; };
+template <> struct mma_type<bf16> { using type = __nv_bfloat16; };
+template <> struct mma_type<fp16> { using type = __half; };
+
+// C[16 x N] = (accumulate ? C : 0) + A[16 x K] * B, A row-major (lda); B stored [K][N] row-major (ldb), or, when
+// b_transposed, stored [N][K] row-major and used transposed. One warp; N and K are multiples of 16.
+template <bool b_transposed, class T>
+__device__ inline void warp_product(float* C, int ldc, const T* A, int lda, const T* Bm, int ldb, int N, int K,
+                                    bool accumulate) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  if constexpr (!std::is_same_v<T, float>) {
+    using M = typename mma_type<T>::type;
+    namespace w = nvcuda::wmma;
+    using b_layout = std::conditional_t<b_transposed, w::col_major, w::row_major>;
+    for (int n = 0; n < N; n += 16) {
+      w::fragment<w::accumulator, 16, 16, 16, float> acc;
+      if (accumulate) w::load_matrix_sync(acc, C + n, ldc, w::mem_row_major);
+      else w::fill_fragment(acc, 0.0f);
+      for (int k = 0; k < K; k += 16) {
+        w::fragment<w::matrix_a, 16, 16, 16, M, w::row_major> a;
+        w::fragment<w::matrix_b, 16, 16, 16, M, b_layout> b;
+        w::load_matrix_sync(a, reinterpret_cast<const M*>(A) + k, lda);
+        w::load_matrix_sync(b, reinterpret_cast<const M*>(Bm) + (b_transposed ? n * ldb + k : k * ldb + n), ldb);
+        w::mma_sync(acc, a, b, acc);
+      }
+      w::store_matrix_sync(C + n, acc, ldc, w::mem_row_major);
+    }
+    return;
+  }
+#endif
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  for (int e = lane; e < 16 * N; e += 32) {
+    const int r = e / N, c = e % N;
+    float sum = 0.0f;
+    for (int k = 0; k < K; ++k)
+      sum += to_float(A[r * lda + k]) * to_float(b_transposed ? Bm[c * ldb + k] : Bm[k * ldb + c]);
+    C[r * ldc + c] = accumulate ? C[r * ldc + c] + sum : sum;
+  }
+}
+
+// rows x D elements from global `src` (valid rows only; the rest zero) into shared `dst`, by the whole block.
+template <class T>
+__device__ inline void load_tile(T* dst, const T* src, std::int64_t valid_rows, int rows, int D) {
+  for (int e = static_cast<int>(threadIdx.x); e < rows * D; e += static_cast<int>(blockDim.x))
+    dst[e] = e / D < valid_rows ? src[e] : from_float<T>(0.0f);
+}
+
+struct cuda_problem {
+  int B, Hq, Hkv, S, D, group;
+  float scale, scale_log2;
+  attention_options o;
+};
+
+template <class T>
+__global__ void flash_forward_kernel(cuda_problem p, const T* q, const T* k, const T* v, T* out, float* lse) {
+  using C = cuda_tiles<T>;
+  constexpr int R = C::rows, N = C::forward_cols;
+  extern __shared__ __align__(32) unsigned char smem[];
+  const int D = p.D, S = p.S;
+  const int tiles = (S + R - 1) / R;
+  const std::int64_t bh = blockIdx.x / tiles;
+  const int i0 = static_cast<int>(blockIdx.x % tiles) * R;
+  const int kvh = static_cast<int>(bh % p.Hq) / p.group;
+  const std::int64_t bkv = bh / p.Hq * p.Hkv + kvh;
+  unsigned char* cursor = smem;
+  auto take = [&](std::int64_t bytes) { unsigned char* at = cursor; cursor += align32(bytes); return at; };
+  T* Q = reinterpret_cast<T*>(take(R * D * sizeof(T)));
+  T* K = reinterpret_cast<T*>(take(N * D * sizeof(T)));
+  T* V = reinterpret_cast<T*>(take(N * D * sizeof(T)));
+  float* Sc = reinterpret_cast<float*>(take(R * N * 4));
+  T* P = reinterpret_cast<T*>(take(R * N * sizeof(T)));
+  float* O = reinterpret_cast<float*>(take(R * D * 4));
+  float* m = reinterpret_cast<float*>(take(3 * R * 4));
+  float* l = m + R;
+  float* correction = l + R;
+  const int warp = static_cast<int>(threadIdx.x / 32), lane = static_cast<int>(threadIdx.x % 32);
+  const int w0 = warp * 16;
+  load_tile(Q, q + (bh * S + i0) * D, S - i0, R, D);
+  for (int e = static_cast<int>(threadIdx.x); e < R * D; e += static_cast<int>(blockDim.x)) O[e] = 0.0f;
+  for (int r = static_cast<int>(threadIdx.x); r < R; r += static_cast<int>(blockDim.x)) m[r] = minus_infinity, l[r] = 0;
+  const int last_row = (i0 + R < S ? i0 + R : S) - 1;
+  const int j_begin = static_cast<int>(first_key(i0, p.o)), j_end = static_cast<int>(last_key(last_row, S, p.o));
+  for (int j0 = j_begin / N * N; j0 < j_end; j0 += N) {
+    __syncthreads();  // the previous tile's K and V are no longer read
+    load_tile(K, k + (bkv * S + j0) * D, S - j0, N, D);
+    load_tile(V, v + (bkv * S + j0) * D, S - j0, N, D);
+    __syncthreads();
+    warp_product<true>(Sc + w0 * N, N, Q + w0 * D, D, K, D, N, D, false);
+    __syncwarp();
+    // Two lanes per row, 32 columns each.
+    const int r = w0 + lane / 2, c0 = (lane % 2) * (N / 2);
+    const int i = i0 + r;
+    const int lo = static_cast<int>(first_key(i, p.o)) - j0, hi = static_cast<int>(last_key(i, S, p.o)) - j0;
+    float row_max = minus_infinity;
+    for (int c = c0; c < c0 + N / 2; ++c)
+      if (i < S && c >= lo && c < hi) row_max = fmaxf(row_max, Sc[r * N + c] * p.scale_log2);
+    row_max = fmaxf(row_max, __shfl_xor_sync(0xffffffffu, row_max, 1));
+    const float m_old = m[r];
+    const float m_new = fmaxf(m_old, row_max);
+    float sum = 0.0f;
+    for (int c = c0; c < c0 + N / 2; ++c) {
+      const bool valid = i < S && c >= lo && c < hi && m_new != minus_infinity;
+      const float pc = valid ? exp2_nonpositive(Sc[r * N + c] * p.scale_log2 - m_new) : 0.0f;
+      const T rounded = from_float<T>(pc);
+      P[r * N + c] = rounded;
+      sum += to_float(rounded);  // the sum of what P.V multiplies, so out stays a convex combination
+    }
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    __syncwarp();
+    if (lane % 2 == 0) {
+      const float corr = m_new == minus_infinity ? 1.0f : exp2_nonpositive(m_old - m_new);
+      correction[r] = corr;
+      l[r] = l[r] * corr + sum;
+      m[r] = m_new;
+    }
+    __syncwarp();
+    for (int e = lane; e < 16 * D; e += 32) O[w0 * D + e] *= correction[w0 + e / D];
+    __syncwarp();
+    warp_product<false>(O + w0 * D, D, P + w0 * N, N, V, D, D, N, true);
+  }
+  __syncwarp();
+  for (int e = lane; e < 16 * D; e += 32) {
+    const int r = w0 + e / D, i = i0 + r;
+    if (i < S) out[(bh * S + i) * D + e % D] = from_float<T>(O[w0 * D + e] / l[r]);
+  }
+  if (lane < 16 && i0 + w0 + lane < S)
+    lse[bh * S + i0 + w0 + lane] = (m[w0 + lane] + log2f(l[w0 + lane])) * ln2;
+}
+
+template <class T>
+__global__ void flash_delta_kernel(const T* dout, const T* out, float* delta, std::int64_t rows, int D) {
+  const std::int64_t row = (static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  if (row >= rows) return;
+  float sum = 0.0f;
+  for (int d = lane; d < D; d += 32) sum += to_float(dout[row * D + d]) * to_float(out[row * D + d]);
+  for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+  if (lane == 0) delta[row] = sum;
+}
+
+// dK, dV of one key tile, summed over the kv head's query-head group.
+template <class T>
+__global__ void flash_key_pass_kernel(cuda_problem p, const T* q, const T* k, const T* v, const T* dout,
+                                      const float* lse, const float* delta, T* dk, T* dv) {
+  using C = cuda_tiles<T>;
+  constexpr int R = C::rows, N = C::backward_cols;
+  extern __shared__ __align__(32) unsigned char smem[];
+  const int D = p.D, S = p.S;
+  const int tiles = (S + R - 1) / R;
+  const std::int64_t bkv = blockIdx.x / tiles;
+  const int j0 = static_cast<int>(blockIdx.x % tiles) * R;
+  const std::int64_t b = bkv / p.Hkv;
+  const int kvh = static_cast<int>(bkv % p.Hkv);
+  unsigned char* cursor = smem;
+  auto take = [&](std::int64_t bytes) { unsigned char* at = cursor; cursor += align32(bytes); return at; };
+  T* K = reinterpret_cast<T*>(take(R * D * sizeof(T)));
+  T* V = reinterpret_cast<T*>(take(R * D * sizeof(T)));
+  T* Q = reinterpret_cast<T*>(take(N * D * sizeof(T)));
+  T* dO = reinterpret_cast<T*>(take(N * D * sizeof(T)));
+  float* St = reinterpret_cast<float*>(take(R * N * 4));
+  float* dPt = reinterpret_cast<float*>(take(R * N * 4));
+  T* Pt = reinterpret_cast<T*>(take(R * N * sizeof(T)));
+  T* dSt = reinterpret_cast<T*>(take(R * N * sizeof(T)));
+  float* dK = reinterpret_cast<float*>(take(R * D * 4));
+  float* dV = reinterpret_cast<float*>(take(R * D * 4));
+  float* lse_tile = reinterpret_cast<float*>(take(2 * N * 4));
+  float* delta_tile = lse_tile + N;
+  const int warp = static_cast<int>(threadIdx.x / 32), lane = static_cast<int>(threadIdx.x % 32);
+  const int w0 = warp * 16;
+  load_tile(K, k + (bkv * S + j0) * D, S - j0, R, D);
+  load_tile(V, v + (bkv * S + j0) * D, S - j0, R, D);
+  for (int e = static_cast<int>(threadIdx.x); e < R * D; e += static_cast<int>(blockDim.x)) dK[e] = dV[e] = 0.0f;
+  const int cols = S - j0 < R ? S - j0 : R;
+  int i_begin = 0, i_end = S;
+  if (p.o.causal) i_begin = j0;
+  if (p.o.window > 0) {
+    i_end = static_cast<int>(j0 + cols - 1 + p.o.window < S ? j0 + cols - 1 + p.o.window : S);
+    if (!p.o.causal) i_begin = static_cast<int>(j0 - p.o.window + 1 > 0 ? j0 - p.o.window + 1 : 0);
+  }
+  for (int h = kvh * p.group; h < (kvh + 1) * p.group; ++h) {
+    const std::int64_t bh = b * p.Hq + h;
+    for (int i0 = i_begin / N * N; i0 < i_end; i0 += N) {
+      __syncthreads();
+      load_tile(Q, q + (bh * S + i0) * D, S - i0, N, D);
+      load_tile(dO, dout + (bh * S + i0) * D, S - i0, N, D);
+      for (int c = static_cast<int>(threadIdx.x); c < N; c += static_cast<int>(blockDim.x)) {
+        lse_tile[c] = i0 + c < S ? lse[bh * S + i0 + c] * log2e : 0.0f;
+        delta_tile[c] = i0 + c < S ? delta[bh * S + i0 + c] : 0.0f;
+      }
+      __syncthreads();
+      warp_product<true>(St + w0 * N, N, K + w0 * D, D, Q, D, N, D, false);
+      warp_product<true>(dPt + w0 * N, N, V + w0 * D, D, dO, D, N, D, false);
+      __syncwarp();
+      for (int e = lane; e < 16 * N; e += 32) {
+        const int r = w0 + e / N, c = e % N, j = j0 + r, i = i0 + c;
+        const bool valid = i < S && j < S && j >= first_key(i, p.o) && j < last_key(i, S, p.o);
+        const float pr = valid ? exp2_nonpositive(St[r * N + c] * p.scale_log2 - lse_tile[c]) : 0.0f;
+        Pt[r * N + c] = from_float<T>(pr);
+        dSt[r * N + c] = from_float<T>(pr * (dPt[r * N + c] - delta_tile[c]) * p.scale);
+      }
+      __syncwarp();
+      warp_product<false>(dV + w0 * D, D, Pt + w0 * N, N, dO, D, D, N, true);
+      warp_product<false>(dK + w0 * D, D, dSt + w0 * N, N, Q, D, D, N, true);
+    }
+  }
+  __syncwarp();
+  for (int e = lane; e < 16 * D; e += 32) {
+    const int j = j0 + w0 + e / D;
+    if (j < S) {
+      dk[(bkv * S + j) * D + e % D] = from_float<T>(dK[w0 * D + e]);
+      dv[(bkv * S + j) * D + e % D] = from_float<T>(dV[w0 * D + e]);
+    }
+  }
+}
+
+// dQ of one query tile.
+template <class T>
+__global__ void flash_query_pass_kernel(cuda_problem p, const T* q, const T* k, const T* v, const T* dout,
+                                        const float* lse, const float* delta, T* dq) {
+  using C = cuda_tiles<T>;
+  constexpr int R = C::rows, N = C::backward_cols;
+  extern __shared__ __align__(32) unsigned char smem[];
+  const int D = p.D, S = p.S;
+  const int tiles = (S + R - 1) / R;
+  const std::int64_t bh = blockIdx.x / tiles;
+  const int i0 = static_cast<int>(blockIdx.x % tiles) * R;
+  const int kvh = static_cast<int>(bh % p.Hq) / p.group;
+  const std::int64_t bkv = bh / p.Hq * p.Hkv + kvh;
+  unsigned char* cursor = smem;
+  auto take = [&](std::int64_t bytes) { unsigned char* at = cursor; cursor += align32(bytes); return at; };
+  T* Q = reinterpret_cast<T*>(take(R * D * sizeof(T)));
+  T* dO = reinterpret_cast<T*>(take(R * D * sizeof(T)));
+  T* K = reinterpret_cast<T*>(take(N * D * sizeof(T)));
+  T* V = reinterpret_cast<T*>(take(N * D * sizeof(T)));
+  float* Sc = reinterpret_cast<float*>(take(R * N * 4));
+  float* dP = reinterpret_cast<float*>(take(R * N * 4));
+  T* dS = reinterpret_cast<T*>(take(R * N * sizeof(T)));
+  float* dQ = reinterpret_cast<float*>(take(R * D * 4));
+  float* lse_tile = reinterpret_cast<float*>(take(2 * R * 4));
+  float* delta_tile = lse_tile + R;
+  const int warp = static_cast<int>(threadIdx.x / 32), lane = static_cast<int>(threadIdx.x % 32);
+  const int w0 = warp * 16;
+  load_tile(Q, q + (bh * S + i0) * D, S - i0, R, D);
+  load_tile(dO, dout + (bh * S + i0) * D, S - i0, R, D);
+  for (int e = static_cast<int>(threadIdx.x); e < R * D; e += static_cast<int>(blockDim.x)) dQ[e] = 0.0f;
+  for (int r = static_cast<int>(threadIdx.x); r < R; r += static_cast<int>(blockDim.x)) {
+    lse_tile[r] = i0 + r < S ? lse[bh * S + i0 + r] * log2e : 0.0f;
+    delta_tile[r] = i0 + r < S ? delta[bh * S + i0 + r] : 0.0f;
+  }
+  const int last_row = (i0 + R < S ? i0 + R : S) - 1;
+  const int j_begin = static_cast<int>(first_key(i0, p.o)), j_end = static_cast<int>(last_key(last_row, S, p.o));
+  for (int j0 = j_begin / N * N; j0 < j_end; j0 += N) {
+    __syncthreads();
+    load_tile(K, k + (bkv * S + j0) * D, S - j0, N, D);
+    load_tile(V, v + (bkv * S + j0) * D, S - j0, N, D);
+    __syncthreads();
+    warp_product<true>(Sc + w0 * N, N, Q + w0 * D, D, K, D, N, D, false);
+    warp_product<true>(dP + w0 * N, N, dO + w0 * D, D, V, D, N, D, false);
+    __syncwarp();
+    for (int e = lane; e < 16 * N; e += 32) {
+      const int r = w0 + e / N, c = e % N, i = i0 + r, j = j0 + c;
+      const bool valid = i < S && j < S && j >= first_key(i, p.o) && j < last_key(i, S, p.o);
+      const float pr = valid ? exp2_nonpositive(Sc[r * N + c] * p.scale_log2 - lse_tile[r]) : 0.0f;
+      dS[r * N + c] = from_float<T>(pr * (dP[r * N + c] - delta_tile[r]) * p.scale);
+    }
+    __syncwarp();
+    warp_product<false>(dQ + w0 * D, D, dS + w0 * N, N, K, D, D, N, true);
+  }
+  __syncwarp();
+  for (int e = lane; e < 16 * D; e += 32) {
+    const int i = i0 + w0 + e / D;
+    if (i < S) dq[(bh * S + i) * D + e % D] = from_float<T>(dQ[w0 * D + e]);
+  }
+}
+
+template <class T>
+cuda_problem make_cuda_problem(const shape& qs, std::int64_t Hkv, const attention_options& o, const char* op) {
+  const std::string who = std::string("attention::") + op + " (CUDA)";
+  require(qs[3] <= 128, who + ": head_dim " + std::to_string(qs[3]) + " is above the CUDA kernel's 128");
+  require(std::is_same_v<T, float> || qs[3] % 16 == 0,
+          who + ": head_dim " + std::to_string(qs[3]) + " must be a multiple of 16 for bf16/fp16 (the MMA shape)");
+  require(qs[2] < (std::int64_t{1} << 30) && qs[0] * qs[1] * qs[2] < (std::int64_t{1} << 31),
+          who + ": batch * heads * seq must stay below 2^31 on CUDA");
+  const problem h = make_problem(qs, Hkv, o);
+  return {static_cast<int>(h.B), static_cast<int>(h.Hq), static_cast<int>(h.Hkv), static_cast<int>(h.S),
+          static_cast<int>(h.D), static_cast<int>(h.group), h.scale, h.scale_log2, o};
+}
+
+template <class Kernel>
+void prepare_smem(const cuda_executor& exec, Kernel kernel, std::int64_t bytes, const char* op) {
+  int limit = 0;
+  MEMKIT_CUDA_CHECK(cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, exec.device));
+  require(bytes <= limit, std::string("attention::") + op + " (CUDA): the kernel needs " + std::to_string(bytes) +
+                              " bytes of shared memory, the device allows " + std::to_string(limit));
+  MEMKIT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+}
+
+}  // namespace detail
+
+template <float_storage T>
+void forward(const cuda_executor& exec, tensor_view<const std::type_identity_t<T>> q,
+             tensor_view<const std::type_identity_t<T>> k, tensor_view<const std::type_identity_t<T>> v,
+             tensor_view<T> out, tensor_view<float> lse, const attention_options& options, memory_resource& workspace) {
+  (void)workspace;  // forward needs none on the device
+  detail::validate<T>("forward", q, k, v, out, lse, options);
+  require_accessible(exec, q, "attention::forward", "q");
+  require_accessible(exec, k, "attention::forward", "k");
+  require_accessible(exec, v, "attention::forward", "v");
+  require_accessible(exec, out, "attention::forward", "out");
+  require_accessible(exec, lse, "attention::forward", "lse");
+  const detail::cuda_problem p = detail::make_cuda_problem<T>(q.shape(), k.shape()[1], options, "forward");
+  using C = detail::cuda_tiles<T>;
+  const std::int64_t smem = detail::cuda_forward_smem<T>(p.D);
+  ::memkit::detail::with_device(exec.device, [&] {
+    detail::prepare_smem(exec, detail::flash_forward_kernel<T>, smem, "forward");
+    const std::int64_t blocks = std::int64_t{p.B} * p.Hq * ((p.S + C::rows - 1) / C::rows);
+    detail::flash_forward_kernel<T><<<static_cast<unsigned>(blocks), C::threads, static_cast<std::size_t>(smem),
+                                      exec.stream>>>(p, q.data(), k.data(), v.data(), out.data(), lse.data());
+    MEMKIT_CUDA_CHECK(cudaGetLastError());
+    return 0;
+  });
+}
+
+template <float_storage T>
+void backward(const cuda_executor& exec, tensor_view<const std::type_identity_t<T>> q,
+              tensor_view<const std::type_identity_t<T>> k, tensor_view<const std::type_identity_t<T>> v,
+              tensor_view<const std::type_identity_t<T>> out, tensor_view<const float> lse,
+              tensor_view<const std::type_identity_t<T>> dout, tensor_view<T> dq, tensor_view<T> dk,
+              tensor_view<T> dv, const attention_options& options, memory_resource& workspace) {
+  detail::validate<T>("backward", q, k, v, out, lse, options);
+  require_same_shape(q, dout, "attention::backward", "q", "dout");
+  require_same_shape(q, dq, "attention::backward", "q", "dq");
+  require_same_shape(k, dk, "attention::backward", "k", "dk");
+  require_same_shape(v, dv, "attention::backward", "v", "dv");
+  require(dout.data() && dq.data() && dk.data() && dv.data(), "attention::backward: a gradient tensor has no data");
+  for (const auto& [where, name] : {std::pair{q.where(), "q"}, std::pair{k.where(), "k"}, std::pair{v.where(), "v"},
+                                    std::pair{out.where(), "out"}, std::pair{lse.where(), "lse"},
+                                    std::pair{dout.where(), "dout"}, std::pair{dq.where(), "dq"},
+                                    std::pair{dk.where(), "dk"}, std::pair{dv.where(), "dv"}})
+    require(cuda_executor::can_access(where), std::string("attention::backward: `") + name + "` is in " +
+                                                  to_string(where) + " memory, which the cuda executor cannot access");
+  const detail::cuda_problem p = detail::make_cuda_problem<T>(q.shape(), k.shape()[1], options, "backward");
+  using C = detail::cuda_tiles<T>;
+  const std::int64_t rows = std::int64_t{p.B} * p.Hq * p.S;
+  buffer<float> delta(workspace, shape{detail::round_to_16(rows)});
+  require(cuda_executor::can_access(delta.where()), "attention::backward (CUDA): the workspace resource gives " +
+                                                        std::string(to_string(delta.where())) + " memory");
+  ::memkit::detail::with_device(exec.device, [&] {
+    detail::prepare_smem(exec, detail::flash_key_pass_kernel<T>, detail::cuda_key_pass_smem<T>(p.D), "backward");
+    detail::prepare_smem(exec, detail::flash_query_pass_kernel<T>, detail::cuda_query_pass_smem<T>(p.D), "backward");
+    detail::flash_delta_kernel<T><<<static_cast<unsigned>((rows * 32 + 255) / 256), 256, 0, exec.stream>>>(
+        dout.data(), out.data(), delta.data(), rows, p.D);
+    MEMKIT_CUDA_CHECK(cudaGetLastError());
+    const std::int64_t row_tiles = (p.S + C::rows - 1) / C::rows;
+    detail::flash_key_pass_kernel<T><<<static_cast<unsigned>(std::int64_t{p.B} * p.Hkv * row_tiles), C::threads,
+                                       static_cast<std::size_t>(detail::cuda_key_pass_smem<T>(p.D)), exec.stream>>>(
+        p, q.data(), k.data(), v.data(), dout.data(), lse.data(), delta.data(), dk.data(), dv.data());
+    MEMKIT_CUDA_CHECK(cudaGetLastError());
+    detail::flash_query_pass_kernel<T><<<static_cast<unsigned>(std::int64_t{p.B} * p.Hq * row_tiles), C::threads,
+                                         static_cast<std::size_t>(detail::cuda_query_pass_smem<T>(p.D)), exec.stream>>>(
+        p, q.data(), k.data(), v.data(), dout.data(), lse.data(), delta.data(), dq.data());
+    MEMKIT_CUDA_CHECK(cudaGetLastError());
+    return 0;
+  });
+  // `delta` is released here: stream-ordered with a device_async_resource on exec.stream (no synchronization);
+  // a plain device_resource's cudaFree waits for the device instead.
+}
+#endif  // MEMKIT_HAS_CUDA
 
 }  // namespace attention
 MEMKIT_NAMESPACE_END
