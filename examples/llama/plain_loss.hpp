@@ -22,6 +22,7 @@ namespace llama::plain_loss {
 
 inline constexpr const char* description = "plain chunked linear + cross-entropy in examples/llama/plain_loss.hpp (stand-in)";
 
+
 struct cross_entropy_options {
   std::int64_t ignore_index = -100;
   float label_smoothing = 0;
@@ -38,15 +39,24 @@ constexpr std::int64_t chunk_rows(std::int64_t N, std::int64_t V, const cross_en
   return rows < N ? rows : N;
 }
 
+// Which gradients a call makes (the fields of memkit's loss::workspace_query that the stand-in uses).
+struct workspace_query {
+  bool on_device = false;
+  bool quantized_head = false;
+  bool head_grad = true;
+  bool hidden_grad = true;
+};
+
 // Exact workspace for hidden of H (element type T) and a head of element type W.
 template <class T, class W>
-constexpr std::size_t workspace_bytes(std::int64_t N, std::int64_t H, std::int64_t V, const cross_entropy_options& o) {
+constexpr std::size_t workspace_bytes(std::int64_t N, std::int64_t H, std::int64_t V, const cross_entropy_options& o,
+                                      const workspace_query& query = {}) {
   namespace la = memkit::linalg;
   const std::int64_t c = chunk_rows(N, V, o);
   const la::gemm_options g{o.host_threads > 0 ? o.host_threads : 1};
-  const std::size_t gemms = std::max({la::gemm_workspace_bytes<T, W, float>(c, V, H, g),
-                                      la::gemm_workspace_bytes<float, W, T>(c, H, V, g),
-                                      la::gemm_workspace_bytes<float, T, float>(V, H, c, g)});
+  std::size_t gemms = la::gemm_workspace_bytes<T, W, float>(c, V, H, g);
+  if (query.hidden_grad) gemms = std::max(gemms, la::gemm_workspace_bytes<float, W, T>(c, H, V, g));
+  if (query.head_grad) gemms = std::max(gemms, la::gemm_workspace_bytes<float, T, float>(V, H, c, g));
   return memkit::buffer<float>::bytes_required(memkit::shape{c * V}) + gemms;
 }
 
