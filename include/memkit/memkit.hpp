@@ -1,6 +1,7 @@
 // memkit/memkit.hpp — the umbrella header: everything memkit offers, in one include.
 #pragma once
 
+#include "memkit/attention/flash_attention.hpp"
 #include "memkit/budget/activations.hpp"
 #include "memkit/budget/component_bytes.hpp"
 #include "memkit/budget/estimate.hpp"

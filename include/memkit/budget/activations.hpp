@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <string_view>
 
+#include "memkit/attention/flash_attention.hpp"
 #include "memkit/budget/model.hpp"
 #include "memkit/budget/plan.hpp"
 #include "memkit/lora/lora_memory.hpp"
@@ -124,8 +125,9 @@ constexpr block_activations block_activation_bytes(const model_config& m, const 
     }
     if (detail::keeps_linear_input(plan, o)) add("o_proj.input", e * T * H * d);
   } else {
-    add("attention.output", qkv_e * T * H * d);  // also o_proj's input
-    add("attention.logsumexp", 4 * b * H * s);
+    // What memkit::attention's forward saves: out (also o_proj's input) and the fp32 log-sum-exp per row.
+    add("attention.output", qkv_e * T * H * d);
+    add("attention.logsumexp", attention::forward_saved_bytes(b, H, s, d, qkv_e) - qkv_e * T * H * d);
   }
   lora_all(o);
   if (m.dropout) add("attention.residual_dropout_mask", T * h);
@@ -155,7 +157,8 @@ constexpr block_activations block_activation_bytes(const model_config& m, const 
   // MLP gradient temporaries.
   std::uint64_t attention_grads =
       eager ? (2 * e + (upcast ? 4 : e) + (m.dropout ? e : 0)) * scores
-            : e * T * (H + 2 * m.kv_heads) * d + 4 * T * H * d;  // dq, dk, dv and the fp32 dq accumulator
+            : e * T * (H + 2 * m.kv_heads) * d +  // dq, dk, dv and memkit::attention's backward workspace
+                  attention::backward_workspace_bytes(b, H, m.kv_heads, s, d, e, {}, /*on_device=*/true);
   std::uint64_t mlp_grads = m.gated_mlp() ? 3 * e * T * f : 2 * e * T * f;
   if (upcast) mlp_grads = max_of(mlp_grads, 3 * 4 * T * h);
   a.backward_transient = 2 * e * T * h + max_of(attention_grads, mlp_grads);

@@ -1,0 +1,60 @@
+// memkit::attention on a CUDA device: one causal forward + backward in bf16, B=1, H=8 heads, timed with CUDA
+// events on a stream. Counters: TFLOP/s of the useful causal flops (2 * 2 * S^2 * D / 2 forward, twice that
+// backward), the device bytes beyond q, k, v, out and the gradients (lse + delta) and what a materialized fp32
+// attention would hold (eager_attention_bytes). Not yet run: no GPU was lent to the session that wrote it.
+#include <benchmark/benchmark.h>
+#include <memkit/attention/flash_attention.hpp>
+#include <memkit/memory/resource.hpp>
+
+#include <cstdint>
+#include <vector>
+
+#include "support/cuda_timing.hpp"
+
+namespace {
+
+namespace att = memkit::attention;
+constexpr std::int64_t heads = 8;
+
+void BM_flash_cuda(benchmark::State& state) {
+  const std::int64_t S = state.range(0), D = state.range(1);
+  cudaStream_t stream{};
+  MEMKIT_CUDA_CHECK(cudaStreamCreate(&stream));
+  {
+    memkit::device_async_resource device(stream);
+    const memkit::shape qs{1, heads, S, D}, ls{1, heads, S};
+    memkit::buffer<memkit::bf16> q(device, qs), k(device, qs), v(device, qs), out(device, qs), dout(device, qs),
+        dq(device, qs), dk(device, qs), dv(device, qs);
+    memkit::buffer<float> lse(device, ls);
+    std::vector<memkit::bf16> ones(static_cast<std::size_t>(q.size()), memkit::bf16(0.01f));
+    for (auto* b : {&q, &k, &v, &dout})
+      MEMKIT_CUDA_CHECK(cudaMemcpyAsync(b->data(), ones.data(), b->bytes(), cudaMemcpyHostToDevice, stream));
+    const memkit::cuda_executor exec{0, stream};
+    const att::attention_options o;
+    const double seconds = memkit_bench::time_with_events(
+        state,
+        [&] {
+          att::forward<memkit::bf16>(exec, q.view(), k.view(), v.view(), out.view(), lse.view(), o, device);
+          att::backward<memkit::bf16>(exec, q.view(), k.view(), v.view(), out.view(), lse.view(), dout.view(),
+                                      dq.view(), dk.view(), dv.view(), o, device);
+        },
+        stream);
+    const double flops = 3.0 * 2.0 * 2.0 * double(S) * double(S) * double(D) / 2 * heads;
+    state.counters["TFLOPs"] = flops * double(state.iterations()) / seconds * 1e-12;
+    state.counters["extra_MiB"] = double(lse.bytes() + att::backward_workspace_bytes(1, heads, heads, S, D, 2, o, true)) /
+                                  (1 << 20);
+    state.counters["materialized_MiB"] = double(att::eager_attention_bytes(1, heads, S)) / (1 << 20);
+    MEMKIT_CUDA_CHECK(cudaStreamSynchronize(stream));
+  }
+  MEMKIT_CUDA_CHECK(cudaStreamDestroy(stream));
+}
+
+}  // namespace
+
+BENCHMARK(BM_flash_cuda)
+    ->ArgsProduct({{1024, 4096, 16384}, {64, 128}})
+    ->ArgNames({"seq", "head_dim"})
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
+
+BENCHMARK_MAIN();

@@ -1,0 +1,139 @@
+// memkit::attention under nvcc: argument checks of the CUDA entry points (run everywhere), and the CUDA kernels
+// against the host path (gpu suite; Skipped visibly without a device).
+#include <doctest/doctest.h>
+
+#include <memkit/attention/flash_attention.hpp>
+#include <memkit/memory/resource.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <vector>
+
+#include "support/gpu_test.hpp"
+#include "support/test_values.hpp"
+
+namespace {
+
+namespace att = memkit::attention;
+
+template <class T>
+memkit::tensor_view<T> fake_device(std::int64_t a, std::int64_t b, std::int64_t c, std::int64_t d) {
+  // Never dereferenced: the checks below throw before anything reaches the device.
+  return {reinterpret_cast<T*>(std::uintptr_t{4096}), memkit::shape{a, b, c, d}, memkit::memory_kind::device};
+}
+
+}  // namespace
+
+TEST_CASE("attention cuda build: the CUDA entry points reject bad arguments before launching") {
+  const memkit::cuda_executor exec{0, nullptr};
+  memkit::host_resource workspace;
+  att::attention_options o;
+  const memkit::tensor_view<float> lse{reinterpret_cast<float*>(std::uintptr_t{4096}), memkit::shape{1, 2, 8},
+                                       memkit::memory_kind::device};
+  // bf16 with a head_dim that is not a multiple of 16.
+  CHECK_THROWS_WITH_AS(att::forward<memkit::bf16>(exec, fake_device<memkit::bf16>(1, 2, 8, 24),
+                                                  fake_device<memkit::bf16>(1, 1, 8, 24),
+                                                  fake_device<memkit::bf16>(1, 1, 8, 24),
+                                                  fake_device<memkit::bf16>(1, 2, 8, 24), lse, o, workspace),
+                       doctest::Contains("multiple of 16"), memkit::error);
+  CHECK_THROWS_WITH_AS(att::forward<float>(exec, fake_device<float>(1, 2, 8, 256), fake_device<float>(1, 1, 8, 256),
+                                           fake_device<float>(1, 1, 8, 256), fake_device<float>(1, 2, 8, 256), lse, o,
+                                           workspace),
+                       doctest::Contains("above the CUDA kernel's 128"), memkit::error);
+  std::vector<float> host_q(1 * 2 * 8 * 16);
+  CHECK_THROWS_WITH_AS(att::forward<float>(exec, memkit::host_view(host_q.data(), memkit::shape{1, 2, 8, 16}),
+                                           fake_device<float>(1, 1, 8, 16), fake_device<float>(1, 1, 8, 16),
+                                           fake_device<float>(1, 2, 8, 16), lse, o, workspace),
+                       doctest::Contains("cannot access"), memkit::error);
+  CHECK_THROWS_WITH_AS(att::forward<float>(exec, fake_device<float>(1, 3, 8, 16), fake_device<float>(1, 2, 8, 16),
+                                           fake_device<float>(1, 2, 8, 16), fake_device<float>(1, 3, 8, 16), lse, o,
+                                           workspace),
+                       doctest::Contains("must divide"), memkit::error);
+  // The device needs no forward workspace and only delta in backward.
+  CHECK(att::forward_workspace_bytes(2, 8, 2, 1000, 64, 2, o, true) == 0);
+  CHECK(att::backward_workspace_bytes(2, 8, 2, 1000, 64, 2, o, true) == 2 * 8 * 1008 * sizeof(float));
+}
+
+namespace {
+
+template <class T>
+void gpu_matches_host(std::int64_t B, std::int64_t Hq, std::int64_t Hkv, std::int64_t S, std::int64_t D, bool causal,
+                      std::int64_t window, double tolerance) {
+  att::attention_options o;
+  o.causal = causal;
+  o.window = window;
+  o.host_threads = 2;
+  const std::int64_t nq = B * Hq * S * D, nkv = B * Hkv * S * D, nl = B * Hq * S;
+  const auto q = memkit_test::convert<T>(memkit_test::standard_normal(nq, 1));
+  const auto k = memkit_test::convert<T>(memkit_test::standard_normal(nkv, 2));
+  const auto v = memkit_test::convert<T>(memkit_test::standard_normal(nkv, 3));
+  const auto dout = memkit_test::convert<T>(memkit_test::standard_normal(nq, 4));
+  // Host reference: memkit's host path.
+  std::vector<T> out(nq), dq(nq), dk(nkv), dv(nkv);
+  std::vector<float> lse(nl);
+  const memkit::shape qs{B, Hq, S, D}, ks{B, Hkv, S, D}, ls{B, Hq, S};
+  auto hv = [](auto& x, memkit::shape s) { return memkit::host_view(x.data(), s); };
+  att::forward<T>(memkit::host, hv(q, qs), hv(k, ks), hv(v, ks), hv(out, qs), hv(lse, ls), o,
+                  memkit::default_host_resource());
+  att::backward<T>(memkit::host, hv(q, qs), hv(k, ks), hv(v, ks), hv(out, qs), hv(lse, ls), hv(dout, qs), hv(dq, qs),
+                   hv(dk, ks), hv(dv, ks), o, memkit::default_host_resource());
+  // Device.
+  cudaStream_t stream{};
+  MEMKIT_CUDA_CHECK(cudaStreamCreate(&stream));
+  memkit::device_async_resource device(stream);
+  const memkit::cuda_executor exec{0, stream};
+  memkit::buffer<T> dq_(device, qs), dk_(device, ks), dv_(device, ks), dout_(device, qs), q_(device, qs),
+      k_(device, ks), v_(device, ks), out_(device, qs);
+  memkit::buffer<float> lse_(device, ls);
+  auto up = [&](auto& dst, const auto& src) {
+    MEMKIT_CUDA_CHECK(cudaMemcpyAsync(dst.data(), src.data(), dst.bytes(), cudaMemcpyHostToDevice, stream));
+  };
+  up(q_, q), up(k_, k), up(v_, v), up(dout_, dout);
+  att::forward<T>(exec, q_.view(), k_.view(), v_.view(), out_.view(), lse_.view(), o, device);
+  att::backward<T>(exec, q_.view(), k_.view(), v_.view(), out_.view(), lse_.view(), dout_.view(), dq_.view(),
+                   dk_.view(), dv_.view(), o, device);
+  auto down = [&](const auto& src) {
+    std::vector<std::remove_cv_t<std::remove_reference_t<decltype(*src.data())>>> host(src.size());
+    MEMKIT_CUDA_CHECK(cudaMemcpyAsync(host.data(), src.data(), src.bytes(), cudaMemcpyDeviceToHost, stream));
+    return host;
+  };
+  const auto g_out = down(out_), g_dq = down(dq_), g_dk = down(dk_), g_dv = down(dv_);
+  const auto g_lse = down(lse_);
+  MEMKIT_CUDA_CHECK(cudaStreamSynchronize(stream));
+  const auto scaled = [](const auto& a, const auto& b) {
+    double worst = 0, largest = 1e-30;
+    for (std::size_t i = 0; i < a.size(); ++i) {
+      worst = std::max(worst, std::abs(double(memkit::to_float(a[i])) - double(memkit::to_float(b[i]))));
+      largest = std::max(largest, std::abs(double(memkit::to_float(b[i]))));
+    }
+    return worst / largest;
+  };
+  CAPTURE(S);
+  CAPTURE(D);
+  CAPTURE(causal);
+  CAPTURE(window);
+  const double e_out = scaled(g_out, out), e_lse = scaled(g_lse, lse), e_dq = scaled(g_dq, dq),
+               e_dk = scaled(g_dk, dk), e_dv = scaled(g_dv, dv);
+  std::printf("attention gpu vs host (S %lld D %lld): out %.3g lse %.3g dq %.3g dk %.3g dv %.3g\n",
+              static_cast<long long>(S), static_cast<long long>(D), e_out, e_lse, e_dq, e_dk, e_dv);
+  CHECK(e_out <= tolerance);
+  CHECK(e_lse <= 1e-4);
+  CHECK(e_dq <= tolerance);
+  CHECK(e_dk <= tolerance);
+  CHECK(e_dv <= tolerance);
+  dq_ = {}, dk_ = {}, dv_ = {}, dout_ = {}, q_ = {}, k_ = {}, v_ = {}, out_ = {}, lse_ = {};
+  MEMKIT_CUDA_CHECK(cudaStreamSynchronize(stream));
+  MEMKIT_CUDA_CHECK(cudaStreamDestroy(stream));
+}
+
+}  // namespace
+
+MEMKIT_GPU_TEST_CASE("gpu: flash attention forward and backward agree with the host path") {
+  for (bool causal : {true, false}) {
+    gpu_matches_host<float>(2, 4, 2, 100, 40, causal, 0, 1e-4);
+    gpu_matches_host<memkit::bf16>(2, 4, 2, 130, 64, causal, 0, 2e-2);
+    gpu_matches_host<memkit::fp16>(1, 6, 3, 257, 128, causal, causal ? 0 : 50, 4e-3);
+    gpu_matches_host<memkit::bf16>(1, 2, 1, 200, 64, causal, 33, 2e-2);
+  }
+}
