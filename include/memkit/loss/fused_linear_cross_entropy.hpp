@@ -420,6 +420,8 @@ MEMKIT_DEVICE V block_reduce(V value, Op op, V identity, V* scratch) {
 }
 
 // counters[0] = tokens whose target is not ignore_index and in range; counters[1] = 1 if one is out of range.
+// (Kernels here are templates so that a header included by several .cu files defines each once.)
+template <int Unused = 0>
 __global__ void count_targets_kernel(const std::int32_t* __restrict__ targets, std::int64_t N, std::int64_t V,
                                      std::int64_t ignore_index, int* __restrict__ counters) {
   __shared__ int scratch[32];
@@ -476,6 +478,7 @@ __global__ void logit_rows_kernel(float* logits, D* gradient, std::int64_t rows,
 }
 
 // loss = sum of row losses / counted (0 when nothing is counted, NaN when a target was out of range).
+template <int Unused = 0>
 __global__ void mean_loss_kernel(const float* __restrict__ row_loss, std::int64_t N, const int* __restrict__ counters,
                                  float* __restrict__ loss) {
   __shared__ double scratch[32];
@@ -520,7 +523,7 @@ void device_fused(const cuda_executor& exec, const tensor_view<const T>& hidden,
   buffer<float> accumulator;
   if (!fp32 && !absent(d_hidden) && tile < V) accumulator = buffer<float>(workspace, shape{c * H});
 
-  count_targets_kernel<<<1, loss_block_threads, 0, stream>>>(targets.data(), N, V, options.ignore_index,
+  count_targets_kernel<><<<1, loss_block_threads, 0, stream>>>(targets.data(), N, V, options.ignore_index,
                                                              counters.data());
   MEMKIT_CUDA_CHECK(cudaGetLastError());
   cublasHandle_t handle = ::memkit::detail::cublas_handle_for(exec.device);
@@ -562,7 +565,7 @@ void device_fused(const cuda_executor& exec, const tensor_view<const T>& hidden,
       MEMKIT_CUDA_CHECK(cudaGetLastError());
     }
   }
-  mean_loss_kernel<<<1, loss_block_threads, 0, stream>>>(row_loss.data(), N, counters.data(), loss.data());
+  mean_loss_kernel<><<<1, loss_block_threads, 0, stream>>>(row_loss.data(), N, counters.data(), loss.data());
   MEMKIT_CUDA_CHECK(cudaGetLastError());
 }
 #endif
