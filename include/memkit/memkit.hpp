@@ -26,6 +26,7 @@
 #include "memkit/io/safetensors.hpp"
 #include "memkit/linalg/gemm.hpp"
 #include "memkit/lora/peft_adapter.hpp"
+#include "memkit/loss/fused_linear_cross_entropy.hpp"
 #include "memkit/memory/buffer.hpp"
 #include "memkit/memory/resource.hpp"
 #include "memkit/memory/tracking.hpp"
