@@ -18,6 +18,8 @@ declare -A package_probe=(
   [doctest-dev]=/usr/include/doctest/doctest.h
   [libbenchmark-dev]=/usr/include/benchmark/benchmark.h
   [libopenblas-dev]=/usr/include/x86_64-linux-gnu/openblas-pthread/cblas.h  # GEMM baseline and the MEMKIT_USE_CBLAS test
+  [openmpi-bin]=/usr/bin/mpirun.openmpi                                    # runs the sharded optimizer tests (tests/mpi)
+  [libopenmpi-dev]=/usr/lib/x86_64-linux-gnu/openmpi/include/mpi.h          # dist/mpi_communicator.hpp
 )
 missing=()
 for package in "${!package_probe[@]}"; do
@@ -47,8 +49,9 @@ fi
 
 case ${1:-} in
   example)
-    cmake --build "$build_dir" -j "$jobs" --target memkit_example_train_quantized
-    "$build_dir"/examples/memkit_example_train_quantized
+    cmake --build "$build_dir" -j "$jobs" --target memkit_example_train_llama
+    # Writes its CSV, SVG and checkpoints under train_llama_out/ (next to where it runs); flags follow.
+    "$build_dir"/examples/memkit_example_train_llama "${@:2}"
     ;;
   test)
     cmake --build "$build_dir" -j "$jobs"

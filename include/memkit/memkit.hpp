@@ -22,6 +22,8 @@
 #include "memkit/core/rounded_math.hpp"
 #include "memkit/core/tensor_view.hpp"
 #include "memkit/core/units.hpp"
+#include "memkit/dist/communicator.hpp"
+#include "memkit/dist/sharded_adam_state.hpp"
 #include "memkit/io/json.hpp"
 #include "memkit/io/safetensors.hpp"
 #include "memkit/linalg/gemm.hpp"

@@ -316,6 +316,7 @@ struct param_access {
   std::uint64_t seed;
   std::int64_t step;
   std::int64_t tensor;
+  std::int64_t first = 0;  // the tensor index of element 0 (a shard of a tensor starts past 0): the random stream's position
 
   MEMKIT_HOST_DEVICE MEMKIT_FORCEINLINE float load(std::int64_t i) const noexcept {
     return master != nullptr ? master[i] : to_float(param[i]);
@@ -324,7 +325,7 @@ struct param_access {
     if (master != nullptr) master[i] = value;
     if constexpr (std::is_same_v<P, bf16>) {
       if (master == nullptr && stochastic_rounding)
-        param[i] = bf16_stochastic_round(value, random_bits(seed, step, tensor, i));
+        param[i] = bf16_stochastic_round(value, random_bits(seed, step, tensor, first + i));
       else
         param[i] = bf16(value);
     } else {

@@ -1,0 +1,225 @@
+// examples/llama/block.hpp — one Llama decoder block as a memkit layer, for any projection type.
+//
+//   h = x + o(attention(rope(q(n1)), rope(k(n1)), v(n1)))      n1 = attn_norm(x)
+//   y = h + down(silu(gate(n2)) * up(n2))                       n2 = mlp_norm(h)
+//
+// Linear is the projection (dense_linear in pretraining, a LoRA layer over an NF4 base in fine-tuning);
+// Attention supplies forward/backward on [B, H, S, D] (memkit's attention, or the example's stand-in).
+// The block is a memkit::layer, so checkpoint_segment can drop its activations and recompute them. Its
+// sub-layers save into the same activation store in forward order and take back in reverse order; the
+// block itself saves q, k, v, the attention output and log-sum-exp in the [B, H, S, D] layout attention
+// works in. Its temporaries (normalized inputs, projections, residual sums, their gradients) come from one
+// workspace allocation of scratch_bytes(), and the peak workspace is stated by workspace_bytes().
+#pragma once
+
+#include "layers.hpp"
+
+#include <algorithm>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace llama {
+
+struct model_config {
+  std::int64_t vocab = 256;
+  std::int64_t hidden = 128;
+  std::int64_t layers = 4;
+  std::int64_t heads = 4;
+  std::int64_t kv_heads = 2;
+  std::int64_t head_dim = 32;
+  std::int64_t intermediate = 352;
+  std::int64_t max_positions = 256;
+  float rope_theta = 10000.0f;
+  float norm_eps = 1e-5f;
+};
+
+namespace detail {
+// [B, S, H*D] <-> [B, H, S, D]
+template <class T>
+void split_heads(const T* in, T* out, std::int64_t B, std::int64_t S, std::int64_t H, std::int64_t D) {
+  for (std::int64_t b = 0; b < B; ++b)
+    for (std::int64_t s = 0; s < S; ++s)
+      for (std::int64_t h = 0; h < H; ++h)
+        std::copy_n(in + ((b * S + s) * H + h) * D, D, out + ((b * H + h) * S + s) * D);
+}
+template <class T>
+void merge_heads(const T* in, T* out, std::int64_t B, std::int64_t S, std::int64_t H, std::int64_t D) {
+  for (std::int64_t b = 0; b < B; ++b)
+    for (std::int64_t h = 0; h < H; ++h)
+      for (std::int64_t s = 0; s < S; ++s)
+        std::copy_n(in + ((b * H + h) * S + s) * D, D, out + ((b * S + s) * H + h) * D);
+}
+template <class T>
+void add_into(tensor_view<T> sum, tensor_view<const T> other) {
+  for (std::int64_t i = 0; i < sum.size(); ++i) sum[i] = narrow<T>(f32(sum[i]) + f32(other[i]));
+}
+template <class T>
+void add(tensor_view<const T> a, tensor_view<const T> b, tensor_view<T> out) {
+  for (std::int64_t i = 0; i < out.size(); ++i) out[i] = narrow<T>(f32(a[i]) + f32(b[i]));
+}
+}  // namespace detail
+
+template <class T, class Linear, class Attention>
+struct decoder_block {
+  using value_type = T;
+  using attention_options = typename Attention::options;
+
+  model_config config;
+  rms_norm<T> attn_norm, mlp_norm;
+  Linear q, k, v, o, gate, up, down;
+  swiglu<T> act;
+  const rotary<T>* rope = nullptr;
+  memory_resources memory;
+
+  std::int64_t q_width() const { return config.heads * config.head_dim; }
+  std::int64_t kv_width() const { return config.kv_heads * config.head_dim; }
+  attention_options attention() const {
+    attention_options options{};
+    options.host_threads = memory.host_threads;
+    return options;
+  }
+
+  shape output_shape(const shape& in) const { return in; }
+
+  std::size_t saved_bytes(const shape& in, const forward_context& ctx) const {
+    const std::int64_t B = in[0], S = in[1], f = config.intermediate;
+    const shape heads{B, config.heads, S, config.head_dim}, kv_heads{B, config.kv_heads, S, config.head_dim};
+    return attn_norm.saved_bytes(in, ctx) + q.saved_bytes(in, ctx) + k.saved_bytes(in, ctx) + v.saved_bytes(in, ctx) +
+           activation_store::bytes_required<T>(heads) + 2 * activation_store::bytes_required<T>(kv_heads) +
+           activation_store::bytes_required<T>(heads) + activation_store::bytes_required<float>(shape{B, config.heads, S}) +
+           o.saved_bytes(shape{B, S, q_width()}, ctx) + mlp_norm.saved_bytes(in, ctx) + gate.saved_bytes(in, ctx) +
+           up.saved_bytes(in, ctx) + act.saved_bytes(shape{B, S, 2 * f}, ctx) + down.saved_bytes(shape{B, S, f}, ctx);
+  }
+
+  // The one scratch allocation of forward and of backward.
+  std::size_t forward_scratch_bytes(const shape& in) const {
+    const std::int64_t B = in[0], S = in[1], f = config.intermediate;
+    using A = scratch_arena;
+    // n1, attn, h, n2, d; q, o_in; k, v; gate|up; a
+    return 5 * A::bytes_for<T>(in) + 2 * A::bytes_for<T>(shape{B, S, q_width()}) +
+           2 * A::bytes_for<T>(shape{B, S, kv_width()}) + A::bytes_for<T>(shape{B, S, 2 * f}) +
+           A::bytes_for<T>(shape{B, S, f});
+  }
+  std::size_t backward_scratch_bytes(const shape& in) const {
+    const std::int64_t B = in[0], S = in[1], f = config.intermediate;
+    using A = scratch_arena;
+    // da; dgu; dn2, partial, dh, dn1; do_in, dout, dqh, dq; dkh, dvh, dk, dv
+    return A::bytes_for<T>(shape{B, S, f}) + A::bytes_for<T>(shape{B, S, 2 * f}) + 4 * A::bytes_for<T>(in) +
+           4 * A::bytes_for<T>(shape{B, S, q_width()}) + 4 * A::bytes_for<T>(shape{B, S, kv_width()});
+  }
+  // The most workspace the block holds at once: its scratch plus the largest workspace of one operation.
+  std::size_t workspace_bytes(const shape& in) const {
+    const std::int64_t B = in[0], S = in[1], f = config.intermediate;
+    const shape qs{B, S, q_width()}, fs{B, S, f};
+    const std::size_t linears = std::max({q.workspace_bytes(in), k.workspace_bytes(in), v.workspace_bytes(in),
+                                          o.workspace_bytes(qs), gate.workspace_bytes(in), up.workspace_bytes(in),
+                                          down.workspace_bytes(fs)});
+    const std::size_t fwd = Attention::forward_workspace_bytes(B, config.heads, config.kv_heads, S, config.head_dim,
+                                                               sizeof(T), attention());
+    const std::size_t bwd = Attention::backward_workspace_bytes(B, config.heads, config.kv_heads, S, config.head_dim,
+                                                                sizeof(T), attention());
+    return std::max(forward_scratch_bytes(in) + std::max(linears, fwd), backward_scratch_bytes(in) + std::max(linears, bwd));
+  }
+
+  void forward(const host_executor& exec, const forward_context& ctx, tensor_view<const T> x, tensor_view<T> y,
+               activation_store& store) {
+    const std::int64_t B = x.shape()[0], S = x.shape()[1], f = config.intermediate, rows = B * S;
+    const std::int64_t Hq = config.heads, Hkv = config.kv_heads, D = config.head_dim;
+    const shape in = x.shape();
+    scratch_arena scratch(*memory.workspace, forward_scratch_bytes(in));
+
+    tensor_view<T> n1 = scratch.take<T>(in);
+    attn_norm.forward(exec, ctx, x, n1, store);
+    tensor_view<T> qb = scratch.take<T>(shape{B, S, q_width()});
+    tensor_view<T> kb = scratch.take<T>(shape{B, S, kv_width()});
+    tensor_view<T> vb = scratch.take<T>(shape{B, S, kv_width()});
+    q.forward(exec, ctx, n1, qb, store);
+    k.forward(exec, ctx, n1, kb, store);
+    v.forward(exec, ctx, n1, vb, store);
+    rope->rotate(qb, qb, 1.0f);
+    rope->rotate(kb, kb, 1.0f);
+    tensor_view<T> qh = store.save<T>(shape{B, Hq, S, D});
+    tensor_view<T> kh = store.save<T>(shape{B, Hkv, S, D});
+    tensor_view<T> vh = store.save<T>(shape{B, Hkv, S, D});
+    detail::split_heads(qb.data(), qh.data(), B, S, Hq, D);
+    detail::split_heads(kb.data(), kh.data(), B, S, Hkv, D);
+    detail::split_heads(vb.data(), vh.data(), B, S, Hkv, D);
+    tensor_view<T> out = store.save<T>(shape{B, Hq, S, D});
+    tensor_view<float> lse = store.save<float>(shape{B, Hq, S});
+    Attention::forward(exec, tensor_view<const T>(qh), tensor_view<const T>(kh), tensor_view<const T>(vh), out, lse,
+                       attention(), *memory.workspace);
+    tensor_view<T> o_in = scratch.take<T>(shape{B, S, q_width()});
+    detail::merge_heads(out.data(), o_in.data(), B, S, Hq, D);
+    tensor_view<T> attn = scratch.take<T>(in);
+    o.forward(exec, ctx, o_in, attn, store);
+    tensor_view<T> h = scratch.take<T>(in);
+    detail::add<T>(x, attn, h);
+
+    tensor_view<T> n2 = scratch.take<T>(in);
+    mlp_norm.forward(exec, ctx, h, n2, store);
+    tensor_view<T> gu = scratch.take<T>(shape{B, S, 2 * f});
+    gate.forward(exec, ctx, n2, gu.flat_slice(0, rows * f).reshaped(shape{B, S, f}), store);
+    up.forward(exec, ctx, n2, gu.flat_slice(rows * f, rows * f).reshaped(shape{B, S, f}), store);
+    tensor_view<T> a = scratch.take<T>(shape{B, S, f});
+    act.forward(exec, ctx, gu, a, store);
+    tensor_view<T> d = scratch.take<T>(in);
+    down.forward(exec, ctx, a, d, store);
+    detail::add<T>(h, d, y);
+  }
+
+  void backward(const host_executor& exec, tensor_view<const T> dy, tensor_view<T> dx, activation_store& store) {
+    const std::int64_t B = dy.shape()[0], S = dy.shape()[1], f = config.intermediate, rows = B * S;
+    const std::int64_t Hq = config.heads, Hkv = config.kv_heads, D = config.head_dim;
+    const shape in = dy.shape();
+    scratch_arena scratch(*memory.workspace, backward_scratch_bytes(in));
+
+    // MLP
+    tensor_view<T> da = scratch.take<T>(shape{B, S, f});
+    down.backward(exec, dy, da, store);
+    tensor_view<T> dgu = scratch.take<T>(shape{B, S, 2 * f});
+    act.backward(exec, da, dgu, store);
+    tensor_view<T> dn2 = scratch.take<T>(in);
+    tensor_view<T> partial = scratch.take<T>(in);
+    up.backward(exec, dgu.flat_slice(rows * f, rows * f).reshaped(shape{B, S, f}), dn2, store);
+    gate.backward(exec, dgu.flat_slice(0, rows * f).reshaped(shape{B, S, f}), partial, store);
+    detail::add_into<T>(dn2, partial);
+    tensor_view<T> dh = scratch.take<T>(in);
+    mlp_norm.backward(exec, dn2, dh, store);
+    detail::add_into<T>(dh, dy);
+
+    // attention
+    tensor_view<T> do_in = scratch.take<T>(shape{B, S, q_width()});
+    o.backward(exec, dh, do_in, store);
+    tensor_view<T> dout = scratch.take<T>(shape{B, Hq, S, D});
+    detail::split_heads(do_in.data(), dout.data(), B, S, Hq, D);
+    const auto lse = store.take<float>(shape{B, Hq, S}, "decoder_block (attention log-sum-exp)");
+    const auto out = store.take<T>(shape{B, Hq, S, D}, "decoder_block (attention output)");
+    const auto vh = store.take<T>(shape{B, Hkv, S, D}, "decoder_block (v)");
+    const auto kh = store.take<T>(shape{B, Hkv, S, D}, "decoder_block (k)");
+    const auto qh = store.take<T>(shape{B, Hq, S, D}, "decoder_block (q)");
+    tensor_view<T> dqh = scratch.take<T>(shape{B, Hq, S, D});
+    tensor_view<T> dkh = scratch.take<T>(shape{B, Hkv, S, D});
+    tensor_view<T> dvh = scratch.take<T>(shape{B, Hkv, S, D});
+    Attention::backward(exec, qh.view(), kh.view(), vh.view(), out.view(), lse.view(), tensor_view<const T>(dout), dqh,
+                        dkh, dvh, attention(), *memory.workspace);
+    tensor_view<T> dq = scratch.take<T>(shape{B, S, q_width()});
+    tensor_view<T> dk = scratch.take<T>(shape{B, S, kv_width()});
+    tensor_view<T> dv = scratch.take<T>(shape{B, S, kv_width()});
+    detail::merge_heads(dqh.data(), dq.data(), B, S, Hq, D);
+    detail::merge_heads(dkh.data(), dk.data(), B, S, Hkv, D);
+    detail::merge_heads(dvh.data(), dv.data(), B, S, Hkv, D);
+    rope->rotate(dq, dq, -1.0f);
+    rope->rotate(dk, dk, -1.0f);
+    tensor_view<T> dn1 = scratch.take<T>(in);
+    v.backward(exec, dv, dn1, store);
+    k.backward(exec, dk, partial, store);
+    detail::add_into<T>(dn1, partial);
+    q.backward(exec, dq, partial, store);
+    detail::add_into<T>(dn1, partial);
+    attn_norm.backward(exec, dn1, dx, store);
+    if (!dx.empty()) detail::add_into<T>(dx, dh);
+  }
+};
+
+}  // namespace llama

@@ -1,0 +1,83 @@
+// examples/llama/text.hpp — a byte-level tokenizer and random training windows over a text file.
+//
+// Tokens are the text's bytes (vocabulary 256): nothing to build or ship, and every text round-trips.
+// Batches are windows of seq + 1 bytes at positions drawn from (seed, step) with memkit::random_word, so a
+// run is reproducible; the last tenth of the text is held out for the validation loss.
+#pragma once
+
+#include <memkit/config.hpp>
+#include <memkit/core/random.hpp>
+
+#include <cstdint>
+#include <fstream>
+#include <iterator>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace llama {
+
+struct byte_tokenizer {
+  static constexpr std::int64_t vocab = 256;
+  static std::vector<std::int32_t> encode(const std::string& text) {
+    std::vector<std::int32_t> ids;
+    ids.reserve(text.size());
+    for (unsigned char c : text) ids.push_back(c);
+    return ids;
+  }
+  static std::string decode(const std::vector<std::int32_t>& ids) {
+    std::string text;
+    for (std::int32_t id : ids) text.push_back(static_cast<char>(static_cast<unsigned char>(id)));
+    return text;
+  }
+};
+
+class text_dataset {
+ public:
+  text_dataset(const std::string& path, std::int64_t seq) : seq_(seq) {
+    std::ifstream in(path, std::ios::binary);
+    memkit::require(in.good(), "text_dataset: cannot open '" + path + "'");
+    std::ostringstream all;
+    all << in.rdbuf();
+    tokens_ = byte_tokenizer::encode(all.str());
+    memkit::require(static_cast<std::int64_t>(tokens_.size()) > 20 * (seq + 1),
+                    "text_dataset: '" + path + "' is too short for sequences of " + std::to_string(seq));
+    split_ = static_cast<std::int64_t>(tokens_.size()) * 9 / 10;
+  }
+
+  std::int64_t size() const noexcept { return static_cast<std::int64_t>(tokens_.size()); }
+  std::int64_t seq() const noexcept { return seq_; }
+
+  // Fills ids and targets [batch * seq]: windows of the training part at random positions.
+  void training_batch(std::uint64_t seed, std::uint64_t step, std::int64_t batch, std::int32_t* ids,
+                      std::int32_t* targets) const {
+    const std::uint64_t positions = static_cast<std::uint64_t>(split_ - seq_ - 1);
+    for (std::int64_t b = 0; b < batch; ++b) {
+      const std::uint64_t start = memkit::random_word(seed, step, static_cast<std::uint64_t>(b)) % positions;
+      window(static_cast<std::int64_t>(start), ids + b * seq_, targets + b * seq_);
+    }
+  }
+  // Validation windows `index`, `index` + 1, ... of the held-out part, evenly spaced.
+  void validation_batch(std::int64_t batch, std::int64_t first_window, std::int64_t windows, std::int32_t* ids,
+                        std::int32_t* targets) const {
+    const std::int64_t span = size() - split_ - seq_ - 1;
+    for (std::int64_t b = 0; b < batch; ++b) {
+      const std::int64_t w = (first_window + b) % windows;
+      window(split_ + span * w / windows, ids + b * seq_, targets + b * seq_);
+    }
+  }
+
+ private:
+  void window(std::int64_t start, std::int32_t* ids, std::int32_t* targets) const {
+    for (std::int64_t i = 0; i < seq_; ++i) {
+      ids[i] = tokens_[static_cast<std::size_t>(start + i)];
+      targets[i] = tokens_[static_cast<std::size_t>(start + i + 1)];
+    }
+  }
+
+  std::vector<std::int32_t> tokens_;
+  std::int64_t seq_ = 0;
+  std::int64_t split_ = 0;
+};
+
+}  // namespace llama

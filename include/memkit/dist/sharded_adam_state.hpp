@@ -1,0 +1,725 @@
+// memkit/dist/sharded_adam_state.hpp — adam_state split across ranks (ZeRO stages 1 and 2).
+//
+// Each of N ranks keeps the AdamW moments of 1/N of the parameters; the parameters themselves stay
+// whole on every rank. The flavours are adam_state's (fp32, bf16, 8-bit, 4-bit moments) with the same
+// step arithmetic and codecs, so N ranks produce parameters bit-identical to one adam_state given the
+// same (summed) gradients.
+//
+// The flat layout. Collectives move one contiguous buffer in equal parts per rank, so parameters and
+// gradients live in one flat buffer each: tensor i starts at flat_offset(i), each tensor padded to a
+// multiple of `granule` = 4096 elements, the total padded to a multiple of N * granule. Rank r owns
+// the flat range [r * shard_size, (r + 1) * shard_size): the pieces of the tensors that fall in it.
+// Because every piece starts on a multiple of 4096 within its tensor, it holds whole quantization
+// blocks (blocks are at most 4096) and whole gradient-norm chunks (adam_state's 4096-element chunks),
+// which is what makes the sharded step bit-identical. Padding elements are never read as parameters;
+// their gradients are summed along and ignored.
+//
+// A step:
+//   stage 1  step_full_gradients: all-reduce the full gradients (in place), update the own shard,
+//            all-gather the parameters.
+//   stage 2  step_shard_gradients: the gradients arrive already reduce-scattered (reduce_scatter_
+//            gradients, or the caller's own bucketed reduce-scatter), update, all-gather the parameters.
+// The gradient norm and the non-finite check are global: each rank computes adam_state's per-chunk
+// sums of squares for its own chunks, the chunk sums are all-reduced (every other rank contributes an
+// exact 0.0, so the sum is exact in any order), and every rank runs the same finalisation on the same
+// numbers: the same clipping factor, and a skip on one rank is a skip on all.
+//
+// Memory per rank (bytes_required(sizes, rank, ranks), exact): a control block, the gradient-norm
+// scratch for ALL chunks (8 bytes per 4096 parameters of the whole model: the all-reduce needs the
+// full array), and the moments of the own pieces, each segment aligned to 64 bytes. A rank owns at
+// most shard_size elements; the remainder over 1/N of adam_state's bytes is that scratch, up to four
+// 64-byte alignments per piece, and the granule padding (docs/sharding.md).
+//
+// Host executor for now; the state's memory must be host-accessible. A user-written communicator can
+// be used (dist/communicator.hpp); MPI's is dist/mpi_communicator.hpp.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <istream>
+#include <ostream>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "memkit/config.hpp"
+#include "memkit/core/execution.hpp"
+#include "memkit/core/float16.hpp"
+#include "memkit/core/tensor_view.hpp"
+#include "memkit/dist/communicator.hpp"
+#include "memkit/memory/buffer.hpp"
+#include "memkit/memory/resource.hpp"
+#include "memkit/optim/adam_math.hpp"
+#include "memkit/optim/adam_state.hpp"
+#include "memkit/optim/state_codecs.hpp"
+
+MEMKIT_NAMESPACE_BEGIN
+namespace dist {
+
+// The elements [begin, end) of tensor `tensor` that a rank owns.
+struct shard_piece {
+  std::int64_t tensor = 0;
+  std::int64_t begin = 0, end = 0;  // within the tensor; begin is a multiple of the granule
+  std::int64_t flat = 0;            // flat offset of the tensor (element 0)
+  std::int64_t first_chunk = 0;     // global index of the gradient-norm chunk holding element `begin`
+  bool quantized = false;           // decided by the whole tensor's size, as adam_state decides it
+  std::size_t m_offset = 0, v_offset = 0, m_scale_offset = 0, v_scale_offset = 0;  // within the arena
+  constexpr std::int64_t count() const noexcept { return end - begin; }
+};
+
+struct sharded_step_options {
+  std::span<const int> tensor_groups{};  // the group of each tensor; empty: every tensor in group 0
+  float gradient_scale = 1.0f;           // multiplies every (summed) gradient, e.g. 1/ranks to average
+};
+
+template <class State, int Block = adam_state_traits<State>::default_block>
+class sharded_adam_state {
+  using traits = adam_state_traits<State>;
+  using unsharded = adam_state<State, Block>;
+
+ public:
+  using state_type = State;
+  static constexpr bool quantized = traits::quantized;
+  static constexpr int block_size = Block;
+  using moment_type = typename traits::moment_type;
+  using plain_moment_type = std::conditional_t<quantized, float, moment_type>;
+  // Pieces start on multiples of this many elements of their tensor (adam_state's norm chunk).
+  static constexpr std::int64_t granule = memkit::detail::reduction_chunk;
+  static_assert(!quantized || granule % Block == 0, "sharded_adam_state: a granule must hold whole blocks");
+
+ private:
+  static constexpr std::int64_t divisor_block = Block > 0 ? Block : 1;
+  static constexpr std::int64_t padded(std::int64_t n) noexcept { return (n + granule - 1) / granule * granule; }
+
+ public:
+  // ---- The flat layout and the memory per rank: constexpr, so a budget can use them ----
+
+  // Elements of the flat parameter / gradient buffers every rank holds.
+  static constexpr std::int64_t flat_size(std::span<const std::int64_t> sizes, int ranks) noexcept {
+    std::int64_t total = 0;
+    for (std::int64_t n : sizes) total += padded(n);
+    const std::int64_t unit = granule * (ranks > 0 ? ranks : 1);
+    return std::max<std::int64_t>(unit, (total + unit - 1) / unit * unit);
+  }
+  static constexpr std::int64_t shard_size(std::span<const std::int64_t> sizes, int ranks) noexcept {
+    return flat_size(sizes, ranks) / (ranks > 0 ? ranks : 1);
+  }
+  // Bytes of the moments of a piece of `count` elements of a tensor quantized or not.
+  static constexpr std::size_t piece_bytes(std::int64_t count, bool piece_quantized) noexcept {
+    const auto n = static_cast<std::size_t>(count);
+    if (!piece_quantized) return 2 * memkit::detail::align_segment(n * sizeof(plain_moment_type));
+    const std::size_t blocks = (n + divisor_block - 1) / divisor_block;
+    const std::size_t codes = traits::bits == 8 ? n : (n + 1) / 2;
+    return 2 * memkit::detail::align_segment(codes) + 2 * memkit::detail::align_segment(blocks * sizeof(float));
+  }
+  // Lays out rank `rank`'s state, calling visit(piece) for each piece; returns the arena's bytes.
+  template <class Visit>
+  static constexpr std::size_t plan(std::span<const std::int64_t> sizes, int rank, int ranks,
+                                    std::int64_t min_quantized_size, Visit&& visit) {
+    const std::int64_t shard = shard_size(sizes, ranks);
+    const std::int64_t low = static_cast<std::int64_t>(rank) * shard, high = low + shard;
+    std::int64_t chunks = 0;
+    for (std::int64_t n : sizes) chunks += memkit::detail::reduction_chunks(n);
+    std::size_t offset = unsharded::overhead_bytes(chunks);
+    std::int64_t flat = 0, first_chunk = 0;
+    for (std::size_t i = 0; i < sizes.size(); ++i) {
+      const std::int64_t n = sizes[i];
+      const std::int64_t begin = std::clamp<std::int64_t>(low - flat, 0, n);
+      const std::int64_t end = std::clamp<std::int64_t>(high - flat, 0, n);
+      if (begin < end) {
+        shard_piece p;
+        p.tensor = static_cast<std::int64_t>(i);
+        p.begin = begin;
+        p.end = end;
+        p.flat = flat;
+        p.first_chunk = first_chunk + begin / granule;
+        p.quantized = unsharded::quantizes(n, min_quantized_size);
+        const auto count = static_cast<std::size_t>(end - begin);
+        if (!p.quantized) {
+          const std::size_t bytes = memkit::detail::align_segment(count * sizeof(plain_moment_type));
+          p.m_offset = offset;
+          p.v_offset = offset + bytes;
+        } else {
+          const std::size_t codes = memkit::detail::align_segment(traits::bits == 8 ? count : (count + 1) / 2);
+          const std::size_t scales = memkit::detail::align_segment((count + divisor_block - 1) / divisor_block * sizeof(float));
+          p.m_offset = offset;
+          p.v_offset = offset + codes;
+          p.m_scale_offset = offset + 2 * codes;
+          p.v_scale_offset = offset + 2 * codes + scales;
+        }
+        offset += piece_bytes(end - begin, p.quantized);
+        visit(p);
+      }
+      flat += padded(n);
+      first_chunk += memkit::detail::reduction_chunks(n);
+    }
+    return offset;
+  }
+  // Exactly what rank `rank` of `ranks` allocates for tensors of these sizes.
+  static constexpr std::size_t bytes_required(std::span<const std::int64_t> sizes, int rank, int ranks,
+                                              const adam_options& options = {}) {
+    return plan(sizes, rank, ranks, options.min_quantized_size, [](const shard_piece&) {});
+  }
+  // The most any rank allocates (what a budget must plan for on every device).
+  static constexpr std::size_t max_bytes_per_rank(std::span<const std::int64_t> sizes, int ranks,
+                                                  const adam_options& options = {}) {
+    std::size_t most = 0;
+    for (int r = 0; r < ranks; ++r) most = std::max(most, bytes_required(sizes, r, ranks, options));
+    return most;
+  }
+
+  // ---- Construction ----
+
+  // Rank comm.rank() of comm.size() ranks; every rank constructs with the same sizes and options.
+  template <executor E, class C>
+    requires communicator<C, E>
+  sharded_adam_state(const E& exec, const C& comm, memory_resource& resource, std::span<const std::int64_t> sizes,
+                     adam_options options = {})
+      : options_(options), rank_(comm.rank()), ranks_(comm.size()) {
+    static_assert(!E::on_device, "sharded_adam_state: the device step is not implemented yet; use the host executor");
+    validate(options_.loss_scaling, "sharded_adam_state");
+    require(options_.min_quantized_size >= 0, "sharded_adam_state: min_quantized_size must be >= 0");
+    require(options_.max_grad_norm >= 0.0f, "sharded_adam_state: max_grad_norm must be >= 0");
+    require(ranks_ >= 1 && rank_ >= 0 && rank_ < ranks_, "sharded_adam_state: communicator reports rank " +
+                                                             std::to_string(rank_) + " of " + std::to_string(ranks_));
+    require(!sizes.empty(), "sharded_adam_state: no tensors");
+    for (std::size_t i = 0; i < sizes.size(); ++i)
+      require(sizes[i] > 0, "sharded_adam_state: tensor " + std::to_string(i) + " has " + std::to_string(sizes[i]) +
+                                " elements; every tensor needs at least one");
+    sizes_.assign(sizes.begin(), sizes.end());
+    std::int64_t flat = 0, chunks = 0;
+    for (std::int64_t n : sizes_) {
+      flat_offsets_.push_back(flat);
+      first_chunks_.push_back(chunks);
+      flat += padded(n);
+      chunks += memkit::detail::reduction_chunks(n);
+    }
+    total_chunks_ = chunks;
+    flat_size_ = flat_size(sizes, ranks_);
+    shard_size_ = flat_size_ / ranks_;
+    const std::size_t bytes =
+        plan(sizes, rank_, ranks_, options_.min_quantized_size, [&](const shard_piece& p) { pieces_.push_back(p); });
+    arena_ = buffer<std::byte>(resource, shape{static_cast<std::int64_t>(bytes)});
+    require(host_executor::can_access(arena_.where()),
+            "sharded_adam_state: the state's memory must be host-accessible (the device step is not implemented yet)");
+    reset(exec);
+  }
+
+  sharded_adam_state(const sharded_adam_state&) = delete;
+  sharded_adam_state& operator=(const sharded_adam_state&) = delete;
+  sharded_adam_state(sharded_adam_state&&) noexcept = default;
+  sharded_adam_state& operator=(sharded_adam_state&&) noexcept = default;
+
+  // Zeroes the moments and the control block (step 0, initial loss scale).
+  template <executor E>
+  void reset(const E&) {
+    adam_control control{};
+    control.loss_scale = options_.loss_scaling.enabled ? options_.loss_scaling.initial_scale : 1.0f;
+    std::memset(arena_.data(), 0, arena_.bytes());
+    std::memcpy(arena_.data(), &control, sizeof control);
+  }
+
+  int rank() const noexcept { return rank_; }
+  int ranks() const noexcept { return ranks_; }
+  std::size_t tensor_count() const noexcept { return sizes_.size(); }
+  std::int64_t size(std::size_t tensor) const { return sizes_.at(tensor); }
+  std::int64_t flat_size() const noexcept { return flat_size_; }
+  std::int64_t shard_size() const noexcept { return shard_size_; }
+  std::int64_t shard_begin() const noexcept { return static_cast<std::int64_t>(rank_) * shard_size_; }
+  std::int64_t flat_offset(std::size_t tensor) const { return flat_offsets_.at(tensor); }
+  std::span<const shard_piece> pieces() const noexcept { return pieces_; }
+  std::size_t bytes() const noexcept { return arena_.bytes(); }
+  memory_kind where() const noexcept { return arena_.where(); }
+  const adam_options& options() const noexcept { return options_; }
+  void set_max_grad_norm(float max_norm) {
+    require(max_norm >= 0.0f && memkit::detail::is_finite(max_norm),
+            "sharded_adam_state::set_max_grad_norm: need a finite value >= 0");
+    options_.max_grad_norm = max_norm;
+  }
+
+  // A view of tensor `tensor` inside a flat buffer (parameters or gradients).
+  template <class T>
+  tensor_view<T> tensor_in(tensor_view<T> flat, std::size_t tensor) const {
+    require(flat.size() == flat_size_, "sharded_adam_state::tensor_in: the flat buffer has " +
+                                           std::to_string(flat.size()) + " elements, the layout " +
+                                           std::to_string(flat_size_));
+    return flat.flat_slice(flat_offset(tensor), size(tensor));
+  }
+
+  // ---- Steps ----
+
+  // Stage 2's gradient reduction: sums the ranks' full local gradients and leaves this rank's shard
+  // (shard_size elements) in `grad_shard`.
+  template <executor E, class C, float_storage G>
+    requires communicator<C, E>
+  void reduce_scatter_gradients(const E& exec, const C& comm, tensor_view<const G> grads, tensor_view<G> grad_shard) const {
+    const char* op = "sharded_adam_state::reduce_scatter_gradients";
+    check_comm(op, comm);
+    require(grads.size() == flat_size_, std::string(op) + ": grads has " + std::to_string(grads.size()) +
+                                            " elements, the flat layout " + std::to_string(flat_size_));
+    require(grad_shard.size() == shard_size_, std::string(op) + ": grad_shard has " + std::to_string(grad_shard.size()) +
+                                                  " elements, a shard " + std::to_string(shard_size_));
+    require_accessible(exec, grads, op, "grads");
+    require_accessible(exec, grad_shard, op, "grad_shard");
+    comm.reduce_scatter(exec, grads.data(), grad_shard.data(), shard_size_);
+  }
+
+  // Stage 1: `grads` (flat_size) holds this rank's gradients and is all-reduced in place (the sum over
+  // ranks; options.gradient_scale = 1/ranks averages). `params` (flat_size) is the same on every rank
+  // before and after. `master` (optional, shard_size fp32, for 16-bit parameters) is this rank's
+  // shard of the master weights.
+  template <executor E, class C, float_storage P, float_storage G>
+    requires communicator<C, E>
+  void step_full_gradients(const E& exec, const C& comm, tensor_view<P> params, tensor_view<G> grads,
+                           std::span<const adam_group> groups, const sharded_step_options& options = {},
+                           tensor_view<float> master = {}) {
+    const char* op = "sharded_adam_state::step_full_gradients";
+    validate_step(exec, comm, op, params, tensor_view<const G>(grads), flat_size_, groups, options, master);
+    comm.all_reduce(exec, grads.data(), grads.data(), flat_size_);
+    host_step(exec, comm, params, grads.data(), 0, groups, options, master);
+  }
+
+  // Stage 2: `grad_shard` (shard_size) holds this rank's shard of the summed gradients.
+  template <executor E, class C, float_storage P, float_storage G>
+    requires communicator<C, E>
+  void step_shard_gradients(const E& exec, const C& comm, tensor_view<P> params, tensor_view<const G> grad_shard,
+                            std::span<const adam_group> groups, const sharded_step_options& options = {},
+                            tensor_view<float> master = {}) {
+    const char* op = "sharded_adam_state::step_shard_gradients";
+    validate_step(exec, comm, op, params, grad_shard, shard_size_, groups, options, master);
+    host_step(exec, comm, params, grad_shard.data(), shard_begin(), groups, options, master);
+  }
+
+  // Copies this rank's shard of `params` into `master` (fp32): the start of training with master weights.
+  template <float_storage P>
+  void initialize_master(tensor_view<const P> params, tensor_view<float> master) const {
+    require(params.size() == flat_size_ && master.size() == shard_size_,
+            "sharded_adam_state::initialize_master: need flat_size parameters and a shard_size master");
+    for (std::int64_t i = 0; i < shard_size_; ++i) master[i] = to_float(params[shard_begin() + i]);
+  }
+
+  // ---- Inspection ----
+
+  template <executor E>
+  adam_control control(const E&) const {
+    adam_control c{};
+    std::memcpy(&c, arena_.data(), sizeof c);
+    return c;
+  }
+  template <executor E>
+  adam_step_report report(const E& exec) const {
+    const adam_control c = control(exec);
+    adam_step_report r;
+    r.applied = c.applied != 0;
+    r.step = c.step;
+    r.skipped_steps = c.skipped_steps;
+    r.grad_norm = c.grad_norm;
+    r.loss_scale = c.loss_scale;
+    if (c.first_nonfinite_chunk >= 0)
+      for (std::size_t i = 0; i < sizes_.size(); ++i)
+        if (c.first_nonfinite_chunk >= first_chunks_[i] &&
+            c.first_nonfinite_chunk < first_chunks_[i] + memkit::detail::reduction_chunks(sizes_[i]))
+          r.first_nonfinite_tensor = static_cast<std::int64_t>(i);
+    return r;
+  }
+  // The dequantized moments of this rank's piece of `tensor` (elements [begin, end) of the piece;
+  // empty when this rank owns none of it).
+  template <executor E>
+  void read_moments(const E&, std::size_t tensor, std::vector<float>& m, std::vector<float>& v) const {
+    require(tensor < sizes_.size(), "sharded_adam_state::read_moments: no tensor " + std::to_string(tensor));
+    m.clear();
+    v.clear();
+    for (const shard_piece& p : pieces_) {
+      if (p.tensor != static_cast<std::int64_t>(tensor)) continue;
+      for (std::int64_t i = 0; i < p.count(); ++i) {
+        m.push_back(load_moment(p, i, true));
+        v.push_back(load_moment(p, i, false));
+      }
+    }
+  }
+
+  // ---- Save / load per rank, with re-sharding ----
+  static constexpr std::uint32_t format_version = 1;
+  static std::string format_name() { return std::string("memkit.sharded_adam_state.") + traits::name; }
+
+  // Writes this rank's image: the layout it was made for, the control block and its pieces' moments.
+  template <executor E>
+  void save(const E&, std::ostream& out) const {
+    std::string body;
+    put_string(body, format_name());
+    put(body, static_cast<std::uint32_t>(traits::bits));
+    put(body, static_cast<std::uint32_t>(Block));
+    put(body, traits::map_fingerprint());
+    put(body, options_.min_quantized_size);
+    put(body, static_cast<std::uint32_t>(ranks_));
+    put(body, static_cast<std::uint32_t>(rank_));
+    put(body, static_cast<std::uint64_t>(sizes_.size()));
+    for (std::int64_t n : sizes_) put(body, n);
+    body.append(reinterpret_cast<const char*>(arena_.data()), sizeof(adam_control));
+    put(body, static_cast<std::uint64_t>(pieces_.size()));
+    for (const shard_piece& p : pieces_) {
+      put(body, p.tensor);
+      put(body, p.begin);
+      put(body, p.end);
+      for (const segment& s : segments(p, 0, p.count()))
+        body.append(reinterpret_cast<const char*>(arena_.data() + s.offset), s.bytes);
+    }
+    put_string_raw(out, magic);
+    write_raw(out, format_version);
+    write_raw(out, static_cast<std::uint64_t>(body.size()));
+    out.write(body.data(), static_cast<std::streamsize>(body.size()));
+    write_raw(out, checksum(body.data(), body.size()));
+    require(static_cast<bool>(out), "sharded_adam_state::save: writing the stream failed");
+  }
+
+  // Restores the state from the images of ALL ranks of a save, made with any number of ranks (N -> M
+  // re-sharding): `images[k]` is any one rank's image, each rank's exactly once. Only the parts that
+  // fall in this rank's shard are kept. Everything is checked (format, flavour, block, maps, threshold,
+  // tensor sizes, each image's layout, checksums, that all images hold the same step) before a byte of
+  // this state changes.
+  template <executor E>
+  void load(const E&, std::span<std::istream* const> images) {
+    const std::string op = "sharded_adam_state::load";
+    require(!images.empty(), op + ": no images");
+    std::vector<std::byte> staging(arena_.bytes(), std::byte{0});
+    std::vector<char> seen;
+    adam_control first_control{};
+    for (std::size_t k = 0; k < images.size(); ++k) {
+      require(images[k] != nullptr, op + ": image " + std::to_string(k) + " is null");
+      const std::string where = op + ": image " + std::to_string(k);
+      const std::string body = read_body(*images[k], where);
+      reader in{body, 0, where};
+      require(in.string() == format_name(), where + ": holds another flavour of state, this is '" + format_name() + "'");
+      require(in.template pod<std::uint32_t>() == static_cast<std::uint32_t>(traits::bits), where + ": moment bits differ");
+      require(in.template pod<std::uint32_t>() == static_cast<std::uint32_t>(Block), where + ": block size differs");
+      require(in.template pod<std::uint64_t>() == traits::map_fingerprint(), where + ": quantization maps differ");
+      require(in.template pod<std::int64_t>() == options_.min_quantized_size, where + ": min_quantized_size differs");
+      const auto saved_ranks = static_cast<int>(in.template pod<std::uint32_t>());
+      const auto saved_rank = static_cast<int>(in.template pod<std::uint32_t>());
+      require(saved_ranks >= 1 && saved_rank >= 0 && saved_rank < saved_ranks,
+              where + ": rank " + std::to_string(saved_rank) + " of " + std::to_string(saved_ranks) + " is invalid");
+      require(static_cast<std::size_t>(saved_ranks) == images.size(),
+              where + ": saved by " + std::to_string(saved_ranks) + " ranks, but " + std::to_string(images.size()) +
+                  " images were given (pass every rank's image)");
+      if (seen.empty()) seen.assign(images.size(), 0);
+      require(!seen[static_cast<std::size_t>(saved_rank)], where + ": rank " + std::to_string(saved_rank) + " appears twice");
+      seen[static_cast<std::size_t>(saved_rank)] = 1;
+      require(in.template pod<std::uint64_t>() == sizes_.size(), where + ": tensor count differs");
+      for (std::size_t i = 0; i < sizes_.size(); ++i)
+        require(in.template pod<std::int64_t>() == sizes_[i], where + ": tensor " + std::to_string(i) + "'s size differs");
+      const auto control = in.template pod<adam_control>();
+      if (k == 0) first_control = control;
+      require(std::memcmp(&control, &first_control, sizeof control) == 0, where + ": holds a different step than image 0 (images from different saves)");
+      // The pieces must be exactly those the layout gives that rank.
+      std::vector<shard_piece> expected;
+      plan(sizes_, saved_rank, saved_ranks, options_.min_quantized_size,
+           [&](const shard_piece& p) { expected.push_back(p); });
+      require(in.template pod<std::uint64_t>() == expected.size(), where + ": piece count does not match its layout");
+      for (const shard_piece& old : expected) {
+        require(in.template pod<std::int64_t>() == old.tensor && in.template pod<std::int64_t>() == old.begin &&
+                    in.template pod<std::int64_t>() == old.end,
+                where + ": a piece does not match its layout");
+        const auto old_segments = segments(old, 0, old.count());
+        std::vector<std::string> data;
+        for (const segment& s : old_segments) data.push_back(in.bytes(s.bytes));
+        for (const shard_piece& mine : pieces_) {
+          if (mine.tensor != old.tensor) continue;
+          const std::int64_t begin = std::max(mine.begin, old.begin), end = std::min(mine.end, old.end);
+          if (begin >= end) continue;
+          const auto from = segments(old, begin - old.begin, end - begin);
+          const auto to = segments(mine, begin - mine.begin, end - begin);
+          for (std::size_t s = 0; s < from.size(); ++s)
+            std::memcpy(staging.data() + to[s].offset, data[s].data() + (from[s].offset - old_segments[s].offset),
+                        to[s].bytes);
+        }
+      }
+      require(in.at == body.size(), where + ": trailing bytes after the last piece");
+    }
+    std::memcpy(staging.data(), &first_control, sizeof first_control);
+    std::memcpy(arena_.data(), staging.data(), staging.size());  // every image checked: now replace
+  }
+  template <executor E>
+  void load(const E& exec, std::istream& image) {
+    std::istream* one[] = {&image};
+    load(exec, std::span<std::istream* const>(one));
+  }
+
+ private:
+  static constexpr const char* magic = "memkit-sharded-adam-state";
+
+  // ---- one step on the host ----
+  template <executor E, class C, float_storage P, float_storage G>
+  void host_step(const E& exec, const C& comm, tensor_view<P> params, const G* grads, std::int64_t grads_begin,
+                 std::span<const adam_group> groups, const sharded_step_options& options, tensor_view<float> master) {
+    std::byte* base = arena_.data();
+    auto& control = *reinterpret_cast<adam_control*>(base);
+    double* sums = reinterpret_cast<double*>(base + memkit::detail::align_segment(sizeof(adam_control)));
+    // The grads/master pointer of element `begin` of a piece (grads start at flat index grads_begin).
+    auto grad_of = [&](const shard_piece& p) { return grads + (p.flat + p.begin - grads_begin); };
+    std::fill(sums, sums + total_chunks_, 0.0);
+    for (const shard_piece& p : pieces_) norm_piece(p, grad_of(p), sums + p.first_chunk);
+    comm.all_reduce(exec, sums, sums, total_chunks_);  // exact: one rank contributes each chunk, the rest 0.0
+    memkit::detail::finalize_step(control, sums, total_chunks_, options_.max_grad_norm, options_.loss_scaling,
+                                  options.gradient_scale);
+    if (control.applied == 0) return;  // the same decision on every rank: nothing changes anywhere
+    for (const shard_piece& p : pieces_) {
+      const int group = options.tensor_groups.empty() ? 0 : options.tensor_groups[static_cast<std::size_t>(p.tensor)];
+      const memkit::detail::param_access<P, G> access{
+          params.data() + p.flat + p.begin,
+          grad_of(p),
+          master.data() == nullptr ? nullptr : master.data() + (p.flat + p.begin - shard_begin()),
+          options_.stochastic_rounding,
+          options_.seed,
+          control.step,
+          p.tensor,
+          p.begin};
+      update_piece(p, access, make_coefficients(groups[static_cast<std::size_t>(group)], control));
+    }
+    P* flat = params.data();
+    comm.all_gather(exec, flat + shard_begin(), flat, shard_size_);
+  }
+
+  // adam_state's norm pass over one piece: chunks of `granule` elements, in the canonical lane/tree order.
+  template <float_storage G>
+  static void norm_piece(const shard_piece& p, const G* grad, double* sums) {
+    double lanes[memkit::detail::reduction_lanes];
+    for (std::int64_t c = 0, begin = 0; begin < p.count(); ++c, begin += granule) {
+      const std::int64_t count = std::min(granule, p.count() - begin);
+      for (int lane = 0; lane < memkit::detail::reduction_lanes; ++lane)
+        lanes[lane] = memkit::detail::lane_sum_of_squares(grad + begin, count, lane);
+      sums[c] = memkit::detail::tree_sum(lanes);
+    }
+  }
+
+  static constexpr std::int64_t tile_size = Block > 0 ? Block : 256;
+  struct tile {
+    float p[tile_size], g[tile_size], m[tile_size], v[tile_size];
+  };
+
+  // adam_state's fused update of elements [0, count) of a piece (indices relative to the piece).
+  template <float_storage P, float_storage G>
+  void update_piece(const shard_piece& p, const memkit::detail::param_access<P, G>& access,
+                    const adam_coefficients& c) {
+    std::byte* base = arena_.data();
+    tile t;
+    if (!p.quantized) {
+      auto* m = reinterpret_cast<plain_moment_type*>(base + p.m_offset);
+      auto* v = reinterpret_cast<plain_moment_type*>(base + p.v_offset);
+      for (std::int64_t begin = 0; begin < p.count(); begin += tile_size) {
+        const std::int64_t count = std::min(tile_size, p.count() - begin);
+        for (std::int64_t e = 0; e < count; ++e) t.m[e] = to_float(m[begin + e]);
+        for (std::int64_t e = 0; e < count; ++e) t.v[e] = to_float(v[begin + e]);
+        update_tile(access, t, begin, count, c);
+        for (std::int64_t e = 0; e < count; ++e) m[begin + e] = from_float<plain_moment_type>(t.m[e]);
+        for (std::int64_t e = 0; e < count; ++e) v[begin + e] = from_float<plain_moment_type>(t.v[e]);
+      }
+      return;
+    }
+    if constexpr (quantized) {
+      const auto& tables = traits::tables();
+      auto* m_codes = reinterpret_cast<std::uint8_t*>(base + p.m_offset);
+      auto* v_codes = reinterpret_cast<std::uint8_t*>(base + p.v_offset);
+      auto* m_scale = reinterpret_cast<float*>(base + p.m_scale_offset);
+      auto* v_scale = reinterpret_cast<float*>(base + p.v_scale_offset);
+      for (std::int64_t b = 0, begin = 0; begin < p.count(); ++b, begin += Block) {
+        const std::int64_t count = std::min<std::int64_t>(Block, p.count() - begin);
+        memkit::detail::dequantize_codes<traits::bits>(tables.m.data(), m_codes, begin, count, m_scale[b], t.m);
+        memkit::detail::dequantize_codes<traits::bits>(tables.v.data(), v_codes, begin, count, v_scale[b], t.v);
+        update_tile(access, t, begin, count, c);
+        m_scale[b] = block_absmax(t.m, count);
+        v_scale[b] = block_absmax(t.v, count);
+        encode(t.m, memkit::detail::inverse_scale(m_scale[b]), count, m_codes, begin, true);
+        encode(t.v, memkit::detail::inverse_scale(v_scale[b]), count, v_codes, begin, false);
+      }
+    }
+  }
+  // The parameters and gradients of [begin, begin + count) into the tile, the update, and back.
+  template <float_storage P, float_storage G>
+  static void update_tile(const memkit::detail::param_access<P, G>& access, tile& t, std::int64_t begin,
+                          std::int64_t count, const adam_coefficients& c) {
+    for (std::int64_t e = 0; e < count; ++e) t.p[e] = access.load(begin + e);
+    for (std::int64_t e = 0; e < count; ++e) t.g[e] = to_float(access.grad[begin + e]);
+    memkit::detail::adamw_update_array(t.p, t.m, t.v, t.g, count, c);
+    for (std::int64_t e = 0; e < count; ++e) access.store(begin + e, t.p[e]);
+  }
+  static float block_absmax(const float* values, std::int64_t count) noexcept {
+    return memkit::detail::bit_cast<float>(memkit::detail::max_magnitude_bits(values, count));
+  }
+  // adam_state's requantization of one block's moments (codes at element `begin` of the piece).
+  static void encode(const float* values, float inverse, std::int64_t count, std::uint8_t* codes, std::int64_t begin,
+                     bool first_moment) {
+    if constexpr (traits::bits == 8) {
+      const auto coder = traits::make_host_coder();
+      memkit::detail::dynamic_codes_indexed(first_moment ? *coder.m_index : *coder.v_index, values, inverse, count,
+                                            codes + begin);
+    } else if constexpr (traits::bits == 4) {
+      const auto& tables = traits::tables();
+      memkit::detail::table16_codes(first_moment ? tables.m.data() : tables.v.data(), values, inverse, count,
+                                    codes + begin / 2);
+    }
+  }
+
+  float load_moment(const shard_piece& p, std::int64_t i, bool first) const {
+    const std::byte* base = arena_.data();
+    const std::size_t offset = first ? p.m_offset : p.v_offset;
+    if (!p.quantized) return to_float(reinterpret_cast<const plain_moment_type*>(base + offset)[i]);
+    if constexpr (quantized) {
+      const float scale = reinterpret_cast<const float*>(base + (first ? p.m_scale_offset : p.v_scale_offset))[i / Block];
+      const unsigned code = memkit::detail::load_code<traits::bits>(reinterpret_cast<const std::uint8_t*>(base + offset), i);
+      return memkit::detail::mul_rn(first ? traits::tables().m[code] : traits::tables().v[code], scale);
+    }
+    return 0.0f;
+  }
+
+  // The arena byte ranges of elements [first, first + count) of a piece (first a multiple of the
+  // granule, or the whole piece): m, v, then m and v scales when quantized.
+  struct segment {
+    std::size_t offset, bytes;
+  };
+  static std::vector<segment> segments(const shard_piece& p, std::int64_t first, std::int64_t count) {
+    const auto f = static_cast<std::size_t>(first), n = static_cast<std::size_t>(count);
+    if (!p.quantized) {
+      const std::size_t e = sizeof(plain_moment_type);
+      return {{p.m_offset + f * e, n * e}, {p.v_offset + f * e, n * e}};
+    }
+    const std::size_t code_first = traits::bits == 8 ? f : f / 2, code_bytes = traits::bits == 8 ? n : (n + 1) / 2;
+    const std::size_t block_first = f / divisor_block, blocks = (n + divisor_block - 1) / divisor_block;
+    return {{p.m_offset + code_first, code_bytes},
+            {p.v_offset + code_first, code_bytes},
+            {p.m_scale_offset + block_first * sizeof(float), blocks * sizeof(float)},
+            {p.v_scale_offset + block_first * sizeof(float), blocks * sizeof(float)}};
+  }
+
+  // ---- validation ----
+  template <class C>
+  void check_comm(const char* op, const C& comm) const {
+    require(comm.size() == ranks_ && comm.rank() == rank_,
+            std::string(op) + ": the communicator is rank " + std::to_string(comm.rank()) + " of " +
+                std::to_string(comm.size()) + ", the state was made for rank " + std::to_string(rank_) + " of " +
+                std::to_string(ranks_));
+  }
+  template <executor E, class C, float_storage P, float_storage G>
+  void validate_step(const E& exec, const C& comm, const char* op, tensor_view<P> params, tensor_view<const G> grads,
+                     std::int64_t grads_size, std::span<const adam_group> groups, const sharded_step_options& options,
+                     tensor_view<float> master) const {
+    check_comm(op, comm);
+    const std::string o = op;
+    require(params.size() == flat_size_, o + ": params has " + std::to_string(params.size()) +
+                                             " elements, the flat layout " + std::to_string(flat_size_));
+    require(grads.size() == grads_size, o + ": the gradients have " + std::to_string(grads.size()) + " elements, expected " +
+                                            std::to_string(grads_size));
+    require(params.data() != nullptr && grads.data() != nullptr, o + ": null parameters or gradients");
+    if (master.data() != nullptr) {
+      require(!std::is_same_v<P, float>, o + ": fp32 parameters are their own master copy; pass no master");
+      require(master.size() == shard_size_, o + ": master has " + std::to_string(master.size()) +
+                                                " elements, a shard " + std::to_string(shard_size_));
+      require_accessible(exec, master, op, "master");
+    }
+    require(!groups.empty(), o + ": no parameter groups given");
+    for (std::size_t g = 0; g < groups.size(); ++g) validate(groups[g], o + ": group " + std::to_string(g));
+    require(options.gradient_scale > 0.0f && memkit::detail::is_finite(options.gradient_scale),
+            o + ": gradient_scale must be finite and > 0, got " + format_float(options.gradient_scale));
+    require(options.tensor_groups.empty() || options.tensor_groups.size() == sizes_.size(),
+            o + ": tensor_groups has " + std::to_string(options.tensor_groups.size()) + " entries, the state " +
+                std::to_string(sizes_.size()) + " tensors");
+    for (std::size_t i = 0; i < options.tensor_groups.size(); ++i)
+      require(options.tensor_groups[i] >= 0 && static_cast<std::size_t>(options.tensor_groups[i]) < groups.size(),
+              o + ": tensor " + std::to_string(i) + " names group " + std::to_string(options.tensor_groups[i]) +
+                  " but only " + std::to_string(groups.size()) + " groups were given");
+    require_accessible(exec, params, op, "params");
+    require_accessible(exec, grads, op, "gradients");
+  }
+
+  // ---- image encoding ----
+  template <class T>
+  static void put(std::string& out, const T& value) {
+    out.append(reinterpret_cast<const char*>(&value), sizeof value);
+  }
+  static void put_string(std::string& out, const std::string& text) {
+    put(out, static_cast<std::uint32_t>(text.size()));
+    out.append(text);
+  }
+  template <class T>
+  static void write_raw(std::ostream& out, const T& value) {
+    out.write(reinterpret_cast<const char*>(&value), sizeof value);
+  }
+  static void put_string_raw(std::ostream& out, const std::string& text) {
+    write_raw(out, static_cast<std::uint32_t>(text.size()));
+    out.write(text.data(), static_cast<std::streamsize>(text.size()));
+  }
+  template <class T>
+  static T read_raw(std::istream& in, const std::string& where) {
+    T value{};
+    in.read(reinterpret_cast<char*>(&value), sizeof value);
+    require(static_cast<std::size_t>(in.gcount()) == sizeof value, where + ": image is truncated");
+    return value;
+  }
+  // Reads and checks one image's framing (magic, version, length, checksum); returns its body.
+  std::string read_body(std::istream& in, const std::string& where) const {
+    const auto magic_length = read_raw<std::uint32_t>(in, where);
+    require(magic_length == std::strlen(magic), where + ": not a memkit sharded_adam_state image");
+    std::string file_magic(magic_length, '\0');
+    in.read(file_magic.data(), magic_length);
+    require(file_magic == magic, where + ": not a memkit sharded_adam_state image");
+    const auto version = read_raw<std::uint32_t>(in, where);
+    require(version == format_version, where + ": format version " + std::to_string(version) + ", this build reads " +
+                                           std::to_string(format_version));
+    const auto length = read_raw<std::uint64_t>(in, where);
+    // No image of these tensors is larger than the whole unsharded state plus its headers.
+    const std::uint64_t bound = (1u << 20) + 64 * sizes_.size() + unsharded::bytes_required(sizes_, options_);
+    require(length <= bound, where + ": image header is corrupt (body of " + std::to_string(length) + " bytes)");
+    std::string body(static_cast<std::size_t>(length), '\0');
+    in.read(body.data(), static_cast<std::streamsize>(length));
+    require(static_cast<std::uint64_t>(in.gcount()) == length, where + ": image is truncated");
+    require(read_raw<std::uint64_t>(in, where) == checksum(body.data(), body.size()),
+            where + ": image checksum does not match (corrupt)");
+    return body;
+  }
+  struct reader {
+    const std::string& body;
+    std::size_t at;
+    const std::string& where;
+    std::string bytes(std::size_t n) {
+      require(n <= body.size() - at, where + ": image body is truncated");
+      std::string out = body.substr(at, n);
+      at += n;
+      return out;
+    }
+    template <class T>
+    T pod() {
+      T value{};
+      const std::string raw = bytes(sizeof value);
+      std::memcpy(&value, raw.data(), sizeof value);
+      return value;
+    }
+    std::string string() {
+      const auto n = pod<std::uint32_t>();
+      require(n < 4096, where + ": image header is corrupt");
+      return bytes(n);
+    }
+  };
+  static std::uint64_t checksum(const char* data, std::size_t size) noexcept {
+    std::uint64_t hash = 0xcbf29ce484222325ull;
+    std::size_t i = 0;
+    for (; i + 8 <= size; i += 8) {
+      std::uint64_t word;
+      std::memcpy(&word, data + i, 8);
+      hash = memkit::detail::mix64(hash ^ word);
+    }
+    for (; i < size; ++i) hash = (hash ^ static_cast<unsigned char>(data[i])) * 0x100000001b3ull;
+    return hash;
+  }
+
+  adam_options options_;
+  int rank_ = 0, ranks_ = 1;
+  std::vector<std::int64_t> sizes_, flat_offsets_, first_chunks_;
+  std::int64_t total_chunks_ = 0, flat_size_ = 0, shard_size_ = 0;
+  std::vector<shard_piece> pieces_;
+  buffer<std::byte> arena_;
+};
+
+}  // namespace dist
+MEMKIT_NAMESPACE_END

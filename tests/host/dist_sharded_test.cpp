@@ -1,0 +1,157 @@
+// dist::sharded_adam_state on one rank (single_communicator), its flat layout and memory for any
+// number of ranks, save/load and bad input. tests/mpi runs the same scenario on 2 and 3 MPI ranks.
+#include <doctest/doctest.h>
+#include <memkit/dist/communicator.hpp>
+#include <memkit/dist/sharded_adam_state.hpp>
+#include <memkit/memory/tracking.hpp>
+
+#include <cstdint>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "support/sharded_scenario.hpp"
+
+using memkit::bf16;
+using memkit::four_bit;
+using memkit::host;
+using memkit::dist::sharded_adam_state;
+using memkit::dist::single_communicator;
+
+namespace {
+
+template <class State, int Block, class P>
+void check_one_rank(int stage, bool with_master, int nan_step) {
+  CAPTURE(stage);
+  CAPTURE(with_master);
+  const auto out = sharded_test::run<State, Block, P>(single_communicator{}, stage, 6, with_master, nan_step);
+  INFO(out.first_problem);
+  CHECK(out.steps == 6);
+  CHECK(out.param_mismatches == 0);
+  CHECK(out.report_mismatches == 0);
+  CHECK(out.moment_mismatches == 0);
+  CHECK(out.skipped == (nan_step >= 0 ? 1 : 0));
+}
+
+template <class State, int Block>
+void check_flavour() {
+  for (int stage : {1, 2}) {
+    check_one_rank<State, Block, float>(stage, false, 3);
+    check_one_rank<State, Block, bf16>(stage, false, -1);  // stochastic rounding: the random stream's index
+    check_one_rank<State, Block, bf16>(stage, true, -1);
+  }
+}
+
+// The pieces of every rank cover every tensor exactly once, start on granules, and the per-rank
+// bytes add up to adam_state's moments plus one overhead per rank.
+template <class State, int Block>
+void check_layout(const std::vector<std::int64_t>& sizes, int ranks) {
+  using S = sharded_adam_state<State, Block>;
+  CAPTURE(ranks);
+  std::vector<std::int64_t> covered(sizes.size(), 0);
+  std::int64_t chunks = 0;
+  for (std::int64_t n : sizes) chunks += memkit::detail::reduction_chunks(n);
+  const std::size_t overhead = memkit::adam_state<State, Block>::overhead_bytes(chunks);
+  std::size_t moments = 0;
+  for (int r = 0; r < ranks; ++r) {
+    std::int64_t real = 0;
+    const std::size_t bytes = S::plan(sizes, r, ranks, 4096, [&](const memkit::dist::shard_piece& p) {
+      CHECK(p.begin % S::granule == 0);
+      CHECK(p.begin == covered[static_cast<std::size_t>(p.tensor)]);  // in order, no gap, no overlap
+      covered[static_cast<std::size_t>(p.tensor)] = p.end;
+      real += p.count();
+      moments += S::piece_bytes(p.count(), p.quantized);
+    });
+    CHECK(real <= S::shard_size(sizes, ranks));
+    CHECK(bytes == S::bytes_required(sizes, r, ranks));
+  }
+  CHECK(covered == sizes);
+  CHECK(S::flat_size(sizes, ranks) % (S::granule * ranks) == 0);
+  // One rank holds exactly adam_state's bytes.
+  if (ranks == 1) CHECK(moments + overhead == memkit::adam_state<State, Block>::bytes_required(sizes));
+}
+
+}  // namespace
+
+TEST_CASE("sharded_adam: one rank steps bit-identically to adam_state, fp32 moments") { check_flavour<float, 0>(); }
+TEST_CASE("sharded_adam: one rank steps bit-identically to adam_state, bf16 moments") { check_flavour<bf16, 0>(); }
+TEST_CASE("sharded_adam: one rank steps bit-identically to adam_state, 8-bit moments") {
+  check_flavour<std::int8_t, 256>();
+}
+TEST_CASE("sharded_adam: one rank steps bit-identically to adam_state, 4-bit moments") { check_flavour<four_bit, 128>(); }
+
+TEST_CASE("sharded_adam: pieces cover every tensor once, on granule boundaries, for 1..7 ranks") {
+  const std::vector<std::int64_t> sizes{5000, 300, 12365, 4096, 9000, 70, 1 << 17, 3};
+  for (int ranks = 1; ranks <= 7; ++ranks) {
+    check_layout<float, 0>(sizes, ranks);
+    check_layout<bf16, 0>(sizes, ranks);
+    check_layout<std::int8_t, 256>(sizes, ranks);
+    check_layout<four_bit, 128>(sizes, ranks);
+  }
+}
+
+TEST_CASE("sharded_adam: the tracker measures bytes_required; save and load restore every byte") {
+  const std::vector<std::int64_t> sizes{5000, 300, 12365};
+  memkit::tracking_resource tracker(memkit::default_host_resource());
+  using S = sharded_adam_state<std::int8_t, 256>;
+  S state(host, single_communicator{}, tracker.category(memkit::memory_category::optimizer_state), sizes);
+  CHECK(tracker.stats(memkit::memory_category::optimizer_state).current_bytes == S::bytes_required(sizes, 0, 1));
+  CHECK(state.bytes() == memkit::adam_state<std::int8_t, 256>::bytes_required(sizes));
+
+  std::vector<float> params(static_cast<std::size_t>(state.flat_size()), 0.5f), grads(params.size(), 0.01f);
+  for (int s = 0; s < 3; ++s)
+    state.step_full_gradients(host, single_communicator{}, memkit::host_view(params), memkit::host_view(grads),
+                              sharded_test::groups);
+  std::stringstream image;
+  state.save(host, image);
+  S copy(host, single_communicator{}, memkit::default_host_resource(), sizes);
+  copy.load(host, image);
+  CHECK(copy.control(host).step == 3);
+  for (std::size_t t = 0; t < sizes.size(); ++t) {
+    std::vector<float> m, v, m2, v2;
+    state.read_moments(host, t, m, v);
+    copy.read_moments(host, t, m2, v2);
+    CHECK(m == m2);
+    CHECK(v == v2);
+  }
+
+  // A corrupt image, or one of another flavour or shape, is refused and changes nothing.
+  const std::string good = image.str();
+  std::string corrupt = good;
+  corrupt[corrupt.size() / 2] = static_cast<char>(corrupt[corrupt.size() / 2] ^ 0x40);
+  std::stringstream bad(corrupt);
+  CHECK_THROWS_WITH_AS(copy.load(host, bad), doctest::Contains("checksum"), memkit::error);
+  CHECK(copy.control(host).step == 3);
+  sharded_adam_state<four_bit, 128> other(host, single_communicator{}, memkit::default_host_resource(), sizes);
+  std::stringstream again(good);
+  CHECK_THROWS_WITH_AS(other.load(host, again), doctest::Contains("another flavour"), memkit::error);
+  sharded_adam_state<std::int8_t, 256> smaller(host, single_communicator{}, memkit::default_host_resource(),
+                                               std::vector<std::int64_t>{5000, 300});
+  std::stringstream third(good);
+  CHECK_THROWS_WITH_AS(smaller.load(host, third), doctest::Contains("tensor count"), memkit::error);
+}
+
+TEST_CASE("sharded_adam: bad input is refused before anything changes") {
+  const std::vector<std::int64_t> sizes{5000, 300};
+  sharded_adam_state<float> state(host, single_communicator{}, memkit::default_host_resource(), sizes);
+  std::vector<float> params(static_cast<std::size_t>(state.flat_size()), 0.5f), grads(params.size(), 0.01f);
+  std::vector<float> short_grads(params.size() - 1, 0.01f);
+  CHECK_THROWS_WITH_AS(state.step_full_gradients(host, single_communicator{}, memkit::host_view(params),
+                                                 memkit::host_view(short_grads), sharded_test::groups),
+                       doctest::Contains("expected"), memkit::error);
+  const std::vector<int> bad_groups{0, 2};
+  CHECK_THROWS_WITH_AS(state.step_full_gradients(host, single_communicator{}, memkit::host_view(params),
+                                                 memkit::host_view(grads), sharded_test::groups,
+                                                 {.tensor_groups = bad_groups}),
+                       doctest::Contains("names group 2"), memkit::error);
+  std::vector<float> master(static_cast<std::size_t>(state.shard_size()));
+  CHECK_THROWS_WITH_AS(state.step_full_gradients(host, single_communicator{}, memkit::host_view(params),
+                                                 memkit::host_view(grads), sharded_test::groups, {},
+                                                 memkit::host_view(master)),
+                       doctest::Contains("own master"), memkit::error);
+  CHECK(state.control(host).step == 0);
+  CHECK(params[0] == 0.5f);
+  CHECK_THROWS_AS(sharded_adam_state<float>(host, single_communicator{}, memkit::default_host_resource(),
+                                            std::vector<std::int64_t>{5, 0}),
+                  memkit::error);
+}
