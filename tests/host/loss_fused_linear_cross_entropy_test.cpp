@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "memkit/loss/fused_linear_cross_entropy.hpp"
+#include "memkit/core/host_simd.hpp"
 #include "memkit/memory/tracking.hpp"
 #include "support/loss_reference.hpp"
 #include "support/test_values.hpp"
@@ -474,4 +475,55 @@ TEST_CASE("loss: at a realistic vocabulary the peak is a small fraction of the m
   MESSAGE("N=8192 V=32000 H=16 bf16: fused peak " << fused_workspace.peak_bytes() << " B, materialized peak "
                                                   << materialized_workspace.peak_bytes() << " B, ratio " << ratio);
   CHECK(ratio < 0.05);
+}
+
+TEST_CASE("loss: the host row pass gives the same bits with AVX-512, AVX2 and portable C++") {
+  const ls::cross_entropy_options options[] = {
+      {.host_threads = 1},
+      {.ignore_index = 5, .label_smoothing = 0.1f, .logit_softcap = 2.5f, .z_loss = 1e-2f, .host_threads = 1}};
+  for (const auto& o : options) {
+    const problem<float> p(19, 24, 203, 13, 4, o.ignore_index);  // V = 203: whole 16-lane blocks and a tail
+    const run_outputs widest = run_dense(p, o);
+    for (memkit::host_isa isa : {memkit::host_isa::avx2, memkit::host_isa::portable}) {
+      CAPTURE(memkit::to_string(isa));
+      const memkit::host_isa previous = memkit::limit_host_isa(isa);
+      const run_outputs narrower = run_dense(p, o);
+      memkit::limit_host_isa(previous);
+      // The loss comes from the row pass alone; the gradients also pass through the GEMM, whose AVX2 and
+      // AVX-512 kernels agree bit for bit but whose portable kernel (no FMA) rounds differently.
+      CHECK(std::memcmp(&narrower.loss, &widest.loss, sizeof(float)) == 0);
+      if (isa == memkit::host_isa::avx2) {
+        CHECK(narrower.d_hidden_f == widest.d_hidden_f);
+        CHECK(narrower.d_head == widest.d_head);
+      }
+    }
+  }
+  // The row pass itself (logits in, gradient out) on every instruction set, with and without soft-capping.
+  const std::vector<float> logits = memkit_test::uniform_values(203, 17);
+  for (float softcap : {0.0f, 2.5f}) {
+    const ls::detail::row_math math{softcap, 1e-2f, 0.1f, 203};
+    std::vector<float> widest = logits;
+    const float widest_loss = ls::detail::host_row(math, widest.data(), 203, 7, 0.01f);
+    for (memkit::host_isa isa : {memkit::host_isa::avx2, memkit::host_isa::portable}) {
+      CAPTURE(memkit::to_string(isa));
+      std::vector<float> row = logits;
+      const memkit::host_isa previous = memkit::limit_host_isa(isa);
+      const float loss = ls::detail::host_row(math, row.data(), 203, 7, 0.01f);
+      memkit::limit_host_isa(previous);
+      CHECK(std::memcmp(&loss, &widest_loss, sizeof(float)) == 0);
+      CHECK(std::memcmp(row.data(), widest.data(), row.size() * sizeof(float)) == 0);
+    }
+  }
+}
+
+TEST_CASE("loss: the host pass's exp is within 2 ulp of std::exp over its whole range") {
+  double worst = 0;
+  for (float x = -87.0f; x <= 0.0f; x += 0.0013f) {
+    const double expected = std::exp(static_cast<double>(x));
+    worst = std::max(worst, std::fabs(ls::detail::fast_exp::scalar(x) - expected) / expected);
+  }
+  CHECK(ls::detail::fast_exp::scalar(0.0f) == 1.0f);
+  CHECK(ls::detail::fast_exp::scalar(-1000.0f) > 0.0f);  // clamped at -87, never 0 * Inf or a denormal
+  MESSAGE("fast_exp: worst relative error " << worst);
+  CHECK(worst <= 2.4e-7);
 }
