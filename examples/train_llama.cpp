@@ -30,6 +30,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <ctime>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -50,6 +51,7 @@ tensor_view<T> none() {
 using attention_impl = llama::plain_attention_policy;
 namespace loss_impl = llama::plain_loss;
 using lora_linear_impl = llama::plain_nf4_lora_linear<act_t>;
+using adapter_t = lora_linear_impl::adapter_type;  // the element type of the LoRA factors
 
 using pretrain_model = llama::causal_lm<act_t, llama::dense_linear<act_t>, attention_impl>;
 using finetune_model = llama::causal_lm<act_t, lora_linear_impl, attention_impl>;
@@ -363,6 +365,7 @@ struct stage_result {
   double first_loss = 0, last_loss = 0;     // mean of the first / last few steps
   double validation_before = 0, validation_after = 0;
   double seconds = 0, tokens_per_second = 0;
+  double cpu_seconds = 0;  // process CPU time (all threads): what the run costs when the host is shared
   std::int64_t tokens = 0;
   std::uint64_t measured_peak = 0, predicted_peak = 0;
   categories measured, predicted;
@@ -378,6 +381,7 @@ void run_stage(int stage, Model& model, Stack& stack, const llama::text_dataset&
   const std::int64_t tokens_per_step = o.batch * o.seq * o.accum;
   std::vector<double> losses;
   const auto start = std::chrono::steady_clock::now();
+  const std::clock_t cpu_start = std::clock();
   for (std::int64_t step = 0; step < steps; ++step) {
     zero_grad();
     double step_loss = 0.0;
@@ -414,6 +418,7 @@ void run_stage(int stage, Model& model, Stack& stack, const llama::text_dataset&
   result.first_loss = mean(losses.begin(), losses.begin() + static_cast<std::ptrdiff_t>(k));
   result.last_loss = mean(losses.end() - static_cast<std::ptrdiff_t>(k), losses.end());
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  result.cpu_seconds = static_cast<double>(std::clock() - cpu_start) / CLOCKS_PER_SEC;
   result.tokens = tokens_per_step * steps;
   result.tokens_per_second = static_cast<double>(result.tokens) / result.seconds;
 }
@@ -576,8 +581,8 @@ void save_qlora(finetune_model& model, const options& o, const std::string& adap
   memkit::safetensors::writer base;
   base.add_metadata("format", "pt");
   for (lora_linear_impl* l : model.linears()) {
-    adapter.add<float>(l->path, std::as_const(l->A).view(), std::as_const(l->B).view());
-    memkit::quant::save_linear4bit(base, l->path + ".weight", l->base, {"bfloat16"});
+    adapter.add<adapter_t>(l->path, tensor_view<const adapter_t>(l->lora_A()), tensor_view<const adapter_t>(l->lora_B()));
+    memkit::quant::save_linear4bit(base, l->path + ".weight", l->base_weight(), {"bfloat16"});
   }
   for (llama::parameter* p : model.shared_parameters()) base.add(p->name, std::as_const(p->value).view());
   adapter.write(adapter_dir);
@@ -586,8 +591,8 @@ void save_qlora(finetune_model& model, const options& o, const std::string& adap
 
 void load_adapter(finetune_model& model, const std::string& adapter_dir) {
   const memkit::peft::adapter_file file(adapter_dir);
-  std::vector<memkit::peft::lora_tensors<float>> destinations;
-  for (lora_linear_impl* l : model.linears()) destinations.push_back({l->path, l->A.view(), l->B.view(), {}});
+  std::vector<memkit::peft::lora_tensors<adapter_t>> destinations;
+  for (lora_linear_impl* l : model.linears()) destinations.push_back({l->path, l->lora_A(), l->lora_B(), {}});
   file.load(destinations);
 }
 
@@ -664,7 +669,7 @@ finetune_outcome finetune(const options& o, memkit::tracking_resource& tracker, 
       predicted.peak[memory_category::weights] +=
           lora_linear_impl::base_type::bytes_required(shape{p.out, p.in}, nf4_options) +
           lora_linear_impl::parameter_bytes(p.in, p.out, o.lora_rank);
-      predicted.peak[memory_category::gradients] += lora_linear_impl::parameter_bytes(p.in, p.out, o.lora_rank);
+      predicted.peak[memory_category::gradients] += lora_linear_impl::gradient_bytes(p.in, p.out, o.lora_rank);
       sizes.push_back(o.lora_rank * p.in);
       sizes.push_back(p.out * o.lora_rank);
       largest_staging = std::max<std::uint64_t>(
@@ -675,12 +680,13 @@ finetune_outcome finetune(const options& o, memkit::tracking_resource& tracker, 
   memkit::adam_options adam_options;
   adam_options.max_grad_norm = o.max_grad_norm;
   adam_options.host_threads = o.threads;
+  adam_options.seed = o.seed;  // stochastic rounding of bf16 adapters
   predicted.peak[memory_category::optimizer_state] = memkit::adam_state<std::int8_t, 256>::bytes_required(sizes, adam_options);
   predicted.peak[memory_category::other] = step_buffers::other_bytes(o.batch, o.seq);
 
   std::unique_ptr<finetune_model> model = load_finetune_model(o, r, o.out_dir + "/pretrained.safetensors", false);
   memkit::adam_state<std::int8_t, 256> adam(memkit::host, *r.model.optimizer, sizes, adam_options);
-  std::vector<memkit::adam_param<float, float>> adam_params;
+  std::vector<memkit::adam_param<adapter_t, float>> adam_params;
   for (lora_linear_impl* l : model->linears()) {
     adam_params.push_back({l->lora_A(), l->grad_A()});
     adam_params.push_back({l->lora_B(), l->grad_B()});
@@ -781,6 +787,9 @@ int main(int argc, char** argv) {
               s2.result.validation_before, s2.result.validation_after);
   std::printf("  time, tokens/s             %6.1f s %8.0f    %6.1f s %8.0f\n", s1.seconds, s1.tokens_per_second,
               s2.result.seconds, s2.result.tokens_per_second);
+  std::printf("  CPU time, tokens/CPU-s     %6.1f s %8.0f    %6.1f s %8.0f\n", s1.cpu_seconds,
+              static_cast<double>(s1.tokens) / s1.cpu_seconds, s2.result.cpu_seconds,
+              static_cast<double>(s2.result.tokens) / s2.result.cpu_seconds);
   std::printf("  peak predicted / measured  %9s / %-9s  %9s / %-9s\n", memkit::format_bytes(s1.predicted_peak).c_str(),
               memkit::format_bytes(s1.measured_peak).c_str(), memkit::format_bytes(s2.result.predicted_peak).c_str(),
               memkit::format_bytes(s2.result.measured_peak).c_str());

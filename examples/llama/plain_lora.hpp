@@ -22,6 +22,7 @@ template <class T>
 struct plain_nf4_lora_linear {
   using value_type = T;
   using base_type = memkit::quant::quantized_tensor<memkit::quant::NF4>;
+  using adapter_type = float;
   static constexpr const char* description = "plain LoRA over NF4 in examples/llama/plain_lora.hpp (stand-in)";
 
   std::string path;  // the module's path in the base model, e.g. "model.layers.0.self_attn.q_proj"
@@ -55,8 +56,13 @@ struct plain_nf4_lora_linear {
     std::fill(grad_B_.data(), grad_B_.data() + grad_B_.size(), 0.0f);
   }
 
+  const base_type& base_weight() const noexcept { return base; }
+
   static constexpr std::size_t parameter_bytes(std::int64_t in, std::int64_t out, std::int64_t rank) {
     return memkit::buffer<float>::bytes_required(shape{rank, in}) + memkit::buffer<float>::bytes_required(shape{out, rank});
+  }
+  static constexpr std::size_t gradient_bytes(std::int64_t in, std::int64_t out, std::int64_t rank) {
+    return parameter_bytes(in, out, rank);
   }
 
   shape output_shape(const shape& s) const { return with_last(s, out); }
