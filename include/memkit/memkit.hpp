@@ -32,6 +32,7 @@
 #include "memkit/lora/lora_linear.hpp"
 #include "memkit/lora/lora_memory.hpp"
 #include "memkit/lora/peft_adapter.hpp"
+#include "memkit/loss/fused_linear_cross_entropy.hpp"
 #include "memkit/memory/buffer.hpp"
 #include "memkit/memory/resource.hpp"
 #include "memkit/memory/tracking.hpp"

@@ -14,6 +14,7 @@
 #include "memkit/budget/model.hpp"
 #include "memkit/budget/plan.hpp"
 #include "memkit/lora/lora_memory.hpp"
+#include "memkit/loss/fused_linear_cross_entropy.hpp"
 
 MEMKIT_NAMESPACE_BEGIN
 namespace budget {
@@ -214,10 +215,17 @@ constexpr logits_bytes logits_activation_bytes(const model_config& m, const trai
       l.backward_peak = TV * 4 * e;
       break;
     case logits_mode::chunked: {
-      // Fused linear + cross-entropy over chunks of tokens: only one chunk's fp32 logits, their
-      // softmax and gradient exist at a time; the gradient of the hidden states is produced in forward.
+      // memkit's loss::fused_linear_cross_entropy on a device, its chunk budget set to hold
+      // logits_chunk_tokens tokens: its exact workspace (one chunk's fp32 logits and 16-bit gradient, the
+      // per-token losses), plus the gradient of the hidden states it produces in forward.
       const std::uint64_t chunk = (plan.logits_chunk_tokens < plan.tokens() ? plan.logits_chunk_tokens : plan.tokens());
-      l.forward_peak = chunk * m.vocab * 4 * 3 + e * plan.tokens() * m.hidden;
+      loss::cross_entropy_options options;
+      options.chunk_bytes = loss::detail::chunk_row_bytes(static_cast<std::int64_t>(m.vocab), e, true) * chunk;
+      l.forward_peak = loss::fused_linear_cross_entropy_workspace_bytes(
+                           static_cast<std::int64_t>(plan.tokens()), static_cast<std::int64_t>(m.hidden),
+                           static_cast<std::int64_t>(m.vocab), e, options,
+                           {.on_device = true, .head_grad = !plan.lora_training()}) +
+                       e * plan.tokens() * m.hidden;
       l.saved = e * plan.tokens() * m.hidden;
       l.backward_peak = l.saved;
       break;

@@ -1,0 +1,67 @@
+// loss::fused_linear_cross_entropy on CUDA: chunked (default 32 MiB budget) against the same call with one
+// chunk holding every token's logits (the materialized baseline: cuBLAS for all [N, V] logits, the softmax
+// kernel, cuBLAS for both gradients). Device time per call (CUDA events), GFLOP/s of the three products and
+// the peak workspace bytes of each (tracking_resource). bf16 hidden and head, fp32 d_head.
+#include <benchmark/benchmark.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "memkit/loss/fused_linear_cross_entropy.hpp"
+#include "memkit/memory/tracking.hpp"
+#include "support/cpu_info.hpp"
+#include "support/cuda_timing.hpp"
+
+namespace ls = memkit::loss;
+using memkit::bf16;
+
+namespace {
+
+struct loss_case {
+  const char* name;
+  std::int64_t N, H, V;
+};
+
+constexpr loss_case cases[] = {
+    {"llama2_7b", 8192, 4096, 32000},
+    {"llama3_8b", 8192, 4096, 128256},
+};
+
+void BM_loss_cuda(benchmark::State& state, loss_case c, bool materialized) {
+  const auto [name, N, H, V] = c;
+  memkit::device_resource device(0);
+  memkit::buffer<bf16> hidden(device, memkit::shape{N, H}), head(device, memkit::shape{V, H}), d_hidden(device, memkit::shape{N, H});
+  memkit::buffer<float> d_head(device, memkit::shape{V, H}), loss(device, memkit::shape{1});
+  memkit::buffer<std::int32_t> targets(device, memkit::shape{N});
+  MEMKIT_CUDA_CHECK(cudaMemset(hidden.data(), 0, hidden.bytes()));
+  MEMKIT_CUDA_CHECK(cudaMemset(head.data(), 0, head.bytes()));
+  MEMKIT_CUDA_CHECK(cudaMemset(d_head.data(), 0, d_head.bytes()));
+  MEMKIT_CUDA_CHECK(cudaMemset(targets.data(), 0, targets.bytes()));
+  ls::cross_entropy_options options;
+  if (materialized) options.chunk_bytes = ls::detail::chunk_row_bytes(V, sizeof(bf16), true) * static_cast<std::size_t>(N);
+  memkit::tracking_resource workspace(device, "loss");
+  const memkit::cuda_executor exec{0, nullptr};
+  const double seconds = memkit_bench::time_with_events(state, [&] {
+    ls::fused_linear_cross_entropy(exec, std::as_const(hidden).view(), std::as_const(head).view(),
+                                   std::as_const(targets).view(), loss.view(), d_hidden.view(), d_head.view(), options,
+                                   workspace);
+  });
+  const double flops = 3.0 * 2.0 * static_cast<double>(N) * static_cast<double>(V) * static_cast<double>(H);
+  state.counters["GFLOPs"] = flops * static_cast<double>(state.iterations()) / seconds / 1e9;
+  state.counters["peak_workspace_MiB"] = static_cast<double>(workspace.peak_bytes()) / (1 << 20);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  memkit_bench::add_cpu_context();
+  return memkit_bench::run_cuda_benchmarks(argc, argv, "memkit_bench_loss_cuda", [] {
+    for (const loss_case& c : cases)
+      for (bool materialized : {false, true})
+        benchmark::RegisterBenchmark((std::string("loss_bf16/") + c.name + (materialized ? "/materialized" : "/fused")).c_str(),
+                                     BM_loss_cuda, c, materialized)
+            ->UseManualTime()
+            ->Unit(benchmark::kMillisecond);
+  });
+}

@@ -1,0 +1,174 @@
+// loss::fused_linear_cross_entropy on CUDA against the host path (the reference, itself checked against a
+// double-precision reference in tests/host). Cases in the "gpu" suite need a device; the others check the
+// nvcc build of the shared row math and the device workspace count, and run anywhere.
+#include <memkit/memkit.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "support/gpu_test.hpp"
+#include "support/test_values.hpp"
+
+namespace ls = memkit::loss;
+namespace q = memkit::quant;
+using memkit::host;
+using memkit::host_view;
+using memkit::tensor_view;
+
+namespace {
+
+template <class T>
+std::vector<T> to_host(const T* device_pointer, std::size_t count) {
+  std::vector<T> out(count);
+  if (count) MEMKIT_CUDA_CHECK(cudaMemcpy(out.data(), device_pointer, count * sizeof(T), cudaMemcpyDeviceToHost));
+  return out;
+}
+
+template <class T>
+memkit::buffer<T> to_device(memkit::memory_resource& resource, const std::vector<T>& values) {
+  memkit::buffer<T> out(resource, memkit::shape{static_cast<std::int64_t>(values.size())});
+  if (!values.empty())
+    MEMKIT_CUDA_CHECK(cudaMemcpy(out.data(), values.data(), values.size() * sizeof(T), cudaMemcpyHostToDevice));
+  return out;
+}
+
+std::vector<std::int32_t> targets_for(std::int64_t N, std::int64_t V, std::int64_t ignore_index) {
+  std::vector<std::int32_t> t(static_cast<std::size_t>(N));
+  for (std::int64_t i = 0; i < N; ++i)
+    t[static_cast<std::size_t>(i)] = i % 5 == 4 ? static_cast<std::int32_t>(ignore_index) : static_cast<std::int32_t>((i * 7919) % V);
+  return t;
+}
+
+double max_abs_difference(const std::vector<float>& a, const std::vector<float>& b, double* scale) {
+  double worst = 0;
+  *scale = 1e-6;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    worst = std::max(worst, static_cast<double>(std::fabs(a[i] - b[i])));
+    *scale = std::max(*scale, static_cast<double>(std::fabs(b[i])));
+  }
+  return worst;
+}
+
+template <class T>
+std::vector<float> widen(const std::vector<T>& values) {
+  std::vector<float> out;
+  for (const T& v : values) out.push_back(memkit::to_float(v));
+  return out;
+}
+
+// Device result vs host result for one element type and option set; `quantized` uses an NF4 head.
+template <class T>
+void check_device_against_host(std::int64_t N, std::int64_t H, std::int64_t V, const ls::cross_entropy_options& o,
+                               bool quantized) {
+  const std::vector<T> hidden = memkit_test::convert<T>(memkit_test::uniform_values(N * H, 1));
+  const std::vector<T> head = memkit_test::convert<T>(memkit_test::uniform_values(V * H, 2));
+  const std::vector<std::int32_t> targets = targets_for(N, V, o.ignore_index);
+  const auto nf4 = q::quantized_tensor<q::NF4>::quantize(host, host_view(head.data(), {V, H}), {64, false},
+                                                         memkit::default_host_resource());
+
+  float host_loss = 0;
+  std::vector<T> host_d_hidden(static_cast<std::size_t>(N * H));
+  std::vector<float> host_d_head(static_cast<std::size_t>(V * H), 0.5f);
+  const tensor_view<float> host_head_grad = quantized ? tensor_view<float>{} : host_view(host_d_head.data(), {V, H});
+  if (quantized)
+    ls::fused_linear_cross_entropy(host, host_view(hidden.data(), {N, H}), nf4, host_view(targets.data(), {N}),
+                                   host_view(&host_loss, {1}), host_view(host_d_hidden.data(), {N, H}), host_head_grad, o,
+                                   memkit::default_host_resource());
+  else
+    ls::fused_linear_cross_entropy(host, host_view(hidden.data(), {N, H}), host_view(head.data(), {V, H}),
+                                   host_view(targets.data(), {N}), host_view(&host_loss, {1}),
+                                   host_view(host_d_hidden.data(), {N, H}), host_head_grad, o,
+                                   memkit::default_host_resource());
+
+  memkit::device_resource device(0);
+  memkit::tracking_resource workspace(device, "loss");
+  auto d_hidden_in = to_device(device, hidden);
+  auto d_head_w = to_device(device, head);
+  auto d_targets = to_device(device, targets);
+  memkit::buffer<float> d_loss(device, memkit::shape{1});
+  memkit::buffer<T> d_grad_hidden(device, memkit::shape{N, H});
+  auto d_grad_head = to_device(device, std::vector<float>(static_cast<std::size_t>(V * H), 0.5f));
+  // The host-quantized head's storage copied into a device tensor.
+  q::quantized_tensor<q::NF4> nf4_device(device, memkit::shape{V, H}, {64, false});
+  MEMKIT_CUDA_CHECK(cudaMemcpy(nf4_device.codes().data(), nf4.codes().data(), nf4.codes().size(), cudaMemcpyHostToDevice));
+  MEMKIT_CUDA_CHECK(cudaMemcpy(nf4_device.absmax().data(), nf4.absmax().data(), nf4.absmax().bytes(), cudaMemcpyHostToDevice));
+  cudaStream_t stream = nullptr;
+  MEMKIT_CUDA_CHECK(cudaStreamCreate(&stream));
+  const memkit::cuda_executor exec{0, stream};
+  const tensor_view<float> device_head_grad =
+      quantized ? tensor_view<float>{} : tensor_view<float>(d_grad_head.data(), {V, H}, memkit::memory_kind::device);
+  const tensor_view<const T> x(d_hidden_in.data(), {N, H}, memkit::memory_kind::device);
+  const tensor_view<const std::int32_t> t(d_targets.data(), {N}, memkit::memory_kind::device);
+  if (quantized)
+    ls::fused_linear_cross_entropy(exec, x, nf4_device, t, d_loss.view(), d_grad_hidden.view(), device_head_grad, o, workspace);
+  else
+    ls::fused_linear_cross_entropy(exec, x, tensor_view<const T>(d_head_w.data(), {V, H}, memkit::memory_kind::device), t,
+                                   d_loss.view(), d_grad_hidden.view(), device_head_grad, o, workspace);
+  exec.synchronize();
+  MEMKIT_CUDA_CHECK(cudaStreamDestroy(stream));
+  CHECK(workspace.peak_bytes() ==
+        ls::workspace_bytes<T>(N, H, V, o, {.on_device = true, .quantized_head = quantized, .head_grad = !quantized}));
+
+  const float device_loss = to_host(d_loss.data(), 1)[0];
+  CHECK(device_loss == doctest::Approx(host_loss).epsilon(1e-5));
+  // 16-bit: the device multiplies a 16-bit gradient of the logits (cuBLAS takes one operand type).
+  const double tolerance = std::is_same_v<T, float> ? 1e-4 : 2e-2;
+  double scale = 0;
+  CHECK(max_abs_difference(widen(to_host(d_grad_hidden.data(), static_cast<std::size_t>(N * H))), widen(host_d_hidden),
+                           &scale) <= tolerance * scale);
+  if (!quantized) {
+    std::vector<float> shifted_device = to_host(d_grad_head.data(), static_cast<std::size_t>(V * H));
+    std::vector<float> shifted_host = host_d_head;
+    for (float& v : shifted_device) v -= 0.5f;
+    for (float& v : shifted_host) v -= 0.5f;
+    CHECK(max_abs_difference(shifted_device, shifted_host, &scale) <= tolerance * scale);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("loss (nvcc): the shared row math and the device workspace count") {
+  const ls::detail::row_math math{2.0f, 0.01f, 0.1f, 10};
+  CHECK(math.capped(100.0f) == doctest::Approx(2.0f));
+  CHECK(math.token_loss(1.0f, 0.5f, 3.0f) == doctest::Approx(1.0f - 0.9f * 0.5f - 0.01f * 3.0f + 0.01f));
+  const ls::cross_entropy_options o{.chunk_bytes = 10 * 1000 * 6};
+  CHECK(ls::fused_linear_cross_entropy_workspace_bytes(100, 64, 1000, 2, o, {.on_device = true}) ==
+        10 * 1000 * 4 + 100 * 4 + 8 + 10 * 1000 * 2);
+}
+
+MEMKIT_GPU_TEST_CASE("loss: CUDA matches the host path (fp32, bf16; options; chunks; NF4 head)") {
+  const ls::cross_entropy_options plain{.chunk_bytes = 9 * 700 * 6};
+  const ls::cross_entropy_options all{.ignore_index = 3, .label_smoothing = 0.1f, .logit_softcap = 2.0f,
+                                      .z_loss = 1e-3f, .chunk_bytes = 9 * 700 * 6};
+  for (const auto& o : {plain, all}) {
+    check_device_against_host<float>(61, 96, 700, o, false);
+    check_device_against_host<memkit::bf16>(61, 96, 700, o, false);
+    check_device_against_host<float>(61, 96, 700, o, true);
+  }
+  // Several dequantized tiles (V * H above quantized_tile_values), bf16 with the fp32 accumulator.
+  check_device_against_host<memkit::bf16>(17, 4096, 1100, plain, true);
+}
+
+MEMKIT_GPU_TEST_CASE("loss: CUDA reports a target out of range as a NaN loss; all ignored gives 0") {
+  const std::int64_t N = 8, H = 16, V = 32;
+  const std::vector<float> hidden = memkit_test::uniform_values(N * H, 3), head = memkit_test::uniform_values(V * H, 4);
+  memkit::device_resource device(0);
+  auto x = to_device(device, hidden);
+  auto w = to_device(device, head);
+  memkit::buffer<float> loss(device, memkit::shape{1});
+  const memkit::cuda_executor exec{0, nullptr};
+  for (int bad : {0, 1}) {
+    std::vector<std::int32_t> targets(static_cast<std::size_t>(N), -100);
+    if (bad) targets[2] = static_cast<std::int32_t>(V);
+    auto t = to_device(device, targets);
+    ls::fused_linear_cross_entropy(exec, tensor_view<const float>(x.data(), {N, H}, memkit::memory_kind::device),
+                                   tensor_view<const float>(w.data(), {V, H}, memkit::memory_kind::device),
+                                   tensor_view<const std::int32_t>(t.data(), {N}, memkit::memory_kind::device),
+                                   loss.view(), tensor_view<float>{}, tensor_view<float>{}, {}, device);
+    exec.synchronize();
+    const float value = to_host(loss.data(), 1)[0];
+    if (bad) CHECK(std::isnan(value));
+    else CHECK(value == 0.0f);
+  }
+}
