@@ -14,6 +14,7 @@
 #include "memkit/checkpoint/schedule.hpp"
 #include "memkit/checkpoint/segment.hpp"
 #include "memkit/config.hpp"
+#include "memkit/core/checked_math.hpp"
 #include "memkit/core/cublas.hpp"
 #include "memkit/core/execution.hpp"
 #include "memkit/core/float16.hpp"
