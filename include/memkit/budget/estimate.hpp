@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <string_view>
+#include <vector>
 
 #include "memkit/budget/activations.hpp"
 #include "memkit/budget/component_bytes.hpp"
@@ -148,6 +149,42 @@ constexpr std::uint64_t optimizer_state_bytes(const parameter_tensor& t, optimiz
 }
 
 // Per-parameter-tensor totals of the trainable and frozen state.
+constexpr bool is_adam(optimizer_kind o) noexcept {
+  return o == optimizer_kind::adamw || o == optimizer_kind::adamw_bf16 || o == optimizer_kind::adamw_8bit ||
+         o == optimizer_kind::adamw_4bit;
+}
+
+// The trainable tensors' element counts, in the order parameter_bytes visits them (every copy of a
+// tensor type): what a dist::sharded_adam_state would be made for.
+constexpr std::vector<std::int64_t> trainable_tensor_sizes(const model_config& m, const training_plan& p) {
+  std::vector<std::int64_t> sizes;
+  auto add = [&](const parameter_tensor& t) {
+    for (std::uint64_t c = 0; c < t.count; ++c) sizes.push_back(static_cast<std::int64_t>(t.elements()));
+  };
+  if (!p.lora_training()) for_each_parameter(m, add);
+  else for_each_lora_parameter(m, p.lora.rank, p.lora.targets, add);
+  return sizes;
+}
+
+// ZeRO 1/2 with an Adam flavour: the optimizer state and fp32 master shard of the most loaded rank, from
+// dist::sharded_adam_state's own layout (docs/sharding.md).
+struct sharded_totals {
+  std::uint64_t optimizer = 0, master = 0;
+};
+constexpr sharded_totals sharded_adam_bytes(const model_config& m, const training_plan& p) {
+  const std::vector<std::int64_t> sizes = trainable_tensor_sizes(m, p);
+  sharded_totals r;
+  switch (p.optimizer) {
+    case optimizer_kind::adamw: r.optimizer = sharded_adam_state_bytes<float, 0>(sizes, p.gpus); break;
+    case optimizer_kind::adamw_bf16: r.optimizer = sharded_adam_state_bytes<bf16, 0>(sizes, p.gpus); break;
+    case optimizer_kind::adamw_8bit: r.optimizer = sharded_adam_state_bytes<std::int8_t, 256>(sizes, p.gpus); break;
+    case optimizer_kind::adamw_4bit: r.optimizer = sharded_adam_state_bytes<four_bit, 128>(sizes, p.gpus); break;
+    default: break;
+  }
+  if (p.has_master_weights()) r.master = sharded_master_bytes(sizes, p.gpus);
+  return r;
+}
+
 struct parameter_totals {
   std::uint64_t weights = 0;          // everything the model holds, trainable and frozen
   std::uint64_t gradients = 0;
@@ -239,8 +276,16 @@ constexpr memory_estimate estimate_memory(const model_config& m, const training_
   } else {
     persistent[category::weights] = params.weights;
   }
-  const std::uint64_t master = zero >= 1 ? ceil_div(params.master, N) : params.master;
-  const std::uint64_t optimizer = zero >= 1 ? ceil_div(params.optimizer, N) : params.optimizer;
+  // ZeRO 1/2 with Adam: sharded_adam_state's per-rank bytes (ZeRO-3 and other optimizers: an even split).
+  const bool sharded_adam = (zero == 1 || zero == 2) && detail::is_adam(p.optimizer);
+  const detail::sharded_totals sharded = sharded_adam ? detail::sharded_adam_bytes(m, p) : detail::sharded_totals{};
+  const std::uint64_t granularity = p.overhead.allocation_granularity;
+  const std::uint64_t master = !(zero >= 1)     ? params.master
+                               : sharded_adam   ? round_up(sharded.master, granularity)
+                                                : ceil_div(params.master, N);
+  const std::uint64_t optimizer = !(zero >= 1)   ? params.optimizer
+                                  : sharded_adam ? round_up(sharded.optimizer, granularity)
+                                                 : ceil_div(params.optimizer, N);
   std::uint64_t gradients = zero >= 2 ? ceil_div(params.gradients, N) + params.layer_gradients : params.gradients;
   std::uint64_t step_temporary = zero >= 1 ? ceil_div(params.step_temporary, N) : params.step_temporary;
   if (host_optimizer) {

@@ -30,8 +30,11 @@
 // most shard_size elements; the remainder over 1/N of adam_state's bytes is that scratch, up to four
 // 64-byte alignments per piece, and the granule padding (docs/sharding.md).
 //
-// Host executor for now; the state's memory must be host-accessible. A user-written communicator can
-// be used (dist/communicator.hpp); MPI's is dist/mpi_communicator.hpp.
+// Executors: the host (state in host memory, e.g. over mpi_communicator), or under nvcc a cuda_executor
+// (state in device memory, everything enqueued on the stream, e.g. over nccl_communicator): the device
+// step launches adam_state's own norm, finalisation and update kernels on the pieces. On the device a
+// skipped step still all-gathers (the decision stays on the device; the parameters are unchanged on
+// every rank, so the gather rewrites the same values).
 #pragma once
 
 #include <algorithm>
@@ -88,10 +91,10 @@ class sharded_adam_state {
   using plain_moment_type = std::conditional_t<quantized, float, moment_type>;
   // Pieces start on multiples of this many elements of their tensor (adam_state's norm chunk).
   static constexpr std::int64_t granule = memkit::detail::reduction_chunk;
-  static_assert(!quantized || granule % Block == 0, "sharded_adam_state: a granule must hold whole blocks");
 
  private:
   static constexpr std::int64_t divisor_block = Block > 0 ? Block : 1;
+  static_assert(granule % divisor_block == 0, "sharded_adam_state: a granule must hold whole blocks");
   static constexpr std::int64_t padded(std::int64_t n) noexcept { return (n + granule - 1) / granule * granule; }
 
  public:
@@ -179,7 +182,6 @@ class sharded_adam_state {
   sharded_adam_state(const E& exec, const C& comm, memory_resource& resource, std::span<const std::int64_t> sizes,
                      adam_options options = {})
       : options_(options), rank_(comm.rank()), ranks_(comm.size()) {
-    static_assert(!E::on_device, "sharded_adam_state: the device step is not implemented yet; use the host executor");
     validate(options_.loss_scaling, "sharded_adam_state");
     require(options_.min_quantized_size >= 0, "sharded_adam_state: min_quantized_size must be >= 0");
     require(options_.max_grad_norm >= 0.0f, "sharded_adam_state: max_grad_norm must be >= 0");
@@ -203,8 +205,7 @@ class sharded_adam_state {
     const std::size_t bytes =
         plan(sizes, rank_, ranks_, options_.min_quantized_size, [&](const shard_piece& p) { pieces_.push_back(p); });
     arena_ = buffer<std::byte>(resource, shape{static_cast<std::int64_t>(bytes)});
-    require(host_executor::can_access(arena_.where()),
-            "sharded_adam_state: the state's memory must be host-accessible (the device step is not implemented yet)");
+    require_accessible(exec, arena_view(), "sharded_adam_state", "optimizer state");
     reset(exec);
   }
 
@@ -215,11 +216,24 @@ class sharded_adam_state {
 
   // Zeroes the moments and the control block (step 0, initial loss scale).
   template <executor E>
-  void reset(const E&) {
+  void reset([[maybe_unused]] const E& exec) {
+    require_accessible(exec, arena_view(), "sharded_adam_state::reset", "optimizer state");
     adam_control control{};
     control.loss_scale = options_.loss_scaling.enabled ? options_.loss_scaling.initial_scale : 1.0f;
-    std::memset(arena_.data(), 0, arena_.bytes());
-    std::memcpy(arena_.data(), &control, sizeof control);
+    if constexpr (!E::on_device) {
+      std::memset(arena_.data(), 0, arena_.bytes());
+      std::memcpy(arena_.data(), &control, sizeof control);
+    } else {
+#if MEMKIT_HAS_CUDA
+      memkit::detail::with_device(exec.device, [&] {
+        MEMKIT_CUDA_CHECK(cudaMemsetAsync(arena_.data(), 0, arena_.bytes(), exec.stream));
+        memkit::detail::adam_set_control_kernel<adam_control>
+            <<<1, 1, 0, exec.stream>>>(reinterpret_cast<adam_control*>(arena_.data()), control);
+        MEMKIT_CUDA_CHECK(cudaGetLastError());
+        return 0;
+      });
+#endif
+    }
   }
 
   int rank() const noexcept { return rank_; }
@@ -233,6 +247,7 @@ class sharded_adam_state {
   std::span<const shard_piece> pieces() const noexcept { return pieces_; }
   std::size_t bytes() const noexcept { return arena_.bytes(); }
   memory_kind where() const noexcept { return arena_.where(); }
+  tensor_view<const std::byte> arena_view() const noexcept { return arena_.view(); }
   const adam_options& options() const noexcept { return options_; }
   void set_max_grad_norm(float max_norm) {
     require(max_norm >= 0.0f && memkit::detail::is_finite(max_norm),
@@ -279,7 +294,7 @@ class sharded_adam_state {
     const char* op = "sharded_adam_state::step_full_gradients";
     validate_step(exec, comm, op, params, tensor_view<const G>(grads), flat_size_, groups, options, master);
     comm.all_reduce(exec, grads.data(), grads.data(), flat_size_);
-    host_step(exec, comm, params, grads.data(), 0, groups, options, master);
+    step_on(exec, comm, params, grads.data(), 0, groups, options, master);
   }
 
   // Stage 2: `grad_shard` (shard_size) holds this rank's shard of the summed gradients.
@@ -290,23 +305,27 @@ class sharded_adam_state {
                             tensor_view<float> master = {}) {
     const char* op = "sharded_adam_state::step_shard_gradients";
     validate_step(exec, comm, op, params, grad_shard, shard_size_, groups, options, master);
-    host_step(exec, comm, params, grad_shard.data(), shard_begin(), groups, options, master);
+    step_on(exec, comm, params, grad_shard.data(), shard_begin(), groups, options, master);
   }
 
   // Copies this rank's shard of `params` into `master` (fp32): the start of training with master weights.
+  // Host-accessible views (copy device parameters to the host first, or convert on the device yourself).
   template <float_storage P>
   void initialize_master(tensor_view<const P> params, tensor_view<float> master) const {
     require(params.size() == flat_size_ && master.size() == shard_size_,
             "sharded_adam_state::initialize_master: need flat_size parameters and a shard_size master");
+    require(host_executor::can_access(params.where()) && host_executor::can_access(master.where()),
+            "sharded_adam_state::initialize_master: needs host-accessible views");
     for (std::int64_t i = 0; i < shard_size_; ++i) master[i] = to_float(params[shard_begin() + i]);
   }
 
   // ---- Inspection ----
 
+  // On CUDA this waits for the executor's stream (a read-back for logging and tests).
   template <executor E>
-  adam_control control(const E&) const {
+  adam_control control(const E& exec) const {
     adam_control c{};
-    std::memcpy(&c, arena_.data(), sizeof c);
+    copy_out(exec, &c, sizeof c);
     return c;
   }
   template <executor E>
@@ -328,15 +347,16 @@ class sharded_adam_state {
   // The dequantized moments of this rank's piece of `tensor` (elements [begin, end) of the piece;
   // empty when this rank owns none of it).
   template <executor E>
-  void read_moments(const E&, std::size_t tensor, std::vector<float>& m, std::vector<float>& v) const {
+  void read_moments(const E& exec, std::size_t tensor, std::vector<float>& m, std::vector<float>& v) const {
     require(tensor < sizes_.size(), "sharded_adam_state::read_moments: no tensor " + std::to_string(tensor));
+    const std::vector<std::byte> image = host_copy(exec);
     m.clear();
     v.clear();
     for (const shard_piece& p : pieces_) {
       if (p.tensor != static_cast<std::int64_t>(tensor)) continue;
       for (std::int64_t i = 0; i < p.count(); ++i) {
-        m.push_back(load_moment(p, i, true));
-        v.push_back(load_moment(p, i, false));
+        m.push_back(load_moment(image.data(), p, i, true));
+        v.push_back(load_moment(image.data(), p, i, false));
       }
     }
   }
@@ -347,7 +367,8 @@ class sharded_adam_state {
 
   // Writes this rank's image: the layout it was made for, the control block and its pieces' moments.
   template <executor E>
-  void save(const E&, std::ostream& out) const {
+  void save(const E& exec, std::ostream& out) const {
+    const std::vector<std::byte> image = host_copy(exec);
     std::string body;
     put_string(body, format_name());
     put(body, static_cast<std::uint32_t>(traits::bits));
@@ -358,14 +379,14 @@ class sharded_adam_state {
     put(body, static_cast<std::uint32_t>(rank_));
     put(body, static_cast<std::uint64_t>(sizes_.size()));
     for (std::int64_t n : sizes_) put(body, n);
-    body.append(reinterpret_cast<const char*>(arena_.data()), sizeof(adam_control));
+    body.append(reinterpret_cast<const char*>(image.data()), sizeof(adam_control));
     put(body, static_cast<std::uint64_t>(pieces_.size()));
     for (const shard_piece& p : pieces_) {
       put(body, p.tensor);
       put(body, p.begin);
       put(body, p.end);
       for (const segment& s : segments(p, 0, p.count()))
-        body.append(reinterpret_cast<const char*>(arena_.data() + s.offset), s.bytes);
+        body.append(reinterpret_cast<const char*>(image.data() + s.offset), s.bytes);
     }
     put_string_raw(out, magic);
     write_raw(out, format_version);
@@ -381,7 +402,7 @@ class sharded_adam_state {
   // tensor sizes, each image's layout, checksums, that all images hold the same step) before a byte of
   // this state changes.
   template <executor E>
-  void load(const E&, std::span<std::istream* const> images) {
+  void load(const E& exec, std::span<std::istream* const> images) {
     const std::string op = "sharded_adam_state::load";
     require(!images.empty(), op + ": no images");
     std::vector<std::byte> staging(arena_.bytes(), std::byte{0});
@@ -439,7 +460,8 @@ class sharded_adam_state {
       require(in.at == body.size(), where + ": trailing bytes after the last piece");
     }
     std::memcpy(staging.data(), &first_control, sizeof first_control);
-    std::memcpy(arena_.data(), staging.data(), staging.size());  // every image checked: now replace
+    require_accessible(exec, arena_view(), "sharded_adam_state::load", "optimizer state");
+    copy_in(exec, staging.data(), staging.size());  // every image checked: now replace
   }
   template <executor E>
   void load(const E& exec, std::istream& image) {
@@ -449,6 +471,133 @@ class sharded_adam_state {
 
  private:
   static constexpr const char* magic = "memkit-sharded-adam-state";
+
+  template <executor E, class C, float_storage P, float_storage G>
+  void step_on(const E& exec, const C& comm, tensor_view<P> params, const G* grads, std::int64_t grads_begin,
+               std::span<const adam_group> groups, const sharded_step_options& options, tensor_view<float> master) {
+    if constexpr (!E::on_device) {
+      host_step(exec, comm, params, grads, grads_begin, groups, options, master);
+    } else {
+#if MEMKIT_HAS_CUDA
+      device_step(exec, comm, params, grads, grads_begin, groups, options, master);
+#endif
+    }
+  }
+
+  // The whole arena on the host: the arena itself, or a copy (waits for the stream) of device memory.
+  template <executor E>
+  std::vector<std::byte> host_copy(const E& exec) const {
+    std::vector<std::byte> bytes(arena_.bytes());
+    copy_out(exec, bytes.data(), bytes.size());
+    return bytes;
+  }
+  template <executor E>
+  void copy_out([[maybe_unused]] const E& exec, void* destination, std::size_t bytes) const {
+    if constexpr (!E::on_device) {
+      require(host_executor::can_access(where()), "sharded_adam_state: the state is in device memory; read it with a cuda_executor");
+      std::memcpy(destination, arena_.data(), bytes);
+    } else {
+#if MEMKIT_HAS_CUDA
+      MEMKIT_CUDA_CHECK(cudaMemcpyAsync(destination, arena_.data(), bytes, cudaMemcpyDefault, exec.stream));
+      exec.synchronize();
+#endif
+    }
+  }
+  template <executor E>
+  void copy_in([[maybe_unused]] const E& exec, const void* source, std::size_t bytes) {
+    if constexpr (!E::on_device) {
+      std::memcpy(arena_.data(), source, bytes);
+    } else {
+#if MEMKIT_HAS_CUDA
+      MEMKIT_CUDA_CHECK(cudaMemcpyAsync(arena_.data(), source, bytes, cudaMemcpyDefault, exec.stream));
+      exec.synchronize();  // `source` is the caller's temporary
+#endif
+    }
+  }
+
+#if MEMKIT_HAS_CUDA
+  // The device step: adam_state's kernels over the pieces (a piece is a tensor to them, with its
+  // element offset for the stochastic-rounding stream), the collectives on the same stream.
+  template <class C, float_storage P, float_storage G>
+  void device_step(const cuda_executor& exec, const C& comm, tensor_view<P> params, const G* grads,
+                   std::int64_t grads_begin, std::span<const adam_group> groups, const sharded_step_options& options,
+                   tensor_view<float> master) {
+    namespace md = memkit::detail;
+    std::byte* base = arena_.data();
+    auto* control = reinterpret_cast<adam_control*>(base);
+    double* sums = reinterpret_cast<double*>(base + md::align_segment(sizeof(adam_control)));
+    auto grad_of = [&](const shard_piece& p) { return grads + (p.flat + p.begin - grads_begin); };
+    constexpr int K = md::tensors_per_launch;
+    md::with_device(exec.device, [&] {
+      MEMKIT_CUDA_CHECK(cudaMemsetAsync(sums, 0, static_cast<std::size_t>(total_chunks_) * sizeof(double), exec.stream));
+      for (std::size_t first = 0; first < pieces_.size(); first += K) {
+        md::norm_launch<G> batch{};
+        std::int64_t units = 0;
+        for (std::size_t j = 0; j < K && first + j < pieces_.size(); ++j) {
+          const shard_piece& p = pieces_[first + j];
+          batch.grad[j] = grad_of(p);
+          batch.sums[j] = sums + p.first_chunk;
+          batch.size[j] = p.count();
+          batch.chunk_begin[j] = units;
+          units += md::reduction_chunks(p.count());
+          batch.count = static_cast<int>(j + 1);
+        }
+        batch.chunk_begin[batch.count] = units;
+        md::adam_norm_kernel<G><<<static_cast<unsigned>(units), md::reduction_lanes, 0, exec.stream>>>(batch);
+        MEMKIT_CUDA_CHECK(cudaGetLastError());
+      }
+      return 0;
+    });
+    comm.all_reduce(exec, sums, sums, total_chunks_);
+    md::with_device(exec.device, [&] {
+      md::adam_finalize_kernel<adam_control><<<1, 1, 0, exec.stream>>>(control, sums, total_chunks_, options_.max_grad_norm,
+                                                                        options_.loss_scaling, options.gradient_scale);
+      MEMKIT_CUDA_CHECK(cudaGetLastError());
+      constexpr int threads = md::update_threads<State, Block>();
+      for (std::size_t first = 0; first < pieces_.size(); first += K) {
+        md::update_launch<State> batch{};
+        if constexpr (quantized) {
+          const auto& tables = traits::tables();
+          for (int i = 0; i < traits::entries; ++i) {
+            batch.tables.m[i] = tables.m[static_cast<std::size_t>(i)];
+            batch.tables.v[i] = tables.v[static_cast<std::size_t>(i)];
+          }
+        }
+        batch.control = control;
+        batch.seed = options_.seed;
+        batch.stochastic_rounding = options_.stochastic_rounding;
+        std::int64_t units = 0;
+        for (std::size_t j = 0; j < K && first + j < pieces_.size(); ++j) {
+          const shard_piece& p = pieces_[first + j];
+          const int group = options.tensor_groups.empty() ? 0 : options.tensor_groups[static_cast<std::size_t>(p.tensor)];
+          md::adam_tensor_args& a = batch.tensors[j];
+          a.param = params.data() + p.flat + p.begin;
+          a.grad = grad_of(p);
+          a.master = master.data() == nullptr ? nullptr : master.data() + (p.flat + p.begin - shard_begin());
+          a.m = base + p.m_offset;
+          a.v = base + p.v_offset;
+          a.m_scale = p.quantized ? reinterpret_cast<float*>(base + p.m_scale_offset) : nullptr;
+          a.v_scale = p.quantized ? reinterpret_cast<float*>(base + p.v_scale_offset) : nullptr;
+          a.size = p.count();
+          a.unit_begin = units;
+          a.index = p.tensor;
+          a.first = p.begin;
+          a.group = groups[static_cast<std::size_t>(group)];
+          a.quantized = p.quantized ? 1 : 0;
+          units += p.quantized ? (p.count() + divisor_block - 1) / divisor_block
+                               : (p.count() + md::plain_unit - 1) / md::plain_unit;
+          batch.count = static_cast<int>(j + 1);
+        }
+        md::adam_update_kernel<State, Block, threads, P, G>
+            <<<static_cast<unsigned>(units), threads, 0, exec.stream>>>(batch);
+        MEMKIT_CUDA_CHECK(cudaGetLastError());
+      }
+      return 0;
+    });
+    P* flat = params.data();
+    comm.all_gather(exec, flat + shard_begin(), flat, shard_size_);
+  }
+#endif
 
   // ---- one step on the host ----
   template <executor E, class C, float_storage P, float_storage G>
@@ -562,8 +711,7 @@ class sharded_adam_state {
     }
   }
 
-  float load_moment(const shard_piece& p, std::int64_t i, bool first) const {
-    const std::byte* base = arena_.data();
+  float load_moment(const std::byte* base, const shard_piece& p, std::int64_t i, bool first) const {
     const std::size_t offset = first ? p.m_offset : p.v_offset;
     if (!p.quantized) return to_float(reinterpret_cast<const plain_moment_type*>(base + offset)[i]);
     if constexpr (quantized) {
@@ -606,6 +754,7 @@ class sharded_adam_state {
                      std::int64_t grads_size, std::span<const adam_group> groups, const sharded_step_options& options,
                      tensor_view<float> master) const {
     check_comm(op, comm);
+    require_accessible(exec, arena_view(), op, "optimizer state");
     const std::string o = op;
     require(params.size() == flat_size_, o + ": params has " + std::to_string(params.size()) +
                                              " elements, the flat layout " + std::to_string(flat_size_));

@@ -156,6 +156,7 @@ struct adam_tensor_args {
   std::int64_t size;
   std::int64_t unit_begin;  // first work unit of this tensor within the launch
   std::int64_t index;       // tensor index within the state (the stochastic-rounding stream)
+  std::int64_t first;       // the tensor index of element 0 (dist::sharded_adam_state steps pieces of tensors)
   adam_group group;
   std::int32_t quantized;
 };
@@ -256,7 +257,7 @@ __global__ void __launch_bounds__(Threads) adam_update_kernel(update_launch<Stat
   const adam_tensor_args& a = batch.tensors[t];
   const adam_coefficients c = make_coefficients(a.group, control);
   const param_access<P, G> access{static_cast<P*>(a.param), static_cast<const G*>(a.grad), a.master,
-                                  batch.stochastic_rounding, batch.seed, control.step, a.index};
+                                  batch.stochastic_rounding, batch.seed, control.step, a.index, a.first};
   const std::int64_t local = unit - a.unit_begin;
   const int lane = static_cast<int>(threadIdx.x);
   if (!a.quantized) {
