@@ -20,7 +20,7 @@
 
 #include "llama/model.hpp"
 #include "llama/plain_attention.hpp"
-#include "llama/plain_lora.hpp"
+#include "llama/nf4_lora.hpp"
 #include "llama/plain_loss.hpp"
 #include "llama/report.hpp"
 #include "llama/text.hpp"
@@ -51,7 +51,7 @@ tensor_view<T> none() {
 using attention_impl = llama::plain_attention_policy;
 namespace loss_impl = llama::plain_loss;
 constexpr const char* loss_description = llama::plain_loss::description;
-using lora_linear_impl = llama::plain_nf4_lora_linear<act_t>;
+using lora_linear_impl = llama::nf4_lora_linear<act_t>;
 using adapter_t = lora_linear_impl::adapter_type;  // the element type of the LoRA factors
 
 using pretrain_model = llama::causal_lm<act_t, llama::dense_linear<act_t>, attention_impl>;
