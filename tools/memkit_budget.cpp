@@ -9,6 +9,7 @@
 #include <fstream>
 #include <iostream>
 #include <optional>
+#include <system_error>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -214,15 +215,26 @@ options parse_arguments(int argc, char** argv) {
   return o;
 }
 
+// A config.json is a few kilobytes; the largest on the Hugging Face hub (long id2label tables) are well under
+// a megabyte. Reading stops at this cap, so /dev/zero or a huge file fails at once instead of filling memory.
+constexpr std::size_t max_config_bytes = std::size_t{16} << 20;
+
 std::string read_file(const std::string& path) {
+  std::error_code ignored;
+  // A directory opens as a stream on Linux but reads nothing: say so instead of "invalid JSON".
+  if (std::filesystem::is_directory(path, ignored)) throw memkit::error("cannot read '" + path + "': it is a directory");
   std::ifstream file(path, std::ios::binary);
   if (!file) throw memkit::error("cannot read '" + path + "'");
-  std::stringstream buffer;
-  buffer << file.rdbuf();
-  // A directory opens as a stream on Linux but reads nothing: say so instead of "invalid JSON".
-  if (file.bad() || (buffer.str().empty() && std::filesystem::is_directory(path)))
-    throw memkit::error("cannot read '" + path + "': it is a directory");
-  return buffer.str();
+  std::string text;
+  char chunk[1 << 16];
+  while (file) {
+    file.read(chunk, sizeof chunk);
+    text.append(chunk, static_cast<std::size_t>(file.gcount()));
+    if (text.size() > max_config_bytes)
+      throw memkit::error("'" + path + "' is larger than 16 MiB, too large for a config.json");
+  }
+  if (file.bad()) throw memkit::error("cannot read '" + path + "'");
+  return text;
 }
 
 // "a, b, c": the names of the presets in `items`, for "unknown ..." errors.

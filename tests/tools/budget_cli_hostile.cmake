@@ -1,0 +1,79 @@
+# CTest driver for memkit-budget on hostile input (issue #15): whatever it is given, it answers in one line with
+# exit code 2, fast, and writes or prints nothing it should not.
+#   cmake -DTOOL=... -DWORK=... -DMODE=config_cap|field_caps -P this
+cmake_minimum_required(VERSION 3.25)
+file(MAKE_DIRECTORY ${WORK})
+
+function(expect condition_text)
+  if(NOT (${ARGN}))
+    message(FATAL_ERROR "expected ${condition_text}")
+  endif()
+endfunction()
+
+# Runs the tool (10 s at most) and expects exit code 2, one line on stderr matching `pattern`, nothing on stdout.
+function(expect_refused what pattern)
+  execute_process(COMMAND ${TOOL} ${ARGN} RESULT_VARIABLE result OUTPUT_VARIABLE output ERROR_VARIABLE errors
+                  TIMEOUT 10)
+  expect("exit code 2 for ${what}, got '${result}'" result STREQUAL "2")
+  expect("one line on stderr for ${what}: ${errors}" errors MATCHES "^memkit-budget: error: [^\n]+\n$")
+  expect("'${pattern}' in the message for ${what}: ${errors}" errors MATCHES "${pattern}")
+  string(LENGTH "${output}" printed)
+  expect("nothing on stdout for ${what}: ${output}" printed EQUAL 0)
+endfunction()
+
+# A small Llama's config.json with the given members set ("key" "json value" pairs).
+function(write_config path)
+  set(json "{\"model_type\": \"llama\", \"hidden_size\": 64, \"num_hidden_layers\": 2, \"num_attention_heads\": 4, \"intermediate_size\": 128, \"vocab_size\": 1000}")
+  while(ARGN)
+    list(POP_FRONT ARGN key value)
+    string(JSON json SET "${json}" ${key} "${value}")
+  endwhile()
+  file(WRITE ${path} "${json}")
+endfunction()
+
+if(MODE STREQUAL "config_cap")
+  # Read with a size cap: an endless stream fails at once instead of filling memory.
+  if(EXISTS /dev/zero)
+    expect_refused("/dev/zero" "larger than 16 MiB" --config /dev/zero)
+  endif()
+  # A file just over the cap (valid JSON after 17 MiB of spaces) is refused for its size, not parsed.
+  string(REPEAT " " 1048576 mebibyte)
+  file(WRITE ${WORK}/huge.json "")
+  foreach(i RANGE 16)
+    file(APPEND ${WORK}/huge.json "${mebibyte}")
+  endforeach()
+  file(APPEND ${WORK}/huge.json "{}")
+  expect_refused("a 17 MiB config" "larger than 16 MiB" --config ${WORK}/huge.json)
+  file(REMOVE ${WORK}/huge.json)
+  message(STATUS "config_cap: endless and oversized configs refused")
+elseif(MODE STREQUAL "field_caps")
+  # Each dimension beyond a physically meaningful size is refused with the field named, before any estimate
+  # (unchecked, these wrapped 64-bit products into small "fitting" peaks).
+  set(cases
+    "hidden_size|4294967296" "num_hidden_layers|1000000" "num_attention_heads|1099511627776"
+    "num_key_value_heads|1099511627776" "intermediate_size|18446744073709551616" "vocab_size|1e18"
+    "head_dim|1e30" "max_position_embeddings|1e12")
+  foreach(case IN LISTS cases)
+    string(REPLACE "|" ";" case "${case}")
+    list(GET case 0 field)
+    list(GET case 1 value)
+    write_config(${WORK}/field.json ${field} ${value})
+    expect_refused("${field} = ${value}" "field '${field}' is [^ ]+, more than the largest meaningful"
+                   --config ${WORK}/field.json)
+  endforeach()
+  # Every field within its cap, but together past any real model: refused by the parameter total.
+  write_config(${WORK}/field.json hidden_size 1048576 num_hidden_layers 16384 num_attention_heads 16384 head_dim 1048576)
+  expect_refused("a product past 64 bits" "parameters, more than the largest meaningful 1e15" --config ${WORK}/field.json)
+  # Real large models stay well inside the caps (Llama-3.1-405B's dimensions).
+  file(WRITE ${WORK}/large.json "{\"model_type\": \"llama\", \"hidden_size\": 16384, \"num_hidden_layers\": 126, "
+       "\"num_attention_heads\": 128, \"num_key_value_heads\": 8, \"intermediate_size\": 53248, "
+       "\"vocab_size\": 128256, \"max_position_embeddings\": 131072, \"tie_word_embeddings\": false}")
+  execute_process(COMMAND ${TOOL} --config ${WORK}/large.json --json RESULT_VARIABLE result OUTPUT_VARIABLE json
+                  ERROR_VARIABLE errors TIMEOUT 10)
+  expect("Llama-3.1-405B dimensions accepted (${result}): ${errors}" result EQUAL 0)
+  string(JSON parameters GET "${json}" parameters)
+  expect("405,853,388,800 parameters, got ${parameters}" parameters EQUAL 405853388800)
+  message(STATUS "field_caps: every oversized field refused by name")
+else()
+  message(FATAL_ERROR "unknown MODE ${MODE}")
+endif()
