@@ -1,10 +1,16 @@
-// memkit/budget/model.hpp — a constexpr description of a decoder-only transformer and its parameters.
+// memkit/budget/model.hpp — a constexpr description of a transformer and its parameters.
 //
-// Two families cover the models memkit budgets for:
-//   llama-style: RMSNorm, gated MLP (SwiGLU or GeGLU), rotary positions, grouped-query attention,
-//                optional q/k/v bias (Qwen2), explicit head_dim (Gemma), optionally fused qkv / gate_up
-//                projections (Phi-3) which change LoRA shapes but not the parameter count;
-//   gpt2-style:  LayerNorm with bias, GeLU MLP (4h), learned positions, biases on every linear, dropout.
+// One description covers the families memkit budgets for; each differs from a Llama block in a few
+// switches, all of which change the parameter count exactly as the released checkpoints have it:
+//   norms:     RMSNorm (weight), LayerNorm (weight + bias), non-parametric (OLMo), how many per block
+//              (1 when attention and MLP read one norm in parallel: Phi-2, Falcon-7B; 4 for Gemma-2/3's
+//              sandwich norms), q/k norms (per head: Qwen3, Gemma-3; full width: OLMo-2, StableLM-2);
+//   biases:    on q/k/v (Qwen, GPT-2, BERT ...), the attention output, the MLP, the LM head (Phi-2);
+//   MLP:       gated (SwiGLU / GeGLU) or plain GeLU; mixture of experts (router, all experts' weights,
+//              top-k routed per token, optional shared expert with its own sigmoid gate);
+//   positions: rotary (no parameters) or a learned table (GPT-2, BERT, with BERT's token types);
+//   encoders:  BERT: embedding LayerNorm, post-norm blocks without a final norm, a pooler, tied MLM head;
+//   fused projections (Phi-3's qkv_proj and gate_up_proj, GPT-2's c_attn) change LoRA shapes, not counts.
 // Everything here is constexpr so the budget can be computed, and asserted, at compile time.
 #pragma once
 
@@ -16,8 +22,21 @@
 MEMKIT_NAMESPACE_BEGIN
 namespace budget {
 
-enum class architecture : std::uint8_t { llama, gpt2 };
+// Which conventions the activation model follows: Llama-style (RMSNorm upcast to fp32, rotary), GPT-2
+// (LayerNorm, learned positions, dropout) or a bidirectional encoder (BERT).
+enum class architecture : std::uint8_t { llama, gpt2, encoder };
 enum class mlp_kind : std::uint8_t { swiglu, geglu, gelu };
+enum class norm_kind : std::uint8_t {
+  rms,            // weight only
+  layer,          // LayerNorm: weight and bias
+  layer_no_bias,  // LayerNorm with bias=False (weight only)
+  nonparametric,  // no parameters at all (OLMo-1)
+};
+enum class qk_norm_kind : std::uint8_t {
+  none,
+  per_head,    // one RMSNorm(head_dim) applied to every head: head_dim weights each for q and k
+  full_width,  // over all heads: q_width + kv_width weights (OLMo-2; StableLM-2's per-head LayerNorms)
+};
 
 // The seven linear layers LoRA can target, as a bit set (PEFT's q_proj ... down_proj).
 enum class linear_module : std::uint8_t { q = 1, k = 2, v = 4, o = 8, gate = 16, up = 32, down = 64 };
@@ -41,19 +60,59 @@ struct model_config {
   std::uint64_t heads = 0;
   std::uint64_t kv_heads = 0;
   std::uint64_t head_dim = 0;      // hidden / heads unless the model says otherwise (Gemma, Llama-3.2)
-  std::uint64_t intermediate = 0;  // MLP width
+  std::uint64_t intermediate = 0;  // MLP width of a dense block (Mixtral: also each expert's, see below)
   std::uint64_t vocab = 0;
-  std::uint64_t max_positions = 0;  // learned position table size (gpt2) or the trained context (rotary)
+  std::uint64_t max_positions = 0;  // learned position table size (gpt2, BERT) or the trained context (rotary)
   bool tied_embeddings = false;
-  bool qkv_bias = false;        // Qwen2
-  bool fused_qkv = false;       // one qkv_proj (Phi-3, GPT-2's c_attn)
+  bool qkv_bias = false;        // Qwen, GPT-2, GPT-NeoX, BERT, Phi-2, StableLM-2
+  bool fused_qkv = false;       // one qkv_proj (Phi-3, GPT-2's c_attn, GPT-NeoX, Falcon, Qwen-1)
   bool fused_gate_up = false;   // one gate_up_proj (Phi-3)
   bool dropout = false;         // GPT-2 trains with dropout; the llama family does not
 
+  // Norms and biases (defaults: a Llama block).
+  norm_kind norm = norm_kind::rms;
+  std::uint8_t norms_per_block = 2;  // 1: parallel attention and MLP on one norm; 4: Gemma-2/3
+  bool final_norm = true;            // false for post-norm encoders (BERT)
+  qk_norm_kind qk_norm = qk_norm_kind::none;
+  bool o_bias = false;         // attention output projection
+  bool mlp_bias = false;       // every MLP projection (GPT-2, GPT-NeoX, Phi-2, BERT, Falcon-RW)
+  bool lm_head_bias = false;   // Phi-2
+  bool parallel_attention = false;  // attention and MLP read the same input (GPT-NeoX, Phi-2, Falcon)
+
+  // Positions and encoder parts.
+  bool learned_positions = false;  // a max_positions x hidden table (GPT-2, BERT)
+  std::uint64_t token_types = 0;   // BERT's token-type embeddings
+  bool embedding_norm = false;     // a norm right after the embeddings (BERT)
+  bool pooler = false;             // BERT's pooler: dense hidden -> hidden with bias
+
+  // Mixture of experts: every block's MLP is `experts` gated MLPs of width `expert_intermediate` behind a
+  // router (Linear hidden -> experts, no bias); each token goes to `experts_per_token` of them. Memory
+  // holds all experts; activations exist for the routed ones only. Qwen-MoE adds a shared expert every
+  // token goes through, scaled by a sigmoid gate (Linear hidden -> 1).
+  std::uint64_t experts = 0;  // 0: dense MLP
+  std::uint64_t experts_per_token = 0;
+  std::uint64_t expert_intermediate = 0;
+  std::uint64_t shared_expert_intermediate = 0;  // 0: no shared expert
+  bool shared_expert_gate = false;
+
   constexpr bool is_gpt2() const noexcept { return family == architecture::gpt2; }
+  constexpr bool is_encoder() const noexcept { return family == architecture::encoder; }
+  constexpr bool moe() const noexcept { return experts != 0; }
   constexpr bool gated_mlp() const noexcept { return mlp != mlp_kind::gelu; }
+  constexpr bool rotary() const noexcept { return !learned_positions; }
+  // LayerNorm keeps a mean and an rstd per row; RMSNorm only an rstd; OLMo-1's non-parametric LayerNorm both.
+  constexpr bool layer_norm() const noexcept { return norm != norm_kind::rms; }
   constexpr std::uint64_t q_width() const noexcept { return heads * head_dim; }
   constexpr std::uint64_t kv_width() const noexcept { return kv_heads * head_dim; }
+  // Width of the MLP intermediate activations one token produces: the routed experts' plus the shared
+  // expert's for a mixture of experts, the dense MLP width otherwise.
+  constexpr std::uint64_t mlp_activation_width() const noexcept {
+    return moe() ? experts_per_token * expert_intermediate + shared_expert_intermediate : intermediate;
+  }
+  // Parameters of one norm (weight, and bias for LayerNorm).
+  constexpr std::uint64_t norm_tensors() const noexcept {
+    return norm == norm_kind::nonparametric ? 0 : norm == norm_kind::layer ? 2 : 1;
+  }
 
   // Empty when the description is usable, otherwise what is wrong with it.
   constexpr std::string_view problem() const noexcept {
@@ -62,9 +121,13 @@ struct model_config {
     if (heads == 0) return "number of attention heads must be positive";
     if (kv_heads == 0 || heads % kv_heads != 0) return "key/value heads must divide the attention heads";
     if (head_dim == 0) return "head_dim must be positive";
-    if (intermediate == 0) return "intermediate (MLP) size must be positive";
+    if (intermediate == 0 && !moe()) return "intermediate (MLP) size must be positive";
     if (vocab == 0) return "vocabulary size must be positive";
-    if (is_gpt2() && max_positions == 0) return "gpt2-style models need max_positions (n_positions)";
+    if (learned_positions && max_positions == 0) return "learned positions need max_positions (n_positions)";
+    if (moe() && (expert_intermediate == 0 || experts_per_token == 0 || experts_per_token > experts))
+      return "a mixture of experts needs expert_intermediate and 1 <= experts_per_token <= experts";
+    if (moe() && !gated_mlp()) return "experts are gated MLPs";
+    if (norms_per_block == 0) return "a block needs at least one norm";
     return {};
   }
   constexpr bool valid() const noexcept { return problem().empty(); }
@@ -110,21 +173,31 @@ constexpr model_config gpt2_style(std::string_view name, std::uint64_t hidden, s
   m.tied_embeddings = true;
   m.fused_qkv = true;
   m.dropout = true;
+  m.norm = norm_kind::layer;
+  m.qkv_bias = true;
+  m.o_bias = true;
+  m.mlp_bias = true;
+  m.learned_positions = true;
   return m;
 }
 
-// One linear layer of a block: its shape, bias, and which LoRA target names map onto it
-// (a fused qkv projection answers to q, k and v).
+// One linear layer of a block: its shape, bias, which LoRA target names map onto it (a fused qkv
+// projection answers to q, k and v; a router to none), and how many copies a block has (one per expert).
+// `tokens_per_copy_num / tokens_per_copy_den`: the share of a micro-batch's tokens each copy sees on
+// average (experts_per_token / experts for a routed expert, 1 otherwise).
 struct linear_layer {
   module_set modules = 0;
   std::uint64_t in = 0;
   std::uint64_t out = 0;
   bool bias = false;
+  std::uint64_t copies = 1;
+  std::uint64_t tokens_per_copy_num = 1;
+  std::uint64_t tokens_per_copy_den = 1;
   constexpr std::uint64_t weight_elements() const noexcept { return in * out; }
 };
 
 struct block_linears {
-  linear_layer items[7]{};
+  linear_layer items[12]{};
   int count = 0;
 };
 
@@ -139,13 +212,6 @@ constexpr block_linears linears_of(const model_config& m) noexcept {
   const auto gate = static_cast<module_set>(linear_module::gate);
   const auto up = static_cast<module_set>(linear_module::up);
   const auto down = static_cast<module_set>(linear_module::down);
-  if (m.is_gpt2()) {
-    add(qkv, m.hidden, 3 * m.hidden, true);             // c_attn
-    add(o, m.hidden, m.hidden, true);                   // attn.c_proj
-    add(up, m.hidden, m.intermediate, true);            // mlp.c_fc
-    add(down, m.intermediate, m.hidden, true);          // mlp.c_proj
-    return list;
-  }
   if (m.fused_qkv) {
     add(qkv, m.hidden, m.q_width() + 2 * m.kv_width(), m.qkv_bias);
   } else {
@@ -153,14 +219,33 @@ constexpr block_linears linears_of(const model_config& m) noexcept {
     add(static_cast<module_set>(linear_module::k), m.hidden, m.kv_width(), m.qkv_bias);
     add(static_cast<module_set>(linear_module::v), m.hidden, m.kv_width(), m.qkv_bias);
   }
-  add(o, m.q_width(), m.hidden, false);
-  if (m.fused_gate_up) {
-    add(static_cast<module_set>(gate | up), m.hidden, 2 * m.intermediate, false);
+  add(o, m.q_width(), m.hidden, m.o_bias);
+  auto gated_mlp = [&](std::uint64_t width, std::uint64_t copies, std::uint64_t share_num, std::uint64_t share_den) {
+    const auto first = list.count;
+    if (m.fused_gate_up) {
+      add(static_cast<module_set>(gate | up), m.hidden, 2 * width, m.mlp_bias);
+    } else {
+      add(gate, m.hidden, width, m.mlp_bias);
+      add(up, m.hidden, width, m.mlp_bias);
+    }
+    add(down, width, m.hidden, m.mlp_bias);
+    for (int i = first; i < list.count; ++i) {
+      list.items[i].copies = copies;
+      list.items[i].tokens_per_copy_num = share_num;
+      list.items[i].tokens_per_copy_den = share_den;
+    }
+  };
+  if (m.moe()) {
+    add(0, m.hidden, m.experts, false);  // router
+    gated_mlp(m.expert_intermediate, m.experts, m.experts_per_token, m.experts);
+    if (m.shared_expert_intermediate != 0) gated_mlp(m.shared_expert_intermediate, 1, 1, 1);
+    if (m.shared_expert_gate) add(0, m.hidden, 1, false);
+  } else if (m.gated_mlp()) {
+    gated_mlp(m.intermediate, 1, 1, 1);
   } else {
-    add(gate, m.hidden, m.intermediate, false);
-    add(up, m.hidden, m.intermediate, false);
+    add(up, m.hidden, m.intermediate, m.mlp_bias);    // c_fc, fc1, dense_h_to_4h, intermediate.dense
+    add(down, m.intermediate, m.hidden, m.mlp_bias);  // c_proj, fc2, dense_4h_to_h, output.dense
   }
-  add(down, m.intermediate, m.hidden, false);
   return list;
 }
 
@@ -193,20 +278,38 @@ template <class Visitor>
 constexpr void for_each_parameter(const model_config& m, Visitor&& visit) {
   const std::uint64_t L = m.layers;
   visit(parameter_tensor{tensor_role::token_embedding, m.vocab, m.hidden, 1});
-  if (m.is_gpt2()) visit(parameter_tensor{tensor_role::position_embedding, m.max_positions, m.hidden, 1});
-  const std::uint64_t norm_tensors_per_block = m.is_gpt2() ? 4 : 2;  // LayerNorm has a bias
-  visit(parameter_tensor{tensor_role::norm, m.hidden, 1, L * norm_tensors_per_block, 0, true});
+  if (m.learned_positions) visit(parameter_tensor{tensor_role::position_embedding, m.max_positions, m.hidden, 1});
+  if (m.token_types != 0) visit(parameter_tensor{tensor_role::position_embedding, m.token_types, m.hidden, 1});
+  if (m.embedding_norm && m.norm_tensors() != 0)
+    visit(parameter_tensor{tensor_role::norm, m.hidden, 1, m.norm_tensors()});
+  if (m.norm_tensors() != 0)
+    visit(parameter_tensor{tensor_role::norm, m.hidden, 1, L * m.norms_per_block * m.norm_tensors(), 0, true});
+  switch (m.qk_norm) {
+    case qk_norm_kind::none: break;
+    case qk_norm_kind::per_head: visit(parameter_tensor{tensor_role::norm, m.head_dim, 1, 2 * L, 0, true}); break;
+    case qk_norm_kind::full_width:
+      visit(parameter_tensor{tensor_role::norm, m.q_width(), 1, L, 0, true});
+      visit(parameter_tensor{tensor_role::norm, m.kv_width(), 1, L, 0, true});
+      break;
+  }
   const block_linears linears = linears_of(m);
   for (int i = 0; i < linears.count; ++i) {
     const linear_layer& layer = linears.items[i];
-    visit(parameter_tensor{tensor_role::linear_weight, layer.out, layer.in, L, layer.modules, true});
-    if (layer.bias) visit(parameter_tensor{tensor_role::linear_bias, layer.out, 1, L, layer.modules, true});
+    visit(parameter_tensor{tensor_role::linear_weight, layer.out, layer.in, L * layer.copies, layer.modules, true});
+    if (layer.bias)
+      visit(parameter_tensor{tensor_role::linear_bias, layer.out, 1, L * layer.copies, layer.modules, true});
   }
-  visit(parameter_tensor{tensor_role::norm, m.hidden, 1, m.is_gpt2() ? 2u : 1u});  // final norm
+  if (m.final_norm && m.norm_tensors() != 0) visit(parameter_tensor{tensor_role::norm, m.hidden, 1, m.norm_tensors()});
+  if (m.pooler) {
+    visit(parameter_tensor{tensor_role::linear_weight, m.hidden, m.hidden, 1});
+    visit(parameter_tensor{tensor_role::linear_bias, m.hidden, 1, 1});
+  }
   if (!m.tied_embeddings) visit(parameter_tensor{tensor_role::lm_head, m.vocab, m.hidden, 1});
+  if (m.lm_head_bias) visit(parameter_tensor{tensor_role::lm_head, m.vocab, 1, 1});
 }
 
-// LoRA adapters: for each targeted linear, A [r, in] and B [out, r]. A fused linear gets one adapter.
+// LoRA adapters: for each targeted linear, A [r, in] and B [out, r]. A fused linear gets one adapter;
+// every expert gets its own (PEFT wraps each expert's nn.Linear).
 template <class Visitor>
 constexpr void for_each_lora_parameter(const model_config& m, std::uint64_t rank, module_set targets,
                                        Visitor&& visit) {
@@ -214,8 +317,8 @@ constexpr void for_each_lora_parameter(const model_config& m, std::uint64_t rank
   for (int i = 0; i < linears.count; ++i) {
     const linear_layer& layer = linears.items[i];
     if (!contains(targets, layer.modules)) continue;
-    visit(parameter_tensor{tensor_role::lora_a, rank, layer.in, m.layers, layer.modules, true});
-    visit(parameter_tensor{tensor_role::lora_b, layer.out, rank, m.layers, layer.modules, true});
+    visit(parameter_tensor{tensor_role::lora_a, rank, layer.in, m.layers * layer.copies, layer.modules, true});
+    visit(parameter_tensor{tensor_role::lora_b, layer.out, rank, m.layers * layer.copies, layer.modules, true});
   }
 }
 
@@ -223,6 +326,20 @@ constexpr std::uint64_t parameter_count(const model_config& m) {
   std::uint64_t total = 0;
   for_each_parameter(m, [&](const parameter_tensor& t) { total += t.total_elements(); });
   return total;
+}
+
+// Parameters one token passes through: everything except the experts it is not routed to (for a dense
+// model, parameter_count). Mixtral-8x7B: 46.7B in memory, 12.9B active.
+constexpr std::uint64_t active_parameter_count(const model_config& m) {
+  std::uint64_t idle = 0;
+  const block_linears linears = linears_of(m);
+  for (int i = 0; i < linears.count; ++i) {
+    const linear_layer& layer = linears.items[i];
+    if (layer.tokens_per_copy_den == 1) continue;
+    const std::uint64_t idle_copies = layer.copies - layer.copies * layer.tokens_per_copy_num / layer.tokens_per_copy_den;
+    idle += m.layers * idle_copies * (layer.weight_elements() + (layer.bias ? layer.out : 0));
+  }
+  return parameter_count(m) - idle;
 }
 
 constexpr std::uint64_t lora_parameter_count(const model_config& m, std::uint64_t rank, module_set targets) {
