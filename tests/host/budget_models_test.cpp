@@ -113,6 +113,24 @@ TEST_CASE("budget models: every family's parameter count, exact and as published
   }
 }
 
+TEST_CASE("budget models: counts equal transformers' for every config (parameter_counts.txt)") {
+  // count_parameters.py's output: "file<TAB>count" per config, "-" where transformers has no such model.
+  std::istringstream table(slurp(config_path("parameter_counts.txt")));
+  std::string line;
+  int compared = 0;
+  while (std::getline(table, line)) {
+    if (line.empty() || line[0] == '#') continue;
+    const std::size_t tab = line.find('\t');
+    REQUIRE(tab != std::string::npos);
+    const std::string file = line.substr(0, tab), count = line.substr(tab + 1);
+    CAPTURE(file);
+    if (count == "-") continue;
+    CHECK(parameter_count(read_config(file, file)) == std::stoull(count));
+    ++compared;
+  }
+  CHECK(compared >= 32);
+}
+
 TEST_CASE("budget models: BERT's published 110M includes its pre-training heads") {
   // BERT paper (Devlin et al. 2019): BERT-base, 110M. That figure counts BertForPreTraining: the MLM
   // transform (dense h x h with bias, LayerNorm), the MLM decoder's bias (its weight is tied) and the
