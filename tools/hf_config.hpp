@@ -22,8 +22,8 @@ using json_value = memkit::json::value;
 
 // The model_type values model_from_hf_config understands, for the "unsupported" message and the docs.
 inline constexpr const char* supported_model_types =
-    "llama, mistral, mixtral, qwen, qwen2, qwen2_moe, qwen3, qwen3_moe, gemma, gemma2, gemma3_text, phi, phi3, "
-    "gpt2, gpt_neox, stablelm, falcon, olmo, olmo2, olmoe, bert, roberta";
+    "llama, mistral, mixtral, qwen, qwen2, qwen2_moe, qwen3, qwen3_moe, gemma, gemma2, gemma3_text, gemma3, "
+    "phi, phi3, gpt2, gpt_neox, stablelm, falcon, olmo, olmo2, olmoe, bert, roberta";
 
 namespace detail {
 // Every dimension is capped far above any real model (the largest published ones have hidden ~ 2^14,
@@ -202,6 +202,28 @@ inline memkit::budget::model_config model_from_hf_config(const json_value& confi
     m.qkv_bias = m.o_bias = f.flag("attention_bias", false);
     if (type != "gemma") m.norms_per_block = 4;
     if (type == "gemma3_text") m.qk_norm = qk_norm_kind::per_head;
+  } else if (type == "gemma3") {
+    // Gemma 3 4B / 12B / 27B: the Gemma 3 language model (text_config; absent fields take transformers'
+    // Gemma3TextConfig defaults, as the published configs rely on) behind a SigLIP image encoder
+    // (vision_config, SiglipVisionConfig defaults) and a projection into the text width.
+    const json_value* text_config = config.find("text_config");
+    const json_value* vision_config = config.find("vision_config");
+    if (text_config == nullptr || !text_config->is_object() || vision_config == nullptr || !vision_config->is_object())
+      throw memkit::error("config.json (model_type gemma3): text_config and vision_config must be objects");
+    const config_fields t(*text_config, "gemma3 text_config"), v(*vision_config, "gemma3 vision_config");
+    m = llama_style(name, t.optional("hidden_size", 2304, W), t.optional("num_hidden_layers", 26, D),
+                    t.optional("num_attention_heads", 8, H), t.optional("num_key_value_heads", 4, H),
+                    t.optional("intermediate_size", 9216, W), t.optional("vocab_size", 262208, V),
+                    f.flag("tie_word_embeddings", t.flag("tie_word_embeddings", true)),
+                    t.optional("max_position_embeddings", 131072, P), t.optional("head_dim", 256, W));
+    m.mlp = mlp_kind::geglu;
+    m.norms_per_block = 4;
+    m.qk_norm = qk_norm_kind::per_head;
+    m.vision = vision_encoder{v.optional("hidden_size", 768, W), v.optional("num_hidden_layers", 12, D),
+                              v.optional("intermediate_size", 3072, W), v.optional("image_size", 224, P),
+                              v.optional("patch_size", 16, W), v.optional("num_channels", 3, W)};
+    if (v.flag("vision_use_head", false))
+      throw memkit::error("config.json (model_type gemma3): vision_use_head is not modeled by memkit-budget");
   } else if (type == "phi3") {
     m = llama_core(f, name, false);
     m.fused_qkv = true;

@@ -84,6 +84,7 @@ TEST_CASE("budget models: every family's parameter count, exact and as published
       {"gemma-7b.json", 8'537'680'896ull, 8.54e9, 0.01e9, "google/gemma-7b, safetensors 8.54B"},
       {"gemma-2-2b.json", 2'614'341'888ull, 2.61e9, 0.01e9, "google/gemma-2-2b, safetensors 2.61B"},
       {"gemma-3-1b-pt.json", 999'885'952ull, 1.0e9, 0.01e9, "Gemma 3 report, Table 1: 302M embedding + 698M"},
+      {"gemma-3-4b-it.json", 4'300'079'472ull, 4.3e9, 0.1e9, "google/gemma-3-4b-it, safetensors 4.3B"},
       {"phi-2.json", 2'779'683'840ull, 2.78e9, 0.01e9, "microsoft/phi-2, safetensors 2.78B (card: 2.7B)"},
       {"phi-3-mini-4k-instruct.json", 3'821'079'552ull, 3.8e9, 0.1e9, "Phi-3 technical report: 3.8B"},
       {"gpt2.json", 124'439'808ull, 124e6, 1e6, "openai-community/gpt2: 124M"},
@@ -128,7 +129,7 @@ TEST_CASE("budget models: counts equal transformers' for every config (parameter
     CHECK(parameter_count(read_config(file, file)) == std::stoull(count));
     ++compared;
   }
-  CHECK(compared >= 32);
+  CHECK(compared >= 33);
 }
 
 TEST_CASE("budget models: BERT's published 110M includes its pre-training heads") {
@@ -166,6 +167,22 @@ TEST_CASE("budget models: non-embedding counts published exactly") {
     });
     CHECK(rounds_to(parameter_count(m) - embedding, c.published, c.published_unit));
   }
+}
+
+TEST_CASE("budget models: Gemma 3's image encoder is counted apart from its language model") {
+  // Gemma 3 report (Gemma Team 2025), Table 1, 4B: vision encoder 417M, non-embedding 3,209M.
+  const model_config m = read_config("gemma-3-4b-it.json", "gemma-3-4b");
+  model_config text_only = m;
+  text_only.vision = {};
+  const std::uint64_t projector = m.vision.hidden * m.hidden + m.vision.hidden;  // projection and its RMSNorm
+  CHECK(m.vision.patches() == 64 * 64);
+  CHECK(rounds_to(parameter_count(m) - parameter_count(text_only) - projector, 417e6, 1e6));
+  CHECK(rounds_to(parameter_count(text_only) - m.vocab * m.hidden, 3209e6, 1e6));
+  // Absent text_config fields take Gemma3TextConfig's defaults: 8 heads, 4 key/value heads, head_dim 256.
+  CHECK(m.heads == 8);
+  CHECK(m.kv_heads == 4);
+  CHECK(m.head_dim == 256);
+  CHECK(m.vocab == 262208);
 }
 
 TEST_CASE("budget models: mixture of experts holds every expert, routes top-k") {

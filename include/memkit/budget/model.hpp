@@ -51,6 +51,21 @@ constexpr module_set operator|(module_set a, linear_module b) noexcept {
 }
 constexpr bool contains(module_set set, module_set modules) noexcept { return (set & modules) != 0; }
 
+// A ViT image encoder in front of the language model (Gemma 3's SigLIP): conv patch embedding, learned
+// positions, pre-norm blocks with biases everywhere, a final LayerNorm, and a projection (with an RMSNorm)
+// into the language model's width. Its weights are loaded, and counted, for text fine-tuning too.
+struct vision_encoder {
+  std::uint64_t hidden = 0;  // 0: no image encoder
+  std::uint64_t layers = 0;
+  std::uint64_t intermediate = 0;
+  std::uint64_t image_size = 0;
+  std::uint64_t patch_size = 0;
+  std::uint64_t channels = 3;
+  constexpr std::uint64_t patches() const noexcept {
+    return patch_size == 0 ? 0 : (image_size / patch_size) * (image_size / patch_size);
+  }
+};
+
 struct model_config {
   std::string_view name;
   architecture family = architecture::llama;
@@ -95,6 +110,8 @@ struct model_config {
   std::uint64_t shared_expert_intermediate = 0;  // 0: no shared expert
   bool shared_expert_gate = false;
 
+  vision_encoder vision{};
+
   constexpr bool is_gpt2() const noexcept { return family == architecture::gpt2; }
   constexpr bool is_encoder() const noexcept { return family == architecture::encoder; }
   constexpr bool moe() const noexcept { return experts != 0; }
@@ -128,6 +145,8 @@ struct model_config {
       return "a mixture of experts needs expert_intermediate and 1 <= experts_per_token <= experts";
     if (moe() && !gated_mlp()) return "experts are gated MLPs";
     if (norms_per_block == 0) return "a block needs at least one norm";
+    if (vision.hidden != 0 && (vision.layers == 0 || vision.intermediate == 0 || vision.patches() == 0))
+      return "an image encoder needs layers, intermediate size and at least one patch";
     return {};
   }
   constexpr bool valid() const noexcept { return problem().empty(); }
@@ -306,6 +325,22 @@ constexpr void for_each_parameter(const model_config& m, Visitor&& visit) {
   }
   if (!m.tied_embeddings) visit(parameter_tensor{tensor_role::lm_head, m.vocab, m.hidden, 1});
   if (m.lm_head_bias) visit(parameter_tensor{tensor_role::lm_head, m.vocab, 1, 1});
+  if (m.vision.hidden != 0) {
+    const vision_encoder& v = m.vision;
+    const std::uint64_t VL = v.layers;
+    visit(parameter_tensor{tensor_role::linear_weight, v.hidden, v.channels * v.patch_size * v.patch_size, 1});
+    visit(parameter_tensor{tensor_role::linear_bias, v.hidden, 1, 1});
+    visit(parameter_tensor{tensor_role::position_embedding, v.patches(), v.hidden, 1});
+    visit(parameter_tensor{tensor_role::norm, v.hidden, 1, 2 * 2 * VL + 2});  // two LayerNorms a block, the last
+    visit(parameter_tensor{tensor_role::linear_weight, v.hidden, v.hidden, 4 * VL});  // q, k, v, out
+    visit(parameter_tensor{tensor_role::linear_bias, v.hidden, 1, 4 * VL});
+    visit(parameter_tensor{tensor_role::linear_weight, v.intermediate, v.hidden, VL});  // fc1
+    visit(parameter_tensor{tensor_role::linear_bias, v.intermediate, 1, VL});
+    visit(parameter_tensor{tensor_role::linear_weight, v.hidden, v.intermediate, VL});  // fc2
+    visit(parameter_tensor{tensor_role::linear_bias, v.hidden, 1, VL});
+    visit(parameter_tensor{tensor_role::norm, v.hidden, 1, 1});                       // projector's RMSNorm
+    visit(parameter_tensor{tensor_role::linear_weight, m.hidden, v.hidden, 1});       // into the text width
+  }
 }
 
 // LoRA adapters: for each targeted linear, A [r, in] and B [out, r]. A fused linear gets one adapter;

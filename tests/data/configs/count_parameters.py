@@ -26,6 +26,8 @@ def build(config_path):
     with torch.device("meta"):
         if raw["model_type"] in ("bert", "roberta"):
             return transformers.AutoModel.from_config(config)  # the encoder and its pooler
+        if raw["model_type"] == "gemma3":
+            return transformers.Gemma3ForConditionalGeneration(config)  # image encoder + language model
         return transformers.AutoModelForCausalLM.from_config(config)
 
 
