@@ -193,5 +193,9 @@ int main() {
   for (const auto& entry : fs::directory_iterator("tests/data/budget"))
     if (entry.path().filename().string().rfind("bad_", 0) != 0)
       write("hf_config", entry.path().filename().string(), slurp(entry.path().string()));
+  // One real config per supported model family (tests/data/configs/SOURCES).
+  for (const auto& entry : fs::directory_iterator("tests/data/configs"))
+    if (entry.path().extension() == ".json")
+      write("hf_config", "family_" + entry.path().filename().string(), slurp(entry.path().string()));
   return 0;
 }
