@@ -19,9 +19,7 @@
 #include <memkit/memkit.hpp>
 
 #include "llama/model.hpp"
-#include "llama/plain_attention.hpp"
 #include "llama/nf4_lora.hpp"
-#include "llama/plain_loss.hpp"
 #include "llama/report.hpp"
 #include "llama/text.hpp"
 
@@ -47,15 +45,12 @@ tensor_view<T> none() {
   return {nullptr, shape{0}, memkit::memory_kind::host};
 }
 
-// Which attention, loss and LoRA layer this build runs (printed at start).
-using attention_impl = llama::plain_attention_policy;
-namespace loss_impl = llama::plain_loss;
-constexpr const char* loss_description = llama::plain_loss::description;
+// The LoRA layer over an NF4 base (printed at start).
 using lora_linear_impl = llama::nf4_lora_linear<act_t>;
 using adapter_t = lora_linear_impl::adapter_type;  // the element type of the LoRA factors
 
-using pretrain_model = llama::causal_lm<act_t, llama::dense_linear<act_t>, attention_impl>;
-using finetune_model = llama::causal_lm<act_t, lora_linear_impl, attention_impl>;
+using pretrain_model = llama::causal_lm<act_t, llama::dense_linear<act_t>>;
+using finetune_model = llama::causal_lm<act_t, lora_linear_impl>;
 
 // ---- the configuration, checked at compile time ----------------------------------------------------------
 constexpr std::int64_t default_hidden = 128, default_layers = 4, default_heads = 4, default_kv_heads = 2,
@@ -271,8 +266,8 @@ resources make_resources(memkit::tracking_resource& tracker, int threads) {
   return {tracker, m, tracker.category(memory_category::activations), tracker.category(memory_category::other)};
 }
 
-loss_impl::cross_entropy_options loss_options(const options& opt) {
-  loss_impl::cross_entropy_options o;
+memkit::loss::cross_entropy_options loss_options(const options& opt) {
+  memkit::loss::cross_entropy_options o;
   o.host_threads = opt.threads;
   const std::int64_t tokens = opt.loss_chunk_tokens > 0 ? opt.loss_chunk_tokens : opt.batch * opt.seq;
   o.chunk_bytes = static_cast<std::size_t>(tokens * opt.model.vocab) * sizeof(float);  // fp32 logits held at once
@@ -313,7 +308,7 @@ float train_micro_batch(Model& model, Stack& stack, step_buffers& b, memkit::act
   model.embed.forward(memkit::host, std::as_const(b.ids).view(), b.h0.view());
   stack.forward(memkit::host, ctx, std::as_const(b.h0).view(), b.hn.view(), store);
   const tensor_view<float> d_head = model.head.trains() ? model.head.grad.view() : none<float>();
-  loss_impl::fused_linear_cross_entropy(
+  memkit::loss::fused_linear_cross_entropy(
       memkit::host, std::as_const(b.hn).view().reshaped(shape{tokens, h}), std::as_const(model.head.value).view(),
       std::as_const(b.targets).view(), b.loss.view(), b.dhn.view().reshaped(shape{tokens, h}), d_head,
       loss_options(o), *model.memory.workspace);
@@ -346,7 +341,7 @@ double validation_loss(Model& model, const llama::text_dataset& data, step_buffe
     model.final_norm.forward(memkit::host, ctx, tensor_view<const act_t>(x, in, memkit::memory_kind::host),
                              tensor_view<act_t>(y, in, memkit::memory_kind::host), store);
     store.clear();
-    loss_impl::fused_linear_cross_entropy(
+    memkit::loss::fused_linear_cross_entropy(
         memkit::host, tensor_view<const act_t>(y, shape{tokens, h}, memkit::memory_kind::host),
         std::as_const(model.head.value).view(), std::as_const(b.targets).view(), b.loss.view(), none<act_t>(), none<float>(),
         loss_options(o), *model.memory.workspace);
@@ -438,10 +433,10 @@ std::uint64_t activation_peak(const Model& model, const Stack& stack, const opti
 template <class Model>
 std::uint64_t workspace_peak(const Model& model, const options& o) {
   const shape in{o.batch, o.seq, model.config.hidden};
-  loss_impl::workspace_query query;
+  memkit::loss::workspace_query query;
   query.head_grad = model.head.trains();
   query.hidden_grad = true;
-  std::uint64_t peak = loss_impl::workspace_bytes<act_t, memkit::bf16>(o.batch * o.seq, model.config.hidden,
+  std::uint64_t peak = memkit::loss::workspace_bytes<act_t, memkit::bf16>(o.batch * o.seq, model.config.hidden,
                                                                          model.config.vocab, loss_options(o), query);
   for (const auto& block : model.blocks) peak = std::max<std::uint64_t>(peak, block.workspace_bytes(in));
   return peak;
@@ -759,7 +754,9 @@ int main(int argc, char** argv) {
               "quant::save_linear4bit, tracking_resource\n",
               o.checkpointing ? "a checkpoint per block" : "no checkpointing",
               o.adam32 ? "float> in stage 1, adam_state<int8, 256" : "int8, 256", o.max_grad_norm);
-  std::printf("attention: %s\nloss:      %s\nLoRA:      %s\n", attention_impl::description, loss_description,
+  std::printf("attention: memkit::attention (FlashAttention-style, causal GQA)\nloss:      "
+              "memkit::loss::fused_linear_cross_entropy (chunks of %lld tokens)\nLoRA:      %s\n",
+              static_cast<long long>(o.loss_chunk_tokens > 0 ? o.loss_chunk_tokens : o.batch * o.seq),
               lora_linear_impl::description);
   std::int64_t parameters = 2 * o.model.vocab * o.model.hidden + (2 * o.model.layers + 1) * o.model.hidden;
   for (std::int64_t i = 0; i < o.model.layers; ++i)
