@@ -52,7 +52,9 @@ TEST_CASE("attention cuda build: the CUDA entry points reject bad arguments befo
                        doctest::Contains("must divide"), memkit::error);
   // The device needs no forward workspace and only delta in backward.
   CHECK(att::forward_workspace_bytes(2, 8, 2, 1000, 64, 2, o, true) == 0);
-  CHECK(att::backward_workspace_bytes(2, 8, 2, 1000, 64, 2, o, true) == 2 * 8 * 1008 * sizeof(float));
+  // delta holds one float per row of all B * Hq * S rows, the count rounded up to 16.
+  CHECK(att::backward_workspace_bytes(2, 8, 2, 1000, 64, 2, o, true) == 2 * 8 * 1000 * sizeof(float));
+  CHECK(att::backward_workspace_bytes(1, 3, 1, 7, 64, 2, o, true) == 32 * sizeof(float));
 }
 
 namespace {
