@@ -19,9 +19,7 @@
 #include <memkit/memkit.hpp>
 
 #include "llama/model.hpp"
-#include "llama/plain_attention.hpp"
 #include "llama/nf4_lora.hpp"
-#include "llama/plain_loss.hpp"
 #include "llama/report.hpp"
 #include "llama/text.hpp"
 
@@ -47,15 +45,12 @@ tensor_view<T> none() {
   return {nullptr, shape{0}, memkit::memory_kind::host};
 }
 
-// Which attention, loss and LoRA layer this build runs (printed at start).
-using attention_impl = llama::plain_attention_policy;
-namespace loss_impl = llama::plain_loss;
-constexpr const char* loss_description = llama::plain_loss::description;
+// The LoRA layer over an NF4 base (printed at start).
 using lora_linear_impl = llama::nf4_lora_linear<act_t>;
 using adapter_t = lora_linear_impl::adapter_type;  // the element type of the LoRA factors
 
-using pretrain_model = llama::causal_lm<act_t, llama::dense_linear<act_t>, attention_impl>;
-using finetune_model = llama::causal_lm<act_t, lora_linear_impl, attention_impl>;
+using pretrain_model = llama::causal_lm<act_t, llama::dense_linear<act_t>>;
+using finetune_model = llama::causal_lm<act_t, lora_linear_impl>;
 
 // ---- the configuration, checked at compile time ----------------------------------------------------------
 constexpr std::int64_t default_hidden = 128, default_layers = 4, default_heads = 4, default_kv_heads = 2,
@@ -196,16 +191,86 @@ struct memory_prediction {
   std::uint64_t total = 0;  // the peak of the sum
 };
 
-categories measured_peaks(const memkit::tracking_resource& tracker) {
-  categories c;
-  for (int i = 0; i < memkit::memory_category_count; ++i)
-    c.bytes[i] = tracker.stats(static_cast<memory_category>(i)).peak_bytes;
-  return c;
-}
+// Every allocation of the run goes through one tracking_resource, a resource per category. The meter puts
+// a probe in front of each category's resource that copies every category's current bytes whenever the
+// total reaches its peak, so the report can also say what each category held at that moment: the category
+// peaks need not coincide, and memory_budget predicts the breakdown at the peak moment.
+class memory_meter {
+ public:
+  memkit::tracking_resource tracker{memkit::default_host_resource(), "train_llama"};
 
-// memory_budget's estimate of the same model and plan, without the GPU-only terms (CUDA context, cuBLAS
-// workspace, allocator rounding), mapped onto the tracker's categories.
-categories budget_estimate(const options& o, bool qlora) {
+  memory_meter() {
+    for (int i = 0; i < memkit::memory_category_count; ++i) probes_[i].init(*this, static_cast<memory_category>(i));
+  }
+  memory_meter(const memory_meter&) = delete;
+  memory_meter& operator=(const memory_meter&) = delete;
+
+  memkit::memory_resource& category(memory_category c) { return probes_[static_cast<int>(c)]; }
+  void reset_peak() {
+    tracker.reset_peak();
+    phase_ = "setup";
+    snapshot();
+  }
+  categories peaks() const {
+    categories c;
+    for (int i = 0; i < memkit::memory_category_count; ++i)
+      c.bytes[i] = tracker.stats(static_cast<memory_category>(i)).peak_bytes;
+    return c;
+  }
+  const categories& at_peak() const { return at_peak_; }
+  // What the run is doing (set by the training loop), recorded with the snapshot at the peak.
+  void set_phase(const char* phase) { phase_ = phase; }
+  const char* phase_at_peak() const { return phase_at_peak_; }
+
+ private:
+  class probe final : public memkit::memory_resource {
+   public:
+    void init(memory_meter& meter, memory_category c) {
+      meter_ = &meter;
+      category_ = c;
+    }
+    memkit::memory_kind kind() const noexcept override { return meter_->tracker.kind(); }
+    const char* name() const noexcept override { return memkit::to_string(category_); }
+
+   protected:
+    void* do_allocate(std::size_t bytes, std::size_t alignment) override {
+      void* p = meter_->tracker.category(category_).allocate(bytes, alignment);
+      if (meter_->tracker.current_bytes() == meter_->tracker.peak_bytes()) meter_->snapshot();
+      return p;
+    }
+    void do_deallocate(void* p, std::size_t bytes, std::size_t alignment) noexcept override {
+      meter_->tracker.category(category_).deallocate(p, bytes, alignment);
+    }
+
+   private:
+    memory_meter* meter_ = nullptr;
+    memory_category category_ = memory_category::other;
+  };
+
+  void snapshot() {
+    for (int i = 0; i < memkit::memory_category_count; ++i)
+      at_peak_.bytes[i] = tracker.stats(static_cast<memory_category>(i)).current_bytes;
+    phase_at_peak_ = phase_;
+  }
+
+  probe probes_[memkit::memory_category_count];
+  categories at_peak_;
+  const char* phase_ = "setup";
+  const char* phase_at_peak_ = "setup";
+};
+
+// memory_budget's prediction of the same model and plan: the breakdown at its peak moment, mapped onto the
+// tracker's categories, and the peak.
+struct budget_prediction {
+  categories at_peak;
+  std::uint64_t peak = 0;
+  const char* column = "";       // the table's column header
+  const char* description = "";  // what the column is
+};
+
+// memory_budget v1 (PyTorch's conventions), without the GPU-only terms (CUDA context, cuBLAS workspace,
+// allocator rounding): shown for comparison.
+budget_prediction budget_estimate(const options& o, bool qlora) {
   const budget::model_config m = budget::llama_style("memkit-example", static_cast<std::uint64_t>(o.model.hidden),
                                                      static_cast<std::uint64_t>(o.model.layers),
                                                      static_cast<std::uint64_t>(o.model.heads),
@@ -225,54 +290,71 @@ categories budget_estimate(const options& o, bool qlora) {
   p.overhead.workspace_bytes = 0;
   p.overhead.allocation_granularity = 1;
   const budget::memory_estimate e = budget::estimate_memory(m, p);
-  categories c;
+  budget_prediction b;
+  b.column = "budget v1";
+  b.description = "memory_budget v1 with PyTorch's conventions: its estimate of the same model and plan at its\n"
+                  "   peak moment, GPU-only terms removed, shown for comparison";
+  categories& c = b.at_peak;
   c[memory_category::weights] = e.device[budget::category::weights];
   c[memory_category::gradients] = e.device[budget::category::gradients];
   c[memory_category::optimizer_state] = e.device[budget::category::optimizer_state] + e.device[budget::category::master_weights];
   c[memory_category::activations] = e.device[budget::category::activations] + e.device[budget::category::logits];
   c[memory_category::workspace] = e.device[budget::category::workspace];
-  return c;
+  b.peak = c.total();
+  return b;
 }
 
-void print_memory_table(const char* title, const memory_prediction& predicted, const memkit::tracking_resource& tracker,
-                        const categories& budget_view) {
-  const categories measured = measured_peaks(tracker);
-  std::printf("\n%s: memory predicted before allocating vs measured by the tracking_resource (peaks)\n", title);
-  std::printf("  %-16s %14s %14s %9s   %s\n", "category", "predicted", "measured", "error", "memory_budget v1");
+double percent_error(std::uint64_t predicted, std::uint64_t measured) {
+  return measured ? (double(predicted) - double(measured)) / double(measured) * 100.0 : 0.0;
+}
+
+// Two comparisons per category: each category's own peak, predicted from the components' size functions
+// before allocating vs measured; and the breakdown at the moment of the total peak, measured vs memory_budget.
+void print_memory_table(const char* title, const memory_prediction& predicted, const memory_meter& meter,
+                        const budget_prediction& budget_view) {
+  const categories peaks = meter.peaks(), at_peak = meter.at_peak();
+  const std::uint64_t peak = meter.tracker.peak_bytes();
+  std::printf("\n%s: memory, bytes tracked by the tracking_resource\n", title);
+  std::printf("  %-16s %-32s | %s\n", "", "each category's own peak", "at the moment of the total peak");
+  std::printf("  %-16s %11s %11s %8s | %11s %11s %8s\n", "category", "predicted", "measured", "error", "measured",
+              budget_view.column, "error");
   for (int i = 0; i < memkit::memory_category_count; ++i) {
     const auto c = static_cast<memory_category>(i);
-    if (predicted.peak[c] == 0 && measured[c] == 0) continue;
-    const double error = measured[c] ? (double(predicted.peak[c]) - double(measured[c])) / double(measured[c]) * 100.0 : 0.0;
-    std::printf("  %-16s %14s %14s %8.2f%%   %s\n", memkit::to_string(c), memkit::format_bytes(predicted.peak[c]).c_str(),
-                memkit::format_bytes(measured[c]).c_str(), error, memkit::format_bytes(budget_view[c]).c_str());
+    if (predicted.peak[c] == 0 && peaks[c] == 0) continue;
+    std::printf("  %-16s %11s %11s %7.2f%% | %11s %11s %7.2f%%\n", memkit::to_string(c),
+                memkit::format_bytes(predicted.peak[c]).c_str(), memkit::format_bytes(peaks[c]).c_str(),
+                percent_error(predicted.peak[c], peaks[c]), memkit::format_bytes(at_peak[c]).c_str(),
+                memkit::format_bytes(budget_view.at_peak[c]).c_str(), percent_error(budget_view.at_peak[c], at_peak[c]));
   }
-  const double error = (double(predicted.total) - double(tracker.peak_bytes())) / double(tracker.peak_bytes()) * 100.0;
-  std::printf("  %-16s %14s %14s %8.2f%%   %s\n", "total at peak", memkit::format_bytes(predicted.total).c_str(),
-              memkit::format_bytes(tracker.peak_bytes()).c_str(), error, memkit::format_bytes(budget_view.total()).c_str());
-  std::printf("  (predicted: from the components' own size functions; memory_budget v1: its estimate of the same\n"
-              "   model and plan with PyTorch's conventions, GPU-only terms removed, shown for comparison)\n");
+  std::printf("  %-16s %11s %11s %7.2f%% | %11s %11s %7.2f%%\n", "total at peak", memkit::format_bytes(predicted.total).c_str(),
+              memkit::format_bytes(peak).c_str(), percent_error(predicted.total, peak), memkit::format_bytes(peak).c_str(),
+              memkit::format_bytes(budget_view.peak).c_str(), percent_error(budget_view.peak, peak));
+  std::printf("  (the total peak was reached in: %s)\n", meter.phase_at_peak());
+  std::printf("  (predicted: from the components' own size functions, the total as the sum of the category peaks;\n"
+              "   %s)\n", budget_view.description);
 }
 
 // ---- one stage's training loop -------------------------------------------------------------------------
 struct resources {
-  memkit::tracking_resource& tracker;
+  memory_meter& meter;
+  memkit::tracking_resource& tracker;  // read only: every allocation goes through the meter's probes
   llama::memory_resources model;
   memkit::memory_resource& activations;
   memkit::memory_resource& other;
 };
 
-resources make_resources(memkit::tracking_resource& tracker, int threads) {
+resources make_resources(memory_meter& meter, int threads) {
   llama::memory_resources m;
-  m.weights = &tracker.category(memory_category::weights);
-  m.gradients = &tracker.category(memory_category::gradients);
-  m.optimizer = &tracker.category(memory_category::optimizer_state);
-  m.workspace = &tracker.category(memory_category::workspace);
+  m.weights = &meter.category(memory_category::weights);
+  m.gradients = &meter.category(memory_category::gradients);
+  m.optimizer = &meter.category(memory_category::optimizer_state);
+  m.workspace = &meter.category(memory_category::workspace);
   m.host_threads = threads;
-  return {tracker, m, tracker.category(memory_category::activations), tracker.category(memory_category::other)};
+  return {meter, meter.tracker, m, meter.category(memory_category::activations), meter.category(memory_category::other)};
 }
 
-loss_impl::cross_entropy_options loss_options(const options& opt) {
-  loss_impl::cross_entropy_options o;
+memkit::loss::cross_entropy_options loss_options(const options& opt) {
+  memkit::loss::cross_entropy_options o;
   o.host_threads = opt.threads;
   const std::int64_t tokens = opt.loss_chunk_tokens > 0 ? opt.loss_chunk_tokens : opt.batch * opt.seq;
   o.chunk_bytes = static_cast<std::size_t>(tokens * opt.model.vocab) * sizeof(float);  // fp32 logits held at once
@@ -308,15 +390,18 @@ auto make_stack(Model& model, bool checkpointing) {
 // Forward, loss, backward of one micro-batch through the checkpointed stack; returns the loss.
 template <class Model, class Stack>
 float train_micro_batch(Model& model, Stack& stack, step_buffers& b, memkit::activation_store& store,
-                        const memkit::forward_context& ctx, const options& o) {
+                        const memkit::forward_context& ctx, const options& o, memory_meter& meter) {
   const std::int64_t tokens = o.batch * o.seq, h = model.config.hidden;
+  meter.set_phase("forward");
   model.embed.forward(memkit::host, std::as_const(b.ids).view(), b.h0.view());
   stack.forward(memkit::host, ctx, std::as_const(b.h0).view(), b.hn.view(), store);
   const tensor_view<float> d_head = model.head.trains() ? model.head.grad.view() : none<float>();
-  loss_impl::fused_linear_cross_entropy(
+  meter.set_phase("loss");
+  memkit::loss::fused_linear_cross_entropy(
       memkit::host, std::as_const(b.hn).view().reshaped(shape{tokens, h}), std::as_const(model.head.value).view(),
       std::as_const(b.targets).view(), b.loss.view(), b.dhn.view().reshaped(shape{tokens, h}), d_head,
       loss_options(o), *model.memory.workspace);
+  meter.set_phase("backward");
   stack.backward(memkit::host, std::as_const(b.dhn).view(), b.dh0.view(), store);
   if (model.embed.weight.trains()) model.embed.backward(memkit::host, std::as_const(b.ids).view(), std::as_const(b.dh0).view());
   return b.loss.data()[0];
@@ -328,6 +413,7 @@ template <class Model>
 double validation_loss(Model& model, const llama::text_dataset& data, step_buffers& b, const resources& r,
                        const options& o) {
   const std::int64_t tokens = o.batch * o.seq, h = model.config.hidden;
+  r.meter.set_phase("validation");
   memkit::activation_store store(r.activations);
   const memkit::forward_context ctx{o.seed, 0, false};
   double total = 0.0;
@@ -346,7 +432,7 @@ double validation_loss(Model& model, const llama::text_dataset& data, step_buffe
     model.final_norm.forward(memkit::host, ctx, tensor_view<const act_t>(x, in, memkit::memory_kind::host),
                              tensor_view<act_t>(y, in, memkit::memory_kind::host), store);
     store.clear();
-    loss_impl::fused_linear_cross_entropy(
+    memkit::loss::fused_linear_cross_entropy(
         memkit::host, tensor_view<const act_t>(y, shape{tokens, h}, memkit::memory_kind::host),
         std::as_const(model.head.value).view(), std::as_const(b.targets).view(), b.loss.view(), none<act_t>(), none<float>(),
         loss_options(o), *model.memory.workspace);
@@ -370,6 +456,7 @@ struct stage_result {
   std::int64_t tokens = 0;
   std::uint64_t measured_peak = 0, predicted_peak = 0;
   categories measured, predicted;
+  budget_prediction budget;
 };
 
 // Runs `steps` optimizer steps of `accum` micro-batches. `step_optimizer(lr, scale)` applies one AdamW step.
@@ -390,11 +477,12 @@ void run_stage(int stage, Model& model, Stack& stack, const llama::text_dataset&
       data.training_batch(o.seed + static_cast<std::uint64_t>(stage), static_cast<std::uint64_t>(step * o.accum + micro),
                           o.batch, b.ids.data(), b.targets.data());
       const memkit::forward_context ctx{o.seed, static_cast<std::uint64_t>(step * o.accum + micro), true};
-      step_loss += train_micro_batch(model, stack, b, store, ctx, o);
+      step_loss += train_micro_batch(model, stack, b, store, ctx, o, r.meter);
       accumulation.add();
     }
     step_loss /= static_cast<double>(o.accum);
     const float lr = learning_rate(peak_lr, step, steps);
+    r.meter.set_phase("optimizer step");
     step_optimizer(lr, accumulation.step_scale());
     accumulation.reset();
     losses.push_back(step_loss);
@@ -438,10 +526,10 @@ std::uint64_t activation_peak(const Model& model, const Stack& stack, const opti
 template <class Model>
 std::uint64_t workspace_peak(const Model& model, const options& o) {
   const shape in{o.batch, o.seq, model.config.hidden};
-  loss_impl::workspace_query query;
+  memkit::loss::workspace_query query;
   query.head_grad = model.head.trains();
   query.hidden_grad = true;
-  std::uint64_t peak = loss_impl::workspace_bytes<act_t, memkit::bf16>(o.batch * o.seq, model.config.hidden,
+  std::uint64_t peak = memkit::loss::workspace_bytes<act_t, memkit::bf16>(o.batch * o.seq, model.config.hidden,
                                                                          model.config.vocab, loss_options(o), query);
   for (const auto& block : model.blocks) peak = std::max<std::uint64_t>(peak, block.workspace_bytes(in));
   return peak;
@@ -457,11 +545,11 @@ void save_pretrained(pretrain_model& model, const std::string& path) {
 }
 
 template <class AdamState>
-stage_result pretrain(const options& o, memkit::tracking_resource& tracker, std::vector<llama::step_record>& records) {
-  const resources r = make_resources(tracker, o.threads);
+stage_result pretrain(const options& o, memory_meter& meter, std::vector<llama::step_record>& records) {
+  const resources r = make_resources(meter, o.threads);
   const llama::trainability mode = o.rounding ? llama::trainability::bf16_rounding : llama::trainability::bf16_master;
   const llama::text_dataset data(o.data_dir + "/shakespeare.txt", o.seq);
-  tracker.reset_peak();
+  meter.reset_peak();
 
   // Parameters: their sizes first, for the prediction and the optimizer.
   std::vector<shape> shapes{shape{o.model.vocab, o.model.hidden}};
@@ -535,11 +623,12 @@ stage_result pretrain(const options& o, memkit::tracking_resource& tracker, std:
   result.validation_after = validation_loss(model, data, buffers, r, o);
   std::printf("validation loss after:  %.4f   (last step: %s)\n", result.validation_after,
               adam.report(memkit::host).to_string().c_str());
-  result.measured = measured_peaks(tracker);
+  result.measured = meter.peaks();
   result.predicted = predicted.peak;
-  result.measured_peak = tracker.peak_bytes();
+  result.measured_peak = meter.tracker.peak_bytes();
   result.predicted_peak = predicted.total;
-  print_memory_table("stage 1", predicted, tracker, budget_estimate(o, false));
+  result.budget = budget_estimate(o, false);
+  print_memory_table("stage 1", predicted, meter, result.budget);
   save_pretrained(model, o.out_dir + "/pretrained.safetensors");
   return result;
 }
@@ -658,10 +747,10 @@ struct finetune_outcome {
   std::string sample;
 };
 
-finetune_outcome finetune(const options& o, memkit::tracking_resource& tracker, std::vector<llama::step_record>& records) {
-  const resources r = make_resources(tracker, o.threads);
+finetune_outcome finetune(const options& o, memory_meter& meter, std::vector<llama::step_record>& records) {
+  const resources r = make_resources(meter, o.threads);
   const llama::text_dataset data(o.data_dir + "/austen.txt", o.seq);
-  tracker.reset_peak();
+  meter.reset_peak();
   finetune_outcome outcome;
   stage_result& result = outcome.result;
 
@@ -721,11 +810,12 @@ finetune_outcome finetune(const options& o, memkit::tracking_resource& tracker, 
   result.validation_after = validation_loss(*model, data, buffers, r, o);
   std::printf("validation loss after:  %.4f   (last step: %s)\n", result.validation_after,
               adam.report(memkit::host).to_string().c_str());
-  result.measured = measured_peaks(tracker);
+  result.measured = meter.peaks();
   result.predicted = predicted.peak;
-  result.measured_peak = tracker.peak_bytes();
+  result.measured_peak = meter.tracker.peak_bytes();
   result.predicted_peak = predicted.total;
-  print_memory_table("stage 2", predicted, tracker, budget_estimate(o, true));
+  result.budget = budget_estimate(o, true);
+  print_memory_table("stage 2", predicted, meter, result.budget);
 
   // Save: the adapter as PEFT writes it, the base as bitsandbytes' 4-bit checkpoint; reload both into a
   // fresh model and compare the validation loss.
@@ -759,7 +849,9 @@ int main(int argc, char** argv) {
               "quant::save_linear4bit, tracking_resource\n",
               o.checkpointing ? "a checkpoint per block" : "no checkpointing",
               o.adam32 ? "float> in stage 1, adam_state<int8, 256" : "int8, 256", o.max_grad_norm);
-  std::printf("attention: %s\nloss:      %s\nLoRA:      %s\n", attention_impl::description, loss_description,
+  std::printf("attention: memkit::attention (FlashAttention-style, causal GQA)\nloss:      "
+              "memkit::loss::fused_linear_cross_entropy (chunks of %lld tokens)\nLoRA:      %s\n",
+              static_cast<long long>(o.loss_chunk_tokens > 0 ? o.loss_chunk_tokens : o.batch * o.seq),
               lora_linear_impl::description);
   std::int64_t parameters = 2 * o.model.vocab * o.model.hidden + (2 * o.model.layers + 1) * o.model.hidden;
   for (std::int64_t i = 0; i < o.model.layers; ++i)
@@ -769,11 +861,11 @@ int main(int argc, char** argv) {
   std::printf("memory_budget (compile-time check against a %s): this recipe at the default size needs %s on a GPU\n",
               std::string(budget::presets::t4.name).c_str(), memkit::format_bytes(plan.peak_device_bytes).c_str());
 
-  memkit::tracking_resource tracker(memkit::default_host_resource(), "train_llama");
+  memory_meter meter;
   std::vector<llama::step_record> records;
-  const stage_result s1 = o.adam32 ? pretrain<memkit::adam_state<float>>(o, tracker, records)
-                                   : pretrain<memkit::adam_state<std::int8_t, 256>>(o, tracker, records);
-  const finetune_outcome s2 = finetune(o, tracker, records);
+  const stage_result s1 = o.adam32 ? pretrain<memkit::adam_state<float>>(o, meter, records)
+                                   : pretrain<memkit::adam_state<std::int8_t, 256>>(o, meter, records);
+  const finetune_outcome s2 = finetune(o, meter, records);
 
   std::printf("\nsample after stage 2 (temperature 0.8):\n----\n%s\n----\n", s2.sample.c_str());
 

@@ -4,7 +4,7 @@
 //   y = h + down(silu(gate(n2)) * up(n2))                       n2 = mlp_norm(h)
 //
 // Linear is the projection (dense_linear in pretraining, a LoRA layer over an NF4 base in fine-tuning);
-// Attention supplies forward/backward on [B, H, S, D] (memkit's attention, or the example's stand-in).
+// Attention is memkit's (memkit/attention/flash_attention.hpp): causal, grouped-query, on [B, H, S, D].
 // The block is a memkit::layer, so checkpoint_segment can drop its activations and recompute them. Its
 // sub-layers save into the same activation store in forward order and take back in reverse order; the
 // block itself saves q, k, v, the attention output and log-sum-exp in the [B, H, S, D] layout attention
@@ -13,6 +13,8 @@
 #pragma once
 
 #include "layers.hpp"
+
+#include <memkit/attention/flash_attention.hpp>
 
 #include <algorithm>
 #include <cstdint>
@@ -60,10 +62,10 @@ void add(tensor_view<const T> a, tensor_view<const T> b, tensor_view<T> out) {
 }
 }  // namespace detail
 
-template <class T, class Linear, class Attention>
+template <class T, class Linear>
 struct decoder_block {
   using value_type = T;
-  using attention_options = typename Attention::options;
+  using attention_options = memkit::attention::attention_options;
 
   model_config config;
   rms_norm<T> attn_norm, mlp_norm;
@@ -115,9 +117,9 @@ struct decoder_block {
     const std::size_t linears = std::max({q.workspace_bytes(in), k.workspace_bytes(in), v.workspace_bytes(in),
                                           o.workspace_bytes(qs), gate.workspace_bytes(in), up.workspace_bytes(in),
                                           down.workspace_bytes(fs)});
-    const std::size_t fwd = Attention::forward_workspace_bytes(B, config.heads, config.kv_heads, S, config.head_dim,
+    const std::size_t fwd = memkit::attention::forward_workspace_bytes(B, config.heads, config.kv_heads, S, config.head_dim,
                                                                sizeof(T), attention());
-    const std::size_t bwd = Attention::backward_workspace_bytes(B, config.heads, config.kv_heads, S, config.head_dim,
+    const std::size_t bwd = memkit::attention::backward_workspace_bytes(B, config.heads, config.kv_heads, S, config.head_dim,
                                                                 sizeof(T), attention());
     return std::max(forward_scratch_bytes(in) + std::max(linears, fwd), backward_scratch_bytes(in) + std::max(linears, bwd));
   }
@@ -147,7 +149,7 @@ struct decoder_block {
     detail::split_heads(vb.data(), vh.data(), B, S, Hkv, D);
     tensor_view<T> out = store.save<T>(shape{B, Hq, S, D});
     tensor_view<float> lse = store.save<float>(shape{B, Hq, S});
-    Attention::forward(exec, tensor_view<const T>(qh), tensor_view<const T>(kh), tensor_view<const T>(vh), out, lse,
+    memkit::attention::forward<T>(exec, tensor_view<const T>(qh), tensor_view<const T>(kh), tensor_view<const T>(vh), out, lse,
                        attention(), *memory.workspace);
     tensor_view<T> o_in = scratch.take<T>(shape{B, S, q_width()});
     detail::merge_heads(out.data(), o_in.data(), B, S, Hq, D);
@@ -201,7 +203,7 @@ struct decoder_block {
     tensor_view<T> dqh = scratch.take<T>(shape{B, Hq, S, D});
     tensor_view<T> dkh = scratch.take<T>(shape{B, Hkv, S, D});
     tensor_view<T> dvh = scratch.take<T>(shape{B, Hkv, S, D});
-    Attention::backward(exec, qh.view(), kh.view(), vh.view(), out.view(), lse.view(), tensor_view<const T>(dout), dqh,
+    memkit::attention::backward<T>(exec, qh.view(), kh.view(), vh.view(), out.view(), lse.view(), tensor_view<const T>(dout), dqh,
                         dkh, dvh, attention(), *memory.workspace);
     tensor_view<T> dq = scratch.take<T>(shape{B, S, q_width()});
     tensor_view<T> dk = scratch.take<T>(shape{B, S, kv_width()});

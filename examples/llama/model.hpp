@@ -1,6 +1,6 @@
 // examples/llama/model.hpp — the whole decoder: embedding, blocks, final norm, LM head.
 //
-// causal_lm<T, Linear, Attention> owns its parameters (module paths as Hugging Face's LlamaForCausalLM
+// causal_lm<T, Linear> owns its parameters (module paths as Hugging Face's LlamaForCausalLM
 // names them, so the saved files read like a transformers checkpoint) and hands out what a training loop
 // needs: the layer stack for checkpoint_segment (blocks, then the final norm), the head, the embedding.
 // The rotary table is a constant of the model and lives with the weights.
@@ -30,9 +30,9 @@ inline std::vector<projection> projections_of(const model_config& c, std::int64_
           {p + ".mlp.down_proj", f, h}};
 }
 
-template <class T, class Linear, class Attention>
+template <class T, class Linear>
 struct causal_lm {
-  using block_type = decoder_block<T, Linear, Attention>;
+  using block_type = decoder_block<T, Linear>;
   // make_linear(projection, block index, projection index) builds one projection.
   using linear_maker = std::function<Linear(const projection&, std::int64_t, int)>;
 

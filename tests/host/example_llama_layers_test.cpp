@@ -1,8 +1,8 @@
 // The main example's model pieces (examples/llama): gradients against central finite differences, the
 // saved bytes and workspace each layer states, and a checkpointed stack against the plain one.
 #include "../../examples/llama/block.hpp"
-#include "../../examples/llama/plain_attention.hpp"
-#include "../../examples/llama/plain_loss.hpp"
+
+#include <memkit/loss/fused_linear_cross_entropy.hpp>
 
 #include <memkit/checkpoint/segment.hpp>
 #include <memkit/memory/tracking.hpp>
@@ -17,7 +17,7 @@ namespace {
 
 using memkit::shape;
 using memkit::tensor_view;
-using block_f = llama::decoder_block<float, llama::dense_linear<float>, llama::plain_attention_policy>;
+using block_f = llama::decoder_block<float, llama::dense_linear<float>>;
 
 llama::model_config small_config() {
   llama::model_config c;
@@ -186,24 +186,24 @@ TEST_CASE("example llama: checkpointed blocks give the plain stack's gradients b
   for (std::int64_t i = 0; i < a.block.q.weight.size(); ++i) REQUIRE(a.block.q.weight.grad.data()[i] == b.block.q.weight.grad.data()[i]);
 }
 
-TEST_CASE("example llama: the chunked linear cross-entropy matches a direct computation") {
+TEST_CASE("example llama: memkit's fused linear cross-entropy, chunked as the example runs it, matches a direct computation") {
   const std::int64_t N = 7, H = 5, V = 11;
   const std::vector<float> hidden = random_vector(N * H, 41, 1.0f);
   const std::vector<float> head_f = random_vector(V * H, 42, 1.0f);
   std::vector<llama::bf16> head(head_f.size());
   for (std::size_t i = 0; i < head.size(); ++i) head[i] = memkit::from_float<llama::bf16>(head_f[i]);
   const std::vector<std::int32_t> targets{3, -100, 0, 10, 5, 5, 1};
-  llama::plain_loss::cross_entropy_options options;
+  memkit::loss::cross_entropy_options options;
   options.chunk_bytes = 3 * V * 4;  // 3 rows per chunk
   options.host_threads = 1;
   float loss = 0;
   std::vector<float> d_hidden(N * H), d_head(V * H, 0.0f);
   memkit::tracking_resource tracker(memkit::default_host_resource());
-  llama::plain_loss::fused_linear_cross_entropy<float, llama::bf16>(
+  memkit::loss::fused_linear_cross_entropy(
       memkit::host, memkit::host_view(hidden.data(), shape{N, H}), memkit::host_view(std::as_const(head).data(), shape{V, H}),
       memkit::host_view(targets.data(), shape{N}), memkit::host_view(&loss, shape{1}),
       memkit::host_view(d_hidden.data(), shape{N, H}), memkit::host_view(d_head.data(), shape{V, H}), options, tracker);
-  CHECK(tracker.peak_bytes() == llama::plain_loss::workspace_bytes<float, llama::bf16>(N, H, V, options));
+  CHECK(tracker.peak_bytes() == memkit::loss::workspace_bytes<float, llama::bf16>(N, H, V, options));
   auto direct = [&](const std::vector<float>& hs) {
     double total = 0;
     int counted = 0;
