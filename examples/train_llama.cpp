@@ -95,7 +95,7 @@ static_assert(memkit::fits(budget::presets::smollm2_360m, gpu_scale_plan, budget
 struct options {
   llama::model_config model;
   std::int64_t batch = default_batch, seq = default_seq, accum = default_accum;
-  std::int64_t pretrain_steps = 150, finetune_steps = 80;
+  std::int64_t pretrain_steps = 300, finetune_steps = 160;
   std::int64_t lora_rank = 8;
   float lora_alpha = 16.0f;
   float pretrain_lr = 3e-3f, finetune_lr = 2e-3f, max_grad_norm = 1.0f;
