@@ -83,10 +83,12 @@ class quantized_tensor {
                                    memory_resource& resource, const char* name = "weight") {
     checked(options, "quantized_tensor::quantize");
     require_accessible(exec, input, "quantized_tensor::quantize", "input");
+    // The check reads the input once more than quantize_into (whose quantization checks in its single pass),
+    // so that a rejected input costs no allocation.
     if constexpr (!E::on_device)
       detail::require_finite_host(input.data(), input.size(), options.block_size, "quantized_tensor::quantize", name);
     quantized_tensor result(resource, input.shape(), options);
-    result.quantize_checked(exec, input, resource, name, !E::on_device);  // checked above: one pass, not two
+    result.quantize_checked(exec, input, resource, name, "quantized_tensor::quantize");
     return result;
   }
 
@@ -96,23 +98,23 @@ class quantized_tensor {
   void quantize_into(const E& exec, tensor_view<Input> input, memory_resource& workspace, const char* name = "weight") {
     require(input.shape() == shape_, std::string("quantized_tensor::quantize_into: input has shape ") +
                                          to_string(input.shape()) + " but the tensor has shape " + to_string(shape_));
-    quantize_checked(exec, input, workspace, name, false);
+    quantize_checked(exec, input, workspace, name, "quantized_tensor::quantize_into");
   }
 
  private:
-  // quantize_into; `input_checked`: quantize() has already checked the input's finiteness on the host.
+  // quantize_into; `operation` names the caller in errors.
   template <executor E, class Input>
   void quantize_checked(const E& exec, tensor_view<Input> input, memory_resource& workspace, const char* name,
-                        bool input_checked) {
+                        const char* operation) {
     if (!options_.double_quant) {
       detail::quantize_blockwise_checked(exec, F, input, options_.block_size, codes_.view(), absmax_.view(), name,
-                                         signed_dynamic_table, input_checked);
+                                         signed_dynamic_table, operation, 1);
       return;
     }
     const std::int64_t blocks = block_count(numel(), options_.block_size);
     buffer<float> first_level(workspace, shape{blocks});
     detail::quantize_blockwise_checked(exec, F, input, options_.block_size, codes_.view(), first_level.view(), name,
-                                       signed_dynamic_table, input_checked);
+                                       signed_dynamic_table, operation, 1);
     // first_level is released at the end of this scope: stream-ordered with device_async_resource; a plain
     // device_resource frees with cudaFree, which waits for the device.
     quantize_scales(exec, std::as_const(first_level).view(), nested_codes_.view(), nested_group_absmax(),
