@@ -180,6 +180,9 @@ row_result evaluate(const json::value& row, const std::string& budget, const std
   r.link = link_of(row);
   r.model = row.at("model").as_string();
   r.metric_name = row.at("metric").as_string();
+  const std::string metric_text = r.metric_name;
+  if (const json::value* assumed = row.find("metric_assumed"); assumed != nullptr && assumed->as_bool())
+    r.metric_name += " (assumed)";  // the source does not say which memory it measured
   r.unit = row.at("unit").as_string();
   r.measured = row.at("measured").as_double();
 
@@ -188,7 +191,7 @@ row_result evaluate(const json::value& row, const std::string& budget, const std
   check_flag(row, flags, "sequence", "--seq");
   check_flag(row, flags, "grad_accum", "--grad-accum");
   const json::value out = ask(row, flags, budget, root);
-  r.predicted = static_cast<double>(predicted_bytes(out, parse_metric(r.metric_name))) / unit_bytes(r.unit);
+  r.predicted = static_cast<double>(predicted_bytes(out, parse_metric(metric_text))) / unit_bytes(r.unit);
   r.error = r.predicted / r.measured - 1.0;
   r.run = describe_run(row, std::to_string(row.at("micro_batch").as_int()) + " x " +
                                 std::to_string(row.at("sequence").as_int()));
