@@ -102,7 +102,7 @@ std::string percent(double error) {
 }
 
 struct row_result {
-  std::string id, link, model, run, metric_name, unit;
+  std::string id, link, source, method, model, run, metric_name, unit;
   double measured = 0, predicted = 0, error = 0;
 };
 
@@ -184,6 +184,7 @@ row_result evaluate(const json::value& row, const std::string& budget, const std
   row_result r;
   r.id = row.at("id").as_string();
   r.link = link_of(row);
+  r.source = row.at("source").as_string();
   r.model = row.at("model").as_string();
   r.metric_name = row.at("metric").as_string();
   const std::string metric_text = r.metric_name;
@@ -193,6 +194,9 @@ row_result evaluate(const json::value& row, const std::string& budget, const std
   r.measured = row.at("measured").as_double();
 
   const std::vector<std::string> flags = flags_of(row);
+  r.method = "full";  // memkit-budget's default
+  for (std::size_t i = 0; i + 1 < flags.size(); ++i)
+    if (flags[i] == "--method") r.method = flags[i + 1];
   check_flag(row, flags, "micro_batch", "--batch");
   check_flag(row, flags, "sequence", "--seq");
   check_flag(row, flags, "grad_accum", "--grad-accum");
@@ -311,6 +315,23 @@ std::string generate(const std::vector<row_result>& rows, const std::vector<cont
     errors.emplace_back(r.id, r.error);
   }
   md << "\n" << summary_line(summarize(errors), "runs") << "\n";
+  // The same by source and by method, in the order they first appear.
+  auto breakdown_table = [&](const char* heading, std::string row_result::*key) {
+    std::vector<std::string> groups;
+    for (const row_result& r : rows)
+      if (std::find(groups.begin(), groups.end(), r.*key) == groups.end()) groups.push_back(r.*key);
+    md << "\n| " << heading << " | runs | median absolute error | worst | low / high |\n|---|---|---|---|---|\n";
+    for (const std::string& group : groups) {
+      std::vector<std::pair<std::string, double>> of_group;
+      for (const row_result& r : rows)
+        if (r.*key == group) of_group.emplace_back(r.id, r.error);
+      const summary s = summarize(of_group);
+      md << "| " << group << " | " << s.n << " | " << fixed(100 * s.median, 1) << "% | " << percent(s.worst) << " | "
+         << s.below << " / " << s.above << " |\n";
+    }
+  };
+  breakdown_table("source", &row_result::source);
+  breakdown_table("memkit-budget --method", &row_result::method);
   if (!contexts.empty()) {
     md << "\nLongest context that trained on a GPU of the stated memory. At that length the run's peak was just "
           "within the GPU, so the error is memkit's prediction there against the GPU's memory; memkit's own longest "
