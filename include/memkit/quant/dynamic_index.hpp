@@ -192,41 +192,79 @@ __attribute__((target("avx512f"))) inline __m512i search_step_avx512(__m512i c, 
   return _mm512_mask_add_epi32(c, _mm512_cmp_ps_mask(x, probe, _CMP_GT_OQ), c, _mm512_set1_epi32(s));
 }
 
-// dynamic_code_index's binary search (search_tables), 16 values per step: the probes come from registers
-// (one to eight permutes per step), so no value waits on a table load.
+// The search for U vectors of 16 values at once, step by step: one vector's steps form a chain of dependent
+// permutes and compares (~80 cycles), so independent vectors are interleaved to keep the ports busy.
+struct search_registers {
+  __m512 middle, t64, t32, t16, t8, t4a, t4b, t2[4], t1[8];
+};
+
+template <int U>
+__attribute__((target("avx512f,avx512bw,avx512dq"))) inline void search_codes_avx512(const search_registers& r,
+                                                                                   const __m512 (&x)[U],
+                                                                                   __m512i (&c)[U]) noexcept {
+  const __m512i bit5 = _mm512_set1_epi32(32), bit6 = _mm512_set1_epi32(64);
+#pragma GCC unroll 4
+  for (int u = 0; u < U; ++u)
+    c[u] = _mm512_maskz_mov_epi32(_mm512_cmp_ps_mask(x[u], r.middle, _CMP_GT_OQ), _mm512_set1_epi32(128));
+#pragma GCC unroll 4
+  for (int u = 0; u < U; ++u)
+    c[u] = search_step_avx512(c[u], x[u], _mm512_maskz_permutexvar_ps(0xffff, _mm512_maskz_srli_epi32(0xffff, c[u], 7), r.t64), 64);
+#pragma GCC unroll 4
+  for (int u = 0; u < U; ++u)
+    c[u] = search_step_avx512(c[u], x[u], _mm512_maskz_permutexvar_ps(0xffff, _mm512_maskz_srli_epi32(0xffff, c[u], 6), r.t32), 32);
+#pragma GCC unroll 4
+  for (int u = 0; u < U; ++u)
+    c[u] = search_step_avx512(c[u], x[u], _mm512_maskz_permutexvar_ps(0xffff, _mm512_maskz_srli_epi32(0xffff, c[u], 5), r.t16), 16);
+#pragma GCC unroll 4
+  for (int u = 0; u < U; ++u)
+    c[u] = search_step_avx512(c[u], x[u], _mm512_maskz_permutexvar_ps(0xffff, _mm512_maskz_srli_epi32(0xffff, c[u], 4), r.t8), 8);
+#pragma GCC unroll 4
+  for (int u = 0; u < U; ++u)
+    c[u] = search_step_avx512(c[u], x[u], _mm512_permutex2var_ps(r.t4a, _mm512_maskz_srli_epi32(0xffff, c[u], 3), r.t4b), 4);
+#pragma GCC unroll 4
+  for (int u = 0; u < U; ++u) {
+    const __m512i j = _mm512_maskz_srli_epi32(0xffff, c[u], 2);  // 0..63: bit 5 picks the half
+    c[u] = search_step_avx512(c[u], x[u],
+                              _mm512_mask_blend_ps(_mm512_test_epi32_mask(j, bit5), _mm512_permutex2var_ps(r.t2[0], j, r.t2[1]),
+                                                   _mm512_permutex2var_ps(r.t2[2], j, r.t2[3])),
+                              2);
+  }
+#pragma GCC unroll 4
+  for (int u = 0; u < U; ++u) {
+    const __m512i j = _mm512_maskz_srli_epi32(0xffff, c[u], 1);  // 0..127: bits 5 and 6 pick the quarter
+    const __mmask16 b5 = _mm512_test_epi32_mask(j, bit5);
+    const __m512 low = _mm512_mask_blend_ps(b5, _mm512_permutex2var_ps(r.t1[0], j, r.t1[1]), _mm512_permutex2var_ps(r.t1[2], j, r.t1[3]));
+    const __m512 high = _mm512_mask_blend_ps(b5, _mm512_permutex2var_ps(r.t1[4], j, r.t1[5]), _mm512_permutex2var_ps(r.t1[6], j, r.t1[7]));
+    c[u] = search_step_avx512(c[u], x[u], _mm512_mask_blend_ps(_mm512_test_epi32_mask(j, bit6), low, high), 1);
+  }
+}
+
+// dynamic_code_index's binary search (search_tables): the probes come from registers (one to eight permutes
+// per step), so no value waits on a table load; 64 values per round, as four interleaved searches.
 __attribute__((target("avx512f,avx512bw,avx512dq"))) inline std::int64_t dynamic_codes_search_avx512(
     const dynamic_code_index& index, const float* values, float inverse, std::int64_t count, std::uint8_t* codes) noexcept {
   const float* t = index.search_tables.data();
-  const __m512 scale = _mm512_set1_ps(inverse), middle = _mm512_set1_ps(index.search_middle);
-  const __m512 t64 = _mm512_loadu_ps(t), t32 = _mm512_loadu_ps(t + 16), t16 = _mm512_loadu_ps(t + 32),
-               t8 = _mm512_loadu_ps(t + 48), t4a = _mm512_loadu_ps(t + 64), t4b = _mm512_loadu_ps(t + 80);
-  __m512 t2[4], t1[8];
-  for (int k = 0; k < 4; ++k) t2[k] = _mm512_loadu_ps(t + 96 + 16 * k);
-  for (int k = 0; k < 8; ++k) t1[k] = _mm512_loadu_ps(t + 160 + 16 * k);
-  const __m512i bit5 = _mm512_set1_epi32(32), bit6 = _mm512_set1_epi32(64);
+  search_registers r;
+  r.middle = _mm512_set1_ps(index.search_middle);
+  r.t64 = _mm512_loadu_ps(t), r.t32 = _mm512_loadu_ps(t + 16), r.t16 = _mm512_loadu_ps(t + 32);
+  r.t8 = _mm512_loadu_ps(t + 48), r.t4a = _mm512_loadu_ps(t + 64), r.t4b = _mm512_loadu_ps(t + 80);
+  for (int k = 0; k < 4; ++k) r.t2[k] = _mm512_loadu_ps(t + 96 + 16 * k);
+  for (int k = 0; k < 8; ++k) r.t1[k] = _mm512_loadu_ps(t + 160 + 16 * k);
+  const __m512 scale = _mm512_set1_ps(inverse);
   std::int64_t e = 0;
+  for (; e + 64 <= count; e += 64) {
+    __m512 x[4];
+    __m512i c[4];
+    for (int u = 0; u < 4; ++u) x[u] = _mm512_mul_ps(_mm512_loadu_ps(values + e + 16 * u), scale);
+    search_codes_avx512<4>(r, x, c);
+    for (int u = 0; u < 4; ++u)
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + e + 16 * u), _mm512_maskz_cvtepi32_epi8(0xffff, c[u]));
+  }
   for (; e + 16 <= count; e += 16) {
-    const __m512 x = _mm512_mul_ps(_mm512_loadu_ps(values + e), scale);
-    __m512i c = _mm512_maskz_mov_epi32(_mm512_cmp_ps_mask(x, middle, _CMP_GT_OQ), _mm512_set1_epi32(128));
-    c = search_step_avx512(c, x, _mm512_maskz_permutexvar_ps(0xffff, _mm512_maskz_srli_epi32(0xffff, c, 7), t64), 64);
-    c = search_step_avx512(c, x, _mm512_maskz_permutexvar_ps(0xffff, _mm512_maskz_srli_epi32(0xffff, c, 6), t32), 32);
-    c = search_step_avx512(c, x, _mm512_maskz_permutexvar_ps(0xffff, _mm512_maskz_srli_epi32(0xffff, c, 5), t16), 16);
-    c = search_step_avx512(c, x, _mm512_maskz_permutexvar_ps(0xffff, _mm512_maskz_srli_epi32(0xffff, c, 4), t8), 8);
-    c = search_step_avx512(c, x, _mm512_permutex2var_ps(t4a, _mm512_maskz_srli_epi32(0xffff, c, 3), t4b), 4);
-    {
-      const __m512i j = _mm512_maskz_srli_epi32(0xffff, c, 2);  // 0..63: bit 5 picks the half
-      c = search_step_avx512(c, x, _mm512_mask_blend_ps(_mm512_test_epi32_mask(j, bit5), _mm512_permutex2var_ps(t2[0], j, t2[1]),
-                                _mm512_permutex2var_ps(t2[2], j, t2[3])),
-           2);
-    }
-    {
-      const __m512i j = _mm512_maskz_srli_epi32(0xffff, c, 1);  // 0..127: bits 5 and 6 pick the quarter
-      const __mmask16 b5 = _mm512_test_epi32_mask(j, bit5);
-      const __m512 low = _mm512_mask_blend_ps(b5, _mm512_permutex2var_ps(t1[0], j, t1[1]), _mm512_permutex2var_ps(t1[2], j, t1[3]));
-      const __m512 high = _mm512_mask_blend_ps(b5, _mm512_permutex2var_ps(t1[4], j, t1[5]), _mm512_permutex2var_ps(t1[6], j, t1[7]));
-      c = search_step_avx512(c, x, _mm512_mask_blend_ps(_mm512_test_epi32_mask(j, bit6), low, high), 1);
-    }
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + e), _mm512_maskz_cvtepi32_epi8(0xffff, c));
+    __m512 x[1] = {_mm512_mul_ps(_mm512_loadu_ps(values + e), scale)};
+    __m512i c[1];
+    search_codes_avx512<1>(r, x, c);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + e), _mm512_maskz_cvtepi32_epi8(0xffff, c[0]));
   }
   return e;
 }
