@@ -4,10 +4,13 @@
 // on free), written next to each case.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
 #include <memkit/budget/allocator.hpp>
+#include <memkit/budget/fits.hpp>
+#include <memkit/budget/planner.hpp>
 #include <memkit/memory/buffer.hpp>
 #include <memkit/memory/tracking.hpp>
 
@@ -199,4 +202,126 @@ TEST_CASE("budget allocator: the memkit model is exactly what tracking_resource 
   caching_allocator_model torch;
   for (std::uint64_t b : sizes) torch.allocate(b);
   CHECK(torch.reserved_bytes() > model.peak_reserved_bytes());
+}
+
+namespace {
+// A few plans across the estimator's paths: full and LoRA, 16-bit and NF4, checkpointing, ZeRO, offload.
+std::vector<training_plan> sample_plans() {
+  std::vector<training_plan> plans;
+  plans.push_back(training_plan{.micro_batch = 2, .sequence = 1024});
+  plans.push_back(training_plan{.precision = precision_mode::bf16, .optimizer = optimizer_kind::adamw_8bit,
+                                .micro_batch = 4, .sequence = 512, .checkpoint = checkpointing::every_layer});
+  plans.push_back(training_plan{.training = method::lora, .weights = {weight_format::nf4, 64, true},
+                                .micro_batch = 1, .sequence = 2048, .grad_accum = 4,
+                                .checkpoint = checkpointing::every_layer, .logits = logits_mode::chunked});
+  plans.push_back(training_plan{.training = method::lora, .lora = {32, linear_module::q | linear_module::v, true},
+                                .micro_batch = 2, .sequence = 512, .logits = logits_mode::half});
+  plans.push_back(training_plan{.micro_batch = 1, .sequence = 4096, .gpus = 8, .zero_stage = 3});
+  plans.push_back(training_plan{.placement = optimizer_placement::host, .offload_parameters = true,
+                                .micro_batch = 1, .sequence = 1024, .gpus = 2, .zero_stage = 2});
+  return plans;
+}
+}  // namespace
+
+TEST_CASE("budget metrics: allocated <= reserved, device - reserved is the context and NCCL, every phase") {
+  for (const model_config& m : {presets::llama_3_1_8b, presets::qwen2_5_0_5b, presets::gpt2_124m, presets::gemma_2b}) {
+    for (const training_plan& plan : sample_plans()) {
+      CAPTURE(m.name);
+      CAPTURE(plan.micro_batch);
+      CAPTURE(plan.gpus);
+      const memory_estimate e = estimate_memory(m, plan);
+      if (!e.valid()) {  // GPT-2's learned positions stop at 1024 tokens
+        CHECK(m.is_gpt2());
+        continue;
+      }
+      const std::uint64_t outside = plan.overhead.cuda_context_bytes + (plan.gpus > 1 ? plan.overhead.nccl_bytes : 0);
+      memory_figures most{};
+      for (int i = 0; i < step_phase_count; ++i) {
+        const memory_figures& f = e.figures[i];
+        const breakdown& b = e.phases[i];
+        const std::uint64_t tensors = b.total() - b[category::overhead];
+        CHECK(f.allocated >= tensors);                  // the tensors, plus unsplit tails
+        CHECK(f.allocated - tensors < 64 * MiB * m.layers);  // a tail is under 1 MiB per large block
+        CHECK(f.reserved >= f.allocated);
+        CHECK(f.device - f.reserved == outside);
+        CHECK(b.total() == f.device);
+        if (i > 0) CHECK(f.reserved >= e.figures[i - 1].reserved);  // the cache only grows within a step
+        most.allocated = std::max(most.allocated, f.allocated);
+        most.reserved = std::max(most.reserved, f.reserved);
+        most.device = std::max(most.device, f.device);
+      }
+      CHECK(e.peak.allocated == most.allocated);
+      CHECK(e.peak.reserved == most.reserved);
+      CHECK(e.peak.device == most.device);
+      CHECK(e.peak_device_bytes == e.peak.device);
+      CHECK(e.device.total() == e.peak_device_bytes);
+      CHECK(e.figures[static_cast<int>(e.peak_phase)].device == e.peak.device);
+    }
+  }
+}
+
+TEST_CASE("budget metrics: the reserved slack of a hand-countable plan") {
+  // GPT-2 124M, full fp32 training with SGD and momentum, no context or workspace. Its parameter tensors in
+  // fp32: wte 50257x768 (147.2 MiB -> a 148 MiB segment, 0.77 MiB tail: unsplit, so allocated), wpe
+  // 1024x768 (3 MiB), per block c_attn 768x2304 (6.75 MiB), c_fc and c_proj 768x3072 (9 MiB), attn c_proj
+  // 768x768 (2.25 MiB): all 1..10 MiB, packed into 20 MiB segments; biases and LayerNorm weights small.
+  // In the optimizer step every copy (weights, gradients, momentum) has the same mix, so the step's
+  // reserved is three times one copy's packing, each pool rounded once.
+  constexpr overhead_settings none{.cuda_context_bytes = 0, .nccl_bytes = 0, .workspace_bytes = 0,
+                                   .allocation_granularity = 512, .fragmentation_percent = 0};
+  const training_plan plan{.precision = precision_mode::fp32, .optimizer = optimizer_kind::sgd_momentum,
+                           .micro_batch = 1, .sequence = 64, .overhead = none};
+  const memory_estimate e = estimate_memory(presets::gpt2_124m, plan);
+  const memory_figures& step = e.figures[static_cast<int>(step_phase::optimizer_step)];
+  // Counted by hand from the shapes.
+  std::uint64_t small = 0, packed = 0, large = 0, large_segments = 0;
+  auto add = [&](std::uint64_t elements, std::uint64_t count) {
+    const std::uint64_t bytes = torch_caching::round_size(4 * elements);
+    if (bytes <= MiB) small += bytes * count;
+    else if (bytes < 10 * MiB) packed += bytes * count;
+    else {
+      large += bytes * count;
+      large_segments += (bytes + 2 * MiB - 1) / (2 * MiB) * (2 * MiB) * count;
+    }
+  };
+  add(50257 * 768, 1);
+  add(1024 * 768, 1);
+  add(768 * 2304, 12);
+  add(2304, 12);
+  add(768 * 768, 12);
+  add(768 * 3072, 24);
+  add(3072, 12);
+  add(768, 12 * 6 + 2);  // attn.c_proj and mlp.c_proj biases, ln_1 and ln_2 weights and biases; ln_f
+  const std::uint64_t copies = 3;
+  auto whole = [](std::uint64_t bytes, std::uint64_t segment) { return (bytes + segment - 1) / segment * segment; };
+  const std::uint64_t reserved = whole(copies * small, 2 * MiB) + whole(copies * packed, 20 * MiB) + copies * large_segments;
+  const std::uint64_t tails = copies * (large_segments - large);
+  CHECK(step.allocated == copies * (small + packed + large) + tails);
+  CHECK(step.reserved == reserved);
+}
+
+TEST_CASE("budget metrics: fits and the searches compare the figure asked for") {
+  const model_config& m = presets::llama_3_2_1b;
+  const training_plan plan{.micro_batch = 4, .sequence = 2048, .checkpoint = checkpointing::every_layer};
+  const memory_estimate e = estimate_memory(m, plan);
+  REQUIRE(e.peak.allocated < e.peak.reserved);
+  REQUIRE(e.peak.reserved < e.peak.device);
+  // A GPU between the allocated and the device figure: fits by allocated, not by device (the default).
+  const gpu_spec between{"between", (e.peak.reserved + e.peak.device) / 2};
+  CHECK_FALSE(check_fit(m, plan, between).fits);
+  CHECK_FALSE(fits(m, plan, between));
+  CHECK(check_fit(m, plan, between, metric::allocated).fits);
+  CHECK(check_fit(m, plan, between, metric::reserved).fits);
+  CHECK(check_fit(m, plan, between).shortfall_bytes() == e.peak.device - between.memory_bytes);
+  CHECK(max_micro_batch(m, plan, between, 1u << 20, metric::allocated) >=
+        max_micro_batch(m, plan, between, 1u << 20, metric::device));
+  CHECK(max_micro_batch(m, plan, between, 1u << 20, metric::allocated) >= 4);
+  CHECK(max_micro_batch(m, plan, between) < 4);
+  CHECK(max_sequence(m, plan, between, metric::allocated) >= 2048);
+  CHECK(max_sequence(m, plan, between) < 2048);
+  // Still constant expressions.
+  constexpr memory_estimate c = estimate_memory(presets::smollm2_135m, training_plan{.micro_batch = 1, .sequence = 256});
+  static_assert(c.peak.allocated <= c.peak.reserved && c.peak.reserved <= c.peak.device);
+  static_assert(c.peak.device - c.peak.reserved == training_plan{}.overhead.cuda_context_bytes);
+  static_assert(fits(presets::smollm2_135m, training_plan{.micro_batch = 1, .sequence = 256}, presets::t4));
 }

@@ -49,8 +49,8 @@ TEST_CASE("budget: LitGPT config-hub runs next to their published peaks") {
   };
   const module_set qv = linear_module::q | linear_module::v;
   const published runs[] = {
-      {presets::llama_2_7b, false, qv, 32, 2, 4, false, 19.77, 19.59},
-      {presets::llama_2_7b, true, qv, 32, 2, 4, false, 13.68, 11.63},
+      {presets::llama_2_7b, false, qv, 32, 2, 4, false, 19.77, 19.64},
+      {presets::llama_2_7b, true, qv, 32, 2, 4, false, 13.68, 11.75},
       {presets::llama_3_1_8b, false, qv, 32, 1, 8, false, 19.73, 19.96},
       {presets::llama_3_1_8b, true, qv, 32, 2, 4, false, 17.41, 14.75},
       {presets::mistral_7b, false, qv, 32, 2, 4, false, 20.66, 20.82},

@@ -112,6 +112,7 @@ struct pool_usage {
   double small = 0;         // of which in the small pool
   double packed = 0;        // of which 1..10 MiB, in 20 MiB segments
   double own_segments = 0;  // the segments of the >= 10 MiB requests
+  double unsplit = 0;       // of which tails of at most 1 MiB, not split off: counted as allocated
 
   constexpr void add(std::uint64_t bytes, std::uint64_t count = 1) noexcept {
     const std::uint64_t size = torch_caching::round_size(bytes);
@@ -120,7 +121,11 @@ struct pool_usage {
     rounded += n * static_cast<double>(size);
     if (torch_caching::is_small(size)) small += n * static_cast<double>(size);
     else if (size < torch_caching::min_large_alloc) packed += n * static_cast<double>(size);
-    else own_segments += n * static_cast<double>(torch_caching::segment_size(size));
+    else {
+      const std::uint64_t segment = torch_caching::segment_size(size);
+      own_segments += n * static_cast<double>(segment);
+      if (!torch_caching::should_split(segment, size, false)) unsplit += n * static_cast<double>(segment - size);
+    }
   }
   // Adds `factor` times another profile: the same mix of tensors, scaled to other bytes.
   constexpr void add_scaled(const pool_usage& other, double factor) noexcept {
@@ -128,6 +133,7 @@ struct pool_usage {
     small += factor * other.small;
     packed += factor * other.packed;
     own_segments += factor * other.own_segments;
+    unsplit += factor * other.unsplit;
   }
   // Scaled so that `rounded` becomes `bytes` (nothing when the profile is empty).
   constexpr void add_as(const pool_usage& profile, std::uint64_t bytes) noexcept {
@@ -142,6 +148,8 @@ struct pool_usage {
     const std::uint64_t r = reserved(), a = up(rounded);
     return r > a ? r - a : 0;
   }
+  // The part of the slack PyTorch counts as allocated (unsplit tails of large segments).
+  constexpr std::uint64_t unsplit_tails() const noexcept { return up(unsplit); }
 
  private:
   static constexpr std::uint64_t up(double x) noexcept {
