@@ -48,13 +48,23 @@ metric parse_metric(const std::string& text) {
   throw failure("metric must be allocated, reserved or device, got '" + text + "'");
 }
 
-// memkit-budget's prediction of `m`, from its --json output. memkit-budget reports one device peak today,
-// CUDA context included; the live-tensor figure is that peak less the context ("overhead"), and reserved
-// is not modelled apart from allocated yet (fragmentation 0%), so it is the same figure.
+const char* metric_key(metric m) {
+  switch (m) {
+    case metric::allocated: return "allocated";
+    case metric::reserved: return "reserved";
+    case metric::device: return "device";
+  }
+  return "?";
+}
+
+// memkit-budget's prediction of `m`, from its --json output: the "peak" object's figure for the metric
+// (allocated, reserved, device). A memkit-budget that predates those figures reports one device peak with
+// the CUDA context in "overhead"; then allocated and reserved are that peak less the context.
 std::uint64_t predicted_bytes(const json::value& out, metric m) {
-  const auto peak = static_cast<std::uint64_t>(out.at("peak_device_bytes").as_int());
+  if (const json::value* peak = out.find("peak")) return static_cast<std::uint64_t>(peak->at(metric_key(m)).as_int());
+  const auto device = static_cast<std::uint64_t>(out.at("peak_device_bytes").as_int());
   const auto context = static_cast<std::uint64_t>(out.at("breakdown").at("overhead").as_int());
-  return m == metric::device ? peak : peak - context;
+  return m == metric::device ? device : device - context;
 }
 
 double unit_bytes(const std::string& unit) {
