@@ -103,14 +103,16 @@ constexpr bool should_split(std::uint64_t block, std::uint64_t rounded, bool sma
 //   small pool        requests of at most 1 MiB, packed into 2 MiB segments;
 //   large, packed     requests over 1 MiB and under 10 MiB, packed into 20 MiB segments;
 //   large, own        requests of 10 MiB and more: one segment each, rounded up to 2 MiB.
-// Packing is counted as perfect (each pool's sum rounded up to whole segments). A replay of the same
-// requests differs by less than one request per segment: more where a request does not fit the tail of
-// a segment, less where a mid-size request lands in the split-off tail of a large request's segment
-// (tests/host/budget_metrics_test.cpp). Sums are doubles: exact for integers below 2^53 bytes (8 PiB).
+// A request of r bytes in a pool of S-byte segments counts as its share of a segment filled with requests
+// of its own size, S / floor(S / r) (an 8 MiB request: 10 MiB, since two fit a 20 MiB segment), and each
+// pool's sum is rounded up to whole segments. That is exact for requests of one size, the common case of
+// a transformer's repeated shapes; where smaller requests fill the tails a replay holds less, by less than
+// one request per segment (tests/host/budget_metrics_test.cpp compares both on real shapes: within 3%).
+// Sums are doubles: exact for integers below 2^53 bytes (8 PiB).
 struct pool_usage {
   double rounded = 0;       // the requests after round_size
-  double small = 0;         // of which in the small pool
-  double packed = 0;        // of which 1..10 MiB, in 20 MiB segments
+  double small = 0;         // the small pool's requests, each as its share of a 2 MiB segment
+  double packed = 0;        // the 1..10 MiB requests, each as its share of a 20 MiB segment
   double own_segments = 0;  // the segments of the >= 10 MiB requests
   double unsplit = 0;       // of which tails of at most 1 MiB, not split off: counted as allocated
 
@@ -119,8 +121,8 @@ struct pool_usage {
     if (size == 0 || count == 0) return;
     const double n = static_cast<double>(count);
     rounded += n * static_cast<double>(size);
-    if (torch_caching::is_small(size)) small += n * static_cast<double>(size);
-    else if (size < torch_caching::min_large_alloc) packed += n * static_cast<double>(size);
+    if (torch_caching::is_small(size)) small += n * share(size, torch_caching::small_buffer);
+    else if (size < torch_caching::min_large_alloc) packed += n * share(size, torch_caching::large_buffer);
     else {
       const std::uint64_t segment = torch_caching::segment_size(size);
       own_segments += n * static_cast<double>(segment);
@@ -152,6 +154,10 @@ struct pool_usage {
   constexpr std::uint64_t unsplit_tails() const noexcept { return up(unsplit); }
 
  private:
+  // A segment of `segment` bytes holds floor(segment / size) requests of `size`.
+  static constexpr double share(std::uint64_t size, std::uint64_t segment) noexcept {
+    return static_cast<double>(segment) / static_cast<double>(segment / size);
+  }
   static constexpr std::uint64_t up(double x) noexcept {
     const auto v = static_cast<std::uint64_t>(x);
     return static_cast<double>(v) < x ? v + 1 : v;
