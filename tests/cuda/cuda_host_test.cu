@@ -7,6 +7,7 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <type_traits>
 
 static_assert(MEMKIT_HAS_CUDA == 1, "nvcc must switch the CUDA paths on");
 
@@ -71,7 +72,7 @@ TEST_CASE("MEMKIT_CUDA_CHECK: a failed call throws cuda_error naming the call, f
 
 TEST_CASE("cuda_executor: refuses pageable host memory, accepts device, managed and pinned memory") {
   float value = 0.0f;
-  const memkit::cuda_executor gpu{};
+  const memkit::cuda_executor gpu = memkit::cuda_executor::legacy_default_stream();
   const auto view_in = [&](memkit::memory_kind kind) { return memkit::tensor_view<float>(&value, {1}, kind); };
   CHECK_NOTHROW(memkit::require_accessible(gpu, view_in(memkit::memory_kind::device), "op", "x"));
   CHECK_NOTHROW(memkit::require_accessible(gpu, view_in(memkit::memory_kind::managed), "op", "x"));
@@ -81,4 +82,21 @@ TEST_CASE("cuda_executor: refuses pageable host memory, accepts device, managed 
                        "(use device, managed or pinned_host memory)",
                        memkit::error);
   static_assert(memkit::executor<memkit::cuda_executor>);
+}
+
+// The stream is always the caller's explicit choice (docs/cuda.md, "Streams").
+static_assert(!std::is_default_constructible_v<memkit::cuda_executor>, "a cuda_executor must name its stream");
+static_assert(!std::is_constructible_v<memkit::cuda_executor, int, std::nullptr_t>,
+              "a null stream means legacy or per-thread depending on a compiler flag: name it instead");
+static_assert(std::is_constructible_v<memkit::cuda_executor, int, cudaStream_t>);
+
+TEST_CASE("cuda_executor: the named default streams are CUDA's special handles, whatever --default-stream says") {
+  const memkit::cuda_executor legacy = memkit::cuda_executor::legacy_default_stream(1);
+  const memkit::cuda_executor per_thread = memkit::cuda_executor::per_thread_default_stream();
+  CHECK(legacy.device == 1);
+  CHECK(legacy.stream == cudaStreamLegacy);
+  CHECK(per_thread.device == 0);
+  CHECK(per_thread.stream == cudaStreamPerThread);
+  CHECK(legacy.stream != nullptr);
+  CHECK(per_thread.stream != nullptr);
 }

@@ -151,11 +151,11 @@ constexpr bool device_fused(std::int64_t M, const matmul_config& config) noexcep
 constexpr std::size_t matmul_workspace_bytes(matmul_kind kind, format fmt, std::int64_t block_size, std::int64_t M,
                                              std::int64_t N, std::int64_t K, std::size_t element_bytes,
                                              bool on_device, const matmul_config& config = {}) noexcept {
+  if (M == 0 || N == 0 || K == 0) return 0;  // an empty product only writes zeros (or nothing)
   const std::int64_t rows = detail::tile_rows(N, K, config, on_device);
   const bool fp32 = element_bytes == 4;
   if (!on_device) {
     if (detail::host_fused(kind, fmt, block_size, M, K)) return fp32 ? 0 : static_cast<std::size_t>(M * K) * 4;
-    if (M == 0 || N == 0 || K == 0) return 0;
     if (kind == matmul_kind::forward) {
       const detail::host_tiled_plan plan = detail::plan_host_forward(M, N, K, !fp32, config);
       return static_cast<std::size_t>(plan.parts * plan.part_floats()) * 4;
@@ -354,7 +354,9 @@ matmul_dims check_matmul(const char* operation, const quantized_tensor<F>& w, co
   require(is.rank >= 1 && is[is.rank - 1] == in_cols,
           std::string(operation) + ": input has shape " + to_string(is) + " but the weight " + to_string(ws) +
               " needs a last dimension of " + std::to_string(in_cols));
-  const std::int64_t M = in_cols > 0 ? in.size() / in_cols : 0;
+  // Rows: the product of the leading dimensions (not size / in_cols, which is 0 / 0 when K or N is 0).
+  std::int64_t M = 1;
+  for (int d = 0; d + 1 < is.rank; ++d) M *= is[d];
   require(out.size() == M * out_cols && out.shape()[out.shape().rank - 1] == out_cols,
           std::string(operation) + ": output has shape " + to_string(out.shape()) + " but needs " +
               std::to_string(M) + " rows of " + std::to_string(out_cols));
@@ -434,6 +436,23 @@ __global__ void convert_kernel(const float* __restrict__ in, T* __restrict__ out
 
 #endif
 
+// An empty sum is zero: the output of a product whose inner dimension (K for y, N for dx) is 0.
+template <executor E, float_storage T>
+void write_zeros(const E& exec, tensor_view<T> out) {
+  if constexpr (!E::on_device) {
+    (void)exec;
+    for (std::int64_t i = 0; i < out.size(); ++i) out[i] = from_float<T>(0.0f);
+  } else {
+#if MEMKIT_HAS_CUDA
+    // +0.0 is all zero bits in fp32, bf16 and fp16 alike.
+    ::memkit::detail::with_device(exec.device, [&] {
+      MEMKIT_CUDA_CHECK(cudaMemsetAsync(out.data(), 0, static_cast<std::size_t>(out.size()) * sizeof(T), exec.stream));
+      return 0;
+    });
+#endif
+  }
+}
+
 }  // namespace detail
 
 // y = x * dequant(w)^T. x: [..., K] (T = float, bf16 or fp16), y: [..., N] of the same T.
@@ -446,6 +465,7 @@ void matmul(const E& exec, tensor_view<const std::type_identity_t<T>> x, const q
   require_accessible(exec, w.codes(), operation, "w");
   require_accessible(exec, y, operation, "y");
   if (M == 0 || N == 0) return;
+  if (K == 0) return detail::write_zeros(exec, y);
   if constexpr (!E::on_device) {
     if constexpr (is_four_bit(F)) {
       if (detail::host_fused(matmul_kind::forward, F, w.block_size(), M, K)) {
@@ -549,6 +569,7 @@ void matmul_input_grad(const E& exec, tensor_view<const std::type_identity_t<T>>
   require_accessible(exec, w.codes(), operation, "w");
   require_accessible(exec, dx, operation, "dx");
   if (M == 0 || K == 0) return;
+  if (N == 0) return detail::write_zeros(exec, dx);
   const std::int64_t rows = detail::tile_rows(N, K, config, E::on_device);
   if constexpr (!E::on_device) {
     (void)rows;
@@ -560,9 +581,7 @@ void matmul_input_grad(const E& exec, tensor_view<const std::type_identity_t<T>>
       accumulator = buffer<float>(workspace, shape{M * K});
       acc = accumulator.data();
     }
-    if (N == 0) {
-      for (std::int64_t i = 0; i < M * K; ++i) acc[i] = 0.0f;
-    } else {
+    {
       // dx (+)= dy[:, n0 .. n0 + nt) * tile, tile by tile, the gemm's threads splitting dx's columns.
       const detail::host_tiled_plan plan = detail::plan_host_input_grad(M, N, K, config);
       buffer<float> scratch(workspace, shape{plan.part_floats()});
