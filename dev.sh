@@ -44,6 +44,22 @@ if ! command -v nvcc >/dev/null && [[ -x /usr/local/cuda/bin/nvcc ]]; then
 fi
 command -v nvcc >/dev/null || echo "memkit: nvcc not found: building and testing the host parts only" >&2
 
+# The SASS check (tests/sass/sass_check.py) reads the kernels' machine code with cuobjdump and nvdisasm. A CUDA
+# toolkit installed from pip wheels lacks them; they come as pip wheels of their own.
+if command -v nvcc >/dev/null && ! command -v cuobjdump >/dev/null && command -v python3 >/dev/null; then
+  purelib=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  if [[ ! -x $purelib/nvidia/cu13/bin/cuobjdump || ! -x $purelib/nvidia/cu13/bin/nvdisasm ]]; then
+    sass_tools=(nvidia-cuda-cuobjdump==13.2.51 nvidia-cuda-nvdisasm==13.2.51)
+    if [[ $(id -u) == 0 ]]; then
+      echo "memkit: installing cuobjdump and nvdisasm for the SASS check: ${sass_tools[*]}"
+      python3 -m pip install -q "${sass_tools[@]}" >/dev/null 2>&1 ||
+        echo "memkit: pip could not install ${sass_tools[*]}; the SASS check will report Skipped" >&2
+    else
+      echo "memkit: the SASS check needs: python3 -m pip install ${sass_tools[*]}" >&2
+    fi
+  fi
+fi
+
 if [[ ! -f $build_dir/CMakeCache.txt ]]; then
   cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release
 fi

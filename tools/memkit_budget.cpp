@@ -28,7 +28,11 @@ constexpr const char* usage_text =
     "  --optimizer adamw|adamw-bf16|adamw8bit|adamw4bit|sgd|adafactor|none\n"
     "  --batch B  --seq S  --grad-accum N  --checkpointing none|layer|sqrt|every:K|binomial:SLOTS\n"
     "  --attention eager|flash\n"
-    "  --logits fp32|bf16|chunked  --offload none|optimizer|optimizer+params  --gpus N  --zero 0|1|2|3\n"
+    "  --logits fp32|bf16|chunked|fused|cut  --offload none|optimizer|optimizer+params  --gpus N  --zero 0|1|2|3\n"
+    "  --runtime pytorch|memkit (memkit: memkit's own components, every term from their byte functions)\n"
+    "  --optimizer-impl foreach|fused (torch AdamW: foreach allocates a parameter-sized temporary in the step)\n"
+    "  --paged          (bitsandbytes paged optimizer: state in CUDA managed memory)\n"
+    "  --optimizer-in-backward (torchtune optimizer_in_bwd: each gradient freed as soon as it is stepped)\n"
     "  --gpu NAME  --plan  --max-batch  --max-seq  --json  --svg PATH\n"
     "  --kbit-prepared  (PEFT prepare_model_for_kbit_training: fp32 non-quantized weights and activations)\n"
     "  --fused-norms    (norm and softmax kernels that keep no fp32 copies)\n"
@@ -53,6 +57,7 @@ struct options {
   std::string config_path, preset, gpu_name, svg_path;
   method_choice method = method_choice::full;
   bool double_quant = true;
+  bool paged = false;
   training_plan plan{};
   bool sequence_given = false;
   bool want_plan = false, want_max_batch = false, want_max_seq = false, want_json = false;
@@ -167,8 +172,20 @@ options parse_arguments(int argc, char** argv) {
       p.attention = parse_choice(flag, value(), choices);
     } else if (flag == "--logits") {
       static constexpr std::pair<const char*, logits_mode> choices[] = {
-          {"fp32", logits_mode::fp32}, {"bf16", logits_mode::half}, {"chunked", logits_mode::chunked}};
+          {"fp32", logits_mode::fp32}, {"bf16", logits_mode::half}, {"chunked", logits_mode::chunked},
+          {"fused", logits_mode::fused}, {"cut", logits_mode::cut}};
       p.logits = parse_choice(flag, value(), choices);
+    } else if (flag == "--runtime") {
+      static constexpr std::pair<const char*, runtime_kind> choices[] = {{"pytorch", runtime_kind::pytorch},
+                                                                         {"memkit", runtime_kind::memkit}};
+      p.runtime = parse_choice(flag, value(), choices);
+    } else if (flag == "--optimizer-impl") {
+      static constexpr std::pair<const char*, bool> choices[] = {{"foreach", false}, {"fused", true}};
+      p.fused_optimizer = parse_choice(flag, value(), choices);
+    } else if (flag == "--paged") {
+      o.paged = true;
+    } else if (flag == "--optimizer-in-backward") {
+      p.optimizer_in_backward = true;
     } else if (flag == "--offload") {
       static constexpr std::pair<const char*, offload_choice> choices[] = {
           {"none", {optimizer_placement::device, false}},
@@ -210,6 +227,10 @@ options parse_arguments(int argc, char** argv) {
     p.training = method::lora;
     if (o.method == method_choice::qlora) p.weights = weight_storage{weight_format::nf4, 64, o.double_quant};
   }
+  if (o.paged) {
+    if (p.placement == optimizer_placement::host) throw usage_error("--paged and --offload optimizer are exclusive");
+    p.placement = optimizer_placement::paged;
+  }
   if ((o.want_plan || o.want_max_batch || o.want_max_seq) && o.gpu_name.empty())
     throw usage_error("--plan, --max-batch and --max-seq need --gpu NAME");
   return o;
@@ -245,6 +266,13 @@ std::string preset_names(const Presets& items) {
   return names;
 }
 
+// A speed factor with two decimals, for the JSON.
+std::string fixed(double value) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.2f", value);
+  return text;
+}
+
 std::string breakdown_json(const breakdown& b) {
   std::string out = "{";
   for (int c = 0; c < category_count; ++c) {
@@ -254,16 +282,22 @@ std::string breakdown_json(const breakdown& b) {
 }
 
 std::string describe(const training_plan& p) {
-  std::string text = p.lora_training() ? "LoRA r=" + std::to_string(p.lora.rank) + " on " +
+  std::string text = p.memkit_runtime() ? "memkit runtime: " : "";
+  text += p.lora_training() ? "LoRA r=" + std::to_string(p.lora.rank) + " on " +
                                              std::string(to_string(p.weights.format)) + " base"
                                        : std::string("full");
   text += ", " + std::string(to_string(p.precision)) + ", " + std::string(to_string(p.optimizer));
+  if (!p.memkit_runtime() && (p.optimizer == optimizer_kind::adamw || p.optimizer == optimizer_kind::adamw_bf16))
+    text += p.fused_optimizer ? " (fused)" : " (foreach)";
+  if (p.placement == optimizer_placement::paged) text += " (paged)";
+  if (p.optimizer_in_backward) text += " (step in backward)";
   if (p.placement == optimizer_placement::host) text += p.offload_parameters ? " (offload optimizer+params)" : " (offload optimizer)";
   text += ", micro-batch " + std::to_string(p.micro_batch) + " x " + std::to_string(p.sequence) + ", grad-accum " +
           std::to_string(p.grad_accum);
   text += p.checkpoint == checkpointing::none ? ", no checkpointing" : ", checkpointing";
   if (p.checkpoint != checkpointing::none && p.offload_checkpoints) text += " (checkpoints offloaded)";
   text += p.attention == attention_impl::eager ? ", eager attention" : ", flash attention";
+  text += ", " + std::string(to_string(p.logits)) + " logits";
   if (p.gpus > 1) text += ", " + std::to_string(p.gpus) + " GPUs ZeRO-" + std::to_string(p.zero_stage);
   return text;
 }
@@ -333,6 +367,9 @@ void print_table(const memory_estimate& e) {
   std::printf("peak device: %s (%llu bytes, %s phase; largest: %s)   host: %s\n", format_bytes(e.peak_device_bytes).c_str(),
               static_cast<unsigned long long>(e.peak_device_bytes), std::string(to_string(e.peak_phase)).c_str(),
               std::string(to_string(e.device.largest())).c_str(), format_bytes(e.host_bytes).c_str());
+  if (e.managed_bytes != 0)
+    std::printf("of which in CUDA managed memory (paged optimizer state; not in torch's allocator counters): %s\n",
+                format_bytes(e.managed_bytes).c_str());
 }
 
 int run(int argc, char** argv) {
@@ -374,6 +411,8 @@ int run(int argc, char** argv) {
     out += ", \"peak_device_bytes\": " + std::to_string(e.peak_device_bytes);
     out += ", \"peak_phase\": \"" + std::string(to_string(e.peak_phase)) + "\"";
     out += ", \"host_bytes\": " + std::to_string(e.host_bytes);
+    out += ", \"runtime\": \"" + std::string(to_string(plan.runtime)) + "\"";
+    out += ", \"managed_bytes\": " + std::to_string(e.managed_bytes);
     out += ", \"breakdown\": " + breakdown_json(e.device);
     out += ", \"host_breakdown\": " + breakdown_json(e.host);
     out += ", \"phases\": {";
@@ -394,6 +433,10 @@ int run(int argc, char** argv) {
         const ladder_rung& r = steps->rungs[i];
         out += (i ? ", " : "") + std::string("{\"name\": \"") + std::string(to_string(r.kind)) + "\"";
         out += std::string(", \"fits\": ") + (r.fits ? "true" : "false");
+        out += std::string(", \"effective\": ") + (r.effective ? "true" : "false");
+        if (!r.effective) out += ", \"reason\": " + memkit::json::quote(r.reason);
+        out += ", \"speed_factor\": " + fixed(r.speed_factor) + ", \"total_speed_factor\": " + fixed(r.total_speed_factor);
+        out += ", \"host_traffic_bytes\": " + std::to_string(r.host_traffic_bytes);
         out += ", \"micro_batch\": " + std::to_string(r.plan.micro_batch) + ", \"grad_accum\": " + std::to_string(r.plan.grad_accum);
         out += ", \"peak_device_bytes\": " + std::to_string(r.estimate.peak_device_bytes);
         out += ", \"host_bytes\": " + std::to_string(r.estimate.host_bytes);
@@ -417,8 +460,16 @@ int run(int argc, char** argv) {
       std::printf("\nladder on %s:\n", std::string(gpu->name).c_str());
       for (int i = 0; i < rung_count; ++i) {
         const ladder_rung& r = steps->rungs[i];
-        std::printf("  %d %-28s %12s  %-5s %s\n", i + 1, std::string(to_string(r.kind)).c_str(),
-                    format_bytes(r.estimate.peak_device_bytes).c_str(), r.fits ? "fits" : "no", describe(r.plan).c_str());
+        if (!r.effective) {
+          std::printf("  %d %-30s no effect: %s\n", i + 1, std::string(to_string(r.kind)).c_str(),
+                      std::string(r.reason).c_str());
+          continue;
+        }
+        std::printf("  %d %-30s %12s  %-5s x%.2f (total x%.2f)  %s\n", i + 1, std::string(to_string(r.kind)).c_str(),
+                    format_bytes(r.estimate.peak_device_bytes).c_str(), r.fits ? "fits" : "no", r.speed_factor,
+                    r.total_speed_factor, describe(r.plan).c_str());
+        if (r.host_traffic_bytes != 0)
+          std::printf("    host <-> device traffic per step: %s\n", format_bytes(r.host_traffic_bytes).c_str());
       }
       if (steps->first_fit >= 0)
         std::printf("first rung that fits: %s\n", std::string(to_string(steps->rungs[steps->first_fit].kind)).c_str());
@@ -431,7 +482,8 @@ int run(int argc, char** argv) {
     std::vector<std::pair<std::string, breakdown>> bars;
     std::string title = "memkit-budget: " + std::string(model.name);
     if (steps) {
-      for (const ladder_rung& r : steps->rungs) bars.emplace_back(std::string(to_string(r.kind)), r.estimate.device);
+      for (const ladder_rung& r : steps->rungs)
+        bars.emplace_back(std::string(to_string(r.kind)) + (r.effective ? "" : " (no effect)"), r.estimate.device);
       title += " on " + std::string(gpu->name);
     } else {
       bars.emplace_back("peak (" + std::string(to_string(e.peak_phase)) + ")", e.device);

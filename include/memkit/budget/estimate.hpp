@@ -88,8 +88,17 @@ struct memory_estimate {
   step_phase peak_phase = step_phase::forward;
   std::uint64_t peak_device_bytes = 0;
   std::uint64_t host_bytes = 0;
+  // Of the device bytes, those in CUDA managed memory (the optimizer state of a paged optimizer,
+  // bitsandbytes' paged AdamW): the device holds them while they are resident, but torch's allocator
+  // counters (max_memory_allocated / reserved) never see them. Already included in `device`.
+  std::uint64_t managed_bytes = 0;
   constexpr bool valid() const noexcept { return problem.empty(); }
 };
+
+constexpr bool detail_is_adam(optimizer_kind o) noexcept {
+  return o == optimizer_kind::adamw || o == optimizer_kind::adamw_bf16 || o == optimizer_kind::adamw_8bit ||
+         o == optimizer_kind::adamw_4bit;
+}
 
 // What is wrong with `plan` for `model`, or empty.
 constexpr std::string_view plan_problem(const model_config& m, const training_plan& p) noexcept {
@@ -102,6 +111,9 @@ constexpr std::string_view plan_problem(const model_config& m, const training_pl
   if (p.checkpoint == checkpointing::every_k_layers && p.checkpoint_every == 0)
     return "checkpoint_every must be positive";
   if (p.checkpoint == checkpointing::binomial && p.checkpoint_slots == 0) return "checkpoint_slots must be positive";
+  if (p.logits == logits_mode::chunked && p.logits_output_chunks == 0) return "logits_output_chunks must be positive";
+  if ((p.logits == logits_mode::chunked || p.logits == logits_mode::fused) && p.logits_chunk_tokens == 0)
+    return "logits_chunk_tokens must be positive";
   if (m.is_gpt2() && p.sequence > m.max_positions)
     return "sequence is longer than the model's learned position table";
   if (p.training == method::full && p.weights.quantized())
@@ -114,6 +126,21 @@ constexpr std::string_view plan_problem(const model_config& m, const training_pl
     return "4-bit block size must be a power of two in 32..4096";
   if (p.offload_parameters && p.placement != optimizer_placement::host)
     return "offloading parameters needs the optimizer offloaded to the host too";
+  if (p.optimizer_in_backward) {
+    if (p.grad_accum > 1) return "the optimizer step in backward frees each gradient at once: it needs grad_accum 1";
+    if (p.placement == optimizer_placement::host) return "the optimizer step in backward runs on the device: not with CPU offload";
+    if (p.gpus > 1 && p.zero_stage > 0) return "the optimizer step in backward is modelled for one GPU (no ZeRO)";
+  }
+  if (p.memkit_runtime()) {
+    // What memkit has: its losses, optimizers and kernels; PyTorch-only conventions do not apply.
+    if (p.logits == logits_mode::fp32 || p.logits == logits_mode::half || p.logits == logits_mode::cut)
+      return "memkit's loss is loss::fused_linear_cross_entropy: use logits chunked or fused with the memkit runtime";
+    if (!(detail_is_adam(p.optimizer) || p.optimizer == optimizer_kind::none))
+      return "memkit's optimizers are adam_state flavours (adamw, adamw-bf16, adamw8bit, adamw4bit) or none";
+    if (p.kbit_prepared || p.quantized_matmul_keeps_input)
+      return "kbit-prepared and bnb-keeps-input describe PEFT / bitsandbytes, not the memkit runtime";
+    if (p.placement == optimizer_placement::paged) return "paged optimizer state is bitsandbytes': not with the memkit runtime";
+  }
   return {};
 }
 
@@ -191,6 +218,8 @@ struct parameter_totals {
   std::uint64_t master = 0;
   std::uint64_t optimizer = 0;
   std::uint64_t step_temporary = 0;   // optimizer temporaries during the step
+  std::uint64_t largest_gradient = 0;  // the largest trainable tensor's gradient (optimizer in backward)
+  std::uint64_t largest_step_temporary = 0;  // the step's temporaries for that tensor alone
   std::uint64_t largest_frozen_linear = 0;  // elements of the largest quantized linear (dequantized tile)
   std::uint64_t layer_weights = 0;    // one block's weights (ZeRO-3 gather, parameter streaming)
   std::uint64_t layer_gradients = 0;  // one block's gradients
@@ -202,15 +231,24 @@ constexpr parameter_totals parameter_bytes(const model_config& m, const training
   parameter_totals r;
   const std::uint64_t g = p.overhead.allocation_granularity;
   const std::uint64_t weight_bytes = p.precision == precision_mode::fp32 ? 4 : 2;
+  const std::uint64_t gradient_bytes = p.gradient_bytes();
   const bool pure_16bit = p.precision == precision_mode::bf16;
+  // torch.optim.AdamW(fused=True) keeps each parameter's `step` counter as an fp32 scalar on the device;
+  // foreach keeps it on the host (capturable=False), bitsandbytes as a Python int.
+  const bool torch_adam = !p.memkit_runtime() &&
+                          (p.optimizer == optimizer_kind::adamw || p.optimizer == optimizer_kind::adamw_bf16);
+  const std::uint64_t step_counter = torch_adam && p.fused_optimizer ? round_up(4, g) : 0;
   std::uint64_t largest_trainable = 0;
+  std::uint64_t trainable_tensors = 0;
   std::uint64_t adam_chunks = 0;
   auto trainable = [&](const parameter_tensor& t) {
     const std::uint64_t n = t.elements();
     adam_chunks += adam_reduction_chunks(n) * t.count;
-    const std::uint64_t w = round_up(weight_bytes * n, g), grad = round_up(weight_bytes * n, g);
+    trainable_tensors += t.count;
+    const std::uint64_t w = round_up(weight_bytes * n, g), grad = round_up(gradient_bytes * n, g);
     r.weights += w * t.count;
     r.gradients += grad * t.count;
+    r.largest_gradient = max_of(r.largest_gradient, grad);
     if (p.has_master_weights()) r.master += round_up(4 * n, g) * t.count;
     r.optimizer += round_up(optimizer_state_bytes(t, p.optimizer, pure_16bit), g) * t.count;
     largest_trainable = max_of(largest_trainable, n);
@@ -236,18 +274,23 @@ constexpr parameter_totals parameter_bytes(const model_config& m, const training
     });
     for_each_lora_parameter(m, p.lora.rank, p.lora.targets, trainable);
   }
-  // memkit's adam_state adds one control block and its gradient-norm scratch per state.
-  const bool adam = p.optimizer == optimizer_kind::adamw || p.optimizer == optimizer_kind::adamw_bf16 ||
-                    p.optimizer == optimizer_kind::adamw_8bit || p.optimizer == optimizer_kind::adamw_4bit;
-  if (adam) r.optimizer += round_up(adam_overhead_bytes(adam_chunks), g);
-  // PyTorch's foreach AdamW materialises an fp32 temporary the size of all parameters (sqrt of v);
-  // Adafactor builds fp32 temporaries per tensor; fused and blockwise optimizers work in place.
-  if (!p.fused_optimizer) {
-    const std::uint64_t trainable_elements = r.gradients / weight_bytes;
-    if (p.optimizer == optimizer_kind::adamw) r.step_temporary = 4 * trainable_elements;
-    if (p.optimizer == optimizer_kind::adamw_bf16) r.step_temporary = 2 * trainable_elements;
+  // memkit's adam_state adds one control block and its gradient-norm scratch per state (memkit runtime);
+  // torch's fused AdamW one device `step` counter per parameter tensor (PyTorch runtime).
+  if (p.memkit_runtime() && is_adam(p.optimizer)) r.optimizer += round_up(adam_overhead_bytes(adam_chunks), g);
+  r.optimizer += step_counter * trainable_tensors;
+  // torch's foreach AdamW (torch/optim/adamw.py, _multi_tensor_adam; grouped per device and dtype):
+  // everything it does to the moments and parameters is in place (_foreach_lerp_, _foreach_mul_,
+  // _foreach_addcmul_, _foreach_addcdiv_) except `exp_avg_sq_sqrt = torch._foreach_sqrt(exp_avg_sqs)`,
+  // one new tensor per parameter in the state's dtype, alive until the group's update is done: one
+  // temporary the size of all trainable parameters (fp32 states: 4 bytes each; bf16 states: 2).
+  // fused=True, bitsandbytes' blockwise optimizers and memkit's adam_state work in place.
+  // Adafactor builds fp32 temporaries per tensor.
+  if (torch_adam && !p.fused_optimizer) {
+    const std::uint64_t state_bytes = p.optimizer == optimizer_kind::adamw ? 4 : 2;
+    r.step_temporary = state_bytes * (r.gradients / gradient_bytes);
+    r.largest_step_temporary = round_up(state_bytes * largest_trainable, g);
   }
-  if (p.optimizer == optimizer_kind::adafactor) r.step_temporary = 3 * 4 * largest_trainable;
+  if (p.optimizer == optimizer_kind::adafactor) r.largest_step_temporary = r.step_temporary = 3 * 4 * largest_trainable;
   return r;
 }
 
@@ -288,6 +331,11 @@ constexpr memory_estimate estimate_memory(const model_config& m, const training_
                                                  : ceil_div(params.optimizer, N);
   std::uint64_t gradients = zero >= 2 ? ceil_div(params.gradients, N) + params.layer_gradients : params.gradients;
   std::uint64_t step_temporary = zero >= 1 ? ceil_div(params.step_temporary, N) : params.step_temporary;
+  // torchtune's optimizer_in_bwd: a parameter's step runs (and its gradient is freed) as soon as its
+  // gradient is accumulated, so at most the largest one is alive, with that one tensor's step temporaries,
+  // during backward; there is no separate optimizer phase.
+  const bool step_in_backward = p.optimizer_in_backward;
+  if (step_in_backward) gradients = params.largest_gradient;
   if (host_optimizer) {
     host[category::master_weights] = master;
     host[category::optimizer_state] = optimizer;
@@ -300,10 +348,14 @@ constexpr memory_estimate estimate_memory(const model_config& m, const training_
   } else {
     persistent[category::master_weights] = master;
     persistent[category::optimizer_state] = optimizer;
+    if (p.placement == optimizer_placement::paged) out.managed_bytes = optimizer;
   }
   const std::uint64_t g = p.overhead.allocation_granularity;
-  // A quantized base is dequantized one linear at a time into a 16-bit tile.
-  persistent[category::workspace] = p.overhead.workspace_bytes + round_up(2 * params.largest_frozen_linear, g);
+  // PyTorch: bitsandbytes dequantizes a quantized base one linear at a time into a 16-bit copy of the
+  // whole weight. memkit: the largest workspace one of its linears takes (lora_linear / quant::matmul).
+  persistent[category::workspace] =
+      p.overhead.workspace_bytes + (p.memkit_runtime() ? round_up(memkit_linear_workspace_bytes(m, p), g)
+                                                       : round_up(2 * params.largest_frozen_linear, g));
   persistent[category::overhead] = p.overhead.cuda_context_bytes + (N > 1 ? p.overhead.nccl_bytes : 0);
 
   // --- activations ---
@@ -338,21 +390,22 @@ constexpr memory_estimate estimate_memory(const model_config& m, const training_
 
   // Backward, from the loss: the head's gradient first, then block by block.
   auto grads_so_far = [&](std::uint64_t produced) {
-    if (p.grad_accum > 1 || host_optimizer) return gradients;  // already allocated (or a fixed bucket)
+    if (p.grad_accum > 1 || host_optimizer || step_in_backward) return gradients;  // allocated, a bucket, or one
     return produced < gradients ? produced : gradients;
   };
+  const std::uint64_t backward_workspace = step_in_backward ? params.largest_step_temporary : 0;
   breakdown backward = with(persistent, grads_so_far(params.head_gradients), saved_blocks + extras,
-                            logits.backward_peak, 0);
+                            logits.backward_peak, backward_workspace);
   for (std::uint64_t i = L; i-- > 0;) {
     // Layer i runs backward: what blocks 0..i (or their checkpoints) still keep, plus its temporaries.
     const std::uint64_t activations = extras + block.backward_transient + blocks.at_backward(i);
     const std::uint64_t produced = params.head_gradients + (L - i) * params.layer_gradients;
-    backward = larger(backward, with(persistent, grads_so_far(produced), activations, 0, 0));
+    backward = larger(backward, with(persistent, grads_so_far(produced), activations, 0, backward_workspace));
   }
-  backward = larger(backward, with(persistent, grads_so_far(gradients), extras, 0, 0));
+  backward = larger(backward, with(persistent, grads_so_far(gradients), extras, 0, backward_workspace));
   out.phases[1] = backward;
 
-  breakdown step = with(persistent, gradients, 0, 0, step_temporary);
+  breakdown step = step_in_backward ? with(persistent, 0, 0, 0, 0) : with(persistent, gradients, 0, 0, step_temporary);
   out.phases[2] = step;
 
   int peak = 0;

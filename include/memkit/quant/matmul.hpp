@@ -460,7 +460,9 @@ template <executor E, format F, float_storage T>
 void matmul(const E& exec, tensor_view<const std::type_identity_t<T>> x, const quantized_tensor<F>& w, tensor_view<T> y,
             memory_resource& workspace, const matmul_config& config = {}) {
   constexpr const char* operation = "quant::matmul";
-  const auto [M, N, K] = detail::check_matmul(operation, w, x, y, matmul_kind::forward);
+  // Named variables, not a structured binding: clang before 16 cannot capture bindings in the lambdas below.
+  const detail::matmul_dims dims = detail::check_matmul(operation, w, x, y, matmul_kind::forward);
+  const std::int64_t M = dims.M, N = dims.N, K = dims.K;
   require_accessible(exec, x, operation, "x");
   require_accessible(exec, w.codes(), operation, "w");
   require_accessible(exec, y, operation, "y");
@@ -564,7 +566,9 @@ void matmul_input_grad(const E& exec, tensor_view<const std::type_identity_t<T>>
                        tensor_view<T> dx,
                        memory_resource& workspace, const matmul_config& config = {}) {
   constexpr const char* operation = "quant::matmul_input_grad";
-  const auto [M, N, K] = detail::check_matmul(operation, w, dy, dx, matmul_kind::input_grad);
+  // Named variables, not a structured binding: clang before 16 cannot capture bindings in the lambdas below.
+  const detail::matmul_dims dims = detail::check_matmul(operation, w, dy, dx, matmul_kind::input_grad);
+  const std::int64_t M = dims.M, N = dims.N, K = dims.K;
   require_accessible(exec, dy, operation, "dy");
   require_accessible(exec, w.codes(), operation, "w");
   require_accessible(exec, dx, operation, "dx");

@@ -1,0 +1,55 @@
+// tests/sass/hot_kernels.cu — one instantiation of each hot memkit kernel, compiled (never run) by
+// tests/sass/sass_check.py for sm_80 and sm_90 so that the SASS of exactly these kernels can be read.
+// The instantiations are the ones the library launches (same template arguments and block sizes); the
+// script's table (KERNELS) names each and the rules it must satisfy.
+#include "memkit/optim/adam_state.hpp"
+#include "memkit/optim/grad_accumulation.hpp"
+#include "memkit/quant/blockwise.hpp"
+#include "memkit/quant/matmul.hpp"
+
+MEMKIT_NAMESPACE_BEGIN
+namespace detail {
+// Adam: the norm pass, and the update kernel of each state flavour (fp32 parameters and gradients, and
+// bf16 parameters with bf16 gradients, the mixed-precision case).
+template __global__ void adam_norm_kernel<float>(norm_launch<float>);
+template __global__ void adam_norm_kernel<bf16>(norm_launch<bf16>);
+template __global__ void adam_update_kernel<std::int8_t, 256, update_threads<std::int8_t, 256>(), float, float>(
+    update_launch<std::int8_t>);
+template __global__ void adam_update_kernel<std::int8_t, 256, update_threads<std::int8_t, 256>(), bf16, bf16>(
+    update_launch<std::int8_t>);
+template __global__ void adam_update_kernel<four_bit, 128, update_threads<four_bit, 128>(), float, float>(
+    update_launch<four_bit>);
+template __global__ void adam_update_kernel<four_bit, 128, update_threads<four_bit, 128>(), bf16, bf16>(
+    update_launch<four_bit>);
+template __global__ void adam_update_kernel<float, 0, update_threads<float, 0>(), float, float>(update_launch<float>);
+template __global__ void adam_update_kernel<bf16, 0, update_threads<bf16, 0>(), bf16, bf16>(update_launch<bf16>);
+template __global__ void accumulate_kernel<float, bf16>(float*, const bf16*, std::int64_t, bool);
+}  // namespace detail
+
+namespace quant::detail {
+template __global__ void quantize_kernel<format::nf4, bf16>(const bf16*, std::int64_t, std::int64_t, std::uint8_t*,
+                                                            float*, code_table<256>);
+template __global__ void quantize_kernel<format::fp4, float>(const float*, std::int64_t, std::int64_t, std::uint8_t*,
+                                                             float*, code_table<256>);
+template __global__ void quantize_kernel<format::int8, float>(const float*, std::int64_t, std::int64_t, std::uint8_t*,
+                                                              float*, code_table<256>);
+template __global__ void dequantize_kernel<format::int8, float>(const std::uint8_t*, block_scales, std::int64_t,
+                                                                std::int64_t, std::int64_t, float*, code_table<256>,
+                                                                code_table<256>);
+template __global__ void dequantize_kernel<format::nf4, bf16>(const std::uint8_t*, block_scales, std::int64_t,
+                                                              std::int64_t, std::int64_t, bf16*, code_table<256>,
+                                                              code_table<256>);
+template __global__ void dequantize4_vector_kernel<format::nf4, bf16>(const std::uint8_t*, block_scales, std::int64_t,
+                                                                      std::int64_t, std::int64_t, bf16*,
+                                                                      code_table<256>);
+template __global__ void fused_gemv_kernel<format::nf4, bf16, device_fused_rows>(
+    const bf16*, const std::uint8_t*, block_scales, std::int64_t, std::int64_t, std::int64_t, std::int64_t, bf16*,
+    code_table<256>, code_table<256>);
+template __global__ void fused_gemv_kernel<format::fp4, fp16, device_fused_rows>(
+    const fp16*, const std::uint8_t*, block_scales, std::int64_t, std::int64_t, std::int64_t, std::int64_t, fp16*,
+    code_table<256>, code_table<256>);
+template __global__ void fused_gemv_t_kernel<format::nf4, bf16, device_fused_rows>(
+    const bf16*, const std::uint8_t*, block_scales, std::int64_t, std::int64_t, std::int64_t, std::int64_t, bf16*,
+    code_table<256>, code_table<256>);
+}  // namespace quant::detail
+MEMKIT_NAMESPACE_END

@@ -1,0 +1,317 @@
+#!/usr/bin/env python3
+"""memkit's static CUDA kernel check: no GPU needed.
+
+Compiles tests/sass/hot_kernels.cu (one instantiation of each hot kernel) for sm_80 and sm_90 with
+`-Xptxas -v`, disassembles the object with `cuobjdump -sass`, and checks every kernel against its rules:
+
+  no_local   no stack frame, no spill stores/loads, no LDL/STL in the SASS (a local array or a spill puts
+             per-thread memory traffic in the hot loop)
+  no_fp64    no FP64 instruction (DADD/DMUL/DFMA/DSETP/DMNMX/DSET, F2F/I2F/F2I to or from F64, MUFU.*64H):
+             FP64 runs at a fraction of the FP32 rate, and on consumer parts at 1/64
+  ldg128     at least one 128-bit global load (LDG.E.128...): the kernel reads 16 bytes per thread per load
+  stg128     at least one 128-bit global store (STG.E.128...)
+
+A rule a kernel does not meet yet is listed in EXEMPTIONS with the fix it waits for; the check fails when
+a rule is broken without an exemption, and also when an exemption is no longer needed (remove it), so the
+list always shows exactly what is left. It prints a table per kernel: registers, local bytes, 128-bit
+loads and stores, FP64 instructions, and the static occupancy on sm_80 and sm_90 computed from the
+registers, the static shared memory and the launch's block size with the documented per-SM limits.
+
+Exit status: 0 when every rule holds or is exempt, 1 otherwise, 2 when the tools fail.
+"""
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+# --- The kernels: label, the demangled name's kernel and template arguments, threads per block at launch,
+#     and the rules. Every kernel compiled from hot_kernels.cu must be listed, and every listed one found.
+KERNELS = [
+    # label, name pattern (demangled, up to the closing '>' of the template), block threads, rules
+    ("adam_norm<f32>", "detail::adam_norm_kernel<float>", 256, {"no_local", "ldg128"}),
+    ("adam_norm<bf16>", "detail::adam_norm_kernel<memkit::v0_1::bf16>", 256, {"no_local", "ldg128"}),
+    ("adam8_update<f32,f32>", "detail::adam_update_kernel<signed char, 256, 256, float, float>", 256,
+     {"no_local", "no_fp64", "ldg128", "stg128"}),
+    ("adam8_update<bf16,bf16>", "detail::adam_update_kernel<signed char, 256, 256, memkit::v0_1::bf16, memkit::v0_1::bf16>", 256,
+     {"no_local", "no_fp64", "ldg128", "stg128"}),
+    ("adam4_update<f32,f32>", "detail::adam_update_kernel<memkit::v0_1::four_bit, 128, 64, float, float>", 64,
+     {"no_local", "no_fp64", "ldg128", "stg128"}),
+    ("adam4_update<bf16,bf16>", "detail::adam_update_kernel<memkit::v0_1::four_bit, 128, 64, memkit::v0_1::bf16, memkit::v0_1::bf16>", 64,
+     {"no_local", "no_fp64", "ldg128", "stg128"}),
+    ("adam32_update<f32,f32>", "detail::adam_update_kernel<float, 0, 256, float, float>", 256,
+     {"no_local", "no_fp64", "ldg128", "stg128"}),
+    ("adam16_update<bf16,bf16>", "detail::adam_update_kernel<memkit::v0_1::bf16, 0, 256, memkit::v0_1::bf16, memkit::v0_1::bf16>", 256,
+     {"no_local", "no_fp64", "ldg128", "stg128"}),
+    ("grad_accumulate<f32,bf16>", "detail::accumulate_kernel<float, memkit::v0_1::bf16>", 256, {"no_local", "no_fp64"}),
+    ("quantize<nf4,bf16>", "quant::detail::quantize_kernel<(memkit::v0_1::quant::format)0, memkit::v0_1::bf16>", 256,
+     {"no_local", "ldg128"}),
+    ("quantize<fp4,f32>", "quant::detail::quantize_kernel<(memkit::v0_1::quant::format)1, float>", 256,
+     {"no_local", "ldg128"}),
+    ("quantize<int8,f32>", "quant::detail::quantize_kernel<(memkit::v0_1::quant::format)2, float>", 256,
+     {"no_local", "ldg128"}),
+    ("dequantize<int8,f32>", "quant::detail::dequantize_kernel<(memkit::v0_1::quant::format)2, float>", 256,
+     {"no_local", "stg128"}),
+    ("dequantize<nf4,bf16> (tails)", "quant::detail::dequantize_kernel<(memkit::v0_1::quant::format)0, memkit::v0_1::bf16>", 256,
+     {"no_local"}),
+    ("dequantize4_vector<nf4,bf16>", "quant::detail::dequantize4_vector_kernel<(memkit::v0_1::quant::format)0, memkit::v0_1::bf16>", 256,
+     {"no_local", "stg128"}),
+    ("gemv<nf4,bf16>", "quant::detail::fused_gemv_kernel<(memkit::v0_1::quant::format)0, memkit::v0_1::bf16, 8>", 256,
+     {"no_local", "ldg128"}),
+    ("gemv<fp4,f16>", "quant::detail::fused_gemv_kernel<(memkit::v0_1::quant::format)1, memkit::v0_1::fp16, 8>", 256,
+     {"no_local", "ldg128"}),
+    ("gemv_t<nf4,bf16>", "quant::detail::fused_gemv_t_kernel<(memkit::v0_1::quant::format)0, memkit::v0_1::bf16, 8>", 256,
+     {"no_local", "ldg128"}),
+]
+
+# --- Rules today's kernels break, each with the fix it waits for (issue 14). Remove an entry with its fix:
+#     the check fails on an entry that is no longer needed.
+EXEMPTIONS = {
+    ("adam_norm<f32>", "ldg128"): "fix pending: 16-byte gradient loads in the norm pass",
+    ("adam_norm<bf16>", "ldg128"): "fix pending: 16-byte gradient loads in the norm pass",
+    ("adam8_update<f32,f32>", "no_fp64"): "fix pending: bias corrections once per step, not per thread in FP64",
+    ("adam8_update<f32,f32>", "ldg128"): "fix pending: 16-byte loads of codes, parameters and gradients",
+    ("adam8_update<f32,f32>", "stg128"): "fix pending: 16-byte stores of codes and parameters",
+    ("adam8_update<bf16,bf16>", "no_fp64"): "fix pending: bias corrections once per step, not per thread in FP64",
+    ("adam8_update<bf16,bf16>", "ldg128"): "fix pending: 16-byte loads of codes, parameters and gradients",
+    ("adam8_update<bf16,bf16>", "stg128"): "fix pending: 16-byte stores of codes and parameters",
+    ("adam4_update<f32,f32>", "no_fp64"): "fix pending: bias corrections once per step, not per thread in FP64",
+    ("adam4_update<f32,f32>", "ldg128"): "fix pending: 16-byte loads of codes, parameters and gradients",
+    ("adam4_update<f32,f32>", "stg128"): "fix pending: 16-byte stores of codes and parameters",
+    ("adam4_update<bf16,bf16>", "no_fp64"): "fix pending: bias corrections once per step, not per thread in FP64",
+    ("adam4_update<bf16,bf16>", "ldg128"): "fix pending: 16-byte loads of codes, parameters and gradients",
+    ("adam4_update<bf16,bf16>", "stg128"): "fix pending: 16-byte stores of codes and parameters",
+    ("adam32_update<f32,f32>", "no_fp64"): "fix pending: bias corrections once per step, not per thread in FP64",
+    ("adam32_update<f32,f32>", "ldg128"): "fix pending: 16-byte loads in the plain update",
+    ("adam32_update<f32,f32>", "stg128"): "fix pending: 16-byte stores in the plain update",
+    ("adam16_update<bf16,bf16>", "no_fp64"): "fix pending: bias corrections once per step, not per thread in FP64",
+    ("adam16_update<bf16,bf16>", "ldg128"): "fix pending: 16-byte loads in the plain update",
+    ("adam16_update<bf16,bf16>", "stg128"): "fix pending: 16-byte stores in the plain update",
+    ("quantize<nf4,bf16>", "ldg128"): "fix pending: 16-byte input loads, input read once",
+    ("quantize<fp4,f32>", "ldg128"): "fix pending: 16-byte input loads, input read once",
+    ("quantize<int8,f32>", "ldg128"): "fix pending: 16-byte input loads, input read once",
+    ("dequantize<int8,f32>", "stg128"): "fix pending: vectorized int8 dequantize",
+    ("dequantize<nf4,bf16> (tails)", "no_local"): "fix pending: NF4 codebook in registers/shared memory, not rebuilt in local memory",
+    ("dequantize4_vector<nf4,bf16>", "no_local"): "fix pending: pack the 8 outputs in registers, not a local array",
+    ("gemv<nf4,bf16>", "no_local"): "fix pending: NF4 codebook in registers/shared memory, not rebuilt in local memory",
+    ("gemv<nf4,bf16>", "ldg128"): "fix pending: 16-byte loads of codes and activations",
+    ("gemv<fp4,f16>", "no_local"): "fix pending: FP4 decode without a local table",
+    ("gemv<fp4,f16>", "ldg128"): "fix pending: 16-byte loads of codes and activations",
+    ("gemv_t<nf4,bf16>", "no_local"): "fix pending: NF4 codebook in registers/shared memory, not rebuilt in local memory",
+    ("gemv_t<nf4,bf16>", "ldg128"): "fix pending: 16-byte loads of codes and activations",
+}
+
+# --- Documented per-SM limits (CUDA C++ Programming Guide, "Compute Capabilities", and the occupancy
+#     calculator's allocation granularities for compute capability 8.0 and 9.0).
+LIMITS = {
+    "sm_80": dict(registers=65536, max_warps=64, max_threads=2048, max_blocks=32, shared=164 * 1024),
+    "sm_90": dict(registers=65536, max_warps=64, max_threads=2048, max_blocks=32, shared=228 * 1024),
+}
+REGISTER_UNIT_PER_WARP = 256  # registers are allocated to a warp in units of 256 (8 per thread)
+SHARED_UNIT = 128             # shared memory is allocated to a block in units of 128 bytes
+SHARED_RESERVED = 1024        # bytes the system reserves per resident block (compute capability 8.0+)
+ARCHS = ("sm_80", "sm_90")
+
+FP64_PATTERN = re.compile(r"^(DADD|DMUL|DFMA|DSETP|DMNMX|DSET|DMMA)\b|^(F2F|I2F|F2I)\.[\w.]*F64|^MUFU\.\w+64H")
+INSTRUCTION = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_.]*)")
+
+
+def ceil_to(value, unit):
+    return (value + unit - 1) // unit * unit
+
+
+def occupancy(arch, registers, shared, threads):
+    """Resident warps per SM over the maximum, and the limiting resource."""
+    limits = LIMITS[arch]
+    warps = (threads + 31) // 32
+    by_threads = min(limits["max_blocks"], limits["max_warps"] // warps)
+    per_warp = ceil_to(max(registers, 1) * 32, REGISTER_UNIT_PER_WARP)
+    by_registers = (limits["registers"] // per_warp) // warps
+    by_shared = limits["shared"] // ceil_to(shared + SHARED_RESERVED, SHARED_UNIT)
+    blocks = min(by_threads, by_registers, by_shared)
+    limiter = "warps" if blocks == by_threads else "registers" if blocks == by_registers else "shared"
+    return blocks * warps / limits["max_warps"], limiter
+
+
+def demangle(names, cxxfilt):
+    if not names:
+        return {}
+    out = subprocess.run([cxxfilt], input="\n".join(names), capture_output=True, text=True, check=True).stdout
+    return dict(zip(names, out.splitlines()))
+
+
+def parse_ptxas(log):
+    """{(arch, mangled): {registers, shared, stack, spill_stores, spill_loads}} from -Xptxas -v."""
+    info, current = {}, None
+    for line in log.splitlines():
+        m = re.search(r"Compiling entry function '(\S+)' for '(sm_\d+)'", line)
+        if m:
+            current = (m.group(2), m.group(1))
+            info[current] = dict(registers=0, shared=0, stack=0, spill_stores=0, spill_loads=0)
+            continue
+        if current is None:
+            continue
+        m = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", line)
+        if m:
+            info[current].update(stack=int(m.group(1)), spill_stores=int(m.group(2)), spill_loads=int(m.group(3)))
+        m = re.search(r"Used (\d+) registers", line)
+        if m:
+            info[current]["registers"] = int(m.group(1))
+            s = re.search(r"(\d+) bytes smem", line)
+            info[current]["shared"] = int(s.group(1)) if s else 0
+    return info
+
+
+def parse_sass(text):
+    """{(arch, mangled): {ldg128, stg128, fp64, local}} from cuobjdump -sass."""
+    counts, arch, function = {}, None, None
+    for line in text.splitlines():
+        m = re.match(r"\s*arch = (sm_\d+)", line)
+        if m:
+            arch = m.group(1)
+            continue
+        m = re.match(r"\s*Function : (\S+)", line)
+        if m:
+            function = (arch, m.group(1))
+            counts[function] = dict(ldg128=0, stg128=0, fp64=0, local=0, fp64_ops=set())
+            continue
+        if function is None:
+            continue
+        m = INSTRUCTION.search(line)
+        if not m:
+            continue
+        op = m.group(1)
+        c = counts[function]
+        if op.startswith("LDG") and ".128" in op:
+            c["ldg128"] += 1
+        if op.startswith("STG") and ".128" in op:
+            c["stg128"] += 1
+        if op.startswith("LDL") or op.startswith("STL"):
+            c["local"] += 1
+        if FP64_PATTERN.match(op):
+            c["fp64"] += 1
+            c["fp64_ops"].add(op.split(".")[0])
+    return counts
+
+
+def broken_rules(rules, p, s):
+    broken = []
+    if "no_local" in rules and (p["stack"] or p["spill_stores"] or p["spill_loads"] or s["local"]):
+        broken.append("no_local")
+    if "no_fp64" in rules and s["fp64"]:
+        broken.append("no_fp64")
+    if "ldg128" in rules and not s["ldg128"]:
+        broken.append("ldg128")
+    if "stg128" in rules and not s["stg128"]:
+        broken.append("stg128")
+    return broken
+
+
+def main():
+    here = os.path.dirname(os.path.abspath(__file__))
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--nvcc", default=shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc")
+    parser.add_argument("--cuobjdump", default=shutil.which("cuobjdump"))
+    parser.add_argument("--cxxfilt", default=shutil.which("c++filt") or "c++filt")
+    parser.add_argument("--include", default=os.path.join(here, "..", "..", "include"))
+    parser.add_argument("--source", default=os.path.join(here, "hot_kernels.cu"))
+    parser.add_argument("--work", default=os.path.join(os.getcwd(), "sass_check"))
+    parser.add_argument("--markdown", help="also write the table as Markdown to this file")
+    args = parser.parse_args()
+    if not args.cuobjdump:
+        print("sass_check: cuobjdump not found (./dev.sh installs it)", file=sys.stderr)
+        return 2
+    os.makedirs(args.work, exist_ok=True)
+    obj = os.path.join(args.work, "hot_kernels.o")
+    command = [args.nvcc, "-std=c++20", "-O3", "-DNDEBUG", "-I", args.include, "-c", args.source, "-o", obj,
+               "-Xptxas", "-v", "-Werror=all-warnings"]
+    for arch in ARCHS:
+        command += ["-gencode", f"arch=compute_{arch[3:]},code={arch}"]
+    compiled = subprocess.run(command, capture_output=True, text=True)
+    if compiled.returncode != 0:
+        print(" ".join(command), file=sys.stderr)
+        print(compiled.stdout + compiled.stderr, file=sys.stderr)
+        return 2
+    ptxas = parse_ptxas(compiled.stdout + compiled.stderr)
+    # cuobjdump needs nvdisasm, which the pip wheels install next to it.
+    env = dict(os.environ)
+    env["PATH"] = os.path.dirname(os.path.abspath(args.cuobjdump)) + os.pathsep + env.get("PATH", "")
+    dumped = subprocess.run([args.cuobjdump, "-sass", obj], capture_output=True, text=True, env=env)
+    if dumped.returncode != 0:
+        print(dumped.stdout + dumped.stderr, file=sys.stderr)
+        return 2
+    sass = parse_sass(dumped.stdout)
+    names = demangle(sorted({name for _, name in ptxas}), args.cxxfilt)
+
+    failures, rows, seen = [], [], set()
+    for label, pattern, threads, rules in KERNELS:
+        matches = sorted({mangled for mangled, pretty in names.items() if pattern + "(" in pretty})
+        if len(matches) != 1:
+            failures.append(f"{label}: {len(matches)} compiled kernels match '{pattern}' (expected 1)")
+            continue
+        mangled = matches[0]
+        seen.add(mangled)
+        row = dict(label=label, threads=threads, arch={})
+        broken_any = set()
+        for arch in ARCHS:
+            p, s = ptxas.get((arch, mangled)), sass.get((arch, mangled))
+            if p is None or s is None:
+                failures.append(f"{label}: no {arch} code found")
+                continue
+            occ, limiter = occupancy(arch, p["registers"], p["shared"], threads)
+            row["arch"][arch] = dict(p, **s, occupancy=occ, limiter=limiter)
+            broken_any.update(broken_rules(rules, p, s))
+        status = []
+        for rule in sorted(rules):
+            exempt = (label, rule) in EXEMPTIONS
+            if rule in broken_any and not exempt:
+                failures.append(f"{label}: breaks {rule}")
+                status.append(f"{rule}:FAIL")
+            elif rule in broken_any:
+                status.append(f"{rule}:exempt")
+            elif exempt:
+                failures.append(f"{label}: meets {rule} now; remove its exemption ({EXEMPTIONS[(label, rule)]})")
+                status.append(f"{rule}:STALE-EXEMPTION")
+        row["status"] = " ".join(status) if status else "ok"
+        rows.append(row)
+    for mangled, pretty in names.items():
+        if mangled not in seen:
+            failures.append(f"kernel without rules in sass_check.py: {pretty}")
+    for key in EXEMPTIONS:
+        if key[0] not in {k[0] for k in KERNELS}:
+            failures.append(f"exemption for an unknown kernel: {key}")
+
+    header = ["kernel", "threads", "regs 80/90", "stack+spill B 80/90", "LDL+STL", "LDG.128", "STG.128", "FP64",
+              "occupancy 80", "occupancy 90", "rules"]
+    table = []
+    for r in rows:
+        a, b = r["arch"].get("sm_80"), r["arch"].get("sm_90")
+        if a is None or b is None:
+            continue
+        local = lambda x: x["stack"] + x["spill_stores"] + x["spill_loads"]
+        fp64 = str(b["fp64"]) + (" (" + ",".join(sorted(b["fp64_ops"])) + ")" if b["fp64"] else "")
+        table.append([r["label"], str(r["threads"]), f"{a['registers']}/{b['registers']}", f"{local(a)}/{local(b)}",
+                      str(b["local"]), str(b["ldg128"]), str(b["stg128"]), fp64, f"{a['occupancy']:.0%} ({a['limiter']})",
+                      f"{b['occupancy']:.0%} ({b['limiter']})", r["status"]])
+    widths = [max(len(h), *(len(t[i]) for t in table)) if table else len(h) for i, h in enumerate(header)]
+    print("  ".join(h.ljust(w) for h, w in zip(header, widths)))
+    for t in table:
+        print("  ".join(c.ljust(w) for c, w in zip(t, widths)))
+    print("(LDL+STL, LDG.128, STG.128, FP64: instruction counts in the sm_90 SASS; stack+spill B: ptxas's stack frame"
+          " plus spill bytes; occupancy: resident warps / 64 at the launch's block size, and what limits it)")
+    if args.markdown:
+        with open(args.markdown, "w") as f:
+            f.write("| " + " | ".join(header) + " |\n|" + "---|" * len(header) + "\n")
+            for t in table:
+                f.write("| " + " | ".join(t) + " |\n")
+    exempt = sum(1 for r in rows for s in r["status"].split() if s.endswith(":exempt"))
+    print(f"sass_check: {len(rows)} kernels, {exempt} exempt rule violations left (fixes pending), {len(failures)} failures")
+    for f in failures:
+        print("FAIL: " + f)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
