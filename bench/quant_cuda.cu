@@ -78,7 +78,8 @@ void BM_cuda_matmul_nf4(benchmark::State& state) {
   fill_normalish<<<1024, 256>>>(x.data(), M * kK);
   MEMKIT_CUDA_CHECK(cudaGetLastError());
   const double bytes = static_cast<double>(w.bytes() + x.bytes() + y.bytes());
-  run_timed(state, [&] { q::matmul(gpu, memkit::tensor_view<const memkit::bf16>(x.view()), w, y.view(), device); },
+  memkit::device_async_resource workspace(gpu.stream);  // stream-ordered: no cudaFree in the timed loop
+  run_timed(state, [&] { q::matmul(gpu, memkit::tensor_view<const memkit::bf16>(x.view()), w, y.view(), workspace); },
             bytes);
 }
 

@@ -100,3 +100,46 @@ TEST_CASE("cuda_executor: the named default streams are CUDA's special handles, 
   CHECK(legacy.stream != nullptr);
   CHECK(per_thread.stream != nullptr);
 }
+
+namespace {
+// Host memory that calls itself device memory and is not stream-ordered (as device_resource is not): lets the
+// CUDA entry points run their argument checks here, where no device exists.
+class fake_device_memory final : public memkit::memory_resource {
+ public:
+  memkit::memory_kind kind() const noexcept override { return memkit::memory_kind::device; }
+  const char* name() const noexcept override { return "fake_device"; }
+
+ protected:
+  void* do_allocate(std::size_t bytes, std::size_t alignment) override { return heap_.allocate(bytes, alignment); }
+  void do_deallocate(void* pointer, std::size_t bytes, std::size_t alignment) noexcept override {
+    heap_.deallocate(pointer, bytes, alignment);
+  }
+
+ private:
+  memkit::host_resource heap_;
+};
+}  // namespace
+
+TEST_CASE("CUDA workspace: matmul's tiled path and quantize_into refuse a resource that is not stream-ordered") {
+  namespace q = memkit::quant;
+  fake_device_memory fake;
+  memkit::tracking_resource tracker(fake, "fake");
+  memkit::memory_resource& workspace = tracker.category(memkit::memory_category::workspace);
+  const memkit::cuda_executor gpu = memkit::cuda_executor::legacy_default_stream();
+  q::quantized_tensor<q::NF4> w(fake, memkit::shape{64, 64}, {64, true});
+  memkit::buffer<memkit::bf16> x(fake, memkit::shape{16, 64}), y(fake, memkit::shape{16, 64});
+  // M = 16 takes the tiled cuBLAS path, whose tile would be freed with a synchronizing cudaFree.
+  CHECK_THROWS_WITH_AS(q::matmul(gpu, memkit::tensor_view<const memkit::bf16>(x.view()), w, y.view(), workspace),
+                       doctest::Contains("quant::matmul (CUDA): the workspace resource (workspace) is not stream-ordered"),
+                       memkit::error);
+  CHECK_THROWS_WITH_AS(
+      q::matmul_input_grad(gpu, memkit::tensor_view<const memkit::bf16>(y.view()), w, x.view(), workspace),
+      doctest::Contains("quant::matmul_input_grad (CUDA): the workspace resource (workspace) is not stream-ordered"),
+      memkit::error);
+  memkit::buffer<float> input(fake, memkit::shape{64, 64});
+  CHECK_THROWS_WITH_AS(w.quantize_into(gpu, memkit::tensor_view<const float>(input.view()), workspace),
+                       doctest::Contains("quantized_tensor::quantize_into (CUDA): the workspace resource (workspace) "
+                                         "is not stream-ordered"),
+                       memkit::error);
+  CHECK(tracker.current_bytes() == 0);  // refused before anything was allocated
+}

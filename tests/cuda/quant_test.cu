@@ -257,9 +257,10 @@ void check_matmul_gpu(std::int64_t M, std::int64_t N, std::int64_t K, const q::m
   auto d_x = to_device(device, x);
   auto d_dy = to_device(device, dy);
   memkit::buffer<T> d_y(device, {M, N}), d_dx(device, {M, K});
-  q::matmul(gpu, memkit::tensor_view<const T>(d_x.view().reshaped({M, K})), w_dev, d_y.view(), device, config);
-  q::matmul_input_grad(gpu, memkit::tensor_view<const T>(d_dy.view().reshaped({M, N})), w_dev, d_dx.view(), device,
-                       config);
+  memkit::device_async_resource workspace(gpu.stream);  // the tiled path's workspace is stream-ordered
+  q::matmul(gpu, memkit::tensor_view<const T>(d_x.view().reshaped({M, K})), w_dev, d_y.view(), workspace, config);
+  q::matmul_input_grad(gpu, memkit::tensor_view<const T>(d_dy.view().reshaped({M, N})), w_dev, d_dx.view(),
+                       workspace, config);
   gpu.synchronize();
   const std::vector<T> y_dev = to_host(d_y.data(), y_host.size()), dx_dev = to_host(d_dx.data(), dx_host.size());
   // fp32: accumulation order only; 16-bit: a few units of 2^-9 from the rounded weights and outputs.

@@ -3,7 +3,6 @@
 // across the CTA) both apply. These cases pin the rule, NaN included, and check that the device's order of
 // reduction, replayed here on the host, gives the host's bits.
 #include <doctest/doctest.h>
-#include <memkit/memkit.hpp>
 
 #include <cmath>
 #include <cstdint>
@@ -11,6 +10,9 @@
 #include <limits>
 #include <random>
 #include <vector>
+
+#include "memkit/core/rounded_math.hpp"
+#include "memkit/optim/state_codecs.hpp"
 
 namespace {
 using memkit::detail::max_abs;

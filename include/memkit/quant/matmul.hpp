@@ -12,6 +12,9 @@
 // CUDA: for M <= small_batch_limit (at most 8) a fused kernel decodes W on the fly (one warp per output
 // column for y, one thread per input column for dx), reading the 4-bit codes once; larger batches
 // dequantize row tiles (device_tile_floats values, 32 MiB of bf16 by default) into workspace and call cuBLAS (tensor cores for bf16/fp16), accumulating dx in fp32.
+// That workspace is allocated and released on the executor's stream, so the CUDA tiled path needs a
+// stream-ordered workspace resource (device_async_resource, or a tracker over one) and refuses any other:
+// a plain device_resource would free it with cudaFree, which waits for the whole device (docs/cuda.md).
 // Users of the CUDA large-batch path link CUDA::cublas.
 //
 // matmul_workspace_bytes() says exactly what a call takes from the workspace resource.
@@ -529,6 +532,8 @@ void matmul(const E& exec, tensor_view<const std::type_identity_t<T>> x, const q
     });
   } else {
 #if MEMKIT_HAS_CUDA
+    // The tiled path's workspace is allocated and released on exec.stream (docs/cuda.md, "Workspace").
+    if (!detail::device_fused(M, config)) ::memkit::detail::require_stream_ordered(workspace, operation);
     ::memkit::detail::with_device(exec.device, [&] {
       if (detail::device_fused(M, config)) {
         constexpr int threads = 256;
@@ -539,9 +544,8 @@ void matmul(const E& exec, tensor_view<const std::type_identity_t<T>> x, const q
         return 0;
       }
       const std::int64_t rows = detail::tile_rows(N, K, config, true);
-      buffer<T> tile(workspace, shape{rows * K});
-      cublasHandle_t handle = ::memkit::detail::cublas_handle_for(exec.device);
-      ::memkit::detail::cublas_check(cublasSetStream(handle, exec.stream), "cublasSetStream");
+      buffer<T> tile(workspace, shape{rows * K}, on_stream{exec.stream});
+      cublasHandle_t handle = ::memkit::detail::cublas_handle_for(exec);  // on exec.stream, its own workspace
       const float one = 1.0f, zero = 0.0f;
       for (std::int64_t n0 = 0; n0 < N; n0 += rows) {
         const std::int64_t nt = N - n0 < rows ? N - n0 : rows;
@@ -604,6 +608,7 @@ void matmul_input_grad(const E& exec, tensor_view<const std::type_identity_t<T>>
       for (std::int64_t i = 0; i < M * K; ++i) dx[i] = from_float<T>(acc[i]);
   } else {
 #if MEMKIT_HAS_CUDA
+    if (!detail::device_fused(M, config)) ::memkit::detail::require_stream_ordered(workspace, operation);
     ::memkit::detail::with_device(exec.device, [&] {
       constexpr int threads = 256;
       if (detail::device_fused(M, config)) {
@@ -613,17 +618,16 @@ void matmul_input_grad(const E& exec, tensor_view<const std::type_identity_t<T>>
         MEMKIT_CUDA_CHECK(cudaGetLastError());
         return 0;
       }
-      buffer<T> tile(workspace, shape{rows * K});
+      buffer<T> tile(workspace, shape{rows * K}, on_stream{exec.stream});
       buffer<float> accumulator;
       void* c = dx.data();
       cudaDataType_t c_type = ::memkit::detail::cuda_type<T>();
       if constexpr (!std::is_same_v<T, float>) {
-        accumulator = buffer<float>(workspace, shape{M * K});
+        accumulator = buffer<float>(workspace, shape{M * K}, on_stream{exec.stream});
         c = accumulator.data();
         c_type = CUDA_R_32F;
       }
-      cublasHandle_t handle = ::memkit::detail::cublas_handle_for(exec.device);
-      ::memkit::detail::cublas_check(cublasSetStream(handle, exec.stream), "cublasSetStream");
+      cublasHandle_t handle = ::memkit::detail::cublas_handle_for(exec);  // on exec.stream, its own workspace
       const float one = 1.0f, zero = 0.0f;
       for (std::int64_t n0 = 0; n0 < N; n0 += rows) {
         const std::int64_t nt = N - n0 < rows ? N - n0 : rows;
