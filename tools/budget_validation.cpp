@@ -5,11 +5,12 @@
 // describe the run), asks memkit-budget for each row's prediction of that metric, and prints the
 // validation table of docs/memory_budget.md with the error of every row, the median and worst error.
 //
-//   memkit-budget-validation --budget build/tools/memkit-budget --root . [--write DOC | --check DOC]
+//   memkit-budget-validation --budget build/tools/memkit-budget --root . [--write DOC | --check DOC | --commands]
 //
 // --write DOC replaces the generated block of DOC (between the markers below); --check DOC exits 1 when the
 // block differs from what the data and today's model give, or when a row missing by more than 15% is not
-// explained (named by its id) in DOC. Bad input: one line, exit 2.
+// explained (named by its id) in DOC. --commands prints every row's memkit-budget command line (longest-context
+// rows without the --seq the search adds). Bad input: one line, exit 2.
 #include <memkit/io/json.hpp>
 
 #include <algorithm>
@@ -47,13 +48,23 @@ metric parse_metric(const std::string& text) {
   throw failure("metric must be allocated, reserved or device, got '" + text + "'");
 }
 
-// memkit-budget's prediction of `m`, from its --json output. memkit-budget reports one device peak today,
-// CUDA context included; the live-tensor figure is that peak less the context ("overhead"), and reserved
-// is not modelled apart from allocated yet (fragmentation 0%), so it is the same figure.
+const char* metric_key(metric m) {
+  switch (m) {
+    case metric::allocated: return "allocated";
+    case metric::reserved: return "reserved";
+    case metric::device: return "device";
+  }
+  return "?";
+}
+
+// memkit-budget's prediction of `m`, from its --json output: the "peak" object's figure for the metric
+// (allocated, reserved, device). A memkit-budget that predates those figures reports one device peak with
+// the CUDA context in "overhead"; then allocated and reserved are that peak less the context.
 std::uint64_t predicted_bytes(const json::value& out, metric m) {
-  const auto peak = static_cast<std::uint64_t>(out.at("peak_device_bytes").as_int());
+  if (const json::value* peak = out.find("peak")) return static_cast<std::uint64_t>(peak->at(metric_key(m)).as_int());
+  const auto device = static_cast<std::uint64_t>(out.at("peak_device_bytes").as_int());
   const auto context = static_cast<std::uint64_t>(out.at("breakdown").at("overhead").as_int());
-  return m == metric::device ? peak : peak - context;
+  return m == metric::device ? device : device - context;
 }
 
 double unit_bytes(const std::string& unit) {
@@ -101,7 +112,7 @@ std::string percent(double error) {
 }
 
 struct row_result {
-  std::string id, link, model, run, metric_name, unit;
+  std::string id, link, source, method, model, run, metric_name, unit;
   double measured = 0, predicted = 0, error = 0;
 };
 
@@ -141,9 +152,9 @@ std::vector<std::string> flags_of(const json::value& row) {
   return flags;
 }
 
-// memkit-budget's --json answer for the row's model and flags (plus `extra`).
-json::value ask(const json::value& row, const std::vector<std::string>& flags, const std::string& budget,
-                const std::string& root) {
+// The memkit-budget command line for the row's model and flags (no --json).
+std::string command_line(const json::value& row, const std::vector<std::string>& flags, const std::string& budget,
+                         const std::string& root) {
   std::string command = shell_quote(budget);
   const json::value& model = row.at("memkit_model");
   // Appended piece by piece: g++ 12 warns (-Wrestrict, a false positive) on "literal" + std::string&&.
@@ -153,8 +164,13 @@ json::value ask(const json::value& row, const std::vector<std::string>& flags, c
     command.append(" --preset ").append(shell_quote(model.at("preset").as_string()));
   }
   for (const std::string& f : flags) command.append(" ").append(shell_quote(f));
-  command += " --json 2>&1";
-  return json::parse(run_command(command), "memkit-budget --json");
+  return command;
+}
+
+// memkit-budget's --json answer for the row's model and flags.
+json::value ask(const json::value& row, const std::vector<std::string>& flags, const std::string& budget,
+                const std::string& root) {
+  return json::parse(run_command(command_line(row, flags, budget, root) + " --json 2>&1"), "memkit-budget --json");
 }
 
 std::string describe_run(const json::value& row, const std::string& shape) {
@@ -178,6 +194,7 @@ row_result evaluate(const json::value& row, const std::string& budget, const std
   row_result r;
   r.id = row.at("id").as_string();
   r.link = link_of(row);
+  r.source = row.at("source").as_string();
   r.model = row.at("model").as_string();
   r.metric_name = row.at("metric").as_string();
   const std::string metric_text = r.metric_name;
@@ -187,6 +204,9 @@ row_result evaluate(const json::value& row, const std::string& budget, const std
   r.measured = row.at("measured").as_double();
 
   const std::vector<std::string> flags = flags_of(row);
+  r.method = "full";  // memkit-budget's default
+  for (std::size_t i = 0; i + 1 < flags.size(); ++i)
+    if (flags[i] == "--method") r.method = flags[i + 1];
   check_flag(row, flags, "micro_batch", "--batch");
   check_flag(row, flags, "sequence", "--seq");
   check_flag(row, flags, "grad_accum", "--grad-accum");
@@ -305,6 +325,23 @@ std::string generate(const std::vector<row_result>& rows, const std::vector<cont
     errors.emplace_back(r.id, r.error);
   }
   md << "\n" << summary_line(summarize(errors), "runs") << "\n";
+  // The same by source and by method, in the order they first appear.
+  auto breakdown_table = [&](const char* heading, std::string row_result::*key) {
+    std::vector<std::string> groups;
+    for (const row_result& r : rows)
+      if (std::find(groups.begin(), groups.end(), r.*key) == groups.end()) groups.push_back(r.*key);
+    md << "\n| " << heading << " | runs | median absolute error | worst | low / high |\n|---|---|---|---|---|\n";
+    for (const std::string& group : groups) {
+      std::vector<std::pair<std::string, double>> of_group;
+      for (const row_result& r : rows)
+        if (r.*key == group) of_group.emplace_back(r.id, r.error);
+      const summary s = summarize(of_group);
+      md << "| " << group << " | " << s.n << " | " << fixed(100 * s.median, 1) << "% | " << percent(s.worst) << " | "
+         << s.below << " / " << s.above << " |\n";
+    }
+  };
+  breakdown_table("source", &row_result::source);
+  breakdown_table("memkit-budget --method", &row_result::method);
   if (!contexts.empty()) {
     md << "\nLongest context that trained on a GPU of the stated memory. At that length the run's peak was just "
           "within the GPU, so the error is memkit's prediction there against the GPU's memory; memkit's own longest "
@@ -353,6 +390,7 @@ std::string splice(const std::string& doc, const std::string& block, const std::
 
 int run(int argc, char** argv) {
   std::string budget, root = ".", data, write_path, check_path;
+  bool commands = false;
   for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
     auto value = [&]() -> std::string {
@@ -364,12 +402,23 @@ int run(int argc, char** argv) {
     else if (flag == "--data") data = value();
     else if (flag == "--write") write_path = value();
     else if (flag == "--check") check_path = value();
+    else if (flag == "--commands") commands = true;
     else throw failure("unknown option '" + flag + "'");
   }
   if (budget.empty()) throw failure("--budget PATH (the memkit-budget executable) is required");
   if (data.empty()) data = root + "/tests/data/budget_validation/measurements.json";
 
   const json::value table = json::parse(read_text(data), data);
+  if (commands) {  // every row's memkit-budget command, to reproduce or inspect a prediction
+    for (const char* list : {"rows", "longest_context"}) {
+      const json::value* rows = table.find(list);
+      if (rows == nullptr) continue;
+      for (const json::value& row : rows->as_array())
+        std::printf("# %s (%s)\n%s\n", row.at("id").as_string().c_str(), row.at("metric").as_string().c_str(),
+                    command_line(row, flags_of(row), budget, root).c_str());
+    }
+    return 0;
+  }
   std::vector<row_result> rows;
   for (const json::value& row : table.at("rows").as_array()) rows.push_back(evaluate(row, budget, root));
   std::vector<context_result> contexts;

@@ -294,15 +294,17 @@ constexpr logits_bytes logits_activation_bytes(const model_config& m, const trai
     case logits_mode::chunked:
       if (!plan.memkit_runtime()) {
         // torchtune's CEWithChunkedOutputLoss: the output projection runs on `logits_output_chunks` chunks of
-        // the sequence and every 16-bit chunk is kept (they are the model's output); each chunk is upcast to
-        // fp32 for its cross-entropy, one at a time (the recipes torch.compile that function, so no fp32
-        // copy outlives its chunk), and its 16-bit gradient is produced chunk by chunk in backward.
+        // the sequence and every 16-bit chunk is kept (they are the model's output, and the loss's backward
+        // needs them). The recipes torch.compile the per-chunk cross-entropy (training.compile_loss), so the
+        // fp32 upcast is fused into the kernel: it keeps an fp32 log-sum-exp per token, and its backward
+        // writes one chunk's 16-bit logits gradient at a time. (Uncompiled, each chunk's fp32 log-softmax
+        // would be kept for backward: close to `fp32`.)
         const std::uint64_t chunks = plan.logits_output_chunks < plan.sequence ? plan.logits_output_chunks : plan.sequence;
         const std::uint64_t chunk_tokens = plan.micro_batch * ((plan.sequence + chunks - 1) / chunks);
         const std::uint64_t chunk = chunk_tokens * m.vocab;
-        l.forward_peak = TV * e + 4 * chunk;
-        l.saved = TV * e;
-        l.backward_peak = TV * e + (4 + e) * chunk;
+        l.forward_peak = TV * e + 4 * plan.tokens();
+        l.saved = l.forward_peak;
+        l.backward_peak = l.saved + e * chunk;
         break;
       }
       [[fallthrough]];
