@@ -52,35 +52,30 @@ KERNELS = [
      {"no_local", "ldg128"}),
     ("quantize<int8,f32>", "quant::detail::quantize_kernel<(memkit::v0_1::quant::format)2, float>", 256,
      {"no_local", "ldg128"}),
-    ("dequantize<int8,f32>", "quant::detail::dequantize_kernel<(memkit::v0_1::quant::format)2, float>", 256,
-     {"no_local", "stg128"}),
-    ("dequantize<nf4,bf16> (tails)", "quant::detail::dequantize_kernel<(memkit::v0_1::quant::format)0, memkit::v0_1::bf16>", 256,
+    ("dequantize<int8,f32> (head/tail)", "quant::detail::dequantize_kernel<(memkit::v0_1::quant::format)2, float>", 256,
      {"no_local"}),
-    ("dequantize4_vector<nf4,bf16>", "quant::detail::dequantize4_vector_kernel<(memkit::v0_1::quant::format)0, memkit::v0_1::bf16>", 256,
-     {"no_local", "stg128"}),
+    ("dequantize<nf4,bf16> (head/tail)", "quant::detail::dequantize_kernel<(memkit::v0_1::quant::format)0, memkit::v0_1::bf16>", 256,
+     {"no_local"}),
+    ("dequantize_vector<nf4,bf16>", "quant::detail::dequantize_vector_kernel<(memkit::v0_1::quant::format)0, memkit::v0_1::bf16>", 256,
+     {"no_local", "ldg128", "stg128"}),
+    ("dequantize_vector<int8,f32>", "quant::detail::dequantize_vector_kernel<(memkit::v0_1::quant::format)2, float>", 256,
+     {"no_local", "ldg128", "stg128"}),
     ("gemv<nf4,bf16>", "quant::detail::fused_gemv_kernel<(memkit::v0_1::quant::format)0, memkit::v0_1::bf16, 8>", 256,
      {"no_local", "ldg128"}),
     ("gemv<fp4,f16>", "quant::detail::fused_gemv_kernel<(memkit::v0_1::quant::format)1, memkit::v0_1::fp16, 8>", 256,
      {"no_local", "ldg128"}),
-    ("gemv_t<nf4,bf16>", "quant::detail::fused_gemv_t_kernel<(memkit::v0_1::quant::format)0, memkit::v0_1::bf16, 8>", 256,
+    ("gemv_t<nf4,bf16> (unaligned K)", "quant::detail::fused_gemv_t_kernel<(memkit::v0_1::quant::format)0, memkit::v0_1::bf16, 8>", 256,
+     {"no_local"}),
+    ("gemv_t_tiled<nf4,bf16>", "quant::detail::fused_gemv_t_tiled_kernel<(memkit::v0_1::quant::format)0, memkit::v0_1::bf16, 8>", 256,
      {"no_local", "ldg128"}),
+    ("gemv_t_tiled<int8,f32>", "quant::detail::fused_gemv_t_tiled_kernel<(memkit::v0_1::quant::format)2, float, 8>", 256,
+     {"no_local", "ldg128"}),
+    ("gemv_t_reduce<bf16>", "quant::detail::gemv_t_reduce_kernel<memkit::v0_1::bf16>", 256, {"no_local"}),
 ]
 
 # --- Rules today's kernels break, each with the fix it waits for (issue 14). Remove an entry with its fix:
 #     the check fails on an entry that is no longer needed.
 EXEMPTIONS = {
-    ("quantize<nf4,bf16>", "ldg128"): "fix pending: 16-byte input loads, input read once",
-    ("quantize<fp4,f32>", "ldg128"): "fix pending: 16-byte input loads, input read once",
-    ("quantize<int8,f32>", "ldg128"): "fix pending: 16-byte input loads, input read once",
-    ("dequantize<int8,f32>", "stg128"): "fix pending: vectorized int8 dequantize",
-    ("dequantize<nf4,bf16> (tails)", "no_local"): "fix pending: NF4 codebook in registers/shared memory, not rebuilt in local memory",
-    ("dequantize4_vector<nf4,bf16>", "no_local"): "fix pending: pack the 8 outputs in registers, not a local array",
-    ("gemv<nf4,bf16>", "no_local"): "fix pending: NF4 codebook in registers/shared memory, not rebuilt in local memory",
-    ("gemv<nf4,bf16>", "ldg128"): "fix pending: 16-byte loads of codes and activations",
-    ("gemv<fp4,f16>", "no_local"): "fix pending: FP4 decode without a local table",
-    ("gemv<fp4,f16>", "ldg128"): "fix pending: 16-byte loads of codes and activations",
-    ("gemv_t<nf4,bf16>", "no_local"): "fix pending: NF4 codebook in registers/shared memory, not rebuilt in local memory",
-    ("gemv_t<nf4,bf16>", "ldg128"): "fix pending: 16-byte loads of codes and activations",
 }
 
 # --- Documented per-SM limits (CUDA C++ Programming Guide, "Compute Capabilities", and the occupancy
