@@ -100,6 +100,11 @@ TEST_CASE("budget: optimizer state kinds") {
   auto state = [&](optimizer_kind o) {
     return estimate_memory(m, {.optimizer = o, .overhead = exact}).phases[2][category::optimizer_state];
   };
+  auto memkit_state = [&](optimizer_kind o) {
+    return estimate_memory(m, {.runtime = runtime_kind::memkit, .optimizer = o, .logits = logits_mode::chunked,
+                               .overhead = exact})
+        .phases[2][category::optimizer_state];
+  };
   const std::uint64_t P = parameter_count(m);
   std::uint64_t fp32 = 0, bf16 = 0, chunks = 0;
   for_each_parameter(m, [&](const parameter_tensor& t) {
@@ -111,10 +116,13 @@ TEST_CASE("budget: optimizer state kinds") {
   CHECK(fp32 >= 8 * P);
   CHECK(fp32 - 8 * P < 128 * 1000);
   CHECK(bf16 >= 4 * P);
-  // Every Adam flavour allocates one control block and norm scratch per state on top of the moments.
+  // Every adam_state flavour (memkit runtime) allocates one control block and norm scratch per state on top
+  // of the moments; torch's foreach AdamW and bitsandbytes keep nothing else on the device.
   const std::uint64_t adam_fixed = adam_overhead_bytes(chunks);
-  CHECK(state(optimizer_kind::adamw) == fp32 + adam_fixed);
-  CHECK(state(optimizer_kind::adamw_bf16) == bf16 + adam_fixed);
+  CHECK(memkit_state(optimizer_kind::adamw) == fp32 + adam_fixed);
+  CHECK(memkit_state(optimizer_kind::adamw_bf16) == bf16 + adam_fixed);
+  CHECK(state(optimizer_kind::adamw) == fp32);
+  CHECK(state(optimizer_kind::adamw_bf16) == bf16);
   CHECK(state(optimizer_kind::sgd_momentum) == 4 * P);
   CHECK(state(optimizer_kind::none) == 0);
   std::uint64_t eight = 0, four = 0, factored = 0;
@@ -123,8 +131,10 @@ TEST_CASE("budget: optimizer state kinds") {
     four += adam_4bit_state_bytes(t.elements()) * t.count;
     factored += 4 * (t.cols > 1 ? t.rows + t.cols : t.rows) * t.count;
   });
-  CHECK(state(optimizer_kind::adamw_8bit) == eight + adam_fixed);
-  CHECK(state(optimizer_kind::adamw_4bit) == four + adam_fixed);
+  CHECK(memkit_state(optimizer_kind::adamw_8bit) == eight + adam_fixed);
+  CHECK(memkit_state(optimizer_kind::adamw_4bit) == four + adam_fixed);
+  CHECK(state(optimizer_kind::adamw_8bit) == eight);
+  CHECK(state(optimizer_kind::adamw_4bit) == four);
   CHECK(state(optimizer_kind::adafactor) == factored);
   CHECK(static_cast<double>(eight) / static_cast<double>(P) == doctest::Approx(2.03).epsilon(0.01));
 }
@@ -244,8 +254,10 @@ TEST_CASE("budget: logits modes") {
   plan.logits = logits_mode::half;
   CHECK(logits_activation_bytes(m, plan).backward_peak == TV * 8);
   plan.logits = logits_mode::chunked;
+  // PyTorch: torchtune's chunked output (budget_runtime_test.cpp has its bytes). memkit:
   // loss::fused_linear_cross_entropy's device workspace: 1024 tokens of fp32 logits and their bf16 gradient,
   // the 2048 per-token losses and two counters; plus the bf16 gradient of the hidden states.
+  plan.runtime = runtime_kind::memkit;
   CHECK(logits_activation_bytes(m, plan).forward_peak == 1024 * m.vocab * (4 + 2) + 2048 * 4 + 8 + 2 * 2048 * m.hidden);
 }
 

@@ -48,10 +48,13 @@ TEST_CASE("budget vs tracking_resource: QLoRA with NF4 base, bf16 adapters and 8
                 static_cast<std::uint64_t>(layers * (2 * hidden * hidden + 2 * kv_dim * hidden + 3 * ffn * hidden +
                                                      2 * hidden) +
                                            hidden + 2 * vocab * hidden));
-  const training_plan plan{.training = method::lora,
+  // The memkit runtime: lora_linear keeps its adapters' gradients in fp32 (lora/lora_linear.hpp).
+  const training_plan plan{.runtime = runtime_kind::memkit,
+                           .training = method::lora,
                            .weights = {weight_format::nf4, 64, true},
                            .lora = {rank, all_linear_modules, false},
                            .optimizer = optimizer_kind::adamw_8bit,
+                           .logits = logits_mode::chunked,
                            .overhead = exact_bytes};
   const memory_estimate predicted = estimate_memory(tiny, plan);
   REQUIRE(predicted.valid());
@@ -59,7 +62,8 @@ TEST_CASE("budget vs tracking_resource: QLoRA with NF4 base, bf16 adapters and 8
   memkit::tracking_resource tracker(memkit::default_host_resource(), "tiny-qlora");
   std::mt19937 rng(5);
   std::vector<memkit::quant::quantized_tensor<memkit::quant::NF4>> base;
-  std::vector<memkit::buffer<memkit::bf16>> dense, adapters, adapter_grads;
+  std::vector<memkit::buffer<memkit::bf16>> dense, adapters;
+  std::vector<memkit::buffer<float>> adapter_grads;
   std::vector<memkit::buffer<float>> masters;
   std::vector<std::int64_t> adapter_sizes;
   auto& weights = tracker.category(memory_category::weights);
@@ -97,7 +101,9 @@ TEST_CASE("budget vs tracking_resource: QLoRA with NF4 base, bf16 adapters and 8
 }
 
 TEST_CASE("budget vs tracking_resource: full bf16-mixed training with fp32 AdamW") {
-  const training_plan plan{.optimizer = optimizer_kind::adamw, .fused_optimizer = true, .overhead = exact_bytes};
+  // The memkit runtime: fp32 gradients (as the example's parameters keep them), adam_state's own bytes.
+  const training_plan plan{.runtime = runtime_kind::memkit, .optimizer = optimizer_kind::adamw,
+                           .logits = logits_mode::chunked, .overhead = exact_bytes};
   const memory_estimate predicted = estimate_memory(tiny, plan);
   REQUIRE(predicted.valid());
 
@@ -112,8 +118,8 @@ TEST_CASE("budget vs tracking_resource: full bf16-mixed training with fp32 AdamW
   tensors.push_back(memkit::shape{vocab, hidden});
   tensors.push_back(memkit::shape{vocab, hidden});
 
-  std::vector<memkit::buffer<memkit::bf16>> weights, gradients;
-  std::vector<memkit::buffer<float>> masters;
+  std::vector<memkit::buffer<memkit::bf16>> weights;
+  std::vector<memkit::buffer<float>> gradients, masters;
   std::vector<std::int64_t> sizes;
   for (const memkit::shape& dims : tensors) {
     weights.emplace_back(tracker.category(memory_category::weights), dims);

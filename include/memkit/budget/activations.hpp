@@ -13,6 +13,7 @@
 #include "memkit/attention/flash_attention.hpp"
 #include "memkit/budget/model.hpp"
 #include "memkit/budget/plan.hpp"
+#include "memkit/lora/lora_linear.hpp"
 #include "memkit/lora/lora_memory.hpp"
 #include "memkit/loss/fused_linear_cross_entropy.hpp"
 
@@ -49,8 +50,10 @@ namespace detail {
 // bitsandbytes before 0.43.2 saved a 4-bit matmul's input whenever it needed a gradient, although
 // the backward only uses the weight: with `quantized_matmul_keeps_input` a frozen NF4/FP4 linear
 // keeps its input too.
+// memkit's lora_linear keeps its own copy of the adapter's input and its frozen base keeps nothing.
 constexpr bool keeps_linear_input(const training_plan& plan, module_set modules) noexcept {
   if (!plan.lora_training()) return true;
+  if (plan.memkit_runtime()) return false;
   const bool four_bit = plan.weights.format == weight_format::nf4 || plan.weights.format == weight_format::fp4;
   if (four_bit && plan.quantized_matmul_keeps_input) return true;
   return contains(plan.lora.targets, modules) && !plan.lora.dropout;
@@ -65,7 +68,7 @@ constexpr block_activations block_activation_bytes(const model_config& m, const 
   const std::uint64_t b = plan.micro_batch, s = plan.sequence, T = b * s;
   const std::uint64_t h = m.hidden, H = m.heads, d = m.head_dim, f = m.intermediate;
   const bool llama = !m.is_gpt2();
-  const bool upcast = llama && plan.fp32_norm_and_softmax && e == 2;
+  const bool upcast = llama && plan.fp32_norm_and_softmax && e == 2 && !plan.memkit_runtime();
   const bool eager = plan.attention == attention_impl::eager;
   const std::uint64_t qkv_e = eager ? e : plan.activation_bytes();  // attention kernels take 16-bit q, k, v
   const bool norms_train = !plan.lora_training();
@@ -84,6 +87,14 @@ constexpr block_activations block_activation_bytes(const model_config& m, const 
     if (!plan.lora_training() || !contains(plan.lora.targets, modules)) return;
     const lora::saved_bytes_parts adapter = lora::saved_activation_bytes(
         static_cast<std::int64_t>(T), static_cast<std::int64_t>(in), static_cast<std::int64_t>(plan.lora.rank), e);
+    if (plan.memkit_runtime()) {
+      // lora_linear saves dropout(x) (a copy, with or without dropout), its down-projection and the
+      // 32-byte record of the dropout stream; the mask is drawn again in backward.
+      add(dropped, adapter.adapter_input);
+      add(down_projection, adapter.adapter_output);
+      add("lora.dropout_record", adapter.record);
+      return;
+    }
     if (plan.lora.dropout) {
       add(dropped, adapter.adapter_input);
       add(mask, T * in);
@@ -166,6 +177,72 @@ constexpr block_activations block_activation_bytes(const model_config& m, const 
   return a;
 }
 
+namespace detail {
+// Losses that compute the hidden states' gradient during forward and so keep no lm_head input:
+// memkit's fused_linear_cross_entropy and Liger's fused linear cross-entropy.
+constexpr bool loss_grad_in_forward(const training_plan& plan) noexcept {
+  return plan.logits == logits_mode::fused || (plan.memkit_runtime() && plan.logits == logits_mode::chunked);
+}
+
+// Base storage and activation type of a memkit block's linears, for the component's workspace functions.
+template <class F>
+constexpr auto with_base_type(const training_plan& plan, F&& f) noexcept {
+  switch (plan.weights.format) {
+    case weight_format::nf4: return f(static_cast<quant::quantized_tensor<quant::NF4>*>(nullptr));
+    case weight_format::fp4: return f(static_cast<quant::quantized_tensor<quant::FP4>*>(nullptr));
+    case weight_format::int8: return f(static_cast<quant::quantized_tensor<quant::INT8>*>(nullptr));
+    case weight_format::fp32: return f(static_cast<float*>(nullptr));
+    case weight_format::fp16: return f(static_cast<fp16*>(nullptr));
+    case weight_format::bf16: break;
+  }
+  return f(static_cast<bf16*>(nullptr));
+}
+}  // namespace detail
+
+// memkit runtime: the most one linear layer of a block takes from the workspace on a device — a
+// lora_linear's forward or backward (lora/lora_linear.hpp's forward_workspace_bytes /
+// backward_workspace_bytes: the held down-projection gradient and, over a quantized base,
+// quant::matmul's dequantized tile of rows and its fp32 input-gradient accumulator), or a frozen
+// quantized linear without adapter (quant::matmul_workspace_bytes). Dense products run on cuBLAS, whose
+// own workspace is the overhead's `workspace_bytes`. Full training: dense linears, nothing.
+constexpr std::uint64_t memkit_linear_workspace_bytes(const model_config& m, const training_plan& plan) noexcept {
+  if (!plan.lora_training()) return 0;
+  const std::uint64_t e = plan.activation_bytes();
+  const bool half_is_fp16 = plan.precision == precision_mode::fp16_mixed;
+  const block_linears linears = linears_of(m);
+  std::uint64_t peak = 0;
+  for (int i = 0; i < linears.count; ++i) {
+    const linear_layer& l = linears.items[i];
+    const auto tokens = static_cast<std::int64_t>(plan.tokens() * l.tokens_per_copy_num / l.tokens_per_copy_den);
+    const auto in = static_cast<std::int64_t>(l.in), out = static_cast<std::int64_t>(l.out);
+    const auto rank = static_cast<std::int64_t>(plan.lora.rank);
+    const std::int64_t block = plan.weights.format == weight_format::int8 ? in
+                                                                          : static_cast<std::int64_t>(plan.weights.block_size);
+    const bool adapter = contains(plan.lora.targets, l.modules);
+    auto of = [&]<class Base, class T>(Base*, T*) -> std::uint64_t {
+      if (adapter) {
+        lora::lora_options options;
+        return max_of(lora::forward_workspace_bytes<Base, T>(tokens, in, out, rank, true, options, block),
+                      lora::backward_workspace_bytes<Base, T>(tokens, in, out, rank, plan.lora.dropout, true, true,
+                                                              options, block));
+      }
+      if constexpr (lora::base_traits<Base>::quantized) {
+        constexpr quant::format F = lora::base_traits<Base>::format;
+        return max_of(quant::matmul_workspace_bytes(quant::matmul_kind::forward, F, block, tokens, out, in, sizeof(T), true),
+                      quant::matmul_workspace_bytes(quant::matmul_kind::input_grad, F, block, tokens, out, in, sizeof(T), true));
+      }
+      return 0;
+    };
+    const std::uint64_t bytes = detail::with_base_type(plan, [&](auto* base) -> std::uint64_t {
+      if (e == 4) return of(base, static_cast<float*>(nullptr));
+      if (half_is_fp16) return of(base, static_cast<fp16*>(nullptr));
+      return of(base, static_cast<bf16*>(nullptr));
+    });
+    peak = max_of(peak, bytes);
+  }
+  return peak;
+}
+
 // Activations saved outside the blocks: rotary tables, embedding dropout, the final norm and the
 // LM head's input.
 constexpr std::uint64_t model_level_activation_bytes(const model_config& m, const training_plan& plan) noexcept {
@@ -173,14 +250,14 @@ constexpr std::uint64_t model_level_activation_bytes(const model_config& m, cons
   const std::uint64_t e = plan.stream_bytes();
   const std::uint64_t T = plan.tokens(), h = m.hidden;
   const bool llama = !m.is_gpt2();
-  const bool upcast = llama && plan.fp32_norm_and_softmax && e == 2;
+  const bool upcast = llama && plan.fp32_norm_and_softmax && e == 2 && !plan.memkit_runtime();
   std::uint64_t total = 0;
   if (llama) total += 2 * round_up(e * T * m.head_dim, g);  // cos and sin
   if (m.dropout) total += round_up(T * h, g);                // embedding dropout mask
   total += round_up((upcast ? 4 : e) * T * h, g) + round_up((llama ? 4 : 8) * T, g);  // final norm
   if (!plan.lora_training()) {
     if (upcast) total += round_up(e * T * h, g);
-    if (plan.logits != logits_mode::chunked) total += round_up(e * T * h, g);  // lm_head input
+    if (!detail::loss_grad_in_forward(plan)) total += round_up(e * T * h, g);  // lm_head input
   }
   return total;
 }
@@ -214,7 +291,42 @@ constexpr logits_bytes logits_activation_bytes(const model_config& m, const trai
       l.saved = TV * 2 * e;
       l.backward_peak = TV * 4 * e;
       break;
-    case logits_mode::chunked: {
+    case logits_mode::chunked:
+      if (!plan.memkit_runtime()) {
+        // torchtune's CEWithChunkedOutputLoss: the output projection runs on `logits_output_chunks` chunks of
+        // the sequence and every 16-bit chunk is kept (they are the model's output, and the loss's backward
+        // needs them). The recipes torch.compile the per-chunk cross-entropy (training.compile_loss), so the
+        // fp32 upcast is fused into the kernel: it keeps an fp32 log-sum-exp per token, and its backward
+        // writes one chunk's 16-bit logits gradient at a time. (Uncompiled, each chunk's fp32 log-softmax
+        // would be kept for backward: close to `fp32`.)
+        const std::uint64_t chunks = plan.logits_output_chunks < plan.sequence ? plan.logits_output_chunks : plan.sequence;
+        const std::uint64_t chunk_tokens = plan.micro_batch * ((plan.sequence + chunks - 1) / chunks);
+        const std::uint64_t chunk = chunk_tokens * m.vocab;
+        l.forward_peak = TV * e + 4 * plan.tokens();
+        l.saved = l.forward_peak;
+        l.backward_peak = l.saved + e * chunk;
+        break;
+      }
+      [[fallthrough]];
+    case logits_mode::fused:
+      if (!plan.memkit_runtime()) {
+        // Liger's LigerFusedLinearCrossEntropy (liger_kernel/ops/fused_linear_cross_entropy.py): tokens in
+        // chunks of next_power_of_2(ceil(T / ceil(V / H))) (at most T), so a chunk's logits are about T x H
+        // values; each chunk's 16-bit logits become their gradient in place and are multiplied into
+        // grad_input [T, H] (16-bit) during forward; fp32 per-token losses [T]. Full training also allocates
+        // the head's gradient [V, H] in forward. Backward only scales grad_input.
+        const std::uint64_t T = plan.tokens(), H = m.hidden, V = m.vocab;
+        const std::uint64_t factor = (V + H - 1) / H;
+        std::uint64_t rows = (T + factor - 1) / factor, chunk_tokens = 1;
+        while (chunk_tokens < rows) chunk_tokens *= 2;
+        if (chunk_tokens > T) chunk_tokens = T;
+        const std::uint64_t head_grad = plan.lora_training() ? 0 : plan.gradient_bytes() * V * H;
+        l.forward_peak = e * chunk_tokens * V + e * T * H + 4 * T + head_grad;
+        l.saved = e * T * H;
+        l.backward_peak = e * T * H;
+        break;
+      }
+      {
       // memkit's loss::fused_linear_cross_entropy on a device, its chunk budget set to hold
       // logits_chunk_tokens tokens: its exact workspace (one chunk's fp32 logits and 16-bit gradient, the
       // per-token losses), plus the gradient of the hidden states it produces in forward.
@@ -228,6 +340,18 @@ constexpr logits_bytes logits_activation_bytes(const model_config& m, const trai
                        e * plan.tokens() * m.hidden;
       l.saved = e * plan.tokens() * m.hidden;
       l.backward_peak = l.saved;
+      break;
+      }
+    case logits_mode::cut: {
+      // Cut Cross-Entropy (apple/ml-cross-entropy, cce.py): forward computes the fp32 log-sum-exp per token
+      // [T] and the target logits [T] without any logits in memory, plus the fp32 average logit per vocabulary
+      // entry [V] for gradient filtering (filter_eps "auto"); it saves its input e [T, H] (with LoRA nothing
+      // else keeps it), lse and the averages. Backward adds an int32 vocabulary ordering [V] and de [T, H].
+      const std::uint64_t T = plan.tokens(), H = m.hidden, V = m.vocab;
+      const std::uint64_t input = plan.lora_training() ? e * T * H : 0;
+      l.forward_peak = input + 8 * T + 4 * V;
+      l.saved = input + 4 * T + 4 * V;
+      l.backward_peak = l.saved + 4 * V + e * T * H;
       break;
     }
   }

@@ -6,8 +6,16 @@
 //   backward       walked layer by layer from the head: activations are released as their layer's
 //                  gradients are produced (with checkpointing, one segment is recomputed at a time);
 //   optimizer      persistent state + all gradients + the optimizer's temporaries.
-// Persistent state is weights, master weights, optimizer state, workspace and overhead (CUDA
-// context, NCCL). `device` is the breakdown at the peak moment, so its total is the peak.
+// Persistent state is weights, master weights, optimizer state and workspace.
+// Each moment has three figures (budget/allocator.hpp, docs/memory_budget.md "Which memory"):
+//   allocated  the tensor categories (for PyTorch plus the tails of large blocks too small to split, which
+//              it hands out whole): what torch.cuda.max_memory_allocated / a tracking_resource reports;
+//   reserved   allocated plus the allocator's segment slack (PyTorch's caching allocator; for the
+//              memkit runtime nothing) and overhead_settings::fragmentation_percent of allocated;
+//   device     reserved plus the CUDA context, over several GPUs NCCL's buffers, with the memkit runtime
+//              cuBLAS's own workspace, and a paged optimizer's managed memory: nvidia-smi.
+// `overhead` is device minus the tensors, so every breakdown adds up to the device figure, and `device`
+// is the breakdown at the moment with the most device memory: device.total() == peak_device_bytes.
 #pragma once
 
 #include <cstdint>
@@ -15,6 +23,7 @@
 #include <vector>
 
 #include "memkit/budget/activations.hpp"
+#include "memkit/budget/allocator.hpp"
 #include "memkit/budget/component_bytes.hpp"
 #include "memkit/budget/model.hpp"
 #include "memkit/budget/plan.hpp"
@@ -85,11 +94,23 @@ struct memory_estimate {
   breakdown device;                      // at the peak moment: device.total() == peak_device_bytes
   breakdown host;
   breakdown phases[step_phase_count];    // device at each phase's own peak
-  step_phase peak_phase = step_phase::forward;
-  std::uint64_t peak_device_bytes = 0;
+  memory_figures figures[step_phase_count];  // allocated, reserved and device at each phase's peak
+  memory_figures peak;                       // the most of each figure over the step
+  step_phase peak_phase = step_phase::forward;  // the phase with the most device memory
+  std::uint64_t peak_device_bytes = 0;       // == peak.device
   std::uint64_t host_bytes = 0;
+  // Of the device bytes, those in CUDA managed memory (the optimizer state of a paged optimizer,
+  // bitsandbytes' paged AdamW): the device holds them while they are resident, but torch's allocator
+  // counters (max_memory_allocated / reserved) never see them. Already included in `device`.
+  std::uint64_t managed_bytes = 0;
   constexpr bool valid() const noexcept { return problem.empty(); }
+  constexpr std::uint64_t peak_bytes(metric m) const noexcept { return peak[m]; }
 };
+
+constexpr bool detail_is_adam(optimizer_kind o) noexcept {
+  return o == optimizer_kind::adamw || o == optimizer_kind::adamw_bf16 || o == optimizer_kind::adamw_8bit ||
+         o == optimizer_kind::adamw_4bit;
+}
 
 // What is wrong with `plan` for `model`, or empty.
 constexpr std::string_view plan_problem(const model_config& m, const training_plan& p) noexcept {
@@ -102,6 +123,9 @@ constexpr std::string_view plan_problem(const model_config& m, const training_pl
   if (p.checkpoint == checkpointing::every_k_layers && p.checkpoint_every == 0)
     return "checkpoint_every must be positive";
   if (p.checkpoint == checkpointing::binomial && p.checkpoint_slots == 0) return "checkpoint_slots must be positive";
+  if (p.logits == logits_mode::chunked && p.logits_output_chunks == 0) return "logits_output_chunks must be positive";
+  if ((p.logits == logits_mode::chunked || p.logits == logits_mode::fused) && p.logits_chunk_tokens == 0)
+    return "logits_chunk_tokens must be positive";
   if (m.is_gpt2() && p.sequence > m.max_positions)
     return "sequence is longer than the model's learned position table";
   if (p.training == method::full && p.weights.quantized())
@@ -114,6 +138,21 @@ constexpr std::string_view plan_problem(const model_config& m, const training_pl
     return "4-bit block size must be a power of two in 32..4096";
   if (p.offload_parameters && p.placement != optimizer_placement::host)
     return "offloading parameters needs the optimizer offloaded to the host too";
+  if (p.optimizer_in_backward) {
+    if (p.grad_accum > 1) return "the optimizer step in backward frees each gradient at once: it needs grad_accum 1";
+    if (p.placement == optimizer_placement::host) return "the optimizer step in backward runs on the device: not with CPU offload";
+    if (p.gpus > 1 && p.zero_stage > 0) return "the optimizer step in backward is modelled for one GPU (no ZeRO)";
+  }
+  if (p.memkit_runtime()) {
+    // What memkit has: its losses, optimizers and kernels; PyTorch-only conventions do not apply.
+    if (p.logits == logits_mode::fp32 || p.logits == logits_mode::half || p.logits == logits_mode::cut)
+      return "memkit's loss is loss::fused_linear_cross_entropy: use logits chunked or fused with the memkit runtime";
+    if (!(detail_is_adam(p.optimizer) || p.optimizer == optimizer_kind::none))
+      return "memkit's optimizers are adam_state flavours (adamw, adamw-bf16, adamw8bit, adamw4bit) or none";
+    if (p.kbit_prepared || p.quantized_matmul_keeps_input)
+      return "kbit-prepared and bnb-keeps-input describe PEFT / bitsandbytes, not the memkit runtime";
+    if (p.placement == optimizer_placement::paged) return "paged optimizer state is bitsandbytes': not with the memkit runtime";
+  }
   return {};
 }
 
@@ -191,28 +230,60 @@ struct parameter_totals {
   std::uint64_t master = 0;
   std::uint64_t optimizer = 0;
   std::uint64_t step_temporary = 0;   // optimizer temporaries during the step
+  std::uint64_t largest_gradient = 0;  // the largest trainable tensor's gradient (optimizer in backward)
+  std::uint64_t largest_step_temporary = 0;  // the step's temporaries for that tensor alone
   std::uint64_t largest_frozen_linear = 0;  // elements of the largest quantized linear (dequantized tile)
   std::uint64_t layer_weights = 0;    // one block's weights (ZeRO-3 gather, parameter streaming)
   std::uint64_t layer_gradients = 0;  // one block's gradients
   std::uint64_t head_gradients = 0;   // gradient of the LM head (or tied embedding), produced first
   std::uint64_t embedding_gradients = 0;  // produced last (untied / position embeddings)
+  // Tensor-size profiles of the categories, for the allocator model (budget/allocator.hpp).
+  pool_usage weights_pool, gradients_pool, master_pool, optimizer_pool, temporary_pool;
 };
 
 constexpr parameter_totals parameter_bytes(const model_config& m, const training_plan& p) noexcept {
   parameter_totals r;
   const std::uint64_t g = p.overhead.allocation_granularity;
   const std::uint64_t weight_bytes = p.precision == precision_mode::fp32 ? 4 : 2;
+  const std::uint64_t gradient_bytes = p.gradient_bytes();
   const bool pure_16bit = p.precision == precision_mode::bf16;
+  // torch.optim.AdamW(fused=True) keeps each parameter's `step` counter as an fp32 scalar on the device;
+  // foreach keeps it on the host (capturable=False), bitsandbytes as a Python int.
+  const bool torch_adam = !p.memkit_runtime() &&
+                          (p.optimizer == optimizer_kind::adamw || p.optimizer == optimizer_kind::adamw_bf16);
+  const std::uint64_t step_counter = torch_adam && p.fused_optimizer ? round_up(4, g) : 0;
   std::uint64_t largest_trainable = 0;
+  std::uint64_t trainable_tensors = 0;
   std::uint64_t adam_chunks = 0;
   auto trainable = [&](const parameter_tensor& t) {
     const std::uint64_t n = t.elements();
     adam_chunks += adam_reduction_chunks(n) * t.count;
-    const std::uint64_t w = round_up(weight_bytes * n, g), grad = round_up(weight_bytes * n, g);
+    trainable_tensors += t.count;
+    const std::uint64_t w = round_up(weight_bytes * n, g), grad = round_up(gradient_bytes * n, g);
     r.weights += w * t.count;
     r.gradients += grad * t.count;
+    r.largest_gradient = max_of(r.largest_gradient, grad);
     if (p.has_master_weights()) r.master += round_up(4 * n, g) * t.count;
-    r.optimizer += round_up(optimizer_state_bytes(t, p.optimizer, pure_16bit), g) * t.count;
+    const std::uint64_t state = optimizer_state_bytes(t, p.optimizer, pure_16bit);
+    r.optimizer += round_up(state, g) * t.count;
+    r.weights_pool.add(w, t.count);
+    r.gradients_pool.add(grad, t.count);
+    r.master_pool.add(4 * n, t.count);
+    // Adam flavours keep exp_avg and exp_avg_sq as two tensors per parameter (fp32, bf16, 8-bit codes,
+    // packed 4-bit codes), and the blockwise ones their scales as two more.
+    const std::uint64_t moment = p.optimizer == optimizer_kind::adamw        ? 4 * n
+                                 : p.optimizer == optimizer_kind::adamw_bf16 ? 2 * n
+                                 : p.optimizer == optimizer_kind::adamw_8bit ? n
+                                 : p.optimizer == optimizer_kind::adamw_4bit ? ceil_div(n, 2)
+                                                                             : 0;
+    if (moment != 0 && 2 * moment <= state) {
+      r.optimizer_pool.add(moment, 2 * t.count);
+      r.optimizer_pool.add(ceil_div(state - 2 * moment, 2), 2 * t.count);
+    } else {
+      r.optimizer_pool.add(state, t.count);
+    }
+    // foreach AdamW: one temporary per parameter in the state's dtype.
+    r.temporary_pool.add((p.optimizer == optimizer_kind::adamw_bf16 ? 2 : 4) * n, t.count);
     largest_trainable = max_of(largest_trainable, n);
     if (t.per_block) {
       const std::uint64_t per_block = t.count / m.layers;
@@ -230,28 +301,48 @@ constexpr parameter_totals parameter_bytes(const model_config& m, const training
     for_each_parameter(m, [&](const parameter_tensor& t) {
       const std::uint64_t w = round_up(frozen_weight_bytes(t, p.weights, p.kbit_prepared), g);
       r.weights += w * t.count;
+      // bitsandbytes keeps a quantized weight's packed data and its scales as separate tensors.
+      const std::uint64_t packed = t.role != tensor_role::linear_weight ? 0
+                                   : p.weights.format == weight_format::int8 ? t.elements()
+                                   : p.weights.quantized()                   ? ceil_div(t.elements(), 2)
+                                                                             : 0;
+      r.weights_pool.add(packed, t.count);
+      r.weights_pool.add(w - packed, t.count);
       if (t.per_block) r.layer_weights += w * (t.count / m.layers);
       if (t.role == tensor_role::linear_weight && p.weights.quantized())
         r.largest_frozen_linear = max_of(r.largest_frozen_linear, t.elements());
     });
     for_each_lora_parameter(m, p.lora.rank, p.lora.targets, trainable);
   }
-  // memkit's adam_state adds one control block and its gradient-norm scratch per state.
-  const bool adam = p.optimizer == optimizer_kind::adamw || p.optimizer == optimizer_kind::adamw_bf16 ||
-                    p.optimizer == optimizer_kind::adamw_8bit || p.optimizer == optimizer_kind::adamw_4bit;
-  if (adam) r.optimizer += round_up(adam_overhead_bytes(adam_chunks), g);
-  // PyTorch's foreach AdamW materialises an fp32 temporary the size of all parameters (sqrt of v);
-  // Adafactor builds fp32 temporaries per tensor; fused and blockwise optimizers work in place.
-  if (!p.fused_optimizer) {
-    const std::uint64_t trainable_elements = r.gradients / weight_bytes;
-    if (p.optimizer == optimizer_kind::adamw) r.step_temporary = 4 * trainable_elements;
-    if (p.optimizer == optimizer_kind::adamw_bf16) r.step_temporary = 2 * trainable_elements;
+  // memkit's adam_state adds one control block and its gradient-norm scratch per state (memkit runtime);
+  // torch's fused AdamW one device `step` counter per parameter tensor (PyTorch runtime).
+  if (p.memkit_runtime() && is_adam(p.optimizer)) r.optimizer += round_up(adam_overhead_bytes(adam_chunks), g);
+  r.optimizer += step_counter * trainable_tensors;
+  // torch's foreach AdamW (torch/optim/adamw.py, _multi_tensor_adam; grouped per device and dtype):
+  // everything it does to the moments and parameters is in place (_foreach_lerp_, _foreach_mul_,
+  // _foreach_addcmul_, _foreach_addcdiv_) except `exp_avg_sq_sqrt = torch._foreach_sqrt(exp_avg_sqs)`,
+  // one new tensor per parameter in the state's dtype, alive until the group's update is done: one
+  // temporary the size of all trainable parameters (fp32 states: 4 bytes each; bf16 states: 2).
+  // fused=True, bitsandbytes' blockwise optimizers and memkit's adam_state work in place.
+  // Adafactor builds fp32 temporaries per tensor.
+  if (torch_adam && !p.fused_optimizer) {
+    const std::uint64_t state_bytes = p.optimizer == optimizer_kind::adamw ? 4 : 2;
+    r.step_temporary = state_bytes * (r.gradients / gradient_bytes);
+    r.largest_step_temporary = round_up(state_bytes * largest_trainable, g);
   }
-  if (p.optimizer == optimizer_kind::adafactor) r.step_temporary = 3 * 4 * largest_trainable;
+  if (p.optimizer == optimizer_kind::adafactor) r.largest_step_temporary = r.step_temporary = 3 * 4 * largest_trainable;
   return r;
 }
 
 }  // namespace detail
+
+// Whose allocator serves the step's tensors: PyTorch's caching allocator, or an exact one (every tensor its
+// bytes, nothing cached) for the memkit runtime, whose resources are exact, and for an allocation
+// granularity of 1 byte, which no caching allocator has (PyTorch rounds every block to 512).
+constexpr allocator_kind allocator_of(const training_plan& p) noexcept {
+  return p.memkit_runtime() || p.overhead.allocation_granularity <= 1 ? allocator_kind::memkit_exact
+                                                                       : allocator_kind::pytorch_caching;
+}
 
 constexpr memory_estimate estimate_memory(const model_config& m, const training_plan& p) noexcept {
   memory_estimate out;
@@ -288,6 +379,11 @@ constexpr memory_estimate estimate_memory(const model_config& m, const training_
                                                  : ceil_div(params.optimizer, N);
   std::uint64_t gradients = zero >= 2 ? ceil_div(params.gradients, N) + params.layer_gradients : params.gradients;
   std::uint64_t step_temporary = zero >= 1 ? ceil_div(params.step_temporary, N) : params.step_temporary;
+  // torchtune's optimizer_in_bwd: a parameter's step runs (and its gradient is freed) as soon as its
+  // gradient is accumulated, so at most the largest one is alive, with that one tensor's step temporaries,
+  // during backward; there is no separate optimizer phase.
+  const bool step_in_backward = p.optimizer_in_backward;
+  if (step_in_backward) gradients = params.largest_gradient;
   if (host_optimizer) {
     host[category::master_weights] = master;
     host[category::optimizer_state] = optimizer;
@@ -300,11 +396,21 @@ constexpr memory_estimate estimate_memory(const model_config& m, const training_
   } else {
     persistent[category::master_weights] = master;
     persistent[category::optimizer_state] = optimizer;
+    if (p.placement == optimizer_placement::paged) out.managed_bytes = optimizer;
   }
   const std::uint64_t g = p.overhead.allocation_granularity;
-  // A quantized base is dequantized one linear at a time into a 16-bit tile.
-  persistent[category::workspace] = p.overhead.workspace_bytes + round_up(2 * params.largest_frozen_linear, g);
-  persistent[category::overhead] = p.overhead.cuda_context_bytes + (N > 1 ? p.overhead.nccl_bytes : 0);
+  // PyTorch: bitsandbytes dequantizes a quantized base one linear at a time into a 16-bit copy of the
+  // whole weight. memkit: the largest workspace one of its linears takes (lora_linear / quant::matmul).
+  persistent[category::workspace] =
+      p.overhead.workspace_bytes + (p.memkit_runtime() ? round_up(memkit_linear_workspace_bytes(m, p), g)
+                                                       : round_up(2 * params.largest_frozen_linear, g));
+  // Outside any allocator: the CUDA context, NCCL's buffers when there is more than one GPU, and with the
+  // memkit runtime the cuBLAS workspace (memkit never calls cublasSetWorkspace: cuBLAS allocates its own;
+  // PyTorch hands cuBLAS one from its caching allocator, so there it is a tensor of `workspace`).
+  const bool cublas_outside = p.memkit_runtime();
+  if (cublas_outside) persistent[category::workspace] -= p.overhead.workspace_bytes;
+  const std::uint64_t outside_allocator = p.overhead.cuda_context_bytes + (N > 1 ? p.overhead.nccl_bytes : 0) +
+                                          (cublas_outside ? p.overhead.workspace_bytes : 0);
 
   // --- activations ---
   const block_activations block = block_activation_bytes(m, p);
@@ -326,7 +432,6 @@ constexpr memory_estimate estimate_memory(const model_config& m, const training_
     b[category::activations] = activations;
     b[category::logits] = logit_bytes;
     b[category::workspace] += extra_workspace;
-    if (p.overhead.fragmentation_percent != 0) b[category::overhead] += b.total() * p.overhead.fragmentation_percent / 100;
     return b;
   };
   auto larger = [](const breakdown& a, const breakdown& b) { return b.total() > a.total() ? b : a; };
@@ -338,46 +443,92 @@ constexpr memory_estimate estimate_memory(const model_config& m, const training_
 
   // Backward, from the loss: the head's gradient first, then block by block.
   auto grads_so_far = [&](std::uint64_t produced) {
-    if (p.grad_accum > 1 || host_optimizer) return gradients;  // already allocated (or a fixed bucket)
+    if (p.grad_accum > 1 || host_optimizer || step_in_backward) return gradients;  // allocated, a bucket, or one
     return produced < gradients ? produced : gradients;
   };
+  const std::uint64_t backward_workspace = step_in_backward ? params.largest_step_temporary : 0;
   breakdown backward = with(persistent, grads_so_far(params.head_gradients), saved_blocks + extras,
-                            logits.backward_peak, 0);
+                            logits.backward_peak, backward_workspace);
   for (std::uint64_t i = L; i-- > 0;) {
     // Layer i runs backward: what blocks 0..i (or their checkpoints) still keep, plus its temporaries.
     const std::uint64_t activations = extras + block.backward_transient + blocks.at_backward(i);
     const std::uint64_t produced = params.head_gradients + (L - i) * params.layer_gradients;
-    backward = larger(backward, with(persistent, grads_so_far(produced), activations, 0, 0));
+    backward = larger(backward, with(persistent, grads_so_far(produced), activations, 0, backward_workspace));
   }
-  backward = larger(backward, with(persistent, grads_so_far(gradients), extras, 0, 0));
+  backward = larger(backward, with(persistent, grads_so_far(gradients), extras, 0, backward_workspace));
   out.phases[1] = backward;
 
-  breakdown step = with(persistent, gradients, 0, 0, step_temporary);
+  breakdown step = step_in_backward ? with(persistent, 0, 0, 0, 0) : with(persistent, gradients, 0, 0, step_temporary);
   out.phases[2] = step;
 
+  // --- allocated, reserved, device ---
+  // The activations' tensor sizes are one block's saved tensors; the logits a tensor of their own; the
+  // workspace the cuBLAS workspace, the dequantized tile and (in the step) the optimizer's temporaries.
+  pool_usage activation_pool;
+  for (int i = 0; i < block.count; ++i) activation_pool.add(block.items[i].bytes);
+  const allocator_kind allocator = allocator_of(p);
+  std::uint64_t reserved_so_far = 0;
+  for (int i = 0; i < step_phase_count; ++i) {
+    breakdown& b = out.phases[i];
+    memory_figures& f = out.figures[i];
+    const std::uint64_t tensors = b.total();
+    // A paged optimizer's state is in managed memory: on the device, unseen by the allocator's counters.
+    const std::uint64_t counted = tensors - out.managed_bytes;
+    f.allocated = counted;
+    f.reserved = counted + counted * p.overhead.fragmentation_percent / 100;
+    if (allocator == allocator_kind::pytorch_caching) {
+      pool_usage live;
+      live.add_as(params.weights_pool, b[category::weights]);
+      live.add_as(params.gradients_pool, b[category::gradients]);
+      live.add_as(params.master_pool, b[category::master_weights]);
+      live.add_as(params.optimizer_pool, b[category::optimizer_state] - out.managed_bytes);
+      live.add_as(activation_pool, b[category::activations]);
+      live.add(b[category::logits]);
+      live.add(p.overhead.workspace_bytes);
+      live.add(2 * params.largest_frozen_linear);
+      live.add_as(params.temporary_pool, b[category::workspace] - persistent[category::workspace]);
+      // An unsplit block is handed out whole and counted as allocated (allocated_bytes adds its size).
+      f.allocated += live.unsplit_tails();
+      f.reserved += live.slack();
+      // The cache keeps what it reserved: a later phase holds at least an earlier one's segments.
+      f.reserved = max_of(f.reserved, reserved_so_far);
+      reserved_so_far = f.reserved;
+    }
+    f.device = f.reserved + out.managed_bytes + outside_allocator;
+    b[category::overhead] = f.device - tensors;
+    out.peak.allocated = max_of(out.peak.allocated, f.allocated);
+    out.peak.reserved = max_of(out.peak.reserved, f.reserved);
+    out.peak.device = max_of(out.peak.device, f.device);
+  }
   int peak = 0;
   for (int i = 1; i < step_phase_count; ++i)
-    if (out.phases[i].total() > out.phases[peak].total()) peak = i;
+    if (out.figures[i].device > out.figures[peak].device) peak = i;
   out.peak_phase = static_cast<step_phase>(peak);
   out.device = out.phases[peak];
-  out.peak_device_bytes = out.device.total();
+  out.peak_device_bytes = out.peak.device;
   return out;
 }
 
 struct fit_report {
   memory_estimate estimate;
   std::uint64_t available_bytes = 0;
+  metric compared = metric::device;  // which figure was held against the GPU's memory
   bool fits = false;
+  constexpr std::uint64_t needed_bytes() const noexcept { return estimate.peak_bytes(compared); }
   constexpr std::uint64_t shortfall_bytes() const noexcept {
-    return estimate.peak_device_bytes > available_bytes ? estimate.peak_device_bytes - available_bytes : 0;
+    return needed_bytes() > available_bytes ? needed_bytes() - available_bytes : 0;
   }
 };
 
-constexpr fit_report check_fit(const model_config& m, const training_plan& p, const gpu_spec& gpu) noexcept {
+// Does the step fit the GPU's memory? By default the device figure (what nvidia-smi shows) is compared;
+// `which` compares the allocated or reserved figure instead.
+constexpr fit_report check_fit(const model_config& m, const training_plan& p, const gpu_spec& gpu,
+                               metric which = metric::device) noexcept {
   fit_report r;
   r.estimate = estimate_memory(m, p);
   r.available_bytes = gpu.memory_bytes;
-  r.fits = r.estimate.valid() && r.estimate.peak_device_bytes <= gpu.memory_bytes;
+  r.compared = which;
+  r.fits = r.estimate.valid() && r.estimate.peak_bytes(which) <= gpu.memory_bytes;
   return r;
 }
 

@@ -57,7 +57,24 @@ enum class optimizer_placement : std::uint8_t {
 // `checkpoint_slots` checkpoints, each layer taped from the nearest one and run backward alone).
 using ::memkit::checkpointing;
 enum class attention_impl : std::uint8_t { eager, memory_efficient };
-enum class logits_mode : std::uint8_t { fp32, half, chunked };
+// The loss over the LM head (docs/memory_budget.md, "The loss"):
+//   fp32     16-bit logits, their fp32 copy and fp32 log-softmax (transformers' default path)
+//   half     cross-entropy of the 16-bit logits, no upcast (LitGPT, `--logits bf16`)
+//   chunked  PyTorch: torchtune's CEWithChunkedOutputLoss (all 16-bit logit chunks kept, one chunk upcast
+//            to fp32 at a time); memkit: loss::fused_linear_cross_entropy
+//   fused    linear + cross-entropy fused, the logits never held: PyTorch: Liger's
+//            LigerFusedLinearCrossEntropy (one chunk of 16-bit logits, its gradient computed in forward);
+//            memkit: loss::fused_linear_cross_entropy
+//   cut      Cut Cross-Entropy (Wijmans et al. 2024): no logits at all, fp32 log-sum-exp per token
+enum class logits_mode : std::uint8_t { fp32, half, chunked, fused, cut };
+
+// Which software runs the step:
+//   pytorch  transformers / PEFT / bitsandbytes / torchtune conventions (16-bit gradients, PEFT's dropout
+//            masks, torch AdamW's foreach temporaries, ...)
+//   memkit   memkit's own components: every term from the bytes_required / workspace / saved-bytes
+//            functions the components allocate by (lora_linear, quantized_tensor, adam_state,
+//            attention, loss::fused_linear_cross_entropy, checkpoint_segment)
+enum class runtime_kind : std::uint8_t { pytorch, memkit };
 
 struct overhead_settings {
   std::uint64_t cuda_context_bytes = 512 * MiB;  // lazy module loading; ~1 GiB when loaded eagerly
@@ -68,6 +85,7 @@ struct overhead_settings {
 };
 
 struct training_plan {
+  runtime_kind runtime = runtime_kind::pytorch;
   method training = method::full;
   weight_storage weights{};
   lora_settings lora{};
@@ -75,7 +93,14 @@ struct training_plan {
   optimizer_kind optimizer = optimizer_kind::adamw;
   optimizer_placement placement = optimizer_placement::device;
   bool offload_parameters = false;  // with host placement: weights live on the host, streamed per layer
-  bool fused_optimizer = false;     // false: PyTorch's foreach AdamW, which allocates an fp32 temporary per parameter
+  // PyTorch's AdamW implementation: false is foreach (the default on CUDA), whose step allocates one
+  // temporary the size of every trainable parameter in the state's dtype (the sqrt of v); true is
+  // fused=True, which works in place and keeps its `step` counters on the device. memkit's adam_state is
+  // always in place.
+  bool fused_optimizer = false;
+  // torchtune's optimizer_in_bwd: each parameter is stepped (and its gradient freed) as soon as its
+  // gradient is accumulated, so at most one parameter's gradient is alive. Needs grad_accum 1.
+  bool optimizer_in_backward = false;
 
   std::uint64_t micro_batch = 1;
   std::uint64_t sequence = 2048;
@@ -86,7 +111,8 @@ struct training_plan {
   bool offload_checkpoints = false;    // checkpoints wait in pinned host memory, fetched back one ahead
   attention_impl attention = attention_impl::memory_efficient;
   logits_mode logits = logits_mode::fp32;
-  std::uint64_t logits_chunk_tokens = 1024;
+  std::uint64_t logits_chunk_tokens = 1024;  // memkit's fused_linear_cross_entropy: tokens per chunk
+  std::uint64_t logits_output_chunks = 8;    // torchtune's num_output_chunks (chunks along the sequence)
   // Hugging Face's Llama-family code computes RMSNorm and softmax in fp32 and autograd keeps the fp32
   // copies; fused kernels keep only 16-bit inputs and per-row statistics.
   bool fp32_norm_and_softmax = true;
@@ -103,18 +129,39 @@ struct training_plan {
   overhead_settings overhead{};
 
   constexpr bool lora_training() const noexcept { return training == method::lora; }
+  constexpr bool memkit_runtime() const noexcept { return runtime == runtime_kind::memkit; }
   constexpr bool has_master_weights() const noexcept {
     return precision == precision_mode::bf16_mixed || precision == precision_mode::fp16_mixed;
   }
   // Bytes of the compute dtype, and of the activations the residual stream and MLP keep.
   constexpr std::uint64_t activation_bytes() const noexcept { return precision == precision_mode::fp32 ? 4 : 2; }
   constexpr std::uint64_t stream_bytes() const noexcept { return kbit_prepared ? 4 : activation_bytes(); }
+  // Bytes of one gradient element: memkit's parameters and lora_linear keep fp32 gradients (accumulation
+  // over micro-batches loses nothing); PyTorch's have the weight's dtype.
+  constexpr std::uint64_t gradient_bytes() const noexcept { return memkit_runtime() ? 4 : activation_bytes(); }
   constexpr std::uint64_t tokens() const noexcept { return micro_batch * sequence; }
   constexpr checkpoint_schedule checkpoint_schedule_of() const noexcept {
     return {checkpoint, checkpoint_every, checkpoint_slots};
   }
 };
 
+constexpr std::string_view to_string(runtime_kind r) noexcept {
+  switch (r) {
+    case runtime_kind::pytorch: return "pytorch";
+    case runtime_kind::memkit: return "memkit";
+  }
+  return "?";
+}
+constexpr std::string_view to_string(logits_mode l) noexcept {
+  switch (l) {
+    case logits_mode::fp32: return "fp32";
+    case logits_mode::half: return "bf16";
+    case logits_mode::chunked: return "chunked";
+    case logits_mode::fused: return "fused";
+    case logits_mode::cut: return "cut";
+  }
+  return "?";
+}
 constexpr std::string_view to_string(precision_mode p) noexcept {
   switch (p) {
     case precision_mode::fp32: return "fp32";

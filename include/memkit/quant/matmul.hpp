@@ -12,6 +12,9 @@
 // CUDA: for M <= small_batch_limit (at most 8) a fused kernel decodes W on the fly (one warp per output
 // column for y, one thread per input column for dx), reading the 4-bit codes once; larger batches
 // dequantize row tiles (device_tile_floats values, 32 MiB of bf16 by default) into workspace and call cuBLAS (tensor cores for bf16/fp16), accumulating dx in fp32.
+// That workspace is allocated and released on the executor's stream, so the CUDA tiled path needs a
+// stream-ordered workspace resource (device_async_resource, or a tracker over one) and refuses any other:
+// a plain device_resource would free it with cudaFree, which waits for the whole device (docs/cuda.md).
 // Users of the CUDA large-batch path link CUDA::cublas.
 //
 // matmul_workspace_bytes() says exactly what a call takes from the workspace resource.
@@ -175,11 +178,11 @@ constexpr std::int64_t gemv_t_splits(std::int64_t N, std::int64_t K) noexcept {
 constexpr std::size_t matmul_workspace_bytes(matmul_kind kind, format fmt, std::int64_t block_size, std::int64_t M,
                                              std::int64_t N, std::int64_t K, std::size_t element_bytes,
                                              bool on_device, const matmul_config& config = {}) noexcept {
+  if (M == 0 || N == 0 || K == 0) return 0;  // an empty product only writes zeros (or nothing)
   const std::int64_t rows = detail::tile_rows(N, K, config, on_device);
   const bool fp32 = element_bytes == 4;
   if (!on_device) {
     if (detail::host_fused(kind, fmt, block_size, M, K)) return fp32 ? 0 : static_cast<std::size_t>(M * K) * 4;
-    if (M == 0 || N == 0 || K == 0) return 0;
     if (kind == matmul_kind::forward) {
       const detail::host_tiled_plan plan = detail::plan_host_forward(M, N, K, !fp32, config);
       return static_cast<std::size_t>(plan.parts * plan.part_floats()) * 4;
@@ -384,7 +387,9 @@ matmul_dims check_matmul(const char* operation, const quantized_tensor<F>& w, co
   require(is.rank >= 1 && is[is.rank - 1] == in_cols,
           std::string(operation) + ": input has shape " + to_string(is) + " but the weight " + to_string(ws) +
               " needs a last dimension of " + std::to_string(in_cols));
-  const std::int64_t M = in_cols > 0 ? in.size() / in_cols : 0;
+  // Rows: the product of the leading dimensions (not size / in_cols, which is 0 / 0 when K or N is 0).
+  std::int64_t M = 1;
+  for (int d = 0; d + 1 < is.rank; ++d) M *= is[d];
   require(out.size() == M * out_cols && out.shape()[out.shape().rank - 1] == out_cols,
           std::string(operation) + ": output has shape " + to_string(out.shape()) + " but needs " +
               std::to_string(M) + " rows of " + std::to_string(out_cols));
@@ -617,6 +622,23 @@ __global__ void convert_kernel(const float* __restrict__ in, T* __restrict__ out
 
 #endif
 
+// An empty sum is zero: the output of a product whose inner dimension (K for y, N for dx) is 0.
+template <executor E, float_storage T>
+void write_zeros(const E& exec, tensor_view<T> out) {
+  if constexpr (!E::on_device) {
+    (void)exec;
+    for (std::int64_t i = 0; i < out.size(); ++i) out[i] = from_float<T>(0.0f);
+  } else {
+#if MEMKIT_HAS_CUDA
+    // +0.0 is all zero bits in fp32, bf16 and fp16 alike.
+    ::memkit::detail::with_device(exec.device, [&] {
+      MEMKIT_CUDA_CHECK(cudaMemsetAsync(out.data(), 0, static_cast<std::size_t>(out.size()) * sizeof(T), exec.stream));
+      return 0;
+    });
+#endif
+  }
+}
+
 }  // namespace detail
 
 // y = x * dequant(w)^T. x: [..., K] (T = float, bf16 or fp16), y: [..., N] of the same T.
@@ -624,11 +646,14 @@ template <executor E, format F, float_storage T>
 void matmul(const E& exec, tensor_view<const std::type_identity_t<T>> x, const quantized_tensor<F>& w, tensor_view<T> y,
             memory_resource& workspace, const matmul_config& config = {}) {
   constexpr const char* operation = "quant::matmul";
-  const auto [M, N, K] = detail::check_matmul(operation, w, x, y, matmul_kind::forward);
+  // Named variables, not a structured binding: clang before 16 cannot capture bindings in the lambdas below.
+  const detail::matmul_dims dims = detail::check_matmul(operation, w, x, y, matmul_kind::forward);
+  const std::int64_t M = dims.M, N = dims.N, K = dims.K;
   require_accessible(exec, x, operation, "x");
   require_accessible(exec, w.codes(), operation, "w");
   require_accessible(exec, y, operation, "y");
   if (M == 0 || N == 0) return;
+  if (K == 0) return detail::write_zeros(exec, y);
   if constexpr (!E::on_device) {
     if constexpr (is_four_bit(F)) {
       if (detail::host_fused(matmul_kind::forward, F, w.block_size(), M, K)) {
@@ -690,6 +715,8 @@ void matmul(const E& exec, tensor_view<const std::type_identity_t<T>> x, const q
     });
   } else {
 #if MEMKIT_HAS_CUDA
+    // The tiled path's workspace is allocated and released on exec.stream (docs/cuda.md, "Workspace").
+    if (!detail::device_fused(M, config)) ::memkit::detail::require_stream_ordered(workspace, operation);
     ::memkit::detail::with_device(exec.device, [&] {
       if (detail::device_fused(M, config)) {
         constexpr int threads = 256;
@@ -700,9 +727,8 @@ void matmul(const E& exec, tensor_view<const std::type_identity_t<T>> x, const q
         return 0;
       }
       const std::int64_t rows = detail::tile_rows(N, K, config, true);
-      buffer<T> tile(workspace, shape{rows * K});
-      cublasHandle_t handle = ::memkit::detail::cublas_handle_for(exec.device);
-      ::memkit::detail::cublas_check(cublasSetStream(handle, exec.stream), "cublasSetStream");
+      buffer<T> tile(workspace, shape{rows * K}, on_stream{exec.stream});
+      cublasHandle_t handle = ::memkit::detail::cublas_handle_for(exec);  // on exec.stream, its own workspace
       const float one = 1.0f, zero = 0.0f;
       for (std::int64_t n0 = 0; n0 < N; n0 += rows) {
         const std::int64_t nt = N - n0 < rows ? N - n0 : rows;
@@ -727,11 +753,14 @@ void matmul_input_grad(const E& exec, tensor_view<const std::type_identity_t<T>>
                        tensor_view<T> dx,
                        memory_resource& workspace, const matmul_config& config = {}) {
   constexpr const char* operation = "quant::matmul_input_grad";
-  const auto [M, N, K] = detail::check_matmul(operation, w, dy, dx, matmul_kind::input_grad);
+  // Named variables, not a structured binding: clang before 16 cannot capture bindings in the lambdas below.
+  const detail::matmul_dims dims = detail::check_matmul(operation, w, dy, dx, matmul_kind::input_grad);
+  const std::int64_t M = dims.M, N = dims.N, K = dims.K;
   require_accessible(exec, dy, operation, "dy");
   require_accessible(exec, w.codes(), operation, "w");
   require_accessible(exec, dx, operation, "dx");
   if (M == 0 || K == 0) return;
+  if (N == 0) return detail::write_zeros(exec, dx);
   const std::int64_t rows = detail::tile_rows(N, K, config, E::on_device);
   if constexpr (!E::on_device) {
     (void)rows;
@@ -743,9 +772,7 @@ void matmul_input_grad(const E& exec, tensor_view<const std::type_identity_t<T>>
       accumulator = buffer<float>(workspace, shape{M * K});
       acc = accumulator.data();
     }
-    if (N == 0) {
-      for (std::int64_t i = 0; i < M * K; ++i) acc[i] = 0.0f;
-    } else {
+    {
       // dx (+)= dy[:, n0 .. n0 + nt) * tile, tile by tile, the gemm's threads splitting dx's columns.
       const detail::host_tiled_plan plan = detail::plan_host_input_grad(M, N, K, config);
       buffer<float> scratch(workspace, shape{plan.part_floats()});
@@ -764,6 +791,10 @@ void matmul_input_grad(const E& exec, tensor_view<const std::type_identity_t<T>>
       for (std::int64_t i = 0; i < M * K; ++i) dx[i] = from_float<T>(acc[i]);
   } else {
 #if MEMKIT_HAS_CUDA
+    // The tiled path's workspace, and the fused kernel's partial sums when it splits N, are allocated and
+    // released on exec.stream.
+    if (matmul_workspace_bytes(matmul_kind::input_grad, F, w.block_size(), M, N, K, sizeof(T), true, config) > 0)
+      ::memkit::detail::require_stream_ordered(workspace, operation);
     ::memkit::detail::with_device(exec.device, [&] {
       constexpr int threads = 256;
       if (detail::device_fused(M, config)) {
@@ -771,7 +802,7 @@ void matmul_input_grad(const E& exec, tensor_view<const std::type_identity_t<T>>
           const std::int64_t splits = detail::gemv_t_splits(N, K);
           const std::int64_t rows_per_split = (N + splits - 1) / splits;
           buffer<float> partial;
-          if (splits > 1) partial = buffer<float>(workspace, shape{splits * M * K});
+          if (splits > 1) partial = buffer<float>(workspace, shape{splits * M * K}, on_stream{exec.stream});
           const dim3 grid(static_cast<unsigned>((K + detail::gemv_t_columns - 1) / detail::gemv_t_columns),
                           static_cast<unsigned>(splits));
           detail::fused_gemv_t_tiled_kernel<F, T, detail::device_fused_rows><<<grid, threads, 0, exec.stream>>>(
@@ -791,17 +822,16 @@ void matmul_input_grad(const E& exec, tensor_view<const std::type_identity_t<T>>
         MEMKIT_CUDA_CHECK(cudaGetLastError());
         return 0;
       }
-      buffer<T> tile(workspace, shape{rows * K});
+      buffer<T> tile(workspace, shape{rows * K}, on_stream{exec.stream});
       buffer<float> accumulator;
       void* c = dx.data();
       cudaDataType_t c_type = ::memkit::detail::cuda_type<T>();
       if constexpr (!std::is_same_v<T, float>) {
-        accumulator = buffer<float>(workspace, shape{M * K});
+        accumulator = buffer<float>(workspace, shape{M * K}, on_stream{exec.stream});
         c = accumulator.data();
         c_type = CUDA_R_32F;
       }
-      cublasHandle_t handle = ::memkit::detail::cublas_handle_for(exec.device);
-      ::memkit::detail::cublas_check(cublasSetStream(handle, exec.stream), "cublasSetStream");
+      cublasHandle_t handle = ::memkit::detail::cublas_handle_for(exec);  // on exec.stream, its own workspace
       const float one = 1.0f, zero = 0.0f;
       for (std::int64_t n0 = 0; n0 < N; n0 += rows) {
         const std::int64_t nt = N - n0 < rows ? N - n0 : rows;
