@@ -343,7 +343,7 @@ void write_svg(const std::string& path, const std::string& title, const std::vec
   for (const auto& bar : bars) scale = bar.bytes.total() > scale ? bar.bytes.total() : scale;
   if (scale == 0) scale = 1;
   const double left = 220, width = 640, bar_height = 28, gap = 26, top = 50;
-  const double height = top + static_cast<double>(bars.size()) * (bar_height + gap) + 70;
+  const double height = top + static_cast<double>(bars.size()) * (bar_height + gap) + 85;
   std::ostringstream svg;
   svg << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << left + width + 130 << "\" height=\"" << height
       << "\" font-family=\"sans-serif\" font-size=\"12\">\n";
@@ -386,6 +386,8 @@ void write_svg(const std::string& path, const std::string& title, const std::vec
         << "</text>\n";
     legend_x += 110;
   }
+  svg << "<text x=\"10\" y=\"" << y + 42 << "\" font-size=\"10\">each bar is the device figure (nvidia-smi); "
+      << "the ticks on it mark allocated (live tensors) and reserved (the caching allocator's segments)</text>\n";
   svg << "</svg>\n";
   std::ofstream file(path);
   if (!file) throw memkit::error("cannot write '" + path + "'");
