@@ -313,7 +313,7 @@ budget_prediction budget_estimate(const options& o, bool qlora) {
   c[memory_category::optimizer_state] = e.device[budget::category::optimizer_state] + e.device[budget::category::master_weights];
   c[memory_category::activations] = e.device[budget::category::activations] + e.device[budget::category::logits];
   c[memory_category::workspace] = e.device[budget::category::workspace];
-  b.peak = e.peak_device_bytes;
+  b.peak = e.peak_bytes(budget::metric::allocated);  // the live tensors: what a tracking_resource reports
   return b;
 }
 

@@ -2,7 +2,7 @@
 //
 // Reads tests/data/budget_validation/measurements.json (one row per published run: source, exact
 // configuration, which metric the source measured, the measured figure, and the memkit-budget flags that
-// describe the run), asks memkit-budget for each row's prediction of that metric, and prints the
+// describe the run), asks memkit-budget (--json) for each row's prediction of that metric, and prints the
 // validation table of docs/memory_budget.md with the error of every row, the median and worst error.
 //
 //   memkit-budget-validation --budget build/tools/memkit-budget --root . [--write DOC | --check DOC | --commands]
@@ -58,13 +58,9 @@ const char* metric_key(metric m) {
 }
 
 // memkit-budget's prediction of `m`, from its --json output: the "peak" object's figure for the metric
-// (allocated, reserved, device). A memkit-budget that predates those figures reports one device peak with
-// the CUDA context in "overhead"; then allocated and reserved are that peak less the context.
+// (allocated, reserved, device; docs/memory_budget.md "Which memory").
 std::uint64_t predicted_bytes(const json::value& out, metric m) {
-  if (const json::value* peak = out.find("peak")) return static_cast<std::uint64_t>(peak->at(metric_key(m)).as_int());
-  const auto device = static_cast<std::uint64_t>(out.at("peak_device_bytes").as_int());
-  const auto context = static_cast<std::uint64_t>(out.at("breakdown").at("overhead").as_int());
-  return m == metric::device ? device : device - context;
+  return static_cast<std::uint64_t>(out.at("peak").at(metric_key(m)).as_int());
 }
 
 double unit_bytes(const std::string& unit) {

@@ -36,8 +36,8 @@ class memkit_stack_model : public ::memkit::detail::checkpoint_byte_model<Hidden
   using base = ::memkit::detail::checkpoint_byte_model<Hidden, Saved, OnBackward>;
 
  public:
-  constexpr memkit_stack_model(Hidden hidden, Saved saved, OnBackward on_backward, OnForward on_forward)
-      : base(hidden, saved, on_backward, ::memkit::detail::checkpoint_bytes_options{false, true}),
+  constexpr memkit_stack_model(Hidden hidden, Saved saved, OnBackward on_backward, OnForward on_forward, bool offload)
+      : base(hidden, saved, on_backward, ::memkit::detail::checkpoint_bytes_options{offload, true}),
         saved_(saved), on_forward_(on_forward) {}
   constexpr void forward(std::uint64_t step, const typename base::hidden& in, typename base::hidden& out, bool keep) {
     on_forward_(step, base::device_bytes() + saved_(step));
@@ -101,7 +101,8 @@ constexpr memkit_step_moments memkit_step_activations(const model_config& m, con
     moment(backward_phase, bytes, backward_temporaries(step));
   };
   const checkpoint_plan plan = make_checkpoint_plan(p.checkpoint_schedule_of(), L + 1);
-  detail::memkit_stack_model model([hidden](std::uint64_t) { return hidden; }, saved, on_backward, on_forward);
+  detail::memkit_stack_model model([hidden](std::uint64_t) { return hidden; }, saved, on_backward, on_forward,
+                                  p.offload_checkpoints);
   ::memkit::detail::checkpoint_interpreter run(plan, model);
   run.forward();
   moment(forward_phase, model.kept_after_forward(), loss_workspace);

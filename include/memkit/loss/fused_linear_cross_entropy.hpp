@@ -763,8 +763,7 @@ void device_fused(const cuda_executor& exec, const tensor_view<const T>& hidden,
   count_targets_kernel<><<<1, loss_block_threads, 0, stream>>>(targets.data(), N, V, options.ignore_index,
                                                              counters.data());
   MEMKIT_CUDA_CHECK(cudaGetLastError());
-  cublasHandle_t handle = ::memkit::detail::cublas_handle_for(exec.device);
-  ::memkit::detail::cublas_check(cublasSetStream(handle, stream), "cublasSetStream");
+  cublasHandle_t handle = ::memkit::detail::cublas_handle_for(exec);  // on exec.stream, its own workspace
   const row_math math = make_row_math(options, V);
   for (std::int64_t first = 0; first < N; first += c) {
     const std::int64_t rows = std::min(c, N - first);
