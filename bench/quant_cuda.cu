@@ -3,7 +3,9 @@
 // Quantize / dequantize 256 Mi values (bytes moved = values + codes + scales), timed with CUDA events,
 // reported as bytes/s and as a fraction of the measured device-to-device copy bandwidth (the roofline a
 // memory-bound kernel can reach). Matmul: y = x * W^T, W [8192, 8192], NF4 with double quantization,
-// against cublasGemmEx on the same weights in bf16, for batch 1, 8 (fused kernel) and 256 (tiles + cuBLAS).
+// against cublasGemmEx on the same weights in bf16, for batch 1, 8 (fused kernel) and 256 (tiles + cuBLAS);
+// and the input gradient dx = dy * W for batch 1 and 8 (the fused tiled kernel). Bytes moved: W's codes and
+// scales plus the activations, so the fraction shown is of the 4-bit-weight roofline.
 #include <benchmark/benchmark.h>
 #include <memkit/memkit.hpp>
 
@@ -83,6 +85,25 @@ void BM_cuda_matmul_nf4(benchmark::State& state) {
             bytes);
 }
 
+// dx = dy * W for the fused small-batch input gradient (the tiled kernel, W's rows split over blocks).
+void BM_cuda_matmul_input_grad_nf4(benchmark::State& state) {
+  const std::int64_t M = state.range(0);
+  memkit::device_resource device;
+  const memkit::cuda_executor gpu = memkit::cuda_executor::legacy_default_stream();
+  memkit::buffer<memkit::bf16> dense(device, {kN, kK});
+  fill_normalish<<<1024, 256>>>(dense.data(), kN * kK);
+  MEMKIT_CUDA_CHECK(cudaGetLastError());
+  const auto w = q::quantized_tensor<q::NF4>::quantize(gpu, dense.view(), {64, true}, device);
+  memkit::buffer<memkit::bf16> dy(device, {M, kN}), dx(device, {M, kK});
+  fill_normalish<<<1024, 256>>>(dy.data(), M * kN);
+  MEMKIT_CUDA_CHECK(cudaGetLastError());
+  const double bytes = static_cast<double>(w.bytes() + dy.bytes() + dx.bytes());
+  memkit::device_async_resource workspace(gpu.stream);  // the split kernel's partial sums, stream-ordered
+  run_timed(state,
+            [&] { q::matmul_input_grad(gpu, memkit::tensor_view<const memkit::bf16>(dy.view()), w, dx.view(), workspace); },
+            bytes);
+}
+
 void BM_cuda_matmul_dense_bf16(benchmark::State& state) {
   const std::int64_t M = state.range(0);
   memkit::device_resource device;
@@ -117,6 +138,8 @@ int main(int argc, char** argv) {
     benchmark::RegisterBenchmark("BM_cuda_dequantize/nf4", BM_cuda_dequantize<q::NF4>)->UseManualTime()->Unit(benchmark::kMillisecond);
     benchmark::RegisterBenchmark("BM_cuda_dequantize/fp4", BM_cuda_dequantize<q::FP4>)->UseManualTime()->Unit(benchmark::kMillisecond);
     benchmark::RegisterBenchmark("BM_cuda_dequantize/int8", BM_cuda_dequantize<q::INT8>)->UseManualTime()->Unit(benchmark::kMillisecond);
+    for (int m : {1, 8})
+      benchmark::RegisterBenchmark("BM_cuda_matmul_input_grad_nf4", BM_cuda_matmul_input_grad_nf4)->Arg(m)->UseManualTime()->Unit(benchmark::kMicrosecond);
     for (int m : {1, 8, 256}) {
       benchmark::RegisterBenchmark("BM_cuda_matmul_nf4", BM_cuda_matmul_nf4)->Arg(m)->UseManualTime()->Unit(benchmark::kMicrosecond);
       benchmark::RegisterBenchmark("BM_cuda_matmul_dense_bf16", BM_cuda_matmul_dense_bf16)->Arg(m)->UseManualTime()->Unit(benchmark::kMicrosecond);

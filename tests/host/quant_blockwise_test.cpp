@@ -413,3 +413,23 @@ TEST_CASE("quant blockwise: long blocks (the vectorized encoders) give exactly t
     memkit::limit_host_isa(previous);
   }
 }
+
+// encode<F> walks a comparison tree of selects (4 comparisons for NF4, 3 for FP4's magnitude); it must give
+// bitsandbytes' codes (quant/codebooks.hpp: nearest_nf4 / nearest_fp4, its branchy tree) everywhere: on
+// every threshold, one ulp either side, across [-1.25, 1.25], at the signed zeros, infinities and NaN.
+TEST_CASE("quant blockwise: the NF4 and FP4 comparison trees give bitsandbytes' codes") {
+  std::vector<float> xs = {0.0f, -0.0f, std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
+                           std::numeric_limits<float>::quiet_NaN(), 1.0f, -1.0f};
+  for (int i = -125000; i <= 125000; ++i) xs.push_back(static_cast<float>(i) * 1e-5f);
+  for (int code = 0; code + 1 < 16; ++code)
+    for (const auto& book : {q::nf4_codebook, q::fp4_codebook}) {
+      const float mid = (book[static_cast<std::size_t>(code)] + book[static_cast<std::size_t>(code) + 1]) * 0.5f;
+      for (float x : {mid, std::nextafter(mid, -2.0f), std::nextafter(mid, 2.0f), -mid}) xs.push_back(x);
+    }
+  int mismatches = 0;
+  for (float x : xs) {
+    mismatches += q::encode<q::format::nf4>(x, nullptr) != q::nearest_nf4(x);
+    mismatches += q::encode<q::format::fp4>(x, nullptr) != q::nearest_fp4(x);
+  }
+  CHECK(mismatches == 0);
+}

@@ -151,6 +151,19 @@ TEST_CASE("quant matmul: the CUDA workspace prediction follows the path the CUDA
     CHECK(q::matmul_workspace_bytes(q::matmul_kind::input_grad, q::NF4, 64, M, N, K, 2, true, limit_16) ==
           tile + static_cast<std::size_t>(M * K) * 4);
   }
+  // A short K against a tall W: the tiled input-gradient kernel splits N so that 256-column blocks still
+  // give about 264 blocks of threads, each range writing fp32 partial sums (K = 4096: 16 column blocks, so
+  // 17 ranges wanted and 4096 / 256 = 16 allowed). A K that is not a multiple of 32 takes the untiled
+  // kernel, which needs nothing.
+  for (std::int64_t M : {1, 8}) {
+    CAPTURE(M);
+    CHECK(q::matmul_workspace_bytes(q::matmul_kind::input_grad, q::NF4, 64, M, 4096, 4096, 2, true) ==
+          static_cast<std::size_t>(16 * M * 4096) * 4);
+    CHECK(q::matmul_workspace_bytes(q::matmul_kind::input_grad, q::INT8, 64, M, 4096, 4096, 2, true) ==
+          static_cast<std::size_t>(16 * M * 4096) * 4);
+    CHECK(q::matmul_workspace_bytes(q::matmul_kind::input_grad, q::NF4, 64, M, 4096, 4100, 2, true) == 0);
+    CHECK(q::matmul_workspace_bytes(q::matmul_kind::forward, q::NF4, 64, M, 4096, 4096, 2, true) == 0);
+  }
   q::matmul_config limit_4;
   limit_4.small_batch_limit = 4;
   CHECK(q::matmul_workspace_bytes(q::matmul_kind::forward, q::NF4, 64, 4, N, K, 2, true, limit_4) == 0);

@@ -39,9 +39,12 @@ template __global__ void dequantize_kernel<format::int8, float>(const std::uint8
 template __global__ void dequantize_kernel<format::nf4, bf16>(const std::uint8_t*, block_scales, std::int64_t,
                                                               std::int64_t, std::int64_t, bf16*, code_table<256>,
                                                               code_table<256>);
-template __global__ void dequantize4_vector_kernel<format::nf4, bf16>(const std::uint8_t*, block_scales, std::int64_t,
-                                                                      std::int64_t, std::int64_t, bf16*,
-                                                                      code_table<256>);
+template __global__ void dequantize_vector_kernel<format::nf4, bf16>(const std::uint8_t*, block_scales, std::int64_t,
+                                                                     std::int64_t, std::int64_t, bf16*, code_table<256>,
+                                                                     code_table<256>);
+template __global__ void dequantize_vector_kernel<format::int8, float>(const std::uint8_t*, block_scales, std::int64_t,
+                                                                      std::int64_t, std::int64_t, float*,
+                                                                      code_table<256>, code_table<256>);
 template __global__ void fused_gemv_kernel<format::nf4, bf16, device_fused_rows>(
     const bf16*, const std::uint8_t*, block_scales, std::int64_t, std::int64_t, std::int64_t, std::int64_t, bf16*,
     code_table<256>, code_table<256>);
@@ -51,5 +54,12 @@ template __global__ void fused_gemv_kernel<format::fp4, fp16, device_fused_rows>
 template __global__ void fused_gemv_t_kernel<format::nf4, bf16, device_fused_rows>(
     const bf16*, const std::uint8_t*, block_scales, std::int64_t, std::int64_t, std::int64_t, std::int64_t, bf16*,
     code_table<256>, code_table<256>);
+template __global__ void fused_gemv_t_tiled_kernel<format::nf4, bf16, device_fused_rows>(
+    const bf16*, const std::uint8_t*, block_scales, std::int64_t, std::int64_t, std::int64_t, std::int64_t, bf16*,
+    float*, std::int64_t, code_table<256>, code_table<256>);
+template __global__ void fused_gemv_t_tiled_kernel<format::int8, float, device_fused_rows>(
+    const float*, const std::uint8_t*, block_scales, std::int64_t, std::int64_t, std::int64_t, std::int64_t, float*,
+    float*, std::int64_t, code_table<256>, code_table<256>);
+template __global__ void gemv_t_reduce_kernel<bf16>(const float*, std::int64_t, std::int64_t, bf16*);
 }  // namespace quant::detail
 MEMKIT_NAMESPACE_END

@@ -553,6 +553,12 @@ class sharded_adam_state {
       md::adam_finalize_kernel<adam_control><<<1, 1, 0, exec.stream>>>(control, sums, total_chunks_, options_.max_grad_norm,
                                                                         options_.loss_scaling, options.gradient_scale);
       MEMKIT_CUDA_CHECK(cudaGetLastError());
+      // The norm scratch is free once the finalisation has read it: it takes the step's per-group terms.
+      auto* terms = reinterpret_cast<adam_step_terms*>(sums);
+      const std::vector<std::int32_t> slots =
+          md::enqueue_step_terms(exec.stream, control, terms, total_chunks_, groups, pieces_.size(), [&](std::size_t i) {
+            return options.tensor_groups.empty() ? 0 : options.tensor_groups[static_cast<std::size_t>(pieces_[i].tensor)];
+          });
       constexpr int threads = md::update_threads<State, Block>();
       for (std::size_t first = 0; first < pieces_.size(); first += K) {
         md::update_launch<State> batch{};
@@ -564,6 +570,7 @@ class sharded_adam_state {
           }
         }
         batch.control = control;
+        batch.terms = terms;
         batch.seed = options_.seed;
         batch.stochastic_rounding = options_.stochastic_rounding;
         std::int64_t units = 0;
@@ -584,12 +591,14 @@ class sharded_adam_state {
           a.first = p.begin;
           a.group = groups[static_cast<std::size_t>(group)];
           a.quantized = p.quantized ? 1 : 0;
+          a.terms_slot = slots[first + j];
+          a.vector = md::vector_aligned(a.param, a.grad, a.master, a.m, a.v) ? 1 : 0;
           units += p.quantized ? (p.count() + divisor_block - 1) / divisor_block
                                : (p.count() + md::plain_unit - 1) / md::plain_unit;
           batch.count = static_cast<int>(j + 1);
         }
         md::adam_update_kernel<State, Block, threads, P, G>
-            <<<static_cast<unsigned>(units), threads, 0, exec.stream>>>(batch);
+            <<<md::update_blocks<State, Block>(units), threads, 0, exec.stream>>>(batch);
         MEMKIT_CUDA_CHECK(cudaGetLastError());
       }
       return 0;

@@ -114,9 +114,23 @@ struct adam_coefficients {
   float grad_multiplier;
 };
 
-MEMKIT_HOST_DEVICE inline adam_coefficients make_coefficients(const adam_group& group, const adam_control& control) noexcept {
-  const double t_bias1 = detail::dadd_rn(1.0, -detail::power(group.beta1, control.step));
-  const double t_bias2 = detail::dadd_rn(1.0, -detail::power(group.beta2, control.step));
+// The two coefficients that depend on the step count t: computed in double (beta^t by repeated squaring),
+// rounded to float once. Once per group and step: on the host in the step, on the device by one thread
+// after the step's finalisation (adam_step_terms_kernel), so the update kernels carry no FP64 math.
+struct adam_step_terms {
+  float step_size;              // lr / (1 - beta1^t)
+  float bias_correction2_sqrt;  // sqrt(1 - beta2^t)
+};
+
+MEMKIT_HOST_DEVICE inline adam_step_terms make_step_terms(const adam_group& group, std::int64_t step) noexcept {
+  const double t_bias1 = detail::dadd_rn(1.0, -detail::power(group.beta1, step));
+  const double t_bias2 = detail::dadd_rn(1.0, -detail::power(group.beta2, step));
+  return {static_cast<float>(static_cast<double>(group.lr) / t_bias1), static_cast<float>(detail::dsqrt_rn(t_bias2))};
+}
+
+// The rest in fp32 (the same operations wherever it runs).
+MEMKIT_HOST_DEVICE MEMKIT_FORCEINLINE adam_coefficients make_coefficients(const adam_group& group, adam_step_terms terms,
+                                                                          float grad_multiplier) noexcept {
   adam_coefficients c{};
   c.beta1 = group.beta1;
   c.one_minus_beta1 = detail::sub_rn(1.0f, group.beta1);
@@ -124,10 +138,14 @@ MEMKIT_HOST_DEVICE inline adam_coefficients make_coefficients(const adam_group& 
   c.one_minus_beta2 = detail::sub_rn(1.0f, group.beta2);
   c.eps = group.eps;
   c.decay = detail::sub_rn(1.0f, detail::mul_rn(group.lr, group.weight_decay));
-  c.step_size = static_cast<float>(static_cast<double>(group.lr) / t_bias1);
-  c.bias_correction2_sqrt = static_cast<float>(detail::dsqrt_rn(t_bias2));
-  c.grad_multiplier = control.grad_multiplier;
+  c.step_size = terms.step_size;
+  c.bias_correction2_sqrt = terms.bias_correction2_sqrt;
+  c.grad_multiplier = grad_multiplier;
   return c;
+}
+
+MEMKIT_HOST_DEVICE inline adam_coefficients make_coefficients(const adam_group& group, const adam_control& control) noexcept {
+  return make_coefficients(group, make_step_terms(group, control.step), control.grad_multiplier);
 }
 
 // One AdamW element update, PyTorch's order: decoupled decay, moments, bias-corrected step.

@@ -40,6 +40,7 @@
 #include <vector>
 
 #include "memkit/config.hpp"
+#include "memkit/core/device_vector.hpp"
 #include "memkit/core/execution.hpp"
 #include "memkit/core/float16.hpp"
 #include "memkit/core/host_threads.hpp"
@@ -159,6 +160,8 @@ struct adam_tensor_args {
   std::int64_t first;       // the tensor index of element 0 (dist::sharded_adam_state steps pieces of tensors)
   adam_group group;
   std::int32_t quantized;
+  std::int32_t terms_slot;  // the slot of this tensor's group in the step's terms (CUDA: enqueue_step_terms)
+  std::int32_t vector;      // 1 when param, grad, master and moments are 16-byte aligned (16-byte accesses)
 };
 
 
@@ -186,9 +189,16 @@ struct norm_launch {
   int count;
 };
 
-// One block of reduction_lanes threads per chunk, in the canonical order of lane_sum_of_squares/tree_sum.
+// One block of reduction_lanes threads per chunk. The chunk is staged in shared memory with 16-byte loads
+// (a lane's elements l, l + lanes, ... are not contiguous, so lanes cannot load their own), then each lane
+// adds its elements in the canonical order of lane_sum_of_squares, and the lanes are added as tree_sum adds
+// them: two levels through shared memory, the last six by shuffles, which pair the same lanes. The same
+// bits as the host loop.
 template <class G>
 __global__ void __launch_bounds__(reduction_lanes) adam_norm_kernel(norm_launch<G> batch) {
+  static_assert(reduction_lanes == 256 && reduction_chunk % reduction_lanes == 0);
+  constexpr int per_vector = 16 / static_cast<int>(sizeof(G));
+  __shared__ uint4 staged_words[reduction_chunk * sizeof(G) / 16];
   __shared__ double lanes[reduction_lanes];
   const std::int64_t unit = blockIdx.x;
   int t = 0;
@@ -196,15 +206,38 @@ __global__ void __launch_bounds__(reduction_lanes) adam_norm_kernel(norm_launch<
   const std::int64_t chunk = unit - batch.chunk_begin[t];
   const std::int64_t begin = chunk * reduction_chunk;
   const std::int64_t remaining = batch.size[t] - begin;
-  const std::int64_t count = remaining < reduction_chunk ? remaining : reduction_chunk;
+  const int count = static_cast<int>(remaining < reduction_chunk ? remaining : reduction_chunk);
   const int lane = static_cast<int>(threadIdx.x);
-  lanes[lane] = lane_sum_of_squares(batch.grad[t] + begin, count, lane);
-  __syncthreads();
-  for (int stride = reduction_lanes / 2; stride > 0; stride /= 2) {
-    if (lane < stride) lanes[lane] = dadd_rn(lanes[lane], lanes[lane + stride]);
-    __syncthreads();
+  const G* __restrict__ source = batch.grad[t] + begin;
+  G* staged = reinterpret_cast<G*>(staged_words);
+  const bool aligned = (reinterpret_cast<std::uintptr_t>(source) & 15u) == 0;
+  if (aligned && count == reduction_chunk) {  // a whole chunk: all of a lane's loads in flight at once
+    constexpr int per_lane = static_cast<int>(reduction_chunk) / per_vector / reduction_lanes;
+    uint4 words[per_lane];
+#pragma unroll
+    for (int k = 0; k < per_lane; ++k) words[k] = __ldg(reinterpret_cast<const uint4*>(source) + lane + k * reduction_lanes);
+#pragma unroll
+    for (int k = 0; k < per_lane; ++k) staged_words[lane + k * reduction_lanes] = words[k];
+  } else {  // a tensor's last chunk
+    const int vectors = aligned ? count / per_vector : 0;
+#pragma unroll 1
+    for (int i = lane; i < vectors; i += reduction_lanes) staged_words[i] = __ldg(reinterpret_cast<const uint4*>(source) + i);
+#pragma unroll 1
+    for (int i = vectors * per_vector + lane; i < count; i += reduction_lanes) staged[i] = source[i];
   }
-  if (lane == 0) batch.sums[t][chunk] = lanes[0];
+  __syncthreads();
+  lanes[lane] = lane_sum_of_squares(static_cast<const G*>(staged), count, lane);
+  __syncthreads();
+  if (lane < 128) lanes[lane] = dadd_rn(lanes[lane], lanes[lane + 128]);
+  __syncthreads();
+  if (lane < 64) lanes[lane] = dadd_rn(lanes[lane], lanes[lane + 64]);
+  __syncthreads();
+  if (lane < 32) {
+    double sum = dadd_rn(lanes[lane], lanes[lane + 32]);
+#pragma unroll
+    for (int stride = 16; stride > 0; stride >>= 1) sum = dadd_rn(sum, __shfl_down_sync(0xffffffffu, sum, stride));
+    if (lane == 0) batch.sums[t][chunk] = sum;
+  }
 }
 
 // Kernels in a header are templates so that every translation unit may instantiate them (one definition).
@@ -219,11 +252,56 @@ __global__ void adam_set_control_kernel(Control* control, Control value) {
   *control = value;
 }
 
+// The step's bias-correction terms of up to 32 groups, one thread each, after the finalisation has
+// counted the step: the FP64 of make_step_terms runs here, once per group and step, not in the updates.
+inline constexpr int step_terms_per_launch = 32;
+struct step_terms_launch {
+  adam_group groups[step_terms_per_launch];
+  int count;
+};
+template <class Control = adam_control>
+__global__ void adam_step_terms_kernel(const Control* control, step_terms_launch batch, adam_step_terms* terms) {
+  const int i = static_cast<int>(threadIdx.x);
+  if (i < batch.count) terms[i] = make_step_terms(batch.groups[i], control->step);
+}
+
+// Enqueues the step terms of every group some tensor uses into `terms` (the gradient-norm scratch, free once
+// the finalisation has read it: one 8-byte slot per used group, in order of first use) and returns each
+// tensor's slot. group_of(i) is tensor i's group.
+template <class GroupOf>
+std::vector<std::int32_t> enqueue_step_terms(cudaStream_t stream, const adam_control* control, adam_step_terms* terms,
+                                             std::int64_t slots, std::span<const adam_group> groups,
+                                             std::size_t tensors, GroupOf&& group_of) {
+  static_assert(sizeof(adam_step_terms) == sizeof(double));
+  std::vector<std::int32_t> slot_of_group(groups.size(), -1), slot_of_tensor(tensors, 0);
+  std::vector<std::size_t> used;
+  for (std::size_t i = 0; i < tensors; ++i) {
+    const auto g = static_cast<std::size_t>(group_of(i));
+    if (slot_of_group[g] < 0) {
+      slot_of_group[g] = static_cast<std::int32_t>(used.size());
+      used.push_back(g);
+    }
+    slot_of_tensor[i] = slot_of_group[g];
+  }
+  require(static_cast<std::int64_t>(used.size()) <= slots, "adam step: more groups in use than scratch slots");
+  for (std::size_t first = 0; first < used.size(); first += step_terms_per_launch) {
+    step_terms_launch batch{};
+    for (std::size_t j = 0; j < step_terms_per_launch && first + j < used.size(); ++j) {
+      batch.groups[j] = groups[used[first + j]];
+      batch.count = static_cast<int>(j + 1);
+    }
+    adam_step_terms_kernel<adam_control><<<1, step_terms_per_launch, 0, stream>>>(control, batch, terms + first);
+    MEMKIT_CUDA_CHECK(cudaGetLastError());
+  }
+  return slot_of_tensor;
+}
+
 template <class State>
 struct update_launch {
   adam_tensor_args tensors[tensors_per_launch];
   launch_tables<State> tables;
   const adam_control* control;
+  const adam_step_terms* terms;  // indexed by adam_tensor_args::terms_slot
   std::uint64_t seed;
   int count;
   bool stochastic_rounding;
@@ -231,109 +309,262 @@ struct update_launch {
 
 // Kernel arguments must fit the 4 KiB every CUDA architecture accepts.
 static_assert(sizeof(update_launch<std::int8_t>) <= 4096 && sizeof(update_launch<four_bit>) <= 4096 &&
-              sizeof(update_launch<float>) <= 4096 && sizeof(norm_launch<float>) <= 4096);
+              sizeof(update_launch<float>) <= 4096 && sizeof(norm_launch<float>) <= 4096 &&
+              sizeof(step_terms_launch) <= 4096);
 
-// Threads per block of the update kernel: one per element (8-bit) or per byte of two codes (4-bit), at
-// most 256; plain states use 256.
+// The update kernel's geometry. Each thread takes update_vector consecutive elements at a time (two
+// 16-byte loads of fp32 parameters, gradients and moments; 8 or 4 bytes of codes); a work unit (a
+// quantization block, or plain_unit elements of fp32/bf16 moments) belongs to a group of `lanes` threads,
+// and a block of `threads` threads takes threads / lanes units. Quantized blocks of up to 256 elements
+// are one group within a warp (the block's absmax is a shuffle reduction); larger blocks take 256 lanes
+// and `slots` vectors per lane.
+inline constexpr int update_vector = 8;
+template <class State, int Block>
+struct update_geometry {
+  using traits = adam_state_traits<State>;
+  static constexpr int threads = 256;
+  static constexpr int lanes =
+      !traits::quantized ? threads : (Block / update_vector < threads ? Block / update_vector : threads);
+  static constexpr int units_per_block = threads / lanes;
+  static constexpr int slots = traits::quantized ? Block / update_vector / lanes : 1;
+};
+
 template <class State, int Block>
 constexpr int update_threads() noexcept {
-  using traits = adam_state_traits<State>;
-  if constexpr (!traits::quantized) return 256;
-  else {
-    constexpr int lanes = traits::bits == 8 ? Block : Block / 2;
-    return lanes < 256 ? lanes : 256;
+  return update_geometry<State, Block>::threads;
+}
+// CUDA blocks of a launch over `units` work units.
+template <class State, int Block>
+constexpr unsigned update_blocks(std::int64_t units) noexcept {
+  constexpr int per_block = update_geometry<State, Block>::units_per_block;
+  return static_cast<unsigned>((units + per_block - 1) / per_block);
+}
+
+// param_access::load / store for N consecutive elements (16-byte aligned arrays).
+template <int N, float_storage P, float_storage G>
+MEMKIT_DEVICE MEMKIT_FORCEINLINE void load_params(const param_access<P, G>& access, std::int64_t i, float* p, float* g) {
+  if (access.master != nullptr) load_floats<float, N>(access.master + i, p);
+  else load_floats<P, N>(access.param + i, p);
+  load_floats<G, N, true>(access.grad + i, g);
+}
+template <int N, float_storage P, float_storage G>
+MEMKIT_DEVICE MEMKIT_FORCEINLINE void store_params(const param_access<P, G>& access, std::int64_t i, const float* p) {
+  if (access.master != nullptr) store_bits<float, N>(access.master + i, [&](int k) { return __float_as_uint(p[k]); });
+  store_bits<P, N>(access.param + i, [&](int k) { return storage_bits(access.rounded(i + k, p[k])); });
+}
+
+// N codes of elements [i, i + N) (8-bit: N bytes; 4-bit: N / 2 bytes, the even element in the high nibble).
+template <int Bits, int N>
+MEMKIT_DEVICE MEMKIT_FORCEINLINE void load_codes(const std::uint8_t* __restrict__ codes, std::int64_t i, unsigned* out) {
+  static_assert(N == 8);
+  if constexpr (Bits == 8) {
+    const uint2 raw = *reinterpret_cast<const uint2*>(codes + i);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      out[k] = (raw.x >> (8 * k)) & 0xffu;
+      out[4 + k] = (raw.y >> (8 * k)) & 0xffu;
+    }
+  } else {
+    const std::uint32_t raw = *reinterpret_cast<const std::uint32_t*>(codes + (i >> 1));
+#pragma unroll
+    for (int b = 0; b < 4; ++b) {
+      out[2 * b] = (raw >> (8 * b + 4)) & 0x0fu;
+      out[2 * b + 1] = (raw >> (8 * b)) & 0x0fu;
+    }
+  }
+}
+template <int Bits, int N>
+MEMKIT_DEVICE MEMKIT_FORCEINLINE void store_codes(std::uint8_t* __restrict__ codes, std::int64_t i, const unsigned* in) {
+  static_assert(N == 8);
+  if constexpr (Bits == 8) {
+    uint2 raw{0u, 0u};
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      raw.x |= in[k] << (8 * k);
+      raw.y |= in[4 + k] << (8 * k);
+    }
+    *reinterpret_cast<uint2*>(codes + i) = raw;
+  } else {
+    std::uint32_t raw = 0;
+#pragma unroll
+    for (int b = 0; b < 4; ++b) raw |= ((in[2 * b] << 4) | in[2 * b + 1]) << (8 * b);
+    *reinterpret_cast<std::uint32_t*>(codes + (i >> 1)) = raw;
   }
 }
 
+// The fused update: dequantize m and v, update them and the parameter, find each block's new absmax (a
+// shuffle reduction within the group of lanes; across warps through shared memory for blocks > 256
+// elements), requantize. Every element goes through adamw_update and the state's code functions, as on the
+// host. No thread returns before the last barrier or shuffle: a block of threads may hold units of several
+// tensors, quantized and plain.
 template <class State, int Block, int Threads, float_storage P, float_storage G>
 __global__ void __launch_bounds__(Threads) adam_update_kernel(update_launch<State> batch) {
   using traits = adam_state_traits<State>;
-  using moment = typename traits::moment_type;
-  const adam_control control = *batch.control;
-  if (!control.applied) return;  // the finalisation refused the step: touch nothing
-  const std::int64_t unit = blockIdx.x;
-  int t = 0;
-  while (t + 1 < batch.count && unit >= batch.tensors[t + 1].unit_begin) ++t;
-  const adam_tensor_args& a = batch.tensors[t];
-  const adam_coefficients c = make_coefficients(a.group, control);
-  const param_access<P, G> access{static_cast<P*>(a.param), static_cast<const G*>(a.grad), a.master,
-                                  batch.stochastic_rounding, batch.seed, control.step, a.index, a.first};
-  const std::int64_t local = unit - a.unit_begin;
-  const int lane = static_cast<int>(threadIdx.x);
-  if (!a.quantized) {
-    const std::int64_t begin = local * plain_unit;
-    const std::int64_t count = a.size - begin < plain_unit ? a.size - begin : plain_unit;
-    using plain = std::conditional_t<traits::quantized, float, moment>;
-    for (std::int64_t i = lane; i < count; i += Threads)
-      update_plain_element(access, static_cast<plain*>(a.m), static_cast<plain*>(a.v), begin + i, c);
-    return;
-  }
+  using geometry = update_geometry<State, Block>;
+  static_assert(Threads == geometry::threads);
+  constexpr int V = update_vector, L = geometry::lanes, S = geometry::slots;
+  constexpr std::int64_t divisor_block = Block > 0 ? Block : 1;
+  if (!batch.control->applied) return;  // the finalisation refused the step: touch nothing (the whole grid)
+  constexpr int entries = traits::quantized ? launch_tables<State>::entries : 1;
+  __shared__ float m_table[entries], v_table[entries];
+  __shared__ float warp_max[2][Threads / 32];
   if constexpr (traits::quantized) {
-    constexpr int entries = traits::entries;
-    constexpr int pack = traits::bits == 8 ? 1 : 2;  // elements per thread slot
-    constexpr int slots = Block / pack / Threads;
-    __shared__ float m_table[entries], v_table[entries];
-    __shared__ float m_reduce[Threads], v_reduce[Threads];
-    for (int i = lane; i < entries; i += Threads) {
+    for (int i = static_cast<int>(threadIdx.x); i < entries; i += Threads) {
       m_table[i] = batch.tables.m[i];
       v_table[i] = batch.tables.v[i];
     }
     __syncthreads();
+  }
+  const int lane = static_cast<int>(threadIdx.x) % L;
+  const std::int64_t unit = static_cast<std::int64_t>(blockIdx.x) * geometry::units_per_block + threadIdx.x / L;
+  int t = 0;
+  while (t + 1 < batch.count && unit >= batch.tensors[t + 1].unit_begin) ++t;
+  const adam_tensor_args& a = batch.tensors[t];
+  const std::int64_t local = unit - a.unit_begin;
+  const std::int64_t units = a.quantized ? (a.size + divisor_block - 1) / divisor_block : (a.size + plain_unit - 1) / plain_unit;
+  const bool active = local < units;
+  const adam_coefficients c =
+      make_coefficients(a.group, batch.terms[a.terms_slot], batch.control->grad_multiplier);
+  const param_access<P, G> access{static_cast<P*>(a.param), static_cast<const G*>(a.grad), a.master,
+                                  batch.stochastic_rounding, batch.seed, batch.control->step, a.index, a.first};
+  if (active && !a.quantized) {
+    using plain = std::conditional_t<traits::quantized, float, typename traits::moment_type>;
+    const std::int64_t begin = local * plain_unit;
+    const std::int64_t count = a.size - begin < plain_unit ? a.size - begin : plain_unit;
+    auto* m = static_cast<plain*>(a.m);
+    auto* v = static_cast<plain*>(a.v);
+    std::int64_t scalar_from = 0;
+    if (a.vector) {
+      for (std::int64_t e = static_cast<std::int64_t>(lane) * V; e + V <= count; e += static_cast<std::int64_t>(L) * V) {
+        const std::int64_t i = begin + e;
+        float p[V], g[V], mv[V], vv[V];
+        load_params<V>(access, i, p, g);
+        load_floats<plain, V>(m + i, mv);
+        load_floats<plain, V>(v + i, vv);
+#pragma unroll
+        for (int k = 0; k < V; ++k) adamw_update(p[k], mv[k], vv[k], g[k], c);
+        store_floats<plain, V>(m + i, mv);
+        store_floats<plain, V>(v + i, vv);
+        store_params<V>(access, i, p);
+      }
+      scalar_from = count / V * V;
+    }
+    for (std::int64_t e = scalar_from + lane; e < count; e += L) update_plain_element(access, m, v, begin + e, c);
+  }
+  if constexpr (traits::quantized) {
+    const bool quantized_unit = active && a.quantized;
     const auto* m_codes = static_cast<const std::uint8_t*>(a.m);
     const auto* v_codes = static_cast<const std::uint8_t*>(a.v);
-    const float m_absmax = a.m_scale[local], v_absmax = a.v_scale[local];
     const std::int64_t begin = local * Block;
-    const std::int64_t count = a.size - begin < Block ? a.size - begin : Block;
-    float m_new[slots * pack], v_new[slots * pack];
+    const std::int64_t count = !quantized_unit ? 0 : a.size - begin < Block ? a.size - begin : Block;
+    const float m_absmax = quantized_unit ? a.m_scale[local] : 0.0f, v_absmax = quantized_unit ? a.v_scale[local] : 0.0f;
+    float m_new[S * V], v_new[S * V];
     float m_max = 0.0f, v_max = 0.0f;
 #pragma unroll
-    for (int k = 0; k < slots; ++k)
+    for (int s = 0; s < S; ++s) {
+      const std::int64_t e0 = static_cast<std::int64_t>(s * L + lane) * V;
+      float* m = m_new + s * V;
+      float* v = v_new + s * V;
+      if (e0 + V <= count) {
+        unsigned m_code[V], v_code[V];
+        load_codes<traits::bits, V>(m_codes, begin + e0, m_code);
+        load_codes<traits::bits, V>(v_codes, begin + e0, v_code);
 #pragma unroll
-      for (int j = 0; j < pack; ++j) {
-        const std::int64_t e = static_cast<std::int64_t>(lane + k * Threads) * pack + j;
-        float m = 0.0f, v = 0.0f;
-        if (e < count) {
-          m = mul_rn(m_table[load_code<traits::bits>(m_codes, begin + e)], m_absmax);
-          v = mul_rn(v_table[load_code<traits::bits>(v_codes, begin + e)], v_absmax);
-          update_element(access, m, v, begin + e, c);
-          m_max = max_abs(m_max, m);
-          v_max = max_abs(v_max, v);
+        for (int k = 0; k < V; ++k) {
+          m[k] = mul_rn(m_table[m_code[k]], m_absmax);
+          v[k] = mul_rn(v_table[v_code[k]], v_absmax);
         }
-        m_new[k * pack + j] = m;
-        v_new[k * pack + j] = v;
+        if (a.vector) {
+          float p[V], g[V];
+          load_params<V>(access, begin + e0, p, g);
+#pragma unroll
+          for (int k = 0; k < V; ++k) adamw_update(p[k], m[k], v[k], g[k], c);
+          store_params<V>(access, begin + e0, p);
+        } else {
+#pragma unroll
+          for (int k = 0; k < V; ++k) update_element(access, m[k], v[k], begin + e0 + k, c);
+        }
+#pragma unroll
+        for (int k = 0; k < V; ++k) {
+          m_max = max_abs(m_max, m[k]);
+          v_max = max_abs(v_max, v[k]);
+        }
+      } else {
+#pragma unroll
+        for (int k = 0; k < V; ++k) {
+          m[k] = v[k] = 0.0f;
+          const std::int64_t e = e0 + k;
+          if (e < count) {
+            m[k] = mul_rn(m_table[load_code<traits::bits>(m_codes, begin + e)], m_absmax);
+            v[k] = mul_rn(v_table[load_code<traits::bits>(v_codes, begin + e)], v_absmax);
+            update_element(access, m[k], v[k], begin + e, c);
+            m_max = max_abs(m_max, m[k]);
+            v_max = max_abs(v_max, v[k]);
+          }
+        }
       }
-    m_reduce[lane] = m_max;
-    v_reduce[lane] = v_max;
-    __syncthreads();
-    for (int stride = Threads / 2; stride > 0; stride /= 2) {
-      if (lane < stride) {
-        m_reduce[lane] = max_abs(m_reduce[lane], m_reduce[lane + stride]);
-        v_reduce[lane] = max_abs(v_reduce[lane], v_reduce[lane + stride]);
+    }
+    // The block's absmax: max is exact and order-free, so any reduction order gives the host's value.
+#pragma unroll
+    for (int offset = (L < 32 ? L : 32) / 2; offset > 0; offset >>= 1) {
+      m_max = max_abs(m_max, __shfl_xor_sync(0xffffffffu, m_max, offset));
+      v_max = max_abs(v_max, __shfl_xor_sync(0xffffffffu, v_max, offset));
+    }
+    if constexpr (L > 32) {
+      const int warp = static_cast<int>(threadIdx.x) / 32;
+      if (threadIdx.x % 32 == 0) {
+        warp_max[0][warp] = m_max;
+        warp_max[1][warp] = v_max;
       }
       __syncthreads();
+      const int first_warp = static_cast<int>(threadIdx.x) / L * (L / 32);
+#pragma unroll
+      for (int w = 0; w < L / 32; ++w) {
+        m_max = max_abs(m_max, warp_max[0][first_warp + w]);
+        v_max = max_abs(v_max, warp_max[1][first_warp + w]);
+      }
     }
-    const float m_block_max = m_reduce[0], v_block_max = v_reduce[0];
+    if (!quantized_unit) return;
     if (lane == 0) {
-      a.m_scale[local] = m_block_max;
-      a.v_scale[local] = v_block_max;
+      a.m_scale[local] = m_max;
+      a.v_scale[local] = v_max;
     }
-    const float m_inverse = inverse_scale(m_block_max), v_inverse = inverse_scale(v_block_max);
+    const float m_inverse = inverse_scale(m_max), v_inverse = inverse_scale(v_max);
     auto* m_out = static_cast<std::uint8_t*>(a.m);
     auto* v_out = static_cast<std::uint8_t*>(a.v);
 #pragma unroll
-    for (int k = 0; k < slots; ++k) {
-      const std::int64_t e = static_cast<std::int64_t>(lane + k * Threads) * pack;
-      if (e >= count) continue;
-      if constexpr (pack == 1) {
-        m_out[begin + e] = static_cast<std::uint8_t>(traits::m_code(m_table, mul_rn(m_new[k], m_inverse)));
-        v_out[begin + e] = static_cast<std::uint8_t>(traits::v_code(v_table, mul_rn(v_new[k], v_inverse)));
+    for (int s = 0; s < S; ++s) {
+      const std::int64_t e0 = static_cast<std::int64_t>(s * L + lane) * V;
+      const float* m = m_new + s * V;
+      const float* v = v_new + s * V;
+      if (e0 + V <= count) {
+        unsigned m_code[V], v_code[V];
+#pragma unroll
+        for (int k = 0; k < V; ++k) {
+          m_code[k] = traits::m_code(m_table, mul_rn(m[k], m_inverse));
+          v_code[k] = traits::v_code(v_table, mul_rn(v[k], v_inverse));
+        }
+        store_codes<traits::bits, V>(m_out, begin + e0, m_code);
+        store_codes<traits::bits, V>(v_out, begin + e0, v_code);
+      } else if constexpr (traits::bits == 8) {
+#pragma unroll
+        for (int k = 0; k < V; ++k)
+          if (e0 + k < count) {
+            m_out[begin + e0 + k] = static_cast<std::uint8_t>(traits::m_code(m_table, mul_rn(m[k], m_inverse)));
+            v_out[begin + e0 + k] = static_cast<std::uint8_t>(traits::v_code(v_table, mul_rn(v[k], v_inverse)));
+          }
       } else {
-        const unsigned m_hi = traits::m_code(m_table, mul_rn(m_new[2 * k], m_inverse));
-        const unsigned v_hi = traits::v_code(v_table, mul_rn(v_new[2 * k], v_inverse));
-        const unsigned m_lo = e + 1 < count ? traits::m_code(m_table, mul_rn(m_new[2 * k + 1], m_inverse)) : 0u;
-        const unsigned v_lo = e + 1 < count ? traits::v_code(v_table, mul_rn(v_new[2 * k + 1], v_inverse)) : 0u;
-        m_out[(begin + e) / 2] = static_cast<std::uint8_t>((m_hi << 4) | m_lo);
-        v_out[(begin + e) / 2] = static_cast<std::uint8_t>((v_hi << 4) | v_lo);
+#pragma unroll
+        for (int k = 0; k < V; k += 2) {
+          const std::int64_t e = e0 + k;
+          if (e >= count) continue;
+          const unsigned m_hi = traits::m_code(m_table, mul_rn(m[k], m_inverse));
+          const unsigned v_hi = traits::v_code(v_table, mul_rn(v[k], v_inverse));
+          const unsigned m_lo = e + 1 < count ? traits::m_code(m_table, mul_rn(m[k + 1], m_inverse)) : 0u;
+          const unsigned v_lo = e + 1 < count ? traits::v_code(v_table, mul_rn(v[k + 1], v_inverse)) : 0u;
+          m_out[(begin + e) / 2] = static_cast<std::uint8_t>((m_hi << 4) | m_lo);
+          v_out[(begin + e) / 2] = static_cast<std::uint8_t>((v_hi << 4) | v_lo);
+        }
       }
     }
   }
@@ -1298,6 +1529,11 @@ class adam_state {
       detail::adam_finalize_kernel<adam_control><<<1, 1, 0, exec.stream>>>(control, chunk_sums, total_chunks_, options_.max_grad_norm,
                                                                options_.loss_scaling, gradient_scale);
       MEMKIT_CUDA_CHECK(cudaGetLastError());
+      // The norm scratch is free once the finalisation has read it: it takes the step's per-group terms.
+      auto* terms = reinterpret_cast<adam_step_terms*>(chunk_sums);
+      const std::vector<std::int32_t> slots = detail::enqueue_step_terms(
+          exec.stream, control, terms, total_chunks_, groups, params.size(),
+          [&](std::size_t i) { return params[i].group; });
       constexpr int threads = detail::update_threads<State, Block>();
       for (std::size_t first = 0; first < params.size(); first += K) {
         detail::update_launch<State> batch{};
@@ -1309,6 +1545,7 @@ class adam_state {
           }
         }
         batch.control = control;
+        batch.terms = terms;
         batch.seed = options_.seed;
         batch.stochastic_rounding = options_.stochastic_rounding;
         std::int64_t units = 0;
@@ -1328,11 +1565,13 @@ class adam_state {
           a.index = static_cast<std::int64_t>(first + j);
           a.group = groups[static_cast<std::size_t>(p.group)];
           a.quantized = t.quantized ? 1 : 0;
+          a.terms_slot = slots[first + j];
+          a.vector = detail::vector_aligned(a.param, a.grad, a.master, a.m, a.v) ? 1 : 0;
           units += t.units;
           batch.count = static_cast<int>(j + 1);
         }
         detail::adam_update_kernel<State, Block, threads, P, G>
-            <<<static_cast<unsigned>(units), threads, 0, exec.stream>>>(batch);
+            <<<detail::update_blocks<State, Block>(units), threads, 0, exec.stream>>>(batch);
         MEMKIT_CUDA_CHECK(cudaGetLastError());
       }
       return 0;

@@ -220,13 +220,15 @@ struct param_access {
   }
   MEMKIT_HOST_DEVICE MEMKIT_FORCEINLINE void store(std::int64_t i, float value) const noexcept {
     if (master != nullptr) master[i] = value;
+    param[i] = rounded(i, value);
+  }
+  // The parameter's stored value for element i (the CUDA update's vector stores use it too).
+  MEMKIT_HOST_DEVICE MEMKIT_FORCEINLINE P rounded(std::int64_t i, float value) const noexcept {
     if constexpr (std::is_same_v<P, bf16>) {
-      if (master == nullptr && stochastic_rounding)
-        param[i] = bf16_stochastic_round(value, random_bits(seed, step, tensor, first + i));
-      else
-        param[i] = bf16(value);
+      if (master == nullptr && stochastic_rounding) return bf16_stochastic_round(value, random_bits(seed, step, tensor, first + i));
+      return bf16(value);
     } else {
-      param[i] = from_float<P>(value);
+      return from_float<P>(value);
     }
   }
 };

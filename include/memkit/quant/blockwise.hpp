@@ -27,6 +27,7 @@
 #include <type_traits>
 
 #include "memkit/config.hpp"
+#include "memkit/core/device_vector.hpp"
 #include "memkit/core/checked_math.hpp"
 #include "memkit/core/execution.hpp"
 #include "memkit/core/float16.hpp"
@@ -144,24 +145,29 @@ MEMKIT_HOST_DEVICE MEMKIT_FORCEINLINE std::uint8_t nearest_dynamic_counting(cons
 template <format F>
 MEMKIT_HOST_DEVICE MEMKIT_FORCEINLINE std::uint8_t encode(float normalized, const float* map) noexcept {
   if constexpr (F == format::nf4) {
-    // Counting the thresholds below the value gives the same code as bitsandbytes' comparison tree (the
-    // thresholds are increasing and compared with the same strict `>`), without branches, so loops vectorize.
-    constexpr float thresholds[15] = {-0.8480964004993439f,  -0.6106329262256622f, -0.4599952697753906f,
-                                      -0.33967943489551544f, -0.23460740596055984f, -0.13791173323988914f,
-                                      -0.045525018125772476f, 0.03979014977812767f, 0.1202552504837513f,
-                                      0.2035212516784668f,   0.2920137718319893f,  0.3893125355243683f,
-                                      0.5016634166240692f,   0.6427869200706482f,  0.8614784181118011f};
-    int code = 0;
-MEMKIT_QUANT_UNROLL
-    for (int k = 0; k < 15; ++k) code += normalized > thresholds[k] ? 1 : 0;
-    return static_cast<std::uint8_t>(code);
+    // bitsandbytes' comparison tree (the same strict `>`, so the same code, NaN included: code 0), with
+    // selects instead of branches: four comparisons against the thresholds between codes, each picked
+    // among compile-time constants by the outcomes so far.
+    constexpr float t[15] = {-0.8480964004993439f,  -0.6106329262256622f, -0.4599952697753906f,
+                             -0.33967943489551544f, -0.23460740596055984f, -0.13791173323988914f,
+                             -0.045525018125772476f, 0.03979014977812767f, 0.1202552504837513f,
+                             0.2035212516784668f,   0.2920137718319893f,  0.3893125355243683f,
+                             0.5016634166240692f,   0.6427869200706482f,  0.8614784181118011f};
+    const bool b8 = normalized > t[7];
+    const bool b4 = normalized > (b8 ? t[11] : t[3]);
+    const bool b2 = normalized > (b8 ? (b4 ? t[13] : t[9]) : (b4 ? t[5] : t[1]));
+    const float last = b8 ? (b4 ? (b2 ? t[14] : t[12]) : (b2 ? t[10] : t[8]))
+                          : (b4 ? (b2 ? t[6] : t[4]) : (b2 ? t[2] : t[0]));
+    const bool b1 = normalized > last;
+    return static_cast<std::uint8_t>((b8 ? 8 : 0) | (b4 ? 4 : 0) | (b2 ? 2 : 0) | (b1 ? 1 : 0));
   } else if constexpr (F == format::fp4) {
-    constexpr float thresholds[7] = {0.00260417f, 0.0859375f, 0.20833333f, 0.29166667f,
-                                     0.4166667f,  0.583333f,  0.8333333f};
+    constexpr float t[7] = {0.00260417f, 0.0859375f, 0.20833333f, 0.29166667f, 0.4166667f, 0.583333f, 0.8333333f};
     const float magnitude = detail::abs_value(normalized);
-    int rank = 0;
-MEMKIT_QUANT_UNROLL
-    for (int k = 0; k < 7; ++k) rank += magnitude > thresholds[k] ? 1 : 0;
+    // The magnitude's rank among the thresholds, by the same kind of tree (3 comparisons).
+    const bool r4 = magnitude > t[3];
+    const bool r2 = magnitude > (r4 ? t[5] : t[1]);
+    const bool r1 = magnitude > (r4 ? (r2 ? t[6] : t[4]) : (r2 ? t[2] : t[0]));
+    const int rank = (r4 ? 4 : 0) | (r2 ? 2 : 0) | (r1 ? 1 : 0);
     // Magnitude rank 0..7 to FP4 bits: 0, 1, 6, 7, 4, 5, 2, 3 (flip bit 2 where bit 1 is set).
     const int bits = rank ^ ((rank & 2) << 1);
     return static_cast<std::uint8_t>(bits | (normalized < 0.0f ? 0b1000 : 0));
@@ -201,6 +207,12 @@ MEMKIT_HOST_DEVICE MEMKIT_FORCEINLINE std::uint8_t code_at(const std::uint8_t* c
 
 // The default map of the int8 format, as a by-value table for kernels.
 inline constexpr code_table<256> signed_dynamic_table = make_code_table(dynamic_map_signed);
+
+namespace detail {
+// Weights per 16 bytes of codes.
+template <format F>
+inline constexpr int codes_per_16_bytes = F == format::int8 ? 16 : 32;
+}  // namespace detail
 
 // Block size of the second quantization level of double-quantized scales (bitsandbytes' "nested" state).
 inline constexpr std::int64_t nested_block_size = 256;
@@ -817,43 +829,102 @@ MEMKIT_DEVICE MEMKIT_FORCEINLINE float warp_max(float value) {
   return value;
 }
 
+// Lanes of a warp that quantize one block: each takes quantize_lane_values consecutive values per step
+// (one or two 16-byte loads), so blocks of up to 256 values take one step and are read once, kept in
+// registers between the absmax and the encoding; a warp takes 32 / lanes blocks at a time.
+inline constexpr int quantize_lane_values = 8;
+MEMKIT_HOST_DEVICE constexpr int quantize_lanes(std::int64_t block_size) noexcept {
+  return block_size / quantize_lane_values < 32 ? static_cast<int>(block_size / quantize_lane_values) : 32;
+}
+
 template <format F, class T>
-__global__ void quantize_kernel(const T* __restrict__ input, std::int64_t numel, std::int64_t block_size,
-                                std::uint8_t* __restrict__ codes, float* __restrict__ absmax,
-                                code_table<256> map_table) {
+__global__ void quantize_kernel(const T* __restrict__ input, std::int64_t numel,
+                                std::int64_t block_size, std::uint8_t* __restrict__ codes,
+                                float* __restrict__ absmax, code_table<256> map_table) {
+  constexpr int E = quantize_lane_values;
   __shared__ float map[256];
   if constexpr (F == format::int8)
     for (int i = threadIdx.x; i < 256; i += blockDim.x) map[i] = map_table.value[i];
   __syncthreads();
-  const int lane = threadIdx.x & 31;
-  const std::int64_t warps_per_cta = blockDim.x >> 5;
+  const int lanes = quantize_lanes(block_size);  // a power of two, 4..32
+  const int lane = static_cast<int>(threadIdx.x) & 31, sub = lane & (lanes - 1);
+  const int per_warp = 32 / lanes;
+  const std::int64_t steps = block_size / (static_cast<std::int64_t>(lanes) * E);
   const std::int64_t blocks = block_count(numel, block_size);
-  for (std::int64_t block = blockIdx.x * warps_per_cta + (threadIdx.x >> 5); block < blocks;
-       block += gridDim.x * warps_per_cta) {
-    const std::int64_t begin = block * block_size;
-    const std::int64_t count = numel - begin < block_size ? numel - begin : block_size;
-    float block_max = 0.0f;
-    bool finite = true;
-    for (std::int64_t i = lane; i < count; i += 32) {
-      const float magnitude = abs_value(to_float(input[begin + i]));
-      finite &= is_finite(magnitude);
-      block_max = magnitude > block_max ? magnitude : block_max;
-    }
-    block_max = warp_max(block_max);  // max is exact: the order of reduction cannot change it
-    finite = __all_sync(0xffffffffu, finite);
-    if (lane == 0) absmax[block] = finite ? block_max : __int_as_float(0x7fffffff);
-    const float reciprocal = block_reciprocal(block_max);
-    if constexpr (F == format::int8) {
-      for (std::int64_t i = lane; i < count; i += 32)
-        codes[begin + i] = encode<F>(stored_product(to_float(input[begin + i]), reciprocal), map);
+  const std::int64_t warps = static_cast<std::int64_t>(gridDim.x) * (blockDim.x >> 5);
+  const bool vector_input = ::memkit::detail::vector_aligned(input);
+  const bool vector_codes = (reinterpret_cast<std::uintptr_t>(codes) & (F == format::int8 ? 7u : 3u)) == 0;
+  // Values e0 .. e0 + 8 of the block at `begin` (zeros past its end, which change neither the absmax nor
+  // the finiteness; a 4-bit pair past the end is padded with 0.0 as on the host).
+  auto load = [&](std::int64_t begin, std::int64_t count, std::int64_t e0, float* v) {
+    if (vector_input && e0 + E <= count) {
+      ::memkit::detail::load_floats<T, E, true>(input + begin + e0, v);
     } else {
-      const std::int64_t pairs = (count + 1) / 2;
-      for (std::int64_t p = lane; p < pairs; p += 32) {
-        const float first = to_float(input[begin + 2 * p]);
-        const float second = 2 * p + 1 < count ? to_float(input[begin + 2 * p + 1]) : 0.0f;
-        const std::uint8_t high = encode<F>(stored_product(first, reciprocal), map);
-        const std::uint8_t low = encode<F>(stored_product(second, reciprocal), map);
-        codes[begin / 2 + p] = static_cast<std::uint8_t>((high << 4) | low);
+#pragma unroll
+      for (int j = 0; j < E; ++j) v[j] = e0 + j < count ? to_float(input[begin + e0 + j]) : 0.0f;
+    }
+  };
+  // Warp-uniform loop: the shuffles below need every lane.
+  for (std::int64_t first = (blockIdx.x * static_cast<std::int64_t>(blockDim.x >> 5) + (threadIdx.x >> 5)) * per_warp;
+       first < blocks; first += warps * per_warp) {
+    const std::int64_t block = first + lane / lanes;
+    const bool active = block < blocks;
+    const std::int64_t begin = block * block_size;
+    const std::int64_t count = !active ? 0 : numel - begin < block_size ? numel - begin : block_size;
+    float cached[E];
+    float block_max = 0.0f;
+    int finite = 1;
+    for (std::int64_t s = 0; s < steps; ++s) {
+      float v[E];
+      load(begin, count, (s * lanes + sub) * E, v);
+#pragma unroll
+      for (int j = 0; j < E; ++j) {
+        const float magnitude = abs_value(v[j]);
+        finite &= is_finite(magnitude) ? 1 : 0;
+        block_max = magnitude > block_max ? magnitude : block_max;
+        if (s == 0) cached[j] = v[j];
+      }
+    }
+    // The block's lanes: max is exact, so the order of reduction cannot change it.
+    for (int offset = lanes / 2; offset > 0; offset >>= 1) {
+      block_max = fmaxf(block_max, __shfl_xor_sync(0xffffffffu, block_max, offset));
+      finite &= __shfl_xor_sync(0xffffffffu, finite, offset);
+    }
+    if (!active) continue;
+    if (sub == 0) absmax[block] = finite ? block_max : __int_as_float(0x7fffffff);
+    const float reciprocal = block_reciprocal(block_max);
+    for (std::int64_t s = 0; s < steps; ++s) {
+      const std::int64_t e0 = (s * lanes + sub) * E;
+      if (e0 >= count) break;
+      float v[E];
+      if (s == 0) {
+#pragma unroll
+        for (int j = 0; j < E; ++j) v[j] = cached[j];
+      } else {
+        load(begin, count, e0, v);
+      }
+      unsigned c[E];
+#pragma unroll
+      for (int j = 0; j < E; ++j) c[j] = encode<F>(stored_product(v[j], reciprocal), map);
+      if constexpr (F == format::int8) {
+        if (vector_codes && e0 + E <= count) {
+          *reinterpret_cast<uint2*>(codes + begin + e0) =
+              make_uint2(c[0] | c[1] << 8 | c[2] << 16 | c[3] << 24, c[4] | c[5] << 8 | c[6] << 16 | c[7] << 24);
+        } else {
+#pragma unroll
+          for (int j = 0; j < E; ++j)
+            if (e0 + j < count) codes[begin + e0 + j] = static_cast<std::uint8_t>(c[j]);
+        }
+      } else {
+        std::uint8_t* out = codes + (begin + e0) / 2;
+        if (vector_codes && e0 + E <= count) {
+          *reinterpret_cast<std::uint32_t*>(out) = (c[0] << 4 | c[1]) | (c[2] << 4 | c[3]) << 8 | (c[4] << 4 | c[5]) << 16 |
+                                                   (c[6] << 4 | c[7]) << 24;
+        } else {
+#pragma unroll
+          for (int p = 0; p < E / 2; ++p)
+            if (e0 + 2 * p < count) out[p] = static_cast<std::uint8_t>(c[2 * p] << 4 | c[2 * p + 1]);
+        }
       }
     }
   }
@@ -868,51 +939,78 @@ MEMKIT_DEVICE MEMKIT_FORCEINLINE void stage_nested_map(block_scales& scales, flo
   scales.nested_map = shared_map;
 }
 
-template <format F, class T>
-__global__ void dequantize_kernel(const std::uint8_t* __restrict__ codes, block_scales scales,
-                                  std::int64_t block_size, std::int64_t first, std::int64_t count,
-                                  T* __restrict__ output, code_table<256> map_table, code_table<256> nested_table) {
-  __shared__ float map[256];
-  __shared__ float nested_map[256];
-  if constexpr (F == format::int8)
-    for (int i = threadIdx.x; i < 256; i += blockDim.x) map[i] = map_table.value[i];
-  stage_nested_map(scales, nested_map, nested_table);
-  __syncthreads();
-  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < count;
-       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-    const std::int64_t element = first + i;
-    output[i] = from_float<T>(decode<F>(code_at<F>(codes, element), scales(element / block_size), map));
+// The code values of format F in shared memory: the 16 of a 4-bit format (code_value, unscaled) or the 256
+// of the int8 map. Thread 0 writes the 16 with constant indices (no local copy of the codebook).
+template <format F>
+MEMKIT_DEVICE MEMKIT_FORCEINLINE void stage_code_values(float* table, const code_table<256>& map_table) {
+  if constexpr (F == format::int8) {
+    for (int i = static_cast<int>(threadIdx.x); i < 256; i += static_cast<int>(blockDim.x)) table[i] = map_table.value[i];
+  } else if (threadIdx.x == 0) {
+#pragma unroll
+    for (int c = 0; c < 16; ++c) table[c] = code_value<F>(static_cast<std::uint8_t>(c), nullptr);
   }
 }
 
-// Fast 4-bit path: each thread turns 4 code bytes (8 values) into one 16- or 32-byte store. Needs `first`
-// to be a multiple of 8 and `output` 16-byte aligned; tails go through dequantize_kernel.
+// log2 of a block size (a power of two: require_block_size), so a block index is a shift, not a division.
+MEMKIT_DEVICE MEMKIT_FORCEINLINE int block_shift(std::int64_t block_size) { return __ffsll(block_size) - 1; }
+
+// The code of weight j (0..7) of a group of 8 stored in words[0] (4-bit) or words[0..1] (int8); 4-bit
+// codes keep the even element in the high nibble.
+template <format F>
+MEMKIT_DEVICE MEMKIT_FORCEINLINE unsigned code_in_words(const std::uint32_t* words, int j) {
+  if constexpr (F == format::int8) return (words[j >> 2] >> (8 * (j & 3))) & 0xffu;
+  else return (words[0] >> (8 * (j >> 1) + ((j & 1) ? 0 : 4))) & 0x0fu;
+}
+
 template <format F, class T>
-__global__ void dequantize4_vector_kernel(const std::uint8_t* __restrict__ codes, block_scales scales,
-                                          std::int64_t block_size, std::int64_t first, std::int64_t groups,
-                                          T* __restrict__ output, code_table<256> nested_table) {
-  __shared__ float table[16];
+__global__ void __launch_bounds__(256) dequantize_kernel(const std::uint8_t* __restrict__ codes, block_scales scales,
+                                                         std::int64_t block_size, std::int64_t first, std::int64_t count,
+                                                         T* __restrict__ output, code_table<256> map_table,
+                                                         code_table<256> nested_table) {
+  constexpr int entries = F == format::int8 ? 256 : 16;
+  __shared__ float table[entries];
   __shared__ float nested_map[256];
-  if (threadIdx.x < 16) table[threadIdx.x] = code_value<F>(static_cast<std::uint8_t>(threadIdx.x), nullptr);
+  stage_code_values<F>(table, map_table);
   stage_nested_map(scales, nested_map, nested_table);
   __syncthreads();
+  const int shift = block_shift(block_size);
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < count;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    const std::int64_t element = first + i;
+    output[i] = from_float<T>(stored_product(table[code_at<F>(codes, element)], scales(element >> shift)));
+  }
+}
+
+// The vector path: each thread turns 16 bytes of codes (16 int8 or 32 4-bit values, one quantization
+// block's worth since blocks are powers of two >= 32) into 16-byte stores. Needs `first` to be a multiple of
+// codes_per_16_bytes<F>, the codes of element `first` and `output` 16-byte aligned; the launcher sends the
+// rest through dequantize_kernel.
+template <format F, class T>
+__global__ void __launch_bounds__(256) dequantize_vector_kernel(const std::uint8_t* __restrict__ codes, block_scales scales,
+                                                                std::int64_t block_size, std::int64_t first,
+                                                                std::int64_t groups, T* __restrict__ output,
+                                                                code_table<256> map_table, code_table<256> nested_table) {
+  constexpr int entries = F == format::int8 ? 256 : 16;
+  constexpr int per_group = codes_per_16_bytes<F>;
+  constexpr int words_per_8 = F == format::int8 ? 2 : 1;
+  __shared__ float table[entries];
+  __shared__ float nested_map[256];
+  stage_code_values<F>(table, map_table);
+  stage_nested_map(scales, nested_map, nested_table);
+  __syncthreads();
+  const int shift = block_shift(block_size);
+  const uint4* packed_codes = reinterpret_cast<const uint4*>(codes + (F == format::int8 ? first : first / 2));
   for (std::int64_t g = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; g < groups;
        g += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-    const std::int64_t element = first + 8 * g;
-    const std::uint32_t packed = __ldg(reinterpret_cast<const std::uint32_t*>(codes + (element >> 1)));
-    const float scale = scales(element / block_size);  // blocks are >= 32 values: 8 never straddle
-    alignas(16) T values[8];
+    const uint4 packed = __ldg(packed_codes + g);
+    const std::uint32_t words[4] = {packed.x, packed.y, packed.z, packed.w};
+    const float scale = scales((first + per_group * g) >> shift);
 #pragma unroll
-    for (int b = 0; b < 4; ++b) {
-      const std::uint32_t byte = (packed >> (8 * b)) & 0xffu;
-      values[2 * b] = from_float<T>(stored_product(table[byte >> 4], scale));
-      values[2 * b + 1] = from_float<T>(stored_product(table[byte & 0x0f], scale));
-    }
-    if constexpr (sizeof(T) == 2) {
-      *reinterpret_cast<uint4*>(output + 8 * g) = *reinterpret_cast<const uint4*>(values);
-    } else {
-      reinterpret_cast<uint4*>(output + 8 * g)[0] = reinterpret_cast<const uint4*>(values)[0];
-      reinterpret_cast<uint4*>(output + 8 * g)[1] = reinterpret_cast<const uint4*>(values)[1];
+    for (int part = 0; part < per_group / 8; ++part) {
+      float values[8];
+#pragma unroll
+      for (int j = 0; j < 8; ++j) values[j] = stored_product(table[code_in_words<F>(words + part * words_per_8, j)], scale);
+      ::memkit::detail::store_floats<T, 8>(output + per_group * g + 8 * part, values);
     }
   }
 }
@@ -965,7 +1063,9 @@ void quantize_blockwise_checked(const E& exec, format fmt, tensor_view<Input> in
 #if MEMKIT_HAS_CUDA
     (void)tensor_name, (void)operation, (void)host_threads;
     constexpr int threads = 256;
-    const int grid = detail::grid_for(block_count(numel, block_size) * 32, threads);
+    const std::int64_t warps = (block_count(numel, block_size) + 32 / detail::quantize_lanes(block_size) - 1) /
+                               (32 / detail::quantize_lanes(block_size));
+    const int grid = detail::grid_for(warps * 32, threads);
     ::memkit::detail::with_device(exec.device, [&] {
       detail::dispatch_format(fmt, [&]<format F>() {
         detail::quantize_kernel<F><<<grid, threads, 0, exec.stream>>>(input.data(), numel, block_size, codes.data(),
@@ -1015,19 +1115,23 @@ void dequantize_with_scales(const E& exec, format fmt, const std::uint8_t* codes
     constexpr int threads = 256;
     ::memkit::detail::with_device(exec.device, [&] {
       dispatch_format(fmt, [&]<format F>() {
-        std::int64_t done = 0;
-        if constexpr (F != format::int8) {
-          const bool aligned = first_element % 8 == 0 && reinterpret_cast<std::uintptr_t>(output.data()) % 16 == 0 &&
-                               reinterpret_cast<std::uintptr_t>(codes) % 4 == 0;
-          const std::int64_t groups = aligned ? count / 8 : 0;
-          if (groups > 0)
-            dequantize4_vector_kernel<F><<<grid_for(groups, threads), threads, 0, exec.stream>>>(
-                codes, scales, block_size, first_element, groups, output.data(), nested_map);
-          done = groups * 8;
-        }
-        if (done < count)
-          dequantize_kernel<F><<<grid_for(count - done, threads), threads, 0, exec.stream>>>(
-              codes, scales, block_size, first_element + done, count - done, output.data() + done, map, nested_map);
+        // A scalar head up to the first element whose codes start a 16-byte word, the vector body, a scalar tail.
+        constexpr std::int64_t per_group = codes_per_16_bytes<F>;
+        const std::int64_t head = (per_group - first_element % per_group) % per_group;
+        // After the head, the codes start at a multiple of 16 bytes from `codes`.
+        const bool vector = head < count && ::memkit::detail::vector_aligned(codes, output.data() + head);
+        const std::int64_t groups = vector ? (count - head) / per_group : 0;
+        const std::int64_t body_begin = vector ? head : 0, body_end = body_begin + groups * per_group;
+        if (body_begin > 0)
+          dequantize_kernel<F><<<grid_for(body_begin, threads), threads, 0, exec.stream>>>(
+              codes, scales, block_size, first_element, body_begin, output.data(), map, nested_map);
+        if (groups > 0)
+          dequantize_vector_kernel<F><<<grid_for(groups, threads), threads, 0, exec.stream>>>(
+              codes, scales, block_size, first_element + body_begin, groups, output.data() + body_begin, map, nested_map);
+        if (body_end < count)
+          dequantize_kernel<F><<<grid_for(count - body_end, threads), threads, 0, exec.stream>>>(
+              codes, scales, block_size, first_element + body_end, count - body_end, output.data() + body_end, map,
+              nested_map);
       });
       MEMKIT_CUDA_CHECK(cudaGetLastError());
       return 0;
