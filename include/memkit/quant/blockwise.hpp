@@ -13,7 +13,8 @@
 // Non-finite input: the host path throws memkit::error naming the tensor, the element and the block; it
 // checks each group of blocks (up to max_block_size values) in the same pass that finds their absmax, before
 // writing any of the group, so the input is read once (groups before the offending one are already written).
-// The CUDA path cannot throw without synchronizing, so it marks the offending block by storing NaN as its absmax (every value of that block then decodes to NaN, never to silent garbage);
+// The CUDA path cannot throw without synchronizing, so it marks the offending block by storing NaN as its
+// absmax (every value of that block then decodes to NaN, never to silent garbage);
 // find_nonfinite_block() locates it after the stream is synchronized (quantized_tensor does this for you).
 #pragma once
 
