@@ -31,6 +31,9 @@ struct block_activations {
   std::uint64_t saved_bytes = 0;         // kept from the block's forward to its backward
   std::uint64_t forward_transient = 0;   // largest temporary alive inside the block's forward
   std::uint64_t backward_transient = 0;  // gradient temporaries alive inside the block's backward
+  // memkit runtime: the temporaries come from the workspace resource (and include the block's operations'
+  // own workspace), so they count as workspace, not activations.
+  bool transients_in_workspace = false;
 
   constexpr void add(std::string_view name, std::uint64_t bytes) noexcept {
     if (bytes == 0) return;
@@ -60,8 +63,18 @@ constexpr bool keeps_linear_input(const training_plan& plan, module_set modules)
 }
 }  // namespace detail
 
+// memkit runtime: is the block one memkit_block_activation_bytes models (below)? A Llama-style block —
+// RMSNorm, rotary, separate q/k/v and gate/up projections, a dense gated MLP, no dropout or extra norms.
+constexpr bool memkit_block_modelled(const model_config& m, const training_plan& plan) noexcept {
+  return plan.memkit_runtime() && m.family == architecture::llama && m.gated_mlp() && !m.moe() && !m.fused_qkv &&
+         !m.fused_gate_up && !m.dropout && !m.parallel_attention && m.norm == norm_kind::rms &&
+         m.norms_per_block == 2 && m.qk_norm == qk_norm_kind::none && m.rotary();
+}
+constexpr block_activations memkit_block_activation_bytes(const model_config& m, const training_plan& plan) noexcept;
+
 // The saved tensors of one block for `plan`'s micro-batch and sequence.
 constexpr block_activations block_activation_bytes(const model_config& m, const training_plan& plan) noexcept {
+  if (memkit_block_modelled(m, plan)) return memkit_block_activation_bytes(m, plan);
   block_activations a;
   const std::uint64_t g = plan.overhead.allocation_granularity;
   const std::uint64_t e = plan.stream_bytes();
@@ -199,16 +212,21 @@ constexpr auto with_base_type(const training_plan& plan, F&& f) noexcept {
 }
 }  // namespace detail
 
-// memkit runtime: the most one linear layer of a block takes from the workspace on a device — a
-// lora_linear's forward or backward (lora/lora_linear.hpp's forward_workspace_bytes /
-// backward_workspace_bytes: the held down-projection gradient and, over a quantized base,
-// quant::matmul's dequantized tile of rows and its fp32 input-gradient accumulator), or a frozen
-// quantized linear without adapter (quant::matmul_workspace_bytes). Dense products run on cuBLAS, whose
-// own workspace is the overhead's `workspace_bytes`. Full training: dense linears, nothing.
+// memkit runtime: the most one linear layer of a block takes from the workspace — a lora_linear's forward
+// or backward (lora/lora_linear.hpp's forward_workspace_bytes / backward_workspace_bytes: the held
+// down-projection gradient and, over a quantized base, quant::matmul's dequantized tile of rows and its fp32
+// input-gradient accumulator), or a frozen quantized linear without adapter (quant::matmul_workspace_bytes).
+// On a device, dense products run on cuBLAS, whose own workspace is the overhead's `workspace_bytes`; on the
+// host (plan.host_threads > 0) every product is a linalg::gemm whose per-thread packing is workspace too, so a
+// trained dense linear takes the most of its forward (x W^T), weight gradient (dy^T x, fp32) and input
+// gradient (dy W) products.
 constexpr std::uint64_t memkit_linear_workspace_bytes(const model_config& m, const training_plan& plan) noexcept {
-  if (!plan.lora_training()) return 0;
+  const bool on_host = plan.on_host();
+  if (!plan.lora_training() && !on_host) return 0;
+  const bool on_device = !on_host;
   const std::uint64_t e = plan.activation_bytes();
   const bool half_is_fp16 = plan.precision == precision_mode::fp16_mixed;
+  const linalg::gemm_options gemm{static_cast<int>(plan.host_threads)};
   const block_linears linears = linears_of(m);
   std::uint64_t peak = 0;
   for (int i = 0; i < linears.count; ++i) {
@@ -218,20 +236,29 @@ constexpr std::uint64_t memkit_linear_workspace_bytes(const model_config& m, con
     const auto rank = static_cast<std::int64_t>(plan.lora.rank);
     const std::int64_t block = plan.weights.format == weight_format::int8 ? in
                                                                           : static_cast<std::int64_t>(plan.weights.block_size);
-    const bool adapter = contains(plan.lora.targets, l.modules);
+    const bool adapter = plan.lora_training() && contains(plan.lora.targets, l.modules);
     auto of = [&]<class Base, class T>(Base*, T*) -> std::uint64_t {
+      if (!plan.lora_training()) {  // a trained dense linear on the host: weights of the activations' type
+        return max_of(linalg::gemm_workspace_bytes<T, T, T>(tokens, out, in, gemm),
+                      max_of(linalg::gemm_workspace_bytes<T, T, float>(out, in, tokens, gemm),
+                             linalg::gemm_workspace_bytes<T, T, T>(tokens, in, out, gemm)));
+      }
       if (adapter) {
         lora::lora_options options;
-        return max_of(lora::forward_workspace_bytes<Base, T>(tokens, in, out, rank, true, options, block),
-                      lora::backward_workspace_bytes<Base, T>(tokens, in, out, rank, plan.lora.dropout, true, true,
+        options.host_threads = static_cast<int>(plan.host_threads);
+        return max_of(lora::forward_workspace_bytes<Base, T>(tokens, in, out, rank, on_device, options, block),
+                      lora::backward_workspace_bytes<Base, T>(tokens, in, out, rank, plan.lora.dropout, true, on_device,
                                                               options, block));
       }
       if constexpr (lora::base_traits<Base>::quantized) {
         constexpr quant::format F = lora::base_traits<Base>::format;
-        return max_of(quant::matmul_workspace_bytes(quant::matmul_kind::forward, F, block, tokens, out, in, sizeof(T), true),
-                      quant::matmul_workspace_bytes(quant::matmul_kind::input_grad, F, block, tokens, out, in, sizeof(T), true));
+        return max_of(quant::matmul_workspace_bytes(quant::matmul_kind::forward, F, block, tokens, out, in, sizeof(T), on_device),
+                      quant::matmul_workspace_bytes(quant::matmul_kind::input_grad, F, block, tokens, out, in, sizeof(T), on_device));
+      } else {
+        if (on_device) return 0;
+        return max_of(linalg::gemm_workspace_bytes<T, Base, T>(tokens, out, in, gemm),
+                      linalg::gemm_workspace_bytes<T, Base, T>(tokens, in, out, gemm));
       }
-      return 0;
     };
     const std::uint64_t bytes = detail::with_base_type(plan, [&](auto* base) -> std::uint64_t {
       if (e == 4) return of(base, static_cast<float*>(nullptr));
@@ -241,6 +268,80 @@ constexpr std::uint64_t memkit_linear_workspace_bytes(const model_config& m, con
     peak = max_of(peak, bytes);
   }
   return peak;
+}
+
+// memkit runtime: one Llama-style block as memkit's layers run it (checkpoint/layer.hpp's layer concept;
+// examples/llama/block.hpp is this block, built from memkit::attention, lora_linear and the example's
+// RMSNorm / rotary / SwiGLU layers). Every layer saves its own tensors into the activation store, none
+// shares another's:
+//   RMSNorm (x2)            its input and the fp32 1/rms per row
+//   a trained dense linear  its own copy of its input (q, k, v, gate and up each keep one)
+//   lora_linear             lora::saved_activation_bytes: its own dropout(x) copy, the [T, r]
+//                           down-projection, the 32-byte dropout record; the frozen base keeps nothing
+//   attention               q, k, v in [B, H, S, D] (k, v at the kv heads: never expanded) and
+//                           memkit::attention's output and fp32 log-sum-exp
+//   SwiGLU                  its input: the gate and up outputs, [T, 2f]
+//   rotary                  nothing (its cos/sin table is a constant of the model)
+// The block's temporaries come from the workspace, each its own 64-byte-aligned piece of one allocation:
+//   forward   the two normalized inputs, q, k, v, the attention output in [B, S, H*D] (o's input), o's
+//             output, the residual sum, gate|up, the SwiGLU output and down's output;
+//   backward  the SwiGLU and gate|up gradients, four hidden-width gradients (dn2, dh, dn1 and a partial
+//             sum), and four each of the q-width and kv-width ones (merged/split heads of dq, dk, dv, do);
+// on top of which one operation's own workspace: the largest of any linear's (memkit_linear_workspace_bytes)
+// and memkit::attention's forward (host: per-thread tiles) or backward (delta, host tiles) workspace.
+constexpr block_activations memkit_block_activation_bytes(const model_config& m, const training_plan& plan) noexcept {
+  block_activations a;
+  a.transients_in_workspace = true;
+  const std::uint64_t g = plan.overhead.allocation_granularity;
+  const std::uint64_t e = plan.activation_bytes();
+  const std::uint64_t b = plan.micro_batch, s = plan.sequence, T = b * s;
+  const std::uint64_t h = m.hidden, Hq = m.heads, Hkv = m.kv_heads, d = m.head_dim, f = m.intermediate;
+  const std::uint64_t qw = Hq * d, kvw = Hkv * d;
+  auto add = [&](std::string_view name, std::uint64_t bytes) { a.add(name, round_up(bytes, g)); };
+  auto linear = [&](linear_module module, std::uint64_t in, std::string_view input) {
+    if (!plan.lora_training()) {
+      add(input, e * T * in);
+      return;
+    }
+    if (!contains(plan.lora.targets, static_cast<module_set>(module))) return;
+    const lora::saved_bytes_parts adapter = lora::saved_activation_bytes(
+        static_cast<std::int64_t>(T), static_cast<std::int64_t>(in), static_cast<std::int64_t>(plan.lora.rank), e);
+    add("lora.dropout_output", adapter.adapter_input);
+    add("lora.a_output", adapter.adapter_output);
+    add("lora.dropout_record", adapter.record);
+  };
+  add("attn_norm.input", e * T * h);
+  add("attn_norm.rstd", 4 * T);
+  linear(linear_module::q, h, "q_proj.input");
+  linear(linear_module::k, h, "k_proj.input");
+  linear(linear_module::v, h, "v_proj.input");
+  add("q", e * T * qw);
+  add("k", e * T * kvw);
+  add("v", e * T * kvw);
+  add("attention.output", e * T * qw);
+  add("attention.logsumexp", attention::forward_saved_bytes(b, Hq, s, d, e) - e * T * qw);
+  linear(linear_module::o, qw, "o_proj.input");
+  add("mlp_norm.input", e * T * h);
+  add("mlp_norm.rstd", 4 * T);
+  linear(linear_module::gate, h, "gate_proj.input");
+  linear(linear_module::up, h, "up_proj.input");
+  add("swiglu.input", e * T * 2 * f);
+  linear(linear_module::down, f, "down_proj.input");
+
+  auto piece = [&](std::uint64_t width) { return round_up((e * T * width + 63) / 64 * 64, g); };
+  const std::uint64_t forward_scratch = 5 * piece(h) + 2 * piece(qw) + 2 * piece(kvw) + piece(2 * f) + piece(f);
+  const std::uint64_t backward_scratch = piece(f) + piece(2 * f) + 4 * piece(h) + 4 * piece(qw) + 4 * piece(kvw);
+  const bool on_device = !plan.on_host();
+  attention::attention_options options{};
+  options.host_threads = static_cast<int>(plan.host_threads);
+  const auto B = static_cast<std::int64_t>(b), S = static_cast<std::int64_t>(s), D = static_cast<std::int64_t>(d);
+  const auto nq = static_cast<std::int64_t>(Hq), nkv = static_cast<std::int64_t>(Hkv);
+  const std::uint64_t linears = memkit_linear_workspace_bytes(m, plan);
+  const std::uint64_t attention_forward = attention::forward_workspace_bytes(B, nq, nkv, S, D, e, options, on_device);
+  const std::uint64_t attention_backward = attention::backward_workspace_bytes(B, nq, nkv, S, D, e, options, on_device);
+  a.forward_transient = forward_scratch + round_up(max_of(linears, attention_forward), g);
+  a.backward_transient = backward_scratch + round_up(max_of(linears, attention_backward), g);
+  return a;
 }
 
 // Activations saved outside the blocks: rotary tables, embedding dropout, the final norm and the

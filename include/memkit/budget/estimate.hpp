@@ -25,6 +25,7 @@
 #include "memkit/budget/activations.hpp"
 #include "memkit/budget/allocator.hpp"
 #include "memkit/budget/component_bytes.hpp"
+#include "memkit/budget/memkit_step.hpp"
 #include "memkit/budget/model.hpp"
 #include "memkit/budget/plan.hpp"
 #include "memkit/budget/presets.hpp"
@@ -153,6 +154,7 @@ constexpr std::string_view plan_problem(const model_config& m, const training_pl
       return "kbit-prepared and bnb-keeps-input describe PEFT / bitsandbytes, not the memkit runtime";
     if (p.placement == optimizer_placement::paged) return "paged optimizer state is bitsandbytes': not with the memkit runtime";
   }
+  if (p.host_threads > 0 && !p.memkit_runtime()) return "host execution (host_threads) is modelled for the memkit runtime only";
   return {};
 }
 
@@ -460,6 +462,18 @@ constexpr memory_estimate estimate_memory(const model_config& m, const training_
 
   breakdown step = step_in_backward ? with(persistent, 0, 0, 0, 0) : with(persistent, gradients, 0, 0, step_temporary);
   out.phases[2] = step;
+
+  // memkit runtime, Llama-style blocks: the step as a memkit training loop runs it (budget/memkit_step.hpp).
+  // Gradients are allocated up front; the linears' workspace is part of each block's temporaries; the rotary
+  // table (fp32 cos and sin, [max_positions, head_dim / 2] each) lives with the weights; no logits exist.
+  if (memkit_block_modelled(m, p)) {
+    const memkit_step_moments moments = memkit_step_activations(m, p);
+    breakdown base = persistent;
+    base[category::weights] += round_up(4 * 2 * m.max_positions * (m.head_dim / 2), g);
+    base[category::workspace] -= round_up(memkit_linear_workspace_bytes(m, p), g);
+    for (int i = 0; i < step_phase_count; ++i)
+      out.phases[i] = with(base, gradients, moments.activations[i], 0, moments.workspace[i]);
+  }
 
   // --- allocated, reserved, device ---
   // The activations' tensor sizes are one block's saved tensors; the logits a tensor of their own; the

@@ -84,6 +84,10 @@ struct overhead_settings {
   std::uint64_t fragmentation_percent = 0;       // reserved-but-unused share of the caching allocator
 };
 
+// No GPU-only terms: what a host run (training_plan::host_threads > 0) allocates, byte for byte.
+inline constexpr overhead_settings host_overhead{.cuda_context_bytes = 0, .nccl_bytes = 0, .workspace_bytes = 0,
+                                                 .allocation_granularity = 1, .fragmentation_percent = 0};
+
 struct training_plan {
   runtime_kind runtime = runtime_kind::pytorch;
   method training = method::full;
@@ -124,12 +128,20 @@ struct training_plan {
   // bitsandbytes < 0.43.2: MatMul4Bit saved its input for backward (fixed by bitsandbytes PR #1270).
   bool quantized_matmul_keeps_input = false;
 
+  // memkit runtime: where the step runs. 0: on a CUDA device (cuBLAS and the components' device kernels).
+  // N > 0: on the host with N threads, as examples/train_llama.cpp runs: every workspace term is then the
+  // components' host figure (linalg::gemm's per-thread packing, memkit::attention's per-thread tiles,
+  // lora_linear / quant::matmul / the fused loss on the host). There is no CUDA context or cuBLAS on the
+  // host: set `overhead` to zero (host_overhead below).
+  std::uint64_t host_threads = 0;
+
   std::uint64_t gpus = 1;
   int zero_stage = 0;
   overhead_settings overhead{};
 
   constexpr bool lora_training() const noexcept { return training == method::lora; }
   constexpr bool memkit_runtime() const noexcept { return runtime == runtime_kind::memkit; }
+  constexpr bool on_host() const noexcept { return memkit_runtime() && host_threads > 0; }
   constexpr bool has_master_weights() const noexcept {
     return precision == precision_mode::bf16_mixed || precision == precision_mode::fp16_mixed;
   }

@@ -1,0 +1,116 @@
+// memkit/budget/memkit_step.hpp — memkit runtime, Llama-style models: the moments of one training step as
+// a memkit training loop runs it (examples/train_llama.cpp is one), each from the components' own byte
+// functions.
+//
+// The loop owns four hidden-state buffers for the whole run: the embedding's output (the layer stack's
+// input), the stack's output (the loss's input), the loss's gradient of it (loss::fused_linear_cross_entropy
+// computes it during forward) and, when the embedding trains, the gradient into the embedding. The stack is
+// checkpoint_segment over the blocks and the final RMSNorm; what it holds at every moment is checkpoint/
+// schedule.hpp's exact byte model (checkpoint_segment::cost), run here on memkit_block_activation_bytes's
+// saved tensors. The block's temporaries and its operations' workspace, and the loss's chunk buffers, come
+// from the workspace resource. Gradients (fp32) and the optimizer state are allocated up front.
+//
+// The moments compared, per phase:
+//   forward         every layer's forward (what the stack holds, that layer's saved tensors, its forward
+//                   temporaries), and the loss on top of what the forward pass kept;
+//   backward        every recomputed forward and every layer's backward (with its gradient temporaries);
+//   optimizer_step  persistent state, gradients and the loop's buffers (adam_state works in place).
+#pragma once
+
+#include <cstdint>
+
+#include "memkit/budget/activations.hpp"
+#include "memkit/budget/plan.hpp"
+#include "memkit/checkpoint/schedule.hpp"
+#include "memkit/loss/fused_linear_cross_entropy.hpp"
+
+MEMKIT_NAMESPACE_BEGIN
+namespace budget {
+
+namespace detail {
+
+// checkpoint_byte_model that also reports, at each layer's forward, the bytes alive once that layer has
+// saved everything it saves (the model frees them again at once when the layer's tensors are not kept).
+template <class Hidden, class Saved, class OnBackward, class OnForward>
+class memkit_stack_model : public ::memkit::detail::checkpoint_byte_model<Hidden, Saved, OnBackward> {
+  using base = ::memkit::detail::checkpoint_byte_model<Hidden, Saved, OnBackward>;
+
+ public:
+  constexpr memkit_stack_model(Hidden hidden, Saved saved, OnBackward on_backward, OnForward on_forward, bool offload)
+      : base(hidden, saved, on_backward, ::memkit::detail::checkpoint_bytes_options{offload, true}),
+        saved_(saved), on_forward_(on_forward) {}
+  constexpr void forward(std::uint64_t step, const typename base::hidden& in, typename base::hidden& out, bool keep) {
+    on_forward_(step, base::device_bytes() + saved_(step));
+    base::forward(step, in, out, keep);
+  }
+
+ private:
+  Saved saved_;
+  OnForward on_forward_;
+};
+
+}  // namespace detail
+
+// The largest moment of each phase (0 forward, 1 backward, 2 optimizer step, as estimate.hpp's step_phase):
+// activations (the loop's buffers and what the stack holds) and the workspace on top of the persistent one
+// (a layer's temporaries, or the loss's chunk buffers).
+struct memkit_step_moments {
+  std::uint64_t activations[3]{};
+  std::uint64_t workspace[3]{};
+};
+
+constexpr memkit_step_moments memkit_step_activations(const model_config& m, const training_plan& p) {
+  memkit_step_moments out;
+  const std::uint64_t g = p.overhead.allocation_granularity;
+  const std::uint64_t e = p.activation_bytes();
+  const std::uint64_t T = p.tokens(), L = m.layers;
+  const std::uint64_t hidden = round_up(e * T * m.hidden, g);
+  const bool embedding_trains = !p.lora_training();
+  const std::uint64_t loop_buffers = (embedding_trains ? 4 : 3) * hidden;
+
+  const block_activations block = memkit_block_activation_bytes(m, p);
+  const std::uint64_t norm_saved = round_up(e * T * m.hidden, g) + round_up(4 * T, g);  // final RMSNorm: x, 1/rms
+  auto saved = [&](std::uint64_t step) { return step < L ? block.saved_bytes : norm_saved; };
+  auto forward_temporaries = [&](std::uint64_t step) { return step < L ? block.forward_transient : 0; };
+  auto backward_temporaries = [&](std::uint64_t step) { return step < L ? block.backward_transient : 0; };
+
+  // The loss: loss::fused_linear_cross_entropy with chunks of logits_chunk_tokens tokens' fp32 logits.
+  const std::uint64_t chunk = p.logits_chunk_tokens < T ? p.logits_chunk_tokens : T;
+  const bool on_device = !p.on_host();
+  loss::cross_entropy_options loss_options;
+  loss_options.chunk_bytes = loss::detail::chunk_row_bytes(static_cast<std::int64_t>(m.vocab), e, on_device) * chunk;
+  loss_options.host_threads = static_cast<int>(p.host_threads);
+  const std::uint64_t loss_workspace = round_up(
+      loss::fused_linear_cross_entropy_workspace_bytes(static_cast<std::int64_t>(T), static_cast<std::int64_t>(m.hidden),
+                                                       static_cast<std::int64_t>(m.vocab), e, loss_options,
+                                                       {.on_device = on_device, .head_grad = embedding_trains}),
+      g);
+
+  bool backward_pass = false;
+  constexpr int forward_phase = 0, backward_phase = 1, optimizer_phase = 2;
+  auto moment = [&](int i, std::uint64_t stack, std::uint64_t workspace) {
+    if (loop_buffers + stack + workspace > out.activations[i] + out.workspace[i]) {
+      out.activations[i] = loop_buffers + stack;
+      out.workspace[i] = workspace;
+    }
+  };
+  auto on_forward = [&](std::uint64_t step, std::uint64_t bytes) {
+    moment(backward_pass ? backward_phase : forward_phase, bytes, forward_temporaries(step));
+  };
+  auto on_backward = [&](std::uint64_t step, std::uint64_t bytes) {
+    moment(backward_phase, bytes, backward_temporaries(step));
+  };
+  const checkpoint_plan plan = make_checkpoint_plan(p.checkpoint_schedule_of(), L + 1);
+  detail::memkit_stack_model model([hidden](std::uint64_t) { return hidden; }, saved, on_backward, on_forward,
+                                  p.offload_checkpoints);
+  ::memkit::detail::checkpoint_interpreter run(plan, model);
+  run.forward();
+  moment(forward_phase, model.kept_after_forward(), loss_workspace);
+  backward_pass = true;
+  run.backward();
+  moment(optimizer_phase, 0, 0);
+  return out;
+}
+
+}  // namespace budget
+MEMKIT_NAMESPACE_END
