@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "memkit/core/cublas.hpp"
+#include "memkit/core/execution.hpp"
 #include "memkit/memory/buffer.hpp"
 #include "memkit/memory/resource.hpp"
 #include "memkit/memory/tracking.hpp"
@@ -91,6 +92,33 @@ TEST_CASE("stream-ordered allocation: a tracker and a buffer pass the stream thr
   { memkit::buffer<float> weights(tracker.category(memkit::memory_category::weights), memkit::shape{4}); }
   CHECK(upstream.plain_allocations == 1);
   CHECK(upstream.plain_releases == 1);
+}
+
+namespace {
+// Stands in for cuda_executor in workspace_buffer, which reads only on_device and stream.
+struct device_like_executor {
+  static constexpr bool on_device = true;
+  void* stream;
+};
+}  // namespace
+
+TEST_CASE("workspace_buffer: stream-ordered on a device executor's stream, plain on the host") {
+  recording_resource upstream;
+  memkit::tracking_resource tracker(upstream, "ws");
+  memkit::memory_resource& workspace = tracker.category(memkit::memory_category::workspace);
+  {
+    auto on_device = memkit::workspace_buffer<float>(device_like_executor{fake_stream(0x77)}, workspace, memkit::shape{10});
+    auto on_host = memkit::workspace_buffer<float>(memkit::host, workspace, memkit::shape{6});
+    REQUIRE(upstream.ordered_allocations.size() == 1);
+    CHECK(upstream.ordered_allocations[0].stream == fake_stream(0x77));
+    CHECK(upstream.ordered_allocations[0].pointer == on_device.data());
+    CHECK(upstream.plain_allocations == 1);
+    CHECK(tracker.stats(memkit::memory_category::workspace).current_bytes == 64);
+  }
+  REQUIRE(upstream.ordered_releases.size() == 1);
+  CHECK(upstream.ordered_releases[0].stream == fake_stream(0x77));
+  CHECK(upstream.plain_releases == 1);
+  CHECK(tracker.current_bytes() == 0);
 }
 
 TEST_CASE("stream-ordered allocation: other resources say they are not, ignore the stream, and are refused as CUDA workspace") {

@@ -904,7 +904,7 @@ void backward(const cuda_executor& exec, tensor_view<const std::type_identity_t<
   const detail::cuda_problem p = detail::make_cuda_problem<T>(q.shape(), k.shape()[1], options, "backward");
   using C = detail::cuda_tiles<T>;
   const std::int64_t rows = std::int64_t{p.B} * p.Hq * p.S;
-  buffer<float> delta(workspace, shape{detail::round_to_16(rows)});
+  buffer<float> delta(workspace, shape{detail::round_to_16(rows)}, on_stream{exec.stream});
   require(cuda_executor::can_access(delta.where()), "attention::backward (CUDA): the workspace resource gives " +
                                                         std::string(to_string(delta.where())) + " memory");
   ::memkit::detail::with_device(exec.device, [&] {
@@ -924,8 +924,8 @@ void backward(const cuda_executor& exec, tensor_view<const std::type_identity_t<
     MEMKIT_CUDA_CHECK(cudaGetLastError());
     return 0;
   });
-  // `delta` is released here: stream-ordered with a device_async_resource on exec.stream (no synchronization);
-  // a plain device_resource's cudaFree waits for the device instead.
+  // `delta` is released here, on exec.stream: stream-ordered with a device_async_resource (made on any stream, or
+  // a tracker over one) without synchronization; a plain device_resource's cudaFree waits for the device instead.
 }
 #endif  // MEMKIT_HAS_CUDA
 

@@ -552,7 +552,7 @@ class lora_linear {
     const auto dy2 = detail::matrix<const T>(dy.data(), M, out_, dy.where());
     const auto down2 = detail::matrix<const T>(down.view().data(), M, r, down.view().where());
     const auto ain = detail::matrix<const T>(adapter_in.view().data(), M, in_, adapter_in.view().where());
-    buffer<D> d_down(ws, shape{M, r});
+    buffer<D> d_down = workspace_buffer<D>(exec, ws, shape{M, r});  // on exec.stream under CUDA
     const auto dd = detail::matrix<D>(d_down.data(), M, r, d_down.where());
     // dB += scale * dy^T down;  d(down) = scale * dy B;  dA += d(down)^T dropout(x)
     product(exec, linalg::transpose::yes, linalg::transpose::no, scale_, dy2, down2, 1.0f,
@@ -580,7 +580,7 @@ class lora_linear {
     }
     const float keep_scale = 1.0f / (1.0f - options_.dropout);
     const std::int64_t chunk = std::min(M, detail::masked_rows);
-    buffer<D> temp(ws, shape{chunk, in_});
+    buffer<D> temp = workspace_buffer<D>(exec, ws, shape{chunk, in_});
     for (std::int64_t row0 = 0; row0 < M; row0 += chunk) {
       const std::int64_t rows = std::min(chunk, M - row0);
       product(exec, linalg::transpose::no, linalg::transpose::no, 1.0f,

@@ -751,14 +751,16 @@ void device_fused(const cuda_executor& exec, const tensor_view<const T>& hidden,
   const cudaDataType_t t_type = ::memkit::detail::cuda_type<T>();
   const std::int64_t c = chunk_tokens(N, V, sizeof(T), options, true);
   const cudaStream_t stream = exec.stream;
-  buffer<float> logits(workspace, shape{c * V});
-  buffer<float> row_loss(workspace, shape{N});
-  buffer<int> counters(workspace, shape{2});
+  // Workspace stream-ordered on exec.stream (docs/cuda.md, "Workspace").
+  const on_stream ordered{exec.stream};
+  buffer<float> logits(workspace, shape{c * V}, ordered);
+  buffer<float> row_loss(workspace, shape{N}, ordered);
+  buffer<int> counters(workspace, shape{2}, ordered);
   buffer<T> gradient16;
-  if constexpr (!fp32) gradient16 = buffer<T>(workspace, shape{c * V});
+  if constexpr (!fp32) gradient16 = buffer<T>(workspace, shape{c * V}, ordered);
   T* gradient = fp32 ? reinterpret_cast<T*>(logits.data()) : gradient16.data();
   buffer<float> accumulator;
-  if (!fp32 && !absent(d_hidden) && tile < V) accumulator = buffer<float>(workspace, shape{c * H});
+  if (!fp32 && !absent(d_hidden) && tile < V) accumulator = buffer<float>(workspace, shape{c * H}, ordered);
 
   count_targets_kernel<><<<1, loss_block_threads, 0, stream>>>(targets.data(), N, V, options.ignore_index,
                                                              counters.data());
@@ -902,7 +904,7 @@ void fused_linear_cross_entropy(const E& exec, tensor_view<Hidden> hidden, const
 #if MEMKIT_HAS_CUDA
     require(dims.V <= 2147483647 && dims.H <= 2147483647, std::string(operation) + ": vocab and hidden must fit cuBLAS's int");
     ::memkit::detail::with_device(exec.device, [&] {
-      buffer<T> tile_buffer(workspace, shape{tile * dims.H});
+      buffer<T> tile_buffer(workspace, shape{tile * dims.H}, on_stream{exec.stream});
       detail::device_fused(
           exec, x,
           [&](std::int64_t first, std::int64_t count) -> const T* {

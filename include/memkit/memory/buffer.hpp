@@ -86,4 +86,16 @@ class buffer {
   bool stream_ordered_ = false;
 };
 
+// Workspace for an operation that `exec` runs: on a CUDA executor, stream-ordered on exec.stream (released in
+// order after the kernels enqueued there; docs/cuda.md, "Workspace"); on the host, a plain buffer.
+template <class T, class E>
+buffer<T> workspace_buffer(const E& exec, memory_resource& resource, memkit::shape dims) {
+  if constexpr (E::on_device) {
+    return buffer<T>(resource, dims, on_stream{exec.stream});
+  } else {
+    (void)exec;
+    return buffer<T>(resource, dims);
+  }
+}
+
 MEMKIT_NAMESPACE_END
