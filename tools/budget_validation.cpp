@@ -5,11 +5,12 @@
 // describe the run), asks memkit-budget for each row's prediction of that metric, and prints the
 // validation table of docs/memory_budget.md with the error of every row, the median and worst error.
 //
-//   memkit-budget-validation --budget build/tools/memkit-budget --root . [--write DOC | --check DOC]
+//   memkit-budget-validation --budget build/tools/memkit-budget --root . [--write DOC | --check DOC | --commands]
 //
 // --write DOC replaces the generated block of DOC (between the markers below); --check DOC exits 1 when the
 // block differs from what the data and today's model give, or when a row missing by more than 15% is not
-// explained (named by its id) in DOC. Bad input: one line, exit 2.
+// explained (named by its id) in DOC. --commands prints every row's memkit-budget command line (longest-context
+// rows without the --seq the search adds). Bad input: one line, exit 2.
 #include <memkit/io/json.hpp>
 
 #include <algorithm>
@@ -101,8 +102,22 @@ std::string percent(double error) {
 }
 
 struct row_result {
-  std::string id, link, model, run, metric_name, unit;
+  std::string id, link, source, method, model, run, metric_name, unit;
   double measured = 0, predicted = 0, error = 0;
+};
+
+// A longest-context row: the longest sequence that trained on a GPU of `gpu_gib`, next to the longest
+// for which memkit's prediction of the row's metric stays within that memory.
+struct context_result {
+  std::string id, link, model, run, metric_name;
+  double gpu_gib = 0;
+  std::uint64_t measured_tokens = 0, predicted_tokens = 0;  // 0: out of memory at any length
+  double predicted_gib_at_measured = 0;                     // the prediction at the measured length
+  // At the longest length that trained, the run's peak was just within the GPU: the prediction at that
+  // length against the GPU's memory is the memory error (a run one step longer ran out of memory).
+  bool has_error = false;
+  double error = 0;          // predicted at the measured length / GPU memory - 1
+  double context_error = 0;  // memkit's longest / the measured longest - 1
 };
 
 // The row's stated configuration must be what the flags tell memkit-budget: every number the docs table
@@ -121,22 +136,15 @@ void check_flag(const json::value& row, const std::vector<std::string>& flags, c
   throw failure(row.at("id").as_string() + ": " + field + " " + want + " has no " + flag + " flag");
 }
 
-row_result evaluate(const json::value& row, const std::string& budget, const std::string& root) {
-  row_result r;
-  r.id = row.at("id").as_string();
-  const std::string config_url = row.at("config_url").as_string();
-  r.link = config_url.empty() ? row.at("url").as_string() : config_url;
-  r.model = row.at("model").as_string();
-  r.metric_name = row.at("metric").as_string();
-  r.unit = row.at("unit").as_string();
-  r.measured = row.at("measured").as_double();
-
+std::vector<std::string> flags_of(const json::value& row) {
   std::vector<std::string> flags;
   for (const json::value& f : row.at("memkit_flags").as_array()) flags.push_back(f.as_string());
-  check_flag(row, flags, "micro_batch", "--batch");
-  check_flag(row, flags, "sequence", "--seq");
-  check_flag(row, flags, "grad_accum", "--grad-accum");
+  return flags;
+}
 
+// The memkit-budget command line for the row's model and flags (no --json).
+std::string command_line(const json::value& row, const std::vector<std::string>& flags, const std::string& budget,
+                         const std::string& root) {
   std::string command = shell_quote(budget);
   const json::value& model = row.at("memkit_model");
   // Appended piece by piece: g++ 12 warns (-Wrestrict, a false positive) on "literal" + std::string&&.
@@ -146,54 +154,218 @@ row_result evaluate(const json::value& row, const std::string& budget, const std
     command.append(" --preset ").append(shell_quote(model.at("preset").as_string()));
   }
   for (const std::string& f : flags) command.append(" ").append(shell_quote(f));
-  command += " --json 2>&1";
-  const json::value out = json::parse(run_command(command), "memkit-budget --json");
+  return command;
+}
 
-  r.predicted = static_cast<double>(predicted_bytes(out, parse_metric(r.metric_name))) / unit_bytes(r.unit);
-  r.error = r.predicted / r.measured - 1.0;
+// memkit-budget's --json answer for the row's model and flags.
+json::value ask(const json::value& row, const std::vector<std::string>& flags, const std::string& budget,
+                const std::string& root) {
+  return json::parse(run_command(command_line(row, flags, budget, root) + " --json 2>&1"), "memkit-budget --json");
+}
 
+std::string describe_run(const json::value& row, const std::string& shape) {
   std::string run = row.at("method").as_string();
   const std::string lora = row.at("lora").as_string();
   if (!lora.empty()) run += ", " + lora;
-  run += "; " + std::to_string(row.at("micro_batch").as_int()) + " x " + std::to_string(row.at("sequence").as_int());
+  run += "; " + shape;
   if (row.at("grad_accum").as_int() > 1) run += ", accum " + std::to_string(row.at("grad_accum").as_int());
   run += "; " + row.at("precision").as_string() + ", " + row.at("optimizer").as_string();
   if (row.at("checkpointing").as_string() != "none") run += "; checkpointing " + row.at("checkpointing").as_string();
   run += "; " + row.at("gpu").as_string();
-  r.run = run;
+  return run;
+}
+
+std::string link_of(const json::value& row) {
+  const std::string config_url = row.at("config_url").as_string();
+  return config_url.empty() ? row.at("url").as_string() : config_url;
+}
+
+row_result evaluate(const json::value& row, const std::string& budget, const std::string& root) {
+  row_result r;
+  r.id = row.at("id").as_string();
+  r.link = link_of(row);
+  r.source = row.at("source").as_string();
+  r.model = row.at("model").as_string();
+  r.metric_name = row.at("metric").as_string();
+  const std::string metric_text = r.metric_name;
+  if (const json::value* assumed = row.find("metric_assumed"); assumed != nullptr && assumed->as_bool())
+    r.metric_name += " (assumed)";  // the source does not say which memory it measured
+  r.unit = row.at("unit").as_string();
+  r.measured = row.at("measured").as_double();
+
+  const std::vector<std::string> flags = flags_of(row);
+  r.method = "full";  // memkit-budget's default
+  for (std::size_t i = 0; i + 1 < flags.size(); ++i)
+    if (flags[i] == "--method") r.method = flags[i + 1];
+  check_flag(row, flags, "micro_batch", "--batch");
+  check_flag(row, flags, "sequence", "--seq");
+  check_flag(row, flags, "grad_accum", "--grad-accum");
+  const json::value out = ask(row, flags, budget, root);
+  r.predicted = static_cast<double>(predicted_bytes(out, parse_metric(metric_text))) / unit_bytes(r.unit);
+  r.error = r.predicted / r.measured - 1.0;
+  r.run = describe_run(row, std::to_string(row.at("micro_batch").as_int()) + " x " +
+                                std::to_string(row.at("sequence").as_int()));
   return r;
 }
 
-std::string generate(const std::vector<row_result>& rows) {
+context_result evaluate_context(const json::value& row, const std::string& budget, const std::string& root) {
+  context_result r;
+  r.id = row.at("id").as_string();
+  r.link = link_of(row);
+  r.model = row.at("model").as_string();
+  r.metric_name = row.at("metric").as_string();
+  r.gpu_gib = row.at("gpu_memory_gib").as_double();
+  const json::value& longest = row.at("measured_longest_tokens");
+  r.measured_tokens = longest.is_null() ? 0 : static_cast<std::uint64_t>(longest.as_int());
+  std::vector<std::string> flags = flags_of(row);
+  check_flag(row, flags, "micro_batch", "--batch");
+  check_flag(row, flags, "grad_accum", "--grad-accum");
+  for (const std::string& f : flags)
+    if (f == "--seq") throw failure(r.id + ": a longest-context row gets its --seq from the search");
+  const metric m = parse_metric(r.metric_name);
+  const double capacity = r.gpu_gib * 1073741824.0;
+  auto predicted_at = [&](std::uint64_t tokens) {
+    std::vector<std::string> with = flags;
+    with.push_back("--seq");
+    with.push_back(std::to_string(tokens));
+    return static_cast<double>(predicted_bytes(ask(row, with, budget, root), m));
+  };
+  // The longest sequence whose prediction fits: the prediction grows with the sequence, so bisect.
+  if (predicted_at(1) <= capacity) {
+    std::uint64_t fits = 1, fails = 2;
+    while (predicted_at(fails) <= capacity) {
+      fits = fails;
+      fails *= 2;
+      if (fails > (std::uint64_t{1} << 24)) throw failure(r.id + ": still fits at 16M tokens");
+    }
+    while (fails - fits > 1) {
+      const std::uint64_t mid = fits + (fails - fits) / 2;
+      (predicted_at(mid) <= capacity ? fits : fails) = mid;
+    }
+    r.predicted_tokens = fits;
+  }
+  if (r.measured_tokens != 0) r.predicted_gib_at_measured = predicted_at(r.measured_tokens) / 1073741824.0;
+  if (r.measured_tokens != 0 && r.predicted_tokens != 0) {
+    r.has_error = true;
+    r.error = r.predicted_gib_at_measured / r.gpu_gib - 1.0;
+    r.context_error = static_cast<double>(r.predicted_tokens) / static_cast<double>(r.measured_tokens) - 1.0;
+  }
+  r.run = describe_run(row, std::to_string(row.at("micro_batch").as_int()) + " x longest");
+  return r;
+}
+
+std::string tokens_text(std::uint64_t tokens) {
+  if (tokens == 0) return "out of memory";
+  std::string digits = std::to_string(tokens), out;
+  for (std::size_t i = 0; i < digits.size(); ++i) {
+    if (i != 0 && (digits.size() - i) % 3 == 0) out += ',';
+    out += digits[i];
+  }
+  return out;
+}
+
+struct summary {
+  std::size_t n = 0;
+  double median = 0;
+  std::string worst_id;
+  double worst = 0;
+  int within_10 = 0, within_15 = 0, above = 0, below = 0;
+};
+
+summary summarize(const std::vector<std::pair<std::string, double>>& errors) {
+  summary s;
+  std::vector<double> sizes;
+  for (const auto& [id, error] : errors) {
+    const double e = std::abs(error);
+    sizes.push_back(e);
+    if (s.worst_id.empty() || e > std::abs(s.worst)) {
+      s.worst_id = id;
+      s.worst = error;
+    }
+    s.within_10 += e <= 0.10;
+    s.within_15 += e <= explain_above;
+    s.above += error > 0;
+    s.below += error < 0;
+  }
+  std::sort(sizes.begin(), sizes.end());
+  s.n = sizes.size();
+  s.median = s.n == 0 ? 0 : (s.n % 2 ? sizes[s.n / 2] : 0.5 * (sizes[s.n / 2 - 1] + sizes[s.n / 2]));
+  return s;
+}
+
+std::string summary_line(const summary& s, const char* what) {
+  std::ostringstream line;
+  line << s.n << " " << what << ": median absolute error " << fixed(100 * s.median, 1) << "%, worst "
+       << (s.n ? percent(s.worst) : "-") << " (" << (s.n ? s.worst_id : "-") << "); " << s.within_10 << " of " << s.n
+       << " within 10%, " << s.within_15 << " of " << s.n << " within 15%; " << s.above << " predicted high, " << s.below
+       << " low.";
+  return line.str();
+}
+
+std::string generate(const std::vector<row_result>& rows, const std::vector<context_result>& contexts) {
   std::ostringstream md;
   md << begin_marker << "\n\n";
   md << "| row | model | run | metric | measured | memkit | error |\n|---|---|---|---|---|---|---|\n";
-  int decimals = 2;
+  std::vector<std::pair<std::string, double>> errors;
   for (const row_result& r : rows) {
-    decimals = r.unit == "MiB" ? 0 : 2;
+    const int decimals = r.unit == "MiB" ? 0 : 2;
     md << "| [" << r.id << "](" << r.link << ") | " << r.model << " | " << r.run << " | " << r.metric_name << " | "
        << fixed(r.measured, decimals) << " " << r.unit << " | " << fixed(r.predicted, decimals) << " " << r.unit << " | "
        << percent(r.error) << " |\n";
+    errors.emplace_back(r.id, r.error);
   }
-  std::vector<double> errors;
-  const row_result* worst = nullptr;
-  int within_10 = 0, within_15 = 0, above = 0, below = 0;
-  for (const row_result& r : rows) {
-    const double e = std::abs(r.error);
-    errors.push_back(e);
-    if (worst == nullptr || e > std::abs(worst->error)) worst = &r;
-    within_10 += e <= 0.10;
-    within_15 += e <= explain_above;
-    above += r.error > 0;
-    below += r.error < 0;
+  md << "\n" << summary_line(summarize(errors), "runs") << "\n";
+  // The same by source and by method, in the order they first appear.
+  auto breakdown_table = [&](const char* heading, std::string row_result::*key) {
+    std::vector<std::string> groups;
+    for (const row_result& r : rows)
+      if (std::find(groups.begin(), groups.end(), r.*key) == groups.end()) groups.push_back(r.*key);
+    md << "\n| " << heading << " | runs | median absolute error | worst | low / high |\n|---|---|---|---|---|\n";
+    for (const std::string& group : groups) {
+      std::vector<std::pair<std::string, double>> of_group;
+      for (const row_result& r : rows)
+        if (r.*key == group) of_group.emplace_back(r.id, r.error);
+      const summary s = summarize(of_group);
+      md << "| " << group << " | " << s.n << " | " << fixed(100 * s.median, 1) << "% | " << percent(s.worst) << " | "
+         << s.below << " / " << s.above << " |\n";
+    }
+  };
+  breakdown_table("source", &row_result::source);
+  breakdown_table("memkit-budget --method", &row_result::method);
+  if (!contexts.empty()) {
+    md << "\nLongest context that trained on a GPU of the stated memory. At that length the run's peak was just "
+          "within the GPU, so the error is memkit's prediction there against the GPU's memory; memkit's own longest "
+          "context (where its prediction reaches the GPU's memory) is shown next to the measured one:\n\n";
+    md << "| row | model | run | metric | GPU memory | measured longest | memkit at that length | error | memkit longest "
+          "|\n|---|---|---|---|---|---|---|---|---|\n";
+    std::vector<std::pair<std::string, double>> memory_errors, context_errors;
+    int agree = 0, disagree = 0;
+    for (const context_result& r : contexts) {
+      std::string error;
+      if (r.has_error) {
+        error = percent(r.error);
+        memory_errors.emplace_back(r.id, r.error);
+        context_errors.emplace_back(r.id, r.context_error);
+      } else if ((r.measured_tokens == 0) == (r.predicted_tokens == 0)) {
+        error = "agrees";
+        ++agree;
+      } else {
+        error = "disagrees";
+        ++disagree;
+      }
+      md << "| [" << r.id << "](" << r.link << ") | " << r.model << " | " << r.run << " | " << r.metric_name << " | "
+         << fixed(r.gpu_gib, 0) << " GiB | " << tokens_text(r.measured_tokens) << " | "
+         << (r.measured_tokens ? fixed(r.predicted_gib_at_measured, 2) + " GiB" : "-") << " | " << error << " | "
+         << tokens_text(r.predicted_tokens) << (r.has_error ? " (" + percent(r.context_error) + ")" : "") << " |\n";
+    }
+    const summary contexts_summary = summarize(context_errors);
+    md << "\n" << summary_line(summarize(memory_errors), "longest contexts, memory at the measured length")
+       << " The longest contexts themselves: median error " << fixed(100 * contexts_summary.median, 1) << "%, worst "
+       << (contexts_summary.n ? percent(contexts_summary.worst) : "-") << ".";
+    if (agree + disagree > 0) md << " Out of memory at any length: " << agree << " agree, " << disagree << " disagree.";
+    md << "\n";
   }
-  std::sort(errors.begin(), errors.end());
-  const std::size_t n = errors.size();
-  const double median = n == 0 ? 0 : (n % 2 ? errors[n / 2] : 0.5 * (errors[n / 2 - 1] + errors[n / 2]));
-  md << "\n" << n << " runs: median absolute error " << fixed(100 * median, 1) << "%, worst " << (worst ? percent(worst->error) : "-")
-     << " (" << (worst ? worst->id : "-") << "); " << within_10 << " of " << n << " within 10%, " << within_15 << " of " << n
-     << " within 15%; " << above << " predicted high, " << below << " low.\n\n";
-  md << end_marker;
+  md << "\n" << end_marker;
   return md.str();
 }
 
@@ -208,6 +380,7 @@ std::string splice(const std::string& doc, const std::string& block, const std::
 
 int run(int argc, char** argv) {
   std::string budget, root = ".", data, write_path, check_path;
+  bool commands = false;
   for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
     auto value = [&]() -> std::string {
@@ -219,15 +392,29 @@ int run(int argc, char** argv) {
     else if (flag == "--data") data = value();
     else if (flag == "--write") write_path = value();
     else if (flag == "--check") check_path = value();
+    else if (flag == "--commands") commands = true;
     else throw failure("unknown option '" + flag + "'");
   }
   if (budget.empty()) throw failure("--budget PATH (the memkit-budget executable) is required");
   if (data.empty()) data = root + "/tests/data/budget_validation/measurements.json";
 
   const json::value table = json::parse(read_text(data), data);
+  if (commands) {  // every row's memkit-budget command, to reproduce or inspect a prediction
+    for (const char* list : {"rows", "longest_context"}) {
+      const json::value* rows = table.find(list);
+      if (rows == nullptr) continue;
+      for (const json::value& row : rows->as_array())
+        std::printf("# %s (%s)\n%s\n", row.at("id").as_string().c_str(), row.at("metric").as_string().c_str(),
+                    command_line(row, flags_of(row), budget, root).c_str());
+    }
+    return 0;
+  }
   std::vector<row_result> rows;
   for (const json::value& row : table.at("rows").as_array()) rows.push_back(evaluate(row, budget, root));
-  const std::string block = generate(rows);
+  std::vector<context_result> contexts;
+  if (const json::value* longest = table.find("longest_context"))
+    for (const json::value& row : longest->as_array()) contexts.push_back(evaluate_context(row, budget, root));
+  const std::string block = generate(rows, contexts);
 
   if (!write_path.empty()) {
     const std::string updated = splice(read_text(write_path), block, write_path);
@@ -248,13 +435,21 @@ int run(int argc, char** argv) {
     }
     // Every miss over 15% is explained in the doc's own words: its id appears outside the generated block.
     const std::string prose = splice(doc, "", check_path);
+    auto explained = [&](const std::string& id, const std::string& miss) {
+      if (prose.find(id) != std::string::npos) return;
+      std::fprintf(stderr, "%s: %s misses by %s and is not explained (name it outside the table)\n", check_path.c_str(),
+                   id.c_str(), miss.c_str());
+      ++problems;
+    };
     for (const row_result& r : rows)
-      if (std::abs(r.error) > explain_above && prose.find(r.id) == std::string::npos) {
-        std::fprintf(stderr, "%s: %s misses by %s and is not explained (name it outside the table)\n", check_path.c_str(),
-                     r.id.c_str(), percent(r.error).c_str());
-        ++problems;
-      }
-    if (problems == 0) std::printf("%s: validation table current (%zu runs)\n", check_path.c_str(), rows.size());
+      if (std::abs(r.error) > explain_above) explained(r.id, percent(r.error));
+    for (const context_result& r : contexts) {
+      if (r.has_error && std::abs(r.error) > explain_above) explained(r.id, percent(r.error));
+      if (!r.has_error && (r.measured_tokens == 0) != (r.predicted_tokens == 0)) explained(r.id, "out of memory or not");
+    }
+    if (problems == 0)
+      std::printf("%s: validation table current (%zu runs, %zu longest contexts)\n", check_path.c_str(), rows.size(),
+                  contexts.size());
     return problems == 0 ? 0 : 1;
   }
   std::fputs(block.c_str(), stdout);

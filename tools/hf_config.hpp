@@ -309,6 +309,13 @@ inline memkit::budget::model_config model_from_hf_config(const json_value& confi
     m.token_types = f.optional("type_vocab_size", 2, V);
     m.embedding_norm = true;
     m.pooler = true;
+    // BERT and RoBERTa train with dropout (hidden_dropout_prob, attention_probs_dropout_prob: 0.1 unless
+    // the config says otherwise): masks and dropped copies of the attention probabilities and residuals.
+    auto probability = [&](const char* key) {
+      const json_value* v = f.find({key});
+      return v == nullptr ? 0.1 : v->as_double();
+    };
+    m.dropout = probability("hidden_dropout_prob") > 0 || probability("attention_probs_dropout_prob") > 0;
   } else {
     throw memkit::error("config.json: unsupported model_type '" + type + "' (supported: " + supported_model_types + ")");
   }

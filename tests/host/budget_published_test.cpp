@@ -5,9 +5,13 @@
 // in the doc is not regenerated.
 #include <doctest/doctest.h>
 
-#include <cmath>
+#include <fstream>
+#include <sstream>
+#include <string>
 
 #include <memkit/budget/estimate.hpp>
+
+#include "hf_config.hpp"
 
 using namespace memkit::budget;
 
@@ -35,4 +39,31 @@ TEST_CASE("budget: bitsandbytes before 0.43.2 kept every 4-bit linear's input") 
   lora.lora = {32, all_linear_modules, false};
   qlora.lora = lora.lora;
   CHECK(block_activation_bytes(m, qlora).saved_bytes == block_activation_bytes(m, lora).saved_bytes);
+}
+
+TEST_CASE("budget: BERT read from its config trains with dropout") {
+  // Found by the Transformers single-GPU guide's bert-large-uncased runs (docs/memory_budget.md): BERT's
+  // hidden and attention-probability dropout (0.1) keep a mask and a dropped copy of every score matrix.
+  std::ifstream in(std::string(MEMKIT_TEST_SOURCE_DIR) + "/tests/data/budget_validation/configs/bert-large-uncased.json");
+  REQUIRE(in.good());
+  std::stringstream text;
+  text << in.rdbuf();
+  const model_config bert = memkit_tools::model_from_hf_config(memkit::json::parse(text.str(), "bert"), "bert-large");
+  CHECK(bert.dropout);
+  const training_plan plan{.precision = precision_mode::fp32, .micro_batch = 4, .sequence = 512,
+                           .attention = attention_impl::eager, .overhead = exact};
+  model_config without = bert;
+  without.dropout = false;
+  const std::uint64_t scores = 4 * 16 * 512 * 512, T = 4 * 512, h = 1024;
+  // Attention: a 1-byte mask and an fp32 dropped copy of the probabilities; two 1-byte residual masks.
+  CHECK(block_activation_bytes(bert, plan).saved_bytes - block_activation_bytes(without, plan).saved_bytes ==
+        scores + 4 * scores + 2 * T * h);
+  // A config that switches dropout off is read as such.
+  std::string off = text.str();
+  for (const char* key : {"\"hidden_dropout_prob\": 0.1", "\"attention_probs_dropout_prob\": 0.1"}) {
+    const std::size_t at = off.find(key);
+    REQUIRE(at != std::string::npos);
+    off.replace(at, std::string(key).size(), std::string(key).substr(0, std::string(key).size() - 3) + "0.0");
+  }
+  CHECK_FALSE(memkit_tools::model_from_hf_config(memkit::json::parse(off, "bert"), "bert-large").dropout);
 }
