@@ -135,6 +135,9 @@ TEST_CASE("budget runtime: the memkit runtime refuses what memkit does not have"
   p.optimizer = optimizer_kind::adamw;
   p.kbit_prepared = true;
   CHECK_FALSE(estimate_memory(tiny, p).valid());
+  p.kbit_prepared = false;
+  p.optimizer_in_backward = true;
+  CHECK(std::string(estimate_memory(tiny, p).problem).find("after backward") != std::string::npos);
 }
 
 TEST_CASE("budget runtime: paged optimizer state is on the device but outside torch's counters") {
