@@ -339,3 +339,17 @@ TEST_CASE("budget runtime: with checkpointing, backward holds every checkpoint, 
   CHECK(phase(m, step_phase::backward)[category::activations] ==
         extras + memkit_block.backward_transient + 2 * T * h + memkit_block.saved_bytes);
 }
+
+TEST_CASE("budget planner: with the memkit runtime the rungs memkit cannot take say why") {
+  const training_plan workload{.runtime = runtime_kind::memkit, .micro_batch = 4, .sequence = 4096,
+                               .logits = logits_mode::fused};
+  const ladder l = plan_ladder(presets::llama_3_2_1b, presets::rtx_4090, workload);
+  for (const ladder_rung& r : l.rungs) CHECK(r.plan.memkit_runtime());
+  const ladder_rung& in_backward = l.rungs[static_cast<int>(rung_kind::optimizer_in_backward)];
+  CHECK_FALSE(in_backward.effective);
+  CHECK(std::string(in_backward.reason) == "memkit's adam_state steps once after backward");
+  const ladder_rung& loss = l.rungs[static_cast<int>(rung_kind::fused_loss)];
+  CHECK_FALSE(loss.effective);
+  CHECK(std::string(loss.reason) == "the loss is fused already");
+  CHECK(l.rungs[static_cast<int>(rung_kind::checkpointing)].effective);
+}

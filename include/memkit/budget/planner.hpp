@@ -210,14 +210,17 @@ constexpr std::string_view no_effect_reason(rung_kind kind, const training_plan&
       if (before.optimizer == optimizer_kind::none) return "no optimizer state to shrink";
       return "the optimizer state does not set the peak";
     case rung_kind::optimizer_in_backward:
+      if (before.memkit_runtime()) return "memkit's adam_state steps once after backward";
       if (before.grad_accum > 1) return "it needs gradient accumulation 1 (the workload accumulates)";
       if (before.placement == optimizer_placement::host) return "the optimizer runs on the host";
       if (!at_step) return "the gradients are not what sets the peak";
       return "one gradient and its step temporaries cost as much as the step did";
     case rung_kind::fused_loss:
+      if (loss_grad_in_forward(before)) return "the loss is fused already";
       if (at_step) return "the peak is the optimizer step, where no logits are alive";
       return "the logits are not part of the peak";
     case rung_kind::checkpointing:
+      if (before.checkpoint != checkpointing::none) return "the layers are checkpointed already";
       if (at_step) return "the peak is the optimizer step, where no activations are alive";
       return "the saved activations are not what sets the peak";
     case rung_kind::smaller_micro_batch:
