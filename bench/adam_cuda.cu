@@ -17,7 +17,7 @@ namespace {
 template <class S>
 void BM_adam_step_cuda(benchmark::State& state) {
   memkit::device_resource device;
-  memkit::cuda_executor gpu{};
+  const memkit::cuda_executor gpu = memkit::cuda_executor::legacy_default_stream();
   std::vector<std::int64_t> sizes;
   std::int64_t total = 0;
   for (int i = 0; i < 48; ++i) {

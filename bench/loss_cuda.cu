@@ -41,7 +41,7 @@ void BM_loss_cuda(benchmark::State& state, loss_case c, bool materialized) {
   ls::cross_entropy_options options;
   if (materialized) options.chunk_bytes = ls::detail::chunk_row_bytes(V, sizeof(bf16), true) * static_cast<std::size_t>(N);
   memkit::tracking_resource workspace(device, "loss");
-  const memkit::cuda_executor exec{0, nullptr};
+  const memkit::cuda_executor exec = memkit::cuda_executor::legacy_default_stream(0);
   const double seconds = memkit_bench::time_with_events(state, [&] {
     ls::fused_linear_cross_entropy(exec, std::as_const(hidden).view(), std::as_const(head).view(),
                                    std::as_const(targets).view(), loss.view(), d_hidden.view(), d_head.view(), options,

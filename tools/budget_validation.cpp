@@ -2,7 +2,7 @@
 //
 // Reads tests/data/budget_validation/measurements.json (one row per published run: source, exact
 // configuration, which metric the source measured, the measured figure, and the memkit-budget flags that
-// describe the run), asks memkit-budget for each row's prediction of that metric, and prints the
+// describe the run), asks memkit-budget (--json) for each row's prediction of that metric, and prints the
 // validation table of docs/memory_budget.md with the error of every row, the median and worst error.
 //
 //   memkit-budget-validation --budget build/tools/memkit-budget --root . [--write DOC | --check DOC | --commands]
@@ -48,13 +48,19 @@ metric parse_metric(const std::string& text) {
   throw failure("metric must be allocated, reserved or device, got '" + text + "'");
 }
 
-// memkit-budget's prediction of `m`, from its --json output. memkit-budget reports one device peak today,
-// CUDA context included; the live-tensor figure is that peak less the context ("overhead"), and reserved
-// is not modelled apart from allocated yet (fragmentation 0%), so it is the same figure.
+const char* metric_key(metric m) {
+  switch (m) {
+    case metric::allocated: return "allocated";
+    case metric::reserved: return "reserved";
+    case metric::device: return "device";
+  }
+  return "?";
+}
+
+// memkit-budget's prediction of `m`, from its --json output: the "peak" object's figure for the metric
+// (allocated, reserved, device; docs/memory_budget.md "Which memory").
 std::uint64_t predicted_bytes(const json::value& out, metric m) {
-  const auto peak = static_cast<std::uint64_t>(out.at("peak_device_bytes").as_int());
-  const auto context = static_cast<std::uint64_t>(out.at("breakdown").at("overhead").as_int());
-  return m == metric::device ? peak : peak - context;
+  return static_cast<std::uint64_t>(out.at("peak").at(metric_key(m)).as_int());
 }
 
 double unit_bytes(const std::string& unit) {

@@ -36,6 +36,7 @@ constexpr const char* usage_text =
     "  --logits-chunks N (torchtune's num_output_chunks for --logits chunked, default 8)\n"
     "  --loss-chunk-tokens N (memkit runtime: tokens per chunk of loss::fused_linear_cross_entropy, default 1024)\n"
     "  --gpu NAME  --plan  --max-batch  --max-seq  --json  --svg PATH\n"
+    "  --metric allocated|reserved|device  (what fits and --max-* compare with the GPU; default device)\n"
     "  --kbit-prepared  (PEFT prepare_model_for_kbit_training: fp32 non-quantized weights and activations)\n"
     "  --fused-norms    (norm and softmax kernels that keep no fp32 copies)\n"
     "  --lora-dropout   (lora_dropout > 0: each adapter keeps a dropped copy of its input and a mask)\n"
@@ -63,6 +64,7 @@ struct options {
   training_plan plan{};
   bool sequence_given = false;
   bool want_plan = false, want_max_batch = false, want_max_seq = false, want_json = false;
+  metric fit_metric = metric::device;
 };
 
 std::uint64_t parse_count(const std::string& flag, const std::string& text, bool allow_zero = false) {
@@ -220,6 +222,10 @@ options parse_arguments(int argc, char** argv) {
       p.kbit_prepared = true;
     } else if (flag == "--fused-norms") {
       p.fp32_norm_and_softmax = false;
+    } else if (flag == "--metric") {
+      static constexpr std::pair<const char*, metric> choices[] = {
+          {"allocated", metric::allocated}, {"reserved", metric::reserved}, {"device", metric::device}};
+      o.fit_metric = parse_choice(flag, value(), choices);
     } else if (flag == "--json") {
       o.want_json = true;
     } else if (flag == "--svg") {
@@ -287,6 +293,12 @@ std::string breakdown_json(const breakdown& b) {
   return out + "}";
 }
 
+// {"allocated": A, "reserved": R, "device": D}
+std::string figures_json(const memory_figures& f) {
+  return "{\"allocated\": " + std::to_string(f.allocated) + ", \"reserved\": " + std::to_string(f.reserved) +
+         ", \"device\": " + std::to_string(f.device) + "}";
+}
+
 std::string describe(const training_plan& p) {
   std::string text = p.memkit_runtime() ? "memkit runtime: " : "";
   text += p.lora_training() ? "LoRA r=" + std::to_string(p.lora.rank) + " on " +
@@ -312,12 +324,18 @@ std::string describe(const training_plan& p) {
 constexpr const char* category_colors[category_count] = {"#4e79a7", "#f28e2b", "#e15759", "#76b7b2",
                                                          "#59a14f", "#edc948", "#b07aa1", "#9c755f"};
 
-void write_svg(const std::string& path, const std::string& title, const std::vector<std::pair<std::string, breakdown>>& bars,
+struct svg_bar {
+  std::string label;
+  breakdown bytes;
+  memory_figures figures;  // the bar is the device figure; allocated and reserved are marked on it
+};
+
+void write_svg(const std::string& path, const std::string& title, const std::vector<svg_bar>& bars,
                std::uint64_t available_bytes) {
   std::uint64_t scale = available_bytes;
-  for (const auto& bar : bars) scale = bar.second.total() > scale ? bar.second.total() : scale;
+  for (const auto& bar : bars) scale = bar.bytes.total() > scale ? bar.bytes.total() : scale;
   if (scale == 0) scale = 1;
-  const double left = 220, width = 640, bar_height = 28, gap = 14, top = 50;
+  const double left = 220, width = 640, bar_height = 28, gap = 26, top = 50;
   const double height = top + static_cast<double>(bars.size()) * (bar_height + gap) + 70;
   std::ostringstream svg;
   svg << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << left + width + 130 << "\" height=\"" << height
@@ -325,7 +343,7 @@ void write_svg(const std::string& path, const std::string& title, const std::vec
   svg << "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n";
   svg << "<text x=\"10\" y=\"24\" font-size=\"15\">" << title << "</text>\n";
   double y = top;
-  for (const auto& [label, b] : bars) {
+  for (const auto& [label, b, figures] : bars) {
     svg << "<text x=\"10\" y=\"" << y + bar_height * 0.65 << "\">" << label << "</text>\n";
     double x = left;
     for (int c = 0; c < category_count; ++c) {
@@ -337,6 +355,15 @@ void write_svg(const std::string& path, const std::string& title, const std::vec
       x += w;
     }
     svg << "<text x=\"" << x + 4 << "\" y=\"" << y + bar_height * 0.65 << "\">" << format_bytes(b.total()) << "</text>\n";
+    // Allocated and reserved as ticks on the bar (its end is the device figure), named underneath.
+    for (const std::uint64_t mark : {figures.allocated, figures.reserved}) {
+      const double mx = left + width * static_cast<double>(mark) / static_cast<double>(scale);
+      svg << "<line x1=\"" << mx << "\" y1=\"" << y - 3 << "\" x2=\"" << mx << "\" y2=\"" << y + bar_height + 3
+          << "\" stroke=\"black\" stroke-width=\"1.5\"/>\n";
+    }
+    svg << "<text x=\"" << left << "\" y=\"" << y + bar_height + 14 << "\" font-size=\"10\">allocated "
+        << format_bytes(figures.allocated) << " | reserved " << format_bytes(figures.reserved) << " | device "
+        << format_bytes(figures.device) << "</text>\n";
     y += bar_height + gap;
   }
   if (available_bytes != 0) {
@@ -370,9 +397,17 @@ void print_table(const memory_estimate& e) {
   std::printf("%-16s %14s %14s %14s %14s\n", "total", format_bytes(e.phases[0].total()).c_str(),
               format_bytes(e.phases[1].total()).c_str(), format_bytes(e.phases[2].total()).c_str(),
               format_bytes(e.host.total()).c_str());
+  // The three figures (docs/memory_budget.md, "Which memory"); total above is the device figure.
+  for (int m = 0; m < metric_count; ++m) {
+    const auto which = static_cast<metric>(m);
+    std::printf("%-16s %14s %14s %14s\n", std::string(to_string(which)).c_str(), format_bytes(e.figures[0][which]).c_str(),
+                format_bytes(e.figures[1][which]).c_str(), format_bytes(e.figures[2][which]).c_str());
+  }
   std::printf("peak device: %s (%llu bytes, %s phase; largest: %s)   host: %s\n", format_bytes(e.peak_device_bytes).c_str(),
               static_cast<unsigned long long>(e.peak_device_bytes), std::string(to_string(e.peak_phase)).c_str(),
               std::string(to_string(e.device.largest())).c_str(), format_bytes(e.host_bytes).c_str());
+  std::printf("peak allocated: %s   reserved: %s   device: %s\n", format_bytes(e.peak.allocated).c_str(),
+              format_bytes(e.peak.reserved).c_str(), format_bytes(e.peak.device).c_str());
   if (e.managed_bytes != 0)
     std::printf("of which in CUDA managed memory (paged optimizer state; not in torch's allocator counters): %s\n",
                 format_bytes(e.managed_bytes).c_str());
@@ -403,10 +438,12 @@ int run(int argc, char** argv) {
 
   const memory_estimate e = estimate_memory(model, plan);
   if (!e.valid()) throw usage_error(std::string(e.problem));
-  const bool fits = gpu && e.peak_device_bytes <= gpu->memory_bytes;
+  const metric which = o.fit_metric;
+  const std::uint64_t needed = e.peak_bytes(which);
+  const bool fits = gpu && needed <= gpu->memory_bytes;
   std::uint64_t max_batch = 0, max_seq = 0;
-  if (o.want_max_batch) max_batch = max_micro_batch(model, plan, *gpu);
-  if (o.want_max_seq) max_seq = max_sequence(model, plan, *gpu);
+  if (o.want_max_batch) max_batch = max_micro_batch(model, plan, *gpu, 1u << 20, which);
+  if (o.want_max_seq) max_seq = max_sequence(model, plan, *gpu, which);
   std::optional<ladder> steps;
   if (o.want_plan) steps = plan_ladder(model, *gpu, plan);
 
@@ -415,6 +452,8 @@ int run(int argc, char** argv) {
     out += ", \"parameters\": " + std::to_string(e.parameters);
     out += ", \"trainable_parameters\": " + std::to_string(e.trainable_parameters);
     out += ", \"peak_device_bytes\": " + std::to_string(e.peak_device_bytes);
+    out += ", \"peak\": " + figures_json(e.peak);
+    out += ", \"metric\": \"" + std::string(to_string(which)) + "\"";
     out += ", \"peak_phase\": \"" + std::string(to_string(e.peak_phase)) + "\"";
     out += ", \"host_bytes\": " + std::to_string(e.host_bytes);
     out += ", \"runtime\": \"" + std::string(to_string(plan.runtime)) + "\"";
@@ -424,6 +463,9 @@ int run(int argc, char** argv) {
     out += ", \"phases\": {";
     for (int i = 0; i < step_phase_count; ++i)
       out += (i ? ", \"" : "\"") + std::string(to_string(static_cast<step_phase>(i))) + "\": " + breakdown_json(e.phases[i]);
+    out += "}, \"figures\": {";
+    for (int i = 0; i < step_phase_count; ++i)
+      out += (i ? ", \"" : "\"") + std::string(to_string(static_cast<step_phase>(i))) + "\": " + figures_json(e.figures[i]);
     out += "}";
     if (gpu) {
       out += ", \"gpu\": \"" + std::string(gpu->name) + "\", \"available_bytes\": " + std::to_string(gpu->memory_bytes);
@@ -445,6 +487,7 @@ int run(int argc, char** argv) {
         out += ", \"host_traffic_bytes\": " + std::to_string(r.host_traffic_bytes);
         out += ", \"micro_batch\": " + std::to_string(r.plan.micro_batch) + ", \"grad_accum\": " + std::to_string(r.plan.grad_accum);
         out += ", \"peak_device_bytes\": " + std::to_string(r.estimate.peak_device_bytes);
+        out += ", \"peak\": " + figures_json(r.estimate.peak);
         out += ", \"host_bytes\": " + std::to_string(r.estimate.host_bytes);
         out += ", \"breakdown\": " + breakdown_json(r.estimate.device) + "}";
       }
@@ -457,8 +500,9 @@ int run(int argc, char** argv) {
     std::printf("plan:  %s\n\n", describe(plan).c_str());
     print_table(e);
     if (gpu) {
-      std::printf("gpu %s: %s available: %s\n", std::string(gpu->name).c_str(), format_bytes(gpu->memory_bytes).c_str(),
-                  fits ? "fits" : ("does not fit, short by " + format_bytes(e.peak_device_bytes - gpu->memory_bytes)).c_str());
+      std::printf("gpu %s: %s available: %s (%s %s)\n", std::string(gpu->name).c_str(), format_bytes(gpu->memory_bytes).c_str(),
+                  fits ? "fits" : ("does not fit, short by " + format_bytes(needed - gpu->memory_bytes)).c_str(),
+                  std::string(to_string(which)).c_str(), format_bytes(needed).c_str());
     }
     if (o.want_max_batch) std::printf("largest micro-batch that fits: %llu\n", static_cast<unsigned long long>(max_batch));
     if (o.want_max_seq) std::printf("longest sequence that fits: %llu\n", static_cast<unsigned long long>(max_seq));
@@ -485,15 +529,18 @@ int run(int argc, char** argv) {
   }
 
   if (!o.svg_path.empty()) {
-    std::vector<std::pair<std::string, breakdown>> bars;
+    std::vector<svg_bar> bars;
     std::string title = "memkit-budget: " + std::string(model.name);
     if (steps) {
       for (const ladder_rung& r : steps->rungs)
-        bars.emplace_back(std::string(to_string(r.kind)) + (r.effective ? "" : " (no effect)"), r.estimate.device);
+        bars.push_back({std::string(to_string(r.kind)) + (r.effective ? "" : " (no effect)"), r.estimate.device,
+                        r.estimate.figures[static_cast<int>(r.estimate.peak_phase)]});
       title += " on " + std::string(gpu->name);
     } else {
-      bars.emplace_back("peak (" + std::string(to_string(e.peak_phase)) + ")", e.device);
-      for (int i = 0; i < step_phase_count; ++i) bars.emplace_back(std::string(to_string(static_cast<step_phase>(i))), e.phases[i]);
+      bars.push_back({"peak (" + std::string(to_string(e.peak_phase)) + ")", e.device,
+                      e.figures[static_cast<int>(e.peak_phase)]});
+      for (int i = 0; i < step_phase_count; ++i)
+        bars.push_back({std::string(to_string(static_cast<step_phase>(i))), e.phases[i], e.figures[i]});
     }
     write_svg(o.svg_path, title, bars, gpu ? gpu->memory_bytes : 0);
   }

@@ -59,7 +59,7 @@ std::vector<std::byte> state_bytes(const S& state) {
 template <class S, class P, class G>
 void check_host_device_agreement(memkit::memory_resource& state_resource, memkit::memory_resource& tensor_resource,
                                  bool with_master, memkit::adam_options options = {}) {
-  memkit::cuda_executor gpu{};
+  const memkit::cuda_executor gpu = memkit::cuda_executor::legacy_default_stream();
   std::vector<std::int64_t> sizes;
   for (int i = 0; i < 20; ++i) sizes.push_back(i % 3 == 0 ? 4096 * (i + 1) + 77 : 100 + 333 * i);
   S host_state(memkit::host, memkit::default_host_resource(), sizes, options);
@@ -119,7 +119,7 @@ MEMKIT_GPU_TEST_CASE("gpu: adam state in managed (paged) memory and in pinned ho
   check_host_device_agreement<adam_state<std::int8_t>, float, float>(managed, device, false);
   check_host_device_agreement<adam_state<std::int8_t>, float, float>(pinned, device, false);
   // Release the managed state to the host, then prefetch it back: the next step still agrees.
-  memkit::cuda_executor gpu{};
+  const memkit::cuda_executor gpu = memkit::cuda_executor::legacy_default_stream();
   const std::vector<std::int64_t> sizes{70000};
   adam_state<std::int8_t> state(gpu, managed, sizes);
   mirrored<float> p(device, normal(70000, 0.1f, 1)), g(device, normal(70000, 0.01f, 2));
@@ -134,7 +134,7 @@ MEMKIT_GPU_TEST_CASE("gpu: adam state in managed (paged) memory and in pinned ho
 
 MEMKIT_GPU_TEST_CASE("gpu: a NaN gradient on the device skips the step without touching parameters or state") {
   memkit::device_resource device;
-  memkit::cuda_executor gpu{};
+  const memkit::cuda_executor gpu = memkit::cuda_executor::legacy_default_stream();
   const std::vector<std::int64_t> sizes{5000, 9000};
   adam_state<std::int8_t> state(gpu, device, sizes);
   mirrored<float> p0(device, normal(5000, 0.1f, 1)), p1(device, normal(9000, 0.1f, 2));
@@ -162,7 +162,7 @@ MEMKIT_GPU_TEST_CASE("gpu: a NaN gradient on the device skips the step without t
 
 MEMKIT_GPU_TEST_CASE("gpu: adam refuses pageable host tensors on the CUDA executor and saves/loads device state") {
   memkit::device_resource device;
-  memkit::cuda_executor gpu{};
+  const memkit::cuda_executor gpu = memkit::cuda_executor::legacy_default_stream();
   const std::vector<std::int64_t> sizes{5000};
   adam_state<std::int8_t> state(gpu, device, sizes);
   std::vector<float> p = normal(5000, 0.1f, 1), g = normal(5000, 0.01f, 2);
@@ -186,7 +186,7 @@ template <class S, class P, class G>
 void check_offload_matches_host() {
   memkit::device_resource device;
   memkit::pinned_host_resource pinned;
-  memkit::cuda_executor gpu{};
+  const memkit::cuda_executor gpu = memkit::cuda_executor::legacy_default_stream();
   const std::vector<std::int64_t> sizes{3000, 70001, 8192};
   S host_state(memkit::host, memkit::default_host_resource(), sizes);
   S offloaded(memkit::host, pinned, sizes);  // CPU offload: the state lives in pinned host memory
@@ -242,7 +242,7 @@ MEMKIT_GPU_TEST_CASE("gpu: CPU-offloaded steps (state and master in pinned memor
 
 MEMKIT_GPU_TEST_CASE("gpu: CPU offload refuses pageable staging buffers and device-resident state") {
   memkit::device_resource device;
-  memkit::cuda_executor gpu{};
+  const memkit::cuda_executor gpu = memkit::cuda_executor::legacy_default_stream();
   const std::vector<std::int64_t> sizes{5000};
   adam_state<std::int8_t> on_device(gpu, device, sizes);
   mirrored<bf16> p(device, convert<bf16>(normal(5000, 0.1f, 1))), g(device, convert<bf16>(normal(5000, 0.01f, 2)));
@@ -285,7 +285,7 @@ TEST_CASE("cuda build: the host step compiled under nvcc matches a double-precis
 
 MEMKIT_GPU_TEST_CASE("gpu: accumulate_gradient on the device equals the host bit for bit") {
   memkit::device_resource device;
-  memkit::cuda_executor gpu{};
+  const memkit::cuda_executor gpu = memkit::cuda_executor::legacy_default_stream();
   for (const std::size_t n : {std::size_t{1}, std::size_t{70001}}) {  // one CTA, and several
     mirrored<bf16> sum(device, std::vector<bf16>(n));
     for (std::uint32_t k = 0; k < 3; ++k) {

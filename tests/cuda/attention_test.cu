@@ -26,7 +26,7 @@ memkit::tensor_view<T> fake_device(std::int64_t a, std::int64_t b, std::int64_t 
 }  // namespace
 
 TEST_CASE("attention cuda build: the CUDA entry points reject bad arguments before launching") {
-  const memkit::cuda_executor exec{0, nullptr};
+  const memkit::cuda_executor exec = memkit::cuda_executor::legacy_default_stream(0);
   memkit::host_resource workspace;
   att::attention_options o;
   const memkit::tensor_view<float> lse{reinterpret_cast<float*>(std::uintptr_t{4096}), memkit::shape{1, 2, 8},

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <type_traits>
 
 static_assert(MEMKIT_HAS_CUDA == 1, "nvcc must switch the CUDA paths on");
 
@@ -71,7 +72,7 @@ TEST_CASE("MEMKIT_CUDA_CHECK: a failed call throws cuda_error naming the call, f
 
 TEST_CASE("cuda_executor: refuses pageable host memory, accepts device, managed and pinned memory") {
   float value = 0.0f;
-  const memkit::cuda_executor gpu{};
+  const memkit::cuda_executor gpu = memkit::cuda_executor::legacy_default_stream();
   const auto view_in = [&](memkit::memory_kind kind) { return memkit::tensor_view<float>(&value, {1}, kind); };
   CHECK_NOTHROW(memkit::require_accessible(gpu, view_in(memkit::memory_kind::device), "op", "x"));
   CHECK_NOTHROW(memkit::require_accessible(gpu, view_in(memkit::memory_kind::managed), "op", "x"));
@@ -81,4 +82,64 @@ TEST_CASE("cuda_executor: refuses pageable host memory, accepts device, managed 
                        "(use device, managed or pinned_host memory)",
                        memkit::error);
   static_assert(memkit::executor<memkit::cuda_executor>);
+}
+
+// The stream is always the caller's explicit choice (docs/cuda.md, "Streams").
+static_assert(!std::is_default_constructible_v<memkit::cuda_executor>, "a cuda_executor must name its stream");
+static_assert(!std::is_constructible_v<memkit::cuda_executor, int, std::nullptr_t>,
+              "a null stream means legacy or per-thread depending on a compiler flag: name it instead");
+static_assert(std::is_constructible_v<memkit::cuda_executor, int, cudaStream_t>);
+
+TEST_CASE("cuda_executor: the named default streams are CUDA's special handles, whatever --default-stream says") {
+  const memkit::cuda_executor legacy = memkit::cuda_executor::legacy_default_stream(1);
+  const memkit::cuda_executor per_thread = memkit::cuda_executor::per_thread_default_stream();
+  CHECK(legacy.device == 1);
+  CHECK(legacy.stream == cudaStreamLegacy);
+  CHECK(per_thread.device == 0);
+  CHECK(per_thread.stream == cudaStreamPerThread);
+  CHECK(legacy.stream != nullptr);
+  CHECK(per_thread.stream != nullptr);
+}
+
+namespace {
+// Host memory that calls itself device memory and is not stream-ordered (as device_resource is not): lets the
+// CUDA entry points run their argument checks here, where no device exists.
+class fake_device_memory final : public memkit::memory_resource {
+ public:
+  memkit::memory_kind kind() const noexcept override { return memkit::memory_kind::device; }
+  const char* name() const noexcept override { return "fake_device"; }
+
+ protected:
+  void* do_allocate(std::size_t bytes, std::size_t alignment) override { return heap_.allocate(bytes, alignment); }
+  void do_deallocate(void* pointer, std::size_t bytes, std::size_t alignment) noexcept override {
+    heap_.deallocate(pointer, bytes, alignment);
+  }
+
+ private:
+  memkit::host_resource heap_;
+};
+}  // namespace
+
+TEST_CASE("CUDA workspace: matmul's tiled path and quantize_into refuse a resource that is not stream-ordered") {
+  namespace q = memkit::quant;
+  fake_device_memory fake;
+  memkit::tracking_resource tracker(fake, "fake");
+  memkit::memory_resource& workspace = tracker.category(memkit::memory_category::workspace);
+  const memkit::cuda_executor gpu = memkit::cuda_executor::legacy_default_stream();
+  q::quantized_tensor<q::NF4> w(fake, memkit::shape{64, 64}, {64, true});
+  memkit::buffer<memkit::bf16> x(fake, memkit::shape{16, 64}), y(fake, memkit::shape{16, 64});
+  // M = 16 takes the tiled cuBLAS path, whose tile would be freed with a synchronizing cudaFree.
+  CHECK_THROWS_WITH_AS(q::matmul(gpu, memkit::tensor_view<const memkit::bf16>(x.view()), w, y.view(), workspace),
+                       doctest::Contains("quant::matmul (CUDA): the workspace resource (workspace) is not stream-ordered"),
+                       memkit::error);
+  CHECK_THROWS_WITH_AS(
+      q::matmul_input_grad(gpu, memkit::tensor_view<const memkit::bf16>(y.view()), w, x.view(), workspace),
+      doctest::Contains("quant::matmul_input_grad (CUDA): the workspace resource (workspace) is not stream-ordered"),
+      memkit::error);
+  memkit::buffer<float> input(fake, memkit::shape{64, 64});
+  CHECK_THROWS_WITH_AS(w.quantize_into(gpu, memkit::tensor_view<const float>(input.view()), workspace),
+                       doctest::Contains("quantized_tensor::quantize_into (CUDA): the workspace resource (workspace) "
+                                         "is not stream-ordered"),
+                       memkit::error);
+  CHECK(tracker.current_bytes() == 0);  // refused before anything was allocated
 }

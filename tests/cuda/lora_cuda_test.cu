@@ -112,7 +112,10 @@ void compare_host_and_device(std::int64_t M, float dropout, bool training, doubl
   memkit::lora::lora_linear<Base, T> on_host(host_ref, options, heap, heap);
   memkit::lora::lora_linear<Base, T> on_device(device_ref, options, tracker.category(memkit::memory_category::weights),
                                                tracker.category(memkit::memory_category::gradients));
-  on_device.set_workspace(tracker.category(memkit::memory_category::workspace));
+  // The workspace is stream-ordered on the layer's stream (docs/cuda.md, "Workspace"), counted by its own tracker.
+  memkit::device_async_resource device_async(stream);
+  memkit::tracking_resource workspace_tracker(device_async, "lora-gpu-workspace");
+  on_device.set_workspace(workspace_tracker.category(memkit::memory_category::workspace));
   const std::vector<T> b = memkit_test::convert<T>(memkit_test::uniform_values(out * options.rank, 4));
   std::copy(b.begin(), b.end(), on_host.lora_B().begin());
   MEMKIT_CUDA_CHECK(cudaMemcpy(on_device.lora_B().data(), b.data(), b.size() * sizeof(T), cudaMemcpyHostToDevice));
@@ -130,13 +133,14 @@ void compare_host_and_device(std::int64_t M, float dropout, bool training, doubl
   memkit::buffer<T> x_d = to_device(device, x, shape{M, in}), dy_d = to_device(device, dy, shape{M, out});
   memkit::buffer<T> y_d(device, shape{M, out}), dx_d(device, shape{M, in});
   activation_store device_store(tracker.category(memkit::memory_category::activations));
-  tracker.reset_peak();
+  workspace_tracker.reset_peak();
   on_device.forward(gpu, ctx, tensor_view<const T>(x_d.view()), y_d.view(), device_store);
   CHECK(device_store.bytes() == on_device.saved_bytes(shape{M, in}, ctx));
-  CHECK(tracker.stats(memkit::memory_category::workspace).peak_bytes == on_device.forward_workspace_bytes(M, true));
-  tracker.reset_peak();
+  CHECK(workspace_tracker.stats(memkit::memory_category::workspace).peak_bytes ==
+        on_device.forward_workspace_bytes(M, true));
+  workspace_tracker.reset_peak();
   on_device.backward(gpu, tensor_view<const T>(dy_d.view()), dx_d.view(), device_store);
-  CHECK(tracker.stats(memkit::memory_category::workspace).peak_bytes ==
+  CHECK(workspace_tracker.stats(memkit::memory_category::workspace).peak_bytes ==
         on_device.backward_workspace_bytes(M, dropout > 0.0f, true, true));
   gpu.synchronize();
 

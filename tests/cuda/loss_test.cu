@@ -157,7 +157,7 @@ MEMKIT_GPU_TEST_CASE("loss: CUDA reports a target out of range as a NaN loss; al
   auto x = to_device(device, hidden);
   auto w = to_device(device, head);
   memkit::buffer<float> loss(device, memkit::shape{1});
-  const memkit::cuda_executor exec{0, nullptr};
+  const memkit::cuda_executor exec = memkit::cuda_executor::legacy_default_stream(0);
   for (int bad : {0, 1}) {
     std::vector<std::int32_t> targets(static_cast<std::size_t>(N), -100);
     if (bad) targets[2] = static_cast<std::int32_t>(V);

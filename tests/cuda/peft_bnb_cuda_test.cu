@@ -38,7 +38,7 @@ std::vector<T> to_host(const T* data, std::size_t count) {
 
 MEMKIT_GPU_TEST_CASE("gpu: an AdamW8bit state imported into device memory steps and exports as on the host") {
   memkit::device_resource device;
-  memkit::cuda_executor gpu{};
+  const memkit::cuda_executor gpu = memkit::cuda_executor::legacy_default_stream();
   const std::string file = peft_data + "/qlora_resume/optimizer_step5.safetensors";
   std::vector<std::int64_t> sizes;
   const memkit::safetensors::reader in(file);

@@ -77,7 +77,7 @@ void check_host_device_equal(q::format fmt, std::int64_t count, std::int64_t blo
                         memkit::host_view(host_codes), memkit::host_view(host_absmax));
 
   memkit::device_resource device;
-  memkit::cuda_executor gpu{};
+  const memkit::cuda_executor gpu = memkit::cuda_executor::legacy_default_stream();
   auto d_input = to_device(device, input);
   memkit::buffer<std::uint8_t> d_codes(device, {bytes});
   memkit::buffer<float> d_absmax(device, {blocks});
@@ -153,7 +153,7 @@ MEMKIT_GPU_TEST_CASE("gpu: a non-finite value marks its block's absmax as NaN") 
   std::vector<float> input(1000, 0.5f);
   input[700] = std::numeric_limits<float>::infinity();
   memkit::device_resource device;
-  memkit::cuda_executor gpu{};
+  const memkit::cuda_executor gpu = memkit::cuda_executor::legacy_default_stream();
   auto d_input = to_device(device, input);
   memkit::buffer<std::uint8_t> d_codes(device, {500});
   memkit::buffer<float> d_absmax(device, {16});
@@ -166,7 +166,7 @@ MEMKIT_GPU_TEST_CASE("gpu: a non-finite value marks its block's absmax as NaN") 
 
 MEMKIT_GPU_TEST_CASE("gpu: double-quantized scales and quantized_tensor equal the host bit for bit") {
   memkit::device_resource device;
-  memkit::cuda_executor gpu{};
+  const memkit::cuda_executor gpu = memkit::cuda_executor::legacy_default_stream();
   for (std::int64_t blocks : {1, 255, 257, 70000}) {
     CAPTURE(blocks);
     std::mt19937 rng(static_cast<unsigned>(blocks));
@@ -236,7 +236,7 @@ void check_matmul_gpu(std::int64_t M, std::int64_t N, std::int64_t K, const q::m
   CAPTURE(N);
   CAPTURE(K);
   memkit::device_resource device;
-  memkit::cuda_executor gpu{};
+  const memkit::cuda_executor gpu = memkit::cuda_executor::legacy_default_stream();
   std::vector<float> weights = memkit_test::standard_normal(N * K, 5);
   const auto w_host = q::quantized_tensor<q::NF4>::quantize(memkit::host, memkit::host_view(weights.data(), {N, K}),
                                                             {64, true}, memkit::default_host_resource());
@@ -257,9 +257,10 @@ void check_matmul_gpu(std::int64_t M, std::int64_t N, std::int64_t K, const q::m
   auto d_x = to_device(device, x);
   auto d_dy = to_device(device, dy);
   memkit::buffer<T> d_y(device, {M, N}), d_dx(device, {M, K});
-  q::matmul(gpu, memkit::tensor_view<const T>(d_x.view().reshaped({M, K})), w_dev, d_y.view(), device, config);
-  q::matmul_input_grad(gpu, memkit::tensor_view<const T>(d_dy.view().reshaped({M, N})), w_dev, d_dx.view(), device,
-                       config);
+  memkit::device_async_resource workspace(gpu.stream);  // the tiled path's workspace is stream-ordered
+  q::matmul(gpu, memkit::tensor_view<const T>(d_x.view().reshaped({M, K})), w_dev, d_y.view(), workspace, config);
+  q::matmul_input_grad(gpu, memkit::tensor_view<const T>(d_dy.view().reshaped({M, N})), w_dev, d_dx.view(),
+                       workspace, config);
   gpu.synchronize();
   const std::vector<T> y_dev = to_host(d_y.data(), y_host.size()), dx_dev = to_host(d_dx.data(), dx_host.size());
   // fp32: accumulation order only; 16-bit: a few units of 2^-9 from the rounded weights and outputs.
@@ -307,4 +308,45 @@ MEMKIT_GPU_TEST_CASE("gpu: quantized matmul (fused small batch and cuBLAS large 
   check_matmul_gpu<memkit::bf16>(64, 256, 512, uneven_tiles);
   check_matmul_gpu<memkit::fp16>(33, 100, 96);
   check_matmul_gpu<float>(20, 64, 130);
+}
+
+MEMKIT_GPU_TEST_CASE("gpu: empty tensors: K = 0 and N = 0 products write zeros, zero blocks write a zero offset") {
+  cudaStream_t stream;
+  MEMKIT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  const memkit::cuda_executor gpu{0, stream};
+  memkit::device_resource device;
+  memkit::device_async_resource workspace(stream);
+  const auto empty_input = memkit::tensor_view<const float>(nullptr, memkit::shape{0}, memkit::memory_kind::device);
+  auto all_zero = [](const memkit::buffer<memkit::bf16>& out) {
+    const std::vector<memkit::bf16> host = to_host(out.data(), static_cast<std::size_t>(out.size()));
+    int nonzero = 0;
+    for (memkit::bf16 v : host) nonzero += v.bits != 0;
+    return nonzero == 0;
+  };
+  for (std::int64_t M : {1, 40}) {  // the fused kernels and the cuBLAS path
+    CAPTURE(M);
+    q::quantized_tensor<q::NF4> w_no_k(device, memkit::shape{8, 0}, {64, true});
+    w_no_k.quantize_into(gpu, empty_input.reshaped({8, 0}), workspace);
+    memkit::buffer<memkit::bf16> y(device, memkit::shape{M, 8});
+    MEMKIT_CUDA_CHECK(cudaMemsetAsync(y.data(), 0xff, y.bytes(), stream));  // NaN until written
+    q::matmul(gpu, memkit::tensor_view<const memkit::bf16>(nullptr, memkit::shape{M, 0}, memkit::memory_kind::device),
+              w_no_k, y.view(), workspace);
+    q::quantized_tensor<q::NF4> w_no_n(device, memkit::shape{0, 16}, {64, true});
+    w_no_n.quantize_into(gpu, empty_input.reshaped({0, 16}), workspace);
+    memkit::buffer<memkit::bf16> dx(device, memkit::shape{M, 16});
+    MEMKIT_CUDA_CHECK(cudaMemsetAsync(dx.data(), 0xff, dx.bytes(), stream));
+    q::matmul_input_grad(
+        gpu, memkit::tensor_view<const memkit::bf16>(nullptr, memkit::shape{M, 0}, memkit::memory_kind::device), w_no_n,
+        dx.view(), workspace);
+    gpu.synchronize();
+    CHECK(all_zero(y));
+    CHECK(all_zero(dx));
+  }
+  // Zero blocks: the offset starts as NaN (what the allocation may hold) and must read 0 afterwards.
+  q::quantized_tensor<q::NF4> w(device, memkit::shape{0, 64}, {64, true});
+  MEMKIT_CUDA_CHECK(cudaMemsetAsync(w.offset_view().data(), 0xff, sizeof(float), stream));
+  w.quantize_into(gpu, empty_input.reshaped({0, 64}), workspace);
+  CHECK_NOTHROW(w.require_finite(gpu, "empty"));
+  CHECK(to_host(std::as_const(w).offset_view().data(), 1)[0] == 0.0f);
+  MEMKIT_CUDA_CHECK(cudaStreamDestroy(stream));
 }

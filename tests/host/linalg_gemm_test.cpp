@@ -152,7 +152,8 @@ TEST_CASE("linalg::gemm matches a double-precision reference across every blocki
     const isa_cap cap(isa);
     for (transpose op_a : {transpose::no, transpose::yes})
       for (transpose op_b : {transpose::no, transpose::yes})
-        for (const auto& [M, N, K] : shapes) {
+        for (const shape3& dims : shapes) {
+          const std::int64_t M = dims[0], N = dims[1], K = dims[2];  // no binding: clang 14 cannot capture one (CAPTURE is a lambda)
           CAPTURE(memkit::to_string(isa));
           CAPTURE(op_a == transpose::yes);
           CAPTURE(op_b == transpose::yes);
@@ -171,8 +172,9 @@ TEST_CASE("linalg::gemm takes bf16 and fp16 operands and writes 16-bit C, accumu
   const std::vector<shape3> shapes = {{5, 6, 40}, {29, 70, blocking::kc + 7}, {blocking::accumulator_rows + 5, 40, 2 * blocking::kc + 1}};
   for (host_isa isa : available_isas()) {
     const isa_cap cap(isa);
-    for (const auto& [M, N, K] : shapes)
+    for (const shape3& dims : shapes)
       for (transpose op : {transpose::no, transpose::yes}) {
+        const std::int64_t M = dims[0], N = dims[1], K = dims[2];
         CAPTURE(memkit::to_string(isa));
         CAPTURE(M);
         CAPTURE(N);
@@ -192,7 +194,8 @@ TEST_CASE("linalg::gemm gives identical bits for every thread count, and the sam
   std::vector<host_isa> vector_isas;
   for (host_isa isa : available_isas())
     if (isa != host_isa::portable) vector_isas.push_back(isa);
-  for (const auto& [M, N, K] : shapes) {
+  for (const shape3& dims : shapes) {
+    const std::int64_t M = dims[0], N = dims[1], K = dims[2];  // no binding: clang 14 cannot capture one (CAPTURE is a lambda)
     CAPTURE(M);
     CAPTURE(N);
     CAPTURE(K);

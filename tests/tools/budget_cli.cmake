@@ -1,5 +1,5 @@
 # CTest driver for memkit-budget: runs the tool and checks what it prints, parsing --json back.
-#   cmake -DTOOL=... -DDATA=tests/data/budget -DWORK=... -DMODE=json|configs|plan|max_batch|svg|bad_input -P this
+#   cmake -DTOOL=... -DDATA=tests/data/budget -DWORK=... -DMODE=json|configs|plan|max_batch|svg|metrics|bad_input -P this
 cmake_minimum_required(VERSION 3.25)
 file(MAKE_DIRECTORY ${WORK})
 
@@ -132,6 +132,53 @@ elseif(MODE STREQUAL "svg")
     expect("plan.svg has a bar for ${rung}" text MATCHES "${rung}( \\(no effect\\))?</text>")
   endforeach()
   message(STATUS "svg: written")
+elseif(MODE STREQUAL "metrics")
+  # allocated <= reserved <= device, named in the JSON per phase and at the peak; device - reserved is the
+  # CUDA context (512 MiB), plus NCCL's buffers (1 GiB) over several GPUs.
+  foreach(gpus 1 2)
+    run_tool(json --preset llama-3.2-1b --method qlora --seq 2048 --checkpointing layer --gpus ${gpus} --zero 1 --json)
+    string(JSON metric GET "${json}" metric)
+    expect("the default metric is device, got ${metric}" metric STREQUAL "device")
+    string(JSON peak_device GET "${json}" peak_device_bytes)
+    string(JSON peak_d GET "${json}" peak device)
+    expect("peak.device ${peak_d} == peak_device_bytes ${peak_device}" peak_d EQUAL peak_device)
+    foreach(phase forward backward optimizer_step)
+      string(JSON a_bytes GET "${json}" figures ${phase} allocated)
+      string(JSON r_bytes GET "${json}" figures ${phase} reserved)
+      string(JSON d_bytes GET "${json}" figures ${phase} device)
+      expect("${phase}: 0 < allocated ${a_bytes} <= reserved ${r_bytes}" a_bytes GREATER 0 AND a_bytes LESS_EQUAL r_bytes)
+      math(EXPR outside "${d_bytes} - ${r_bytes}")
+      if(gpus EQUAL 1)
+        expect("${phase}: device - reserved = 512 MiB, got ${outside}" outside EQUAL 536870912)
+      else()
+        expect("${phase}: device - reserved = 512 MiB + 1 GiB, got ${outside}" outside EQUAL 1610612736)
+      endif()
+    endforeach()
+  endforeach()
+  # The table names the three figures per phase and at the peak, and which one the fit line compared.
+  run_tool(table --preset llama-3.2-1b --method qlora --seq 2048 --checkpointing layer --gpu t4)
+  foreach(row allocated reserved device)
+    expect("a '${row}' row in the table" table MATCHES "\n${row} +[0-9.]+ [KMG]iB +[0-9.]+ [KMG]iB +[0-9.]+ [KMG]iB\n")
+  endforeach()
+  expect("the peak's three figures" table MATCHES "peak allocated: [0-9.]+ GiB   reserved: [0-9.]+ GiB   device: [0-9.]+ GiB")
+  expect("the fit line names the device figure" table MATCHES "gpu t4: 15.00 GiB available: fits \\(device [0-9.]+ GiB\\)")
+  # --metric picks the figure for fits and the searches: without the context the allocated figure
+  # leaves room for a longer sequence.
+  set(common --preset llama-3.2-1b --method qlora --checkpointing layer --gpu t4 --max-seq --json)
+  run_tool(json ${common})
+  string(JSON by_device GET "${json}" max_sequence)
+  run_tool(json ${common} --metric allocated)
+  string(JSON by_allocated GET "${json}" max_sequence)
+  string(JSON metric GET "${json}" metric)
+  expect("--metric allocated is echoed, got ${metric}" metric STREQUAL "allocated")
+  expect("allocated fits a longer sequence: ${by_allocated} > ${by_device}" by_allocated GREATER by_device)
+  run_tool(json --preset llama-3.2-1b --method qlora --checkpointing layer --gpu t4 --seq ${by_allocated} --metric allocated --json)
+  string(JSON fits GET "${json}" fits)
+  expect("the longest sequence by allocated fits by allocated" fits STREQUAL "ON")
+  run_tool(json --preset llama-3.2-1b --method qlora --checkpointing layer --gpu t4 --seq ${by_allocated} --json)
+  string(JSON fits GET "${json}" fits)
+  expect("and not by device" fits STREQUAL "OFF")
+  message(STATUS "metrics: sequence ${by_device} by device, ${by_allocated} by allocated")
 elseif(MODE STREQUAL "bad_input")
   set(cases
     "--config;${DATA}/bad_model_type.json"
@@ -151,6 +198,7 @@ elseif(MODE STREQUAL "bad_input")
     "--preset;gpt2-124m;--checkpointing;every:0"
     "--preset;gpt2-124m;--gpus;-1"
     "--preset;gpt2-124m;--max-batch"
+    "--preset;gpt2-124m;--metric;peak"
     "--preset;gpt2-124m;--frobnicate")
   foreach(case IN LISTS cases)
     execute_process(COMMAND ${TOOL} ${case} RESULT_VARIABLE result OUTPUT_VARIABLE output ERROR_VARIABLE errors)

@@ -56,14 +56,19 @@ elseif(MODE STREQUAL "optimizer")
   expect("foreach's temporary >= 4 bytes per parameter: ${temporary}" temporary GREATER_EQUAL floor)
   math(EXPR ceiling "${floor} + ${floor} / 100")
   expect("foreach's temporary within 1% of it: ${temporary}" temporary LESS ceiling)
-  # --paged: the optimizer state is in managed memory; the device peak is unchanged.
+  # --paged: the optimizer state is in managed memory; the device peak is unchanged but for the caching
+  # allocator's segments for the state's tensors, which managed memory does not go through (GPT-2's 1.7 MiB
+  # 8-bit moments take 1.8 MiB shares of 20 MiB segments: 1.3% of the peak here; under 2%).
   run_tool(device ${common} --optimizer adamw8bit)
   run_tool(paged ${common} --optimizer adamw8bit --paged)
   string(JSON device_peak GET "${device}" peak_device_bytes)
   string(JSON paged_peak GET "${paged}" peak_device_bytes)
   string(JSON managed GET "${paged}" managed_bytes)
   string(JSON state GET "${paged}" breakdown optimizer_state)
-  expect("same device peak paged or not: ${paged_peak} vs ${device_peak}" paged_peak EQUAL device_peak)
+  math(EXPR slack "${device_peak} - ${paged_peak}")
+  math(EXPR two_percent "${device_peak} / 50")
+  expect("the same device peak paged or not, but the state's allocator slack: ${paged_peak} vs ${device_peak}"
+         slack GREATER_EQUAL 0 AND slack LESS two_percent)
   expect("managed bytes are the optimizer state: ${managed} vs ${state}" managed EQUAL state)
   run_tool(table --preset gpt2-124m --batch 1 --seq 128 --optimizer adamw8bit --paged)
   expect("the table says what is in managed memory" table MATCHES "in CUDA managed memory")

@@ -6,8 +6,16 @@
 //   backward       walked layer by layer from the head: activations are released as their layer's
 //                  gradients are produced (with checkpointing, one segment is recomputed at a time);
 //   optimizer      persistent state + all gradients + the optimizer's temporaries.
-// Persistent state is weights, master weights, optimizer state, workspace and overhead (CUDA
-// context, NCCL). `device` is the breakdown at the peak moment, so its total is the peak.
+// Persistent state is weights, master weights, optimizer state and workspace.
+// Each moment has three figures (budget/allocator.hpp, docs/memory_budget.md "Which memory"):
+//   allocated  the tensor categories (for PyTorch plus the tails of large blocks too small to split, which
+//              it hands out whole): what torch.cuda.max_memory_allocated / a tracking_resource reports;
+//   reserved   allocated plus the allocator's segment slack (PyTorch's caching allocator; for the
+//              memkit runtime nothing) and overhead_settings::fragmentation_percent of allocated;
+//   device     reserved plus the CUDA context, over several GPUs NCCL's buffers, with the memkit runtime
+//              cuBLAS's own workspace, and a paged optimizer's managed memory: nvidia-smi.
+// `overhead` is device minus the tensors, so every breakdown adds up to the device figure, and `device`
+// is the breakdown at the moment with the most device memory: device.total() == peak_device_bytes.
 #pragma once
 
 #include <cstdint>
@@ -15,6 +23,7 @@
 #include <vector>
 
 #include "memkit/budget/activations.hpp"
+#include "memkit/budget/allocator.hpp"
 #include "memkit/budget/component_bytes.hpp"
 #include "memkit/budget/model.hpp"
 #include "memkit/budget/plan.hpp"
@@ -85,14 +94,17 @@ struct memory_estimate {
   breakdown device;                      // at the peak moment: device.total() == peak_device_bytes
   breakdown host;
   breakdown phases[step_phase_count];    // device at each phase's own peak
-  step_phase peak_phase = step_phase::forward;
-  std::uint64_t peak_device_bytes = 0;
+  memory_figures figures[step_phase_count];  // allocated, reserved and device at each phase's peak
+  memory_figures peak;                       // the most of each figure over the step
+  step_phase peak_phase = step_phase::forward;  // the phase with the most device memory
+  std::uint64_t peak_device_bytes = 0;       // == peak.device
   std::uint64_t host_bytes = 0;
   // Of the device bytes, those in CUDA managed memory (the optimizer state of a paged optimizer,
   // bitsandbytes' paged AdamW): the device holds them while they are resident, but torch's allocator
   // counters (max_memory_allocated / reserved) never see them. Already included in `device`.
   std::uint64_t managed_bytes = 0;
   constexpr bool valid() const noexcept { return problem.empty(); }
+  constexpr std::uint64_t peak_bytes(metric m) const noexcept { return peak[m]; }
 };
 
 constexpr bool detail_is_adam(optimizer_kind o) noexcept {
@@ -227,6 +239,8 @@ struct parameter_totals {
   std::uint64_t layer_gradients = 0;  // one block's gradients
   std::uint64_t head_gradients = 0;   // gradient of the LM head (or tied embedding), produced first
   std::uint64_t embedding_gradients = 0;  // produced last (untied / position embeddings)
+  // Tensor-size profiles of the categories, for the allocator model (budget/allocator.hpp).
+  pool_usage weights_pool, gradients_pool, master_pool, optimizer_pool, temporary_pool;
 };
 
 constexpr parameter_totals parameter_bytes(const model_config& m, const training_plan& p) noexcept {
@@ -252,7 +266,26 @@ constexpr parameter_totals parameter_bytes(const model_config& m, const training
     r.gradients += grad * t.count;
     r.largest_gradient = max_of(r.largest_gradient, grad);
     if (p.has_master_weights()) r.master += round_up(4 * n, g) * t.count;
-    r.optimizer += round_up(optimizer_state_bytes(t, p.optimizer, pure_16bit), g) * t.count;
+    const std::uint64_t state = optimizer_state_bytes(t, p.optimizer, pure_16bit);
+    r.optimizer += round_up(state, g) * t.count;
+    r.weights_pool.add(w, t.count);
+    r.gradients_pool.add(grad, t.count);
+    r.master_pool.add(4 * n, t.count);
+    // Adam flavours keep exp_avg and exp_avg_sq as two tensors per parameter (fp32, bf16, 8-bit codes,
+    // packed 4-bit codes), and the blockwise ones their scales as two more.
+    const std::uint64_t moment = p.optimizer == optimizer_kind::adamw        ? 4 * n
+                                 : p.optimizer == optimizer_kind::adamw_bf16 ? 2 * n
+                                 : p.optimizer == optimizer_kind::adamw_8bit ? n
+                                 : p.optimizer == optimizer_kind::adamw_4bit ? ceil_div(n, 2)
+                                                                             : 0;
+    if (moment != 0 && 2 * moment <= state) {
+      r.optimizer_pool.add(moment, 2 * t.count);
+      r.optimizer_pool.add(ceil_div(state - 2 * moment, 2), 2 * t.count);
+    } else {
+      r.optimizer_pool.add(state, t.count);
+    }
+    // foreach AdamW: one temporary per parameter in the state's dtype.
+    r.temporary_pool.add((p.optimizer == optimizer_kind::adamw_bf16 ? 2 : 4) * n, t.count);
     largest_trainable = max_of(largest_trainable, n);
     if (t.per_block) {
       const std::uint64_t per_block = t.count / m.layers;
@@ -270,6 +303,13 @@ constexpr parameter_totals parameter_bytes(const model_config& m, const training
     for_each_parameter(m, [&](const parameter_tensor& t) {
       const std::uint64_t w = round_up(frozen_weight_bytes(t, p.weights, p.kbit_prepared), g);
       r.weights += w * t.count;
+      // bitsandbytes keeps a quantized weight's packed data and its scales as separate tensors.
+      const std::uint64_t packed = t.role != tensor_role::linear_weight ? 0
+                                   : p.weights.format == weight_format::int8 ? t.elements()
+                                   : p.weights.quantized()                   ? ceil_div(t.elements(), 2)
+                                                                             : 0;
+      r.weights_pool.add(packed, t.count);
+      r.weights_pool.add(w - packed, t.count);
       if (t.per_block) r.layer_weights += w * (t.count / m.layers);
       if (t.role == tensor_role::linear_weight && p.weights.quantized())
         r.largest_frozen_linear = max_of(r.largest_frozen_linear, t.elements());
@@ -297,6 +337,14 @@ constexpr parameter_totals parameter_bytes(const model_config& m, const training
 }
 
 }  // namespace detail
+
+// Whose allocator serves the step's tensors: PyTorch's caching allocator, or an exact one (every tensor its
+// bytes, nothing cached) for the memkit runtime, whose resources are exact, and for an allocation
+// granularity of 1 byte, which no caching allocator has (PyTorch rounds every block to 512).
+constexpr allocator_kind allocator_of(const training_plan& p) noexcept {
+  return p.memkit_runtime() || p.overhead.allocation_granularity <= 1 ? allocator_kind::memkit_exact
+                                                                       : allocator_kind::pytorch_caching;
+}
 
 constexpr memory_estimate estimate_memory(const model_config& m, const training_plan& p) noexcept {
   memory_estimate out;
@@ -358,7 +406,13 @@ constexpr memory_estimate estimate_memory(const model_config& m, const training_
   persistent[category::workspace] =
       p.overhead.workspace_bytes + (p.memkit_runtime() ? round_up(memkit_linear_workspace_bytes(m, p), g)
                                                        : round_up(2 * params.largest_frozen_linear, g));
-  persistent[category::overhead] = p.overhead.cuda_context_bytes + (N > 1 ? p.overhead.nccl_bytes : 0);
+  // Outside any allocator: the CUDA context, NCCL's buffers when there is more than one GPU, and with the
+  // memkit runtime the cuBLAS workspace (memkit never calls cublasSetWorkspace: cuBLAS allocates its own;
+  // PyTorch hands cuBLAS one from its caching allocator, so there it is a tensor of `workspace`).
+  const bool cublas_outside = p.memkit_runtime();
+  if (cublas_outside) persistent[category::workspace] -= p.overhead.workspace_bytes;
+  const std::uint64_t outside_allocator = p.overhead.cuda_context_bytes + (N > 1 ? p.overhead.nccl_bytes : 0) +
+                                          (cublas_outside ? p.overhead.workspace_bytes : 0);
 
   // --- activations ---
   const block_activations block = block_activation_bytes(m, p);
@@ -380,7 +434,6 @@ constexpr memory_estimate estimate_memory(const model_config& m, const training_
     b[category::activations] = activations;
     b[category::logits] = logit_bytes;
     b[category::workspace] += extra_workspace;
-    if (p.overhead.fragmentation_percent != 0) b[category::overhead] += b.total() * p.overhead.fragmentation_percent / 100;
     return b;
   };
   auto larger = [](const breakdown& a, const breakdown& b) { return b.total() > a.total() ? b : a; };
@@ -410,29 +463,74 @@ constexpr memory_estimate estimate_memory(const model_config& m, const training_
   breakdown step = step_in_backward ? with(persistent, 0, 0, 0, 0) : with(persistent, gradients, 0, 0, step_temporary);
   out.phases[2] = step;
 
+  // --- allocated, reserved, device ---
+  // The activations' tensor sizes are one block's saved tensors; the logits a tensor of their own; the
+  // workspace the cuBLAS workspace, the dequantized tile and (in the step) the optimizer's temporaries.
+  pool_usage activation_pool;
+  for (int i = 0; i < block.count; ++i) activation_pool.add(block.items[i].bytes);
+  const allocator_kind allocator = allocator_of(p);
+  std::uint64_t reserved_so_far = 0;
+  for (int i = 0; i < step_phase_count; ++i) {
+    breakdown& b = out.phases[i];
+    memory_figures& f = out.figures[i];
+    const std::uint64_t tensors = b.total();
+    // A paged optimizer's state is in managed memory: on the device, unseen by the allocator's counters.
+    const std::uint64_t counted = tensors - out.managed_bytes;
+    f.allocated = counted;
+    f.reserved = counted + counted * p.overhead.fragmentation_percent / 100;
+    if (allocator == allocator_kind::pytorch_caching) {
+      pool_usage live;
+      live.add_as(params.weights_pool, b[category::weights]);
+      live.add_as(params.gradients_pool, b[category::gradients]);
+      live.add_as(params.master_pool, b[category::master_weights]);
+      live.add_as(params.optimizer_pool, b[category::optimizer_state] - out.managed_bytes);
+      live.add_as(activation_pool, b[category::activations]);
+      live.add(b[category::logits]);
+      live.add(p.overhead.workspace_bytes);
+      live.add(2 * params.largest_frozen_linear);
+      live.add_as(params.temporary_pool, b[category::workspace] - persistent[category::workspace]);
+      // An unsplit block is handed out whole and counted as allocated (allocated_bytes adds its size).
+      f.allocated += live.unsplit_tails();
+      f.reserved += live.slack();
+      // The cache keeps what it reserved: a later phase holds at least an earlier one's segments.
+      f.reserved = max_of(f.reserved, reserved_so_far);
+      reserved_so_far = f.reserved;
+    }
+    f.device = f.reserved + out.managed_bytes + outside_allocator;
+    b[category::overhead] = f.device - tensors;
+    out.peak.allocated = max_of(out.peak.allocated, f.allocated);
+    out.peak.reserved = max_of(out.peak.reserved, f.reserved);
+    out.peak.device = max_of(out.peak.device, f.device);
+  }
   int peak = 0;
   for (int i = 1; i < step_phase_count; ++i)
-    if (out.phases[i].total() > out.phases[peak].total()) peak = i;
+    if (out.figures[i].device > out.figures[peak].device) peak = i;
   out.peak_phase = static_cast<step_phase>(peak);
   out.device = out.phases[peak];
-  out.peak_device_bytes = out.device.total();
+  out.peak_device_bytes = out.peak.device;
   return out;
 }
 
 struct fit_report {
   memory_estimate estimate;
   std::uint64_t available_bytes = 0;
+  metric compared = metric::device;  // which figure was held against the GPU's memory
   bool fits = false;
+  constexpr std::uint64_t needed_bytes() const noexcept { return estimate.peak_bytes(compared); }
   constexpr std::uint64_t shortfall_bytes() const noexcept {
-    return estimate.peak_device_bytes > available_bytes ? estimate.peak_device_bytes - available_bytes : 0;
+    return needed_bytes() > available_bytes ? needed_bytes() - available_bytes : 0;
   }
 };
 
-constexpr fit_report check_fit(const model_config& m, const training_plan& p, const gpu_spec& gpu) noexcept {
+// Does the step fit the GPU's memory? By default the device figure (what nvidia-smi shows) is compared;
+// `which` compares the allocated or reserved figure instead.
+constexpr fit_report check_fit(const model_config& m, const training_plan& p, const gpu_spec& gpu,
+                               metric which = metric::device) noexcept {
   fit_report r;
   r.estimate = estimate_memory(m, p);
   r.available_bytes = gpu.memory_bytes;
-  r.fits = r.estimate.valid() && r.estimate.peak_device_bytes <= gpu.memory_bytes;
+  r.compared = which;
+  r.fits = r.estimate.valid() && r.estimate.peak_bytes(which) <= gpu.memory_bytes;
   return r;
 }
 

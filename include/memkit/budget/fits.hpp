@@ -1,7 +1,9 @@
 // memkit/budget/fits.hpp — `static_assert(memkit::fits(model, plan, gpu))`, with the numbers in the error.
 //
-// fits() is an ordinary constexpr predicate at run time. In a constant expression that does not fit
-// it stops compilation on purpose, in a way that makes the compiler print the figures:
+// fits() compares the step's device figure (allocated + the caching allocator's slack + CUDA context and
+// NCCL: what nvidia-smi shows; budget/allocator.hpp) with the GPU's memory; check_fit(..., metric) compares
+// another figure. It is an ordinary constexpr predicate at run time. In a constant expression that does
+// not fit it stops compilation on purpose, in a way that makes the compiler print the figures:
 //   g++:    array subscript value 'NEEDED_MIB' is outside the bounds of array 'heap []' of type
 //           'memkit::budget::diagnostic::device_mib_with_largest_category<memkit::budget::category::X> [AVAILABLE_MIB]'
 //   clang:  in call to 'training_step_does_not_fit(NEEDED_BYTES, AVAILABLE_BYTES, X, LARGEST_BYTES)'

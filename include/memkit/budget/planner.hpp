@@ -44,11 +44,12 @@ constexpr std::uint64_t largest_fitting(Fits&& fits, std::uint64_t good, std::ui
 // The largest micro-batch (or sequence) for which `plan` fits `gpu`; 0 when even 1 does not.
 // A micro-batch has no natural bound (the limit is far above any that fits), so doubling from 1
 // brackets it before the bisection.
+// `which` is the figure held against the GPU's memory (budget/allocator.hpp; device by default).
 constexpr std::uint64_t max_micro_batch(const model_config& m, training_plan plan, const gpu_spec& gpu,
-                                        std::uint64_t limit = 1u << 20) noexcept {
+                                        std::uint64_t limit = 1u << 20, metric which = metric::device) noexcept {
   auto fits_with = [&](std::uint64_t batch) {
     plan.micro_batch = batch;
-    return check_fit(m, plan, gpu).fits;
+    return check_fit(m, plan, gpu, which).fits;
   };
   if (!fits_with(1)) return 0;
   std::uint64_t good = 1, bad = 2;
@@ -62,11 +63,12 @@ constexpr std::uint64_t max_micro_batch(const model_config& m, training_plan pla
 
 // The longest sequence that fits, up to the model's max_positions (its trained context). That bound
 // is tried first, then [1, bound) is bisected.
-constexpr std::uint64_t max_sequence(const model_config& m, training_plan plan, const gpu_spec& gpu) noexcept {
+constexpr std::uint64_t max_sequence(const model_config& m, training_plan plan, const gpu_spec& gpu,
+                                     metric which = metric::device) noexcept {
   const std::uint64_t limit = m.max_positions != 0 ? m.max_positions : (1u << 22);
   auto fits_with = [&](std::uint64_t sequence) {
     plan.sequence = sequence;
-    return check_fit(m, plan, gpu).fits;
+    return check_fit(m, plan, gpu, which).fits;
   };
   if (!fits_with(1)) return 0;
   if (fits_with(limit)) return limit;

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <concepts>
+#include <cstddef>
 #include <cstdint>
 #include <string>
 
@@ -26,14 +27,34 @@ struct host_executor {
 inline constexpr host_executor host{};
 
 #if MEMKIT_HAS_CUDA
+// A device and a stream, both the caller's explicit choice: there is no default. A null stream handle means
+// the legacy default stream, or this thread's default stream when the translation unit is compiled with
+// `nvcc --default-stream per-thread`; which one depends on a compiler flag of the file that makes the
+// executor, so memkit refuses a literal null and offers the two special handles by name, whose meaning no
+// flag changes (docs/cuda.md, "Streams"):
+//   cuda_executor{device, stream}                      a stream you created (cudaStreamCreate...)
+//   cuda_executor::legacy_default_stream(device)       cudaStreamLegacy: waits for, and is waited on by,
+//                                                      every blocking stream of the device
+//   cuda_executor::per_thread_default_stream(device)   cudaStreamPerThread: the calling thread's own default
+//                                                      stream; each thread that uses it gets a different one
 struct cuda_executor {
   static constexpr bool on_device = true;
   static constexpr const char* name() noexcept { return "cuda"; }
   // Pageable host memory is not addressable from kernels; pinned host memory is (unified addressing).
   static constexpr bool can_access(memory_kind kind) noexcept { return kind != memory_kind::host; }
 
-  int device = 0;
-  cudaStream_t stream = nullptr;
+  int device;
+  cudaStream_t stream;
+
+  constexpr cuda_executor(int device_index, cudaStream_t stream_handle) noexcept
+      : device(device_index), stream(stream_handle) {}
+  // `{device, nullptr}` does not compile (nor does `{device, 0}`: ambiguous): name the default stream you mean.
+  cuda_executor(int, std::nullptr_t) = delete;
+
+  static cuda_executor legacy_default_stream(int device_index = 0) noexcept { return {device_index, cudaStreamLegacy}; }
+  static cuda_executor per_thread_default_stream(int device_index = 0) noexcept {
+    return {device_index, cudaStreamPerThread};
+  }
 
   // Blocks until all work enqueued on this executor's stream has finished.
   void synchronize() const { MEMKIT_CUDA_CHECK(cudaStreamSynchronize(stream)); }

@@ -106,7 +106,21 @@ MEMKIT_HOST_DEVICE MEMKIT_FORCEINLINE bool is_finite(double x) noexcept {
   return (bit_cast<std::uint64_t>(x) & 0x7ff0000000000000ull) != 0x7ff0000000000000ull;
 }
 
-// The largest |value| of values[0, count) as IEEE bits. For non-negative floats the integer order of the
+// memkit's one absmax rule, shared by every host loop and kernel that takes a block's largest magnitude:
+// magnitudes are compared as IEEE bit patterns with the sign cleared. For non-negative floats that integer
+// order is the float order; +0 and -0 are the same; Inf sorts above every finite value and NaN above Inf
+// (the larger payload wins). So a NaN anywhere in a block makes its absmax NaN, whatever the order of the
+// reduction, on the host and on the device alike. (A float compare or fmaxf would drop the NaN, or keep
+// it only when it happens to arrive first.)
+MEMKIT_HOST_DEVICE MEMKIT_FORCEINLINE std::uint32_t max_magnitude_step(std::uint32_t current, float value) noexcept {
+  const std::uint32_t bits = bit_cast<std::uint32_t>(value) & 0x7fffffffu;
+  return bits > current ? bits : current;
+}
+MEMKIT_HOST_DEVICE MEMKIT_FORCEINLINE float max_magnitude(float current, float value) noexcept {
+  return bit_cast<float>(max_magnitude_step(bit_cast<std::uint32_t>(current) & 0x7fffffffu, value));
+}
+
+// The largest |value| of values[0, count) as IEEE bits, by the rule above. For non-negative floats the integer order of the
 // bits is the float order, and Inf and NaN sort above every finite value, so one integer maximum gives
 // both the exact float maximum (max is exact, so a device reduction in any order gets the same bits) and
 // whether all values are finite. Integer maxima need no serial chain of float compares, and sixteen

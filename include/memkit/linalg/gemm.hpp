@@ -470,7 +470,7 @@ void gemm(const host_executor& exec, transpose op_a, transpose op_b, float alpha
           matrix_ref<const TB> B, float beta, matrix_ref<TC> C, memory_resource& workspace,
           const gemm_options& options = {}) {
   const auto dims = detail::check_gemm(op_a, op_b, A, B, C);
-  const auto [M, N, K] = dims;
+  const std::int64_t M = dims.M, N = dims.N, K = dims.K;  // not a binding: clang < 16 cannot capture one in a lambda
   const char* operation = "linalg::gemm";
   if (!exec.can_access(A.where) || !exec.can_access(B.where) || !exec.can_access(C.where))
     throw error(std::string(operation) + ": an operand is in device memory, which the host executor cannot access");

@@ -218,8 +218,7 @@ void device_gemm(const cuda_executor& exec, linalg::transpose op_a, linalg::tran
   const std::int64_t M = C.rows, N = C.cols, K = op_a == linalg::transpose::no ? A.cols : A.rows;
   if (M == 0 || N == 0) return;
   ::memkit::detail::with_device(exec.device, [&] {
-    cublasHandle_t handle = ::memkit::detail::cublas_handle_for(exec.device);
-    ::memkit::detail::cublas_check(cublasSetStream(handle, exec.stream), "cublasSetStream");
+    cublasHandle_t handle = ::memkit::detail::cublas_handle_for(exec);  // on exec.stream, its own workspace
     ::memkit::detail::cublas_check(
         cublasGemmEx(handle, op_b == linalg::transpose::yes ? CUBLAS_OP_T : CUBLAS_OP_N,
                      op_a == linalg::transpose::yes ? CUBLAS_OP_T : CUBLAS_OP_N, static_cast<int>(N),

@@ -541,7 +541,7 @@ void host_fused(const tensor_view<const T>& hidden, const Source& source,
                 const tensor_view<const std::int32_t>& targets, const tensor_view<float>& loss,
                 const tensor_view<T>& d_hidden, const tensor_view<float>& d_head, const cross_entropy_options& options,
                 const loss_dims& dims, float* hidden_accumulator, memory_resource& workspace) {
-  const auto [N, H, V] = dims;
+  const std::int64_t N = dims.N, H = dims.H, V = dims.V;  // not a binding: clang < 16 cannot capture one in a lambda
   const std::int64_t c = chunk_tokens(N, V, sizeof(T), options, false);
   const std::int64_t tile = source.tile_rows();
   const linalg::gemm_options g{options.host_threads};
@@ -610,7 +610,7 @@ template <class T, class Source>
 void host_check_values(const char* operation, const tensor_view<const T>& hidden, const Source& source,
                        const tensor_view<const std::int32_t>& targets, const cross_entropy_options& options,
                        const loss_dims& dims) {
-  const auto [N, H, V] = dims;
+  const std::int64_t N = dims.N, H = dims.H, V = dims.V;  // not a binding: clang < 16 cannot capture one in a lambda
   for (std::int64_t i = 0; i < N; ++i) {
     const std::int32_t t = targets[i];
     if (t != options.ignore_index && (t < 0 || t >= V))
@@ -746,7 +746,7 @@ void device_fused(const cuda_executor& exec, const tensor_view<const T>& hidden,
                   std::int64_t tile, const tensor_view<const std::int32_t>& targets, const tensor_view<float>& loss,
                   const tensor_view<T>& d_hidden, const tensor_view<float>& d_head, const cross_entropy_options& options,
                   const loss_dims& dims, memory_resource& workspace) {
-  const auto [N, H, V] = dims;
+  const std::int64_t N = dims.N, H = dims.H, V = dims.V;  // not a binding: clang < 16 cannot capture one in a lambda
   constexpr bool fp32 = std::is_same_v<T, float>;
   const cudaDataType_t t_type = ::memkit::detail::cuda_type<T>();
   const std::int64_t c = chunk_tokens(N, V, sizeof(T), options, true);
@@ -763,8 +763,7 @@ void device_fused(const cuda_executor& exec, const tensor_view<const T>& hidden,
   count_targets_kernel<><<<1, loss_block_threads, 0, stream>>>(targets.data(), N, V, options.ignore_index,
                                                              counters.data());
   MEMKIT_CUDA_CHECK(cudaGetLastError());
-  cublasHandle_t handle = ::memkit::detail::cublas_handle_for(exec.device);
-  ::memkit::detail::cublas_check(cublasSetStream(handle, stream), "cublasSetStream");
+  cublasHandle_t handle = ::memkit::detail::cublas_handle_for(exec);  // on exec.stream, its own workspace
   const row_math math = make_row_math(options, V);
   for (std::int64_t first = 0; first < N; first += c) {
     const std::int64_t rows = std::min(c, N - first);

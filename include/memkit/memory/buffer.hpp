@@ -30,16 +30,26 @@ class buffer {
   buffer(memory_resource& resource, memkit::shape dims) : resource_(&resource), shape_(dims) {
     data_ = static_cast<T*>(resource.allocate(bytes(), default_alignment));
   }
+  // Stream-ordered (memory_resource::allocate_on): allocated, and released on destruction, in the order of the
+  // work on `where.stream`. How CUDA operations take workspace for the kernels they enqueue on that stream.
+  buffer(memory_resource& resource, memkit::shape dims, on_stream where)
+      : resource_(&resource), shape_(dims), stream_(where), stream_ordered_(true) {
+    data_ = static_cast<T*>(resource.allocate_on(where, bytes(), default_alignment));
+  }
   buffer(buffer&& other) noexcept
       : resource_(std::exchange(other.resource_, nullptr)),
         data_(std::exchange(other.data_, nullptr)),
-        shape_(std::exchange(other.shape_, memkit::shape{})) {}
+        shape_(std::exchange(other.shape_, memkit::shape{})),
+        stream_(other.stream_),
+        stream_ordered_(std::exchange(other.stream_ordered_, false)) {}
   buffer& operator=(buffer&& other) noexcept {
     if (this != &other) {
       release();
       resource_ = std::exchange(other.resource_, nullptr);
       data_ = std::exchange(other.data_, nullptr);
       shape_ = std::exchange(other.shape_, memkit::shape{});
+      stream_ = other.stream_;
+      stream_ordered_ = std::exchange(other.stream_ordered_, false);
     }
     return *this;
   }
@@ -60,13 +70,20 @@ class buffer {
 
  private:
   void release() noexcept {
-    if (resource_ != nullptr) resource_->deallocate(data_, bytes(), default_alignment);
+    if (resource_ != nullptr) {
+      if (stream_ordered_)
+        resource_->deallocate_on(stream_, data_, bytes(), default_alignment);
+      else
+        resource_->deallocate(data_, bytes(), default_alignment);
+    }
     data_ = nullptr;
   }
 
   memory_resource* resource_ = nullptr;
   T* data_ = nullptr;
   memkit::shape shape_{};
+  on_stream stream_{};           // the stream of a stream-ordered buffer
+  bool stream_ordered_ = false;
 };
 
 MEMKIT_NAMESPACE_END

@@ -4,7 +4,9 @@
 // per category (weights, gradients, optimizer state, activations, workspace, other). Hand a
 // component `tracker.category(memory_category::optimizer_state)` and its allocations are charged
 // there. It is the runtime counterpart of memory_budget's prediction, and tests compare the two.
-// Thread-safe: allocations from several threads are counted under one mutex.
+// Thread-safe: allocations from several threads are counted under one mutex. Stream-ordered allocation
+// (allocate_on / deallocate_on) passes through to the upstream: a tracker over a device_async_resource is
+// stream-ordered too.
 #pragma once
 
 #include <array>
@@ -114,6 +116,13 @@ class tracking_resource final : public memory_resource {
   void do_deallocate(void* pointer, std::size_t bytes, std::size_t alignment) noexcept override {
     deallocate_in(pointer, bytes, alignment);
   }
+  bool is_stream_ordered() const noexcept override { return upstream_.stream_ordered(); }
+  void* do_allocate_on(on_stream where, std::size_t bytes, std::size_t alignment) override {
+    return allocate_in(memory_category::other, bytes, alignment, &where);
+  }
+  void do_deallocate_on(on_stream where, void* pointer, std::size_t bytes, std::size_t alignment) noexcept override {
+    deallocate_in(pointer, bytes, alignment, &where);
+  }
 
  private:
   class category_resource final : public memory_resource {
@@ -132,6 +141,13 @@ class tracking_resource final : public memory_resource {
     void do_deallocate(void* pointer, std::size_t bytes, std::size_t alignment) noexcept override {
       owner_->deallocate_in(pointer, bytes, alignment);
     }
+    bool is_stream_ordered() const noexcept override { return owner_->stream_ordered(); }
+    void* do_allocate_on(on_stream where, std::size_t bytes, std::size_t alignment) override {
+      return owner_->allocate_in(category_, bytes, alignment, &where);
+    }
+    void do_deallocate_on(on_stream where, void* pointer, std::size_t bytes, std::size_t alignment) noexcept override {
+      owner_->deallocate_in(pointer, bytes, alignment, &where);
+    }
 
    private:
     tracking_resource* owner_ = nullptr;
@@ -143,10 +159,12 @@ class tracking_resource final : public memory_resource {
     memory_category category;
   };
 
-  void* allocate_in(memory_category category, std::size_t bytes, std::size_t alignment) {
+  // `where`: the stream of a stream-ordered allocation (allocate_on), passed on to the upstream.
+  void* allocate_in(memory_category category, std::size_t bytes, std::size_t alignment,
+                    const on_stream* where = nullptr) {
     void* pointer = nullptr;
     try {
-      pointer = upstream_.allocate(bytes, alignment);
+      pointer = where != nullptr ? upstream_.allocate_on(*where, bytes, alignment) : upstream_.allocate(bytes, alignment);
     } catch (const out_of_memory& failure) {
       throw out_of_memory(failure_message(category, bytes, failure.what()), bytes);
     }
@@ -157,7 +175,7 @@ class tracking_resource final : public memory_resource {
     return pointer;
   }
 
-  void deallocate_in(void* pointer, std::size_t bytes, std::size_t alignment) noexcept {
+  void deallocate_in(void* pointer, std::size_t bytes, std::size_t alignment, const on_stream* where = nullptr) noexcept {
     {
       std::lock_guard lock(mutex_);
       auto found = live_.find(pointer);
@@ -172,7 +190,10 @@ class tracking_resource final : public memory_resource {
       release(per_category_[static_cast<int>(found->second.category)], bytes);
       live_.erase(found);
     }
-    upstream_.deallocate(pointer, bytes, alignment);
+    if (where != nullptr)
+      upstream_.deallocate_on(*where, pointer, bytes, alignment);
+    else
+      upstream_.deallocate(pointer, bytes, alignment);
   }
 
   static void charge(memory_stats& s, std::size_t bytes) {

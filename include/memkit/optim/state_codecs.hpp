@@ -53,9 +53,11 @@ MEMKIT_HOST_DEVICE MEMKIT_FORCEINLINE unsigned load_code(const std::uint8_t* cod
   else return (index & 1) ? (codes[index >> 1] & 0x0fu) : (codes[index >> 1] >> 4);
 }
 
+// A block's absmax, one value at a time: memkit's one rule (core/rounded_math.hpp, max_magnitude), the same
+// the host's max_magnitude_bits applies to a whole block. Exact and order-free, NaN included: a NaN moment
+// makes the block's absmax NaN on the host and on the device.
 MEMKIT_HOST_DEVICE MEMKIT_FORCEINLINE float max_abs(float current, float value) noexcept {
-  const float magnitude = value < 0.0f ? -value : value;
-  return magnitude > current ? magnitude : current;  // max is exact and order-free: host and device agree
+  return max_magnitude(current, value);
 }
 
 // 1/absmax, computed once per block; an all-zero block normalises to zeros.

@@ -147,7 +147,17 @@ void quantize_scales(const E& exec, tensor_view<const float> absmax, tensor_view
   require_accessible(exec, nested_absmax, operation, "nested_absmax");
   require_accessible(exec, offset, operation, "offset");
   if (blocks == 0) {
-    if constexpr (!E::on_device) offset[0] = 0.0f;
+    // No scales: the offset is 0 on both paths (a finiteness check reads it later, so it must be written).
+    if constexpr (!E::on_device) {
+      offset[0] = 0.0f;
+    } else {
+#if MEMKIT_HAS_CUDA
+      ::memkit::detail::with_device(exec.device, [&] {
+        MEMKIT_CUDA_CHECK(cudaMemsetAsync(offset.data(), 0, sizeof(float), exec.stream));
+        return 0;
+      });
+#endif
+    }
     return;
   }
   if constexpr (!E::on_device) {

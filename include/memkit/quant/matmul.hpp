@@ -12,6 +12,9 @@
 // CUDA: for M <= small_batch_limit (at most 8) a fused kernel decodes W on the fly (one warp per output
 // column for y, one thread per input column for dx), reading the 4-bit codes once; larger batches
 // dequantize row tiles (device_tile_floats values, 32 MiB of bf16 by default) into workspace and call cuBLAS (tensor cores for bf16/fp16), accumulating dx in fp32.
+// That workspace is allocated and released on the executor's stream, so the CUDA tiled path needs a
+// stream-ordered workspace resource (device_async_resource, or a tracker over one) and refuses any other:
+// a plain device_resource would free it with cudaFree, which waits for the whole device (docs/cuda.md).
 // Users of the CUDA large-batch path link CUDA::cublas.
 //
 // matmul_workspace_bytes() says exactly what a call takes from the workspace resource.
@@ -151,11 +154,11 @@ constexpr bool device_fused(std::int64_t M, const matmul_config& config) noexcep
 constexpr std::size_t matmul_workspace_bytes(matmul_kind kind, format fmt, std::int64_t block_size, std::int64_t M,
                                              std::int64_t N, std::int64_t K, std::size_t element_bytes,
                                              bool on_device, const matmul_config& config = {}) noexcept {
+  if (M == 0 || N == 0 || K == 0) return 0;  // an empty product only writes zeros (or nothing)
   const std::int64_t rows = detail::tile_rows(N, K, config, on_device);
   const bool fp32 = element_bytes == 4;
   if (!on_device) {
     if (detail::host_fused(kind, fmt, block_size, M, K)) return fp32 ? 0 : static_cast<std::size_t>(M * K) * 4;
-    if (M == 0 || N == 0 || K == 0) return 0;
     if (kind == matmul_kind::forward) {
       const detail::host_tiled_plan plan = detail::plan_host_forward(M, N, K, !fp32, config);
       return static_cast<std::size_t>(plan.parts * plan.part_floats()) * 4;
@@ -354,7 +357,9 @@ matmul_dims check_matmul(const char* operation, const quantized_tensor<F>& w, co
   require(is.rank >= 1 && is[is.rank - 1] == in_cols,
           std::string(operation) + ": input has shape " + to_string(is) + " but the weight " + to_string(ws) +
               " needs a last dimension of " + std::to_string(in_cols));
-  const std::int64_t M = in_cols > 0 ? in.size() / in_cols : 0;
+  // Rows: the product of the leading dimensions (not size / in_cols, which is 0 / 0 when K or N is 0).
+  std::int64_t M = 1;
+  for (int d = 0; d + 1 < is.rank; ++d) M *= is[d];
   require(out.size() == M * out_cols && out.shape()[out.shape().rank - 1] == out_cols,
           std::string(operation) + ": output has shape " + to_string(out.shape()) + " but needs " +
               std::to_string(M) + " rows of " + std::to_string(out_cols));
@@ -434,6 +439,23 @@ __global__ void convert_kernel(const float* __restrict__ in, T* __restrict__ out
 
 #endif
 
+// An empty sum is zero: the output of a product whose inner dimension (K for y, N for dx) is 0.
+template <executor E, float_storage T>
+void write_zeros(const E& exec, tensor_view<T> out) {
+  if constexpr (!E::on_device) {
+    (void)exec;
+    for (std::int64_t i = 0; i < out.size(); ++i) out[i] = from_float<T>(0.0f);
+  } else {
+#if MEMKIT_HAS_CUDA
+    // +0.0 is all zero bits in fp32, bf16 and fp16 alike.
+    ::memkit::detail::with_device(exec.device, [&] {
+      MEMKIT_CUDA_CHECK(cudaMemsetAsync(out.data(), 0, static_cast<std::size_t>(out.size()) * sizeof(T), exec.stream));
+      return 0;
+    });
+#endif
+  }
+}
+
 }  // namespace detail
 
 // y = x * dequant(w)^T. x: [..., K] (T = float, bf16 or fp16), y: [..., N] of the same T.
@@ -448,6 +470,7 @@ void matmul(const E& exec, tensor_view<const std::type_identity_t<T>> x, const q
   require_accessible(exec, w.codes(), operation, "w");
   require_accessible(exec, y, operation, "y");
   if (M == 0 || N == 0) return;
+  if (K == 0) return detail::write_zeros(exec, y);
   if constexpr (!E::on_device) {
     if constexpr (is_four_bit(F)) {
       if (detail::host_fused(matmul_kind::forward, F, w.block_size(), M, K)) {
@@ -509,6 +532,8 @@ void matmul(const E& exec, tensor_view<const std::type_identity_t<T>> x, const q
     });
   } else {
 #if MEMKIT_HAS_CUDA
+    // The tiled path's workspace is allocated and released on exec.stream (docs/cuda.md, "Workspace").
+    if (!detail::device_fused(M, config)) ::memkit::detail::require_stream_ordered(workspace, operation);
     ::memkit::detail::with_device(exec.device, [&] {
       if (detail::device_fused(M, config)) {
         constexpr int threads = 256;
@@ -519,9 +544,8 @@ void matmul(const E& exec, tensor_view<const std::type_identity_t<T>> x, const q
         return 0;
       }
       const std::int64_t rows = detail::tile_rows(N, K, config, true);
-      buffer<T> tile(workspace, shape{rows * K});
-      cublasHandle_t handle = ::memkit::detail::cublas_handle_for(exec.device);
-      ::memkit::detail::cublas_check(cublasSetStream(handle, exec.stream), "cublasSetStream");
+      buffer<T> tile(workspace, shape{rows * K}, on_stream{exec.stream});
+      cublasHandle_t handle = ::memkit::detail::cublas_handle_for(exec);  // on exec.stream, its own workspace
       const float one = 1.0f, zero = 0.0f;
       for (std::int64_t n0 = 0; n0 < N; n0 += rows) {
         const std::int64_t nt = N - n0 < rows ? N - n0 : rows;
@@ -553,6 +577,7 @@ void matmul_input_grad(const E& exec, tensor_view<const std::type_identity_t<T>>
   require_accessible(exec, w.codes(), operation, "w");
   require_accessible(exec, dx, operation, "dx");
   if (M == 0 || K == 0) return;
+  if (N == 0) return detail::write_zeros(exec, dx);
   const std::int64_t rows = detail::tile_rows(N, K, config, E::on_device);
   if constexpr (!E::on_device) {
     (void)rows;
@@ -564,9 +589,7 @@ void matmul_input_grad(const E& exec, tensor_view<const std::type_identity_t<T>>
       accumulator = buffer<float>(workspace, shape{M * K});
       acc = accumulator.data();
     }
-    if (N == 0) {
-      for (std::int64_t i = 0; i < M * K; ++i) acc[i] = 0.0f;
-    } else {
+    {
       // dx (+)= dy[:, n0 .. n0 + nt) * tile, tile by tile, the gemm's threads splitting dx's columns.
       const detail::host_tiled_plan plan = detail::plan_host_input_grad(M, N, K, config);
       buffer<float> scratch(workspace, shape{plan.part_floats()});
@@ -585,6 +608,7 @@ void matmul_input_grad(const E& exec, tensor_view<const std::type_identity_t<T>>
       for (std::int64_t i = 0; i < M * K; ++i) dx[i] = from_float<T>(acc[i]);
   } else {
 #if MEMKIT_HAS_CUDA
+    if (!detail::device_fused(M, config)) ::memkit::detail::require_stream_ordered(workspace, operation);
     ::memkit::detail::with_device(exec.device, [&] {
       constexpr int threads = 256;
       if (detail::device_fused(M, config)) {
@@ -594,17 +618,16 @@ void matmul_input_grad(const E& exec, tensor_view<const std::type_identity_t<T>>
         MEMKIT_CUDA_CHECK(cudaGetLastError());
         return 0;
       }
-      buffer<T> tile(workspace, shape{rows * K});
+      buffer<T> tile(workspace, shape{rows * K}, on_stream{exec.stream});
       buffer<float> accumulator;
       void* c = dx.data();
       cudaDataType_t c_type = ::memkit::detail::cuda_type<T>();
       if constexpr (!std::is_same_v<T, float>) {
-        accumulator = buffer<float>(workspace, shape{M * K});
+        accumulator = buffer<float>(workspace, shape{M * K}, on_stream{exec.stream});
         c = accumulator.data();
         c_type = CUDA_R_32F;
       }
-      cublasHandle_t handle = ::memkit::detail::cublas_handle_for(exec.device);
-      ::memkit::detail::cublas_check(cublasSetStream(handle, exec.stream), "cublasSetStream");
+      cublasHandle_t handle = ::memkit::detail::cublas_handle_for(exec);  // on exec.stream, its own workspace
       const float one = 1.0f, zero = 0.0f;
       for (std::int64_t n0 = 0; n0 < N; n0 += rows) {
         const std::int64_t nt = N - n0 < rows ? N - n0 : rows;

@@ -86,35 +86,49 @@ class quantized_tensor {
     if constexpr (!E::on_device)
       detail::require_finite_host(input.data(), input.size(), options.block_size, "quantized_tensor::quantize", name);
     quantized_tensor result(resource, input.shape(), options);
-    result.quantize_checked(exec, input, resource, name, !E::on_device);  // checked above: one pass, not two
+    // Checked above: one pass, not two. Construction allocates the tensor anyway, so `resource` may be any
+    // device resource here (quantize_into, the repeated operation, takes only a stream-ordered workspace).
+    result.quantize_checked(exec, input, resource, name, !E::on_device, false);
     return result;
   }
 
-  // Quantizes `input` (same shape) into this tensor's storage; `workspace` serves the temporary scales.
+  // Quantizes `input` (same shape) into this tensor's storage; `workspace` serves the temporary scales
+  // (double quantization: one float per block). On CUDA they are allocated and released on exec.stream, so the
+  // workspace must be stream-ordered (device_async_resource, or a tracker over one; docs/cuda.md, "Workspace").
   template <executor E, class Input>
     requires float_storage<std::remove_const_t<Input>>
   void quantize_into(const E& exec, tensor_view<Input> input, memory_resource& workspace, const char* name = "weight") {
     require(input.shape() == shape_, std::string("quantized_tensor::quantize_into: input has shape ") +
                                          to_string(input.shape()) + " but the tensor has shape " + to_string(shape_));
-    quantize_checked(exec, input, workspace, name, false);
+    quantize_checked(exec, input, workspace, name, false, true);
   }
 
  private:
   // quantize_into; `input_checked`: quantize() has already checked the input's finiteness on the host.
+  // `stream_ordered_workspace`: the CUDA path requires a stream-ordered workspace (quantize_into).
   template <executor E, class Input>
   void quantize_checked(const E& exec, tensor_view<Input> input, memory_resource& workspace, const char* name,
-                        bool input_checked) {
+                        bool input_checked, bool stream_ordered_workspace) {
     if (!options_.double_quant) {
       detail::quantize_blockwise_checked(exec, F, input, options_.block_size, codes_.view(), absmax_.view(), name,
                                          signed_dynamic_table, input_checked);
       return;
     }
     const std::int64_t blocks = block_count(numel(), options_.block_size);
-    buffer<float> first_level(workspace, shape{blocks});
+    buffer<float> first_level;
+    if constexpr (E::on_device) {
+#if MEMKIT_HAS_CUDA
+      if (stream_ordered_workspace && blocks > 0)
+        ::memkit::detail::require_stream_ordered(workspace, "quantized_tensor::quantize_into");
+      // Allocated and released on exec.stream, in order with the two kernels that use it.
+      first_level = buffer<float>(workspace, shape{blocks}, on_stream{exec.stream});
+#endif
+    } else {
+      (void)stream_ordered_workspace;
+      first_level = buffer<float>(workspace, shape{blocks});
+    }
     detail::quantize_blockwise_checked(exec, F, input, options_.block_size, codes_.view(), first_level.view(), name,
                                        signed_dynamic_table, input_checked);
-    // first_level is released at the end of this scope: stream-ordered with device_async_resource; a plain
-    // device_resource frees with cudaFree, which waits for the device.
     quantize_scales(exec, std::as_const(first_level).view(), nested_codes_.view(), nested_group_absmax(),
                     offset_view(), nested_map_);
   }
