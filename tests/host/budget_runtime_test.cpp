@@ -151,6 +151,9 @@ TEST_CASE("budget runtime: paged optimizer state is on the device but outside to
   CHECK(p.managed_bytes == p.device[category::optimizer_state]);
   CHECK(p.managed_bytes > 0);
   CHECK(p.host_bytes == 0);
+  // torch's counters (the allocated and reserved figures) do not see it; the device figure does.
+  CHECK(p.peak_bytes(metric::allocated) + p.managed_bytes == d.peak_bytes(metric::allocated));
+  CHECK(p.peak_bytes(metric::device) == d.peak_bytes(metric::device));
 }
 
 TEST_CASE("budget runtime: loss kinds hold what their implementations hold") {
