@@ -33,6 +33,8 @@ constexpr const char* usage_text =
     "  --optimizer-impl foreach|fused (torch AdamW: foreach allocates a parameter-sized temporary in the step)\n"
     "  --paged          (bitsandbytes paged optimizer: state in CUDA managed memory)\n"
     "  --optimizer-in-backward (torchtune optimizer_in_bwd: each gradient freed as soon as it is stepped)\n"
+    "  --logits-chunks N (torchtune's num_output_chunks for --logits chunked, default 8)\n"
+    "  --loss-chunk-tokens N (memkit runtime: tokens per chunk of loss::fused_linear_cross_entropy, default 1024)\n"
     "  --gpu NAME  --plan  --max-batch  --max-seq  --json  --svg PATH\n"
     "  --metric allocated|reserved|device  (what fits and --max-* compare with the GPU; default device)\n"
     "  --cuda-context-mib N  --nccl-mib N  --cublas-workspace-mib N  --fragmentation PERCENT\n"
@@ -190,6 +192,10 @@ options parse_arguments(int argc, char** argv) {
       o.paged = true;
     } else if (flag == "--optimizer-in-backward") {
       p.optimizer_in_backward = true;
+    } else if (flag == "--logits-chunks") {
+      p.logits_output_chunks = parse_count(flag, value());
+    } else if (flag == "--loss-chunk-tokens") {
+      p.logits_chunk_tokens = parse_count(flag, value());
     } else if (flag == "--offload") {
       static constexpr std::pair<const char*, offload_choice> choices[] = {
           {"none", {optimizer_placement::device, false}},

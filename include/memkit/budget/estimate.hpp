@@ -153,6 +153,8 @@ constexpr std::string_view plan_problem(const model_config& m, const training_pl
     if (p.kbit_prepared || p.quantized_matmul_keeps_input)
       return "kbit-prepared and bnb-keeps-input describe PEFT / bitsandbytes, not the memkit runtime";
     if (p.placement == optimizer_placement::paged) return "paged optimizer state is bitsandbytes': not with the memkit runtime";
+    if (p.optimizer_in_backward)
+      return "memkit's adam_state steps every tensor once after backward (one step counter, global-norm clipping)";
   }
   if (p.host_threads > 0 && !p.memkit_runtime()) return "host execution (host_threads) is modelled for the memkit runtime only";
   return {};

@@ -4,13 +4,15 @@
 // lowered the peak:
 //   1 bf16            full training, bf16 weights and gradients, fp32 master weights, AdamW   (x1.0)
 //   2 8-bit optimizer + blockwise 8-bit AdamW (bitsandbytes: same speed as 32-bit AdamW)      (x1.0)
-//   3 fused loss      + linear and cross-entropy fused, the logits never held (Liger)        (x1.0)
-//   4 checkpointing   + activation checkpointing of every layer: one more forward            (x1.33)
-//   5 micro-batch     + the largest smaller micro-batch that fits, gradient accumulation keeping the
-//                       effective batch (micro-batch 1 when none fits)                         (~x1.1)
-//   6 QLoRA           NF4 base (block 64, double quantization), LoRA r=16 on all seven linears,
-//                       AdamW on the adapters, checkpointing, micro-batch chosen as in 5       (x1.33 x1.3)
-//   7 CPU offload     + optimizer state and base weights on the host, streamed per layer   (PCIe traffic)
+//   3 step in bwd     + the optimizer step fused into backward (torchtune optimizer_in_bwd):
+//                       one gradient alive instead of all; needs gradient accumulation 1       (x1.0)
+//   4 fused loss      + linear and cross-entropy fused, the logits never held (Liger)        (x1.0)
+//   5 checkpointing   + activation checkpointing of every layer: one more forward            (x1.33)
+//   6 micro-batch     + the largest smaller micro-batch that fits, gradient accumulation keeping the
+//                       effective batch (micro-batch 1 when none fits; the step leaves backward) (~x1.1)
+//   7 QLoRA           NF4 base (block 64, double quantization), LoRA r=16 on all seven linears,
+//                       AdamW on the adapters, checkpointing, micro-batch chosen as in 6       (x1.33 x1.3)
+//   8 CPU offload     + optimizer state and base weights on the host, streamed per layer   (PCIe traffic)
 // A technique that does not lower the peak is not applied: its rung says "no effect" and why, and the
 // next rung builds on the last one that helped. Every rung reports its estimate, its speed factor and
 // whether it fits; the first that fits is chosen. The workload (micro-batch, sequence, gradient
@@ -76,18 +78,20 @@ constexpr std::uint64_t max_sequence(const model_config& m, training_plan plan, 
 enum class rung_kind : std::uint8_t {
   bf16,
   optimizer_8bit,
+  optimizer_in_backward,
   fused_loss,
   checkpointing,
   smaller_micro_batch,
   qlora,
   cpu_offload
 };
-inline constexpr int rung_count = 7;
+inline constexpr int rung_count = 8;
 
 constexpr std::string_view to_string(rung_kind r) noexcept {
   switch (r) {
     case rung_kind::bf16: return "bf16";
     case rung_kind::optimizer_8bit: return "+ 8-bit AdamW";
+    case rung_kind::optimizer_in_backward: return "+ optimizer step in backward";
     case rung_kind::fused_loss: return "+ fused linear cross-entropy";
     case rung_kind::checkpointing: return "+ activation checkpointing";
     case rung_kind::smaller_micro_batch: return "+ smaller micro-batch";
@@ -105,6 +109,8 @@ inline constexpr double recompute = 4.0 / 3.0;
 // bitsandbytes' 8-bit blockwise AdamW runs at the speed of 32-bit AdamW (Dettmers et al. 2022, "8-bit
 // Optimizers via Block-wise Quantization"); the step is a small share of a training step anyway.
 inline constexpr double optimizer_8bit = 1.0;
+// The optimizer step in backward does the same updates, one parameter at a time as its gradient is ready.
+inline constexpr double optimizer_in_backward = 1.0;
 // Liger's fused linear cross-entropy does the same products as the unfused head and loss, chunk by chunk.
 inline constexpr double fused_loss = 1.0;
 // Smaller micro-batches with accumulation do the same work in more, smaller kernels: a rough 10%.
@@ -181,10 +187,17 @@ struct ladder {
 namespace detail {
 // Largest micro-batch <= the workload's that fits, keeping micro_batch * grad_accum at least the
 // workload's effective batch.
+// The optimizer step in backward needs gradient accumulation 1: when a smaller micro-batch needs
+// accumulation, the search runs again with the step after backward.
 constexpr training_plan shrink_micro_batch(const model_config& m, training_plan plan, const gpu_spec& gpu) noexcept {
   const std::uint64_t effective = plan.micro_batch * plan.grad_accum;
   std::uint64_t batch = max_micro_batch(m, plan, gpu, plan.micro_batch);
   if (batch == 0) batch = 1;
+  if (plan.optimizer_in_backward && ceil_div(effective, batch) > 1) {
+    plan.optimizer_in_backward = false;
+    batch = max_micro_batch(m, plan, gpu, plan.micro_batch);
+    if (batch == 0) batch = 1;
+  }
   plan.micro_batch = batch;
   plan.grad_accum = ceil_div(effective, batch);
   return plan;
@@ -198,10 +211,18 @@ constexpr std::string_view no_effect_reason(rung_kind kind, const training_plan&
     case rung_kind::optimizer_8bit:
       if (before.optimizer == optimizer_kind::none) return "no optimizer state to shrink";
       return "the optimizer state does not set the peak";
+    case rung_kind::optimizer_in_backward:
+      if (before.memkit_runtime()) return "memkit's adam_state steps once after backward";
+      if (before.grad_accum > 1) return "it needs gradient accumulation 1 (the workload accumulates)";
+      if (before.placement == optimizer_placement::host) return "the optimizer runs on the host";
+      if (!at_step) return "the gradients are not what sets the peak";
+      return "one gradient and its step temporaries cost as much as the step did";
     case rung_kind::fused_loss:
+      if (loss_grad_in_forward(before)) return "the loss is fused already";
       if (at_step) return "the peak is the optimizer step, where no logits are alive";
       return "the logits are not part of the peak";
     case rung_kind::checkpointing:
+      if (before.checkpoint != checkpointing::none) return "the layers are checkpointed already";
       if (at_step) return "the peak is the optimizer step, where no activations are alive";
       return "the saved activations are not what sets the peak";
     case rung_kind::smaller_micro_batch:
@@ -277,13 +298,16 @@ constexpr ladder plan_ladder(const model_config& m, const gpu_spec& gpu, const t
   p.optimizer = optimizer_kind::adamw_8bit;
   settle(1, rung_kind::optimizer_8bit, p, speed::optimizer_8bit);
   p = current;
+  p.optimizer_in_backward = true;
+  settle(2, rung_kind::optimizer_in_backward, p, speed::optimizer_in_backward);
+  p = current;
   p.logits = logits_mode::fused;
-  settle(2, rung_kind::fused_loss, p, speed::fused_loss);
+  settle(3, rung_kind::fused_loss, p, speed::fused_loss);
   p = current;
   p.checkpoint = checkpointing::every_layer;
-  settle(3, rung_kind::checkpointing, p, speed::recompute);
+  settle(4, rung_kind::checkpointing, p, speed::recompute);
   p = detail::shrink_micro_batch(m, current, gpu);
-  settle(4, rung_kind::smaller_micro_batch, p, speed::smaller_micro_batch);
+  settle(5, rung_kind::smaller_micro_batch, p, speed::smaller_micro_batch);
 
   // QLoRA starts again from the workload's batch, with the loss chosen above.
   training_plan q = workload;
@@ -302,15 +326,15 @@ constexpr ladder plan_ladder(const model_config& m, const gpu_spec& gpu, const t
   // Against the bf16 rung: recomputation and dequantization (and whatever micro-batch it needed).
   const double qlora_total = speed::recompute * speed::nf4_dequantization *
                              (q.micro_batch < workload.micro_batch ? speed::smaller_micro_batch : 1.0);
-  settle(5, rung_kind::qlora, q, qlora_total / current_speed);
+  settle(6, rung_kind::qlora, q, qlora_total / current_speed);
   q = current;
   if (q.lora_training()) {
     q.placement = optimizer_placement::host;
     q.offload_parameters = true;
     q = detail::shrink_micro_batch(m, q, gpu);
   }
-  settle(6, rung_kind::cpu_offload, q, 1.0);
-  if (!q.lora_training() && !out.rungs[6].effective) out.rungs[6].reason = "offload follows QLoRA, which had no effect";
+  settle(7, rung_kind::cpu_offload, q, 1.0);
+  if (!q.lora_training() && !out.rungs[7].effective) out.rungs[7].reason = "offload follows QLoRA, which had no effect";
   return out;
 }
 
