@@ -3,16 +3,22 @@
 // Quantize / dequantize: 16 Mi values, bytes moved = input read + codes and scales written (or the
 // reverse), reported as bytes/s and as a fraction of the measured STREAM-triad roofline (all cores).
 // Each benchmark thread runs memkit's (single-threaded) host operation on its own slice.
+// BM_*_vs_triad: the same operation interleaved, iteration by iteration, with a STREAM triad over this
+// thread's own arrays of as many floats as it quantizes (so both see the same machine load), reporting
+// fraction_of_triad = (operation bytes/s) / (triad bytes/s): #17's target is >= 0.70 on one thread.
 // Matmul: y = x * W^T with W [4096, 4096]; the NF4 path reads 4.1 bits per weight, the dense baseline
 // reads bf16 weights with the same fp32 dot product, so the comparison isolates the weight format.
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <random>
 #include <utility>
 #include <vector>
 
 #include "memkit/memkit.hpp"
+#include "support/cpu_info.hpp"
 #include "support/roofline.hpp"
 
 namespace q = memkit::quant;
@@ -85,6 +91,85 @@ void BM_dequantize(benchmark::State& state) {
   report_throughput(state, n, bytes, timer);
 }
 
+// One triad pass a = b + 3c over `n` floats of each array; returns its seconds.
+double timed_triad(std::vector<float>& a, const std::vector<float>& b, const std::vector<float>& c) {
+  const auto start = std::chrono::steady_clock::now();
+  float* out = a.data();
+  const float* x = b.data();
+  const float* y = c.data();
+  const std::size_t n = a.size();
+  for (std::size_t i = 0; i < n; ++i) out[i] = x[i] + 3.0f * y[i];
+  benchmark::ClobberMemory();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+double median_of(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  const std::size_t n = values.size();
+  return n == 0 ? 0.0 : n % 2 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
+}
+
+// `op()` timed against the triad, alternating which runs first; medians of the per-iteration times.
+template <class Op>
+void run_vs_triad(benchmark::State& state, std::int64_t n, double bytes, Op op) {
+  std::vector<float> a(static_cast<std::size_t>(n)), b(static_cast<std::size_t>(n), 1.0f), c(static_cast<std::size_t>(n), 2.0f);
+  timed_triad(a, b, c);
+  op();
+  std::vector<double> op_seconds, triad_seconds;
+  bool op_first = true;
+  for (auto _ : state) {
+    for (int turn = 0; turn < 2; ++turn) {
+      if ((turn == 0) == op_first) {
+        const auto start = std::chrono::steady_clock::now();
+        op();
+        benchmark::ClobberMemory();
+        op_seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+      } else {
+        triad_seconds.push_back(timed_triad(a, b, c));
+      }
+    }
+    op_first = !op_first;
+  }
+  const double op_time = median_of(op_seconds), triad_time = median_of(triad_seconds);
+  const double triad_bytes = 12.0 * static_cast<double>(n);
+  state.counters["ns_per_value"] = benchmark::Counter(op_time / static_cast<double>(n) * 1e9, benchmark::Counter::kAvgThreads);
+  state.counters["op_GBps"] = bytes / op_time / 1e9;
+  state.counters["triad_GBps"] = triad_bytes / triad_time / 1e9;
+  state.counters["fraction_of_triad"] = benchmark::Counter((bytes / op_time) / (triad_bytes / triad_time),
+                                                           benchmark::Counter::kAvgThreads);
+  state.SetLabel(memkit::to_string(memkit::host_isa_in_use()));
+}
+
+template <q::format F, class T>
+void BM_quantize_vs_triad(benchmark::State& state) {
+  const std::vector<T>& input = normal_input<T>();
+  const auto [begin, n] = thread_share(state);
+  std::vector<std::uint8_t> codes(static_cast<std::size_t>(q::code_bytes(F, n)));
+  std::vector<float> absmax(static_cast<std::size_t>(q::block_count(n, kBlock)));
+  const double bytes = static_cast<double>(n * sizeof(T) + codes.size() + absmax.size() * 4);
+  run_vs_triad(state, n, bytes, [&, begin = begin, n = n] {
+    q::quantize_blockwise(memkit::host, F, memkit::host_view(input.data() + begin, {n}), kBlock,
+                          memkit::host_view(codes), memkit::host_view(absmax));
+  });
+}
+
+template <q::format F, class T>
+void BM_dequantize_vs_triad(benchmark::State& state) {
+  const std::vector<float>& input = normal_input<float>();
+  const auto [begin, n] = thread_share(state);
+  std::vector<std::uint8_t> codes(static_cast<std::size_t>(q::code_bytes(F, n)));
+  std::vector<float> absmax(static_cast<std::size_t>(q::block_count(n, kBlock)));
+  q::quantize_blockwise(memkit::host, F, memkit::host_view(input.data() + begin, {n}), kBlock,
+                        memkit::host_view(codes), memkit::host_view(absmax));
+  std::vector<T> out(static_cast<std::size_t>(n));
+  const double bytes = static_cast<double>(n * sizeof(T) + codes.size() + absmax.size() * 4);
+  run_vs_triad(state, n, bytes, [&] {
+    q::dequantize_blockwise(memkit::host, F, memkit::host_view(std::as_const(codes).data(), {static_cast<std::int64_t>(codes.size())}),
+                            memkit::host_view(std::as_const(absmax).data(), {static_cast<std::int64_t>(absmax.size())}),
+                            kBlock, 0, memkit::host_view(out));
+  });
+}
+
 constexpr std::int64_t kN = 4096, kK = 4096;
 
 const q::quantized_tensor<q::NF4>& nf4_weight() {
@@ -153,6 +238,21 @@ BENCHMARK(BM_dequantize<q::NF4, memkit::bf16>)->ThreadRange(1, 2)->UseRealTime()
 BENCHMARK(BM_dequantize<q::NF4, float>)->ThreadRange(1, 2)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_dequantize<q::FP4, memkit::bf16>)->Threads(1)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_dequantize<q::INT8, memkit::bf16>)->Threads(1)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_quantize_vs_triad<q::NF4, float>)->ThreadRange(1, 2)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_quantize_vs_triad<q::NF4, memkit::bf16>)->ThreadRange(1, 2)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_quantize_vs_triad<q::FP4, memkit::bf16>)->Threads(1)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_quantize_vs_triad<q::INT8, float>)->Threads(1)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_quantize_vs_triad<q::INT8, memkit::bf16>)->Threads(1)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_dequantize_vs_triad<q::NF4, memkit::bf16>)->ThreadRange(1, 2)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_dequantize_vs_triad<q::NF4, float>)->Threads(1)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_dequantize_vs_triad<q::INT8, memkit::bf16>)->Threads(1)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_matmul_nf4)->Arg(1)->Arg(8)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_matmul_dense_bf16)->Arg(1)->Arg(8)->UseRealTime()->Unit(benchmark::kMillisecond);
-BENCHMARK_MAIN();
+int main(int argc, char** argv) {
+  memkit_bench::add_cpu_context();
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

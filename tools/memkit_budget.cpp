@@ -35,6 +35,8 @@ constexpr const char* usage_text =
     "  --optimizer-in-backward (torchtune optimizer_in_bwd: each gradient freed as soon as it is stepped)\n"
     "  --gpu NAME  --plan  --max-batch  --max-seq  --json  --svg PATH\n"
     "  --metric allocated|reserved|device  (what fits and --max-* compare with the GPU; default device)\n"
+    "  --cuda-context-mib N  --nccl-mib N  --cublas-workspace-mib N  --fragmentation PERCENT\n"
+    "                   (the device figure's constants: defaults 512, 1024 (2+ GPUs), 32, 0%)\n"
     "  --kbit-prepared  (PEFT prepare_model_for_kbit_training: fp32 non-quantized weights and activations)\n"
     "  --fused-norms    (norm and softmax kernels that keep no fp32 copies)\n"
     "  --lora-dropout   (lora_dropout > 0: each adapter keeps a dropped copy of its input and a mask)\n"
@@ -214,6 +216,17 @@ options parse_arguments(int argc, char** argv) {
       p.offload_checkpoints = true;
     } else if (flag == "--kbit-prepared") {
       p.kbit_prepared = true;
+    } else if (flag == "--cuda-context-mib" || flag == "--nccl-mib" || flag == "--cublas-workspace-mib") {
+      const std::uint64_t mib = parse_count(flag, value(), true);
+      if (mib > (std::uint64_t{1} << 20)) throw usage_error(flag + " is at most 1048576 (1 TiB), got " + std::to_string(mib));
+      std::uint64_t& bytes = flag == "--cuda-context-mib" ? p.overhead.cuda_context_bytes
+                             : flag == "--nccl-mib"       ? p.overhead.nccl_bytes
+                                                          : p.overhead.workspace_bytes;
+      bytes = mib * memkit::MiB;
+    } else if (flag == "--fragmentation") {
+      const std::uint64_t percent = parse_count(flag, value(), true);
+      if (percent > 100) throw usage_error("--fragmentation is a percentage of allocated: 0..100, got " + std::to_string(percent));
+      p.overhead.fragmentation_percent = percent;
     } else if (flag == "--fused-norms") {
       p.fp32_norm_and_softmax = false;
     } else if (flag == "--metric") {
@@ -330,7 +343,7 @@ void write_svg(const std::string& path, const std::string& title, const std::vec
   for (const auto& bar : bars) scale = bar.bytes.total() > scale ? bar.bytes.total() : scale;
   if (scale == 0) scale = 1;
   const double left = 220, width = 640, bar_height = 28, gap = 26, top = 50;
-  const double height = top + static_cast<double>(bars.size()) * (bar_height + gap) + 70;
+  const double height = top + static_cast<double>(bars.size()) * (bar_height + gap) + 85;
   std::ostringstream svg;
   svg << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << left + width + 130 << "\" height=\"" << height
       << "\" font-family=\"sans-serif\" font-size=\"12\">\n";
@@ -373,6 +386,8 @@ void write_svg(const std::string& path, const std::string& title, const std::vec
         << "</text>\n";
     legend_x += 110;
   }
+  svg << "<text x=\"10\" y=\"" << y + 42 << "\" font-size=\"10\">each bar is the device figure (nvidia-smi); "
+      << "the ticks on it mark allocated (live tensors) and reserved (the caching allocator's segments)</text>\n";
   svg << "</svg>\n";
   std::ofstream file(path);
   if (!file) throw memkit::error("cannot write '" + path + "'");

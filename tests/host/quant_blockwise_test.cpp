@@ -7,6 +7,7 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "memkit/quant/blockwise.hpp"
@@ -223,7 +224,7 @@ TEST_CASE("quant blockwise: every supported block size, and a clear error for th
   }
 }
 
-TEST_CASE("quant blockwise: non-finite input names the tensor and the block and writes nothing") {
+TEST_CASE("quant blockwise: non-finite input names the tensor and the block and writes nothing of its group") {
   for (float poison : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
                        -std::numeric_limits<float>::infinity()}) {
     std::vector<float> data = standard_normal(300, 4);
@@ -250,6 +251,56 @@ TEST_CASE("quant blockwise: non-finite input names the tensor and the block and 
           q::quantize_blockwise(host, q::format::fp4, host_view(narrow.data(), {40}), 32, host_view(codes),
                                 host_view(absmax), "w");
         }).find("block 1 of 2") != std::string::npos);
+}
+
+TEST_CASE("quant blockwise: the finiteness check rides on the absmax pass, group by group, on any thread count") {
+  // 3 groups of max_block_size values and a tail; the Inf sits in the third group (block 2 * 64 + 5 at block 64).
+  const std::int64_t n = 3 * q::max_block_size + 100, bad = 2 * q::max_block_size + 5 * 64 + 7;
+  std::vector<float> data = standard_normal(static_cast<std::size_t>(n), 9);
+  data[static_cast<std::size_t>(bad)] = std::numeric_limits<float>::infinity();
+  const quantized clean = [&] {
+    std::vector<float> finite = data;
+    finite[static_cast<std::size_t>(bad)] = 0.0f;
+    return quantize(q::format::nf4, finite, 64);
+  }();
+  std::vector<std::uint8_t> codes(static_cast<std::size_t>(q::code_bytes(q::format::nf4, n)), 0xAB);
+  std::vector<float> absmax(static_cast<std::size_t>(q::block_count(n, 64)), -7.0f);
+  const std::string message = message_of([&] {
+    q::quantize_blockwise(host, q::format::nf4, host_view(data.data(), {n}), 64, host_view(codes), host_view(absmax), "w");
+  });
+  CHECK(message.find("flat element " + std::to_string(bad) + ", in block " + std::to_string(bad / 64)) != std::string::npos);
+  // The groups before the offending one are quantized; nothing from its group on is written.
+  for (std::int64_t i = 0; i < static_cast<std::int64_t>(codes.size()); ++i) {
+    const bool before = 2 * i < 2 * q::max_block_size;
+    if (codes[static_cast<std::size_t>(i)] != (before ? clean.codes[static_cast<std::size_t>(i)] : 0xAB)) {
+      CAPTURE(i);
+      CHECK(false);
+    }
+  }
+  for (std::size_t b = 0; b < absmax.size(); ++b) CHECK(absmax[b] == (b < 128 ? clean.absmax[b] : -7.0f));
+  // Threads: the same codes for any count; an error names the first non-finite element whichever thread meets it.
+  const std::int64_t big = std::int64_t{1} << 20;
+  std::vector<float> wide = standard_normal(static_cast<std::size_t>(big) + 33, 10);
+  const auto n_wide = static_cast<std::int64_t>(wide.size());
+  for (q::format fmt : {q::format::nf4, q::format::int8}) {
+    CAPTURE(q::to_string(fmt));
+    const quantized one = quantize(fmt, wide, 256);
+    for (int threads : {2, 3, 0}) {
+      CAPTURE(threads);
+      quantized many{std::vector<std::uint8_t>(one.codes.size()), std::vector<float>(one.absmax.size())};
+      q::quantize_blockwise(host, fmt, host_view(std::as_const(wide).data(), {n_wide}), 256, host_view(many.codes),
+                            host_view(many.absmax), "wide", q::signed_dynamic_table, threads);
+      CHECK(many.codes == one.codes);
+      CHECK(many.absmax == one.absmax);
+      std::vector<float> poisoned = wide;
+      poisoned[static_cast<std::size_t>(big - 3)] = std::numeric_limits<float>::quiet_NaN();
+      poisoned[static_cast<std::size_t>(big / 3)] = -std::numeric_limits<float>::infinity();
+      CHECK(message_of([&] {
+              q::quantize_blockwise(host, fmt, host_view(std::as_const(poisoned).data(), {n_wide}), 256,
+                                    host_view(many.codes), host_view(many.absmax), "wide", q::signed_dynamic_table, threads);
+            }).find("(-inf) at flat element " + std::to_string(big / 3)) != std::string::npos);
+    }
+  }
 }
 
 TEST_CASE("quant blockwise: wrong output sizes are rejected before anything is written") {
@@ -312,6 +363,20 @@ TEST_CASE("quant blockwise: long blocks (the vectorized encoders) give exactly t
                             -0.0859375f, 0.00260417f, 0.29166667f};
   for (std::size_t i = 0; i < data.size(); i += 5) data[i] = specials[(i / 5) % 10];
   for (std::size_t i = 4096; i < 4096 + 64; ++i) data[i] = 0.0f;  // an all-zero block at block size 64
+  // A block of subnormals: 1/absmax overflows to +Inf, so normalized values are +-Inf or NaN (0 * Inf).
+  const float tiny[] = {1e-39f, -1e-39f, 3e-40f, -1e-45f, 0.0f, -0.0f, 5e-41f, 7e-39f};
+  for (std::size_t i = 8192; i < 8192 + 64; ++i) data[i] = tiny[i % 8];
+  // Values just around every threshold and tie, at absmax 1 (the block holds a 1.0).
+  for (std::size_t i = 8192 + 64; i < 8192 + 128; ++i) data[i] = 0.0f;
+  data[8192 + 64] = 1.0f;
+  {
+    std::size_t at = 8192 + 65;
+    for (float t : {-0.8480964004993439f, -0.6106329262256622f, -0.4599952697753906f, -0.33967943489551544f,
+                    -0.23460740596055984f, -0.13791173323988914f, -0.045525018125772476f, 0.03979014977812767f,
+                    0.1202552504837513f, 0.2035212516784668f, 0.00260417f, 0.0859375f, 0.20833333f, 0.8333333f})
+      for (float v : {t, std::nextafter(t, 2.0f), std::nextafter(t, -2.0f)})
+        if (at < 8192 + 128) data[at++] = v;
+  }
   auto check = [&](auto tag, q::format fmt, std::int64_t block) {
     using T = decltype(tag);
     const std::vector<T> input = memkit_test::convert<T>(data);

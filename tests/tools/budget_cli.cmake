@@ -178,6 +178,29 @@ elseif(MODE STREQUAL "metrics")
   run_tool(json --preset llama-3.2-1b --method qlora --checkpointing layer --gpu t4 --seq ${by_allocated} --json)
   string(JSON fits GET "${json}" fits)
   expect("and not by device" fits STREQUAL "OFF")
+  # The constants are the user's to set: device - reserved is exactly the context (and NCCL) given, and a
+  # fragmentation allowance is a share of allocated on top of reserved.
+  run_tool(json --preset llama-3.2-1b --method qlora --seq 2048 --cuda-context-mib 300 --nccl-mib 700 --gpus 2 --json)
+  string(JSON r_bytes GET "${json}" figures backward reserved)
+  string(JSON d_bytes GET "${json}" figures backward device)
+  math(EXPR outside "${d_bytes} - ${r_bytes}")
+  expect("device - reserved = 300 + 700 MiB, got ${outside}" outside EQUAL 1048576000)
+  run_tool(json --preset llama-3.2-1b --method qlora --seq 2048 --json)
+  string(JSON plain_reserved GET "${json}" peak reserved)
+  string(JSON plain_allocated GET "${json}" peak allocated)
+  run_tool(json --preset llama-3.2-1b --method qlora --seq 2048 --fragmentation 10 --json)
+  string(JSON fragmented GET "${json}" peak reserved)
+  math(EXPR added "${fragmented} - ${plain_reserved}")
+  math(EXPR tenth "${plain_allocated} / 10")
+  math(EXPR low "${tenth} - 4194304")
+  math(EXPR high "${tenth} + 4194304")
+  expect("10% fragmentation adds a tenth of allocated to reserved: ${added} vs ${tenth}" added GREATER low AND added LESS high)
+  run_tool(json --preset llama-3.2-1b --method qlora --seq 2048 --cublas-workspace-mib 8 --json)
+  string(JSON small_ws GET "${json}" breakdown workspace)
+  run_tool(json --preset llama-3.2-1b --method qlora --seq 2048 --json)
+  string(JSON default_ws GET "${json}" breakdown workspace)
+  math(EXPR ws_change "${default_ws} - ${small_ws}")
+  expect("--cublas-workspace-mib 8 takes 24 MiB off the workspace, got ${ws_change}" ws_change EQUAL 25165824)
   message(STATUS "metrics: sequence ${by_device} by device, ${by_allocated} by allocated")
 elseif(MODE STREQUAL "bad_input")
   set(cases
@@ -199,6 +222,9 @@ elseif(MODE STREQUAL "bad_input")
     "--preset;gpt2-124m;--gpus;-1"
     "--preset;gpt2-124m;--max-batch"
     "--preset;gpt2-124m;--metric;peak"
+    "--preset;gpt2-124m;--fragmentation;150"
+    "--preset;gpt2-124m;--cuda-context-mib;-5"
+    "--preset;gpt2-124m;--nccl-mib;99999999999"
     "--preset;gpt2-124m;--frobnicate")
   foreach(case IN LISTS cases)
     execute_process(COMMAND ${TOOL} ${case} RESULT_VARIABLE result OUTPUT_VARIABLE output ERROR_VARIABLE errors)

@@ -98,42 +98,88 @@ constexpr bool should_split(std::uint64_t block, std::uint64_t rounded, bool sma
 }  // namespace torch_caching
 
 // The segments PyTorch's allocator holds for a set of live tensors allocated one after another with
-// nothing freed in between, kept as sums so that a profile (one block's activations, one copy of every
-// parameter) can be scaled to the bytes a phase really holds, in a constant expression:
-//   small pool        requests of at most 1 MiB, packed into 2 MiB segments;
-//   large, packed     requests over 1 MiB and under 10 MiB, packed into 20 MiB segments;
+// nothing freed in between, kept as counts per request size so that a profile (one block's activations,
+// one copy of every parameter) can be scaled to the bytes a phase really holds, in a constant expression:
+//   small pool        requests of at most 1 MiB, in 2 MiB segments;
+//   large, packed     requests over 1 MiB and under 10 MiB, in 20 MiB segments;
 //   large, own        requests of 10 MiB and more: one segment each, rounded up to 2 MiB.
-// A request of r bytes in a pool of S-byte segments counts as its share of a segment filled with requests
-// of its own size, S / floor(S / r) (an 8 MiB request: 10 MiB, since two fit a 20 MiB segment), and each
-// pool's sum is rounded up to whole segments. That is exact for requests of one size, the common case of
-// a transformer's repeated shapes; where smaller requests fill the tails a replay holds less, by less than
-// one request per segment (tests/host/budget_metrics_test.cpp compares both on real shapes: within 3%).
-// Sums are doubles: exact for integers below 2^53 bytes (8 PiB).
+// In the two packed pools, sizes are placed largest first: floor(S / r) requests of r fill a segment of
+// S bytes and leave a tail of S mod r, and a smaller request goes into such a tail when it fits there
+// (an 8 MiB and two 2 MiB requests share a 20 MiB segment, as q, k, v, o of a grouped-query layer do).
+// That is best fit without the order: a replay differs where the order matters (tests/host/
+// budget_metrics_test.cpp compares both on real shapes: exact for GPT-2's training state, within 1% for
+// TinyLlama's). Counts are doubles, so scaled profiles keep fractions; up to 32 sizes per pool are kept
+// apart, further ones packed perfectly.
 struct pool_usage {
+  struct size_count {
+    std::uint64_t size = 0;  // a request size after round_size
+    double count = 0;
+  };
+  static constexpr int max_sizes = 32;
+  struct packed_pool {
+    size_count sizes[max_sizes]{};
+    int used = 0;
+    double overflow = 0;  // bytes of sizes past max_sizes, counted as perfectly packed
+
+    constexpr void add(std::uint64_t size, double count) noexcept {
+      for (int i = 0; i < used; ++i)
+        if (sizes[i].size == size) {
+          sizes[i].count += count;
+          return;
+        }
+      if (used < max_sizes) sizes[used++] = size_count{size, count};
+      else overflow += count * static_cast<double>(size);
+    }
+    // Segments of `segment` bytes, largest sizes first, smaller ones first into the tails they fit.
+    constexpr std::uint64_t reserved(std::uint64_t segment) const noexcept {
+      size_count order[max_sizes]{};
+      for (int i = 0; i < used; ++i) {  // insertion sort, largest first
+        int j = i;
+        while (j > 0 && order[j - 1].size < sizes[i].size) {
+          order[j] = order[j - 1];
+          --j;
+        }
+        order[j] = sizes[i];
+      }
+      size_count tails[max_sizes]{};  // free tails: their size and how many
+      int tail_kinds = 0;
+      double segments = overflow / static_cast<double>(segment);
+      for (int i = 0; i < used; ++i) {
+        const std::uint64_t r = order[i].size;
+        double left = order[i].count;
+        for (int t = 0; t < tail_kinds && left > 0; ++t) {
+          if (tails[t].size < r || tails[t].count <= 0) continue;
+          const double per_tail = static_cast<double>(tails[t].size / r);
+          const double taken = left < tails[t].count * per_tail ? left : tails[t].count * per_tail;
+          left -= taken;
+          tails[t].count -= taken / per_tail;
+        }
+        if (left <= 0) continue;
+        const std::uint64_t per_segment = segment / r;
+        const double opened = left / static_cast<double>(per_segment);
+        segments += opened;
+        const std::uint64_t tail = segment - per_segment * r;
+        if (tail >= torch_caching::min_block_size && tail_kinds < max_sizes) tails[tail_kinds++] = size_count{tail, opened};
+      }
+      const auto whole = static_cast<std::uint64_t>(segments);
+      return (static_cast<double>(whole) < segments ? whole + 1 : whole) * segment;
+    }
+  };
+
   double rounded = 0;       // the requests after round_size
-  double small = 0;         // the small pool's requests, each as its share of a 2 MiB segment
-  double packed = 0;        // the 1..10 MiB requests, each as its share of a 20 MiB segment
+  packed_pool small;        // requests of at most 1 MiB
+  packed_pool packed;       // requests of 1..10 MiB
   double own_segments = 0;  // the segments of the >= 10 MiB requests
   double unsplit = 0;       // of which tails of at most 1 MiB, not split off: counted as allocated
 
-  constexpr void add(std::uint64_t bytes, std::uint64_t count = 1) noexcept {
-    const std::uint64_t size = torch_caching::round_size(bytes);
-    if (size == 0 || count == 0) return;
-    const double n = static_cast<double>(count);
-    rounded += n * static_cast<double>(size);
-    if (torch_caching::is_small(size)) small += n * share(size, torch_caching::small_buffer);
-    else if (size < torch_caching::min_large_alloc) packed += n * share(size, torch_caching::large_buffer);
-    else {
-      const std::uint64_t segment = torch_caching::segment_size(size);
-      own_segments += n * static_cast<double>(segment);
-      if (!torch_caching::should_split(segment, size, false)) unsplit += n * static_cast<double>(segment - size);
-    }
-  }
+  constexpr void add(std::uint64_t bytes, std::uint64_t count = 1) noexcept { add_requests(bytes, static_cast<double>(count)); }
   // Adds `factor` times another profile: the same mix of tensors, scaled to other bytes.
   constexpr void add_scaled(const pool_usage& other, double factor) noexcept {
     rounded += factor * other.rounded;
-    small += factor * other.small;
-    packed += factor * other.packed;
+    for (int i = 0; i < other.small.used; ++i) small.add(other.small.sizes[i].size, factor * other.small.sizes[i].count);
+    for (int i = 0; i < other.packed.used; ++i) packed.add(other.packed.sizes[i].size, factor * other.packed.sizes[i].count);
+    small.overflow += factor * other.small.overflow;
+    packed.overflow += factor * other.packed.overflow;
     own_segments += factor * other.own_segments;
     unsplit += factor * other.unsplit;
   }
@@ -142,8 +188,7 @@ struct pool_usage {
     if (profile.rounded > 0) add_scaled(profile, static_cast<double>(bytes) / profile.rounded);
   }
   constexpr std::uint64_t reserved() const noexcept {
-    return whole(small, torch_caching::small_buffer) + whole(packed, torch_caching::large_buffer) +
-           up(own_segments);
+    return small.reserved(torch_caching::small_buffer) + packed.reserved(torch_caching::large_buffer) + up(own_segments);
   }
   // What the segments hold beyond the rounded requests.
   constexpr std::uint64_t slack() const noexcept {
@@ -154,17 +199,21 @@ struct pool_usage {
   constexpr std::uint64_t unsplit_tails() const noexcept { return up(unsplit); }
 
  private:
-  // A segment of `segment` bytes holds floor(segment / size) requests of `size`.
-  static constexpr double share(std::uint64_t size, std::uint64_t segment) noexcept {
-    return static_cast<double>(segment) / static_cast<double>(segment / size);
+  constexpr void add_requests(std::uint64_t bytes, double n) noexcept {
+    const std::uint64_t size = torch_caching::round_size(bytes);
+    if (size == 0 || n <= 0) return;
+    rounded += n * static_cast<double>(size);
+    if (torch_caching::is_small(size)) small.add(size, n);
+    else if (size < torch_caching::min_large_alloc) packed.add(size, n);
+    else {
+      const std::uint64_t segment = torch_caching::segment_size(size);
+      own_segments += n * static_cast<double>(segment);
+      if (!torch_caching::should_split(segment, size, false)) unsplit += n * static_cast<double>(segment - size);
+    }
   }
   static constexpr std::uint64_t up(double x) noexcept {
     const auto v = static_cast<std::uint64_t>(x);
     return static_cast<double>(v) < x ? v + 1 : v;
-  }
-  static constexpr std::uint64_t whole(double bytes, std::uint64_t segment) noexcept {
-    const std::uint64_t b = up(bytes);
-    return (b + segment - 1) / segment * segment;
   }
 };
 

@@ -6,6 +6,7 @@
 // at the even index in the high nibble (as bitsandbytes and torchao pack them).
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstdint>
@@ -389,21 +390,19 @@ __attribute__((target("avx512f"))) inline std::int64_t dequantize_codes_avx512(c
   std::int64_t e = 0;
   const __m512 scale = _mm512_set1_ps(absmax);
   if constexpr (Bits == 8) {
-    // The 256-entry lookup from registers (a gather costs more): eight 32-entry permutes on the code's
-    // low 5 bits, then a selection tree on bits 5, 6 and 7.
-    __m512 entries[16];
-    for (int j = 0; j < 16; ++j) entries[j] = _mm512_loadu_ps(table + 16 * j);
-    for (const std::int64_t end = count - count % 16; e < end; e += 16) {
-      const __m512i index = _mm512_maskz_cvtepu8_epi32(0xffff, _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + first + e)));
-      __m512 part[8];
-      for (int k = 0; k < 8; ++k) part[k] = _mm512_permutex2var_ps(entries[2 * k], index, entries[2 * k + 1]);
-      const __mmask16 bit5 = _mm512_test_epi32_mask(index, _mm512_set1_epi32(32));
-      const __mmask16 bit6 = _mm512_test_epi32_mask(index, _mm512_set1_epi32(64));
-      const __mmask16 bit7 = _mm512_test_epi32_mask(index, _mm512_set1_epi32(128));
-      for (int k = 0; k < 4; ++k) part[k] = _mm512_mask_blend_ps(bit5, part[2 * k], part[2 * k + 1]);
-      for (int k = 0; k < 2; ++k) part[k] = _mm512_mask_blend_ps(bit6, part[2 * k], part[2 * k + 1]);
-      _mm512_storeu_ps(out + e, _mm512_mul_ps(_mm512_mask_blend_ps(bit7, part[0], part[1]), scale));
+    // Scalar loads of the entries (4 at a time, kept from becoming a gather), then the scaling 16 at a time in
+    // place: on a Cascade Lake this took 0.46 ns/value against 0.54 for a register lookup (8 two-table
+    // permutes and a 3-level blend tree per 16 codes) and 1.3 for 8-lane gathers.
+    const std::int64_t end = count - count % 16;
+    for (; e < end; e += 4) {
+      unsigned c0 = codes[first + e], c1 = codes[first + e + 1], c2 = codes[first + e + 2], c3 = codes[first + e + 3];
+      asm("" : "+r"(c0), "+r"(c1), "+r"(c2), "+r"(c3));
+      out[e] = table[c0];
+      out[e + 1] = table[c1];
+      out[e + 2] = table[c2];
+      out[e + 3] = table[c3];
     }
+    for (std::int64_t k = 0; k < end; k += 16) _mm512_storeu_ps(out + k, _mm512_mul_ps(_mm512_loadu_ps(out + k), scale));
   } else if ((first & 1) == 0) {  // 16 codes in 8 bytes, the even element in the high nibble
     const __m512 entries = _mm512_loadu_ps(table);
     for (const std::int64_t end = count - count % 16; e < end; e += 16) {
@@ -424,11 +423,19 @@ __attribute__((target("avx2,fma"))) inline std::int64_t dequantize_codes_avx2(co
   std::int64_t e = 0;
   const __m256 scale = _mm256_set1_ps(absmax);
   if constexpr (Bits == 8) {
-    // AVX2 has no 256-entry permute; an 8-lane gather is cheaper than the 32-permute tree it would take.
-    for (const std::int64_t end = count - count % 8; e < end; e += 8) {
-      const __m256i index = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes + first + e)));
-      _mm256_storeu_ps(out + e, _mm256_mul_ps(_mm256_i32gather_ps(table, index, 4), scale));
+    // AVX2 has no 256-entry permute, and an 8-lane gather took ~28 cycles on a Cascade Lake (slower than the
+    // scalar loads it replaces): the entries are loaded one by one (4 at a time, kept from becoming a gather),
+    // then scaled 8 at a time in place.
+    const std::int64_t end = count - count % 8;
+    for (; e < end; e += 4) {
+      unsigned c0 = codes[first + e], c1 = codes[first + e + 1], c2 = codes[first + e + 2], c3 = codes[first + e + 3];
+      asm("" : "+r"(c0), "+r"(c1), "+r"(c2), "+r"(c3));
+      out[e] = table[c0];
+      out[e + 1] = table[c1];
+      out[e + 2] = table[c2];
+      out[e + 3] = table[c3];
     }
+    for (std::int64_t k = 0; k < end; k += 8) _mm256_storeu_ps(out + k, _mm256_mul_ps(_mm256_loadu_ps(out + k), scale));
   } else if ((first & 1) == 0) {  // 16 codes in 8 bytes, the even element in the high nibble
     const __m256 low_half = _mm256_loadu_ps(table), high_half = _mm256_loadu_ps(table + 8);
     for (const std::int64_t end = count - count % 16; e < end; e += 16) {
@@ -501,53 +508,88 @@ inline void table16_midpoints(const float* table, float* midpoints) noexcept {
   midpoints[15] = std::numeric_limits<float>::infinity();
 }
 
+// nearest_in_table<16>'s code is also the number of midpoints (table16_midpoints) below x: each midpoint lies
+// strictly between its two entries, so x >= table[k] passes the midpoints below k, and NaN passes none. That
+// count is a 4-step binary search over the midpoints padded with +Inf; step s probes midpoint c + s - 1, kept
+// at index c of a shifted copy, so a step is one permute. Four vectors are searched at once (a search is a
+// chain of dependent permutes and compares).
+__attribute__((target("avx512f"))) inline __m512i count_below_avx512(__m512 x, __m512 m7, __m512 s4, __m512 s2,
+                                                                      __m512 s1) noexcept {
+  __m512i c = _mm512_maskz_mov_epi32(_mm512_cmp_ps_mask(x, m7, _CMP_GT_OQ), _mm512_set1_epi32(8));
+  c = _mm512_mask_add_epi32(c, _mm512_cmp_ps_mask(x, _mm512_maskz_permutexvar_ps(0xffff, c, s4), _CMP_GT_OQ), c, _mm512_set1_epi32(4));
+  c = _mm512_mask_add_epi32(c, _mm512_cmp_ps_mask(x, _mm512_maskz_permutexvar_ps(0xffff, c, s2), _CMP_GT_OQ), c, _mm512_set1_epi32(2));
+  return _mm512_mask_add_epi32(c, _mm512_cmp_ps_mask(x, _mm512_maskz_permutexvar_ps(0xffff, c, s1), _CMP_GT_OQ), c, _mm512_set1_epi32(1));
+}
+
 __attribute__((target("avx512f"))) inline std::int64_t table16_codes_avx512(const float* table, const float* values,
                                                                            float inverse, std::int64_t count,
                                                                            std::uint8_t* codes) noexcept {
   std::int64_t e = 0;
   float midpoints[16];
   table16_midpoints(table, midpoints);
-  const __m512 middle = _mm512_loadu_ps(midpoints), entries = _mm512_loadu_ps(table);
+  const __m512 middle = _mm512_loadu_ps(midpoints);
+  const __m512 m7 = _mm512_set1_ps(midpoints[7]);
+  const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  const __m512i last = _mm512_set1_epi32(15);
+  const __m512 s4 = _mm512_maskz_permutexvar_ps(0xffff, _mm512_maskz_min_epu32(0xffff, _mm512_add_epi32(lane, _mm512_set1_epi32(3)), last), middle);
+  const __m512 s2 = _mm512_maskz_permutexvar_ps(0xffff, _mm512_maskz_min_epu32(0xffff, _mm512_add_epi32(lane, _mm512_set1_epi32(1)), last), middle);
   const __m512 scale = _mm512_set1_ps(inverse);
-  const __m512i one = _mm512_set1_epi32(1);
+  for (; e + 64 <= count; e += 64) {
+    __m512i c[4];
+#pragma GCC unroll 4
+    for (int u = 0; u < 4; ++u)
+      c[u] = count_below_avx512(_mm512_mul_ps(_mm512_loadu_ps(values + e + 16 * u), scale), m7, s4, s2, middle);
+#pragma GCC unroll 4
+    for (int u = 0; u < 4; ++u)
+      _mm_storel_epi64(reinterpret_cast<__m128i*>(codes + (e + 16 * u) / 2),
+                       pack_nibble_pairs(_mm512_maskz_cvtepi32_epi8(0xffff, c[u])));
+  }
   for (const std::int64_t end = count - count % 16; e < end; e += 16) {
-    const __m512 x = _mm512_mul_ps(_mm512_loadu_ps(values + e), scale);
-    __m512i low = _mm512_setzero_si512();
-    for (int half = 8; half > 0; half >>= 1) {  // nearest_in_table's search, the table in a register
-      const __m512i step = _mm512_set1_epi32(half);
-      const __m512 probe = _mm512_maskz_permutexvar_ps(0xffff, _mm512_add_epi32(low, step), entries);
-      low = _mm512_mask_add_epi32(low, _mm512_cmp_ps_mask(probe, x, _CMP_LE_OQ), low, step);
-    }
-    const __mmask16 up = _mm512_cmp_ps_mask(x, _mm512_maskz_permutexvar_ps(0xffff, low, middle), _CMP_GT_OQ);
-    _mm_storel_epi64(reinterpret_cast<__m128i*>(codes + e / 2),
-                     pack_nibble_pairs(_mm512_maskz_cvtepi32_epi8(0xffff, _mm512_mask_add_epi32(low, up, low, one))));
+    const __m512i c = count_below_avx512(_mm512_mul_ps(_mm512_loadu_ps(values + e), scale), m7, s4, s2, middle);
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(codes + e / 2), pack_nibble_pairs(_mm512_maskz_cvtepi32_epi8(0xffff, c)));
   }
   return e;
+}
+
+// count_below_avx512's AVX2 sibling for 8 values: the same search, holding c / 2 so that every probe is one
+// 8-entry permute (h4, h2, h1: the midpoints probed at steps 4, 2, 1 for c = 0, 2, .., 14); the last
+// comparison gives the count's low bit.
+__attribute__((target("avx2,fma"))) inline __m256i count_below_avx2(__m256 x, __m256 m7, __m256 h4, __m256 h2,
+                                                                   __m256 h1) noexcept {
+  const __m256i four = _mm256_set1_epi32(4), two = _mm256_set1_epi32(2), one = _mm256_set1_epi32(1);
+  __m256i half = _mm256_and_si256(_mm256_castps_si256(_mm256_cmp_ps(x, m7, _CMP_GT_OQ)), four);
+  half = _mm256_add_epi32(half, _mm256_and_si256(_mm256_castps_si256(_mm256_cmp_ps(x, _mm256_permutevar8x32_ps(h4, half), _CMP_GT_OQ)), two));
+  half = _mm256_add_epi32(half, _mm256_and_si256(_mm256_castps_si256(_mm256_cmp_ps(x, _mm256_permutevar8x32_ps(h2, half), _CMP_GT_OQ)), one));
+  return _mm256_add_epi32(_mm256_add_epi32(half, half),
+                          _mm256_and_si256(_mm256_castps_si256(_mm256_cmp_ps(x, _mm256_permutevar8x32_ps(h1, half), _CMP_GT_OQ)), one));
 }
 
 __attribute__((target("avx2,fma"))) inline std::int64_t table16_codes_avx2(const float* table, const float* values,
                                                                           float inverse, std::int64_t count,
                                                                           std::uint8_t* codes) noexcept {
   std::int64_t e = 0;
-  float midpoints[16];
+  float midpoints[16], h4[8], h2[8], h1[8];
   table16_midpoints(table, midpoints);
-  const __m256 entries_low = _mm256_loadu_ps(table), entries_high = _mm256_loadu_ps(table + 8);
-  const __m256 middle_low = _mm256_loadu_ps(midpoints), middle_high = _mm256_loadu_ps(midpoints + 8);
+  for (int j = 0; j < 8; ++j) {  // the probes of c = 2j at steps 4, 2, 1: midpoints c + 3, c + 1, c
+    h4[j] = midpoints[std::min(2 * j + 3, 15)];
+    h2[j] = midpoints[2 * j + 1];
+    h1[j] = midpoints[2 * j];
+  }
+  const __m256 m7 = _mm256_set1_ps(midpoints[7]);
+  const __m256 t4 = _mm256_loadu_ps(h4), t2 = _mm256_loadu_ps(h2), t1 = _mm256_loadu_ps(h1);
   const __m256 scale = _mm256_set1_ps(inverse);
+  for (const std::int64_t end = count - count % 32; e < end; e += 32) {
+    __m256i c[4];
+#pragma GCC unroll 4
+    for (int u = 0; u < 4; ++u) c[u] = count_below_avx2(_mm256_mul_ps(_mm256_loadu_ps(values + e + 8 * u), scale), m7, t4, t2, t1);
+    for (int pair = 0; pair < 2; ++pair)
+      _mm_storel_epi64(reinterpret_cast<__m128i*>(codes + (e + 16 * pair) / 2),
+                       pack_nibble_pairs(_mm_unpacklo_epi64(low_bytes_avx2(c[2 * pair]), low_bytes_avx2(c[2 * pair + 1]))));
+  }
   for (const std::int64_t end = count - count % 16; e < end; e += 16) {
-    __m128i bytes[2];
-    for (int part = 0; part < 2; ++part) {
-      const __m256 x = _mm256_mul_ps(_mm256_loadu_ps(values + e + 8 * part), scale);
-      __m256i low = _mm256_setzero_si256();
-      for (int half = 8; half > 0; half >>= 1) {  // nearest_in_table's search, the table in two registers
-        const __m256i step = _mm256_set1_epi32(half);
-        const __m256 probe = lookup16_avx2(entries_low, entries_high, _mm256_add_epi32(low, step));
-        low = _mm256_add_epi32(low, _mm256_and_si256(_mm256_castps_si256(_mm256_cmp_ps(probe, x, _CMP_LE_OQ)), step));
-      }
-      const __m256 up = _mm256_cmp_ps(x, lookup16_avx2(middle_low, middle_high, low), _CMP_GT_OQ);
-      bytes[part] = low_bytes_avx2(_mm256_sub_epi32(low, _mm256_castps_si256(up)));
-    }
-    _mm_storel_epi64(reinterpret_cast<__m128i*>(codes + e / 2), pack_nibble_pairs(_mm_unpacklo_epi64(bytes[0], bytes[1])));
+    const __m256i c0 = count_below_avx2(_mm256_mul_ps(_mm256_loadu_ps(values + e), scale), m7, t4, t2, t1);
+    const __m256i c1 = count_below_avx2(_mm256_mul_ps(_mm256_loadu_ps(values + e + 8), scale), m7, t4, t2, t1);
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(codes + e / 2), pack_nibble_pairs(_mm_unpacklo_epi64(low_bytes_avx2(c0), low_bytes_avx2(c1))));
   }
   return e;
 }

@@ -10,14 +10,16 @@
 // The per-element math (encode, decode, reciprocal) is written once, MEMKIT_HOST_DEVICE, and both the host
 // loops and the CUDA kernels call it, so both paths produce identical bytes.
 //
-// Non-finite input: the host path throws memkit::error naming the tensor, the element and the block, and
-// writes nothing. The CUDA path cannot throw without synchronizing, so it marks the offending block by
-// storing NaN as its absmax (every value of that block then decodes to NaN, never to silent garbage);
+// Non-finite input: the host path throws memkit::error naming the tensor, the element and the block; it
+// checks each group of blocks (up to max_block_size values) in the same pass that finds their absmax, before
+// writing any of the group, so the input is read once (groups before the offending one are already written).
+// The CUDA path cannot throw without synchronizing, so it marks the offending block by storing NaN as its absmax (every value of that block then decodes to NaN, never to silent garbage);
 // find_nonfinite_block() locates it after the stream is synchronized (quantized_tensor does this for you).
 #pragma once
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cmath>
 #include <limits>
 #include <cstdint>
@@ -33,6 +35,7 @@
 #include "memkit/core/units.hpp"
 #include "memkit/memory/resource.hpp"
 #include "memkit/core/host_simd.hpp"
+#include "memkit/core/host_threads.hpp"
 #include "memkit/quant/codebooks.hpp"
 #include "memkit/quant/dynamic_index.hpp"
 
@@ -299,51 +302,131 @@ inline constexpr std::array<float, 16> padded_thresholds = [] {
   return padded;
 }();
 
-// 4-bit encoding of `pairs` value pairs (a multiple of 8), 16 values per step: the value times the block
-// reciprocal (one IEEE multiply), then encode<F>'s threshold count by binary search (padded_thresholds),
-// then two codes per byte. Same codes as the scalar loop; the tests compare them.
-// The zero-masked intrinsics avoid GCC 12's warning about the unmasked ones' undefined operand.
+// The binary search over padded_thresholds<F> probes, at the step of size s, the entry code + s - 1, where
+// `code` has only bits of weight >= 2s set. These tables hold that entry at index `code` (step 4, 2, 1; the
+// first step compares with one broadcast threshold), so each step is one permute and no index arithmetic.
+template <format F>
+inline constexpr std::array<std::array<float, 16>, 3> step_tables = [] {
+  std::array<std::array<float, 16>, 3> tables{};
+  const int steps[3] = {4, 2, 1};
+  for (int t = 0; t < 3; ++t)
+    for (int c = 0; c < 16; ++c) {
+      const int probe = c + steps[t] - 1;
+      tables[static_cast<std::size_t>(t)][static_cast<std::size_t>(c)] =
+          padded_thresholds<F>[static_cast<std::size_t>(probe < 16 ? probe : 15)];
+    }
+  return tables;
+}();
+
+// The same tables for the AVX2 search, which keeps `code / 2` (0..7) to index one 8-entry permute:
+// entry j of table t is the probe of code 2j.
+template <format F>
+inline constexpr std::array<std::array<float, 8>, 3> half_step_tables = [] {
+  std::array<std::array<float, 8>, 3> tables{};
+  for (int t = 0; t < 3; ++t)
+    for (int j = 0; j < 8; ++j)
+      tables[static_cast<std::size_t>(t)][static_cast<std::size_t>(j)] =
+          step_tables<F>[static_cast<std::size_t>(t)][static_cast<std::size_t>(2 * j)];
+  return tables;
+}();
+
+// 16 values widened to fp32 (exactly, as to_float does).
+template <class T>
+__attribute__((target("avx512f,avx512bw"))) inline __m512 load16_as_float_avx512(const T* values) noexcept {
+  if constexpr (std::is_same_v<T, float>) {
+    return _mm512_loadu_ps(values);
+  } else if constexpr (std::is_same_v<T, bf16>) {
+    const __m512i wide = _mm512_maskz_cvtepu16_epi32(0xffff, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(values)));
+    return _mm512_castsi512_ps(_mm512_maskz_slli_epi32(0xffff, wide, 16));
+  } else {
+    return _mm512_maskz_cvtph_ps(0xffff, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(values)));
+  }
+}
+
+// The AVX-512 encoder's tables. Cut [-1, 1) (NF4) or the magnitudes [0, 1) (FP4) into cells of width 1/16:
+// none holds more than one threshold (the thresholds are further apart), so the code of x is the count of
+// thresholds below x's cell plus x > (the cell's threshold, or +Inf). The thresholds are kept times 16,
+// compared with 16 * x (both exact: a power of two), whose floor is the cell.
+struct four_bit_cells {
+  std::array<float, 32> threshold16{};  // 16 * the threshold inside the cell, or +Inf
+  std::array<std::int32_t, 32> base{};  // thresholds below the cell
+};
+
+template <format F>
+inline constexpr four_bit_cells cells = [] {
+  four_bit_cells t;
+  const int count = F == format::nf4 ? 15 : 7;
+  for (int cell = 0; cell < 32; ++cell) {
+    const double low = F == format::nf4 ? (cell - 16) / 16.0 : cell / 16.0, high = low + 1.0 / 16.0;
+    int inside = 0;
+    t.threshold16[static_cast<std::size_t>(cell)] = std::numeric_limits<float>::infinity();
+    for (int k = 0; k < count; ++k) {
+      const double threshold = padded_thresholds<F>[static_cast<std::size_t>(k)];
+      if (threshold < low) ++t.base[static_cast<std::size_t>(cell)];
+      else if (threshold < high) {
+        t.threshold16[static_cast<std::size_t>(cell)] = padded_thresholds<F>[static_cast<std::size_t>(k)] * 16.0f;
+        ++inside;
+      }
+    }
+    if (inside > 1) throw "memkit: two 4-bit thresholds in one cell";  // not a constant expression: no build
+  }
+  return t;
+}();
+
+// encode<F>'s codes of 16 values already multiplied by the reciprocal, in int32 lanes. The cell's floor is
+// taken of 16 * x clamped to [-16, 15.5] (NF4) or [0, 15.5] (FP4 magnitudes): +-Inf land in the end cells, NaN
+// (vmaxps returns the bound) in the first, whose code 0 no NaN exceeds, as in encode<F>'s strict `>`.
+template <format F>
+__attribute__((target("avx512f,avx512bw"))) inline __m512i codes16_avx512(__m512 normalized) noexcept {
+  const __m512 x = F == format::nf4 ? normalized
+                                    : _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(normalized),
+                                                                           _mm512_set1_epi32(0x7fffffff)));
+  const __m512 y = _mm512_mul_ps(x, _mm512_set1_ps(16.0f));
+  const __m512 clamped = _mm512_maskz_min_ps(0xffff, _mm512_maskz_max_ps(0xffff, y, _mm512_set1_ps(F == format::nf4 ? -16.0f : 0.0f)),
+                                       _mm512_set1_ps(15.5f));
+  __m512i cell = _mm512_maskz_cvt_roundps_epi32(0xffff, clamped, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+  __m512 threshold;
+  __m512i code;
+  if constexpr (F == format::nf4) {
+    cell = _mm512_add_epi32(cell, _mm512_set1_epi32(16));
+    threshold = _mm512_permutex2var_ps(_mm512_loadu_ps(cells<F>.threshold16.data()), cell,
+                                       _mm512_loadu_ps(cells<F>.threshold16.data() + 16));
+    code = _mm512_permutex2var_epi32(_mm512_loadu_si512(cells<F>.base.data()), cell,
+                                     _mm512_loadu_si512(cells<F>.base.data() + 16));
+  } else {
+    threshold = _mm512_maskz_permutexvar_ps(0xffff, cell, _mm512_loadu_ps(cells<F>.threshold16.data()));
+    code = _mm512_maskz_permutexvar_epi32(0xffff, cell, _mm512_loadu_si512(cells<F>.base.data()));
+  }
+  code = _mm512_mask_add_epi32(code, _mm512_cmp_ps_mask(y, threshold, _CMP_GT_OQ), code, _mm512_set1_epi32(1));
+  if constexpr (F == format::fp4) {
+    // Magnitude rank 0..7 to FP4 bits (flip bit 2 where bit 1 is set), the sign in bit 3.
+    code = _mm512_xor_si512(code, _mm512_maskz_slli_epi32(0xffff, _mm512_and_si512(code, _mm512_set1_epi32(2)), 1));
+    code = _mm512_mask_or_epi32(code, _mm512_cmp_ps_mask(normalized, _mm512_setzero_ps(), _CMP_LT_OQ), code,
+                                _mm512_set1_epi32(8));
+  }
+  return code;
+}
+
+// 4-bit encoding of `blocks` whole blocks of `block_size` values (a multiple of 16), block b scaled by
+// reciprocals[b] (one IEEE multiply per value), two codes per byte, the even value in the high nibble.
+// Same codes as the scalar loop; the tests compare them.
+// `ahead` points as far past `values` as the next group starts (or at `values` for the last group): its
+// lines are prefetched while this group is encoded, so that reading the next group overlaps this work.
 template <format F, class T>
-__attribute__((target("avx512f,avx512bw"))) void encode4_avx512(const T* values, std::int64_t pairs, float reciprocal,
-                                                               std::uint8_t* out) noexcept {
-  constexpr int first_step = F == format::nf4 ? 8 : 4;  // 15 or 7 thresholds
-  const __m512 thresholds = _mm512_loadu_ps(padded_thresholds<F>.data());
-  const __m512 scale = _mm512_set1_ps(reciprocal);
-  for (std::int64_t p = 0; p < pairs; p += 8) {
-    __m512 x;
-    if constexpr (std::is_same_v<T, float>) {
-      x = _mm512_loadu_ps(values + 2 * p);
-    } else if constexpr (std::is_same_v<T, bf16>) {
-      const __m512i wide = _mm512_maskz_cvtepu16_epi32(0xffff, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(values + 2 * p)));
-      x = _mm512_castsi512_ps(_mm512_maskz_slli_epi32(0xffff, wide, 16));
-    } else {
-      x = _mm512_maskz_cvtph_ps(0xffff, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(values + 2 * p)));
+__attribute__((target("avx512f,avx512bw"))) void encode4_blocks_avx512(const T* values, std::int64_t blocks,
+                                                                      std::int64_t block_size, const float* reciprocals,
+                                                                      std::uint8_t* out, const T* ahead) noexcept {
+  for (std::int64_t b = 0; b < blocks; ++b) {
+    const __m512 scale = _mm512_set1_ps(reciprocals[b]);
+    const T* block = values + b * block_size;
+    std::uint8_t* block_out = out + b * block_size / 2;
+    for (std::int64_t i = 0; i < block_size; i += 16) {
+      _mm_prefetch(reinterpret_cast<const char*>(ahead + b * block_size + i), _MM_HINT_T0);
+      const __m512i code = codes16_avx512<F>(_mm512_mul_ps(load16_as_float_avx512(block + i), scale));
+      // As 64-bit lanes (even code low, odd code high): even << 4 | odd in each lane's low byte.
+      const __m512i pairs = _mm512_or_si512(_mm512_maskz_slli_epi64(0xff, code, 4), _mm512_maskz_srli_epi64(0xff, code, 32));
+      _mm_storel_epi64(reinterpret_cast<__m128i*>(block_out + i / 2), _mm512_maskz_cvtepi64_epi8(0xff, pairs));
     }
-    const __m512 normalized = _mm512_mul_ps(x, scale);
-    __m512i code = _mm512_setzero_si512();
-    if constexpr (F == format::nf4) {
-      for (int step = first_step; step > 0; step >>= 1) {
-        const __m512i probe = _mm512_add_epi32(code, _mm512_set1_epi32(step - 1));
-        const __mmask16 above = _mm512_cmp_ps_mask(normalized, _mm512_maskz_permutexvar_ps(0xffff, probe, thresholds), _CMP_GT_OQ);
-        code = _mm512_mask_add_epi32(code, above, code, _mm512_set1_epi32(step));
-      }
-    } else {
-      const __m512 magnitude = _mm512_castsi512_ps(
-          _mm512_and_si512(_mm512_castps_si512(normalized), _mm512_set1_epi32(0x7fffffff)));
-      for (int step = first_step; step > 0; step >>= 1) {
-        const __m512i probe = _mm512_add_epi32(code, _mm512_set1_epi32(step - 1));
-        const __mmask16 above = _mm512_cmp_ps_mask(magnitude, _mm512_maskz_permutexvar_ps(0xffff, probe, thresholds), _CMP_GT_OQ);
-        code = _mm512_mask_add_epi32(code, above, code, _mm512_set1_epi32(step));
-      }
-      code = _mm512_xor_si512(code, _mm512_maskz_slli_epi32(0xffff, _mm512_and_si512(code, _mm512_set1_epi32(2)), 1));
-      const __mmask16 negative = _mm512_cmp_ps_mask(normalized, _mm512_setzero_ps(), _CMP_LT_OQ);
-      code = _mm512_mask_or_epi32(code, negative, code, _mm512_set1_epi32(8));
-    }
-    // 16 codes -> 16 bytes -> 8 bytes, the even value in the high nibble.
-    const __m128i bytes = _mm512_maskz_cvtepi32_epi8(0xffff, code);
-    const __m128i pairs16 = _mm_or_si128(_mm_slli_epi16(_mm_and_si128(bytes, _mm_set1_epi16(0x00ff)), 4),
-                                         _mm_srli_epi16(bytes, 8));
-    _mm_storel_epi64(reinterpret_cast<__m128i*>(out + p), _mm_packus_epi16(pairs16, _mm_setzero_si128()));
   }
 }
 
@@ -368,50 +451,124 @@ __attribute__((target("avx2,fma,f16c"))) inline __m256 load8_as_float_avx2(const
   }
 }
 
-// The entries of a 16-entry table, held as two 8-entry halves, at 8 indices 0..15 (bit 3 picks the half).
-__attribute__((target("avx2"))) inline __m256 lookup16_avx2(__m256 low_half, __m256 high_half, __m256i index) noexcept {
-  return _mm256_blendv_ps(_mm256_permutevar8x32_ps(low_half, index), _mm256_permutevar8x32_ps(high_half, index),
-                          _mm256_castsi256_ps(_mm256_slli_epi32(index, 28)));
+// `weight` in the lanes where x > probe, else 0.
+__attribute__((target("avx2"))) inline __m256i weight_above_avx2(__m256 x, __m256 probe, int weight) noexcept {
+  return _mm256_and_si256(_mm256_castps_si256(_mm256_cmp_ps(x, probe, _CMP_GT_OQ)), _mm256_set1_epi32(weight));
 }
 
-// encode4_avx512's AVX2 + FMA sibling, 16 values (two vectors of 8) per step: the same multiply, the same
-// binary search over the padded thresholds, the same codes.
+// codes16_avx512's AVX2 sibling for 8 values: the same binary search, holding code / 2 so that every probe
+// is one 8-entry permute of half_step_tables (the last step's comparison gives the code's low bit).
+template <format F>
+__attribute__((target("avx2,fma"))) inline __m256i codes8_avx2(__m256 normalized) noexcept {
+  const __m256 t4 = _mm256_loadu_ps(half_step_tables<F>[0].data()), t2 = _mm256_loadu_ps(half_step_tables<F>[1].data()),
+               t1 = _mm256_loadu_ps(half_step_tables<F>[2].data());
+  const __m256 x = F == format::nf4 ? normalized
+                                    : _mm256_and_ps(normalized, _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff)));
+  __m256i half;  // code / 2
+  if constexpr (F == format::nf4) {
+    half = weight_above_avx2(x, _mm256_set1_ps(padded_thresholds<F>[7]), 4);
+    half = _mm256_add_epi32(half, weight_above_avx2(x, _mm256_permutevar8x32_ps(t4, half), 2));
+  } else {
+    half = weight_above_avx2(x, _mm256_set1_ps(padded_thresholds<F>[3]), 2);
+  }
+  half = _mm256_add_epi32(half, weight_above_avx2(x, _mm256_permutevar8x32_ps(t2, half), 1));
+  __m256i code = _mm256_add_epi32(_mm256_add_epi32(half, half), weight_above_avx2(x, _mm256_permutevar8x32_ps(t1, half), 1));
+  if constexpr (F == format::fp4) {
+    code = _mm256_xor_si256(code, _mm256_slli_epi32(_mm256_and_si256(code, _mm256_set1_epi32(2)), 1));
+    const __m256i negative = _mm256_castps_si256(_mm256_cmp_ps(normalized, _mm256_setzero_ps(), _CMP_LT_OQ));
+    code = _mm256_or_si256(code, _mm256_and_si256(negative, _mm256_set1_epi32(8)));
+  }
+  return code;
+}
+
+// encode4_blocks_avx512's AVX2 + FMA sibling, 16 values (two vectors of 8) per step: the same multiply,
+// the same search, the same codes.
 template <format F, class T>
-__attribute__((target("avx2,fma,f16c"))) void encode4_avx2(const T* values, std::int64_t pairs, float reciprocal,
-                                                          std::uint8_t* out) noexcept {
-  constexpr int first_step = F == format::nf4 ? 8 : 4;  // 15 or 7 thresholds
-  const __m256 low_half = _mm256_loadu_ps(padded_thresholds<F>.data());
-  const __m256 high_half = _mm256_loadu_ps(padded_thresholds<F>.data() + 8);
-  const __m256 scale = _mm256_set1_ps(reciprocal);
-  for (std::int64_t p = 0; p < pairs; p += 8) {
-    __m128i bytes[2];
-    for (int half = 0; half < 2; ++half) {
-      const __m256 normalized = _mm256_mul_ps(load8_as_float_avx2(values + 2 * p + 8 * half), scale);
-      __m256i code = _mm256_setzero_si256();
-      if constexpr (F == format::nf4) {
-        for (int step = first_step; step > 0; step >>= 1) {
-          const __m256i probe = _mm256_add_epi32(code, _mm256_set1_epi32(step - 1));
-          const __m256 above = _mm256_cmp_ps(normalized, lookup16_avx2(low_half, high_half, probe), _CMP_GT_OQ);
-          code = _mm256_add_epi32(code, _mm256_and_si256(_mm256_castps_si256(above), _mm256_set1_epi32(step)));
-        }
-      } else {
-        const __m256 magnitude = _mm256_and_ps(normalized, _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff)));
-        for (int step = first_step; step > 0; step >>= 1) {  // 8 thresholds: the low half is enough
-          const __m256i probe = _mm256_add_epi32(code, _mm256_set1_epi32(step - 1));
-          const __m256 above = _mm256_cmp_ps(magnitude, _mm256_permutevar8x32_ps(low_half, probe), _CMP_GT_OQ);
-          code = _mm256_add_epi32(code, _mm256_and_si256(_mm256_castps_si256(above), _mm256_set1_epi32(step)));
-        }
-        code = _mm256_xor_si256(code, _mm256_slli_epi32(_mm256_and_si256(code, _mm256_set1_epi32(2)), 1));
-        const __m256i negative = _mm256_castps_si256(_mm256_cmp_ps(normalized, _mm256_setzero_ps(), _CMP_LT_OQ));
-        code = _mm256_or_si256(code, _mm256_and_si256(negative, _mm256_set1_epi32(8)));
-      }
-      bytes[half] = low_bytes_of_lanes_avx2(code);
+__attribute__((target("avx2,fma,f16c"))) void encode4_blocks_avx2(const T* values, std::int64_t blocks,
+                                                                 std::int64_t block_size, const float* reciprocals,
+                                                                 std::uint8_t* out, const T* ahead) noexcept {
+  for (std::int64_t b = 0; b < blocks; ++b) {
+    const __m256 scale = _mm256_set1_ps(reciprocals[b]);
+    const T* block = values + b * block_size;
+    std::uint8_t* block_out = out + b * block_size / 2;
+    for (std::int64_t i = 0; i < block_size; i += 16) {
+      _mm_prefetch(reinterpret_cast<const char*>(ahead + b * block_size + i), _MM_HINT_T0);
+      const __m128i codes16 =
+          _mm_unpacklo_epi64(low_bytes_of_lanes_avx2(codes8_avx2<F>(_mm256_mul_ps(load8_as_float_avx2(block + i), scale))),
+                             low_bytes_of_lanes_avx2(codes8_avx2<F>(_mm256_mul_ps(load8_as_float_avx2(block + i + 8), scale))));
+      // 16 codes -> 8 bytes, the even value in the high nibble.
+      const __m128i pairs16 = _mm_or_si128(_mm_slli_epi16(_mm_and_si128(codes16, _mm_set1_epi16(0x00ff)), 4),
+                                           _mm_srli_epi16(codes16, 8));
+      _mm_storel_epi64(reinterpret_cast<__m128i*>(block_out + i / 2), _mm_packus_epi16(pairs16, _mm_setzero_si128()));
     }
-    // 16 codes -> 8 bytes, the even value in the high nibble.
-    const __m128i codes16 = _mm_unpacklo_epi64(bytes[0], bytes[1]);
-    const __m128i pairs16 = _mm_or_si128(_mm_slli_epi16(_mm_and_si128(codes16, _mm_set1_epi16(0x00ff)), 4),
-                                         _mm_srli_epi16(codes16, 8));
-    _mm_storel_epi64(reinterpret_cast<__m128i*>(out + p), _mm_packus_epi16(pairs16, _mm_setzero_si128()));
+  }
+}
+
+// max_magnitude_bits of each of `blocks` whole blocks of `block_size` values (a multiple of 32), into bits[].
+template <class T>
+__attribute__((target("avx512f,avx512bw"))) void block_max_bits_avx512(const T* values, std::int64_t blocks,
+                                                                      std::int64_t block_size, std::uint32_t* bits) noexcept {
+  for (std::int64_t b = 0; b < blocks; ++b) {
+    const T* block = values + b * block_size;
+    if constexpr (sizeof(T) == 4) {
+      const __m512i magnitude = _mm512_set1_epi32(0x7fffffff);
+      __m512i a = _mm512_setzero_si512(), c = _mm512_setzero_si512();
+      for (std::int64_t i = 0; i < block_size; i += 32) {
+        a = _mm512_maskz_max_epu32(0xffff, a, _mm512_and_si512(_mm512_loadu_si512(block + i), magnitude));
+        c = _mm512_maskz_max_epu32(0xffff, c, _mm512_and_si512(_mm512_loadu_si512(block + i + 16), magnitude));
+      }
+      a = _mm512_maskz_max_epu32(0xffff, a, c);
+      __m256i h = _mm256_max_epu32(_mm512_maskz_extracti64x4_epi64(0xff, a, 0), _mm512_maskz_extracti64x4_epi64(0xff, a, 1));
+      __m128i q = _mm_max_epu32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+      q = _mm_max_epu32(q, _mm_shuffle_epi32(q, 0x4e));
+      q = _mm_max_epu32(q, _mm_shuffle_epi32(q, 0xb1));
+      bits[b] = static_cast<std::uint32_t>(_mm_cvtsi128_si32(q));
+    } else {
+      // 16-bit formats: the maximum over magnitude patterns (their order is the values' order), widened once.
+      const __m512i magnitude = _mm512_set1_epi16(0x7fff);
+      __m512i a = _mm512_setzero_si512();
+      for (std::int64_t i = 0; i < block_size; i += 32)
+        a = _mm512_maskz_max_epu16(0xffffffff, a, _mm512_and_si512(_mm512_loadu_si512(block + i), magnitude));
+      const __m256i h = _mm256_max_epu16(_mm512_maskz_extracti64x4_epi64(0xff, a, 0), _mm512_maskz_extracti64x4_epi64(0xff, a, 1));
+      const __m128i q = _mm_max_epu16(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+      // The maximum of 8 words is the complement of the minimum of their complements.
+      const __m128i ones = _mm_set1_epi32(-1);
+      const auto largest = static_cast<std::uint16_t>(~_mm_cvtsi128_si32(_mm_minpos_epu16(_mm_xor_si128(q, ones))));
+      bits[b] = ::memkit::detail::bit_cast<std::uint32_t>(to_float(::memkit::detail::bit_cast<T>(largest))) & 0x7fffffffu;
+    }
+  }
+}
+
+template <class T>
+__attribute__((target("avx2"))) void block_max_bits_avx2(const T* values, std::int64_t blocks, std::int64_t block_size,
+                                                         std::uint32_t* bits) noexcept {
+  for (std::int64_t b = 0; b < blocks; ++b) {
+    const T* block = values + b * block_size;
+    __m128i q;
+    if constexpr (sizeof(T) == 4) {
+      const __m256i magnitude = _mm256_set1_epi32(0x7fffffff);
+      __m256i a = _mm256_setzero_si256(), c = _mm256_setzero_si256();
+      for (std::int64_t i = 0; i < block_size; i += 16) {
+        a = _mm256_max_epu32(a, _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + i)), magnitude));
+        c = _mm256_max_epu32(c, _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + i + 8)), magnitude));
+      }
+      a = _mm256_max_epu32(a, c);
+      q = _mm_max_epu32(_mm256_castsi256_si128(a), _mm256_extracti128_si256(a, 1));
+      q = _mm_max_epu32(q, _mm_shuffle_epi32(q, 0x4e));
+      q = _mm_max_epu32(q, _mm_shuffle_epi32(q, 0xb1));
+      bits[b] = static_cast<std::uint32_t>(_mm_cvtsi128_si32(q));
+    } else {
+      const __m256i magnitude = _mm256_set1_epi16(0x7fff);
+      __m256i a = _mm256_setzero_si256(), c = _mm256_setzero_si256();
+      for (std::int64_t i = 0; i < block_size; i += 32) {
+        a = _mm256_max_epu16(a, _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + i)), magnitude));
+        c = _mm256_max_epu16(c, _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + i + 16)), magnitude));
+      }
+      a = _mm256_max_epu16(a, c);
+      q = _mm_max_epu16(_mm256_castsi256_si128(a), _mm256_extracti128_si256(a, 1));
+      const auto largest = static_cast<std::uint16_t>(~_mm_cvtsi128_si32(_mm_minpos_epu16(_mm_xor_si128(q, _mm_set1_epi32(-1)))));
+      bits[b] = ::memkit::detail::bit_cast<std::uint32_t>(to_float(::memkit::detail::bit_cast<T>(largest))) & 0x7fffffffu;
+    }
   }
 }
 
@@ -507,40 +664,66 @@ inline bool is_signed_dynamic_map(const float* map) noexcept {
   return true;
 }
 
-// Per block: the absmax pass (max_magnitude_bits, which the finiteness check has already read), then the
-// codes of value * reciprocal while the block is in L1. The vector encoders are chosen at run time
-// (core/host_simd.hpp); int8 with the signed dynamic map takes the indexed encoder. Every path gives the
-// codes of encode<F> (tests/host/quant_blockwise_test.cpp compares them on each instruction set).
+// Quantizes blocks [first_block, last_block) in one pass over the input, in groups of up to max_block_size
+// values: per group, every block's largest magnitude (max_magnitude_bits, vectorized), which also tells whether
+// the group holds an Inf or NaN; then the blocks' absmax, reciprocals and codes while the group is in L1/L2.
+// Returns false at the first group holding a non-finite value, having written nothing of that group (earlier
+// groups are written). The vector kernels are chosen at run time (core/host_simd.hpp); int8 with the signed
+// dynamic map takes the indexed encoder. Every path gives the codes of encode<F>
+// (tests/host/quant_blockwise_test.cpp compares them on each instruction set).
 template <format F, float_storage T>
-void quantize_host(const T* input, std::int64_t numel, std::int64_t block_size, std::uint8_t* codes, float* absmax,
-                   const float* map) {
+bool quantize_host(const T* input, std::int64_t numel, std::int64_t block_size, std::int64_t first_block,
+                   std::int64_t last_block, std::uint8_t* codes, float* absmax, const float* map) {
 #if MEMKIT_QUANT_X86_SIMD
   const host_isa isa = host_isa_in_use();
 #endif
   const ::memkit::detail::dynamic_code_index* index = nullptr;
   if constexpr (F == format::int8)
     if (is_signed_dynamic_map(map)) index = &::memkit::detail::dynamic_code_index_for<true>();
-  // Blocks go in groups of up to max_block_size values: first every absmax and reciprocal of the group, then
-  // their codes. Block by block, each block's encoding would wait for its own absmax and division.
   constexpr std::int64_t group_values = max_block_size;
   const std::int64_t group_blocks = block_size < group_values ? group_values / block_size : 1;
+  std::uint32_t bits[group_values / min_block_size];
   float reciprocals[group_values / min_block_size];
-  for (std::int64_t first_block = 0; first_block * block_size < numel; first_block += group_blocks) {
-    const std::int64_t blocks = std::min(group_blocks, block_count(numel, block_size) - first_block);
-    for (std::int64_t g = 0; g < blocks; ++g) {
-      const std::int64_t begin = (first_block + g) * block_size;
-      const std::int64_t count = numel - begin < block_size ? numel - begin : block_size;
-      // Finite: checked before.
-      const float block_max = ::memkit::detail::bit_cast<float>(max_magnitude_bits(input + begin, count));
-      absmax[first_block + g] = block_max;
+  for (std::int64_t first = first_block; first < last_block; first += group_blocks) {
+    const std::int64_t blocks = std::min(group_blocks, last_block - first);
+    const std::int64_t group_begin = first * block_size;
+    const T* group = input + group_begin;
+    const std::int64_t whole = std::min(blocks, (numel - group_begin) / block_size);  // full-size blocks
+    std::int64_t g = 0;
+#if MEMKIT_QUANT_X86_SIMD
+    if (isa == host_isa::avx512) block_max_bits_avx512(group, g = whole, block_size, bits);
+    else if (isa == host_isa::avx2) block_max_bits_avx2(group, g = whole, block_size, bits);
+#endif
+    for (; g < blocks; ++g) {
+      const std::int64_t begin = group_begin + g * block_size;
+      bits[g] = max_magnitude_bits(input + begin, std::min(block_size, numel - begin));
+    }
+    std::uint32_t largest = 0;
+    for (g = 0; g < blocks; ++g) largest = bits[g] > largest ? bits[g] : largest;
+    if (largest >= infinity_bits) return false;
+    for (g = 0; g < blocks; ++g) {
+      const float block_max = ::memkit::detail::bit_cast<float>(bits[g]);
+      absmax[first + g] = block_max;
       reciprocals[g] = block_reciprocal(block_max);
     }
-    for (std::int64_t g = 0; g < blocks; ++g) {
-      const std::int64_t begin = (first_block + g) * block_size;
-      const std::int64_t count = numel - begin < block_size ? numel - begin : block_size;
+    g = 0;
+    // The next group of this range, read into the cache while this one is encoded (itself for the last one).
+    const T* ahead = first + group_blocks < last_block ? group + group_blocks * block_size : group;
+    (void)ahead;
+    if constexpr (F != format::int8) {
+#if MEMKIT_QUANT_X86_SIMD
+      if (isa == host_isa::avx512) encode4_blocks_avx512<F>(group, g = whole, block_size, reciprocals, codes + group_begin / 2, ahead);
+      else if (isa == host_isa::avx2) encode4_blocks_avx2<F>(group, g = whole, block_size, reciprocals, codes + group_begin / 2, ahead);
+#endif
+    }
+    for (; g < blocks; ++g) {
+      const std::int64_t begin = group_begin + g * block_size;
+      const std::int64_t count = std::min(block_size, numel - begin);
       const T* values = input + begin;
       const float reciprocal = reciprocals[g];
       if constexpr (F == format::int8) {
+        for (std::int64_t line = 0; line < count * static_cast<std::int64_t>(sizeof(T)); line += 64)
+          __builtin_prefetch(reinterpret_cast<const char*>(ahead + g * block_size) + line);
         if (index != nullptr) {
           if constexpr (std::is_same_v<T, float>) {
             ::memkit::detail::dynamic_codes_indexed(*index, values, reciprocal, count, codes + begin);
@@ -555,17 +738,7 @@ void quantize_host(const T* input, std::int64_t numel, std::int64_t block_size, 
       } else {
         std::uint8_t* out = codes + begin / 2;
         const std::int64_t pairs = count / 2;
-        std::int64_t p = 0;
-#if MEMKIT_QUANT_X86_SIMD
-        if (pairs >= 8 && isa == host_isa::avx512) {
-          p = pairs - pairs % 8;
-          encode4_avx512<F>(values, p, reciprocal, out);
-        } else if (pairs >= 8 && isa == host_isa::avx2) {
-          p = pairs - pairs % 8;
-          encode4_avx2<F>(values, p, reciprocal, out);
-        }
-#endif
-        for (; p < pairs; ++p) {
+        for (std::int64_t p = 0; p < pairs; ++p) {
           const std::uint8_t high = encode<F>(stored_product(to_float(values[2 * p]), reciprocal), map);
           const std::uint8_t low = encode<F>(stored_product(to_float(values[2 * p + 1]), reciprocal), map);
           out[p] = static_cast<std::uint8_t>((high << 4) | low);
@@ -578,6 +751,7 @@ void quantize_host(const T* input, std::int64_t numel, std::int64_t block_size, 
       }
     }
   }
+  return true;
 }
 
 template <format F, float_storage T>
@@ -747,14 +921,15 @@ __global__ void dequantize4_vector_kernel(const std::uint8_t* __restrict__ codes
 }  // namespace detail
 
 namespace detail {
-// quantize_blockwise; `input_checked`: the caller has already checked on the host that every value is finite
-// (quantized_tensor::quantize does, before it allocates), so the input is read once less.
+// Tensors smaller than this per thread are quantized on fewer threads (a thread start costs ~10-50 us).
+inline constexpr std::int64_t quantize_values_per_thread = std::int64_t{1} << 18;
+
+// quantize_blockwise; `operation` names the caller in error messages.
 template <executor E, class Input>
 void quantize_blockwise_checked(const E& exec, format fmt, tensor_view<Input> input_view, std::int64_t block_size,
                                 tensor_view<std::uint8_t> codes, tensor_view<float> absmax, const char* tensor_name,
-                                const code_table<256>& map, bool input_checked) {
+                                const code_table<256>& map, const char* operation, int host_threads) {
   const tensor_view<const std::remove_const_t<Input>> input = input_view;
-  constexpr const char* operation = "quant::quantize_blockwise";
   require_block_size(block_size, operation);
   const std::int64_t numel = input.size();
   require(codes.size() == code_bytes(fmt, numel),
@@ -769,13 +944,26 @@ void quantize_blockwise_checked(const E& exec, format fmt, tensor_view<Input> in
   require_accessible(exec, absmax, operation, "absmax");
   if (numel == 0) return;
   if constexpr (!E::on_device) {
-    if (!input_checked) require_finite_host(input.data(), numel, block_size, operation, tensor_name);
+    // One pass: the finiteness check rides on the absmax pass. Threads take contiguous ranges of blocks, so the
+    // codes do not depend on their number. A part that meets a non-finite value stops; the error then names
+    // the first such element of the tensor, whichever thread met one.
+    const std::int64_t blocks = block_count(numel, block_size);
+    const int parts = static_cast<int>(std::max<std::int64_t>(
+        1, std::min<std::int64_t>(resolve_host_threads(host_threads), numel / quantize_values_per_thread)));
+    std::atomic<bool> nonfinite{false};
     dispatch_format(fmt, [&]<format F>() {
-      quantize_host<F>(input.data(), numel, block_size, codes.data(), absmax.data(), map.value);
+      ::memkit::detail::run_in_parts(parts, blocks, [&](std::int64_t first, std::int64_t last) {
+        if (!quantize_host<F>(input.data(), numel, block_size, first, last, codes.data(), absmax.data(), map.value))
+          nonfinite.store(true, std::memory_order_relaxed);
+      });
     });
+    if (nonfinite.load()) {
+      require_finite_host(input.data(), numel, block_size, operation, tensor_name);
+      throw error(std::string(operation) + ": internal error: a non-finite block was not found again");
+    }
   } else {
 #if MEMKIT_HAS_CUDA
-    (void)tensor_name, (void)input_checked;
+    (void)tensor_name, (void)operation, (void)host_threads;
     constexpr int threads = 256;
     const int grid = detail::grid_for(block_count(numel, block_size) * 32, threads);
     ::memkit::detail::with_device(exec.device, [&] {
@@ -794,12 +982,17 @@ void quantize_blockwise_checked(const E& exec, format fmt, tensor_view<Input> in
 
 // Quantizes `input` blockwise into `codes` (code_bytes(fmt, n) bytes) and `absmax` (block_count(n, b)
 // floats). `tensor_name` names the tensor in error messages. `map` is the 8-bit map of the int8 format.
+// `host_threads`: threads of the host path (0 = every hardware thread); the codes do not depend on it.
+// Host, non-finite input: throws before writing the group of blocks (up to max_block_size values) that holds
+// the value and every later group of its thread's range; groups already quantized keep their new contents.
 template <executor E, class Input>
   requires float_storage<std::remove_const_t<Input>>
 void quantize_blockwise(const E& exec, format fmt, tensor_view<Input> input, std::int64_t block_size,
                         tensor_view<std::uint8_t> codes, tensor_view<float> absmax,
-                        const char* tensor_name = "input", const code_table<256>& map = signed_dynamic_table) {
-  detail::quantize_blockwise_checked(exec, fmt, input, block_size, codes, absmax, tensor_name, map, false);
+                        const char* tensor_name = "input", const code_table<256>& map = signed_dynamic_table,
+                        int host_threads = 1) {
+  detail::quantize_blockwise_checked(exec, fmt, input, block_size, codes, absmax, tensor_name, map,
+                                     "quant::quantize_blockwise", host_threads);
 }
 
 namespace detail {

@@ -71,6 +71,16 @@ struct dynamic_code_index {
   std::uint32_t negative_limit = 0;                 // the largest clamped magnitude key of a negative x
   std::vector<std::uint32_t> buckets;               // positive keys, then negative ones
 
+  // The same codes as a binary search, for the AVX-512 kernel (no table loads per value: gathers and scalar
+  // loads cost more than permutes). The code of x is the number of the 255 thresholds below it, where
+  // threshold k is the midpoint between entries k and k + 1, or for odd k (a tie goes up to the even k + 1)
+  // the float just below that midpoint; NaN exceeds none. Step s of the search (s = 128 .. 1) probes
+  // threshold c + s - 1, c a multiple of 2s; search_tables lists them per step at index c / (2s):
+  //   [0, 16) s = 64, [16, 32) s = 32, [32, 48) s = 16, [48, 64) s = 8, [64, 96) s = 4, [96, 160) s = 2,
+  //   [160, 288) s = 1; the step s = 128 compares with search_middle (threshold 127).
+  float search_middle = 0.0f;
+  std::vector<float> search_tables;
+
   // The bucket of x (not NaN): its clamped magnitude key, offset past the positive buckets if x < 0.
   std::uint32_t bucket_of(std::uint32_t bits) const noexcept {
     const std::uint32_t magnitude = (bits & 0x7fffffffu) >> 16;
@@ -117,6 +127,17 @@ inline dynamic_code_index build_dynamic_code_index(const float* map) {
     if (boundaries > 1) throw error("memkit: dynamic map too dense for its 16-bit index");
     index.buckets[slot] = bucket;
   }
+  float thresholds[256];
+  for (unsigned c = 0; c < 255; ++c)
+    thresholds[c] = c % 2 ? std::nextafter(midpoint(c), -std::numeric_limits<float>::infinity()) : midpoint(c);
+  thresholds[255] = std::numeric_limits<float>::infinity();
+  for (unsigned c = 0; c + 1 < 256; ++c)
+    if (!(thresholds[c] <= thresholds[c + 1])) throw error("memkit: dynamic map thresholds out of order");
+  index.search_middle = thresholds[127];
+  index.search_tables.assign(288, std::numeric_limits<float>::infinity());
+  const unsigned offsets[7] = {0, 16, 32, 48, 64, 96, 160};
+  for (unsigned level = 0, s = 64; s > 0; ++level, s >>= 1)
+    for (unsigned j = 0; j * 2 * s < 256; ++j) index.search_tables[offsets[level] + j] = thresholds[j * 2 * s + s - 1];
   return index;
 }
 
@@ -149,7 +170,7 @@ __attribute__((target("avx2"))) inline __m128i low_bytes_avx2(__m256i lanes) noe
 #endif
 
 #if MEMKIT_X86_DISPATCH
-// dynamic_codes_indexed's vector kernels work in three phases per chunk of up to indexed_chunk values:
+// dynamic_codes_indexed's AVX2 kernel works in three phases per chunk of up to indexed_chunk values:
 // the bucket keys (vector), the index words (scalar loads: on the CPUs measured, scalar loads cost less
 // than a gather), then the midpoint test (vector).
 inline constexpr int indexed_chunk = 256;
@@ -166,44 +187,84 @@ inline void load_index_words(const std::uint32_t* buckets, const std::uint32_t* 
   }
 }
 
-__attribute__((target("avx512f"))) inline std::int64_t dynamic_codes_indexed_avx512(const dynamic_code_index& index,
-                                                                                   const float* values, float inverse,
-                                                                                   std::int64_t count,
-                                                                                   std::uint8_t* codes) noexcept {
-  std::int64_t e = 0;
+// One step of the search: c += s where x > probe.
+__attribute__((target("avx512f"))) inline __m512i search_step_avx512(__m512i c, __m512 x, __m512 probe, int s) noexcept {
+  return _mm512_mask_add_epi32(c, _mm512_cmp_ps_mask(x, probe, _CMP_GT_OQ), c, _mm512_set1_epi32(s));
+}
+
+// The search for U vectors of 16 values at once, step by step: one vector's steps form a chain of dependent
+// permutes and compares (~80 cycles), so independent vectors are interleaved to keep the ports busy.
+struct search_registers {
+  __m512 middle, t64, t32, t16, t8, t4a, t4b, t2[4], t1[8];
+};
+
+template <int U>
+__attribute__((target("avx512f,avx512bw,avx512dq"))) inline void search_codes_avx512(const search_registers& r,
+                                                                                   const __m512 (&x)[U],
+                                                                                   __m512i (&c)[U]) noexcept {
+  const __m512i bit5 = _mm512_set1_epi32(32), bit6 = _mm512_set1_epi32(64);
+#pragma GCC unroll 4
+  for (int u = 0; u < U; ++u)
+    c[u] = _mm512_maskz_mov_epi32(_mm512_cmp_ps_mask(x[u], r.middle, _CMP_GT_OQ), _mm512_set1_epi32(128));
+#pragma GCC unroll 4
+  for (int u = 0; u < U; ++u)
+    c[u] = search_step_avx512(c[u], x[u], _mm512_maskz_permutexvar_ps(0xffff, _mm512_maskz_srli_epi32(0xffff, c[u], 7), r.t64), 64);
+#pragma GCC unroll 4
+  for (int u = 0; u < U; ++u)
+    c[u] = search_step_avx512(c[u], x[u], _mm512_maskz_permutexvar_ps(0xffff, _mm512_maskz_srli_epi32(0xffff, c[u], 6), r.t32), 32);
+#pragma GCC unroll 4
+  for (int u = 0; u < U; ++u)
+    c[u] = search_step_avx512(c[u], x[u], _mm512_maskz_permutexvar_ps(0xffff, _mm512_maskz_srli_epi32(0xffff, c[u], 5), r.t16), 16);
+#pragma GCC unroll 4
+  for (int u = 0; u < U; ++u)
+    c[u] = search_step_avx512(c[u], x[u], _mm512_maskz_permutexvar_ps(0xffff, _mm512_maskz_srli_epi32(0xffff, c[u], 4), r.t8), 8);
+#pragma GCC unroll 4
+  for (int u = 0; u < U; ++u)
+    c[u] = search_step_avx512(c[u], x[u], _mm512_permutex2var_ps(r.t4a, _mm512_maskz_srli_epi32(0xffff, c[u], 3), r.t4b), 4);
+#pragma GCC unroll 4
+  for (int u = 0; u < U; ++u) {
+    const __m512i j = _mm512_maskz_srli_epi32(0xffff, c[u], 2);  // 0..63: bit 5 picks the half
+    c[u] = search_step_avx512(c[u], x[u],
+                              _mm512_mask_blend_ps(_mm512_test_epi32_mask(j, bit5), _mm512_permutex2var_ps(r.t2[0], j, r.t2[1]),
+                                                   _mm512_permutex2var_ps(r.t2[2], j, r.t2[3])),
+                              2);
+  }
+#pragma GCC unroll 4
+  for (int u = 0; u < U; ++u) {
+    const __m512i j = _mm512_maskz_srli_epi32(0xffff, c[u], 1);  // 0..127: bits 5 and 6 pick the quarter
+    const __mmask16 b5 = _mm512_test_epi32_mask(j, bit5);
+    const __m512 low = _mm512_mask_blend_ps(b5, _mm512_permutex2var_ps(r.t1[0], j, r.t1[1]), _mm512_permutex2var_ps(r.t1[2], j, r.t1[3]));
+    const __m512 high = _mm512_mask_blend_ps(b5, _mm512_permutex2var_ps(r.t1[4], j, r.t1[5]), _mm512_permutex2var_ps(r.t1[6], j, r.t1[7]));
+    c[u] = search_step_avx512(c[u], x[u], _mm512_mask_blend_ps(_mm512_test_epi32_mask(j, bit6), low, high), 1);
+  }
+}
+
+// dynamic_code_index's binary search (search_tables): the probes come from registers (one to eight permutes
+// per step), so no value waits on a table load; 64 values per round, as four interleaved searches.
+__attribute__((target("avx512f,avx512bw,avx512dq"))) inline std::int64_t dynamic_codes_search_avx512(
+    const dynamic_code_index& index, const float* values, float inverse, std::int64_t count, std::uint8_t* codes) noexcept {
+  const float* t = index.search_tables.data();
+  search_registers r;
+  r.middle = _mm512_set1_ps(index.search_middle);
+  r.t64 = _mm512_loadu_ps(t), r.t32 = _mm512_loadu_ps(t + 16), r.t16 = _mm512_loadu_ps(t + 32);
+  r.t8 = _mm512_loadu_ps(t + 48), r.t4a = _mm512_loadu_ps(t + 64), r.t4b = _mm512_loadu_ps(t + 80);
+  for (int k = 0; k < 4; ++k) r.t2[k] = _mm512_loadu_ps(t + 96 + 16 * k);
+  for (int k = 0; k < 8; ++k) r.t1[k] = _mm512_loadu_ps(t + 160 + 16 * k);
   const __m512 scale = _mm512_set1_ps(inverse);
-  const __m512i low_bits = _mm512_set1_epi32(0xffff), high_bits = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
-  const __m512i code_bits = _mm512_set1_epi32(0xff), one = _mm512_set1_epi32(1);
-  const __m512i magnitude_bits = _mm512_set1_epi32(0x7fffffff);
-  const __m512i first_key = _mm512_set1_epi32(static_cast<int>(index.first_key));
-  const __m512i last_key = _mm512_set1_epi32(static_cast<int>(dynamic_code_index::top_key - index.first_key));
-  const __m512i negative_limit = _mm512_set1_epi32(static_cast<int>(index.negative_limit));
-  const __m512i positive_buckets = _mm512_set1_epi32(static_cast<int>(index.positive_buckets));
-  alignas(64) std::uint32_t keys[indexed_chunk], words[indexed_chunk];
-  for (int length; (length = static_cast<int>(std::min<std::int64_t>(indexed_chunk, (count - e) / 16 * 16))) > 0; e += length) {
-    for (int k = 0; k < length; k += 16) {  // dynamic_code_index::bucket_of, 16 lanes
-      const __m512i x_bits = _mm512_castps_si512(_mm512_mul_ps(_mm512_loadu_ps(values + e + k), scale));
-      const __m512i magnitude = _mm512_maskz_srli_epi32(0xffff, _mm512_and_si512(x_bits, magnitude_bits), 16);
-      const __m512i key = _mm512_maskz_min_epu32(0xffff, _mm512_sub_epi32(_mm512_maskz_max_epu32(0xffff, magnitude, first_key), first_key), last_key);
-      const __m512i negative_key = _mm512_add_epi32(_mm512_maskz_min_epu32(0xffff, key, negative_limit), positive_buckets);
-      _mm512_store_si512(keys + k, _mm512_mask_blend_epi32(_mm512_cmplt_epi32_mask(x_bits, _mm512_setzero_si512()), key, negative_key));
-    }
-    load_index_words(index.buckets.data(), keys, length, words);
-    for (int k = 0; k < length; k += 16) {
-      const __m512 x = _mm512_mul_ps(_mm512_loadu_ps(values + e + k), scale);
-      const __m512i x_bits = _mm512_castps_si512(x);
-      const __m512i bucket = _mm512_load_si512(words + k);
-      const __m512 threshold = _mm512_castsi512_ps(
-          _mm512_or_si512(_mm512_and_si512(x_bits, high_bits), _mm512_and_si512(bucket, low_bits)));
-      const __mmask16 has_threshold = _mm512_test_epi32_mask(bucket, _mm512_set1_epi32(1 << 25));
-      const __mmask16 tie_up = _mm512_test_epi32_mask(bucket, _mm512_set1_epi32(1 << 24));
-      const __mmask16 up = has_threshold & (_mm512_cmp_ps_mask(x, threshold, _CMP_GT_OQ) |
-                                            (_mm512_cmp_ps_mask(x, threshold, _CMP_EQ_OQ) & tie_up));
-      const __m512i code = _mm512_and_si512(_mm512_maskz_srli_epi32(0xffff, bucket, 16), code_bits);
-      const __mmask16 number = _mm512_cmp_ps_mask(x, x, _CMP_ORD_Q);  // NaN -> code 0
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + e + k),
-                       _mm512_maskz_cvtepi32_epi8(number, _mm512_mask_add_epi32(code, up, code, one)));
-    }
+  std::int64_t e = 0;
+  for (; e + 64 <= count; e += 64) {
+    __m512 x[4];
+    __m512i c[4];
+    for (int u = 0; u < 4; ++u) x[u] = _mm512_mul_ps(_mm512_loadu_ps(values + e + 16 * u), scale);
+    search_codes_avx512<4>(r, x, c);
+    for (int u = 0; u < 4; ++u)
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + e + 16 * u), _mm512_maskz_cvtepi32_epi8(0xffff, c[u]));
+  }
+  for (; e + 16 <= count; e += 16) {
+    __m512 x[1] = {_mm512_mul_ps(_mm512_loadu_ps(values + e), scale)};
+    __m512i c[1];
+    search_codes_avx512<1>(r, x, c);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + e), _mm512_maskz_cvtepi32_epi8(0xffff, c[0]));
   }
   return e;
 }
@@ -257,7 +318,7 @@ inline void dynamic_codes_indexed(const dynamic_code_index& index, const float* 
   std::int64_t e = 0;
 #if MEMKIT_X86_DISPATCH
   const host_isa isa = host_isa_in_use();
-  if (isa == host_isa::avx512) e = dynamic_codes_indexed_avx512(index, values, inverse, count, codes);
+  if (isa == host_isa::avx512) e = dynamic_codes_search_avx512(index, values, inverse, count, codes);
   else if (isa == host_isa::avx2) e = dynamic_codes_indexed_avx2(index, values, inverse, count, codes);
 #endif
   for (; e < count; ++e) codes[e] = static_cast<std::uint8_t>(dynamic_code_indexed(index, mul_rn(values[e], inverse)));

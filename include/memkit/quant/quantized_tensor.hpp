@@ -83,12 +83,14 @@ class quantized_tensor {
                                    memory_resource& resource, const char* name = "weight") {
     checked(options, "quantized_tensor::quantize");
     require_accessible(exec, input, "quantized_tensor::quantize", "input");
+    // The check reads the input once more than quantize_into (whose quantization checks in its single pass),
+    // so that a rejected input costs no allocation.
     if constexpr (!E::on_device)
       detail::require_finite_host(input.data(), input.size(), options.block_size, "quantized_tensor::quantize", name);
     quantized_tensor result(resource, input.shape(), options);
-    // Checked above: one pass, not two. Construction allocates the tensor anyway, so `resource` may be any
-    // device resource here (quantize_into, the repeated operation, takes only a stream-ordered workspace).
-    result.quantize_checked(exec, input, resource, name, !E::on_device, false);
+    // Construction allocates the tensor anyway, so `resource` may be any device resource here (quantize_into,
+    // the repeated operation, takes only a stream-ordered workspace).
+    result.quantize_checked(exec, input, resource, name, "quantized_tensor::quantize", false);
     return result;
   }
 
@@ -100,18 +102,18 @@ class quantized_tensor {
   void quantize_into(const E& exec, tensor_view<Input> input, memory_resource& workspace, const char* name = "weight") {
     require(input.shape() == shape_, std::string("quantized_tensor::quantize_into: input has shape ") +
                                          to_string(input.shape()) + " but the tensor has shape " + to_string(shape_));
-    quantize_checked(exec, input, workspace, name, false, true);
+    quantize_checked(exec, input, workspace, name, "quantized_tensor::quantize_into", true);
   }
 
  private:
-  // quantize_into; `input_checked`: quantize() has already checked the input's finiteness on the host.
+  // quantize_into; `operation` names the caller in errors.
   // `stream_ordered_workspace`: the CUDA path requires a stream-ordered workspace (quantize_into).
   template <executor E, class Input>
   void quantize_checked(const E& exec, tensor_view<Input> input, memory_resource& workspace, const char* name,
-                        bool input_checked, bool stream_ordered_workspace) {
+                        const char* operation, bool stream_ordered_workspace) {
     if (!options_.double_quant) {
       detail::quantize_blockwise_checked(exec, F, input, options_.block_size, codes_.view(), absmax_.view(), name,
-                                         signed_dynamic_table, input_checked);
+                                         signed_dynamic_table, operation, 1);
       return;
     }
     const std::int64_t blocks = block_count(numel(), options_.block_size);
@@ -128,7 +130,7 @@ class quantized_tensor {
       first_level = buffer<float>(workspace, shape{blocks});
     }
     detail::quantize_blockwise_checked(exec, F, input, options_.block_size, codes_.view(), first_level.view(), name,
-                                       signed_dynamic_table, input_checked);
+                                       signed_dynamic_table, operation, 1);
     quantize_scales(exec, std::as_const(first_level).view(), nested_codes_.view(), nested_group_absmax(),
                     offset_view(), nested_map_);
   }
