@@ -132,7 +132,7 @@ struct training_plan {
   // N > 0: on the host with N threads, as examples/train_llama.cpp runs: every workspace term is then the
   // components' host figure (linalg::gemm's per-thread packing, memkit::attention's per-thread tiles,
   // lora_linear / quant::matmul / the fused loss on the host). There is no CUDA context or cuBLAS on the
-  // host: set `overhead` to zero (host_overhead below).
+  // host: set `overhead` to zero (budget::host_overhead).
   std::uint64_t host_threads = 0;
 
   std::uint64_t gpus = 1;
