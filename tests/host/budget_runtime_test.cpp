@@ -340,15 +340,18 @@ TEST_CASE("budget runtime: with checkpointing, backward holds every checkpoint, 
   CHECK(backward[category::activations] == extras + block.backward_transient + 2 * T * h + block.saved_bytes);
   // ...next to bitsandbytes' dequantized weight (the largest, 704 x 256 in bf16) in the workspace.
   CHECK(backward[category::workspace] == 2 * 704 * 256);
-  // The memkit runtime: lora_linear's copies (no masks, a record each) and its own workspace (down: the bf16
-  // tile of the whole weight, the fp32 input-gradient accumulator and the held [T, r] gradient).
+  // The memkit runtime models this block as memkit's layers build it (budget/memkit_step.hpp: each layer's own
+  // copies, lora_linear without masks, scratch and operation workspaces as workspace);
+  // tests/host/budget_memkit_example_test.cpp pins its checkpointed backward against hand-computed bytes of the
+  // main example's QLoRA configuration, which the example's tracker matches within 0.1%.
   plan.runtime = runtime_kind::memkit;
   const block_activations memkit_block = block_activation_bytes(tiny, plan);
-  CHECK(memkit_block.saved_bytes == own + 2 * T * (6 * h + f) + 7 * 2 * T * r + 7 * 32);
+  CHECK(memkit_block.saved_bytes < block.saved_bytes);  // no dropout masks, no SiLU output copy
   const memory_estimate m = estimate_memory(tiny, plan);
-  CHECK(phase(m, step_phase::backward)[category::workspace] == 256 * 704 * 2 + T * 704 * 4 + T * r * 2);
-  CHECK(phase(m, step_phase::backward)[category::activations] ==
-        extras + memkit_block.backward_transient + 2 * T * h + memkit_block.saved_bytes);
+  REQUIRE(m.valid());
+  // One recomputed layer next to the other layer's checkpoint (+ the loop's hidden buffers): not both layers.
+  CHECK(phase(m, step_phase::backward)[category::activations] >= 2 * T * h + memkit_block.saved_bytes);
+  CHECK(phase(m, step_phase::backward)[category::activations] < 2 * memkit_block.saved_bytes + 4 * 2 * T * h);
 }
 
 TEST_CASE("budget planner: with the memkit runtime the rungs memkit cannot take say why") {
