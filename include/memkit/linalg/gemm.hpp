@@ -93,7 +93,7 @@ struct gemm_dims {
 struct gemm_blocking {
   static constexpr std::int64_t mc = 144;
   static constexpr std::int64_t kc = 512;
-  static constexpr std::int64_t nc = 2048;
+  static constexpr std::int64_t nc = 1024;
   static constexpr std::int64_t row_unit = 12;     // every micro-kernel's MR divides it; parts split rows in it
   static constexpr std::int64_t column_unit = 32;  // every micro-kernel's NR divides it; parts split columns in it
   static constexpr std::int64_t accumulator_rows = 4 * mc;  // 16-bit C with K > kc: rows of fp32 partial sums
