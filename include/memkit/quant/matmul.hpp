@@ -20,6 +20,7 @@
 // matmul_workspace_bytes() says exactly what a call takes from the workspace resource.
 #pragma once
 
+#include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -46,7 +47,7 @@ MEMKIT_NAMESPACE_BEGIN
 namespace quant {
 
 struct matmul_config {
-  std::int64_t tile_floats = 1 << 16;   // host: dequantized values per tile (256 KiB of fp32: stays in cache)
+  std::int64_t tile_floats = 1 << 16;   // host input gradient: dequantized values per tile (256 KiB of fp32)
   std::int64_t device_tile_floats = 1 << 24;  // CUDA large batch: values per tile (32 MiB of bf16), so each
                                               // cuBLAS call gets hundreds of rows, not a handful
   std::int64_t small_batch_limit = 8;   // CUDA: M up to this (and up to 8) uses the fused kernels
@@ -100,33 +101,42 @@ constexpr std::int64_t host_part_begin(std::int64_t N, std::int64_t parts, std::
   return begin < N ? begin : N;
 }
 
-// The host tiled path: each part dequantizes `rows` rows of W at a time into its tile and multiplies x by
-// it with linalg's micro-kernel on its own gemm scratch. A tile holds at least host_gemm_min_rows rows (or
-// all of the part's), so packing x once per tile stays small against the tile's products.
-inline constexpr std::int64_t host_gemm_min_rows = 128;
-struct host_tiled_plan {
-  std::int64_t parts = 1;
-  std::int64_t rows = 0;
-  std::int64_t tile_floats = 0;      // one part's tile, rounded up to 64 bytes
-  linalg::detail::gemm_plan gemm{};  // one part's product with a full tile
-  constexpr std::int64_t part_floats() const noexcept { return tile_floats + gemm.parts() * gemm.part_floats(); }
-};
-constexpr host_tiled_plan plan_host_forward(std::int64_t M, std::int64_t N, std::int64_t K, bool y_is_16_bit,
-                                            const matmul_config& config) noexcept {
-  host_tiled_plan plan;
-  plan.parts = host_column_parts(N, host_matmul_threads(config));
-  std::int64_t widest = 0;  // the most columns a part holds
-  for (std::int64_t part = 0; part < plan.parts; ++part) {
-    const std::int64_t width = host_part_begin(N, plan.parts, part + 1) - host_part_begin(N, plan.parts, part);
-    widest = width > widest ? width : widest;
+// The host forward beyond the fused path is one blocked GEMM (linalg's) with B = dequant(W)^T, its threads
+// splitting y's columns. x is packed once, for the whole call, into the micro-kernel's row panels; each
+// depth block x column block of W^T is decoded from the codes (up to 32 rows of W at a time, into a
+// per-part buffer of decode_floats) and transposed in registers straight into the packed column panels:
+// no dequantized tile, no second packing pass, and x is not packed again for every tile of W.
+struct host_forward_plan {
+  linalg::detail::gemm_plan gemm{};  // its a_floats are 0: the A panels are the packed x
+  std::int64_t x_rows = 0;           // M rounded up to linalg's row unit: packed x holds x_rows x K
+  std::int64_t depth = 0;            // K
+  std::int64_t decode_floats = 0;    // one part's decoded rows of W
+  constexpr std::int64_t x_floats() const noexcept { return linalg::detail::round_up(x_rows * depth, 16); }
+  constexpr std::int64_t floats() const noexcept {
+    return x_floats() + gemm.parts() * (gemm.part_floats() + decode_floats);
   }
-  const std::int64_t cache_rows = tile_rows(N, K, config, false);
-  const std::int64_t rows = cache_rows > host_gemm_min_rows ? cache_rows : host_gemm_min_rows;
-  plan.rows = rows < widest ? rows : widest;
-  plan.tile_floats = linalg::detail::round_up(plan.rows * K, 16);
-  plan.gemm = linalg::detail::plan_gemm(M, plan.rows, K, 1, y_is_16_bit);
+};
+constexpr host_forward_plan plan_host_forward(std::int64_t M, std::int64_t N, std::int64_t K, bool y_is_16_bit,
+                                              const matmul_config& config) noexcept {
+  using blocking = linalg::detail::gemm_blocking;
+  host_forward_plan plan;
+  plan.gemm = linalg::detail::plan_gemm(M, N, K, host_matmul_threads(config), y_is_16_bit);
+  plan.gemm.a_floats = 0;
+  plan.depth = K;
+  plan.x_rows = linalg::detail::round_up(M, blocking::row_unit);
+  plan.decode_floats = linalg::detail::round_up(blocking::column_unit * (K < blocking::kc ? K : blocking::kc), 16);
   return plan;
 }
+
+// The tiles of matmul_input_grad: each holds `rows` rows of W dequantized (at least host_gemm_min_rows, so
+// packing dy for each tile stays small against the tile's products), multiplied into dx by linalg's gemm.
+inline constexpr std::int64_t host_gemm_min_rows = 128;
+struct host_tiled_plan {
+  std::int64_t rows = 0;
+  std::int64_t tile_floats = 0;      // the tile, rounded up to 64 bytes
+  linalg::detail::gemm_plan gemm{};  // the product with a full tile
+  constexpr std::int64_t part_floats() const noexcept { return tile_floats + gemm.parts() * gemm.part_floats(); }
+};
 // The input gradient: one tile of `rows` rows of W, multiplied into the fp32 dx (or its fp32 accumulator)
 // by a gemm whose threads split dx's columns.
 constexpr host_tiled_plan plan_host_input_grad(std::int64_t M, std::int64_t N, std::int64_t K,
@@ -183,10 +193,8 @@ constexpr std::size_t matmul_workspace_bytes(matmul_kind kind, format fmt, std::
   const bool fp32 = element_bytes == 4;
   if (!on_device) {
     if (detail::host_fused(kind, fmt, block_size, M, K)) return fp32 ? 0 : static_cast<std::size_t>(M * K) * 4;
-    if (kind == matmul_kind::forward) {
-      const detail::host_tiled_plan plan = detail::plan_host_forward(M, N, K, !fp32, config);
-      return static_cast<std::size_t>(plan.parts * plan.part_floats()) * 4;
-    }
+    if (kind == matmul_kind::forward)
+      return static_cast<std::size_t>(detail::plan_host_forward(M, N, K, !fp32, config).floats()) * 4;
     const detail::host_tiled_plan plan = detail::plan_host_input_grad(M, N, K, config);
     return static_cast<std::size_t>(plan.part_floats()) * 4 + (fp32 ? 0 : static_cast<std::size_t>(M * K) * 4);
   }
@@ -250,6 +258,84 @@ void fused_gemv_host(const float* x, std::int64_t M, const std::uint8_t* codes, 
 constexpr int fused_columns_avx512(int rows) noexcept { return rows == 1 ? 4 : rows <= 4 ? 2 : 1; }
 constexpr int fused_columns_avx2(int rows) noexcept { return rows == 1 ? 2 : 1; }
 
+// 32 4-bit codes (16 bytes, the even element in the high nibble) looked up in a block's scaled table:
+// the values of elements 0-15 into `first`, 16-31 into `second`.
+__attribute__((target("avx512f,avx512bw"))) inline void lookup32_avx512(const std::uint8_t* bytes16, __m512 scaled,
+                                                                       __m512& first, __m512& second) noexcept {
+  const __m128i low_nibble = _mm_set1_epi8(0x0f);
+  const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(bytes16));
+  const __m128i high = _mm_and_si128(_mm_srli_epi16(bytes, 4), low_nibble);
+  const __m128i low = _mm_and_si128(bytes, low_nibble);
+  // The zero-masked forms: GCC 12 warns about the unmasked ones' undefined pass-through operand.
+  first = _mm512_maskz_permutexvar_ps(0xffff, _mm512_maskz_cvtepu8_epi32(0xffff, _mm_unpacklo_epi8(high, low)), scaled);
+  second = _mm512_maskz_permutexvar_ps(0xffff, _mm512_maskz_cvtepu8_epi32(0xffff, _mm_unpackhi_epi8(high, low)), scaled);
+}
+
+// 16 4-bit codes (8 bytes) looked up in a block's scaled table held as two 8-entry halves: two permutes and
+// a blend per 8 values; elements 0-7 into `first`, 8-15 into `second`.
+__attribute__((target("avx2,fma"))) inline void lookup16_avx2(const std::uint8_t* bytes8, __m256 low_half,
+                                                             __m256 high_half, __m256& first, __m256& second) noexcept {
+  const __m128i low_nibble = _mm_set1_epi8(0x0f);
+  const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(bytes8));
+  const __m128i nibbles = _mm_unpacklo_epi8(_mm_and_si128(_mm_srli_epi16(bytes, 4), low_nibble),
+                                            _mm_and_si128(bytes, low_nibble));
+  __m256 values[2];
+  for (int h = 0; h < 2; ++h) {
+    const __m256i index = _mm256_cvtepu8_epi32(h == 0 ? nibbles : _mm_srli_si128(nibbles, 8));
+    values[h] = _mm256_blendv_ps(_mm256_permutevar8x32_ps(low_half, index), _mm256_permutevar8x32_ps(high_half, index),
+                                 _mm256_castsi256_ps(_mm256_slli_epi32(index, 28)));
+  }
+  first = values[0];
+  second = values[1];
+}
+
+// `count` values of a 4-bit W from flat element `first` (both multiples of 32, so 32 values never straddle
+// a block) decoded to fp32 into `out`: each block's 16-entry table scaled once (the single products
+// decode() forms), then looked up.
+template <format F>
+__attribute__((target("avx512f,avx512bw"))) void decode4_avx512(const std::uint8_t* codes, const block_scales& scales,
+                                                                int block_shift, std::int64_t first, std::int64_t count,
+                                                                float* out) {
+  alignas(64) float table[16];
+  for (int c = 0; c < 16; ++c) table[c] = code_value<F>(static_cast<std::uint8_t>(c), nullptr);
+  const __m512 base_table = _mm512_load_ps(table);
+  __m512 scaled = base_table;
+  std::int64_t block = -1;
+  for (std::int64_t k = 0; k < count; k += 32) {
+    if (((first + k) >> block_shift) != block) {
+      block = (first + k) >> block_shift;
+      scaled = _mm512_mul_ps(base_table, _mm512_set1_ps(scales(block)));
+    }
+    __m512 v0, v1;
+    lookup32_avx512(codes + (first + k) / 2, scaled, v0, v1);
+    _mm512_storeu_ps(out + k, v0);
+    _mm512_storeu_ps(out + k + 16, v1);
+  }
+}
+
+template <format F>
+__attribute__((target("avx2,fma"))) void decode4_avx2(const std::uint8_t* codes, const block_scales& scales,
+                                                      int block_shift, std::int64_t first, std::int64_t count,
+                                                      float* out) {
+  alignas(32) float table[16];
+  for (int c = 0; c < 16; ++c) table[c] = code_value<F>(static_cast<std::uint8_t>(c), nullptr);
+  const __m256 low_table = _mm256_load_ps(table), high_table = _mm256_load_ps(table + 8);
+  __m256 low = low_table, high = high_table;
+  std::int64_t block = -1;
+  for (std::int64_t k = 0; k < count; k += 16) {
+    if (((first + k) >> block_shift) != block) {
+      block = (first + k) >> block_shift;
+      const __m256 scale = _mm256_set1_ps(scales(block));
+      low = _mm256_mul_ps(low_table, scale);
+      high = _mm256_mul_ps(high_table, scale);
+    }
+    __m256 v0, v1;
+    lookup16_avx2(codes + (first + k) / 2, low, high, v0, v1);
+    _mm256_storeu_ps(out + k, v0);
+    _mm256_storeu_ps(out + k + 8, v1);
+  }
+}
+
 // AVX-512: one permute looks up 16 values in the whole 16-entry table; 32 values per step.
 template <format F, class T, int Rows, int Cols>
 __attribute__((target("avx512f,avx512bw"))) void fused_gemv_avx512(const float* x, const std::uint8_t* codes,
@@ -259,7 +345,6 @@ __attribute__((target("avx512f,avx512bw"))) void fused_gemv_avx512(const float* 
   alignas(64) float table[16];
   for (int c = 0; c < 16; ++c) table[c] = code_value<F>(static_cast<std::uint8_t>(c), nullptr);
   const __m512 base_table = _mm512_load_ps(table);
-  const __m128i low_nibble = _mm_set1_epi8(0x0f);
   std::int64_t n = n0;
   for (; n + Cols <= n1; n += Cols) {
     __m512 acc[Rows][Cols][2];
@@ -270,14 +355,7 @@ __attribute__((target("avx512f,avx512bw"))) void fused_gemv_avx512(const float* 
       for (int c = 0; c < Cols; ++c) scaled[c] = _mm512_mul_ps(base_table, _mm512_set1_ps(scales(((n + c) * K + kb) / block_size)));
       for (std::int64_t k = kb; k < kb + block_size; k += 32) {  // blocks hold a multiple of 32 values
         __m512 w[Cols][2];
-        for (int c = 0; c < Cols; ++c) {
-          const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + ((n + c) * K + k) / 2));
-          const __m128i high = _mm_and_si128(_mm_srli_epi16(bytes, 4), low_nibble);
-          const __m128i low = _mm_and_si128(bytes, low_nibble);
-          // The zero-masked forms: GCC 12 warns about the unmasked ones' undefined pass-through operand.
-          w[c][0] = _mm512_maskz_permutexvar_ps(0xffff, _mm512_maskz_cvtepu8_epi32(0xffff, _mm_unpacklo_epi8(high, low)), scaled[c]);
-          w[c][1] = _mm512_maskz_permutexvar_ps(0xffff, _mm512_maskz_cvtepu8_epi32(0xffff, _mm_unpackhi_epi8(high, low)), scaled[c]);
-        }
+        for (int c = 0; c < Cols; ++c) lookup32_avx512(codes + ((n + c) * K + k) / 2, scaled[c], w[c][0], w[c][1]);
         for (int r = 0; r < Rows; ++r) {
           const __m512 x0 = _mm512_loadu_ps(x + r * K + k), x1 = _mm512_loadu_ps(x + r * K + k + 16);
           for (int c = 0; c < Cols; ++c) {
@@ -310,7 +388,6 @@ __attribute__((target("avx2,fma,f16c"))) void fused_gemv_avx2(const float* x, co
   alignas(32) float table[16];
   for (int c = 0; c < 16; ++c) table[c] = code_value<F>(static_cast<std::uint8_t>(c), nullptr);
   const __m256 low_table = _mm256_load_ps(table), high_table = _mm256_load_ps(table + 8);
-  const __m128i low_nibble = _mm_set1_epi8(0x0f);
   std::int64_t n = n0;
   for (; n + Cols <= n1; n += Cols) {
     __m256 acc[Rows][Cols][halves];
@@ -326,16 +403,7 @@ __attribute__((target("avx2,fma,f16c"))) void fused_gemv_avx2(const float* x, co
       }
       for (std::int64_t k = kb; k < kb + block_size; k += 16) {
         __m256 w[Cols][2];
-        for (int c = 0; c < Cols; ++c) {
-          const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes + ((n + c) * K + k) / 2));
-          const __m128i nibbles = _mm_unpacklo_epi8(_mm_and_si128(_mm_srli_epi16(bytes, 4), low_nibble),
-                                                    _mm_and_si128(bytes, low_nibble));
-          for (int h = 0; h < 2; ++h) {
-            const __m256i index = _mm256_cvtepu8_epi32(h == 0 ? nibbles : _mm_srli_si128(nibbles, 8));
-            w[c][h] = _mm256_blendv_ps(_mm256_permutevar8x32_ps(low[c], index), _mm256_permutevar8x32_ps(high[c], index),
-                                       _mm256_castsi256_ps(_mm256_slli_epi32(index, 28)));
-          }
-        }
+        for (int c = 0; c < Cols; ++c) lookup16_avx2(codes + ((n + c) * K + k) / 2, low[c], high[c], w[c][0], w[c][1]);
         for (int r = 0; r < Rows; ++r) {
           const __m256 x0 = _mm256_loadu_ps(x + r * K + k), x1 = _mm256_loadu_ps(x + r * K + k + 8);
           for (int c = 0; c < Cols; ++c) {
@@ -370,6 +438,62 @@ void fused_gemv_simd(host_isa isa, const float* x, std::int64_t M, const std::ui
     fused_gemv_avx2<F, T, Rows, fused_columns_avx2(Rows)>(x, codes, scales, block_size, N, K, n0, n1, y);
 }
 #endif
+
+// `count` values of W from flat element `first` decoded to fp32, by the vector decoder of the instruction
+// set `Kernel` is for where the run is whole 32-value steps of a 4-bit format, by dequantize_host otherwise.
+template <class Kernel, format F>
+void decode_for_gemm(const std::uint8_t* codes, const block_scales& scales, std::int64_t block_size,
+                     std::int64_t first, std::int64_t count, float* out) {
+#if MEMKIT_QUANT_X86_SIMD && MEMKIT_X86_DISPATCH
+  if constexpr (is_four_bit(F)) {
+    if (first % 32 == 0 && count % 32 == 0) {
+      const int shift = std::countr_zero(static_cast<std::uint64_t>(block_size));  // a power of two
+      if constexpr (std::is_same_v<Kernel, linalg::detail::gemm_kernel_avx512>)
+        return decode4_avx512<F>(codes, scales, shift, first, count, out);
+      if constexpr (std::is_same_v<Kernel, linalg::detail::gemm_kernel_avx2>)
+        return decode4_avx2<F>(codes, scales, shift, first, count, out);
+    }
+  }
+#endif
+  dequantize_host<F>(codes, scales, block_size, first, count, out, signed_dynamic_table.value);
+}
+
+// y = x * dequant(W)^T on the host with linalg's micro-kernel `Kernel` (see host_forward_plan).
+template <class Kernel, format F, class T>
+void host_forward_gemm(const T* x, const std::uint8_t* codes, const block_scales& scales, std::int64_t block_size,
+                       T* y, std::int64_t M, std::int64_t N, std::int64_t K, const host_forward_plan& plan,
+                       float* scratch) {
+  using blocking = linalg::detail::gemm_blocking;
+  constexpr std::int64_t MR = Kernel::mr, NR = Kernel::nr;
+  static_assert(NR <= blocking::column_unit);
+  float* packed_x = scratch;
+  float* decoded = packed_x + plan.x_floats();
+  float* gemm_scratch = decoded + plan.gemm.parts() * plan.decode_floats;
+  // x packed once: depth block pc holds x_rows x kc at packed_x + x_rows * pc, as MR-row panels.
+  const linalg::matrix_ref<const T> X(x, M, K, K, memory_kind::host);
+  const std::int64_t depth_blocks = linalg::detail::ceil_div(K, blocking::kc);
+  const std::int64_t pack_parts = plan.gemm.parts() < depth_blocks ? plan.gemm.parts() : depth_blocks;
+  ::memkit::detail::run_in_parts(static_cast<int>(pack_parts), depth_blocks, [&](std::int64_t first, std::int64_t last) {
+    for (std::int64_t b = first; b < last; ++b) {
+      const std::int64_t pc = b * blocking::kc, kc = K - pc < blocking::kc ? K - pc : blocking::kc;
+      linalg::detail::pack_a<MR>(X, linalg::transpose::no, 0, M, pc, kc, packed_x + plan.x_rows * pc);
+    }
+  });
+  linalg::detail::gemm_blocked_with<Kernel>(
+      1.0f, 0.0f, linalg::matrix_ref<T>(y, M, N, N, memory_kind::host), {M, N, K}, plan.gemm, gemm_scratch,
+      [&](std::int64_t, std::int64_t ic, std::int64_t, std::int64_t pc, std::int64_t kc, float*) {
+        return static_cast<const float*>(packed_x + plan.x_rows * pc + ic * kc);
+      },
+      [&](std::int64_t part, std::int64_t pc, std::int64_t kc, std::int64_t jc, std::int64_t nc, float* b_pack) {
+        float* rows = decoded + part * plan.decode_floats;
+        for (std::int64_t p = 0; p < nc; p += NR) {
+          const std::int64_t count = nc - p < NR ? nc - p : NR;
+          for (std::int64_t j = 0; j < count; ++j)
+            decode_for_gemm<Kernel, F>(codes, scales, block_size, (jc + p + j) * K + pc, kc, rows + j * kc);
+          Kernel::pack_rows(rows, kc, count, kc, b_pack + p * kc);
+        }
+      });
+}
 
 struct matmul_dims {
   std::int64_t M, N, K;
@@ -695,23 +819,13 @@ void matmul(const E& exec, tensor_view<const std::type_identity_t<T>> x, const q
         return;
       }
     }
-    const detail::host_tiled_plan plan = detail::plan_host_forward(M, N, K, !std::is_same_v<T, float>, config);
-    buffer<float> scratch(workspace, shape{plan.parts * plan.part_floats()});
-    ::memkit::detail::run_in_parts(static_cast<int>(plan.parts), plan.parts, [&](std::int64_t first, std::int64_t last) {
-      for (std::int64_t part = first; part < last; ++part) {
-        float* tile = scratch.data() + part * plan.part_floats();
-        const std::int64_t end = detail::host_part_begin(N, plan.parts, part + 1);
-        for (std::int64_t n0 = detail::host_part_begin(N, plan.parts, part); n0 < end; n0 += plan.rows) {
-          const std::int64_t nt = end - n0 < plan.rows ? end - n0 : plan.rows;
-          w.dequantize_range(exec, n0 * K, tensor_view<float>(tile, shape{nt * K}, memory_kind::host));
-          // y[:, n0 .. n0 + nt) = x * tile^T, with linalg's micro-kernel on this part's gemm scratch.
-          linalg::detail::gemm_host_on_scratch(
-              linalg::transpose::no, linalg::transpose::yes, 1.0f, linalg::matrix_ref<const T>(x.data(), M, K, K, memory_kind::host),
-              linalg::matrix_ref<const float>(tile, nt, K, K, memory_kind::host), 0.0f,
-              linalg::matrix_ref<T>(y.data() + n0, M, nt, N, memory_kind::host), {M, nt, K},
-              plan.gemm, tile + plan.tile_floats);  // planned for a full tile: a narrower one fits its buffers
-        }
-      }
+    const detail::host_forward_plan plan = detail::plan_host_forward(M, N, K, !std::is_same_v<T, float>, config);
+    buffer<float> scratch(workspace, shape{plan.floats()});
+    block_scales scales = w.scales();
+    scales.nested_map = w.nested_map().value;
+    linalg::detail::with_gemm_kernel([&](auto kernel) {
+      detail::host_forward_gemm<typename decltype(kernel)::type, F>(x.data(), w.codes().data(), scales, w.block_size(),
+                                                                    y.data(), M, N, K, plan, scratch.data());
     });
   } else {
 #if MEMKIT_HAS_CUDA
