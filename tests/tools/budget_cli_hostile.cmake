@@ -4,11 +4,7 @@
 cmake_minimum_required(VERSION 3.25)
 file(MAKE_DIRECTORY ${WORK})
 
-function(expect condition_text)
-  if(NOT (${ARGN}))
-    message(FATAL_ERROR "expected ${condition_text}")
-  endif()
-endfunction()
+include(${CMAKE_CURRENT_LIST_DIR}/budget_cli_support.cmake)
 
 # Runs the tool (10 s at most) and expects exit code 2, one line on stderr matching `pattern`, nothing on stdout.
 function(expect_refused what pattern)

@@ -4,19 +4,7 @@
 cmake_minimum_required(VERSION 3.25)
 file(MAKE_DIRECTORY ${WORK})
 
-function(run_tool out_var)
-  execute_process(COMMAND ${TOOL} ${ARGN} RESULT_VARIABLE result OUTPUT_VARIABLE output ERROR_VARIABLE errors)
-  if(NOT result EQUAL 0)
-    message(FATAL_ERROR "memkit-budget ${ARGN} failed (${result}): ${errors}")
-  endif()
-  set(${out_var} "${output}" PARENT_SCOPE)
-endfunction()
-
-function(expect condition_text)
-  if(NOT (${ARGN}))
-    message(FATAL_ERROR "expected ${condition_text}")
-  endif()
-endfunction()
+include(${CMAKE_CURRENT_LIST_DIR}/budget_cli_support.cmake)
 
 if(MODE STREQUAL "runtime")
   # Full bf16-mixed training of GPT-2 124M (124,439,808 parameters), 8-bit AdamW: PyTorch keeps bf16
