@@ -4,11 +4,12 @@
 //   dx = dy * dequant(W)       dy [M, N]           -> dx [M, K]   (the input gradient; W gets none)
 //
 // Host: batches of up to 32 rows (4-bit W, rows of whole blocks) decode W inside the dot products, up to 8
-// rows per pass over W, several columns and two accumulators per row at a time (AVX-512, AVX2 + FMA or
-// portable, chosen at run time by core/host_simd.hpp). Larger batches dequantize tiles of W's rows (at least host_gemm_min_rows of them)
-// into fp32 workspace and multiply them with linalg's packed, register-blocked GEMM micro-kernel. Both
-// paths split the output columns over matmul_config::host_threads threads (core/host_threads.hpp); fp32
-// accumulation throughout.
+// rows per pass over W, several columns at a time, depth in L1-sized chunks (AVX-512, AVX2 + FMA or
+// portable, chosen at run time by core/host_simd.hpp). Larger forward batches are one linalg GEMM whose B
+// panels are decoded straight from W's codes (x packed once; no dequantized tile); the input gradient
+// dequantizes tiles of W's rows (at least host_gemm_min_rows) and multiplies them with linalg's GEMM. All
+// paths split the output columns over matmul_config::host_threads threads (core/host_threads.hpp), never
+// the sum, so results do not depend on the thread count; fp32 accumulation throughout.
 // CUDA: for M <= small_batch_limit (at most 8) a fused kernel decodes W on the fly (one warp per output
 // column for y, one thread per input column for dx), reading the 4-bit codes once; larger batches
 // dequantize row tiles (device_tile_floats values, 32 MiB of bf16 by default) into workspace and call cuBLAS (tensor cores for bf16/fp16), accumulating dx in fp32.
