@@ -634,3 +634,73 @@ void gemm(const host_executor& exec, transpose op_a, transpose op_b, float alpha
 }  // namespace linalg
 
 MEMKIT_NAMESPACE_END
+
+// ---------------------------------------------------------------------------------------------------------
+// CUDA: linalg::gemm on a cuda_executor, through cuBLAS (nvcc only). The one device GEMM of memkit's layers
+// (lora_linear's products, the example model's projections). Row-major C = alpha op(A) op(B) + beta C is
+// cuBLAS's column-major C^T = op(B)^T op(A)^T: cublasGemmEx with the operands swapped, fp32 accumulation
+// (CUBLAS_COMPUTE_32F), on exec.stream with the handle and per-stream workspace of core/cublas.hpp. The
+// signature is the host one so that code generic over the executor calls one function; the device product
+// takes nothing from `workspace` (cuBLAS uses the per-stream workspace core/cublas.hpp keeps) and ignores
+// `options` (host threads). Element types: A and B of one type (cublasGemmEx takes both inputs in one
+// type); fp32 inputs need an fp32 C; 16-bit inputs give a C of their own type or fp32.
+#if MEMKIT_HAS_CUDA
+#include "memkit/core/cublas.hpp"
+
+MEMKIT_NAMESPACE_BEGIN
+
+namespace linalg {
+
+namespace detail {
+template <class TA, class TB, class TC>
+inline constexpr bool cublas_gemm_types =
+    std::is_same_v<TA, TB> && (std::is_same_v<TC, float> || (!std::is_same_v<TA, float> && std::is_same_v<TC, TA>));
+
+// C = beta * C for an empty sum (K == 0), C not read when beta is 0 (as the host path).
+template <class TC>
+__global__ void gemm_scale_kernel(TC* c, std::int64_t rows, std::int64_t cols, std::int64_t ld, float beta) {
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < rows * cols;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    TC& e = c[(i / cols) * ld + i % cols];
+    e = from_float<TC>(beta == 0.0f ? 0.0f : beta * to_float(e));
+  }
+}
+}  // namespace detail
+
+template <float_storage TA, float_storage TB, float_storage TC>
+void gemm(const cuda_executor& exec, transpose op_a, transpose op_b, float alpha, matrix_ref<const TA> A,
+          matrix_ref<const TB> B, float beta, matrix_ref<TC> C, memory_resource& /*workspace*/,
+          const gemm_options& /*options*/ = {}) {
+  static_assert(detail::cublas_gemm_types<TA, TB, TC>,
+                "linalg::gemm (CUDA): cuBLAS takes A and B in one type, and fp32 inputs need an fp32 C");
+  const auto dims = detail::check_gemm(op_a, op_b, A, B, C);
+  const std::int64_t M = dims.M, N = dims.N, K = dims.K;
+  const char* operation = "linalg::gemm (CUDA)";
+  if (!exec.can_access(A.where) || !exec.can_access(B.where) || !exec.can_access(C.where))
+    throw error(std::string(operation) + ": an operand is in pageable host memory, which a CUDA executor cannot access");
+  if (M == 0 || N == 0) return;
+  constexpr std::int64_t int_max = 2147483647;
+  require(M <= int_max && N <= int_max && K <= int_max && A.ld <= int_max && B.ld <= int_max && C.ld <= int_max,
+          std::string(operation) + ": a dimension or leading dimension exceeds cuBLAS's int range");
+  ::memkit::detail::with_device(exec.device, [&] {
+    if (K == 0) {
+      detail::gemm_scale_kernel<TC><<<::memkit::detail::grid_for(M * N, 256), 256, 0, exec.stream>>>(C.data, M, N, C.ld, beta);
+      MEMKIT_CUDA_CHECK(cudaGetLastError());
+      return 0;
+    }
+    cublasHandle_t handle = ::memkit::detail::cublas_handle_for(exec);  // on exec.stream, its own workspace
+    ::memkit::detail::cublas_check(
+        cublasGemmEx(handle, op_b == transpose::yes ? CUBLAS_OP_T : CUBLAS_OP_N,
+                     op_a == transpose::yes ? CUBLAS_OP_T : CUBLAS_OP_N, static_cast<int>(N), static_cast<int>(M),
+                     static_cast<int>(K), &alpha, B.data, ::memkit::detail::cuda_type<TB>(), static_cast<int>(B.ld),
+                     A.data, ::memkit::detail::cuda_type<TA>(), static_cast<int>(A.ld), &beta, C.data,
+                     ::memkit::detail::cuda_type<TC>(), static_cast<int>(C.ld), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+        "cublasGemmEx");
+    return 0;
+  });
+}
+
+}  // namespace linalg
+
+MEMKIT_NAMESPACE_END
+#endif
