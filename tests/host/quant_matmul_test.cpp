@@ -106,6 +106,7 @@ TEST_CASE("quant matmul: every host path on any number of threads, and the GEMM 
     check_against_dense<q::FP4, memkit::fp16>(12, 70, 300, {32, false}, config);  // rows not whole blocks
     check_against_dense<q::NF4, float>(3, 200, 256, {64, false}, config);    // fused path, columns split
     check_against_dense<q::NF4, memkit::bf16>(7, 45, 128, {128, true}, config);
+    check_against_dense<q::NF4, float>(16, 200, 1280, {64, false}, config);  // fused, depth in 3 chunks per pass
   }
   for (memkit::host_isa isa : {memkit::host_isa::portable, memkit::host_isa::avx2, memkit::host_isa::avx512}) {
     if (isa > memkit::detail::process_host_isa()) continue;
@@ -113,6 +114,11 @@ TEST_CASE("quant matmul: every host path on any number of threads, and the GEMM 
     const memkit::host_isa previous = memkit::limit_host_isa(isa);
     check_against_dense<q::NF4, float>(20, 150, 320, {64, false}, q::matmul_config{});
     check_against_dense<q::NF4, float>(5, 150, 320, {64, false}, q::matmul_config{});
+    // The fused path with depth chunks (x rows kept in L1 between chunks) over groups of 32 columns, a
+    // partial last group and a column tail.
+    check_against_dense<q::NF4, float>(8, 100, 1600, {64, false}, q::matmul_config{});
+    check_against_dense<q::FP4, memkit::bf16>(3, 70, 1600, {64, true}, q::matmul_config{});
+    check_against_dense<q::NF4, float>(1, 45, 8192, {32, false}, q::matmul_config{});
     // The GEMM path: W decoded straight into packed panels (the vector decoders where K is whole 32-value
     // steps), two depth blocks, a partial last panel of columns and of rows.
     check_against_dense<q::NF4, float>(40, 150, 640, {64, false}, q::matmul_config{});

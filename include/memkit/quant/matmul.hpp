@@ -67,8 +67,9 @@ constexpr std::int64_t tile_rows(std::int64_t N, std::int64_t K, const matmul_co
 }  // namespace detail
 
 namespace detail {
-// The host forward with a small batch decodes W inside the dot products (workspace: x widened to fp32
-// once when it is 16-bit): 4-bit formats, rows made of whole blocks, M up to host_fused_limit. The kernels
+// The host forward with a small batch decodes W inside the dot products (workspace: x in fp32, in the
+// order the kernel's lanes read it, once per call): 4-bit formats, rows made of whole blocks, M up to
+// host_fused_limit. The kernels
 // take up to host_fused_rows rows of x per pass over W; a batch of up to host_fused_limit rows makes a few
 // passes, which costs less than dequantizing W for the GEMM path (measured on the 2-core EPYC, 4096 x 4096:
 // decoding W is most of a pass, and the GEMM path's dequantization and packing cost about two passes), so
@@ -192,7 +193,7 @@ constexpr std::size_t matmul_workspace_bytes(matmul_kind kind, format fmt, std::
   const std::int64_t rows = detail::tile_rows(N, K, config, on_device);
   const bool fp32 = element_bytes == 4;
   if (!on_device) {
-    if (detail::host_fused(kind, fmt, block_size, M, K)) return fp32 ? 0 : static_cast<std::size_t>(M * K) * 4;
+    if (detail::host_fused(kind, fmt, block_size, M, K)) return static_cast<std::size_t>(M * K) * 4;
     if (kind == matmul_kind::forward)
       return static_cast<std::size_t>(detail::plan_host_forward(M, N, K, !fp32, config).floats()) * 4;
     const detail::host_tiled_plan plan = detail::plan_host_input_grad(M, N, K, config);
@@ -252,12 +253,30 @@ void fused_gemv_host(const float* x, std::int64_t M, const std::uint8_t* codes, 
   }
 }
 
-#if MEMKIT_QUANT_X86_SIMD
-// Columns decoded together, per batch size: enough independent accumulator chains (2 per row and column)
-// to hide the FMA latency, within the 32 (AVX-512) or 16 (AVX2) vector registers.
-constexpr int fused_columns_avx512(int rows) noexcept { return rows == 1 ? 4 : rows <= 4 ? 2 : 1; }
-constexpr int fused_columns_avx2(int rows) noexcept { return rows == 1 ? 2 : 1; }
+// The vector fused kernels decode 16 weights from their 8 bytes broadcast to every 64-bit lane: a variable
+// shift brings a different nibble to the low 4 bits of each 32-bit lane (the permute reads only those), so
+// a step costs a broadcast load, a shift and a permute, and no widening. The lanes come out in this order
+// (lane j holds element fused_lane_element(j) of the 16; AVX2's two vectors of 8 are lanes 0-7 and 8-15),
+// and x is stored in the same order beforehand (fused_input_layout), once per call, so each product still
+// pairs x[k] with W[n, k].
+constexpr int fused_lane_element(int lane) noexcept {
+  const int half = lane & 1, nibble = lane >> 1;  // nibble `nibble` (from bit 0) of 32-bit half `half`
+  const int byte = 4 * half + nibble / 2;
+  return 2 * byte + (nibble % 2 == 0 ? 1 : 0);    // the even element of a byte sits in its high nibble
+}
 
+// x as the fused kernels read it: fp32, and for the vector kernels each 16 values in fused_lane_element order.
+template <class T>
+void fused_input_layout(host_isa isa, const T* x, std::int64_t count, float* out) {
+  if (isa != host_isa::portable && count % 16 == 0) {
+    for (std::int64_t i = 0; i < count; i += 16)
+      for (int lane = 0; lane < 16; ++lane) out[i + lane] = to_float(x[i + fused_lane_element(lane)]);
+    return;
+  }
+  for (std::int64_t i = 0; i < count; ++i) out[i] = to_float(x[i]);
+}
+
+#if MEMKIT_QUANT_X86_SIMD
 // 32 4-bit codes (16 bytes, the even element in the high nibble) looked up in a block's scaled table:
 // the values of elements 0-15 into `first`, 16-31 into `second`.
 __attribute__((target("avx512f,avx512bw"))) inline void lookup32_avx512(const std::uint8_t* bytes16, __m512 scaled,
@@ -336,94 +355,126 @@ __attribute__((target("avx2,fma"))) void decode4_avx2(const std::uint8_t* codes,
   }
 }
 
-// AVX-512: one permute looks up 16 values in the whole 16-entry table; 32 values per step.
-template <format F, class T, int Rows, int Cols>
-__attribute__((target("avx512f,avx512bw"))) void fused_gemv_avx512(const float* x, const std::uint8_t* codes,
-                                                                  const block_scales& scales, std::int64_t block_size,
-                                                                  std::int64_t N, std::int64_t K, std::int64_t n0,
-                                                                  std::int64_t n1, T* y) {
-  alignas(64) float table[16];
-  for (int c = 0; c < 16; ++c) table[c] = code_value<F>(static_cast<std::uint8_t>(c), nullptr);
-  const __m512 base_table = _mm512_load_ps(table);
-  std::int64_t n = n0;
-  for (; n + Cols <= n1; n += Cols) {
-    __m512 acc[Rows][Cols][2];
+// The fused kernels for one group of Cols columns [n, n + Cols) of W over depth [k0, k1) (whole blocks) and
+// Rows rows of x (in fused_input_layout order): the accumulators (one vector per row and column, `lanes`
+// floats, at saved + (c * Rows + r) * lanes) start from zero when k0 is 0 and are stored back at the end.
+// 16 weights come from their 8 bytes broadcast to every 64-bit lane: a variable shift brings a different
+// nibble to the low bits of each 32-bit lane, where the table permute reads it (no widening, no masking).
+template <format F>
+struct fused_avx512 {
+  static constexpr int lanes = 16;
+  template <int Rows, int Cols>
+  __attribute__((target("avx512f,avx512bw"))) static void run(const float* x, const std::uint8_t* codes,
+                                                             const block_scales& scales, int block_shift,
+                                                             std::int64_t K, std::int64_t n, std::int64_t k0,
+                                                             std::int64_t k1, float* saved) {
+    alignas(64) float table[16];
+    for (int c = 0; c < 16; ++c) table[c] = code_value<F>(static_cast<std::uint8_t>(c), nullptr);
+    const __m512 base_table = _mm512_load_ps(table);
+    const __m512i shifts = _mm512_setr_epi32(0, 0, 4, 4, 8, 8, 12, 12, 16, 16, 20, 20, 24, 24, 28, 28);
+    const std::int64_t block_size = std::int64_t{1} << block_shift;
+    __m512 acc[Rows][Cols];
     for (int r = 0; r < Rows; ++r)
-      for (int c = 0; c < Cols; ++c) acc[r][c][0] = acc[r][c][1] = _mm512_setzero_ps();
-    for (std::int64_t kb = 0; kb < K; kb += block_size) {
+      for (int c = 0; c < Cols; ++c) acc[r][c] = k0 == 0 ? _mm512_setzero_ps() : _mm512_load_ps(saved + (c * Rows + r) * 16);
+    for (std::int64_t kb = k0; kb < k1; kb += block_size) {
       __m512 scaled[Cols];
-      for (int c = 0; c < Cols; ++c) scaled[c] = _mm512_mul_ps(base_table, _mm512_set1_ps(scales(((n + c) * K + kb) / block_size)));
-      for (std::int64_t k = kb; k < kb + block_size; k += 32) {  // blocks hold a multiple of 32 values
-        __m512 w[Cols][2];
-        for (int c = 0; c < Cols; ++c) lookup32_avx512(codes + ((n + c) * K + k) / 2, scaled[c], w[c][0], w[c][1]);
-        for (int r = 0; r < Rows; ++r) {
-          const __m512 x0 = _mm512_loadu_ps(x + r * K + k), x1 = _mm512_loadu_ps(x + r * K + k + 16);
-          for (int c = 0; c < Cols; ++c) {
-            acc[r][c][0] = _mm512_fmadd_ps(x0, w[c][0], acc[r][c][0]);
-            acc[r][c][1] = _mm512_fmadd_ps(x1, w[c][1], acc[r][c][1]);
-          }
+      for (int c = 0; c < Cols; ++c)
+        scaled[c] = _mm512_mul_ps(base_table, _mm512_set1_ps(scales(((n + c) * K + kb) >> block_shift)));
+      for (std::int64_t k = kb; k < kb + block_size; k += 16) {
+        __m512 xs[Rows];
+        for (int r = 0; r < Rows; ++r) xs[r] = _mm512_loadu_ps(x + r * K + k);
+        for (int c = 0; c < Cols; ++c) {
+          std::int64_t bytes;
+          std::memcpy(&bytes, codes + ((n + c) * K + k) / 2, sizeof bytes);
+          // The zero-masked forms: GCC 12 warns about the unmasked ones' undefined pass-through operand.
+          const __m512 w = _mm512_maskz_permutexvar_ps(
+              0xffff, _mm512_maskz_srlv_epi32(0xffff, _mm512_set1_epi64(bytes), shifts), scaled[c]);
+          for (int r = 0; r < Rows; ++r) acc[r][c] = _mm512_fmadd_ps(xs[r], w, acc[r][c]);
         }
       }
     }
     for (int r = 0; r < Rows; ++r)
-      for (int c = 0; c < Cols; ++c) {
-        alignas(64) float lanes[16];  // (_mm512_reduce_add_ps trips GCC 12's maybe-uninitialized warning)
-        _mm512_store_ps(lanes, _mm512_add_ps(acc[r][c][0], acc[r][c][1]));
-        float total = 0.0f;
-        for (float lane : lanes) total += lane;
-        y[r * N + n + c] = from_float<T>(total);
-      }
+      for (int c = 0; c < Cols; ++c) _mm512_store_ps(saved + (c * Rows + r) * 16, acc[r][c]);
   }
-  if constexpr (Cols > 1)
-    if (n < n1) fused_gemv_avx512<F, T, Rows, 1>(x, codes, scales, block_size, N, K, n, n1, y);
-}
+};
 
-// AVX2 + FMA: two 8-entry permutes and a blend look up 8 values; 16 values per step.
-template <format F, class T, int Rows, int Cols>
-__attribute__((target("avx2,fma,f16c"))) void fused_gemv_avx2(const float* x, const std::uint8_t* codes,
-                                                              const block_scales& scales, std::int64_t block_size,
-                                                              std::int64_t N, std::int64_t K, std::int64_t n0,
-                                                              std::int64_t n1, T* y) {
-  constexpr int halves = Rows <= 4 ? 2 : 1;  // accumulators per row and column (registers allowing)
-  alignas(32) float table[16];
-  for (int c = 0; c < 16; ++c) table[c] = code_value<F>(static_cast<std::uint8_t>(c), nullptr);
-  const __m256 low_table = _mm256_load_ps(table), high_table = _mm256_load_ps(table + 8);
-  std::int64_t n = n0;
-  for (; n + Cols <= n1; n += Cols) {
-    __m256 acc[Rows][Cols][halves];
+// AVX2 + FMA: the same 16 lanes as two vectors of 8 (shifts 0-12 and 16-28), each looked up with two
+// 8-entry permutes and a blend on the nibble's high bit.
+template <format F>
+struct fused_avx2 {
+  static constexpr int lanes = 8;
+  template <int Rows, int Cols>
+  __attribute__((target("avx2,fma"))) static void run(const float* x, const std::uint8_t* codes,
+                                                     const block_scales& scales, int block_shift, std::int64_t K,
+                                                     std::int64_t n, std::int64_t k0, std::int64_t k1, float* saved) {
+    alignas(32) float table[16];
+    for (int c = 0; c < 16; ++c) table[c] = code_value<F>(static_cast<std::uint8_t>(c), nullptr);
+    const __m256 low_table = _mm256_load_ps(table), high_table = _mm256_load_ps(table + 8);
+    const __m256i shifts[2] = {_mm256_setr_epi32(0, 0, 4, 4, 8, 8, 12, 12), _mm256_setr_epi32(16, 16, 20, 20, 24, 24, 28, 28)};
+    const std::int64_t block_size = std::int64_t{1} << block_shift;
+    __m256 acc[Rows][Cols];
     for (int r = 0; r < Rows; ++r)
-      for (int c = 0; c < Cols; ++c)
-        for (int h = 0; h < halves; ++h) acc[r][c][h] = _mm256_setzero_ps();
-    for (std::int64_t kb = 0; kb < K; kb += block_size) {
+      for (int c = 0; c < Cols; ++c) acc[r][c] = k0 == 0 ? _mm256_setzero_ps() : _mm256_load_ps(saved + (c * Rows + r) * 8);
+    for (std::int64_t kb = k0; kb < k1; kb += block_size) {
       __m256 low[Cols], high[Cols];  // scaled tables: the same single products decode() forms
       for (int c = 0; c < Cols; ++c) {
-        const __m256 scale = _mm256_set1_ps(scales(((n + c) * K + kb) / block_size));
+        const __m256 scale = _mm256_set1_ps(scales(((n + c) * K + kb) >> block_shift));
         low[c] = _mm256_mul_ps(low_table, scale);
         high[c] = _mm256_mul_ps(high_table, scale);
       }
-      for (std::int64_t k = kb; k < kb + block_size; k += 16) {
-        __m256 w[Cols][2];
-        for (int c = 0; c < Cols; ++c) lookup16_avx2(codes + ((n + c) * K + k) / 2, low[c], high[c], w[c][0], w[c][1]);
-        for (int r = 0; r < Rows; ++r) {
-          const __m256 x0 = _mm256_loadu_ps(x + r * K + k), x1 = _mm256_loadu_ps(x + r * K + k + 8);
+      for (std::int64_t k = kb; k < kb + block_size; k += 16)
+        for (int h = 0; h < 2; ++h)
           for (int c = 0; c < Cols; ++c) {
-            acc[r][c][0] = _mm256_fmadd_ps(x0, w[c][0], acc[r][c][0]);
-            acc[r][c][halves - 1] = _mm256_fmadd_ps(x1, w[c][1], acc[r][c][halves - 1]);
+            std::int64_t bytes;
+            std::memcpy(&bytes, codes + ((n + c) * K + k) / 2, sizeof bytes);
+            const __m256i index = _mm256_srlv_epi32(_mm256_set1_epi64x(bytes), shifts[h]);
+            const __m256 w = _mm256_blendv_ps(_mm256_permutevar8x32_ps(low[c], index), _mm256_permutevar8x32_ps(high[c], index),
+                                              _mm256_castsi256_ps(_mm256_slli_epi32(index, 28)));
+            for (int r = 0; r < Rows; ++r) acc[r][c] = _mm256_fmadd_ps(_mm256_loadu_ps(x + r * K + k + 8 * h), w, acc[r][c]);
           }
-        }
-      }
     }
     for (int r = 0; r < Rows; ++r)
-      for (int c = 0; c < Cols; ++c) {
-        const __m256 both = halves == 2 ? _mm256_add_ps(acc[r][c][0], acc[r][c][halves - 1]) : acc[r][c][0];
-        const __m128 folded = _mm_add_ps(_mm256_castps256_ps128(both), _mm256_extractf128_ps(both, 1));
-        const __m128 pairs = _mm_add_ps(folded, _mm_movehl_ps(folded, folded));
-        y[r * N + n + c] = from_float<T>(_mm_cvtss_f32(_mm_add_ss(pairs, _mm_movehdup_ps(pairs))));
+      for (int c = 0; c < Cols; ++c) _mm256_store_ps(saved + (c * Rows + r) * 8, acc[r][c]);
+  }
+};
+
+// y[r, n] for n in [n0, n1) with a fused kernel: columns in groups of up to 32, depth in chunks of whole
+// blocks whose Rows rows of x fit 16 KiB (L1), so x is read from L1 for every column and not from L2; each
+// group's accumulators wait in `partial` between chunks, so every lane still sums its products in k order.
+template <class Kernel, int Rows, int Cols, class T>
+void fused_columns(const float* x, const std::uint8_t* codes, const block_scales& scales, std::int64_t block_size,
+                   std::int64_t N, std::int64_t K, std::int64_t n0, std::int64_t n1, T* y) {
+  constexpr int lanes = Kernel::lanes;
+  constexpr std::int64_t span = 32 / Cols * Cols;
+  const int block_shift = std::countr_zero(static_cast<std::uint64_t>(block_size));  // a power of two
+  const std::int64_t fit = (std::int64_t{4096} / Rows) / block_size * block_size;
+  const std::int64_t chunk = fit > block_size ? fit : block_size;
+  alignas(64) float partial[span * Rows * lanes];
+  std::int64_t n = n0;
+  while (n + Cols <= n1) {
+    const std::int64_t end = n + span < n1 ? n + span : n1 - (n1 - n) % Cols;
+    for (std::int64_t k0 = 0; k0 < K; k0 += chunk)
+      for (std::int64_t group = n; group < end; group += Cols)
+        Kernel::template run<Rows, Cols>(x, codes, scales, block_shift, K, group, k0, k0 + chunk < K ? k0 + chunk : K,
+                                         partial + (group - n) * Rows * lanes);
+    for (std::int64_t column = n; column < end; ++column)
+      for (int r = 0; r < Rows; ++r) {
+        const std::int64_t c = (column - n) % Cols, group = (column - n) - c;
+        const float* sums = partial + (group * Rows + c * Rows + r) * lanes;
+        float total = 0.0f;
+        for (int lane = 0; lane < lanes; ++lane) total += sums[lane];
+        y[r * N + column] = from_float<T>(total);
       }
+    n = end;
   }
   if constexpr (Cols > 1)
-    if (n < n1) fused_gemv_avx2<F, T, Rows, 1>(x, codes, scales, block_size, N, K, n, n1, y);
+    if (n < n1) fused_columns<Kernel, Rows, 1>(x, codes, scales, block_size, N, K, n, n1, y);
 }
+
+// Columns per group, per row count: at least 8 accumulator chains where registers allow, and each x
+// vector used for as many columns as the 32 (AVX-512) or 16 (AVX2) vector registers hold.
+constexpr int fused_columns_avx512(int rows) noexcept { return rows == 1 ? 8 : rows == 2 ? 6 : rows <= 4 ? 4 : rows <= 6 ? 3 : 2; }
+constexpr int fused_columns_avx2(int rows) noexcept { return rows == 1 ? 3 : rows <= 3 ? 2 : 1; }
 
 // The vector kernel for M rows (1..host_fused_rows), as a compile-time row count.
 template <format F, class T, int Rows = 1>
@@ -433,9 +484,9 @@ void fused_gemv_simd(host_isa isa, const float* x, std::int64_t M, const std::ui
     if (M > Rows) return fused_gemv_simd<F, T, Rows + 1>(isa, x, M, codes, scales, block_size, N, K, n0, n1, y);
   }
   if (isa == host_isa::avx512)
-    fused_gemv_avx512<F, T, Rows, fused_columns_avx512(Rows)>(x, codes, scales, block_size, N, K, n0, n1, y);
+    fused_columns<fused_avx512<F>, Rows, fused_columns_avx512(Rows)>(x, codes, scales, block_size, N, K, n0, n1, y);
   else
-    fused_gemv_avx2<F, T, Rows, fused_columns_avx2(Rows)>(x, codes, scales, block_size, N, K, n0, n1, y);
+    fused_columns<fused_avx2<F>, Rows, fused_columns_avx2(Rows)>(x, codes, scales, block_size, N, K, n0, n1, y);
 }
 #endif
 
@@ -783,21 +834,17 @@ void matmul(const E& exec, tensor_view<const std::type_identity_t<T>> x, const q
       if (detail::host_fused(matmul_kind::forward, F, w.block_size(), M, K)) {
         block_scales scales = w.scales();
         scales.nested_map = w.nested_map().value;
-        // x widened to fp32 once, not once per row of W.
-        const float* wide = nullptr;
-        buffer<float> widened;
-        if constexpr (std::is_same_v<T, float>) {
-          wide = x.data();
-        } else {
-          widened = buffer<float>(workspace, shape{M * K});
-          for (std::int64_t i = 0; i < M * K; ++i) widened.data()[i] = to_float(x[i]);
-          wide = widened.data();
-        }
 #if MEMKIT_QUANT_X86_SIMD
         host_isa isa = host_isa_in_use();
         if (config.host_simd < 2 && isa == host_isa::avx512) isa = host_isa::avx2;
         if (config.host_simd < 1) isa = host_isa::portable;
+#else
+        const host_isa isa = host_isa::portable;
 #endif
+        // x in fp32 and in the order the kernel's lanes take it, once, not once per row of W.
+        buffer<float> widened(workspace, shape{M * K});
+        detail::fused_input_layout(isa, x.data(), M * K, widened.data());
+        const float* wide = widened.data();
         const std::int64_t parts = detail::host_column_parts(N, detail::host_matmul_threads(config));
         ::memkit::detail::run_in_parts(static_cast<int>(parts), parts, [&](std::int64_t first, std::int64_t last) {
           const std::int64_t n0 = detail::host_part_begin(N, parts, first), n1 = detail::host_part_begin(N, parts, last);
