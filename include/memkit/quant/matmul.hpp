@@ -70,11 +70,10 @@ constexpr std::int64_t tile_rows(std::int64_t N, std::int64_t K, const matmul_co
 namespace detail {
 // The host forward with a small batch decodes W inside the dot products (workspace: x in fp32, in the
 // order the kernel's lanes read it, once per call): 4-bit formats, rows made of whole blocks, M up to
-// host_fused_limit. The kernels
-// take up to host_fused_rows rows of x per pass over W; a batch of up to host_fused_limit rows makes a few
-// passes, which costs less than dequantizing W for the GEMM path (measured on the 2-core EPYC, 4096 x 4096:
-// decoding W is most of a pass, and the GEMM path's dequantization and packing cost about two passes), so
-// the time grows smoothly from the fused path to the GEMM path instead of jumping at M = 9.
+// host_fused_limit. The kernels take up to host_fused_rows rows of x per pass over W; a batch of up to
+// host_fused_limit rows makes a few passes, which costs less than decoding W into the GEMM path's packed
+// panels, so the time grows smoothly with M instead of jumping at M = 9 (4096 x 4096, one thread:
+// docs/performance.md, "Dequantizing matmul at batch 1-8").
 inline constexpr std::int64_t host_fused_rows = 8;
 inline constexpr std::int64_t host_fused_limit = 32;
 constexpr bool host_fused(matmul_kind kind, format fmt, std::int64_t block_size, std::int64_t M,
