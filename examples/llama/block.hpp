@@ -37,27 +37,29 @@ struct model_config {
 };
 
 namespace detail {
-// [B, S, H*D] <-> [B, H, S, D], one element (index in the [B, S, H, D] order).
+// [B, S, H*D] <-> [B, H, S, D], one row of D elements (row index in the [B, S, H] order: one division per
+// row, not per element).
 template <class T>
-struct heads_element {
+struct heads_row {
   const T* in;
   T* out;
   std::int64_t S, H, D;
   bool split;  // true: [B, S, H*D] -> [B, H, S, D]; false: back
-  MEMKIT_HOST_DEVICE void operator()(std::int64_t i) const {
-    const std::int64_t d = i % D, h = (i / D) % H, s = (i / D / H) % S, b = i / D / H / S;
-    const std::int64_t heads_index = ((b * H + h) * S + s) * D + d;
-    if (split) out[heads_index] = in[i];
-    else out[i] = in[heads_index];
+  MEMKIT_HOST_DEVICE void operator()(std::int64_t row) const {
+    const std::int64_t h = row % H, s = (row / H) % S, b = row / H / S;
+    const std::int64_t tokens_at = row * D, heads_at = ((b * H + h) * S + s) * D;
+    const T* from = in + (split ? tokens_at : heads_at);
+    T* to = out + (split ? heads_at : tokens_at);
+    for (std::int64_t d = 0; d < D; ++d) to[d] = from[d];
   }
 };
 template <memkit::executor E, class T>
 void split_heads(const E& exec, const T* in, T* out, std::int64_t B, std::int64_t S, std::int64_t H, std::int64_t D) {
-  for_each_index(exec, B * S * H * D, heads_element<T>{in, out, S, H, D, true});
+  for_each_index(exec, B * S * H, heads_row<T>{in, out, S, H, D, true});
 }
 template <memkit::executor E, class T>
 void merge_heads(const E& exec, const T* in, T* out, std::int64_t B, std::int64_t S, std::int64_t H, std::int64_t D) {
-  for_each_index(exec, B * S * H * D, heads_element<T>{in, out, S, H, D, false});
+  for_each_index(exec, B * S * H, heads_row<T>{in, out, S, H, D, false});
 }
 // out = a + b, one element (out may be a).
 template <class T>

@@ -46,18 +46,19 @@ MEMKIT_HOST_DEVICE MEMKIT_FORCEINLINE float sqrt_f32(float v) { return ::sqrtf(v
 
 // ---------------------------------------------------------------------------------------------------------
 // Token embedding: ids [B, S] -> hidden [B, S, H]; backward adds each row of dy into its token's gradient row.
-// One element of y; an id outside the vocabulary gives NaN (device code cannot throw; the host path checks
+// One token's row of y; an id outside the vocabulary gives NaN (device code cannot throw; the host path checks
 // the ids first, the example checks them where it makes them).
 template <class T>
-struct embedding_element {
+struct embedding_row {
   const std::int32_t* ids;
   const bf16* weight;
   T* y;
   std::int64_t vocab, hidden;
-  MEMKIT_HOST_DEVICE void operator()(std::int64_t i) const {
-    const std::int32_t id = ids[i / hidden];
+  MEMKIT_HOST_DEVICE void operator()(std::int64_t t) const {
+    const std::int32_t id = ids[t];
+    const bool known = id >= 0 && id < vocab;
     const float quiet_nan = memkit::bf16_bits_to_float(0x7fc0);
-    y[i] = narrow<T>(id >= 0 && id < vocab ? f32(weight[id * hidden + i % hidden]) : quiet_nan);
+    for (std::int64_t j = 0; j < hidden; ++j) y[t * hidden + j] = narrow<T>(known ? f32(weight[id * hidden + j]) : quiet_nan);
   }
 };
 // Column j of the gradient: the tokens in order, so the sums are the same on every executor and duplicate ids
@@ -91,7 +92,7 @@ struct token_embedding {
       for (std::int64_t t = 0; t < ids.size(); ++t)
         memkit::require(ids[t] >= 0 && ids[t] < vocab,
                         "token_embedding: token id " + std::to_string(ids[t]) + " is outside the vocabulary");
-    for_each_index(exec, y.size(), embedding_element<T>{ids.data(), weight.value.data(), y.data(), vocab, hidden});
+    for_each_index(exec, ids.size(), embedding_row<T>{ids.data(), weight.value.data(), y.data(), vocab, hidden});
   }
   template <memkit::executor E, class T>
   void backward(const E& exec, tensor_view<const std::int32_t> ids, tensor_view<const T> dy) {
@@ -201,22 +202,24 @@ struct rms_norm {
 // Rotary position embedding on [B, S, heads * head_dim] (HF's rotate_half layout). The cos/sin table
 // [max_positions, head_dim / 2] is computed once (fp32, on the host, then copied where the weights live) and
 // is a constant of the model, not an activation.
-// One pair (i, i + d/2) of one head at one position: y = R(direction * pos) x; x and y may be the same memory.
+// One head at one position, its pairs (i, i + d/2): y = R(direction * pos) x; x and y may be the same memory.
 template <class T>
-struct rotary_pair {
+struct rotary_row {
   const T* x;
   T* y;
   const float* table;  // cos then sin, each [max_positions, half]
   std::int64_t seq, width, head_dim, max_positions;
   float direction;
-  MEMKIT_HOST_DEVICE void operator()(std::int64_t index) const {
-    const std::int64_t half = head_dim / 2, heads = width / head_dim;
-    const std::int64_t i = index % half, head = (index / half) % heads, token = index / half / heads;
-    const std::int64_t p = token % seq, at = token * width + head * head_dim + i;
-    const float c = table[p * half + i], sine = direction * table[(max_positions + p) * half + i];
-    const float a = f32(x[at]), b = f32(x[at + half]);
-    y[at] = narrow<T>(a * c - b * sine);
-    y[at + half] = narrow<T>(b * c + a * sine);
+  MEMKIT_HOST_DEVICE void operator()(std::int64_t row) const {  // row = token * heads + head
+    const std::int64_t half = head_dim / 2, p = (row / (width / head_dim)) % seq, at = row * head_dim;
+    const float* c = table + p * half;
+    const float* sn = table + (max_positions + p) * half;
+    for (std::int64_t i = 0; i < half; ++i) {
+      const float a = f32(x[at + i]), b = f32(x[at + i + half]);
+      const float sine = direction * sn[i];
+      y[at + i] = narrow<T>(a * c[i] - b * sine);
+      y[at + i + half] = narrow<T>(b * c[i] + a * sine);
+    }
   }
 };
 
@@ -254,8 +257,8 @@ struct rotary {
     const std::int64_t seq = s[1], width = s[2];
     memkit::require(seq <= max_positions, "rotary: sequence " + std::to_string(seq) + " is longer than the table");
     memkit::require(width % head_dim == 0, "rotary: width is not a whole number of heads");
-    for_each_index(exec, x.size() / 2,
-             rotary_pair<T>{x.data(), y.data(), table.data(), seq, width, head_dim, max_positions, direction});
+    for_each_index(exec, x.size() / head_dim,
+                   rotary_row<T>{x.data(), y.data(), table.data(), seq, width, head_dim, max_positions, direction});
   }
   template <memkit::executor E>
   void forward(const E& exec, const forward_context&, tensor_view<const T> x, tensor_view<T> y, activation_store&) {

@@ -257,9 +257,9 @@ TEST_CASE("example llama: the token embedding gathers rows, sums the gradient of
   const std::vector<std::int32_t> bad{1, 5};
   CHECK_THROWS_WITH_AS(embed.forward(memkit::host, memkit::host_view(bad.data(), {2}), memkit::host_view(y.data(), {2, H})),
                        doctest::Contains("outside the vocabulary"), memkit::error);
-  // The shared element function (what the device kernel runs) writes NaN for an unknown id instead of reading
+  // The shared row function (what the device kernel runs) writes NaN for an unknown id instead of reading
   // outside the table.
-  float out = 0.0f;
-  llama::embedding_element<float>{bad.data() + 1, embed.weight.value.data(), &out, V, H}(0);
-  CHECK(std::isnan(out));
+  float out[H] = {};
+  llama::embedding_row<float>{bad.data() + 1, embed.weight.value.data(), out, V, H}(0);
+  for (float v : out) CHECK(std::isnan(v));
 }
