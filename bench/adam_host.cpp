@@ -149,6 +149,7 @@ void BM_adam_ratio_to_fp32(benchmark::State& state) {
   state.counters["ns_per_param"] = t.first / static_cast<double>(n) * 1e9;
   state.counters["fp32_ns_per_param"] = t.second / static_cast<double>(n) * 1e9;
   state.counters["ratio_to_fp32"] = t.first / t.second;
+  state.counters["cpu_ratio_to_fp32"] = t.first_cpu / t.second_cpu;  // the steadier one on a loaded machine
   state.SetLabel(memkit::to_string(memkit::host_isa_in_use()));
 }
 
@@ -177,6 +178,8 @@ void BM_adam_fp32_sizes(benchmark::State& state) {
       });
   state.counters["ns_per_param"] = t.first / static_cast<double>(n) * 1e9;
   state.counters["norm_ns_per_param"] = t.second / static_cast<double>(n) * 1e9;
+  state.counters["cpu_ns_per_param"] = t.first_cpu / static_cast<double>(n) * 1e9;
+  state.counters["cpu_norm_ns_per_param"] = t.second_cpu / static_cast<double>(n) * 1e9;
   state.SetLabel(memkit::to_string(memkit::host_isa_in_use()));
 }
 

@@ -107,6 +107,7 @@ TEST_CASE("quant matmul: every host path on any number of threads, and the GEMM 
     check_against_dense<q::NF4, float>(3, 200, 256, {64, false}, config);    // fused path, columns split
     check_against_dense<q::NF4, memkit::bf16>(7, 45, 128, {128, true}, config);
     check_against_dense<q::NF4, float>(16, 200, 1280, {64, false}, config);  // fused, depth in 3 chunks per pass
+    check_against_dense<q::NF4, memkit::bf16>(300, 70, 192, {64, false}, config);  // GEMM path, two slices of x
   }
   for (memkit::host_isa isa : {memkit::host_isa::portable, memkit::host_isa::avx2, memkit::host_isa::avx512}) {
     if (isa > memkit::detail::process_host_isa()) continue;

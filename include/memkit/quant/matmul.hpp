@@ -4,11 +4,12 @@
 //   dx = dy * dequant(W)       dy [M, N]           -> dx [M, K]   (the input gradient; W gets none)
 //
 // Host: batches of up to 32 rows (4-bit W, rows of whole blocks) decode W inside the dot products, up to 8
-// rows per pass over W, several columns and two accumulators per row at a time (AVX-512, AVX2 + FMA or
-// portable, chosen at run time by core/host_simd.hpp). Larger batches dequantize tiles of W's rows (at least host_gemm_min_rows of them)
-// into fp32 workspace and multiply them with linalg's packed, register-blocked GEMM micro-kernel. Both
-// paths split the output columns over matmul_config::host_threads threads (core/host_threads.hpp); fp32
-// accumulation throughout.
+// rows per pass over W, several columns at a time, depth in L1-sized chunks (AVX-512, AVX2 + FMA or
+// portable, chosen at run time by core/host_simd.hpp). Larger forward batches are linalg GEMMs whose B
+// panels are decoded straight from W's codes (x packed once per 288 rows; no dequantized tile); the input gradient
+// dequantizes tiles of W's rows (at least host_gemm_min_rows) and multiplies them with linalg's GEMM. All
+// paths split the output columns over matmul_config::host_threads threads (core/host_threads.hpp), never
+// the sum, so results do not depend on the thread count; fp32 accumulation throughout.
 // CUDA: for M <= small_batch_limit (at most 8) a fused kernel decodes W on the fly (one warp per output
 // column for y, one thread per input column for dx), reading the 4-bit codes once; larger batches
 // dequantize row tiles (device_tile_floats values, 32 MiB of bf16 by default) into workspace and call cuBLAS (tensor cores for bf16/fp16), accumulating dx in fp32.
@@ -69,11 +70,10 @@ constexpr std::int64_t tile_rows(std::int64_t N, std::int64_t K, const matmul_co
 namespace detail {
 // The host forward with a small batch decodes W inside the dot products (workspace: x in fp32, in the
 // order the kernel's lanes read it, once per call): 4-bit formats, rows made of whole blocks, M up to
-// host_fused_limit. The kernels
-// take up to host_fused_rows rows of x per pass over W; a batch of up to host_fused_limit rows makes a few
-// passes, which costs less than dequantizing W for the GEMM path (measured on the 2-core EPYC, 4096 x 4096:
-// decoding W is most of a pass, and the GEMM path's dequantization and packing cost about two passes), so
-// the time grows smoothly from the fused path to the GEMM path instead of jumping at M = 9.
+// host_fused_limit. The kernels take up to host_fused_rows rows of x per pass over W; a batch of up to
+// host_fused_limit rows makes a few passes, which costs less than decoding W into the GEMM path's packed
+// panels, so the time grows smoothly with M instead of jumping at M = 9 (4096 x 4096, one thread:
+// docs/performance.md, "Dequantizing matmul at batch 1-8").
 inline constexpr std::int64_t host_fused_rows = 8;
 inline constexpr std::int64_t host_fused_limit = 32;
 constexpr bool host_fused(matmul_kind kind, format fmt, std::int64_t block_size, std::int64_t M,
@@ -103,13 +103,18 @@ constexpr std::int64_t host_part_begin(std::int64_t N, std::int64_t parts, std::
 }
 
 // The host forward beyond the fused path is one blocked GEMM (linalg's) with B = dequant(W)^T, its threads
-// splitting y's columns. x is packed once, for the whole call, into the micro-kernel's row panels; each
-// depth block x column block of W^T is decoded from the codes (up to 32 rows of W at a time, into a
-// per-part buffer of decode_floats) and transposed in registers straight into the packed column panels:
-// no dequantized tile, no second packing pass, and x is not packed again for every tile of W.
+// splitting y's columns. Each slice of up to host_forward_rows rows of x is packed once into the
+// micro-kernel's row panels; each depth block x column block of W^T is decoded from the codes (up to 32
+// rows of W at a time, into a per-part buffer of decode_floats) and transposed in registers straight into
+// the packed column panels: no dequantized tile, no second packing pass, and x is not packed again for
+// every tile of W.
+// x is packed host_forward_rows rows at a time (so the workspace does not grow with the batch: 4.5 MiB of
+// packed x for K = 4096), W decoded again for each such slice of rows.
+inline constexpr std::int64_t host_forward_rows = 288;
 struct host_forward_plan {
-  linalg::detail::gemm_plan gemm{};  // its a_floats are 0: the A panels are the packed x
-  std::int64_t x_rows = 0;           // M rounded up to linalg's row unit: packed x holds x_rows x K
+  linalg::detail::gemm_plan gemm{};  // one slice's product; its a_floats are 0: the A panels are the packed x
+  std::int64_t rows = 0;             // rows of x per slice
+  std::int64_t x_rows = 0;           // rows rounded up to linalg's row unit: packed x holds x_rows x K
   std::int64_t depth = 0;            // K
   std::int64_t decode_floats = 0;    // one part's decoded rows of W
   constexpr std::int64_t x_floats() const noexcept { return linalg::detail::round_up(x_rows * depth, 16); }
@@ -121,10 +126,11 @@ constexpr host_forward_plan plan_host_forward(std::int64_t M, std::int64_t N, st
                                               const matmul_config& config) noexcept {
   using blocking = linalg::detail::gemm_blocking;
   host_forward_plan plan;
-  plan.gemm = linalg::detail::plan_gemm(M, N, K, host_matmul_threads(config), y_is_16_bit);
+  plan.rows = M < host_forward_rows ? M : host_forward_rows;
+  plan.gemm = linalg::detail::plan_gemm(plan.rows, N, K, host_matmul_threads(config), y_is_16_bit);
   plan.gemm.a_floats = 0;
   plan.depth = K;
-  plan.x_rows = linalg::detail::round_up(M, blocking::row_unit);
+  plan.x_rows = linalg::detail::round_up(plan.rows, blocking::row_unit);
   plan.decode_floats = linalg::detail::round_up(blocking::column_unit * (K < blocking::kc ? K : blocking::kc), 16);
   return plan;
 }
@@ -520,30 +526,36 @@ void host_forward_gemm(const T* x, const std::uint8_t* codes, const block_scales
   float* packed_x = scratch;
   float* decoded = packed_x + plan.x_floats();
   float* gemm_scratch = decoded + plan.gemm.parts() * plan.decode_floats;
-  // x packed once: depth block pc holds x_rows x kc at packed_x + x_rows * pc, as MR-row panels.
+  // Each slice of rows of x is packed once: depth block pc holds x_rows x kc at packed_x + x_rows * pc, as
+  // MR-row panels; then one gemm over all of W for that slice (planned for a full slice: a shorter last one
+  // fits its buffers).
   const linalg::matrix_ref<const T> X(x, M, K, K, memory_kind::host);
   const std::int64_t depth_blocks = linalg::detail::ceil_div(K, blocking::kc);
   const std::int64_t pack_parts = plan.gemm.parts() < depth_blocks ? plan.gemm.parts() : depth_blocks;
-  ::memkit::detail::run_in_parts(static_cast<int>(pack_parts), depth_blocks, [&](std::int64_t first, std::int64_t last) {
-    for (std::int64_t b = first; b < last; ++b) {
-      const std::int64_t pc = b * blocking::kc, kc = K - pc < blocking::kc ? K - pc : blocking::kc;
-      linalg::detail::pack_a<MR>(X, linalg::transpose::no, 0, M, pc, kc, packed_x + plan.x_rows * pc);
-    }
-  });
-  linalg::detail::gemm_blocked_with<Kernel>(
-      1.0f, 0.0f, linalg::matrix_ref<T>(y, M, N, N, memory_kind::host), {M, N, K}, plan.gemm, gemm_scratch,
-      [&](std::int64_t, std::int64_t ic, std::int64_t, std::int64_t pc, std::int64_t kc, float*) {
-        return static_cast<const float*>(packed_x + plan.x_rows * pc + ic * kc);
-      },
-      [&](std::int64_t part, std::int64_t pc, std::int64_t kc, std::int64_t jc, std::int64_t nc, float* b_pack) {
-        float* rows = decoded + part * plan.decode_floats;
-        for (std::int64_t p = 0; p < nc; p += NR) {
-          const std::int64_t count = nc - p < NR ? nc - p : NR;
-          for (std::int64_t j = 0; j < count; ++j)
-            decode_for_gemm<Kernel, F>(codes, scales, block_size, (jc + p + j) * K + pc, kc, rows + j * kc);
-          Kernel::pack_rows(rows, kc, count, kc, b_pack + p * kc);
-        }
-      });
+  for (std::int64_t m0 = 0; m0 < M; m0 += plan.rows) {
+    const std::int64_t rows = M - m0 < plan.rows ? M - m0 : plan.rows;
+    ::memkit::detail::run_in_parts(static_cast<int>(pack_parts), depth_blocks, [&](std::int64_t first, std::int64_t last) {
+      for (std::int64_t b = first; b < last; ++b) {
+        const std::int64_t pc = b * blocking::kc, kc = K - pc < blocking::kc ? K - pc : blocking::kc;
+        linalg::detail::pack_a<MR>(X, linalg::transpose::no, m0, rows, pc, kc, packed_x + plan.x_rows * pc);
+      }
+    });
+    linalg::detail::gemm_blocked_with<Kernel>(
+        1.0f, 0.0f, linalg::matrix_ref<T>(y + m0 * N, rows, N, N, memory_kind::host), {rows, N, K}, plan.gemm,
+        gemm_scratch,
+        [&](std::int64_t, std::int64_t ic, std::int64_t, std::int64_t pc, std::int64_t kc, float*) {
+          return static_cast<const float*>(packed_x + plan.x_rows * pc + ic * kc);
+        },
+        [&](std::int64_t part, std::int64_t pc, std::int64_t kc, std::int64_t jc, std::int64_t nc, float* b_pack) {
+          float* decoded_rows = decoded + part * plan.decode_floats;
+          for (std::int64_t p = 0; p < nc; p += NR) {
+            const std::int64_t count = nc - p < NR ? nc - p : NR;
+            for (std::int64_t j = 0; j < count; ++j)
+              decode_for_gemm<Kernel, F>(codes, scales, block_size, (jc + p + j) * K + pc, kc, decoded_rows + j * kc);
+            Kernel::pack_rows(decoded_rows, kc, count, kc, b_pack + p * kc);
+          }
+        });
+  }
 }
 
 struct matmul_dims {
