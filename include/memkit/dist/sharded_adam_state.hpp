@@ -137,14 +137,7 @@ class sharded_adam_state {
         p.first_chunk = first_chunk + begin / granule;
         p.quantized = unsharded::quantizes(n, min_quantized_size);
         // adam_state's segment layout (m and v of a large piece half a page apart modulo 4 KiB).
-        const memkit::detail::adam_segment_plan segments = unsharded::segment_plan(end - begin, p.quantized);
-        p.m_offset = offset;
-        p.v_offset = offset + segments.v;
-        if (p.quantized) {
-          p.m_scale_offset = offset + segments.m_scale;
-          p.v_scale_offset = offset + segments.v_scale;
-        }
-        offset += segments.bytes;
+        offset = unsharded::segment_plan(end - begin, p.quantized).place(p, offset, p.quantized);
         visit(p);
       }
       flat += padded(n);

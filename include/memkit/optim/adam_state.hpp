@@ -149,6 +149,19 @@ constexpr std::size_t stagger_after(std::size_t bytes) noexcept {
 struct adam_segment_plan {
   std::size_t m_bytes = 0;  // m's segment (v's is as large); v starts at m_bytes + stagger_after(m_bytes)
   std::size_t v = 0, m_scale = 0, v_scale = 0, bytes = 0;
+
+  // Sets the m/v (and, when quantized, scale) offsets of a tensor placed at `offset` of the arena (any type
+  // with adam_tensor_layout's offset fields: adam_state's and sharded_adam_state's); returns the next offset.
+  template <class Offsets>
+  std::size_t place(Offsets& t, std::size_t offset, bool quantized) const noexcept {
+    t.m_offset = offset;
+    t.v_offset = offset + v;
+    if (quantized) {
+      t.m_scale_offset = offset + m_scale;
+      t.v_scale_offset = offset + v_scale;
+    }
+    return offset + bytes;
+  }
 };
 
 // Elements per work unit of a tensor with fp32/bf16 moments (one CUDA block each).
@@ -686,14 +699,7 @@ class adam_state {
     total_chunks_ = chunks;
     std::size_t offset = overhead_bytes(chunks);
     for (detail::adam_tensor_layout& t : layout_) {
-      const detail::adam_segment_plan plan = segment_plan(t.size, t.quantized);
-      t.m_offset = offset;
-      t.v_offset = offset + plan.v;
-      if (t.quantized) {
-        t.m_scale_offset = offset + plan.m_scale;
-        t.v_scale_offset = offset + plan.v_scale;
-      }
-      offset += plan.bytes;
+      offset = segment_plan(t.size, t.quantized).place(t, offset, t.quantized);
     }
     arena_ = buffer<std::byte>(resource, shape{static_cast<std::int64_t>(offset)});
     reset(exec);
