@@ -153,7 +153,7 @@ struct adam_segment_plan {
   // Sets the m/v (and, when quantized, scale) offsets of a tensor placed at `offset` of the arena (any type
   // with adam_tensor_layout's offset fields: adam_state's and sharded_adam_state's); returns the next offset.
   template <class Offsets>
-  std::size_t place(Offsets& t, std::size_t offset, bool quantized) const noexcept {
+  constexpr std::size_t place(Offsets& t, std::size_t offset, bool quantized) const noexcept {
     t.m_offset = offset;
     t.v_offset = offset + v;
     if (quantized) {
