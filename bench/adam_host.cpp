@@ -10,14 +10,15 @@
 #include <benchmark/benchmark.h>
 #include <memkit/memkit.hpp>
 
-#include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <random>
 #include <vector>
 
 #include "support/adam_bench.hpp"
 #include "support/cpu_info.hpp"
+#include "support/interleaved.hpp"
 #include "support/roofline.hpp"
 
 namespace {
@@ -127,7 +128,7 @@ void BM_adam_part_encode_4bit(benchmark::State& state) {
 using namespace memkit_bench::adam_flavours;
 
 // The quantized step's time over memkit's fp32 step's, on the same parameters and gradients, measured in one
-// run and interleaved step by step (so both see the same machine load): #17's target is at most 1.5 with
+// run and interleaved step by step (so both see the same machine load; medians of the step times): #17's target is at most 1.5 with
 // AVX2 and 1.0 with AVX-512. Run with MEMKIT_HOST_ISA=avx2 for the AVX2 kernels.
 template <class S>
 void BM_adam_ratio_to_fp32(benchmark::State& state) {
@@ -143,20 +144,42 @@ void BM_adam_ratio_to_fp32(benchmark::State& state) {
   const std::vector<memkit::adam_group> groups{memkit::adam_group{}};
   adam.step(memkit::host, params, groups);
   reference.step(memkit::host, params32, groups);
-  double seconds = 0.0, seconds32 = 0.0;
-  for (auto _ : state) {
-    const auto t0 = std::chrono::steady_clock::now();
-    adam.step(memkit::host, params, groups);
-    const auto t1 = std::chrono::steady_clock::now();
-    reference.step(memkit::host, params32, groups);
-    const auto t2 = std::chrono::steady_clock::now();
-    seconds += std::chrono::duration<double>(t1 - t0).count();
-    seconds32 += std::chrono::duration<double>(t2 - t1).count();
-  }
-  const double steps = static_cast<double>(state.iterations());
-  state.counters["ns_per_param"] = seconds / steps / static_cast<double>(n) * 1e9;
-  state.counters["fp32_ns_per_param"] = seconds32 / steps / static_cast<double>(n) * 1e9;
-  state.counters["ratio_to_fp32"] = seconds / seconds32;
+  const memkit_bench::interleaved_seconds t = memkit_bench::time_interleaved(
+      state, [&] { adam.step(memkit::host, params, groups); }, [&] { reference.step(memkit::host, params32, groups); });
+  state.counters["ns_per_param"] = t.first / static_cast<double>(n) * 1e9;
+  state.counters["fp32_ns_per_param"] = t.second / static_cast<double>(n) * 1e9;
+  state.counters["ratio_to_fp32"] = t.first / t.second;
+  state.counters["cpu_ratio_to_fp32"] = t.first_cpu / t.second_cpu;  // the steadier one on a loaded machine
+  state.SetLabel(memkit::to_string(memkit::host_isa_in_use()));
+}
+
+// memkit's fp32 step at sizes from 1M to 256M parameters (one thread; #17: no aliasing cliff), and in the
+// same run, alternating with it, a step whose last gradient element is NaN: it is skipped after the
+// gradient-norm pass, so its time is that pass's (norm_ns_per_param).
+void BM_adam_fp32_sizes(benchmark::State& state) {
+  const std::int64_t n = state.range(0);
+  memkit_bench::adam_inputs inputs = memkit_bench::make_adam_inputs(n);  // no structured binding: the lambdas use g
+  std::vector<float>& p = inputs.params;
+  std::vector<float>& g = inputs.grads;
+  memkit::adam_options options;
+  options.host_threads = static_cast<int>(state.range(1));
+  memkit_bench::adam_flavours::fp32_state adam(memkit::host, memkit::default_host_resource(), std::vector<std::int64_t>{n},
+                                               options);
+  const std::vector<memkit::adam_param<float, float>> params{{memkit::host_view(p), memkit::host_view(g)}};
+  const std::vector<memkit::adam_group> groups{memkit::adam_group{}};
+  adam.step(memkit::host, params, groups);
+  const float last = g.back();
+  const memkit_bench::interleaved_seconds t = memkit_bench::time_interleaved(
+      state, [&] { adam.step(memkit::host, params, groups); },
+      [&] {
+        g.back() = std::numeric_limits<float>::quiet_NaN();
+        adam.step(memkit::host, params, groups);  // skipped: the norm pass only
+        g.back() = last;
+      });
+  state.counters["ns_per_param"] = t.first / static_cast<double>(n) * 1e9;
+  state.counters["norm_ns_per_param"] = t.second / static_cast<double>(n) * 1e9;
+  state.counters["cpu_ns_per_param"] = t.first_cpu / static_cast<double>(n) * 1e9;
+  state.counters["cpu_norm_ns_per_param"] = t.second_cpu / static_cast<double>(n) * 1e9;
   state.SetLabel(memkit::to_string(memkit::host_isa_in_use()));
 }
 
@@ -174,6 +197,11 @@ BENCHMARK_TEMPLATE(BM_adam_step_host, int4_state) MEMKIT_ADAM_HOST_SIZES;
 BENCHMARK_TEMPLATE(BM_adam_ratio_to_fp32, int8_256_state) MEMKIT_ADAM_RATIO_SIZES;
 BENCHMARK_TEMPLATE(BM_adam_ratio_to_fp32, int8_2048_state) MEMKIT_ADAM_RATIO_SIZES;
 BENCHMARK_TEMPLATE(BM_adam_ratio_to_fp32, int4_state) MEMKIT_ADAM_RATIO_SIZES;
+BENCHMARK(BM_adam_fp32_sizes)
+    ->ArgsProduct({{1 << 20, 1 << 22, 1 << 24, 3 << 23, 1 << 26, 5 << 24, 1 << 28}, {1, 2}})
+    ->ArgNames({"n", "threads"})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
 BENCHMARK(BM_adam_part_update);
 BENCHMARK(BM_adam_part_decode_int8);
 BENCHMARK(BM_adam_part_encode_int8);

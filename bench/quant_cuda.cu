@@ -68,40 +68,41 @@ void BM_cuda_dequantize(benchmark::State& state) {
 
 constexpr std::int64_t kN = 8192, kK = 8192;
 
-void BM_cuda_matmul_nf4(benchmark::State& state) {
-  const std::int64_t M = state.range(0);
+// What the NF4 matmul benchmarks share: the weight W [kN, kK] (NF4, double quantization, from the same filled
+// bf16 values), a filled input of [M, in_cols], an output of [M, out_cols], and the bytes one call moves.
+struct nf4_matmul_case {
   memkit::device_resource device;
-  const memkit::cuda_executor gpu = memkit::cuda_executor::legacy_default_stream();
-  memkit::buffer<memkit::bf16> dense(device, {kN, kK});
-  fill_normalish<<<1024, 256>>>(dense.data(), kN * kK);
-  MEMKIT_CUDA_CHECK(cudaGetLastError());
-  const auto w = q::quantized_tensor<q::NF4>::quantize(gpu, dense.view(), {64, true}, device);
-  memkit::buffer<memkit::bf16> x(device, {M, kK}), y(device, {M, kN});
-  fill_normalish<<<1024, 256>>>(x.data(), M * kK);
-  MEMKIT_CUDA_CHECK(cudaGetLastError());
-  const double bytes = static_cast<double>(w.bytes() + x.bytes() + y.bytes());
-  memkit::device_async_resource workspace(gpu.stream);  // stream-ordered: no cudaFree in the timed loop
-  run_timed(state, [&] { q::matmul(gpu, memkit::tensor_view<const memkit::bf16>(x.view()), w, y.view(), workspace); },
-            bytes);
+  memkit::cuda_executor gpu = memkit::cuda_executor::legacy_default_stream();
+  q::quantized_tensor<q::NF4> w;
+  memkit::buffer<memkit::bf16> in, out;
+  double bytes;
+
+  nf4_matmul_case(std::int64_t M, std::int64_t in_cols, std::int64_t out_cols)
+      : w(make_weight(gpu, device)), in(device, {M, in_cols}), out(device, {M, out_cols}),
+        bytes(static_cast<double>(w.bytes() + in.bytes() + out.bytes())) {
+    fill_normalish<<<1024, 256>>>(in.data(), M * in_cols);
+    MEMKIT_CUDA_CHECK(cudaGetLastError());
+  }
+  static q::quantized_tensor<q::NF4> make_weight(const memkit::cuda_executor& gpu, memkit::device_resource& device) {
+    memkit::buffer<memkit::bf16> dense(device, {kN, kK});
+    fill_normalish<<<1024, 256>>>(dense.data(), kN * kK);
+    MEMKIT_CUDA_CHECK(cudaGetLastError());
+    return q::quantized_tensor<q::NF4>::quantize(gpu, dense.view(), {64, true}, device);
+  }
+  memkit::tensor_view<const memkit::bf16> input() const { return in.view(); }
+};
+
+void BM_cuda_matmul_nf4(benchmark::State& state) {
+  nf4_matmul_case c(state.range(0), kK, kN);
+  memkit::device_async_resource workspace(c.gpu.stream);  // stream-ordered: no cudaFree in the timed loop
+  run_timed(state, [&] { q::matmul(c.gpu, c.input(), c.w, c.out.view(), workspace); }, c.bytes);
 }
 
 // dx = dy * W for the fused small-batch input gradient (the tiled kernel, W's rows split over blocks).
 void BM_cuda_matmul_input_grad_nf4(benchmark::State& state) {
-  const std::int64_t M = state.range(0);
-  memkit::device_resource device;
-  const memkit::cuda_executor gpu = memkit::cuda_executor::legacy_default_stream();
-  memkit::buffer<memkit::bf16> dense(device, {kN, kK});
-  fill_normalish<<<1024, 256>>>(dense.data(), kN * kK);
-  MEMKIT_CUDA_CHECK(cudaGetLastError());
-  const auto w = q::quantized_tensor<q::NF4>::quantize(gpu, dense.view(), {64, true}, device);
-  memkit::buffer<memkit::bf16> dy(device, {M, kN}), dx(device, {M, kK});
-  fill_normalish<<<1024, 256>>>(dy.data(), M * kN);
-  MEMKIT_CUDA_CHECK(cudaGetLastError());
-  const double bytes = static_cast<double>(w.bytes() + dy.bytes() + dx.bytes());
-  memkit::device_async_resource workspace(gpu.stream);  // the split kernel's partial sums, stream-ordered
-  run_timed(state,
-            [&] { q::matmul_input_grad(gpu, memkit::tensor_view<const memkit::bf16>(dy.view()), w, dx.view(), workspace); },
-            bytes);
+  nf4_matmul_case c(state.range(0), kN, kK);
+  memkit::device_async_resource workspace(c.gpu.stream);  // the split kernel's partial sums, stream-ordered
+  run_timed(state, [&] { q::matmul_input_grad(c.gpu, c.input(), c.w, c.out.view(), workspace); }, c.bytes);
 }
 
 void BM_cuda_matmul_dense_bf16(benchmark::State& state) {

@@ -10,8 +10,6 @@
 // reads bf16 weights with the same fp32 dot product, so the comparison isolates the weight format.
 #include <benchmark/benchmark.h>
 
-#include <algorithm>
-#include <chrono>
 #include <cstdint>
 #include <random>
 #include <utility>
@@ -19,6 +17,7 @@
 
 #include "memkit/memkit.hpp"
 #include "support/cpu_info.hpp"
+#include "support/interleaved.hpp"
 #include "support/roofline.hpp"
 
 namespace q = memkit::quant;
@@ -55,119 +54,94 @@ void report_throughput(benchmark::State& state, std::int64_t n, double bytes, co
   timer.finish(state, bytes);
 }
 
+// One benchmark thread's quantize / dequantize case: its slice of the input, the codes and absmax of that
+// slice (already filled, so dequantize has something to read) and the bytes one operation moves.
+template <q::format F, class T>
+struct quant_case {
+  std::int64_t begin, n;
+  std::vector<std::uint8_t> codes;
+  std::vector<float> absmax;
+  std::vector<T> out;  // dequantize's output
+  double bytes;
+
+  explicit quant_case(const benchmark::State& state)
+      : begin(thread_share(state).first), n(thread_share(state).second),
+        codes(static_cast<std::size_t>(q::code_bytes(F, n))),
+        absmax(static_cast<std::size_t>(q::block_count(n, kBlock))),
+        bytes(static_cast<double>(n * sizeof(T) + codes.size() + absmax.size() * 4)) {
+    q::quantize_blockwise(memkit::host, F, memkit::host_view(normal_input<float>().data() + begin, {n}), kBlock,
+                          memkit::host_view(codes), memkit::host_view(absmax));
+  }
+  void quantize() {
+    q::quantize_blockwise(memkit::host, F, memkit::host_view(normal_input<T>().data() + begin, {n}), kBlock,
+                          memkit::host_view(codes), memkit::host_view(absmax));
+  }
+  void dequantize() {
+    if (out.empty()) out.resize(static_cast<std::size_t>(n));
+    q::dequantize_blockwise(memkit::host, F, memkit::host_view(std::as_const(codes).data(), {static_cast<std::int64_t>(codes.size())}),
+                            memkit::host_view(std::as_const(absmax).data(), {static_cast<std::int64_t>(absmax.size())}),
+                            kBlock, 0, memkit::host_view(out));
+  }
+};
+
+// quantize (Dequantize false) or dequantize, bytes/s against the all-core triad.
+template <q::format F, class T, bool Dequantize>
+void BM_quant_op(benchmark::State& state) {
+  quant_case<F, T> c(state);
+  const memkit_bench::roofline_timer timer(memkit_bench::measured_host_bandwidth());
+  for (auto _ : state) {
+    if constexpr (Dequantize) c.dequantize();
+    else c.quantize();
+    benchmark::ClobberMemory();
+  }
+  report_throughput(state, c.n, c.bytes, timer);
+}
 template <q::format F, class T>
 void BM_quantize(benchmark::State& state) {
-  const std::vector<T>& input = normal_input<T>();
-  const auto [begin, n] = thread_share(state);
-  std::vector<std::uint8_t> codes(static_cast<std::size_t>(q::code_bytes(F, n)));
-  std::vector<float> absmax(static_cast<std::size_t>(q::block_count(n, kBlock)));
-  const double bytes = static_cast<double>(n * sizeof(T) + codes.size() + absmax.size() * 4);
-  const memkit_bench::roofline_timer timer(memkit_bench::measured_host_bandwidth());
-  for (auto _ : state) {
-    q::quantize_blockwise(memkit::host, F, memkit::host_view(input.data() + begin, {n}), kBlock,
-                          memkit::host_view(codes), memkit::host_view(absmax));
-    benchmark::ClobberMemory();
-  }
-  report_throughput(state, n, bytes, timer);
+  BM_quant_op<F, T, false>(state);
 }
-
 template <q::format F, class T>
 void BM_dequantize(benchmark::State& state) {
-  const std::vector<float>& input = normal_input<float>();
-  const auto [begin, n] = thread_share(state);
-  std::vector<std::uint8_t> codes(static_cast<std::size_t>(q::code_bytes(F, n)));
-  std::vector<float> absmax(static_cast<std::size_t>(q::block_count(n, kBlock)));
-  q::quantize_blockwise(memkit::host, F, memkit::host_view(input.data() + begin, {n}), kBlock,
-                        memkit::host_view(codes), memkit::host_view(absmax));
-  std::vector<T> out(static_cast<std::size_t>(n));
-  const double bytes = static_cast<double>(n * sizeof(T) + codes.size() + absmax.size() * 4);
-  const memkit_bench::roofline_timer timer(memkit_bench::measured_host_bandwidth());
-  for (auto _ : state) {
-    q::dequantize_blockwise(memkit::host, F, memkit::host_view(std::as_const(codes).data(), {static_cast<std::int64_t>(codes.size())}),
-                            memkit::host_view(std::as_const(absmax).data(), {static_cast<std::int64_t>(absmax.size())}),
-                            kBlock, 0, memkit::host_view(out));
-    benchmark::ClobberMemory();
-  }
-  report_throughput(state, n, bytes, timer);
+  BM_quant_op<F, T, true>(state);
 }
 
-// One triad pass a = b + 3c over `n` floats of each array; returns its seconds.
-double timed_triad(std::vector<float>& a, const std::vector<float>& b, const std::vector<float>& c) {
-  const auto start = std::chrono::steady_clock::now();
-  float* out = a.data();
-  const float* x = b.data();
-  const float* y = c.data();
-  const std::size_t n = a.size();
-  for (std::size_t i = 0; i < n; ++i) out[i] = x[i] + 3.0f * y[i];
-  benchmark::ClobberMemory();
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
-
-double median_of(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  const std::size_t n = values.size();
-  return n == 0 ? 0.0 : n % 2 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
-}
-
-// `op()` timed against the triad, alternating which runs first; medians of the per-iteration times.
-template <class Op>
-void run_vs_triad(benchmark::State& state, std::int64_t n, double bytes, Op op) {
-  std::vector<float> a(static_cast<std::size_t>(n)), b(static_cast<std::size_t>(n), 1.0f), c(static_cast<std::size_t>(n), 2.0f);
-  timed_triad(a, b, c);
+// The same operation interleaved with a triad a = b + 3c over this thread's own arrays of as many floats.
+template <q::format F, class T, bool Dequantize>
+void BM_quant_op_vs_triad(benchmark::State& state) {
+  quant_case<F, T> c(state);
+  const auto n = static_cast<std::size_t>(c.n);
+  std::vector<float> a(n), b(n, 1.0f), d(n, 2.0f);
+  auto triad = [&] {
+    float* out = a.data();
+    const float* x = b.data();
+    const float* y = d.data();
+    for (std::size_t i = 0; i < n; ++i) out[i] = x[i] + 3.0f * y[i];
+  };
+  auto op = [&] {
+    if constexpr (Dequantize) c.dequantize();
+    else c.quantize();
+  };
+  triad();
   op();
-  std::vector<double> op_seconds, triad_seconds;
-  bool op_first = true;
-  for (auto _ : state) {
-    for (int turn = 0; turn < 2; ++turn) {
-      if ((turn == 0) == op_first) {
-        const auto start = std::chrono::steady_clock::now();
-        op();
-        benchmark::ClobberMemory();
-        op_seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
-      } else {
-        triad_seconds.push_back(timed_triad(a, b, c));
-      }
-    }
-    op_first = !op_first;
-  }
-  const double op_time = median_of(op_seconds), triad_time = median_of(triad_seconds);
+  const memkit_bench::interleaved_seconds t = memkit_bench::time_interleaved(state, op, triad, CLOCK_THREAD_CPUTIME_ID);
   const double triad_bytes = 12.0 * static_cast<double>(n);
-  state.counters["ns_per_value"] = benchmark::Counter(op_time / static_cast<double>(n) * 1e9, benchmark::Counter::kAvgThreads);
-  state.counters["op_GBps"] = bytes / op_time / 1e9;
-  state.counters["triad_GBps"] = triad_bytes / triad_time / 1e9;
-  state.counters["fraction_of_triad"] = benchmark::Counter((bytes / op_time) / (triad_bytes / triad_time),
+  state.counters["ns_per_value"] = benchmark::Counter(t.first / static_cast<double>(n) * 1e9, benchmark::Counter::kAvgThreads);
+  state.counters["op_GBps"] = c.bytes / t.first / 1e9;
+  state.counters["triad_GBps"] = triad_bytes / t.second / 1e9;
+  state.counters["fraction_of_triad"] = benchmark::Counter((c.bytes / t.first) / (triad_bytes / t.second),
                                                            benchmark::Counter::kAvgThreads);
+  // The same from this thread's CPU times (steadier on a loaded machine).
+  state.counters["cpu_fraction_of_triad"] = benchmark::Counter((c.bytes / t.first_cpu) / (triad_bytes / t.second_cpu),
+                                                               benchmark::Counter::kAvgThreads);
   state.SetLabel(memkit::to_string(memkit::host_isa_in_use()));
 }
-
 template <q::format F, class T>
 void BM_quantize_vs_triad(benchmark::State& state) {
-  const std::vector<T>& input = normal_input<T>();
-  const auto [begin, n] = thread_share(state);
-  std::vector<std::uint8_t> codes(static_cast<std::size_t>(q::code_bytes(F, n)));
-  std::vector<float> absmax(static_cast<std::size_t>(q::block_count(n, kBlock)));
-  const double bytes = static_cast<double>(n * sizeof(T) + codes.size() + absmax.size() * 4);
-  run_vs_triad(state, n, bytes, [&, begin = begin, n = n] {
-    q::quantize_blockwise(memkit::host, F, memkit::host_view(input.data() + begin, {n}), kBlock,
-                          memkit::host_view(codes), memkit::host_view(absmax));
-  });
+  BM_quant_op_vs_triad<F, T, false>(state);
 }
-
 template <q::format F, class T>
 void BM_dequantize_vs_triad(benchmark::State& state) {
-  const std::vector<float>& input = normal_input<float>();
-  const auto [begin, n] = thread_share(state);
-  std::vector<std::uint8_t> codes(static_cast<std::size_t>(q::code_bytes(F, n)));
-  std::vector<float> absmax(static_cast<std::size_t>(q::block_count(n, kBlock)));
-  q::quantize_blockwise(memkit::host, F, memkit::host_view(input.data() + begin, {n}), kBlock,
-                        memkit::host_view(codes), memkit::host_view(absmax));
-  std::vector<T> out(static_cast<std::size_t>(n));
-  const double bytes = static_cast<double>(n * sizeof(T) + codes.size() + absmax.size() * 4);
-  run_vs_triad(state, n, bytes, [&] {
-    q::dequantize_blockwise(memkit::host, F, memkit::host_view(std::as_const(codes).data(), {static_cast<std::int64_t>(codes.size())}),
-                            memkit::host_view(std::as_const(absmax).data(), {static_cast<std::int64_t>(absmax.size())}),
-                            kBlock, 0, memkit::host_view(out));
-  });
+  BM_quant_op_vs_triad<F, T, true>(state);
 }
 
 constexpr std::int64_t kN = 4096, kK = 4096;

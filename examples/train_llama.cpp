@@ -14,8 +14,16 @@
 // and workspace bytes, checkpoint_segment::cost) and prints that next to what the tracker measured.
 // At compile time, memory_budget checks the configuration against a GPU (static_assert(memkit::fits(...))).
 //
-//   ./train_llama [--short] [--check] [--steps N] [--finetune-steps N] [--batch B] [--seq S] [--accum A]
-//                 [--hidden H] [--layers L] [--threads T] [--rounding] [--no-checkpointing] [--out DIR]
+// Where it runs (--device): on the host (the default), or on a CUDA device: the same model, optimizer state,
+// checkpointing and loss, every buffer in device memory through the same tracker (over a stream-ordered
+// device_async_resource), every operation on one cuda_executor (the legacy default stream). The CUDA path
+// exists in the nvcc build of this file (memkit_example_train_llama_cuda, built when CMake finds nvcc);
+// the g++ build (memkit_example_train_llama) is host-only and answers --device cuda with exit code 2 and
+// the reason, as the nvcc build does when no device is usable. --device auto takes a device when one is usable.
+//
+//   ./train_llama [--short] [--check] [--device host|cuda|auto] [--steps N] [--finetune-steps N] [--batch B]
+//                 [--seq S] [--accum A] [--hidden H] [--layers L] [--threads T] [--rounding]
+//                 [--no-checkpointing] [--out DIR]
 #include <memkit/memkit.hpp>
 
 #include "llama/model.hpp"
@@ -30,6 +38,7 @@
 #include <cstdlib>
 #include <ctime>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -97,7 +106,10 @@ constexpr budget::training_plan gpu_scale_plan = [] {
 static_assert(memkit::fits(budget::presets::smollm2_360m, gpu_scale_plan, budget::presets::t4));
 
 // ---- options ---------------------------------------------------------------------------------------------
+enum class device_choice { host, cuda, automatic };
+
 struct options {
+  device_choice device = device_choice::host;
   llama::model_config model;
   std::int64_t batch = default_batch, seq = default_seq, accum = default_accum;
   std::int64_t pretrain_steps = 300, finetune_steps = 160;
@@ -119,7 +131,7 @@ struct options {
 };
 
 [[noreturn]] void usage(const char* problem) {
-  std::fprintf(stderr, "train_llama: %s\nflags: --short --check --steps N --finetune-steps N --batch B --seq S "
+  std::fprintf(stderr, "train_llama: %s\nflags: --short --check --device host|cuda|auto --steps N --finetune-steps N --batch B --seq S "
                        "--accum A --hidden H --layers L --heads H --kv-heads K --intermediate F --rank R --threads T "
                        "--rounding --adam32 --loss-chunk TOKENS --no-checkpointing --sample N --data DIR --out DIR\n", problem);
   std::exit(2);
@@ -149,6 +161,13 @@ options parse(int argc, char** argv) {
       o.sample_bytes = 60;
       o.validation_batches = 2;
     } else if (a == "--check") o.check = true;
+    else if (a == "--device") {
+      const std::string d = value();
+      if (d == "host") o.device = device_choice::host;
+      else if (d == "cuda") o.device = device_choice::cuda;
+      else if (d == "auto") o.device = device_choice::automatic;
+      else usage(("--device takes host, cuda or auto, not " + d).c_str());
+    }
     else if (a == "--steps") o.pretrain_steps = number();
     else if (a == "--finetune-steps") o.finetune_steps = number();
     else if (a == "--batch") o.batch = number();
@@ -202,9 +221,10 @@ struct memory_prediction {
 // peaks need not coincide, and memory_budget predicts the breakdown at the peak moment.
 class memory_meter {
  public:
-  memkit::tracking_resource tracker{memkit::default_host_resource(), "train_llama"};
+  memkit::tracking_resource tracker;
 
-  memory_meter() {
+  // `upstream`: host memory, or (CUDA) a device_async_resource: then every category is stream-ordered.
+  explicit memory_meter(memkit::memory_resource& upstream) : tracker(upstream, "train_llama") {
     for (int i = 0; i < memkit::memory_category_count; ++i) probes_[i].init(*this, static_cast<memory_category>(i));
   }
   memory_meter(const memory_meter&) = delete;
@@ -246,6 +266,16 @@ class memory_meter {
     void do_deallocate(void* p, std::size_t bytes, std::size_t alignment) noexcept override {
       meter_->tracker.category(category_).deallocate(p, bytes, alignment);
     }
+    // Stream-ordered allocations (device workspace) pass through in order, counted the same way.
+    bool is_stream_ordered() const noexcept override { return meter_->tracker.category(category_).stream_ordered(); }
+    void* do_allocate_on(memkit::on_stream where, std::size_t bytes, std::size_t alignment) override {
+      void* p = meter_->tracker.category(category_).allocate_on(where, bytes, alignment);
+      if (meter_->tracker.current_bytes() == meter_->tracker.peak_bytes()) meter_->snapshot();
+      return p;
+    }
+    void do_deallocate_on(memkit::on_stream where, void* p, std::size_t bytes, std::size_t alignment) noexcept override {
+      meter_->tracker.category(category_).deallocate_on(where, p, bytes, alignment);
+    }
 
    private:
     memory_meter* meter_ = nullptr;
@@ -274,9 +304,10 @@ struct budget_prediction {
 };
 
 // memory_budget's memkit runtime for this exact model and plan, run on the host with the example's threads
-// (training_plan::host_threads: the components' host workspaces, no CUDA context or cuBLAS), its breakdown at
-// its peak moment mapped onto the tracker's categories. `--check` holds its peak to the measured one (2%).
-budget::training_plan budget_plan(const options& o, bool qlora) {
+// (training_plan::host_threads: the components' host workspaces, no CUDA context or cuBLAS) or on a CUDA
+// device (host_threads 0: the components' device workspaces), its breakdown at its peak moment mapped onto
+// the tracker's categories. `--check` holds its peak to the measured one (2%).
+budget::training_plan budget_plan(const options& o, bool qlora, bool on_device) {
   budget::training_plan p = qlora ? qlora_plan : pretrain_plan;
   p.micro_batch = static_cast<std::uint64_t>(o.batch);
   p.sequence = static_cast<std::uint64_t>(o.seq);
@@ -286,27 +317,31 @@ budget::training_plan budget_plan(const options& o, bool qlora) {
   if (!qlora && o.rounding) p.precision = budget::precision_mode::bf16;
   if (!qlora && o.adam32) p.optimizer = budget::optimizer_kind::adamw;
   p.logits_chunk_tokens = static_cast<std::uint64_t>(o.loss_chunk_tokens > 0 ? o.loss_chunk_tokens : o.batch * o.seq);
-  p.host_threads = static_cast<std::uint64_t>(o.threads);
-  p.overhead = budget::host_overhead;
+  if (!on_device) {
+    p.host_threads = static_cast<std::uint64_t>(o.threads);
+    p.overhead = budget::host_overhead;
+  }
   return p;
 }
 
-budget_prediction budget_estimate(const options& o, bool qlora) {
+budget_prediction budget_estimate(const options& o, bool qlora, bool on_device) {
   const budget::model_config m = budget::llama_style("memkit-example", static_cast<std::uint64_t>(o.model.hidden),
                                                      static_cast<std::uint64_t>(o.model.layers),
                                                      static_cast<std::uint64_t>(o.model.heads),
                                                      static_cast<std::uint64_t>(o.model.kv_heads),
                                                      static_cast<std::uint64_t>(o.model.intermediate), 256, false,
                                                      static_cast<std::uint64_t>(o.model.max_positions));
-  const budget::memory_estimate e = budget::estimate_memory(m, budget_plan(o, qlora));
+  const budget::memory_estimate e = budget::estimate_memory(m, budget_plan(o, qlora, on_device));
   if (!e.valid()) {
     std::fprintf(stderr, "train_llama: memory_budget refuses the plan: %s\n", std::string(e.problem).c_str());
     std::exit(1);
   }
   budget_prediction b;
   b.column = "budget";
-  b.description = "budget: memory_budget's memkit runtime on the host (estimate_memory with runtime memkit,\n"
-                  "   host_threads): its breakdown at its own peak moment, by category";
+  b.description = on_device ? "budget: memory_budget's memkit runtime on a CUDA device (estimate_memory with runtime memkit,\n"
+                              "   host_threads 0): its breakdown at its own peak moment, by category"
+                            : "budget: memory_budget's memkit runtime on the host (estimate_memory with runtime memkit,\n"
+                              "   host_threads): its breakdown at its own peak moment, by category";
   categories& c = b.at_peak;
   c[memory_category::weights] = e.device[budget::category::weights];
   c[memory_category::gradients] = e.device[budget::category::gradients];
@@ -375,16 +410,30 @@ memkit::loss::cross_entropy_options loss_options(const options& opt) {
 }
 
 // Buffers of one micro-batch: token ids and targets, the hidden states in and out of the layer stack and
-// their gradients. Allocated once per stage.
+// their gradients. Allocated once per stage (where the model runs); the ids are made on the host (staging,
+// not counted: host memory of the data loader) and copied in.
 struct step_buffers {
   memkit::buffer<std::int32_t> ids, targets;
   memkit::buffer<float> loss;
   memkit::buffer<act_t> h0, hn, dhn, dh0;
+  std::vector<std::int32_t> ids_staging, targets_staging;
   step_buffers(const resources& r, std::int64_t batch, std::int64_t seq, std::int64_t hidden, bool embedding_trains)
       : ids(r.other, shape{batch * seq}), targets(r.other, shape{batch * seq}), loss(r.other, shape{1}),
         h0(r.activations, shape{batch, seq, hidden}), hn(r.activations, shape{batch, seq, hidden}),
         dhn(r.activations, shape{batch, seq, hidden}),
-        dh0(r.activations, embedding_trains ? shape{batch, seq, hidden} : shape{0}) {}
+        dh0(r.activations, embedding_trains ? shape{batch, seq, hidden} : shape{0}),
+        ids_staging(static_cast<std::size_t>(batch * seq)), targets_staging(static_cast<std::size_t>(batch * seq)) {}
+  // fill(ids, targets) writes one micro-batch into host memory; it is checked and copied where the model runs.
+  template <class Fill>
+  void set_batch(Fill&& fill, std::int64_t vocab) {
+    fill(ids_staging.data(), targets_staging.data());
+    for (std::size_t i = 0; i < ids_staging.size(); ++i)
+      memkit::require(ids_staging[i] >= 0 && ids_staging[i] < vocab && targets_staging[i] >= 0 && targets_staging[i] < vocab,
+                      "train_llama: a token id outside the vocabulary");
+    llama::copy_in(ids_staging.data(), ids.view());
+    llama::copy_in(targets_staging.data(), targets.view());
+  }
+  float loss_value() const { return llama::copy_out(loss.view())[0]; }
   static std::uint64_t activation_bytes(std::int64_t batch, std::int64_t seq, std::int64_t hidden, bool embedding_trains) {
     return memkit::buffer<act_t>::bytes_required(shape{batch, seq, hidden}) * (embedding_trains ? 4 : 3);
   }
@@ -401,29 +450,29 @@ auto make_stack(Model& model, bool checkpointing) {
 }
 
 // Forward, loss, backward of one micro-batch through the checkpointed stack; returns the loss.
-template <class Model, class Stack>
-float train_micro_batch(Model& model, Stack& stack, step_buffers& b, memkit::activation_store& store,
+template <memkit::executor E, class Model, class Stack>
+float train_micro_batch(const E& exec, Model& model, Stack& stack, step_buffers& b, memkit::activation_store& store,
                         const memkit::forward_context& ctx, const options& o, memory_meter& meter) {
   const std::int64_t tokens = o.batch * o.seq, h = model.config.hidden;
   meter.set_phase("forward");
-  model.embed.forward(memkit::host, std::as_const(b.ids).view(), b.h0.view());
-  stack.forward(memkit::host, ctx, std::as_const(b.h0).view(), b.hn.view(), store);
+  model.embed.forward(exec, std::as_const(b.ids).view(), b.h0.view());
+  stack.forward(exec, ctx, std::as_const(b.h0).view(), b.hn.view(), store);
   const tensor_view<float> d_head = model.head.trains() ? model.head.grad.view() : none<float>();
   meter.set_phase("loss");
   memkit::loss::fused_linear_cross_entropy(
-      memkit::host, std::as_const(b.hn).view().reshaped(shape{tokens, h}), std::as_const(model.head.value).view(),
+      exec, std::as_const(b.hn).view().reshaped(shape{tokens, h}), std::as_const(model.head.value).view(),
       std::as_const(b.targets).view(), b.loss.view(), b.dhn.view().reshaped(shape{tokens, h}), d_head,
       loss_options(o), *model.memory.workspace);
   meter.set_phase("backward");
-  stack.backward(memkit::host, std::as_const(b.dhn).view(), b.dh0.view(), store);
-  if (model.embed.weight.trains()) model.embed.backward(memkit::host, std::as_const(b.ids).view(), std::as_const(b.dh0).view());
-  return b.loss.data()[0];
+  stack.backward(exec, std::as_const(b.dhn).view(), b.dh0.view(), store);
+  if (model.embed.weight.trains()) model.embed.backward(exec, std::as_const(b.ids).view(), std::as_const(b.dh0).view());
+  return b.loss_value();  // (on a device: waits for the micro-batch)
 }
 
 // Mean loss over held-out windows, without checkpointing or gradients (each layer's saved tensors are
 // dropped as soon as it has run).
-template <class Model>
-double validation_loss(Model& model, const llama::text_dataset& data, step_buffers& b, const resources& r,
+template <memkit::executor E, class Model>
+double validation_loss(const E& exec, Model& model, const llama::text_dataset& data, step_buffers& b, const resources& r,
                        const options& o) {
   const std::int64_t tokens = o.batch * o.seq, h = model.config.hidden;
   r.meter.set_phase("validation");
@@ -431,25 +480,26 @@ double validation_loss(Model& model, const llama::text_dataset& data, step_buffe
   const memkit::forward_context ctx{o.seed, 0, false};
   double total = 0.0;
   for (std::int64_t v = 0; v < o.validation_batches; ++v) {
-    data.validation_batch(o.batch, v * o.batch, o.validation_batches * o.batch, b.ids.data(), b.targets.data());
-    model.embed.forward(memkit::host, std::as_const(b.ids).view(), b.h0.view());
+    b.set_batch([&](std::int32_t* ids, std::int32_t* targets) {
+      data.validation_batch(o.batch, v * o.batch, o.validation_batches * o.batch, ids, targets);
+    }, model.config.vocab);
+    model.embed.forward(exec, std::as_const(b.ids).view(), b.h0.view());
     act_t* x = b.h0.data();
     act_t* y = b.hn.data();
     const shape in{o.batch, o.seq, h};
+    const memkit::memory_kind where = b.h0.where();
     for (auto& block : model.blocks) {
-      block.forward(memkit::host, ctx, tensor_view<const act_t>(x, in, memkit::memory_kind::host),
-                    tensor_view<act_t>(y, in, memkit::memory_kind::host), store);
+      block.forward(exec, ctx, tensor_view<const act_t>(x, in, where), tensor_view<act_t>(y, in, where), store);
       store.clear();
       std::swap(x, y);
     }
-    model.final_norm.forward(memkit::host, ctx, tensor_view<const act_t>(x, in, memkit::memory_kind::host),
-                             tensor_view<act_t>(y, in, memkit::memory_kind::host), store);
+    model.final_norm.forward(exec, ctx, tensor_view<const act_t>(x, in, where), tensor_view<act_t>(y, in, where), store);
     store.clear();
     memkit::loss::fused_linear_cross_entropy(
-        memkit::host, tensor_view<const act_t>(y, shape{tokens, h}, memkit::memory_kind::host),
-        std::as_const(model.head.value).view(), std::as_const(b.targets).view(), b.loss.view(), none<act_t>(), none<float>(),
-        loss_options(o), *model.memory.workspace);
-    total += b.loss.data()[0];
+        exec, tensor_view<const act_t>(y, shape{tokens, h}, where), std::as_const(model.head.value).view(),
+        std::as_const(b.targets).view(), b.loss.view(), none<act_t>(), none<float>(), loss_options(o),
+        *model.memory.workspace);
+    total += b.loss_value();
   }
   return total / static_cast<double>(o.validation_batches);
 }
@@ -473,8 +523,8 @@ struct stage_result {
 };
 
 // Runs `steps` optimizer steps of `accum` micro-batches. `step_optimizer(lr, scale)` applies one AdamW step.
-template <class Model, class Stack, class StepOptimizer, class ZeroGrad>
-void run_stage(int stage, Model& model, Stack& stack, const llama::text_dataset& data, step_buffers& b,
+template <memkit::executor E, class Model, class Stack, class StepOptimizer, class ZeroGrad>
+void run_stage(const E& exec, int stage, Model& model, Stack& stack, const llama::text_dataset& data, step_buffers& b,
                const resources& r, const options& o, std::int64_t steps, float peak_lr, StepOptimizer&& step_optimizer,
                ZeroGrad&& zero_grad, std::vector<llama::step_record>& records, stage_result& result) {
   memkit::activation_store store(r.activations);
@@ -487,10 +537,12 @@ void run_stage(int stage, Model& model, Stack& stack, const llama::text_dataset&
     zero_grad();
     double step_loss = 0.0;
     for (std::int64_t micro = 0; micro < o.accum; ++micro) {
-      data.training_batch(o.seed + static_cast<std::uint64_t>(stage), static_cast<std::uint64_t>(step * o.accum + micro),
-                          o.batch, b.ids.data(), b.targets.data());
+      b.set_batch([&](std::int32_t* ids, std::int32_t* targets) {
+        data.training_batch(o.seed + static_cast<std::uint64_t>(stage), static_cast<std::uint64_t>(step * o.accum + micro),
+                            o.batch, ids, targets);
+      }, model.config.vocab);
       const memkit::forward_context ctx{o.seed, static_cast<std::uint64_t>(step * o.accum + micro), true};
-      step_loss += train_micro_batch(model, stack, b, store, ctx, o, r.meter);
+      step_loss += train_micro_batch(exec, model, stack, b, store, ctx, o, r.meter);
       accumulation.add();
     }
     step_loss /= static_cast<double>(o.accum);
@@ -498,6 +550,7 @@ void run_stage(int stage, Model& model, Stack& stack, const llama::text_dataset&
     r.meter.set_phase("optimizer step");
     step_optimizer(lr, accumulation.step_scale());
     accumulation.reset();
+    if constexpr (E::on_device) exec.synchronize();  // the step's time includes the optimizer's kernels
     losses.push_back(step_loss);
     const auto now = std::chrono::steady_clock::now();
     const double elapsed = std::chrono::duration<double>(now - start).count();
@@ -542,6 +595,7 @@ std::uint64_t workspace_peak(const Model& model, const options& o) {
   memkit::loss::workspace_query query;
   query.head_grad = model.head.trains();
   query.hidden_grad = true;
+  query.on_device = model.memory.on_device();
   std::uint64_t peak = memkit::loss::workspace_bytes<act_t, memkit::bf16>(o.batch * o.seq, model.config.hidden,
                                                                          model.config.vocab, loss_options(o), query);
   for (const auto& block : model.blocks) peak = std::max<std::uint64_t>(peak, block.workspace_bytes(in));
@@ -549,16 +603,22 @@ std::uint64_t workspace_peak(const Model& model, const options& o) {
 }
 
 // ---- stage 1 ---------------------------------------------------------------------------------------------
+// A host copy of a parameter's value (the writer takes host memory; copies it on add).
+void add_value(memkit::safetensors::writer& out, llama::parameter& p) {
+  const std::vector<act_t> values = llama::copy_out(std::as_const(p.value).view());
+  out.add(p.name, tensor_view<const act_t>(values.data(), p.value.shape(), memkit::memory_kind::host));
+}
+
 void save_pretrained(pretrain_model& model, const std::string& path) {
   memkit::safetensors::writer out;
   out.add_metadata("format", "pt");
-  for (llama::parameter* p : model.shared_parameters()) out.add(p->name, std::as_const(p->value).view());
-  for (llama::dense_linear<act_t>* l : model.linears()) out.add(l->weight.name, std::as_const(l->weight.value).view());
+  for (llama::parameter* p : model.shared_parameters()) add_value(out, *p);
+  for (llama::dense_linear<act_t>* l : model.linears()) add_value(out, l->weight);
   out.write(path);
 }
 
-template <class AdamState>
-stage_result pretrain(const options& o, memory_meter& meter, std::vector<llama::step_record>& records) {
+template <class AdamState, memkit::executor E>
+stage_result pretrain(const E& exec, const options& o, memory_meter& meter, std::vector<llama::step_record>& records) {
   const resources r = make_resources(meter, o.threads);
   const llama::trainability mode = o.rounding ? llama::trainability::bf16_rounding : llama::trainability::bf16_master;
   const llama::text_dataset data(o.data_dir + "/shakespeare.txt", o.seq);
@@ -604,7 +664,7 @@ stage_result pretrain(const options& o, memory_meter& meter, std::vector<llama::
   // The optimizer state, in the order of `shapes`.
   std::vector<llama::parameter*> params = model.shared_parameters();
   for (auto* l : model.linears()) params.push_back(&l->weight);
-  AdamState adam(memkit::host, *r.model.optimizer, sizes, adam_options);
+  AdamState adam(exec, *r.model.optimizer, sizes, adam_options);
   std::vector<memkit::adam_param<memkit::bf16, float>> adam_params;
   for (llama::parameter* p : params)
     adam_params.push_back({p->value.view(), std::as_const(p->grad).view(), p->master_view(), p->value.shape().rank == 2 ? 0 : 1});
@@ -618,29 +678,29 @@ stage_result pretrain(const options& o, memory_meter& meter, std::vector<llama::
   predicted.total = predicted.peak.total();
 
   stage_result result;
-  result.validation_before = validation_loss(model, data, buffers, r, o);
+  result.validation_before = validation_loss(exec, model, data, buffers, r, o);
   std::printf("\nstage 1: pretraining on %s (%lld bytes), %lld steps of %lld x %lld x %lld tokens\n",
               "examples/data/shakespeare.txt", static_cast<long long>(data.size()), static_cast<long long>(o.pretrain_steps),
               static_cast<long long>(o.accum), static_cast<long long>(o.batch), static_cast<long long>(o.seq));
   std::printf("validation loss before: %.4f\n", result.validation_before);
   run_stage(
-      1, model, stack, data, buffers, r, o, o.pretrain_steps, o.pretrain_lr,
+      exec, 1, model, stack, data, buffers, r, o, o.pretrain_steps, o.pretrain_lr,
       [&](float lr, float scale) {
         for (auto& g : groups) g.lr = lr;
-        adam.step(memkit::host, adam_params, groups, scale);
+        adam.step(exec, adam_params, groups, scale);
       },
       [&] {
-        for (llama::parameter* p : params) p->zero_grad();
+        for (llama::parameter* p : params) p->zero_grad(exec);
       },
       records, result);
-  result.validation_after = validation_loss(model, data, buffers, r, o);
+  result.validation_after = validation_loss(exec, model, data, buffers, r, o);
   std::printf("validation loss after:  %.4f   (last step: %s)\n", result.validation_after,
-              adam.report(memkit::host).to_string().c_str());
+              adam.report(exec).to_string().c_str());
   result.measured = meter.peaks();
   result.predicted = predicted.peak;
   result.measured_peak = meter.tracker.peak_bytes();
   result.predicted_peak = predicted.total;
-  result.budget = budget_estimate(o, false);
+  result.budget = budget_estimate(o, false, E::on_device);
   print_memory_table("stage 1", predicted, meter, result.budget);
   save_pretrained(model, o.out_dir + "/pretrained.safetensors");
   return result;
@@ -649,27 +709,65 @@ stage_result pretrain(const options& o, memory_meter& meter, std::vector<llama::
 // ---- stage 2 ---------------------------------------------------------------------------------------------
 constexpr memkit::quant::quant_options nf4_options{64, true};
 
+// Reads tensor `name` into `to`, host or device memory (through a host copy).
+template <class T>
+void read_into(const memkit::safetensors::reader& in, const std::string& name, tensor_view<T> to) {
+  if (to.where() == memkit::memory_kind::host) return in.read(name, to);
+  std::vector<T> staging(static_cast<std::size_t>(to.size()));
+  in.read(name, tensor_view<T>(staging.data(), to.shape(), memkit::memory_kind::host));
+  llama::copy_in(staging.data(), to);
+}
+
+// A copy of a quantized weight in `resource`'s memory (host <-> device: bitsandbytes files are read and written
+// on the host).
+lora_linear_impl::base_type copy_quantized(const lora_linear_impl::base_type& from, memkit::memory_resource& resource) {
+  lora_linear_impl::base_type to(resource, from.logical_shape(), from.options());
+  const auto copy = [](auto target, auto source) {
+    memkit::require(target.bytes() == source.bytes(), "train_llama: quantized tensors of different layouts");
+    if (target.empty()) return;
+    if (target.where() == memkit::memory_kind::host && source.where() == memkit::memory_kind::host) {
+      std::memcpy(static_cast<void*>(target.data()), source.data(), source.bytes());
+      return;
+    }
+#if MEMKIT_HAS_CUDA
+    MEMKIT_CUDA_CHECK(cudaMemcpy(target.data(), source.data(), source.bytes(), cudaMemcpyDefault));
+#endif
+  };
+  copy(to.codes(), from.codes());
+  copy(to.absmax(), from.absmax());
+  copy(to.nested_codes(), from.nested_codes());
+  copy(to.nested_group_absmax(), from.nested_group_absmax());
+  copy(to.offset_view(), from.offset_view());
+  to.set_nested_map(from.nested_map());
+  return to;
+}
+
 // Builds the QLoRA model from a checkpoint: projections quantized to NF4 as they are read (or, with
 // `bnb`, read as bitsandbytes 4-bit weights), everything else bf16 and frozen.
-std::unique_ptr<finetune_model> load_finetune_model(const options& o, const resources& r, const std::string& checkpoint,
-                                                    bool bnb) {
+template <memkit::executor E>
+std::unique_ptr<finetune_model> load_finetune_model(const E& exec, const options& o, const resources& r,
+                                                    const std::string& checkpoint, bool bnb) {
   const memkit::safetensors::reader in(checkpoint);
   auto model = std::make_unique<finetune_model>(
       o.model, r.model, llama::trainability::frozen, [&](const llama::projection& p, std::int64_t i, int k) {
         using base_type = lora_linear_impl::base_type;
         base_type base;
-        if (bnb) {
+        if (bnb && !E::on_device) {
           base = memkit::quant::load_linear4bit<memkit::quant::NF4>(in, p.path + ".weight", *r.model.weights);
+        } else if (bnb) {  // read on the host, then copied to the device
+          base = copy_quantized(memkit::quant::load_linear4bit<memkit::quant::NF4>(in, p.path + ".weight",
+                                                                                   memkit::default_host_resource()),
+                                *r.model.weights);
         } else {
-          memkit::buffer<act_t> staging(*r.model.workspace, shape{p.out, p.in});
-          in.read(p.path + ".weight", staging.view());
+          memkit::buffer<act_t> staging = memkit::workspace_buffer<act_t>(exec, *r.model.workspace, shape{p.out, p.in});
+          read_into(in, p.path + ".weight", staging.view());
           base = base_type(*r.model.weights, shape{p.out, p.in}, nf4_options);
-          base.quantize_into(memkit::host, std::as_const(staging).view(), *r.model.workspace, p.path.c_str());
+          base.quantize_into(exec, std::as_const(staging).view(), *r.model.workspace, p.path.c_str());
         }
         return lora_linear_impl(p.path, std::move(base), o.lora_rank, o.lora_alpha, r.model, o.seed + 99,
                                 static_cast<std::uint64_t>(i * 7 + k));
       });
-  for (llama::parameter* p : model->shared_parameters()) in.read(p->name, p->value.view());
+  for (llama::parameter* p : model->shared_parameters()) read_into(in, p->name, p->value.view());
   return model;
 }
 
@@ -687,10 +785,17 @@ void save_qlora(finetune_model& model, const options& o, const std::string& adap
   memkit::safetensors::writer base;
   base.add_metadata("format", "pt");
   for (lora_linear_impl* l : model.linears()) {
-    adapter.add<adapter_t>(l->path, tensor_view<const adapter_t>(l->lora_A()), tensor_view<const adapter_t>(l->lora_B()));
-    memkit::quant::save_linear4bit(base, l->path + ".weight", l->base_weight(), {"bfloat16"});
+    const std::vector<adapter_t> a = llama::copy_out(tensor_view<const adapter_t>(l->lora_A()));
+    const std::vector<adapter_t> b = llama::copy_out(tensor_view<const adapter_t>(l->lora_B()));
+    adapter.add<adapter_t>(l->path, tensor_view<const adapter_t>(a.data(), l->lora_A().shape(), memkit::memory_kind::host),
+                           tensor_view<const adapter_t>(b.data(), l->lora_B().shape(), memkit::memory_kind::host));
+    if (l->base_weight().where() == memkit::memory_kind::host)
+      memkit::quant::save_linear4bit(base, l->path + ".weight", l->base_weight(), {"bfloat16"});
+    else
+      memkit::quant::save_linear4bit(base, l->path + ".weight",
+                                     copy_quantized(l->base_weight(), memkit::default_host_resource()), {"bfloat16"});
   }
-  for (llama::parameter* p : model.shared_parameters()) base.add(p->name, std::as_const(p->value).view());
+  for (llama::parameter* p : model.shared_parameters()) add_value(base, *p);
   adapter.write(adapter_dir);
   base.write(base_path);
 }
@@ -703,8 +808,9 @@ void load_adapter(finetune_model& model, const std::string& adapter_dir) {
 }
 
 // Samples `count` bytes after `prompt` (temperature 0.8), re-running the model over the last seq bytes.
-std::string sample_text(finetune_model& model, const resources& r, const options& o, const std::string& prompt,
-                        std::int64_t count) {
+template <memkit::executor E>
+std::string sample_text(const E& exec, finetune_model& model, const resources& r, const options& o,
+                        const std::string& prompt, std::int64_t count) {
   std::vector<std::int32_t> ids = llama::byte_tokenizer::encode(prompt);
   const std::int64_t h = model.config.hidden, V = model.config.vocab;
   const std::int64_t window = std::min<std::int64_t>(o.seq, 64);
@@ -712,28 +818,30 @@ std::string sample_text(finetune_model& model, const resources& r, const options
   memkit::buffer<act_t> x(r.activations, shape{1, window, h}), y(r.activations, shape{1, window, h});
   memkit::buffer<std::int32_t> tokens(r.other, shape{window});
   std::vector<float> logits(static_cast<std::size_t>(V));
+  const std::vector<act_t> head = llama::copy_out(std::as_const(model.head.value).view());  // the logits are made on the host
+  const memkit::memory_kind where = x.where();
   for (std::int64_t n = 0; n < count; ++n) {
     const std::int64_t len = std::min<std::int64_t>(window, static_cast<std::int64_t>(ids.size()));
-    std::copy(ids.end() - len, ids.end(), tokens.data());
+    const std::vector<std::int32_t> context(ids.end() - len, ids.end());
+    llama::copy_in(context.data(), tensor_view<std::int32_t>(tokens.data(), shape{len}, where));
     const shape in{1, len, h};
-    model.embed.forward(memkit::host, tensor_view<const std::int32_t>(tokens.data(), shape{len}, memkit::memory_kind::host),
-                        tensor_view<act_t>(x.data(), in, memkit::memory_kind::host));
+    model.embed.forward(exec, tensor_view<const std::int32_t>(tokens.data(), shape{len}, where), tensor_view<act_t>(x.data(), in, where));
     act_t* a = x.data();
     act_t* b = y.data();
     for (auto& block : model.blocks) {
-      block.forward(memkit::host, {o.seed, 0, false}, tensor_view<const act_t>(a, in, memkit::memory_kind::host),
-                    tensor_view<act_t>(b, in, memkit::memory_kind::host), store);
+      block.forward(exec, {o.seed, 0, false}, tensor_view<const act_t>(a, in, where), tensor_view<act_t>(b, in, where), store);
       store.clear();
       std::swap(a, b);
     }
-    model.final_norm.forward(memkit::host, {o.seed, 0, false}, tensor_view<const act_t>(a, in, memkit::memory_kind::host),
-                             tensor_view<act_t>(b, in, memkit::memory_kind::host), store);
+    model.final_norm.forward(exec, {o.seed, 0, false}, tensor_view<const act_t>(a, in, where), tensor_view<act_t>(b, in, where),
+                             store);
     store.clear();
-    const act_t* last = b + (len - 1) * h;
+    const std::vector<act_t> last_row = llama::copy_out(tensor_view<const act_t>(b + (len - 1) * h, shape{h}, where));
+    const act_t* last = last_row.data();
     float m = -1e30f;
     for (std::int64_t v = 0; v < V; ++v) {
       float z = 0;
-      for (std::int64_t j = 0; j < h; ++j) z += float(last[j]) * float(model.head.value.data()[v * h + j]);
+      for (std::int64_t j = 0; j < h; ++j) z += float(last[j]) * float(head[static_cast<std::size_t>(v * h + j)]);
       logits[static_cast<std::size_t>(v)] = z / 0.8f;
       m = std::max(m, logits[static_cast<std::size_t>(v)]);
     }
@@ -760,7 +868,8 @@ struct finetune_outcome {
   std::string sample;
 };
 
-finetune_outcome finetune(const options& o, memory_meter& meter, std::vector<llama::step_record>& records) {
+template <memkit::executor E>
+finetune_outcome finetune(const E& exec, const options& o, memory_meter& meter, std::vector<llama::step_record>& records) {
   const resources r = make_resources(meter, o.threads);
   const llama::text_dataset data(o.data_dir + "/austen.txt", o.seq);
   meter.reset_peak();
@@ -790,8 +899,8 @@ finetune_outcome finetune(const options& o, memory_meter& meter, std::vector<lla
   predicted.peak[memory_category::optimizer_state] = memkit::adam_state<std::int8_t, 256>::bytes_required(sizes, adam_options);
   predicted.peak[memory_category::other] = step_buffers::other_bytes(o.batch, o.seq);
 
-  std::unique_ptr<finetune_model> model = load_finetune_model(o, r, o.out_dir + "/pretrained.safetensors", false);
-  memkit::adam_state<std::int8_t, 256> adam(memkit::host, *r.model.optimizer, sizes, adam_options);
+  std::unique_ptr<finetune_model> model = load_finetune_model(exec, o, r, o.out_dir + "/pretrained.safetensors", false);
+  memkit::adam_state<std::int8_t, 256> adam(exec, *r.model.optimizer, sizes, adam_options);
   std::vector<memkit::adam_param<adapter_t, float>> adam_params;
   for (lora_linear_impl* l : model->linears()) {
     adam_params.push_back({l->lora_A(), l->grad_A()});
@@ -804,30 +913,30 @@ finetune_outcome finetune(const options& o, memory_meter& meter, std::vector<lla
   predicted.peak[memory_category::workspace] = std::max<std::uint64_t>(workspace_peak(*model, o), largest_staging);
   predicted.total = predicted.peak.total();
 
-  result.validation_before = validation_loss(*model, data, buffers, r, o);
+  result.validation_before = validation_loss(exec, *model, data, buffers, r, o);
   std::printf("\nstage 2: QLoRA on %s (%lld bytes): NF4 base (block 64, double quantization), LoRA r=%lld alpha=%.0f "
               "on all 7 projections, %lld steps\n",
               "examples/data/austen.txt", static_cast<long long>(data.size()), static_cast<long long>(o.lora_rank),
               o.lora_alpha, static_cast<long long>(o.finetune_steps));
   std::printf("validation loss before: %.4f\n", result.validation_before);
   run_stage(
-      2, *model, stack, data, buffers, r, o, o.finetune_steps, o.finetune_lr,
+      exec, 2, *model, stack, data, buffers, r, o, o.finetune_steps, o.finetune_lr,
       [&](float lr, float scale) {
         groups[0].lr = lr;
-        adam.step(memkit::host, adam_params, groups, scale);
+        adam.step(exec, adam_params, groups, scale);
       },
       [&] {
-        for (lora_linear_impl* l : model->linears()) l->zero_grad();
+        for (lora_linear_impl* l : model->linears()) l->zero_grad(exec);
       },
       records, result);
-  result.validation_after = validation_loss(*model, data, buffers, r, o);
+  result.validation_after = validation_loss(exec, *model, data, buffers, r, o);
   std::printf("validation loss after:  %.4f   (last step: %s)\n", result.validation_after,
-              adam.report(memkit::host).to_string().c_str());
+              adam.report(exec).to_string().c_str());
   result.measured = meter.peaks();
   result.predicted = predicted.peak;
   result.measured_peak = meter.tracker.peak_bytes();
   result.predicted_peak = predicted.total;
-  result.budget = budget_estimate(o, true);
+  result.budget = budget_estimate(o, true, E::on_device);
   print_memory_table("stage 2", predicted, meter, result.budget);
 
   // Save: the adapter as PEFT writes it, the base as bitsandbytes' 4-bit checkpoint; reload both into a
@@ -835,12 +944,12 @@ finetune_outcome finetune(const options& o, memory_meter& meter, std::vector<lla
   const std::string adapter_dir = o.out_dir + "/adapter", base_path = o.out_dir + "/base-nf4.safetensors";
   outcome.loss_before_save = result.validation_after;
   save_qlora(*model, o, adapter_dir, base_path);
-  outcome.sample = sample_text(*model, r, o, "\"", o.sample_bytes);
+  outcome.sample = sample_text(exec, *model, r, o, "\"", o.sample_bytes);
   model.reset();
   {
-    std::unique_ptr<finetune_model> reloaded = load_finetune_model(o, r, base_path, true);
+    std::unique_ptr<finetune_model> reloaded = load_finetune_model(exec, o, r, base_path, true);
     load_adapter(*reloaded, adapter_dir);
-    outcome.loss_after_reload = validation_loss(*reloaded, data, buffers, r, o);
+    outcome.loss_after_reload = validation_loss(exec, *reloaded, data, buffers, r, o);
   }
   std::printf("saved %s/ (PEFT) and %s (bitsandbytes NF4); reloaded: validation loss %.6f (before saving %.6f)\n",
               adapter_dir.c_str(), base_path.c_str(), outcome.loss_after_reload, outcome.loss_before_save);
@@ -848,9 +957,24 @@ finetune_outcome finetune(const options& o, memory_meter& meter, std::vector<lla
 }
 
 // ---- main ------------------------------------------------------------------------------------------------
-int main(int argc, char** argv) {
-  const options o = parse(argc, argv);
-  std::filesystem::create_directories(o.out_dir);
+// Empty when a CUDA device is usable, else why not (one line).
+std::string why_no_cuda_device() {
+#if MEMKIT_HAS_CUDA
+  int devices = 0;
+  const cudaError_t status = cudaGetDeviceCount(&devices);
+  if (status != cudaSuccess)
+    return std::string("no usable CUDA device (") + cudaGetErrorName(status) + ": " + cudaGetErrorString(status) + ")";
+  if (devices == 0) return "no usable CUDA device (cudaGetDeviceCount reported 0 devices)";
+  return "";
+#else
+  return "this build has no CUDA (memkit_example_train_llama is the g++ build; the CUDA path is in "
+         "memkit_example_train_llama_cuda, built when CMake finds nvcc)";
+#endif
+}
+
+// Both stages on one executor, every byte through one tracker over `upstream`.
+template <memkit::executor E>
+int run(const E& exec, const options& o, memkit::memory_resource& upstream, const std::string& device_line) {
   std::printf("memkit example: a Llama-style decoder, %lld layers, hidden %lld, %lld heads (%lld kv), head_dim %lld, "
               "MLP %lld, byte vocabulary; micro-batch %lld x %lld tokens, %lld micro-batches per step; %d host threads\n",
               static_cast<long long>(o.model.layers), static_cast<long long>(o.model.hidden),
@@ -870,15 +994,16 @@ int main(int argc, char** argv) {
   for (std::int64_t i = 0; i < o.model.layers; ++i)
     for (const llama::projection& p : llama::projections_of(o.model, i)) parameters += p.in * p.out;
   std::printf("parameters: %lld\n", static_cast<long long>(parameters));
+  std::printf("device: %s\n", device_line.c_str());
   const budget::memory_estimate plan = budget::estimate_memory(example_model, pretrain_plan);
   std::printf("memory_budget (compile-time check against a %s): this recipe at the default size needs %s on a GPU\n",
               std::string(budget::presets::t4.name).c_str(), memkit::format_bytes(plan.peak_device_bytes).c_str());
 
-  memory_meter meter;
+  memory_meter meter(upstream);
   std::vector<llama::step_record> records;
-  const stage_result s1 = o.adam32 ? pretrain<memkit::adam_state<float>>(o, meter, records)
-                                   : pretrain<memkit::adam_state<std::int8_t, 256>>(o, meter, records);
-  const finetune_outcome s2 = finetune(o, meter, records);
+  const stage_result s1 = o.adam32 ? pretrain<memkit::adam_state<float>>(exec, o, meter, records)
+                                   : pretrain<memkit::adam_state<std::int8_t, 256>>(exec, o, meter, records);
+  const finetune_outcome s2 = finetune(exec, o, meter, records);
 
   std::printf("\nsample after stage 2 (temperature 0.8):\n----\n%s\n----\n", s2.sample.c_str());
 
@@ -929,4 +1054,31 @@ int main(int argc, char** argv) {
          "stage 2 peak: memory_budget's memkit runtime within 2% of the tracker");
   expect(s2.loss_after_reload == s2.loss_before_save, "the reloaded PEFT adapter and bitsandbytes base give the same loss");
   return failures == 0 ? 0 : 1;
+}
+
+int main(int argc, char** argv) {
+  const options o = parse(argc, argv);
+  const std::string no_device = o.device == device_choice::host ? std::string() : why_no_cuda_device();
+  if (o.device == device_choice::cuda && !no_device.empty()) {
+    std::fprintf(stderr, "train_llama: --device cuda: %s\n", no_device.c_str());
+    return 2;
+  }
+  std::filesystem::create_directories(o.out_dir);
+#if MEMKIT_HAS_CUDA
+  if (o.device != device_choice::host && no_device.empty()) {
+    const memkit::cuda_executor exec = memkit::cuda_executor::legacy_default_stream(0);
+    cudaDeviceProp properties{};
+    MEMKIT_CUDA_CHECK(cudaGetDeviceProperties(&properties, exec.device));
+    // Stream-ordered device memory for every category (the workspace must be; the rest may as well be).
+    memkit::device_async_resource device_memory(exec.stream, exec.device);
+    const int status = run(exec, o, device_memory,
+                           std::string("CUDA device ") + std::to_string(exec.device) + " (" + properties.name + "), " +
+                               "legacy default stream; every buffer in device memory");
+    memkit::release_cublas_resources();
+    return status;
+  }
+#endif
+  const std::string host_line = std::string("host, ") + std::to_string(o.threads) + " threads" +
+                                (o.device == device_choice::automatic ? " (--device auto: " + no_device + ")" : "");
+  return run(memkit::host, o, memkit::default_host_resource(), host_line);
 }

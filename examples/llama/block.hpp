@@ -37,28 +37,45 @@ struct model_config {
 };
 
 namespace detail {
-// [B, S, H*D] <-> [B, H, S, D]
+// [B, S, H*D] <-> [B, H, S, D], one row of D elements (row index in the [B, S, H] order: one division per
+// row, not per element).
 template <class T>
-void split_heads(const T* in, T* out, std::int64_t B, std::int64_t S, std::int64_t H, std::int64_t D) {
-  for (std::int64_t b = 0; b < B; ++b)
-    for (std::int64_t s = 0; s < S; ++s)
-      for (std::int64_t h = 0; h < H; ++h)
-        std::copy_n(in + ((b * S + s) * H + h) * D, D, out + ((b * H + h) * S + s) * D);
+struct heads_row {
+  const T* in;
+  T* out;
+  std::int64_t S, H, D;
+  bool split;  // true: [B, S, H*D] -> [B, H, S, D]; false: back
+  MEMKIT_HOST_DEVICE void operator()(std::int64_t row) const {
+    const std::int64_t h = row % H, s = (row / H) % S, b = row / H / S;
+    const std::int64_t tokens_at = row * D, heads_at = ((b * H + h) * S + s) * D;
+    const T* from = in + (split ? tokens_at : heads_at);
+    T* to = out + (split ? heads_at : tokens_at);
+    for (std::int64_t d = 0; d < D; ++d) to[d] = from[d];
+  }
+};
+template <memkit::executor E, class T>
+void split_heads(const E& exec, const T* in, T* out, std::int64_t B, std::int64_t S, std::int64_t H, std::int64_t D) {
+  for_each_index(exec, B * S * H, heads_row<T>{in, out, S, H, D, true});
 }
-template <class T>
-void merge_heads(const T* in, T* out, std::int64_t B, std::int64_t S, std::int64_t H, std::int64_t D) {
-  for (std::int64_t b = 0; b < B; ++b)
-    for (std::int64_t h = 0; h < H; ++h)
-      for (std::int64_t s = 0; s < S; ++s)
-        std::copy_n(in + ((b * H + h) * S + s) * D, D, out + ((b * S + s) * H + h) * D);
+template <memkit::executor E, class T>
+void merge_heads(const E& exec, const T* in, T* out, std::int64_t B, std::int64_t S, std::int64_t H, std::int64_t D) {
+  for_each_index(exec, B * S * H, heads_row<T>{in, out, S, H, D, false});
 }
+// out = a + b, one element (out may be a).
 template <class T>
-void add_into(tensor_view<T> sum, tensor_view<const T> other) {
-  for (std::int64_t i = 0; i < sum.size(); ++i) sum[i] = narrow<T>(f32(sum[i]) + f32(other[i]));
+struct add_element {
+  const T* a;
+  const T* b;
+  T* out;
+  MEMKIT_HOST_DEVICE void operator()(std::int64_t i) const { out[i] = narrow<T>(f32(a[i]) + f32(b[i])); }
+};
+template <memkit::executor E, class T>
+void add_into(const E& exec, tensor_view<T> sum, tensor_view<const T> other) {
+  for_each_index(exec, sum.size(), add_element<T>{sum.data(), other.data(), sum.data()});
 }
-template <class T>
-void add(tensor_view<const T> a, tensor_view<const T> b, tensor_view<T> out) {
-  for (std::int64_t i = 0; i < out.size(); ++i) out[i] = narrow<T>(f32(a[i]) + f32(b[i]));
+template <memkit::executor E, class T>
+void add(const E& exec, tensor_view<const T> a, tensor_view<const T> b, tensor_view<T> out) {
+  for_each_index(exec, out.size(), add_element<T>{a.data(), b.data(), out.data()});
 }
 }  // namespace detail
 
@@ -81,6 +98,7 @@ struct decoder_block {
     options.host_threads = memory.host_threads;
     return options;
   }
+  bool on_device() const noexcept { return memory.on_device(); }
 
   shape output_shape(const shape& in) const { return in; }
 
@@ -118,18 +136,19 @@ struct decoder_block {
                                           o.workspace_bytes(qs), gate.workspace_bytes(in), up.workspace_bytes(in),
                                           down.workspace_bytes(fs)});
     const std::size_t fwd = memkit::attention::forward_workspace_bytes(B, config.heads, config.kv_heads, S, config.head_dim,
-                                                               sizeof(T), attention());
+                                                               sizeof(T), attention(), on_device());
     const std::size_t bwd = memkit::attention::backward_workspace_bytes(B, config.heads, config.kv_heads, S, config.head_dim,
-                                                                sizeof(T), attention());
+                                                                sizeof(T), attention(), on_device());
     return std::max(forward_scratch_bytes(in) + std::max(linears, fwd), backward_scratch_bytes(in) + std::max(linears, bwd));
   }
 
-  void forward(const host_executor& exec, const forward_context& ctx, tensor_view<const T> x, tensor_view<T> y,
+  template <memkit::executor E>
+  void forward(const E& exec, const forward_context& ctx, tensor_view<const T> x, tensor_view<T> y,
                activation_store& store) {
     const std::int64_t B = x.shape()[0], S = x.shape()[1], f = config.intermediate, rows = B * S;
     const std::int64_t Hq = config.heads, Hkv = config.kv_heads, D = config.head_dim;
     const shape in = x.shape();
-    scratch_arena scratch(*memory.workspace, forward_scratch_bytes(in));
+    scratch_arena scratch(exec, *memory.workspace, forward_scratch_bytes(in));
 
     tensor_view<T> n1 = scratch.take<T>(in);
     attn_norm.forward(exec, ctx, x, n1, store);
@@ -139,24 +158,24 @@ struct decoder_block {
     q.forward(exec, ctx, n1, qb, store);
     k.forward(exec, ctx, n1, kb, store);
     v.forward(exec, ctx, n1, vb, store);
-    rope->rotate(qb, qb, 1.0f);
-    rope->rotate(kb, kb, 1.0f);
+    rope->rotate(exec, qb, qb, 1.0f);
+    rope->rotate(exec, kb, kb, 1.0f);
     tensor_view<T> qh = store.save<T>(shape{B, Hq, S, D});
     tensor_view<T> kh = store.save<T>(shape{B, Hkv, S, D});
     tensor_view<T> vh = store.save<T>(shape{B, Hkv, S, D});
-    detail::split_heads(qb.data(), qh.data(), B, S, Hq, D);
-    detail::split_heads(kb.data(), kh.data(), B, S, Hkv, D);
-    detail::split_heads(vb.data(), vh.data(), B, S, Hkv, D);
+    detail::split_heads(exec, qb.data(), qh.data(), B, S, Hq, D);
+    detail::split_heads(exec, kb.data(), kh.data(), B, S, Hkv, D);
+    detail::split_heads(exec, vb.data(), vh.data(), B, S, Hkv, D);
     tensor_view<T> out = store.save<T>(shape{B, Hq, S, D});
     tensor_view<float> lse = store.save<float>(shape{B, Hq, S});
     memkit::attention::forward<T>(exec, tensor_view<const T>(qh), tensor_view<const T>(kh), tensor_view<const T>(vh), out, lse,
                        attention(), *memory.workspace);
     tensor_view<T> o_in = scratch.take<T>(shape{B, S, q_width()});
-    detail::merge_heads(out.data(), o_in.data(), B, S, Hq, D);
+    detail::merge_heads(exec, out.data(), o_in.data(), B, S, Hq, D);
     tensor_view<T> attn = scratch.take<T>(in);
     o.forward(exec, ctx, o_in, attn, store);
     tensor_view<T> h = scratch.take<T>(in);
-    detail::add<T>(x, attn, h);
+    detail::add<E, T>(exec, x, attn, h);
 
     tensor_view<T> n2 = scratch.take<T>(in);
     mlp_norm.forward(exec, ctx, h, n2, store);
@@ -167,14 +186,15 @@ struct decoder_block {
     act.forward(exec, ctx, gu, a, store);
     tensor_view<T> d = scratch.take<T>(in);
     down.forward(exec, ctx, a, d, store);
-    detail::add<T>(h, d, y);
+    detail::add<E, T>(exec, h, d, y);
   }
 
-  void backward(const host_executor& exec, tensor_view<const T> dy, tensor_view<T> dx, activation_store& store) {
+  template <memkit::executor E>
+  void backward(const E& exec, tensor_view<const T> dy, tensor_view<T> dx, activation_store& store) {
     const std::int64_t B = dy.shape()[0], S = dy.shape()[1], f = config.intermediate, rows = B * S;
     const std::int64_t Hq = config.heads, Hkv = config.kv_heads, D = config.head_dim;
     const shape in = dy.shape();
-    scratch_arena scratch(*memory.workspace, backward_scratch_bytes(in));
+    scratch_arena scratch(exec, *memory.workspace, backward_scratch_bytes(in));
 
     // MLP
     tensor_view<T> da = scratch.take<T>(shape{B, S, f});
@@ -185,16 +205,16 @@ struct decoder_block {
     tensor_view<T> partial = scratch.take<T>(in);
     up.backward(exec, dgu.flat_slice(rows * f, rows * f).reshaped(shape{B, S, f}), dn2, store);
     gate.backward(exec, dgu.flat_slice(0, rows * f).reshaped(shape{B, S, f}), partial, store);
-    detail::add_into<T>(dn2, partial);
+    detail::add_into<E, T>(exec, dn2, partial);
     tensor_view<T> dh = scratch.take<T>(in);
     mlp_norm.backward(exec, dn2, dh, store);
-    detail::add_into<T>(dh, dy);
+    detail::add_into<E, T>(exec, dh, dy);
 
     // attention
     tensor_view<T> do_in = scratch.take<T>(shape{B, S, q_width()});
     o.backward(exec, dh, do_in, store);
     tensor_view<T> dout = scratch.take<T>(shape{B, Hq, S, D});
-    detail::split_heads(do_in.data(), dout.data(), B, S, Hq, D);
+    detail::split_heads(exec, do_in.data(), dout.data(), B, S, Hq, D);
     const auto lse = store.take<float>(shape{B, Hq, S}, "decoder_block (attention log-sum-exp)");
     const auto out = store.take<T>(shape{B, Hq, S, D}, "decoder_block (attention output)");
     const auto vh = store.take<T>(shape{B, Hkv, S, D}, "decoder_block (v)");
@@ -208,19 +228,19 @@ struct decoder_block {
     tensor_view<T> dq = scratch.take<T>(shape{B, S, q_width()});
     tensor_view<T> dk = scratch.take<T>(shape{B, S, kv_width()});
     tensor_view<T> dv = scratch.take<T>(shape{B, S, kv_width()});
-    detail::merge_heads(dqh.data(), dq.data(), B, S, Hq, D);
-    detail::merge_heads(dkh.data(), dk.data(), B, S, Hkv, D);
-    detail::merge_heads(dvh.data(), dv.data(), B, S, Hkv, D);
-    rope->rotate(dq, dq, -1.0f);
-    rope->rotate(dk, dk, -1.0f);
+    detail::merge_heads(exec, dqh.data(), dq.data(), B, S, Hq, D);
+    detail::merge_heads(exec, dkh.data(), dk.data(), B, S, Hkv, D);
+    detail::merge_heads(exec, dvh.data(), dv.data(), B, S, Hkv, D);
+    rope->rotate(exec, dq, dq, -1.0f);
+    rope->rotate(exec, dk, dk, -1.0f);
     tensor_view<T> dn1 = scratch.take<T>(in);
     v.backward(exec, dv, dn1, store);
     k.backward(exec, dk, partial, store);
-    detail::add_into<T>(dn1, partial);
+    detail::add_into<E, T>(exec, dn1, partial);
     q.backward(exec, dq, partial, store);
-    detail::add_into<T>(dn1, partial);
+    detail::add_into<E, T>(exec, dn1, partial);
     attn_norm.backward(exec, dn1, dx, store);
-    if (!dx.empty()) detail::add_into<T>(dx, dh);
+    if (!dx.empty()) detail::add_into<E, T>(exec, dx, dh);
   }
 };
 

@@ -7,8 +7,11 @@
 //   swiglu             y = silu(gate) * up over [.., 2f] -> [.., f]   saves its input
 //
 // Activations are T (bf16 in the example, float in the gradient tests); every product accumulates in fp32
-// (linalg::gemm), elementwise math is fp32. Each layer says what it saves (saved_bytes) and what workspace
-// it takes (workspace_bytes) before it runs, from the same shapes it allocates with.
+// (linalg::gemm: the host kernel, or cuBLAS on a cuda_executor), elementwise math is fp32. Each layer says
+// what it saves (saved_bytes) and what workspace it takes (workspace_bytes) before it runs, from the same
+// shapes it allocates with. Every layer runs on the host and, compiled by nvcc, on a cuda_executor: its math
+// is one MEMKIT_HOST_DEVICE function object per element, row or column (the *_row / *_column / *_element
+// structs below), run by for_each_index (parameters.hpp) as a loop on the host and as a kernel on exec.stream.
 #pragma once
 
 #include "parameters.hpp"
@@ -31,16 +34,49 @@ using memkit::host_executor;
 namespace la = memkit::linalg;
 
 template <class T>
-float f32(T v) {
+MEMKIT_HOST_DEVICE MEMKIT_FORCEINLINE float f32(T v) {
   return memkit::to_float(v);
 }
 template <class T>
-T narrow(float v) {
+MEMKIT_HOST_DEVICE MEMKIT_FORCEINLINE T narrow(float v) {
   return memkit::from_float<T>(v);
 }
+MEMKIT_HOST_DEVICE MEMKIT_FORCEINLINE float exp_f32(float v) { return ::expf(v); }   // std::exp(float) on the host
+MEMKIT_HOST_DEVICE MEMKIT_FORCEINLINE float sqrt_f32(float v) { return ::sqrtf(v); }  // std::sqrt(float) on the host
 
 // ---------------------------------------------------------------------------------------------------------
 // Token embedding: ids [B, S] -> hidden [B, S, H]; backward adds each row of dy into its token's gradient row.
+// One token's row of y; an id outside the vocabulary gives NaN (device code cannot throw; the host path checks
+// the ids first, the example checks them where it makes them).
+template <class T>
+struct embedding_row {
+  const std::int32_t* ids;
+  const bf16* weight;
+  T* y;
+  std::int64_t vocab, hidden;
+  MEMKIT_HOST_DEVICE void operator()(std::int64_t t) const {
+    const std::int32_t id = ids[t];
+    const bool known = id >= 0 && id < vocab;
+    const float quiet_nan = memkit::bf16_bits_to_float(0x7fc0);
+    for (std::int64_t j = 0; j < hidden; ++j) y[t * hidden + j] = narrow<T>(known ? f32(weight[id * hidden + j]) : quiet_nan);
+  }
+};
+// Column j of the gradient: the tokens in order, so the sums are the same on every executor and duplicate ids
+// never race.
+template <class T>
+struct embedding_grad_column {
+  const std::int32_t* ids;
+  const T* dy;
+  float* grad;
+  std::int64_t tokens, vocab, hidden;
+  MEMKIT_HOST_DEVICE void operator()(std::int64_t j) const {
+    for (std::int64_t t = 0; t < tokens; ++t) {
+      const std::int32_t id = ids[t];
+      if (id >= 0 && id < vocab) grad[id * hidden + j] += f32(dy[t * hidden + j]);
+    }
+  }
+};
+
 struct token_embedding {
   std::int64_t vocab = 0, hidden = 0;
   parameter weight;  // [vocab, hidden]
@@ -49,27 +85,80 @@ struct token_embedding {
   token_embedding(std::int64_t vocab_, std::int64_t hidden_, const memory_resources& memory, trainability mode)
       : vocab(vocab_), hidden(hidden_), weight("model.embed_tokens.weight", shape{vocab_, hidden_}, memory, mode) {}
 
-  template <class T>
-  void forward(const host_executor&, tensor_view<const std::int32_t> ids, tensor_view<T> y) const {
+  template <memkit::executor E, class T>
+  void forward(const E& exec, tensor_view<const std::int32_t> ids, tensor_view<T> y) const {
     memkit::require(y.size() == ids.size() * hidden, "token_embedding: y does not hold one row per token");
-    for (std::int64_t t = 0; t < ids.size(); ++t) {
-      const std::int32_t id = ids[t];
-      memkit::require(id >= 0 && id < vocab, "token_embedding: token id " + std::to_string(id) + " is outside the vocabulary");
-      const bf16* row = weight.value.data() + id * hidden;
-      for (std::int64_t j = 0; j < hidden; ++j) y[t * hidden + j] = narrow<T>(f32(row[j]));
-    }
+    if constexpr (!E::on_device)
+      for (std::int64_t t = 0; t < ids.size(); ++t)
+        memkit::require(ids[t] >= 0 && ids[t] < vocab,
+                        "token_embedding: token id " + std::to_string(ids[t]) + " is outside the vocabulary");
+    for_each_index(exec, ids.size(), embedding_row<T>{ids.data(), weight.value.data(), y.data(), vocab, hidden});
   }
-  template <class T>
-  void backward(const host_executor&, tensor_view<const std::int32_t> ids, tensor_view<const T> dy) {
+  template <memkit::executor E, class T>
+  void backward(const E& exec, tensor_view<const std::int32_t> ids, tensor_view<const T> dy) {
     if (!weight.trains()) return;
-    for (std::int64_t t = 0; t < ids.size(); ++t) {
-      float* row = weight.grad.data() + static_cast<std::int64_t>(ids[t]) * hidden;
-      for (std::int64_t j = 0; j < hidden; ++j) row[j] += f32(dy[t * hidden + j]);
-    }
+    for_each_index(exec, hidden, embedding_grad_column<T>{ids.data(), dy.data(), weight.grad.data(), ids.size(), vocab, hidden});
   }
 };
 
 // ---------------------------------------------------------------------------------------------------------
+// RMSNorm. Forward, one row: y = x * s * w with s = 1/rms(x); keeps x and s for backward.
+template <class T>
+struct rms_forward_row {
+  const T* x;
+  const bf16* w;
+  T* y;
+  T* kept;
+  float* rstd;
+  std::int64_t hidden;
+  float eps;
+  MEMKIT_HOST_DEVICE void operator()(std::int64_t r) const {
+    const T* xr = x + r * hidden;
+    float sum = 0.0f;
+    for (std::int64_t j = 0; j < hidden; ++j) sum += f32(xr[j]) * f32(xr[j]);
+    const float s = 1.0f / sqrt_f32(sum / static_cast<float>(hidden) + eps);
+    rstd[r] = s;
+    for (std::int64_t j = 0; j < hidden; ++j) {
+      kept[r * hidden + j] = xr[j];
+      y[r * hidden + j] = narrow<T>(f32(xr[j]) * s * f32(w[j]));
+    }
+  }
+};
+// Backward, one row: dx = s * (g - x * s^2 * mean(g * x)), g = dy * w.
+template <class T>
+struct rms_backward_row {
+  const T* dy;
+  const T* x;
+  const float* rstd;
+  const bf16* w;
+  T* dx;
+  std::int64_t hidden;
+  MEMKIT_HOST_DEVICE void operator()(std::int64_t r) const {
+    const float s = rstd[r];
+    float dot = 0.0f;
+    for (std::int64_t j = 0; j < hidden; ++j) dot += f32(dy[r * hidden + j]) * f32(w[j]) * f32(x[r * hidden + j]);
+    const float mean = dot / static_cast<float>(hidden);
+    for (std::int64_t j = 0; j < hidden; ++j) {
+      const float g = f32(dy[r * hidden + j]) * f32(w[j]);
+      dx[r * hidden + j] = narrow<T>(s * (g - f32(x[r * hidden + j]) * s * s * mean));
+    }
+  }
+};
+// Backward, one column of the weight gradient: dw[j] += sum over rows of dy * x * s, rows in order.
+template <class T>
+struct rms_weight_grad_column {
+  const T* dy;
+  const T* x;
+  const float* rstd;
+  float* grad;
+  std::int64_t rows, hidden;
+  MEMKIT_HOST_DEVICE void operator()(std::int64_t j) const {
+    float g = grad[j];
+    for (std::int64_t r = 0; r < rows; ++r) g += f32(dy[r * hidden + j]) * f32(x[r * hidden + j]) * rstd[r];
+    grad[j] = g;
+  }
+};
+
 template <class T>
 struct rms_norm {
   using value_type = T;
@@ -89,51 +178,51 @@ struct rms_norm {
   }
   std::size_t workspace_bytes(const shape&) const { return 0; }
 
-  void forward(const host_executor&, const forward_context&, tensor_view<const T> x, tensor_view<T> y,
-               activation_store& store) {
+  template <memkit::executor E>
+  void forward(const E& exec, const forward_context&, tensor_view<const T> x, tensor_view<T> y, activation_store& store) {
     const std::int64_t rows = rows_of(x.shape());
     tensor_view<T> kept = store.save<T>(x.shape());
-    std::copy(x.begin(), x.end(), kept.begin());
     tensor_view<float> rstd = store.save<float>(shape{rows});
-    for (std::int64_t r = 0; r < rows; ++r) {
-      const T* xr = x.data() + r * hidden;
-      float sum = 0.0f;
-      for (std::int64_t j = 0; j < hidden; ++j) sum += f32(xr[j]) * f32(xr[j]);
-      const float s = 1.0f / std::sqrt(sum / static_cast<float>(hidden) + eps);
-      rstd[r] = s;
-      for (std::int64_t j = 0; j < hidden; ++j) y[r * hidden + j] = narrow<T>(f32(xr[j]) * s * f32(weight.value.data()[j]));
-    }
+    for_each_index(exec, rows, rms_forward_row<T>{x.data(), weight.value.data(), y.data(), kept.data(), rstd.data(), hidden, eps});
   }
 
-  // dx = s * (g - x * s^2 * mean(g * x)), g = dy * w, s = 1/rms; dw += sum over rows of dy * x * s.
-  void backward(const host_executor&, tensor_view<const T> dy, tensor_view<T> dx, activation_store& store) {
+  template <memkit::executor E>
+  void backward(const E& exec, tensor_view<const T> dy, tensor_view<T> dx, activation_store& store) {
     const std::int64_t rows = rows_of(dy.shape());
     const auto rstd = store.take<float>(shape{rows}, "rms_norm");
     const auto x = store.take<T>(dy.shape(), "rms_norm");
-    const T* xs = x.view().data();
-    const float* w = nullptr;
-    std::vector<float> weights(static_cast<std::size_t>(hidden));
-    for (std::int64_t j = 0; j < hidden; ++j) weights[j] = f32(weight.value.data()[j]);
-    w = weights.data();
-    for (std::int64_t r = 0; r < rows; ++r) {
-      const float s = rstd.view()[r];
-      float dot = 0.0f;
-      for (std::int64_t j = 0; j < hidden; ++j) dot += f32(dy[r * hidden + j]) * w[j] * f32(xs[r * hidden + j]);
-      const float mean = dot / static_cast<float>(hidden);
-      if (!dx.empty())
-        for (std::int64_t j = 0; j < hidden; ++j) {
-          const float g = f32(dy[r * hidden + j]) * w[j];
-          dx[r * hidden + j] = narrow<T>(s * (g - f32(xs[r * hidden + j]) * s * s * mean));
-        }
-      if (weight.trains())
-        for (std::int64_t j = 0; j < hidden; ++j) weight.grad.data()[j] += f32(dy[r * hidden + j]) * f32(xs[r * hidden + j]) * s;
-    }
+    if (!dx.empty())
+      for_each_index(exec, rows, rms_backward_row<T>{dy.data(), x.view().data(), rstd.view().data(), weight.value.data(), dx.data(), hidden});
+    if (weight.trains())
+      for_each_index(exec, hidden, rms_weight_grad_column<T>{dy.data(), x.view().data(), rstd.view().data(), weight.grad.data(), rows, hidden});
   }
 };
 
 // ---------------------------------------------------------------------------------------------------------
 // Rotary position embedding on [B, S, heads * head_dim] (HF's rotate_half layout). The cos/sin table
-// [max_positions, head_dim / 2] is computed once (fp32) and is a constant of the model, not an activation.
+// [max_positions, head_dim / 2] is computed once (fp32, on the host, then copied where the weights live) and
+// is a constant of the model, not an activation.
+// One head at one position, its pairs (i, i + d/2): y = R(direction * pos) x; x and y may be the same memory.
+template <class T>
+struct rotary_row {
+  const T* x;
+  T* y;
+  const float* table;  // cos then sin, each [max_positions, half]
+  std::int64_t seq, width, head_dim, max_positions;
+  float direction;
+  MEMKIT_HOST_DEVICE void operator()(std::int64_t row) const {  // row = token * heads + head
+    const std::int64_t half = head_dim / 2, p = (row / (width / head_dim)) % seq, at = row * head_dim;
+    const float* c = table + p * half;
+    const float* sn = table + (max_positions + p) * half;
+    for (std::int64_t i = 0; i < half; ++i) {
+      const float a = f32(x[at + i]), b = f32(x[at + i + half]);
+      const float sine = direction * sn[i];
+      y[at + i] = narrow<T>(a * c[i] - b * sine);
+      y[at + i + half] = narrow<T>(b * c[i] + a * sine);
+    }
+  }
+};
+
 template <class T>
 struct rotary {
   using value_type = T;
@@ -144,12 +233,14 @@ struct rotary {
   rotary(std::int64_t head_dim_, std::int64_t max_positions_, float theta, memkit::memory_resource& resource)
       : head_dim(head_dim_), max_positions(max_positions_), table(resource, shape{2 * max_positions_ * (head_dim_ / 2)}) {
     const std::int64_t half = head_dim / 2;
+    std::vector<float> values(static_cast<std::size_t>(table.size()));
     for (std::int64_t p = 0; p < max_positions; ++p)
       for (std::int64_t i = 0; i < half; ++i) {
         const double angle = static_cast<double>(p) * std::pow(static_cast<double>(theta), -2.0 * i / head_dim);
-        table.data()[p * half + i] = static_cast<float>(std::cos(angle));
-        table.data()[(max_positions + p) * half + i] = static_cast<float>(std::sin(angle));
+        values[static_cast<std::size_t>(p * half + i)] = static_cast<float>(std::cos(angle));
+        values[static_cast<std::size_t>((max_positions + p) * half + i)] = static_cast<float>(std::sin(angle));
       }
+    copy_in(values.data(), table.view());
   }
   static constexpr std::size_t table_bytes(std::int64_t head_dim, std::int64_t max_positions) noexcept {
     return memkit::buffer<float>::bytes_required(shape{2 * max_positions * (head_dim / 2)});
@@ -160,32 +251,23 @@ struct rotary {
   std::size_t workspace_bytes(const shape&) const { return 0; }
 
   // y = R(pos) x; x and y may be the same memory.
-  void rotate(tensor_view<const T> x, tensor_view<T> y, float direction) const {
+  template <memkit::executor E>
+  void rotate(const E& exec, tensor_view<const T> x, tensor_view<T> y, float direction) const {
     const shape& s = x.shape();
-    const std::int64_t batch = s[0], seq = s[1], width = s[2], half = head_dim / 2;
+    const std::int64_t seq = s[1], width = s[2];
     memkit::require(seq <= max_positions, "rotary: sequence " + std::to_string(seq) + " is longer than the table");
     memkit::require(width % head_dim == 0, "rotary: width is not a whole number of heads");
-    for (std::int64_t b = 0; b < batch; ++b)
-      for (std::int64_t p = 0; p < seq; ++p) {
-        const float* c = table.data() + p * half;
-        const float* sn = table.data() + (max_positions + p) * half;
-        const std::int64_t base = (b * seq + p) * width;
-        for (std::int64_t h = 0; h < width; h += head_dim)
-          for (std::int64_t i = 0; i < half; ++i) {
-            const float a = f32(x[base + h + i]), bb = f32(x[base + h + i + half]);
-            const float sine = direction * sn[i];
-            y[base + h + i] = narrow<T>(a * c[i] - bb * sine);
-            y[base + h + i + half] = narrow<T>(bb * c[i] + a * sine);
-          }
-      }
+    for_each_index(exec, x.size() / head_dim,
+                   rotary_row<T>{x.data(), y.data(), table.data(), seq, width, head_dim, max_positions, direction});
   }
-  void forward(const host_executor&, const forward_context&, tensor_view<const T> x, tensor_view<T> y,
-               activation_store&) {
-    rotate(x, y, 1.0f);
+  template <memkit::executor E>
+  void forward(const E& exec, const forward_context&, tensor_view<const T> x, tensor_view<T> y, activation_store&) {
+    rotate(exec, x, y, 1.0f);
   }
   // The rotation is orthogonal: its gradient is the rotation by the opposite angle.
-  void backward(const host_executor&, tensor_view<const T> dy, tensor_view<T> dx, activation_store&) {
-    if (!dx.empty()) rotate(dy, dx, -1.0f);
+  template <memkit::executor E>
+  void backward(const E& exec, tensor_view<const T> dy, tensor_view<T> dx, activation_store&) {
+    if (!dx.empty()) rotate(exec, dy, dx, -1.0f);
   }
 };
 
@@ -205,7 +287,9 @@ struct dense_linear {
   std::size_t saved_bytes(const shape& s, const forward_context&) const {
     return weight.trains() ? activation_store::bytes_required<T>(s) : 0;
   }
+  // The host GEMM's packing buffers; cuBLAS on the device takes nothing from the workspace resource.
   std::size_t workspace_bytes(const shape& s) const {
+    if (memory.on_device()) return 0;
     const std::int64_t rows = rows_of(s);
     const la::gemm_options o{memory.host_threads};
     return std::max({la::gemm_workspace_bytes<T, bf16, T>(rows, out, in, o),
@@ -213,35 +297,59 @@ struct dense_linear {
                      la::gemm_workspace_bytes<T, bf16, T>(rows, in, out, o)});
   }
 
-  void forward(const host_executor& exec, const forward_context&, tensor_view<const T> x, tensor_view<T> y,
-               activation_store& store) {
+  template <memkit::executor E>
+  void forward(const E& exec, const forward_context&, tensor_view<const T> x, tensor_view<T> y, activation_store& store) {
     const std::int64_t rows = rows_of(x.shape());
-    if (weight.trains()) {
-      tensor_view<T> kept = store.save<T>(x.shape());
-      std::copy(x.begin(), x.end(), kept.begin());
-    }
-    la::gemm(exec, la::transpose::no, la::transpose::yes, 1.0f, cmat(x.data(), rows, in),
-             cmat<bf16>(weight.value.data(), out, in), 0.0f, mat(y.data(), rows, out), *memory.workspace,
-             la::gemm_options{memory.host_threads});
+    if (weight.trains()) copy_view(exec, x, store.save<T>(x.shape()));
+    la::gemm(exec, la::transpose::no, la::transpose::yes, 1.0f, cmat(x.data(), rows, in, x.where()),
+             cmat<bf16>(weight.value.data(), out, in, weight.value.where()), 0.0f, mat(y.data(), rows, out, y.where()),
+             *memory.workspace, la::gemm_options{memory.host_threads});
   }
-  void backward(const host_executor& exec, tensor_view<const T> dy, tensor_view<T> dx, activation_store& store) {
+  template <memkit::executor E>
+  void backward(const E& exec, tensor_view<const T> dy, tensor_view<T> dx, activation_store& store) {
     const std::int64_t rows = rows_of(dy.shape());
     if (weight.trains()) {
       const auto x = store.take<T>(with_last(dy.shape(), in), "dense_linear");
-      la::gemm(exec, la::transpose::yes, la::transpose::no, 1.0f, cmat(dy.data(), rows, out),
-               cmat<T>(x.view().data(), rows, in), 1.0f, mat(weight.grad.data(), out, in), *memory.workspace,
+      la::gemm(exec, la::transpose::yes, la::transpose::no, 1.0f, cmat(dy.data(), rows, out, dy.where()),
+               cmat<T>(x.view().data(), rows, in, x.view().where()), 1.0f,
+               mat(weight.grad.data(), out, in, weight.grad.where()), *memory.workspace,
                la::gemm_options{memory.host_threads});
     }
     if (!dx.empty())
-      la::gemm(exec, la::transpose::no, la::transpose::no, 1.0f, cmat(dy.data(), rows, out),
-               cmat<bf16>(weight.value.data(), out, in), 0.0f, mat(dx.data(), rows, in), *memory.workspace,
-               la::gemm_options{memory.host_threads});
+      la::gemm(exec, la::transpose::no, la::transpose::no, 1.0f, cmat(dy.data(), rows, out, dy.where()),
+               cmat<bf16>(weight.value.data(), out, in, weight.value.where()), 0.0f, mat(dx.data(), rows, in, dx.where()),
+               *memory.workspace, la::gemm_options{memory.host_threads});
   }
 };
 
 // ---------------------------------------------------------------------------------------------------------
 // SwiGLU activation: [.., 2f] -> [.., f], y = silu(gate) * up. The input is planar: the first half of the
 // buffer is gate [.., f], the second half up [.., f] (so two linears can write them). Saves its input.
+// One element i of y: gate x[i], up x[n + i], n = rows * f.
+template <class T>
+struct swiglu_forward_element {
+  const T* x;
+  T* y;
+  std::int64_t n;
+  MEMKIT_HOST_DEVICE void operator()(std::int64_t i) const {
+    const float g = f32(x[i]), u = f32(x[n + i]);
+    y[i] = narrow<T>(g / (1.0f + exp_f32(-g)) * u);
+  }
+};
+template <class T>
+struct swiglu_backward_element {
+  const T* x;
+  const T* dy;
+  T* dx;
+  std::int64_t n;
+  MEMKIT_HOST_DEVICE void operator()(std::int64_t i) const {
+    const float g = f32(x[i]), u = f32(x[n + i]), d = f32(dy[i]);
+    const float sig = 1.0f / (1.0f + exp_f32(-g));
+    dx[i] = narrow<T>(d * u * sig * (1.0f + g * (1.0f - sig)));
+    dx[n + i] = narrow<T>(d * g * sig);
+  }
+};
+
 template <class T>
 struct swiglu {
   using value_type = T;
@@ -249,29 +357,18 @@ struct swiglu {
   std::size_t saved_bytes(const shape& s, const forward_context&) const { return activation_store::bytes_required<T>(s); }
   std::size_t workspace_bytes(const shape&) const { return 0; }
 
-  void forward(const host_executor&, const forward_context&, tensor_view<const T> x, tensor_view<T> y,
-               activation_store& store) {
+  template <memkit::executor E>
+  void forward(const E& exec, const forward_context&, tensor_view<const T> x, tensor_view<T> y, activation_store& store) {
     tensor_view<T> kept = store.save<T>(x.shape());
-    std::copy(x.begin(), x.end(), kept.begin());
-    const std::int64_t rows = rows_of(x.shape()), f = y.shape()[y.shape().rank - 1];
-    for (std::int64_t r = 0; r < rows; ++r)
-      for (std::int64_t j = 0; j < f; ++j) {
-        const float g = f32(x[r * f + j]), u = f32(x[(rows + r) * f + j]);
-        y[r * f + j] = narrow<T>(g / (1.0f + std::exp(-g)) * u);
-      }
+    copy_view(exec, x, kept);
+    for_each_index(exec, y.size(), swiglu_forward_element<T>{kept.data(), y.data(), y.size()});
   }
-  void backward(const host_executor&, tensor_view<const T> dy, tensor_view<T> dx, activation_store& store) {
-    const std::int64_t rows = rows_of(dy.shape()), f = dy.shape()[dy.shape().rank - 1];
+  template <memkit::executor E>
+  void backward(const E& exec, tensor_view<const T> dy, tensor_view<T> dx, activation_store& store) {
+    const std::int64_t f = dy.shape()[dy.shape().rank - 1];
     const auto x = store.take<T>(with_last(dy.shape(), 2 * f), "swiglu");
     if (dx.empty()) return;
-    const T* xs = x.view().data();
-    for (std::int64_t r = 0; r < rows; ++r)
-      for (std::int64_t j = 0; j < f; ++j) {
-        const float g = f32(xs[r * f + j]), u = f32(xs[(rows + r) * f + j]), d = f32(dy[r * f + j]);
-        const float sig = 1.0f / (1.0f + std::exp(-g));
-        dx[r * f + j] = narrow<T>(d * u * sig * (1.0f + g * (1.0f - sig)));
-        dx[(rows + r) * f + j] = narrow<T>(d * g * sig);
-      }
+    for_each_index(exec, dy.size(), swiglu_backward_element<T>{x.view().data(), dy.data(), dx.data(), dy.size()});
   }
 };
 

@@ -29,6 +29,7 @@ struct nf4_lora_linear {
   std::string path;  // the module's path in the base model, e.g. "model.layers.0.self_attn.q_proj"
   std::unique_ptr<base_type> base;
   layer_type layer;
+  bool on_device = false;  // the layer's memory is device memory (its workspace figures are the CUDA ones)
 
   static memkit::lora::lora_options options_for(std::int64_t rank, float alpha, const memory_resources& memory,
                                                 std::uint64_t seed) {
@@ -44,7 +45,8 @@ struct nf4_lora_linear {
                   std::uint64_t seed, std::uint64_t stream)
       : path(std::move(path_)), base(std::make_unique<base_type>(std::move(base_))),
         layer(base.get(), options_for(rank, alpha, memory, memkit::random_word(seed, stream, 0)), *memory.weights,
-              *memory.gradients) {
+              *memory.gradients),
+        on_device(memory.on_device()) {
     layer.set_workspace(*memory.workspace);
   }
 
@@ -62,18 +64,25 @@ struct nf4_lora_linear {
   tensor_view<float> grad_A() { return layer.grad_A(); }
   tensor_view<float> grad_B() { return layer.grad_B(); }
   void zero_grad() { layer.zero_grad(); }
+#if MEMKIT_HAS_CUDA
+  void zero_grad(const memkit::cuda_executor& exec) { layer.zero_grad(exec); }
+#endif
+  void zero_grad(const memkit::host_executor&) { layer.zero_grad(); }
 
   shape output_shape(const shape& s) const { return layer.output_shape(s); }
   std::size_t saved_bytes(const shape& s, const forward_context& ctx) const { return layer.saved_bytes(s, ctx); }
   std::size_t workspace_bytes(const shape& s) const {
     const std::int64_t tokens = rows_of(s);
-    return std::max(layer.forward_workspace_bytes(tokens), layer.backward_workspace_bytes(tokens, false, true));
+    return std::max(layer.forward_workspace_bytes(tokens, on_device),
+                    layer.backward_workspace_bytes(tokens, false, true, on_device));
   }
-  void forward(const host_executor& exec, const forward_context& ctx, tensor_view<const T> x, tensor_view<T> y,
+  template <memkit::executor E>
+  void forward(const E& exec, const forward_context& ctx, tensor_view<const T> x, tensor_view<T> y,
                activation_store& store) {
     layer.forward(exec, ctx, x, y, store);
   }
-  void backward(const host_executor& exec, tensor_view<const T> dy, tensor_view<T> dx, activation_store& store) {
+  template <memkit::executor E>
+  void backward(const E& exec, tensor_view<const T> dy, tensor_view<T> dx, activation_store& store) {
     layer.backward(exec, dy, dx, store);
   }
 };

@@ -99,6 +99,64 @@ TEST_CASE("adam fast path: adamw_update_array equals adamw_update element by ele
 
 namespace {
 
+// The quantized step's fused block update: table entries in (lookup_codes), scaled by the block's absmax,
+// updated, maxima out; against dequantize_codes, adamw_update per element and max_magnitude_bits.
+void check_update_block() {
+  std::mt19937 rng(5);
+  std::uniform_int_distribution<int> byte(0, 255);
+  std::vector<std::uint8_t> m_codes(2100), v_codes(2100);
+  for (auto& c : m_codes) c = static_cast<std::uint8_t>(byte(rng));
+  for (auto& c : v_codes) c = static_cast<std::uint8_t>(byte(rng));
+  const auto& maps8 = memkit::detail::int8_maps;
+  const auto& maps4 = memkit::detail::int4_maps;
+  memkit::adam_control control;
+  control.step = 7;
+  control.grad_multiplier = 0.37f;
+  const memkit::adam_coefficients c = memkit::make_coefficients(adam_group{}, control);
+  int mismatches = 0, compared = 0;
+  for (int bits8 = 0; bits8 < 2; ++bits8)
+    for (std::int64_t first : {0, 256, 1024})
+      for (std::int64_t count : {1, 15, 16, 17, 255, 256, 1000}) {
+        const auto seed = static_cast<std::uint32_t>(first + count + 10000 * bits8);
+        const auto n = static_cast<std::size_t>(count);
+        auto p = mixed_values(n, 0.1f, seed, false);
+        const auto grad = mixed_values(n, 1e-2f, seed + 1, false);
+        const float m_absmax = 3e-3f, v_absmax = bits8 ? 1.5e-5f : std::numeric_limits<float>::infinity();
+        std::vector<float> m(n), v(n), m_ref(n), v_ref(n);
+        auto p_ref = p;
+        if (bits8) {
+          memkit::detail::lookup_codes<8>(maps8.m.data(), m_codes.data(), first, count, m.data());
+          memkit::detail::lookup_codes<8>(maps8.v.data(), v_codes.data(), first, count, v.data());
+          memkit::detail::dequantize_codes<8>(maps8.m.data(), m_codes.data(), first, count, m_absmax, m_ref.data());
+          memkit::detail::dequantize_codes<8>(maps8.v.data(), v_codes.data(), first, count, v_absmax, v_ref.data());
+        } else {
+          memkit::detail::lookup_codes<4>(maps4.m.data(), m_codes.data(), first, count, m.data());
+          memkit::detail::lookup_codes<4>(maps4.v.data(), v_codes.data(), first, count, v.data());
+          memkit::detail::dequantize_codes<4>(maps4.m.data(), m_codes.data(), first, count, m_absmax, m_ref.data());
+          memkit::detail::dequantize_codes<4>(maps4.v.data(), v_codes.data(), first, count, v_absmax, v_ref.data());
+        }
+        const memkit::detail::moment_maxima maxima =
+            memkit::detail::adamw_update_block(p.data(), m.data(), v.data(), grad.data(), count, c, m_absmax, v_absmax);
+        for (std::size_t i = 0; i < n; ++i) {
+          memkit::adamw_update(p_ref[i], m_ref[i], v_ref[i], grad[i], c);
+          mismatches += !same(p[i], p_ref[i]) || !same(m[i], m_ref[i]) || !same(v[i], v_ref[i]);
+          ++compared;
+        }
+        mismatches += maxima.m != memkit::detail::max_magnitude_bits(m_ref.data(), count);
+        mismatches += maxima.v != memkit::detail::max_magnitude_bits(v_ref.data(), count);
+      }
+  CHECK(compared == 2 * 3 * (1 + 15 + 16 + 17 + 255 + 256 + 1000));
+  CHECK(mismatches == 0);
+}
+
+}  // namespace
+
+TEST_CASE("adam fast path: the fused quantized-block update equals decode, adamw_update and the block maxima, on every instruction set") {
+  on_every_isa(check_update_block);
+}
+
+namespace {
+
 void check_block_codes() {
   std::mt19937 rng(11);
   std::uniform_int_distribution<int> byte(0, 255);

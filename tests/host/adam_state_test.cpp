@@ -105,11 +105,13 @@ TEST_CASE_TEMPLATE("adam: bytes_required is exactly what the tracking resource s
 TEST_CASE("adam: quantized states cost what the paper says per parameter") {
   constexpr std::int64_t n = std::int64_t{1} << 24;
   // 8-bit: 2 bytes of codes + 2 fp32 absmax per block; 4-bit: 1 byte + 2 absmax per 128.
-  CHECK(adam_state<std::int8_t, 256>::tensor_bytes(n) == static_cast<std::size_t>(2 * n + 2 * 4 * (n / 256)));
-  CHECK(adam_state<std::int8_t, 2048>::tensor_bytes(n) == static_cast<std::size_t>(2 * n + 2 * 4 * (n / 2048)));
-  CHECK(adam_state<four_bit>::tensor_bytes(n) == static_cast<std::size_t>(n + 2 * 4 * (n / 128)));
-  CHECK(adam_state<float>::tensor_bytes(n) == static_cast<std::size_t>(8 * n));
-  CHECK(adam_state<bf16>::tensor_bytes(n) == static_cast<std::size_t>(4 * n));
+  // Plus half a 4 KiB page between m and v (2^24-element segments are whole pages: detail::stagger_after).
+  constexpr std::size_t stagger = 2048;
+  CHECK(adam_state<std::int8_t, 256>::tensor_bytes(n) == static_cast<std::size_t>(2 * n + 2 * 4 * (n / 256)) + stagger);
+  CHECK(adam_state<std::int8_t, 2048>::tensor_bytes(n) == static_cast<std::size_t>(2 * n + 2 * 4 * (n / 2048)) + stagger);
+  CHECK(adam_state<four_bit>::tensor_bytes(n) == static_cast<std::size_t>(n + 2 * 4 * (n / 128)) + stagger);
+  CHECK(adam_state<float>::tensor_bytes(n) == static_cast<std::size_t>(8 * n) + stagger);
+  CHECK(adam_state<bf16>::tensor_bytes(n) == static_cast<std::size_t>(4 * n) + stagger);
   // Below the threshold a quantized state keeps fp32 moments; the threshold is configurable.
   CHECK(adam_state<std::int8_t>::tensor_bytes(4095) == adam_state<float>::tensor_bytes(4095));
   CHECK(adam_state<std::int8_t>::tensor_bytes(4095, 1024) < adam_state<float>::tensor_bytes(4095));
@@ -411,6 +413,62 @@ TEST_CASE_TEMPLATE("adam: save and load round-trip the whole state bit for bit",
   state.step(host, t.params(), groups);
   restored.step(host, t2.params(), groups);
   CHECK(adam_test::same_bits(t.p1, t2.p1));
+  CHECK(adam_test::snapshot(restored) == adam_test::snapshot(state));
+}
+
+// m and v of a large tensor never lie a multiple of 4 KiB apart (4K aliasing between the update's loads and
+// stores), whatever the tensor's size; the saved image leaves that padding out, so it keeps format 1's layout
+// (the control block and norm scratch, then per tensor m's segment directly followed by v's and the scales).
+TEST_CASE_TEMPLATE("adam: m and v of a large tensor are half a page apart modulo 4 KiB; images keep the unpadded layout", S,
+                   adam_state<float>, adam_state<bf16>, adam_state<std::int8_t>, adam_state<four_bit>) {
+  const std::vector<std::int64_t> sizes{1 << 16, 1000, (1 << 17) + 48, 1 << 20};
+  std::vector<std::vector<float>> p, g;
+  std::vector<adam_param<float, float>> params;
+  for (std::size_t i = 0; i < sizes.size(); ++i) {
+    p.push_back(adam_test::normal(static_cast<std::size_t>(sizes[i]), 0.1f, static_cast<std::uint32_t>(20 + i)));
+    g.push_back(adam_test::normal(static_cast<std::size_t>(sizes[i]), 0.01f, static_cast<std::uint32_t>(30 + i)));
+  }
+  for (std::size_t i = 0; i < sizes.size(); ++i) params.push_back({host_view(p[i]), host_view(g[i]), {}, 0});
+  auto state = make_state<S>(sizes);
+  const std::vector<adam_group> groups{adam_group{}};
+  for (int step = 0; step < 2; ++step) state.step(host, params, groups);
+
+  const auto* base = state.arena_view().data();
+  std::vector<std::byte> unpadded = adam_test::snapshot(state);
+  unpadded.resize(S::overhead_bytes([&] {
+    std::int64_t chunks = 0;
+    for (std::int64_t n : sizes) chunks += memkit::detail::reduction_chunks(n);
+    return chunks;
+  }()));
+  std::size_t padding = 0;
+  for (std::size_t i = 0; i < sizes.size(); ++i) {
+    const auto s = state.tensor_state(i);
+    const auto* m = reinterpret_cast<const std::byte*>(s.quantized ? static_cast<const void*>(s.m_codes.data()) : s.m.data());
+    const auto* v = reinterpret_cast<const std::byte*>(s.quantized ? static_cast<const void*>(s.v_codes.data()) : s.v.data());
+    const std::size_t m_bytes = s.quantized ? s.m_codes.size() : s.m.size() * sizeof(*s.m.data());
+    const auto distance = static_cast<std::size_t>(v - m);
+    INFO("tensor " << i << " of " << sizes[i] << " elements, m segment " << m_bytes << " bytes");
+    if (m_bytes >= memkit::detail::adam_stagger_min_bytes) CHECK(distance % 4096 == 2048);
+    else CHECK(distance == memkit::detail::align_segment(m_bytes));
+    padding += distance - memkit::detail::align_segment(m_bytes);
+    // The unpadded image of this tensor: m's segment, then everything from v to the next tensor.
+    const std::byte* end = i + 1 < sizes.size()
+                               ? reinterpret_cast<const std::byte*>(state.tensor_state(i + 1).quantized
+                                                                        ? static_cast<const void*>(state.tensor_state(i + 1).m_codes.data())
+                                                                        : state.tensor_state(i + 1).m.data())
+                               : base + state.bytes();
+    unpadded.insert(unpadded.end(), m, m + memkit::detail::align_segment(m_bytes));
+    unpadded.insert(unpadded.end(), v, end);
+  }
+  CHECK(padding > 0);
+  std::stringstream image;
+  state.save(host, image);
+  const std::string text = image.str();
+  // The payload sits just before the trailing 8-byte checksum.
+  REQUIRE(text.size() > unpadded.size() + 8);
+  CHECK(std::memcmp(text.data() + text.size() - 8 - unpadded.size(), unpadded.data(), unpadded.size()) == 0);
+  auto restored = make_state<S>(sizes);
+  restored.load(host, image);
   CHECK(adam_test::snapshot(restored) == adam_test::snapshot(state));
 }
 

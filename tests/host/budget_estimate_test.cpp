@@ -112,9 +112,10 @@ TEST_CASE("budget: optimizer state kinds") {
     bf16 += adam_bf16_state_bytes(t.elements()) * t.count;
     chunks += adam_reduction_chunks(t.elements()) * t.count;
   });
-  // Moments: apart from 64-byte segment padding, 8 and 4 bytes per parameter.
+  // Moments: apart from 64-byte segment padding and the stagger of a large tensor's v (less than a 4 KiB page
+  // per tensor), 8 and 4 bytes per parameter.
   CHECK(fp32 >= 8 * P);
-  CHECK(fp32 - 8 * P < 128 * 1000);
+  CHECK(fp32 - 8 * P < (128 + 4096) * 1000);
   CHECK(bf16 >= 4 * P);
   // Every adam_state flavour (memkit runtime) allocates one control block and norm scratch per state on top
   // of the moments; torch's foreach AdamW and bitsandbytes keep nothing else on the device.

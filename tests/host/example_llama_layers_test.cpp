@@ -231,3 +231,35 @@ TEST_CASE("example llama: memkit's fused linear cross-entropy, chunked as the ex
   }
   CHECK(d_hidden[1 * H + 2] == 0.0f);  // ignored token
 }
+
+TEST_CASE("example llama: the token embedding gathers rows, sums the gradient of repeated tokens, and refuses unknown ids") {
+  memkit::tracking_resource tracker{memkit::default_host_resource(), "embedding"};
+  llama::memory_resources memory;
+  memory.weights = &tracker.category(memkit::memory_category::weights);
+  memory.gradients = &tracker.category(memkit::memory_category::gradients);
+  const std::int64_t V = 5, H = 3;
+  llama::token_embedding embed(V, H, memory, llama::trainability::bf16_master);
+  embed.weight.init_normal(1.0f, 3, 4);
+  const std::vector<std::int32_t> ids{4, 0, 4, 2};
+  std::vector<float> y(ids.size() * H);
+  embed.forward(memkit::host, memkit::host_view(ids.data(), {4}), memkit::host_view(y.data(), {4, H}));
+  for (std::size_t t = 0; t < ids.size(); ++t)
+    for (std::int64_t j = 0; j < H; ++j) CHECK(y[t * H + j] == float(embed.weight.value.data()[ids[t] * H + j]));
+  std::vector<float> dy(ids.size() * H);
+  for (std::size_t i = 0; i < dy.size(); ++i) dy[i] = 0.25f * float(i + 1);
+  embed.backward(memkit::host, memkit::host_view(ids.data(), {4}), memkit::host_view(std::as_const(dy).data(), {4, H}));
+  for (std::int64_t j = 0; j < H; ++j) {
+    CHECK(embed.weight.grad.data()[4 * H + j] == dy[0 * H + j] + dy[2 * H + j]);  // token 4 twice
+    CHECK(embed.weight.grad.data()[0 * H + j] == dy[1 * H + j]);
+    CHECK(embed.weight.grad.data()[2 * H + j] == dy[3 * H + j]);
+    CHECK(embed.weight.grad.data()[1 * H + j] == 0.0f);
+  }
+  const std::vector<std::int32_t> bad{1, 5};
+  CHECK_THROWS_WITH_AS(embed.forward(memkit::host, memkit::host_view(bad.data(), {2}), memkit::host_view(y.data(), {2, H})),
+                       doctest::Contains("outside the vocabulary"), memkit::error);
+  // The shared row function (what the device kernel runs) writes NaN for an unknown id instead of reading
+  // outside the table.
+  float out[H] = {};
+  llama::embedding_row<float>{bad.data() + 1, embed.weight.value.data(), out, V, H}(0);
+  for (float v : out) CHECK(std::isnan(v));
+}

@@ -106,6 +106,8 @@ TEST_CASE("quant matmul: every host path on any number of threads, and the GEMM 
     check_against_dense<q::FP4, memkit::fp16>(12, 70, 300, {32, false}, config);  // rows not whole blocks
     check_against_dense<q::NF4, float>(3, 200, 256, {64, false}, config);    // fused path, columns split
     check_against_dense<q::NF4, memkit::bf16>(7, 45, 128, {128, true}, config);
+    check_against_dense<q::NF4, float>(16, 200, 1280, {64, false}, config);  // fused, depth in 3 chunks per pass
+    check_against_dense<q::NF4, memkit::bf16>(300, 70, 192, {64, false}, config);  // GEMM path, two slices of x
   }
   for (memkit::host_isa isa : {memkit::host_isa::portable, memkit::host_isa::avx2, memkit::host_isa::avx512}) {
     if (isa > memkit::detail::process_host_isa()) continue;
@@ -113,6 +115,17 @@ TEST_CASE("quant matmul: every host path on any number of threads, and the GEMM 
     const memkit::host_isa previous = memkit::limit_host_isa(isa);
     check_against_dense<q::NF4, float>(20, 150, 320, {64, false}, q::matmul_config{});
     check_against_dense<q::NF4, float>(5, 150, 320, {64, false}, q::matmul_config{});
+    // The fused path with depth chunks (x rows kept in L1 between chunks) over groups of 32 columns, a
+    // partial last group and a column tail.
+    check_against_dense<q::NF4, float>(8, 100, 1600, {64, false}, q::matmul_config{});
+    check_against_dense<q::FP4, memkit::bf16>(3, 70, 1600, {64, true}, q::matmul_config{});
+    check_against_dense<q::NF4, float>(1, 45, 8192, {32, false}, q::matmul_config{});
+    // The GEMM path: W decoded straight into packed panels (the vector decoders where K is whole 32-value
+    // steps), two depth blocks, a partial last panel of columns and of rows.
+    check_against_dense<q::NF4, float>(40, 150, 640, {64, false}, q::matmul_config{});
+    check_against_dense<q::FP4, memkit::bf16>(37, 70, 576, {128, true}, q::matmul_config{});
+    check_against_dense<q::NF4, float>(35, 45, 4160, {4096, false}, q::matmul_config{});  // a block wider than kc
+    check_against_dense<q::INT8, float>(33, 40, 96, {32, false}, q::matmul_config{});
     memkit::limit_host_isa(previous);
   }
 }
@@ -171,7 +184,8 @@ TEST_CASE("quant matmul: the CUDA workspace prediction follows the path the CUDA
 }
 
 // The CUDA large-batch path dequantizes device_tile_floats values per cuBLAS call (hundreds of rows of a
-// large layer), the host tile_floats (a cache-sized tile); both predictions follow their own tile.
+// large layer); the host's forward GEMM path has no dequantized tile (W is decoded into the gemm's packed
+// panels), so its workspace does not depend on tile_floats.
 TEST_CASE("quant matmul: the CUDA and host tiles are sized separately") {
   const std::int64_t M = 256, N = 4096, K = 8192;
   const q::matmul_config config;
@@ -179,11 +193,14 @@ TEST_CASE("quant matmul: the CUDA and host tiles are sized separately") {
   CHECK(device_rows == 2048);
   CHECK(config.tile_floats / K == 8);
   CHECK(q::matmul_workspace_bytes(q::matmul_kind::forward, q::NF4, 64, M, N, K, 2, true, config) == device_rows * K * 2);
-  // The host's GEMM path takes at least host_gemm_min_rows rows per tile (so x is packed once per 128 columns,
-  // not per 8), plus the gemm's packing buffers for that tile.
-  const std::int64_t host_rows = q::detail::host_gemm_min_rows;
-  CHECK(q::matmul_workspace_bytes(q::matmul_kind::forward, q::NF4, 64, M, N, K, 4, false, config) ==
-        static_cast<std::size_t>(host_rows * K) * 4 + memkit::linalg::gemm_workspace_bytes<float, float, float>(M, host_rows, K));
+  // The host forward: x packed once (M x K), the gemm's packing buffers, and one buffer of decoded rows of W.
+  q::matmul_config other_tiles = config;
+  other_tiles.tile_floats = 300;
+  const std::size_t host = q::matmul_workspace_bytes(q::matmul_kind::forward, q::NF4, 64, M, N, K, 4, false, config);
+  CHECK(host == q::matmul_workspace_bytes(q::matmul_kind::forward, q::NF4, 64, M, N, K, 4, false, other_tiles));
+  CHECK(host >= static_cast<std::size_t>(M * K) * 4);
+  CHECK(host <= static_cast<std::size_t>(M * K) * 4 + memkit::linalg::gemm_workspace_bytes<float, float, float>(M, N, K) +
+                    (std::size_t{64} << 10));
   // A layer narrower than the tile: the tile is the whole weight.
   CHECK(q::matmul_workspace_bytes(q::matmul_kind::forward, q::NF4, 64, M, 512, K, 2, true, config) ==
         static_cast<std::size_t>(512 * K) * 2);

@@ -236,21 +236,26 @@ constexpr std::string_view no_effect_reason(rung_kind kind, const training_plan&
   }
   return "";
 }
+// The workload with every memory technique the ladder chooses turned off: bf16 mixed precision, plain AdamW
+// on the device, nothing offloaded, the step after the backward. Each starting point sets the rest.
+constexpr training_plan without_techniques(training_plan p) noexcept {
+  p.precision = precision_mode::bf16_mixed;
+  p.optimizer = optimizer_kind::adamw;
+  p.placement = optimizer_placement::device;
+  p.offload_parameters = false;
+  p.optimizer_in_backward = false;
+  p.offload_checkpoints = false;
+  return p;
+}
 }  // namespace detail
 
 constexpr ladder plan_ladder(const model_config& m, const gpu_spec& gpu, const training_plan& workload) noexcept {
   ladder out;
   out.available_bytes = gpu.memory_bytes;
-  training_plan base = workload;
+  training_plan base = detail::without_techniques(workload);
   base.training = method::full;
   base.weights = weight_storage{weight_format::bf16};
-  base.precision = precision_mode::bf16_mixed;
-  base.optimizer = optimizer_kind::adamw;
-  base.placement = optimizer_placement::device;
-  base.offload_parameters = false;
-  base.optimizer_in_backward = false;
   base.checkpoint = checkpointing::none;
-  base.offload_checkpoints = false;
   if (base.memkit_runtime() && (base.logits == logits_mode::fp32 || base.logits == logits_mode::half ||
                                 base.logits == logits_mode::cut))
     base.logits = logits_mode::chunked;  // memkit's loss is the fused one
@@ -310,17 +315,11 @@ constexpr ladder plan_ladder(const model_config& m, const gpu_spec& gpu, const t
   settle(5, rung_kind::smaller_micro_batch, p, speed::smaller_micro_batch);
 
   // QLoRA starts again from the workload's batch, with the loss chosen above.
-  training_plan q = workload;
+  training_plan q = detail::without_techniques(workload);
   q.training = method::lora;
   q.weights = weight_storage{weight_format::nf4, 64, true};
   q.lora = lora_settings{16, all_linear_modules, false};
-  q.precision = precision_mode::bf16_mixed;
-  q.optimizer = optimizer_kind::adamw;
-  q.placement = optimizer_placement::device;
-  q.offload_parameters = false;
-  q.optimizer_in_backward = false;
   q.checkpoint = checkpointing::every_layer;
-  q.offload_checkpoints = false;
   q.logits = current.logits;
   q = detail::shrink_micro_batch(m, q, gpu);
   // Against the bf16 rung: recomputation and dequantization (and whatever micro-batch it needed).

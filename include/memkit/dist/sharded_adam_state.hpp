@@ -112,11 +112,7 @@ class sharded_adam_state {
   }
   // Bytes of the moments of a piece of `count` elements of a tensor quantized or not.
   static constexpr std::size_t piece_bytes(std::int64_t count, bool piece_quantized) noexcept {
-    const auto n = static_cast<std::size_t>(count);
-    if (!piece_quantized) return 2 * memkit::detail::align_segment(n * sizeof(plain_moment_type));
-    const std::size_t blocks = (n + divisor_block - 1) / divisor_block;
-    const std::size_t codes = traits::bits == 8 ? n : (n + 1) / 2;
-    return 2 * memkit::detail::align_segment(codes) + 2 * memkit::detail::align_segment(blocks * sizeof(float));
+    return unsharded::segment_plan(count, piece_quantized).bytes;
   }
   // Lays out rank `rank`'s state, calling visit(piece) for each piece; returns the arena's bytes.
   template <class Visit>
@@ -140,20 +136,15 @@ class sharded_adam_state {
         p.flat = flat;
         p.first_chunk = first_chunk + begin / granule;
         p.quantized = unsharded::quantizes(n, min_quantized_size);
-        const auto count = static_cast<std::size_t>(end - begin);
-        if (!p.quantized) {
-          const std::size_t bytes = memkit::detail::align_segment(count * sizeof(plain_moment_type));
-          p.m_offset = offset;
-          p.v_offset = offset + bytes;
-        } else {
-          const std::size_t codes = memkit::detail::align_segment(traits::bits == 8 ? count : (count + 1) / 2);
-          const std::size_t scales = memkit::detail::align_segment((count + divisor_block - 1) / divisor_block * sizeof(float));
-          p.m_offset = offset;
-          p.v_offset = offset + codes;
-          p.m_scale_offset = offset + 2 * codes;
-          p.v_scale_offset = offset + 2 * codes + scales;
+        // adam_state's segment layout (m and v of a large piece half a page apart modulo 4 KiB).
+        const memkit::detail::adam_segment_plan segments = unsharded::segment_plan(end - begin, p.quantized);
+        p.m_offset = offset;
+        p.v_offset = offset + segments.v;
+        if (p.quantized) {
+          p.m_scale_offset = offset + segments.m_scale;
+          p.v_scale_offset = offset + segments.v_scale;
         }
-        offset += piece_bytes(end - begin, p.quantized);
+        offset += segments.bytes;
         visit(p);
       }
       flat += padded(n);

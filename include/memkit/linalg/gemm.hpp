@@ -7,8 +7,10 @@
 //
 // Host: a cache-blocked GEMM in the BLIS/GotoBLAS structure. Blocks of op(A) and op(B) are packed into
 // fp32 micro-panels in workspace (16-bit inputs are converted while packing, so they cost no separate
-// pass), and a register-blocked micro-kernel computes MR x NR tiles of C: 12 x 32 with AVX-512, 6 x 16 with
-// AVX2 + FMA, 4 x 8 in portable C++, chosen at run time (core/host_simd.hpp). gemm_workspace_bytes() says
+// pass; a transposed fp32 B is transposed 16 x 16 or 8 x 8 in registers), and a register-blocked
+// micro-kernel computes MR x NR tiles of C: 12 x 32 with AVX-512, 6 x 16 with AVX2 + FMA, 4 x 8 in
+// portable C++, chosen at run time (core/host_simd.hpp). Callers that produce their operands' panels
+// themselves (quant::matmul decodes its 4-bit weight straight into them) use gemm_blocked_with. gemm_workspace_bytes() says
 // exactly what a call takes from the workspace resource. Threads: gemm_options::host_threads (0 = every
 // hardware thread) split C into column (and, for narrow C, row) ranges; K is never split, so the result
 // is the same for every thread count, and the AVX2 and AVX-512 kernels give the same bits (one FMA chain
@@ -90,8 +92,8 @@ struct gemm_dims {
 // (kc x NR) stays in L1 while the micro-kernel walks down the rows of the A block.
 struct gemm_blocking {
   static constexpr std::int64_t mc = 144;
-  static constexpr std::int64_t kc = 256;
-  static constexpr std::int64_t nc = 2048;
+  static constexpr std::int64_t kc = 512;
+  static constexpr std::int64_t nc = 1024;
   static constexpr std::int64_t row_unit = 12;     // every micro-kernel's MR divides it; parts split rows in it
   static constexpr std::int64_t column_unit = 32;  // every micro-kernel's NR divides it; parts split columns in it
   static constexpr std::int64_t accumulator_rows = 4 * mc;  // 16-bit C with K > kc: rows of fp32 partial sums
@@ -269,6 +271,19 @@ void pack_b(const matrix_ref<const TB>& B, transpose op, std::int64_t k0, std::i
   }
 }
 
+// One NR-column panel of op(B) from `rows` <= NR fp32 source rows holding op(B)'s columns (depth values
+// each, `ld` apart: a transposed B, or rows just decoded from a quantized weight): panel[k][j] = row j's
+// value k, the columns past `rows` zero. This plain version does depths [k_begin, depth); the vector kernels
+// below transpose 16 x 16 (AVX-512) or 8 x 8 (AVX2) squares in registers and leave it only the tail.
+template <std::int64_t NR>
+void pack_rows_scalar(const float* source, std::int64_t ld, std::int64_t rows, std::int64_t depth,
+                      std::int64_t k_begin, float* panel) noexcept {
+  for (std::int64_t k = k_begin; k < depth; ++k) {
+    for (std::int64_t j = 0; j < rows; ++j) panel[k * NR + j] = source[j * ld + k];
+    for (std::int64_t j = rows; j < NR; ++j) panel[k * NR + j] = 0.0f;
+  }
+}
+
 // --- Micro-kernels: tile[r][j] = sum over k of a[k][r] * b[k][j], for `Rows` <= MR rows and all NR columns,
 //     every sum one chain of multiply-adds in k order (fused where the instruction set has FMA). ---
 
@@ -293,6 +308,10 @@ struct gemm_kernel_portable {
     }
     for (int r = 0; r < Rows; ++r)
       for (int j = 0; j < nr; ++j) tile[r * nr + j] = acc[r][j];
+  }
+  static void pack_rows(const float* source, std::int64_t ld, std::int64_t rows, std::int64_t depth,
+                        float* panel) noexcept {
+    pack_rows_scalar<nr>(source, ld, rows, depth, 0, panel);
   }
 };
 
@@ -321,6 +340,35 @@ struct gemm_kernel_avx2 {
       _mm256_storeu_ps(tile + r * nr + 8, c1[r]);
     }
   }
+  // pack_rows_scalar's panel, 8 x 8 squares transposed in registers (24 shuffles per 64 values).
+  __attribute__((target("avx2,fma"))) static void pack_rows(const float* source, std::int64_t ld, std::int64_t rows,
+                                                            std::int64_t depth, float* panel) noexcept {
+    std::int64_t k = 0;
+    for (; k + 8 <= depth; k += 8)
+      for (std::int64_t g = 0; g < nr; g += 8) {
+        __m256 r[8], t[8];
+        MEMKIT_GEMM_UNROLL
+        for (int j = 0; j < 8; ++j) r[j] = g + j < rows ? _mm256_loadu_ps(source + (g + j) * ld + k) : _mm256_setzero_ps();
+        MEMKIT_GEMM_UNROLL
+        for (int j = 0; j < 8; j += 2) {
+          t[j] = _mm256_unpacklo_ps(r[j], r[j + 1]);
+          t[j + 1] = _mm256_unpackhi_ps(r[j], r[j + 1]);
+        }
+        MEMKIT_GEMM_UNROLL
+        for (int j = 0; j < 8; j += 4) {
+          r[j] = _mm256_shuffle_ps(t[j], t[j + 2], 0x44);
+          r[j + 1] = _mm256_shuffle_ps(t[j], t[j + 2], 0xee);
+          r[j + 2] = _mm256_shuffle_ps(t[j + 1], t[j + 3], 0x44);
+          r[j + 3] = _mm256_shuffle_ps(t[j + 1], t[j + 3], 0xee);
+        }
+        MEMKIT_GEMM_UNROLL
+        for (int i = 0; i < 4; ++i) {
+          _mm256_storeu_ps(panel + (k + i) * nr + g, _mm256_permute2f128_ps(r[i], r[i + 4], 0x20));
+          _mm256_storeu_ps(panel + (k + i + 4) * nr + g, _mm256_permute2f128_ps(r[i], r[i + 4], 0x31));
+        }
+      }
+    pack_rows_scalar<nr>(source, ld, rows, depth, k, panel);
+  }
 };
 
 // AVX-512: 12 x 32, twenty-four zmm accumulators.
@@ -346,6 +394,44 @@ struct gemm_kernel_avx512 {
       _mm512_storeu_ps(tile + r * nr, c0[r]);
       _mm512_storeu_ps(tile + r * nr + 16, c1[r]);
     }
+  }
+  // pack_rows_scalar's panel, 16 x 16 squares transposed in registers (64 shuffles per 256 values; the
+  // zero-masked forms: GCC 12 warns about the unmasked ones' undefined pass-through operand).
+  __attribute__((target("avx512f"))) static void pack_rows(const float* source, std::int64_t ld, std::int64_t rows,
+                                                           std::int64_t depth, float* panel) noexcept {
+    std::int64_t k = 0;
+    for (; k + 16 <= depth; k += 16)
+      for (std::int64_t g = 0; g < nr; g += 16) {
+        __m512 r[16], t[16];
+        MEMKIT_GEMM_UNROLL
+        for (int j = 0; j < 16; ++j) r[j] = g + j < rows ? _mm512_loadu_ps(source + (g + j) * ld + k) : _mm512_setzero_ps();
+        MEMKIT_GEMM_UNROLL
+        for (int j = 0; j < 16; j += 2) {  // pairs of rows interleaved
+          t[j] = _mm512_maskz_unpacklo_ps(0xffff, r[j], r[j + 1]);
+          t[j + 1] = _mm512_maskz_unpackhi_ps(0xffff, r[j], r[j + 1]);
+        }
+        MEMKIT_GEMM_UNROLL
+        for (int j = 0; j < 16; j += 4) {  // quadruples: each 128-bit lane holds one k of four rows
+          r[j] = _mm512_castpd_ps(_mm512_maskz_unpacklo_pd(0xff, _mm512_castps_pd(t[j]), _mm512_castps_pd(t[j + 2])));
+          r[j + 1] = _mm512_castpd_ps(_mm512_maskz_unpackhi_pd(0xff, _mm512_castps_pd(t[j]), _mm512_castps_pd(t[j + 2])));
+          r[j + 2] = _mm512_castpd_ps(_mm512_maskz_unpacklo_pd(0xff, _mm512_castps_pd(t[j + 1]), _mm512_castps_pd(t[j + 3])));
+          r[j + 3] = _mm512_castpd_ps(_mm512_maskz_unpackhi_pd(0xff, _mm512_castps_pd(t[j + 1]), _mm512_castps_pd(t[j + 3])));
+        }
+        MEMKIT_GEMM_UNROLL
+        for (int j = 0; j < 8; j += 4)  // 128-bit lanes gathered from row groups 0-3 with 4-7, 8-11 with 12-15
+          for (int i = 0; i < 4; ++i) {
+            t[2 * j + i] = _mm512_maskz_shuffle_f32x4(0xffff, r[2 * j + i], r[2 * j + i + 4], 0x88);
+            t[2 * j + i + 4] = _mm512_maskz_shuffle_f32x4(0xffff, r[2 * j + i], r[2 * j + i + 4], 0xdd);
+          }
+        MEMKIT_GEMM_UNROLL
+        for (int i = 0; i < 8; ++i) {
+          r[i] = _mm512_maskz_shuffle_f32x4(0xffff, t[i], t[i + 8], 0x88);
+          r[i + 8] = _mm512_maskz_shuffle_f32x4(0xffff, t[i], t[i + 8], 0xdd);
+        }
+        MEMKIT_GEMM_UNROLL
+        for (int i = 0; i < 16; ++i) _mm512_storeu_ps(panel + (k + i) * nr + g, r[i]);
+      }
+    pack_rows_scalar<nr>(source, ld, rows, depth, k, panel);
   }
 };
 #endif
@@ -389,11 +475,15 @@ void store_tile(const float* tile, std::int64_t nr, std::int64_t rows, std::int6
   }
 }
 
-// The blocked host gemm with one instruction set's micro-kernel; `workspace` holds plan.parts() parts.
-template <class Kernel, class TA, class TB, class TC>
-void gemm_blocked(transpose op_a, transpose op_b, float alpha, const matrix_ref<const TA>& A,
-                  const matrix_ref<const TB>& B, float beta, const matrix_ref<TC>& C, const gemm_dims& dims,
-                  const gemm_plan& plan, float* workspace) {
+// The blocked host gemm with one instruction set's micro-kernel, its operands supplied already packed:
+//   a_block(part, ic, mc, pc, kc, a_pack) -> const float*: rows [ic, ic + mc) x depth [pc, pc + kc) of op(A)
+//     as MR-row panels (pack_a's layout), packed into a_pack (plan.a_floats floats) or found elsewhere;
+//   b_block(part, pc, kc, jc, nc, b_pack): depth [pc, pc + kc) x columns [jc, jc + nc) of op(B) as
+//     NR-column panels (pack_b's layout) into b_pack.
+// `workspace` holds plan.parts() parts; `part` tells the hooks which one runs (a part is one thread's).
+template <class Kernel, class TC, class ABlock, class BBlock>
+void gemm_blocked_with(float alpha, float beta, const matrix_ref<TC>& C, const gemm_dims& dims, const gemm_plan& plan,
+                       float* workspace, const ABlock& a_block, const BBlock& b_block) {
   using blocking = gemm_blocking;
   constexpr std::int64_t MR = Kernel::mr, NR = Kernel::nr;
   static_assert(blocking::row_unit % MR == 0 && blocking::column_unit % NR == 0);
@@ -422,16 +512,17 @@ void gemm_blocked(transpose op_a, transpose op_b, float alpha, const matrix_ref<
           for (std::int64_t pc = 0; pc < K; pc += blocking::kc) {
             const std::int64_t kc = std::min(blocking::kc, K - pc);
             const bool first = pc == 0, last = pc + kc == K;
-            pack_b<NR>(B, op_b, pc, kc, jc, nc, b_pack);
+            b_block(part, pc, kc, jc, nc, b_pack);
             for (std::int64_t ic = rc; ic < rc_end; ic += blocking::mc) {
               const std::int64_t mc = std::min(blocking::mc, rc_end - ic);
-              pack_a<MR>(A, op_a, ic, mc, pc, kc, a_pack);
+              const float* a_panels = a_block(part, ic, mc, pc, kc, a_pack);
               for (std::int64_t jr = 0; jr < nc; jr += NR) {
                 const std::int64_t cols = std::min(NR, nc - jr);
                 for (std::int64_t ir = 0; ir < mc; ir += MR) {
                   const std::int64_t rows = std::min(MR, mc - ir);
-                  kernels[static_cast<std::size_t>(rows - 1)](kc, a_pack + ir * kc, b_pack + jr * kc, tile);
-                  store_tile(tile, NR, rows, cols, C.data + (ic + ir) * C.ld + jc + jr, C.ld,
+                  TC* c_tile = C.data + (ic + ir) * C.ld + jc + jr;
+                  kernels[static_cast<std::size_t>(rows - 1)](kc, a_panels + ir * kc, b_pack + jr * kc, tile);
+                  store_tile(tile, NR, rows, cols, c_tile, C.ld,
                              acc + (ic + ir - rc) * ld_acc + jr, ld_acc, plan.accumulate, first, last, alpha, beta);
                 }
               }
@@ -443,6 +534,49 @@ void gemm_blocked(transpose op_a, transpose op_b, float alpha, const matrix_ref<
   });
 }
 
+// The blocked host gemm of matrices A and B, packed as it goes.
+template <class Kernel, class TA, class TB, class TC>
+void gemm_blocked(transpose op_a, transpose op_b, float alpha, const matrix_ref<const TA>& A,
+                  const matrix_ref<const TB>& B, float beta, const matrix_ref<TC>& C, const gemm_dims& dims,
+                  const gemm_plan& plan, float* workspace) {
+  constexpr std::int64_t MR = Kernel::mr, NR = Kernel::nr;
+  gemm_blocked_with<Kernel>(
+      alpha, beta, C, dims, plan, workspace,
+      [&](std::int64_t, std::int64_t ic, std::int64_t mc, std::int64_t pc, std::int64_t kc, float* a_pack) {
+        pack_a<MR>(A, op_a, ic, mc, pc, kc, a_pack);
+        return static_cast<const float*>(a_pack);
+      },
+      [&](std::int64_t, std::int64_t pc, std::int64_t kc, std::int64_t jc, std::int64_t nc, float* b_pack) {
+        if constexpr (std::is_same_v<TB, float>) {
+          if (op_b == transpose::yes) {  // B's rows are op(B)'s columns: transposed in registers
+            for (std::int64_t p = 0; p < nc; p += NR)
+              Kernel::pack_rows(B.data + (jc + p) * B.ld + pc, B.ld, std::min(NR, nc - p), kc, b_pack + p * kc);
+            return;
+          }
+        }
+        pack_b<NR>(B, op_b, pc, kc, jc, nc, b_pack);
+      });
+}
+
+template <class Kernel>
+struct gemm_kernel_tag {
+  using type = Kernel;
+};
+
+// body(gemm_kernel_tag<Kernel>{}) with this CPU's micro-kernel (core/host_simd.hpp): for callers that pack
+// their own operands for gemm_blocked_with.
+template <class Body>
+decltype(auto) with_gemm_kernel(Body&& body) {
+#if MEMKIT_X86_DISPATCH
+  switch (host_isa_in_use()) {
+    case host_isa::avx512: return body(gemm_kernel_tag<gemm_kernel_avx512>{});
+    case host_isa::avx2: return body(gemm_kernel_tag<gemm_kernel_avx2>{});
+    case host_isa::portable: break;
+  }
+#endif
+  return body(gemm_kernel_tag<gemm_kernel_portable>{});
+}
+
 // The host gemm on caller-given scratch (plan.parts() * plan.part_floats() floats of a plan_gemm plan), with
 // this CPU's micro-kernel (core/host_simd.hpp). For memkit's own callers that run many products on one
 // workspace, e.g. quant::matmul's dequantized tiles, one product per thread. Never calls cblas.
@@ -450,14 +584,9 @@ template <class TA, class TB, class TC>
 void gemm_host_on_scratch(transpose op_a, transpose op_b, float alpha, const matrix_ref<const TA>& A,
                           const matrix_ref<const TB>& B, float beta, const matrix_ref<TC>& C, const gemm_dims& dims,
                           const gemm_plan& plan, float* scratch) {
-#if MEMKIT_X86_DISPATCH
-  switch (host_isa_in_use()) {
-    case host_isa::avx512: return gemm_blocked<gemm_kernel_avx512>(op_a, op_b, alpha, A, B, beta, C, dims, plan, scratch);
-    case host_isa::avx2: return gemm_blocked<gemm_kernel_avx2>(op_a, op_b, alpha, A, B, beta, C, dims, plan, scratch);
-    case host_isa::portable: break;
-  }
-#endif
-  gemm_blocked<gemm_kernel_portable>(op_a, op_b, alpha, A, B, beta, C, dims, plan, scratch);
+  with_gemm_kernel([&](auto kernel) {
+    gemm_blocked<typename decltype(kernel)::type>(op_a, op_b, alpha, A, B, beta, C, dims, plan, scratch);
+  });
 }
 
 }  // namespace detail
@@ -505,3 +634,73 @@ void gemm(const host_executor& exec, transpose op_a, transpose op_b, float alpha
 }  // namespace linalg
 
 MEMKIT_NAMESPACE_END
+
+// ---------------------------------------------------------------------------------------------------------
+// CUDA: linalg::gemm on a cuda_executor, through cuBLAS (nvcc only). The one device GEMM of memkit's layers
+// (lora_linear's products, the example model's projections). Row-major C = alpha op(A) op(B) + beta C is
+// cuBLAS's column-major C^T = op(B)^T op(A)^T: cublasGemmEx with the operands swapped, fp32 accumulation
+// (CUBLAS_COMPUTE_32F), on exec.stream with the handle and per-stream workspace of core/cublas.hpp. The
+// signature is the host one so that code generic over the executor calls one function; the device product
+// takes nothing from `workspace` (cuBLAS uses the per-stream workspace core/cublas.hpp keeps) and ignores
+// `options` (host threads). Element types: A and B of one type (cublasGemmEx takes both inputs in one
+// type); fp32 inputs need an fp32 C; 16-bit inputs give a C of their own type or fp32.
+#if MEMKIT_HAS_CUDA
+#include "memkit/core/cublas.hpp"
+
+MEMKIT_NAMESPACE_BEGIN
+
+namespace linalg {
+
+namespace detail {
+template <class TA, class TB, class TC>
+inline constexpr bool cublas_gemm_types =
+    std::is_same_v<TA, TB> && (std::is_same_v<TC, float> || (!std::is_same_v<TA, float> && std::is_same_v<TC, TA>));
+
+// C = beta * C for an empty sum (K == 0), C not read when beta is 0 (as the host path).
+template <class TC>
+__global__ void gemm_scale_kernel(TC* c, std::int64_t rows, std::int64_t cols, std::int64_t ld, float beta) {
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < rows * cols;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    TC& e = c[(i / cols) * ld + i % cols];
+    e = from_float<TC>(beta == 0.0f ? 0.0f : beta * to_float(e));
+  }
+}
+}  // namespace detail
+
+template <float_storage TA, float_storage TB, float_storage TC>
+void gemm(const cuda_executor& exec, transpose op_a, transpose op_b, float alpha, matrix_ref<const TA> A,
+          matrix_ref<const TB> B, float beta, matrix_ref<TC> C, memory_resource& /*workspace*/,
+          const gemm_options& /*options*/ = {}) {
+  static_assert(detail::cublas_gemm_types<TA, TB, TC>,
+                "linalg::gemm (CUDA): cuBLAS takes A and B in one type, and fp32 inputs need an fp32 C");
+  const auto dims = detail::check_gemm(op_a, op_b, A, B, C);
+  const std::int64_t M = dims.M, N = dims.N, K = dims.K;
+  const char* operation = "linalg::gemm (CUDA)";
+  if (!exec.can_access(A.where) || !exec.can_access(B.where) || !exec.can_access(C.where))
+    throw error(std::string(operation) + ": an operand is in pageable host memory, which a CUDA executor cannot access");
+  if (M == 0 || N == 0) return;
+  constexpr std::int64_t int_max = 2147483647;
+  require(M <= int_max && N <= int_max && K <= int_max && A.ld <= int_max && B.ld <= int_max && C.ld <= int_max,
+          std::string(operation) + ": a dimension or leading dimension exceeds cuBLAS's int range");
+  ::memkit::detail::with_device(exec.device, [&] {
+    if (K == 0) {
+      detail::gemm_scale_kernel<TC><<<::memkit::detail::grid_for(M * N, 256), 256, 0, exec.stream>>>(C.data, M, N, C.ld, beta);
+      MEMKIT_CUDA_CHECK(cudaGetLastError());
+      return 0;
+    }
+    cublasHandle_t handle = ::memkit::detail::cublas_handle_for(exec);  // on exec.stream, its own workspace
+    ::memkit::detail::cublas_check(
+        cublasGemmEx(handle, op_b == transpose::yes ? CUBLAS_OP_T : CUBLAS_OP_N,
+                     op_a == transpose::yes ? CUBLAS_OP_T : CUBLAS_OP_N, static_cast<int>(N), static_cast<int>(M),
+                     static_cast<int>(K), &alpha, B.data, ::memkit::detail::cuda_type<TB>(), static_cast<int>(B.ld),
+                     A.data, ::memkit::detail::cuda_type<TA>(), static_cast<int>(A.ld), &beta, C.data,
+                     ::memkit::detail::cuda_type<TC>(), static_cast<int>(C.ld), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+        "cublasGemmEx");
+    return 0;
+  });
+}
+
+}  // namespace linalg
+
+MEMKIT_NAMESPACE_END
+#endif

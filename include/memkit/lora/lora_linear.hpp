@@ -45,7 +45,6 @@
 
 #include "memkit/checkpoint/layer.hpp"
 #include "memkit/config.hpp"
-#include "memkit/core/cublas.hpp"
 #include "memkit/core/execution.hpp"
 #include "memkit/core/float16.hpp"
 #include "memkit/core/random.hpp"
@@ -210,27 +209,6 @@ linalg::matrix_ref<T> matrix(T* data, std::int64_t rows, std::int64_t cols, memo
 }
 
 #if MEMKIT_HAS_CUDA
-// Row-major C = alpha op(A) op(B) + beta C with cuBLAS (column-major: C^T = op(B)^T op(A)^T), on exec's stream.
-template <class TA, class TB, class TC>
-void device_gemm(const cuda_executor& exec, linalg::transpose op_a, linalg::transpose op_b, float alpha,
-                 linalg::matrix_ref<const TA> A, linalg::matrix_ref<const TB> B, float beta, linalg::matrix_ref<TC> C) {
-  static_assert(std::is_same_v<TA, TB>, "lora_linear: cuBLAS takes both inputs of a product in one type");
-  const std::int64_t M = C.rows, N = C.cols, K = op_a == linalg::transpose::no ? A.cols : A.rows;
-  if (M == 0 || N == 0) return;
-  ::memkit::detail::with_device(exec.device, [&] {
-    cublasHandle_t handle = ::memkit::detail::cublas_handle_for(exec);  // on exec.stream, its own workspace
-    ::memkit::detail::cublas_check(
-        cublasGemmEx(handle, op_b == linalg::transpose::yes ? CUBLAS_OP_T : CUBLAS_OP_N,
-                     op_a == linalg::transpose::yes ? CUBLAS_OP_T : CUBLAS_OP_N, static_cast<int>(N),
-                     static_cast<int>(M), static_cast<int>(K), &alpha, B.data, ::memkit::detail::cuda_type<TB>(),
-                     static_cast<int>(B.ld), A.data, ::memkit::detail::cuda_type<TA>(), static_cast<int>(A.ld), &beta,
-                     C.data, ::memkit::detail::cuda_type<TC>(), static_cast<int>(C.ld), CUBLAS_COMPUTE_32F,
-                     CUBLAS_GEMM_DEFAULT),
-        "cublasGemmEx");
-    return 0;
-  });
-}
-
 template <class T>
 __global__ void dropout_input_kernel(const T* __restrict__ x, T* __restrict__ out, std::int64_t count,
                                      std::uint64_t seed, std::uint64_t counter, float p, float keep_scale) {
@@ -708,17 +686,11 @@ class lora_linear {
     return detail::matrix<const Base>(weight_.data(), out_, in_, weight_.where());
   }
 
-  // One product on the executor: linalg::gemm on the host, cuBLAS on CUDA.
+  // One product on the executor: linalg::gemm (the host kernel, or cuBLAS on a cuda_executor).
   template <executor E, class TA, class TB, class TC>
   void product(const E& exec, linalg::transpose op_a, linalg::transpose op_b, float alpha, linalg::matrix_ref<const TA> A,
                linalg::matrix_ref<const TB> B, float beta, linalg::matrix_ref<TC> C, memory_resource& ws) const {
-    if constexpr (!E::on_device) {
-      linalg::gemm(exec, op_a, op_b, alpha, A, B, beta, C, ws, linalg::gemm_options{options_.host_threads});
-    } else {
-#if MEMKIT_HAS_CUDA
-      detail::device_gemm<TA, TB, TC>(exec, op_a, op_b, alpha, A, B, beta, C);
-#endif
-    }
+    linalg::gemm(exec, op_a, op_b, alpha, A, B, beta, C, ws, linalg::gemm_options{options_.host_threads});
   }
 
   template <executor E>

@@ -254,6 +254,11 @@ MEMKIT_HOST_DEVICE MEMKIT_FORCEINLINE void update_plain_element(const param_acce
 }
 
 
+// The largest magnitude bits (max_magnitude_bits) of a block's new m and v.
+struct moment_maxima {
+  std::uint32_t m = 0, v = 0;
+};
+
 // ---- Host block kernels of the step: the same bits as the per-element functions above, several
 // elements at a time. Each vector lane performs exactly the scalar operations, in the same order and
 // each IEEE correctly rounded, so the results do not depend on the vector width or the instruction set
@@ -325,50 +330,102 @@ struct host_lanes {
     product_;                      \
   })
 
+// Scaled: m and v come in as the quantization table's entries of the block and are multiplied by the block's
+// absmax first (dequantize_codes' product, the same rounding), and the largest magnitude bits of the new m
+// and v are returned in maxima (as max_magnitude_bits takes them): the decode's scaling pass and the two
+// absmax passes of a quantized block, fused into the update loop.
+// The vector kernels' per-lane maxima folded into `maxima`.
+inline void fold_maxima(const std::uint32_t* m_lanes, const std::uint32_t* v_lanes, int lanes, moment_maxima& maxima) noexcept {
+  for (int l = 0; l < lanes; ++l) {
+    maxima.m = std::max(maxima.m, m_lanes[l]);
+    maxima.v = std::max(maxima.v, v_lanes[l]);
+  }
+}
+
+template <bool Scaled = false>
 __attribute__((target("avx512f"))) inline std::int64_t adamw_update_avx512(float* param, float* m, float* v,
                                                                           const float* grad, std::int64_t count,
-                                                                          const adam_coefficients& c) noexcept {
+                                                                          const adam_coefficients& c, float m_absmax = 1.0f,
+                                                                          float v_absmax = 1.0f,
+                                                                          moment_maxima* maxima = nullptr) noexcept {
   const __m512 multiplier = _mm512_set1_ps(c.grad_multiplier), decay = _mm512_set1_ps(c.decay);
   const __m512 beta1 = _mm512_set1_ps(c.beta1), one_minus_beta1 = _mm512_set1_ps(c.one_minus_beta1);
   const __m512 beta2 = _mm512_set1_ps(c.beta2), one_minus_beta2 = _mm512_set1_ps(c.one_minus_beta2);
   const __m512 correction2 = _mm512_set1_ps(c.bias_correction2_sqrt), eps = _mm512_set1_ps(c.eps);
   const __m512 step_size = _mm512_set1_ps(c.step_size);
+  const __m512 m_scale = _mm512_set1_ps(m_absmax), v_scale = _mm512_set1_ps(v_absmax);
+  const __m512i magnitude = _mm512_set1_epi32(0x7fffffff);
+  __m512i m_max = _mm512_setzero_si512(), v_max = _mm512_setzero_si512();
   std::int64_t i = 0;
   for (const std::int64_t end = count - count % 16; i < end; i += 16) {  // adamw_update, 16 lanes
+    __m512 m_old = _mm512_loadu_ps(m + i), v_old = _mm512_loadu_ps(v + i);
+    if constexpr (Scaled) {
+      m_old = _mm512_mul_ps(m_old, m_scale);
+      v_old = _mm512_mul_ps(v_old, v_scale);
+    }
     const __m512 g = MEMKIT_UNFUSED(_mm512_mul_ps(_mm512_loadu_ps(grad + i), multiplier));
     const __m512 p = MEMKIT_UNFUSED(_mm512_mul_ps(_mm512_loadu_ps(param + i), decay));
-    const __m512 m_new = _mm512_add_ps(MEMKIT_UNFUSED(_mm512_mul_ps(beta1, _mm512_loadu_ps(m + i))),
-                                       MEMKIT_UNFUSED(_mm512_mul_ps(one_minus_beta1, g)));
-    const __m512 v_new = _mm512_add_ps(MEMKIT_UNFUSED(_mm512_mul_ps(beta2, _mm512_loadu_ps(v + i))),
+    const __m512 m_new = _mm512_add_ps(MEMKIT_UNFUSED(_mm512_mul_ps(beta1, m_old)), MEMKIT_UNFUSED(_mm512_mul_ps(one_minus_beta1, g)));
+    const __m512 v_new = _mm512_add_ps(MEMKIT_UNFUSED(_mm512_mul_ps(beta2, v_old)),
                                        MEMKIT_UNFUSED(_mm512_mul_ps(MEMKIT_UNFUSED(_mm512_mul_ps(one_minus_beta2, g)), g)));
     const __m512 denominator = _mm512_add_ps(_mm512_div_ps(_mm512_maskz_sqrt_ps(0xffff, v_new), correction2), eps);
     _mm512_storeu_ps(m + i, m_new);
     _mm512_storeu_ps(v + i, v_new);
     _mm512_storeu_ps(param + i, _mm512_sub_ps(p, MEMKIT_UNFUSED(_mm512_mul_ps(step_size, _mm512_div_ps(m_new, denominator)))));
+    if constexpr (Scaled) {
+      m_max = _mm512_maskz_max_epu32(0xffff, m_max, _mm512_and_si512(_mm512_castps_si512(m_new), magnitude));
+      v_max = _mm512_maskz_max_epu32(0xffff, v_max, _mm512_and_si512(_mm512_castps_si512(v_new), magnitude));
+    }
+  }
+  if constexpr (Scaled) {
+    alignas(64) std::uint32_t lanes[2][16];
+    _mm512_store_si512(lanes[0], m_max);
+    _mm512_store_si512(lanes[1], v_max);
+    fold_maxima(lanes[0], lanes[1], 16, *maxima);
   }
   return i;
 }
 
+template <bool Scaled = false>
 __attribute__((target("avx2,fma"))) inline std::int64_t adamw_update_avx2(float* param, float* m, float* v,
                                                                          const float* grad, std::int64_t count,
-                                                                         const adam_coefficients& c) noexcept {
+                                                                         const adam_coefficients& c, float m_absmax = 1.0f,
+                                                                         float v_absmax = 1.0f,
+                                                                         moment_maxima* maxima = nullptr) noexcept {
   const __m256 multiplier = _mm256_set1_ps(c.grad_multiplier), decay = _mm256_set1_ps(c.decay);
   const __m256 beta1 = _mm256_set1_ps(c.beta1), one_minus_beta1 = _mm256_set1_ps(c.one_minus_beta1);
   const __m256 beta2 = _mm256_set1_ps(c.beta2), one_minus_beta2 = _mm256_set1_ps(c.one_minus_beta2);
   const __m256 correction2 = _mm256_set1_ps(c.bias_correction2_sqrt), eps = _mm256_set1_ps(c.eps);
   const __m256 step_size = _mm256_set1_ps(c.step_size);
+  const __m256 m_scale = _mm256_set1_ps(m_absmax), v_scale = _mm256_set1_ps(v_absmax);
+  const __m256i magnitude = _mm256_set1_epi32(0x7fffffff);
+  __m256i m_max = _mm256_setzero_si256(), v_max = _mm256_setzero_si256();
   std::int64_t i = 0;
   for (const std::int64_t end = count - count % 8; i < end; i += 8) {  // adamw_update, 8 lanes
+    __m256 m_old = _mm256_loadu_ps(m + i), v_old = _mm256_loadu_ps(v + i);
+    if constexpr (Scaled) {
+      m_old = _mm256_mul_ps(m_old, m_scale);
+      v_old = _mm256_mul_ps(v_old, v_scale);
+    }
     const __m256 g = MEMKIT_UNFUSED(_mm256_mul_ps(_mm256_loadu_ps(grad + i), multiplier));
     const __m256 p = MEMKIT_UNFUSED(_mm256_mul_ps(_mm256_loadu_ps(param + i), decay));
-    const __m256 m_new = _mm256_add_ps(MEMKIT_UNFUSED(_mm256_mul_ps(beta1, _mm256_loadu_ps(m + i))),
-                                       MEMKIT_UNFUSED(_mm256_mul_ps(one_minus_beta1, g)));
-    const __m256 v_new = _mm256_add_ps(MEMKIT_UNFUSED(_mm256_mul_ps(beta2, _mm256_loadu_ps(v + i))),
+    const __m256 m_new = _mm256_add_ps(MEMKIT_UNFUSED(_mm256_mul_ps(beta1, m_old)), MEMKIT_UNFUSED(_mm256_mul_ps(one_minus_beta1, g)));
+    const __m256 v_new = _mm256_add_ps(MEMKIT_UNFUSED(_mm256_mul_ps(beta2, v_old)),
                                        MEMKIT_UNFUSED(_mm256_mul_ps(MEMKIT_UNFUSED(_mm256_mul_ps(one_minus_beta2, g)), g)));
     const __m256 denominator = _mm256_add_ps(_mm256_div_ps(_mm256_sqrt_ps(v_new), correction2), eps);
     _mm256_storeu_ps(m + i, m_new);
     _mm256_storeu_ps(v + i, v_new);
     _mm256_storeu_ps(param + i, _mm256_sub_ps(p, MEMKIT_UNFUSED(_mm256_mul_ps(step_size, _mm256_div_ps(m_new, denominator)))));
+    if constexpr (Scaled) {
+      m_max = _mm256_max_epu32(m_max, _mm256_and_si256(_mm256_castps_si256(m_new), magnitude));
+      v_max = _mm256_max_epu32(v_max, _mm256_and_si256(_mm256_castps_si256(v_new), magnitude));
+    }
+  }
+  if constexpr (Scaled) {
+    alignas(32) std::uint32_t lanes[2][8];
+    _mm256_store_si256(reinterpret_cast<__m256i*>(lanes[0]), m_max);
+    _mm256_store_si256(reinterpret_cast<__m256i*>(lanes[1]), v_max);
+    fold_maxima(lanes[0], lanes[1], 8, *maxima);
   }
   return i;
 }
@@ -385,6 +442,22 @@ inline __m128i pack_nibble_pairs(__m128i codes) noexcept {
   return _mm_packus_epi16(pairs, pairs);
 }
 
+// out[e] = table[codes[e]] for e < end (a multiple of 4), the 8-bit decoders' first half: scalar loads, 4 at a
+// time, the codes kept in registers by an empty asm so that the compiler does not turn them into a gather.
+// Returns end.
+inline std::int64_t lookup_entries(const float* table, const std::uint8_t* codes, std::int64_t end,
+                                               float* out) noexcept {
+  for (std::int64_t e = 0; e < end; e += 4) {
+    unsigned c0 = codes[e], c1 = codes[e + 1], c2 = codes[e + 2], c3 = codes[e + 3];
+    asm("" : "+r"(c0), "+r"(c1), "+r"(c2), "+r"(c3));
+    out[e] = table[c0];
+    out[e + 1] = table[c1];
+    out[e + 2] = table[c2];
+    out[e + 3] = table[c3];
+  }
+  return end;
+}
+
 template <int Bits>
 __attribute__((target("avx512f"))) inline std::int64_t dequantize_codes_avx512(const float* table, const std::uint8_t* codes,
                                                                               std::int64_t first, std::int64_t count,
@@ -392,19 +465,11 @@ __attribute__((target("avx512f"))) inline std::int64_t dequantize_codes_avx512(c
   std::int64_t e = 0;
   const __m512 scale = _mm512_set1_ps(absmax);
   if constexpr (Bits == 8) {
-    // Scalar loads of the entries (4 at a time, kept from becoming a gather), then the scaling 16 at a time in
-    // place: on a Cascade Lake this took 0.46 ns/value against 0.54 for a register lookup (8 two-table
-    // permutes and a 3-level blend tree per 16 codes) and 1.3 for 8-lane gathers.
-    const std::int64_t end = count - count % 16;
-    for (; e < end; e += 4) {
-      unsigned c0 = codes[first + e], c1 = codes[first + e + 1], c2 = codes[first + e + 2], c3 = codes[first + e + 3];
-      asm("" : "+r"(c0), "+r"(c1), "+r"(c2), "+r"(c3));
-      out[e] = table[c0];
-      out[e + 1] = table[c1];
-      out[e + 2] = table[c2];
-      out[e + 3] = table[c3];
-    }
-    for (std::int64_t k = 0; k < end; k += 16) _mm512_storeu_ps(out + k, _mm512_mul_ps(_mm512_loadu_ps(out + k), scale));
+    // Scalar loads of the entries, then the scaling 16 at a time in place: on a Cascade Lake this took 0.46
+    // ns/value against 0.54 for a register lookup (8 two-table permutes and a 3-level blend tree per 16 codes)
+    // and 1.3 for 8-lane gathers.
+    e = lookup_entries(table, codes + first, count - count % 16, out);
+    for (std::int64_t k = 0; k < e; k += 16) _mm512_storeu_ps(out + k, _mm512_mul_ps(_mm512_loadu_ps(out + k), scale));
   } else if ((first & 1) == 0) {  // 16 codes in 8 bytes, the even element in the high nibble
     const __m512 entries = _mm512_loadu_ps(table);
     for (const std::int64_t end = count - count % 16; e < end; e += 16) {
@@ -426,18 +491,9 @@ __attribute__((target("avx2,fma"))) inline std::int64_t dequantize_codes_avx2(co
   const __m256 scale = _mm256_set1_ps(absmax);
   if constexpr (Bits == 8) {
     // AVX2 has no 256-entry permute, and an 8-lane gather took ~28 cycles on a Cascade Lake (slower than the
-    // scalar loads it replaces): the entries are loaded one by one (4 at a time, kept from becoming a gather),
-    // then scaled 8 at a time in place.
-    const std::int64_t end = count - count % 8;
-    for (; e < end; e += 4) {
-      unsigned c0 = codes[first + e], c1 = codes[first + e + 1], c2 = codes[first + e + 2], c3 = codes[first + e + 3];
-      asm("" : "+r"(c0), "+r"(c1), "+r"(c2), "+r"(c3));
-      out[e] = table[c0];
-      out[e + 1] = table[c1];
-      out[e + 2] = table[c2];
-      out[e + 3] = table[c3];
-    }
-    for (std::int64_t k = 0; k < end; k += 8) _mm256_storeu_ps(out + k, _mm256_mul_ps(_mm256_loadu_ps(out + k), scale));
+    // scalar loads it replaces): the entries are loaded one by one, then scaled 8 at a time in place.
+    e = lookup_entries(table, codes + first, count - count % 8, out);
+    for (std::int64_t k = 0; k < e; k += 8) _mm256_storeu_ps(out + k, _mm256_mul_ps(_mm256_loadu_ps(out + k), scale));
   } else if ((first & 1) == 0) {  // 16 codes in 8 bytes, the even element in the high nibble
     const __m256 low_half = _mm256_loadu_ps(table), high_half = _mm256_loadu_ps(table + 8);
     for (const std::int64_t end = count - count % 16; e < end; e += 16) {
@@ -489,6 +545,29 @@ inline void adamw_update_array(float* param, float* m, float* v, const float* gr
   for (; i < count; ++i) adamw_update(param[i], m[i], v[i], grad[i], c);
 }
 
+// adamw_update_array for one quantized block, fused with the decode's scaling and the new block maxima: m and v
+// hold the block's table entries (dequantize_codes with absmax 1, or lookup_codes) and come back as the new
+// fp32 moments; returns their max_magnitude_bits. The same bits as dequantize_codes, adamw_update_array and
+// max_magnitude_bits one after the other.
+inline moment_maxima adamw_update_block(float* param, float* m, float* v, const float* grad, std::int64_t count,
+                                        const adam_coefficients& c, float m_absmax, float v_absmax) noexcept {
+  moment_maxima maxima;
+  std::int64_t i = 0;
+#if MEMKIT_X86_DISPATCH
+  const host_isa isa = host_isa_in_use();
+  if (isa == host_isa::avx512) i = adamw_update_avx512<true>(param, m, v, grad, count, c, m_absmax, v_absmax, &maxima);
+  else if (isa == host_isa::avx2) i = adamw_update_avx2<true>(param, m, v, grad, count, c, m_absmax, v_absmax, &maxima);
+#endif
+  for (std::int64_t e = i; e < count; ++e) {
+    m[e] = mul_rn(m[e], m_absmax);
+    v[e] = mul_rn(v[e], v_absmax);
+  }
+  adamw_update_array(param + i, m + i, v + i, grad + i, count - i, c);
+  maxima.m = std::max(maxima.m, max_magnitude_bits(m + i, count - i));
+  maxima.v = std::max(maxima.v, max_magnitude_bits(v + i, count - i));
+  return maxima;
+}
+
 // Dequantizes `count` codes of one block starting at element `first`: out[e] = table[code] * absmax.
 template <int Bits>
 inline void dequantize_codes(const float* table, const std::uint8_t* codes, std::int64_t first, std::int64_t count,
@@ -500,6 +579,23 @@ inline void dequantize_codes(const float* table, const std::uint8_t* codes, std:
   else if (isa == host_isa::avx2) e = dequantize_codes_avx2<Bits>(table, codes, first, count, absmax, out);
 #endif
   for (; e < count; ++e) out[e] = mul_rn(table[load_code<Bits>(codes, first + e)], absmax);
+}
+
+// The table entries of `count` codes of one block starting at element `first` (unscaled: dequantize_codes
+// with absmax 1, whose product is exact).
+template <int Bits>
+inline void lookup_codes(const float* table, const std::uint8_t* codes, std::int64_t first, std::int64_t count,
+                         float* out) noexcept {
+  std::int64_t e = 0;
+#if MEMKIT_X86_DISPATCH
+  if constexpr (Bits == 8)
+    if (host_isa_in_use() != host_isa::portable) e = lookup_entries(table, codes + first, count - count % 4, out);
+#endif
+  if constexpr (Bits == 8) {
+    for (; e < count; ++e) out[e] = table[codes[first + e]];
+  } else {
+    dequantize_codes<Bits>(table, codes, first, count, 1.0f, out);
+  }
 }
 
 #if MEMKIT_X86_DISPATCH

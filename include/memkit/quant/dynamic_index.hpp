@@ -198,6 +198,15 @@ struct search_registers {
   __m512 middle, t64, t32, t16, t8, t4a, t4b, t2[4], t1[8];
 };
 
+// The steps of 64, 32, 16 and 8 (Shift 7..4): the probe is entry c >> Shift of one 16-entry table.
+template <int U, int Shift>
+__attribute__((target("avx512f"))) inline void permute_step_avx512(__m512 table, const __m512 (&x)[U], __m512i (&c)[U]) noexcept {
+#pragma GCC unroll 4
+  for (int u = 0; u < U; ++u)
+    c[u] = search_step_avx512(c[u], x[u], _mm512_maskz_permutexvar_ps(0xffff, _mm512_maskz_srli_epi32(0xffff, c[u], Shift), table),
+                              1 << (Shift - 1));
+}
+
 template <int U>
 __attribute__((target("avx512f,avx512bw,avx512dq"))) inline void search_codes_avx512(const search_registers& r,
                                                                                    const __m512 (&x)[U],
@@ -206,18 +215,10 @@ __attribute__((target("avx512f,avx512bw,avx512dq"))) inline void search_codes_av
 #pragma GCC unroll 4
   for (int u = 0; u < U; ++u)
     c[u] = _mm512_maskz_mov_epi32(_mm512_cmp_ps_mask(x[u], r.middle, _CMP_GT_OQ), _mm512_set1_epi32(128));
-#pragma GCC unroll 4
-  for (int u = 0; u < U; ++u)
-    c[u] = search_step_avx512(c[u], x[u], _mm512_maskz_permutexvar_ps(0xffff, _mm512_maskz_srli_epi32(0xffff, c[u], 7), r.t64), 64);
-#pragma GCC unroll 4
-  for (int u = 0; u < U; ++u)
-    c[u] = search_step_avx512(c[u], x[u], _mm512_maskz_permutexvar_ps(0xffff, _mm512_maskz_srli_epi32(0xffff, c[u], 6), r.t32), 32);
-#pragma GCC unroll 4
-  for (int u = 0; u < U; ++u)
-    c[u] = search_step_avx512(c[u], x[u], _mm512_maskz_permutexvar_ps(0xffff, _mm512_maskz_srli_epi32(0xffff, c[u], 5), r.t16), 16);
-#pragma GCC unroll 4
-  for (int u = 0; u < U; ++u)
-    c[u] = search_step_avx512(c[u], x[u], _mm512_maskz_permutexvar_ps(0xffff, _mm512_maskz_srli_epi32(0xffff, c[u], 4), r.t8), 8);
+  permute_step_avx512<U, 7>(r.t64, x, c);
+  permute_step_avx512<U, 6>(r.t32, x, c);
+  permute_step_avx512<U, 5>(r.t16, x, c);
+  permute_step_avx512<U, 4>(r.t8, x, c);
 #pragma GCC unroll 4
   for (int u = 0; u < U; ++u)
     c[u] = search_step_avx512(c[u], x[u], _mm512_permutex2var_ps(r.t4a, _mm512_maskz_srli_epi32(0xffff, c[u], 3), r.t4b), 4);
