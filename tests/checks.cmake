@@ -67,7 +67,7 @@ target_compile_options(memkit_host_tests_clang_syntax PRIVATE ${MEMKIT_WARNINGS}
 target_compile_definitions(memkit_host_tests_clang_syntax PRIVATE MEMKIT_TEST_SOURCE_DIR="${PROJECT_SOURCE_DIR}")
 set_target_properties(memkit_host_tests_clang_syntax PROPERTIES CXX_COMPILER_LAUNCHER ${syntax_only_launcher})
 
-# -O0: these tests are light (the whole binary runs in about 8 s of CPU under ASan at -O0), and -O0 compiles
+# -O0: these tests are light (the whole binary runs in about 19 s of CPU under ASan at -O0), and -O0 compiles
 # in about 40% of the time -O1 takes (measured: hostile_input_test 8.9 s vs 23.5 s of CPU); UBSan also sees
 # every operation as written. No debug info keeps the build short (ASan and UBSan still name the function
 # and file of a report through the symbol table).
