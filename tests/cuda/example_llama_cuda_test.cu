@@ -36,17 +36,10 @@ static_assert(memkit::layer<llama::swiglu<bf16>, memkit::cuda_executor>);
 static_assert(memkit::layer<dense, memkit::cuda_executor>);
 static_assert(memkit::layer<llama::nf4_lora_linear<bf16>, memkit::cuda_executor>);
 
+// head_dim 16: a multiple of 16, the CUDA attention kernel's bf16 MMA shape.
 llama::model_config tiny_config() {
-  llama::model_config c;
-  c.vocab = 64;
-  c.hidden = 64;
-  c.layers = 2;
-  c.heads = 4;
-  c.kv_heads = 2;
-  c.head_dim = 16;  // a multiple of 16: the CUDA attention kernel's bf16 MMA shape
-  c.intermediate = 96;
-  c.max_positions = 32;
-  return c;
+  return {.vocab = 64, .hidden = 64, .layers = 2, .heads = 4, .kv_heads = 2, .head_dim = 16, .intermediate = 96,
+          .max_positions = 32};
 }
 
 // Worst |a - b| over the largest |b| (b the host's result).

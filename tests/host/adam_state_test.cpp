@@ -5,8 +5,10 @@
 #include <memkit/optim/adam_state.hpp>
 #include <memkit/optim/grad_accumulation.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <sstream>
 #include <string>
@@ -470,6 +472,39 @@ TEST_CASE_TEMPLATE("adam: m and v of a large tensor are half a page apart modulo
   auto restored = make_state<S>(sizes);
   restored.load(host, image);
   CHECK(adam_test::snapshot(restored) == adam_test::snapshot(state));
+}
+
+// The host norm pass sums whole chunks two at a time (two read streams); every chunk must still come out as the
+// canonical order gives it (detail::lane_sum_of_squares per lane, then tree_sum), which the CUDA kernel follows.
+TEST_CASE("adam: the gradient norm has the bits of the canonical chunk/lane/tree order, on 1 and 2 threads") {
+  const std::vector<std::int64_t> sizes{300000, 4096 * 5, 77, 4096 * 4 + 1};
+  std::vector<std::vector<float>> p, g;
+  std::vector<adam_param<float, float>> params;
+  for (std::size_t i = 0; i < sizes.size(); ++i) {
+    p.push_back(adam_test::normal(static_cast<std::size_t>(sizes[i]), 0.1f, static_cast<std::uint32_t>(40 + i)));
+    g.push_back(adam_test::normal(static_cast<std::size_t>(sizes[i]), 0.3f, static_cast<std::uint32_t>(50 + i)));
+  }
+  for (std::size_t i = 0; i < sizes.size(); ++i) params.push_back({host_view(p[i]), host_view(g[i]), {}, 0});
+  double total = 0.0;
+  for (const auto& grad : g) {
+    const auto n = static_cast<std::int64_t>(grad.size());
+    for (std::int64_t begin = 0; begin < n; begin += memkit::detail::reduction_chunk) {
+      const std::int64_t count = std::min(memkit::detail::reduction_chunk, n - begin);
+      double lanes[memkit::detail::reduction_lanes];
+      for (int lane = 0; lane < memkit::detail::reduction_lanes; ++lane)
+        lanes[lane] = memkit::detail::lane_sum_of_squares(grad.data() + begin, count, lane);
+      total = memkit::detail::dadd_rn(total, memkit::detail::tree_sum(lanes));
+    }
+  }
+  const double expected = memkit::detail::dmul_rn(memkit::detail::dsqrt_rn(total), 1.0);
+  for (int threads : {1, 2}) {
+    CAPTURE(threads);
+    auto state = make_state<adam_state<float>>(sizes, {.host_threads = threads});
+    state.step(host, params, std::vector<adam_group>{adam_group{}});
+    const double norm = state.report(host).grad_norm;
+    CHECK(std::memcmp(&norm, &expected, sizeof norm) == 0);
+    CHECK(norm > 0.0);
+  }
 }
 
 TEST_CASE("adam: loading an image of another format, block size, map, version or shape fails and changes nothing") {

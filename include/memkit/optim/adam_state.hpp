@@ -1431,29 +1431,50 @@ class adam_state {
     const std::int64_t wanted = resolve_host_threads(options_.host_threads);
     return static_cast<int>(std::max<std::int64_t>(1, std::min(wanted, size / min_elements_per_thread)));
   }
+  // detail::lane_sum_of_squares for every lane at once, row by row, for S chunks of `count` elements: each lane
+  // adds the same terms in the same order (so the same bits), and the loop over lanes vectorizes. The square of
+  // a float held in a double is exact (24-bit mantissas), so g * g needs no rounding barrier (dmul_rn's would
+  // stop the vectorization): fused or not, the sum rounds the same exact value.
+  template <int S, float_storage G>
+  static void lane_sums(const G* const (&chunks)[S], std::int64_t count, double (&lanes)[S][detail::reduction_lanes]) noexcept {
+    for (auto& chunk_lanes : lanes)
+      for (double& lane : chunk_lanes) lane = 0.0;
+    std::int64_t row = 0;
+    for (; row + detail::reduction_lanes <= count; row += detail::reduction_lanes)
+      for (int s = 0; s < S; ++s)
+        for (int lane = 0; lane < detail::reduction_lanes; ++lane) {
+          const double g = static_cast<double>(to_float(chunks[s][row + lane]));
+          lanes[s][lane] = detail::dadd_rn(lanes[s][lane], g * g);
+        }
+    for (std::int64_t lane = 0; row + lane < count; ++lane)
+      for (int s = 0; s < S; ++s) {
+        const double g = static_cast<double>(to_float(chunks[s][row + lane]));
+        lanes[s][lane] = detail::dadd_rn(lanes[s][lane], g * g);
+      }
+  }
+  // Chunks [first, last) of a tensor's gradient. Whole chunks go two at a time, one from each half of the
+  // range: one thread reading two streams gets closer to the memory bandwidth (Cascade Lake, 1 thread, 16M-64M
+  // gradients: 0.70-0.74 against 0.87-0.91 ns/param CPU time one chunk at a time; four streams gained nothing
+  // more). Every chunk keeps its own lanes and tree, so its sum has the same bits either way.
   template <float_storage G>
   void host_norm_chunks(const detail::adam_tensor_layout& t, const G* grad, std::int64_t first, std::int64_t last) {
-    double lanes[detail::reduction_lanes];
-    for (std::int64_t c = first; c < last; ++c) {
+    double* sums = host_chunk_sums() + t.first_chunk;
+    const std::int64_t whole_end = std::min(last, t.size / detail::reduction_chunk);  // chunks before it are full
+    const std::int64_t pairs = std::max<std::int64_t>(0, whole_end - first) / 2;
+    double lanes[2][detail::reduction_lanes];
+    for (std::int64_t k = 0; k < pairs; ++k) {
+      const std::int64_t a = first + k, b = first + pairs + k;
+      const G* const chunks[2] = {grad + a * detail::reduction_chunk, grad + b * detail::reduction_chunk};
+      lane_sums<2>(chunks, detail::reduction_chunk, lanes);
+      sums[a] = detail::tree_sum(lanes[0]);
+      sums[b] = detail::tree_sum(lanes[1]);
+    }
+    double one[1][detail::reduction_lanes];
+    for (std::int64_t c = first + 2 * pairs; c < last; ++c) {
       const std::int64_t begin = c * detail::reduction_chunk;
-      const std::int64_t count = std::min(detail::reduction_chunk, t.size - begin);
-      // detail::lane_sum_of_squares for every lane at once, row by row: each lane adds the same terms in
-      // the same order (so the same bits), and the loop over lanes vectorizes. The square of a float held
-      // in a double is exact (24-bit mantissas), so g * g needs no rounding barrier (dmul_rn's would stop
-      // the vectorization): fused or not, the sum rounds the same exact value.
-      const G* chunk = grad + begin;
-      for (double& lane : lanes) lane = 0.0;
-      std::int64_t row = 0;
-      for (; row + detail::reduction_lanes <= count; row += detail::reduction_lanes)
-        for (int lane = 0; lane < detail::reduction_lanes; ++lane) {
-          const double g = static_cast<double>(to_float(chunk[row + lane]));
-          lanes[lane] = detail::dadd_rn(lanes[lane], g * g);
-        }
-      for (std::int64_t lane = 0; row + lane < count; ++lane) {
-        const double g = static_cast<double>(to_float(chunk[row + lane]));
-        lanes[lane] = detail::dadd_rn(lanes[lane], g * g);
-      }
-      host_chunk_sums()[t.first_chunk + c] = detail::tree_sum(lanes);
+      const G* const chunk[1] = {grad + begin};
+      lane_sums<1>(chunk, std::min(detail::reduction_chunk, t.size - begin), one);
+      sums[c] = detail::tree_sum(one[0]);
     }
   }
   bool host_finalize(float gradient_scale) {
