@@ -343,6 +343,23 @@ struct svg_bar {
   memory_figures figures;  // the bar is the device figure; allocated and reserved are marked on it
 };
 
+// Text for an SVG text node: the five XML special characters as entities (names and paths come from the
+// command line and from config files).
+std::string xml_escaped(const std::string& text) {
+  std::string out;
+  for (const char c : text) {
+    switch (c) {
+      case '<': out += "&lt;"; break;
+      case '>': out += "&gt;"; break;
+      case '&': out += "&amp;"; break;
+      case '"': out += "&quot;"; break;
+      case '\'': out += "&apos;"; break;
+      default: out += c;
+    }
+  }
+  return out;
+}
+
 void write_svg(const std::string& path, const std::string& title, const std::vector<svg_bar>& bars,
                std::uint64_t available_bytes) {
   std::uint64_t scale = available_bytes;
@@ -354,10 +371,10 @@ void write_svg(const std::string& path, const std::string& title, const std::vec
   svg << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << left + width + 130 << "\" height=\"" << height
       << "\" font-family=\"sans-serif\" font-size=\"12\">\n";
   svg << "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n";
-  svg << "<text x=\"10\" y=\"24\" font-size=\"15\">" << title << "</text>\n";
+  svg << "<text x=\"10\" y=\"24\" font-size=\"15\">" << xml_escaped(title) << "</text>\n";
   double y = top;
   for (const auto& [label, b, figures] : bars) {
-    svg << "<text x=\"10\" y=\"" << y + bar_height * 0.65 << "\">" << label << "</text>\n";
+    svg << "<text x=\"10\" y=\"" << y + bar_height * 0.65 << "\">" << xml_escaped(label) << "</text>\n";
     double x = left;
     for (int c = 0; c < category_count; ++c) {
       if (b.bytes[c] == 0) continue;
@@ -462,6 +479,24 @@ int run(int argc, char** argv) {
   std::optional<ladder> steps;
   if (o.want_plan) steps = plan_ladder(model, *gpu, plan);
 
+  // The SVG first: a path that cannot be written is an error before anything is printed.
+  if (!o.svg_path.empty()) {
+    std::vector<svg_bar> bars;
+    std::string title = "memkit-budget: " + std::string(model.name);
+    if (steps) {
+      for (const ladder_rung& r : steps->rungs)
+        bars.push_back({std::string(to_string(r.kind)) + (r.effective ? "" : " (no effect)"), r.estimate.device,
+                        r.estimate.figures[static_cast<int>(r.estimate.peak_phase)]});
+      title += " on " + std::string(gpu->name);
+    } else {
+      bars.push_back({"peak (" + std::string(to_string(e.peak_phase)) + ")", e.device,
+                      e.figures[static_cast<int>(e.peak_phase)]});
+      for (int i = 0; i < step_phase_count; ++i)
+        bars.push_back({std::string(to_string(static_cast<step_phase>(i))), e.phases[i], e.figures[i]});
+    }
+    write_svg(o.svg_path, title, bars, gpu ? gpu->memory_bytes : 0);
+  }
+
   if (o.want_json) {
     std::string out = "{\"model\": " + memkit::json::quote(model.name);
     out += ", \"parameters\": " + std::to_string(e.parameters);
@@ -543,22 +578,6 @@ int run(int argc, char** argv) {
     }
   }
 
-  if (!o.svg_path.empty()) {
-    std::vector<svg_bar> bars;
-    std::string title = "memkit-budget: " + std::string(model.name);
-    if (steps) {
-      for (const ladder_rung& r : steps->rungs)
-        bars.push_back({std::string(to_string(r.kind)) + (r.effective ? "" : " (no effect)"), r.estimate.device,
-                        r.estimate.figures[static_cast<int>(r.estimate.peak_phase)]});
-      title += " on " + std::string(gpu->name);
-    } else {
-      bars.push_back({"peak (" + std::string(to_string(e.peak_phase)) + ")", e.device,
-                      e.figures[static_cast<int>(e.peak_phase)]});
-      for (int i = 0; i < step_phase_count; ++i)
-        bars.push_back({std::string(to_string(static_cast<step_phase>(i))), e.phases[i], e.figures[i]});
-    }
-    write_svg(o.svg_path, title, bars, gpu ? gpu->memory_bytes : 0);
-  }
   return 0;
 }
 

@@ -1,6 +1,6 @@
 # CTest driver for memkit-budget on hostile input (issue #15): whatever it is given, it answers in one line with
 # exit code 2, fast, and writes or prints nothing it should not.
-#   cmake -DTOOL=... -DWORK=... -DMODE=config_cap|field_caps -P this
+#   cmake -DTOOL=... -DWORK=... -DMODE=config_cap|field_caps|svg -P this
 cmake_minimum_required(VERSION 3.25)
 file(MAKE_DIRECTORY ${WORK})
 
@@ -70,6 +70,23 @@ elseif(MODE STREQUAL "field_caps")
   string(JSON parameters GET "${json}" parameters)
   expect("405,853,388,800 parameters, got ${parameters}" parameters EQUAL 405853388800)
   message(STATUS "field_caps: every oversized field refused by name")
+elseif(MODE STREQUAL "svg")
+  # Text from the command line (the config's path names the model) is XML-escaped in the SVG.
+  set(odd_name "a<b>&c\"d'e")
+  file(MAKE_DIRECTORY "${WORK}/${odd_name}")
+  write_config("${WORK}/${odd_name}/config.json")
+  file(REMOVE ${WORK}/odd.svg)
+  run_tool(ignored --config "${WORK}/${odd_name}/config.json" --svg ${WORK}/odd.svg)
+  file(READ ${WORK}/odd.svg svg)
+  string(FIND "${svg}" "a&lt;b&gt;&amp;c&quot;d&apos;e/config.json" escaped)
+  expect("the path XML-escaped in the SVG title: ${svg}" NOT escaped EQUAL -1)
+  string(FIND "${svg}" "${odd_name}" raw)
+  expect("no unescaped path in the SVG" raw EQUAL -1)
+  # An SVG that cannot be written is an error before anything is printed (no table, then a failure).
+  expect_refused("an unwritable --svg path" "cannot write" --preset gpt2-124m --svg ${WORK}/no/such/dir/out.svg)
+  expect_refused("an unwritable --svg path with --json" "cannot write" --preset gpt2-124m --json
+                 --svg ${WORK}/no/such/dir/out.svg)
+  message(STATUS "svg: text escaped, write errors before any output")
 else()
   message(FATAL_ERROR "unknown MODE ${MODE}")
 endif()
