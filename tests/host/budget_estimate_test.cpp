@@ -313,6 +313,27 @@ TEST_CASE("budget: invalid plans name the problem") {
   CHECK_FALSE(estimate_memory(broken, {}).valid());
 }
 
+TEST_CASE("budget: sizes past any real run are refused, never wrapped into a small peak") {
+  // 2^62 sequences of 1024 tokens: unchecked, b * s wrapped to 0 and GPT-2 "fit" an H100 (issue #15).
+  constexpr training_plan huge_batch{.micro_batch = std::uint64_t{1} << 62, .sequence = 1024};
+  static_assert(!estimate_memory(presets::gpt2_124m, huge_batch).valid());
+  // memkit::fits on it does not compile (fits.hpp's model_or_plan_is_invalid diagnostic; tests/compile_fail).
+  static_assert(!check_fit(presets::gpt2_124m, huge_batch, presets::h100_80gb).fits);
+  CHECK(estimate_memory(presets::gpt2_124m, huge_batch).problem.find("past any real run") != std::string_view::npos);
+  const model_config& m = presets::llama_3_1_8b;
+  CHECK_FALSE(estimate_memory(m, {.micro_batch = std::uint64_t{1} << 40, .sequence = 1 << 20}).valid());
+  CHECK_FALSE(estimate_memory(m, {.micro_batch = 1, .sequence = 8192, .grad_accum = ~std::uint64_t{0}}).valid());
+  CHECK_FALSE(estimate_memory(m, {.training = method::lora, .lora = {std::uint64_t{1} << 50, all_linear_modules, false}})
+                  .valid());
+  // Just below the bound still computes (no wrap), and absurdly does not fit; real large runs stay valid.
+  const memory_estimate big = estimate_memory(presets::gpt2_124m, {.micro_batch = 1 << 20, .sequence = 1024});
+  REQUIRE(big.valid());
+  CHECK(big.peak_device_bytes > (std::uint64_t{1} << 48));  // about 2^30 tokens x 12 layers x 87.5 KB each
+  CHECK_FALSE(memkit::fits(presets::gpt2_124m, {.micro_batch = 1 << 20, .sequence = 1024}, presets::b200));
+  CHECK(estimate_memory(m, {.micro_batch = 8, .sequence = 131072}).valid());
+  CHECK(estimate_memory(presets::llama_2_70b, {.micro_batch = 64, .sequence = 4096, .grad_accum = 1024}).valid());
+}
+
 TEST_CASE("budget: fits at compile time and at run time") {
   constexpr training_plan qlora{.training = method::lora, .weights = {weight_format::nf4}, .micro_batch = 1,
                                 .sequence = 512, .checkpoint = checkpointing::every_layer};

@@ -60,6 +60,9 @@ elseif(MODE STREQUAL "field_caps")
   # Every field within its cap, but together past any real model: refused by the parameter total.
   write_config(${WORK}/field.json hidden_size 1048576 num_hidden_layers 16384 num_attention_heads 16384 head_dim 1048576)
   expect_refused("a product past 64 bits" "parameters, more than the largest meaningful 1e15" --config ${WORK}/field.json)
+  # A plan past any real run (2^62 x 1024 tokens) is refused, not wrapped into 0 B of activations that "fit".
+  expect_refused("--batch 2^62" "past any real run" --preset gpt2-124m --batch 4611686018427387904 --seq 1024)
+  expect_refused("--lora-rank 2^50" "past any real run" --preset llama-3.1-8b --method lora --lora-rank 1125899906842624)
   # Real large models stay well inside the caps (Llama-3.1-405B's dimensions).
   file(WRITE ${WORK}/large.json "{\"model_type\": \"llama\", \"hidden_size\": 16384, \"num_hidden_layers\": 126, "
        "\"num_attention_heads\": 128, \"num_key_value_heads\": 8, \"intermediate_size\": 53248, "

@@ -29,6 +29,7 @@
 #include "memkit/budget/model.hpp"
 #include "memkit/budget/plan.hpp"
 #include "memkit/budget/presets.hpp"
+#include "memkit/core/checked_math.hpp"
 
 MEMKIT_NAMESPACE_BEGIN
 namespace budget {
@@ -113,6 +114,34 @@ constexpr bool detail_is_adam(optimizer_kind o) noexcept {
          o == optimizer_kind::adamw_4bit;
 }
 
+namespace detail {
+// Whether every byte count of the estimate stays far inside 64 bits. Each is a sum of products of the plan's
+// sizes with the model's: at most (micro-batch x sequence) tokens x the widest per-token tensor (hidden,
+// MLP, vocabulary, LoRA rank, or heads x sequence for eager attention scores) x 64 bytes, per layer, plus
+// the embedding and head. Bounding that product by 2^62 leaves room for the sums; a plan past it would
+// otherwise wrap in unsigned arithmetic and report a small peak that "fits" (issue #15).
+constexpr bool plan_sizes_bounded(const model_config& m, const training_plan& p) noexcept {
+  constexpr std::uint64_t limit = std::uint64_t{1} << 62;
+  const checked<std::uint64_t> tokens = try_mul(p.micro_batch, p.sequence);
+  const checked<std::uint64_t> scores = try_mul(m.heads, p.sequence);
+  if (!tokens || !scores || !try_mul(tokens.value, p.grad_accum)) return false;
+  std::uint64_t width = scores.value;
+  for (std::uint64_t w : {m.hidden, m.intermediate, m.vocab, saturating_mul(m.heads, m.head_dim),
+                          saturating_mul(m.kv_heads, m.head_dim), m.expert_intermediate, p.lora.rank,
+                          p.logits_chunk_tokens})
+    width = w > width ? w : width;
+  checked<std::uint64_t> bound = try_mul(tokens.value, width);
+  if (bound) bound = try_mul(bound.value, std::uint64_t{64});
+  if (bound) bound = try_mul(bound.value, saturating_add(m.layers, std::uint64_t{2}));
+  // LoRA's own tensors: rank x (in + out) per target, seven targets a layer at most.
+  checked<std::uint64_t> lora =
+      try_mul(p.lora.rank, saturating_add(saturating_add(m.hidden, m.intermediate), m.vocab));
+  if (lora) lora = try_mul(lora.value, std::uint64_t{64} * 8);
+  if (lora) lora = try_mul(lora.value, saturating_add(m.layers, std::uint64_t{2}));
+  return bound && bound.value <= limit && lora && lora.value <= limit;
+}
+}  // namespace detail
+
 // What is wrong with `plan` for `model`, or empty.
 constexpr std::string_view plan_problem(const model_config& m, const training_plan& p) noexcept {
   if (!m.valid()) return m.problem();
@@ -121,6 +150,9 @@ constexpr std::string_view plan_problem(const model_config& m, const training_pl
   if (p.grad_accum == 0) return "gradient accumulation must be positive";
   if (p.gpus == 0) return "number of GPUs must be positive";
   if (p.zero_stage < 0 || p.zero_stage > 3) return "ZeRO stage must be 0, 1, 2 or 3";
+  if (!detail::plan_sizes_bounded(m, p))
+    return "micro-batch x sequence (x gradient accumulation, or the LoRA rank) is past any real run: the byte "
+           "counts would exceed 2^62";
   if (p.checkpoint == checkpointing::every_k_layers && p.checkpoint_every == 0)
     return "checkpoint_every must be positive";
   if (p.checkpoint == checkpointing::binomial && p.checkpoint_slots == 0) return "checkpoint_slots must be positive";
