@@ -645,6 +645,270 @@ __attribute__((target("ssse3"))) inline std::int64_t expand_nibbles_ssse3(const 
   }
   return p;
 }
+
+// --- vector dequantization (AVX-512 and AVX2 + FMA, chosen at run time) ---
+//
+// Each kernel takes elements [first, first + count) (4-bit: `first` even) into out[0, count) in chunks of 16
+// or 32 values that start anywhere, so a chunk may straddle one block boundary (blocks hold at least 32
+// values): its lanes past the boundary take the next block's values, by a blend. The caller starts the
+// kernels where `out` is 64-byte aligned, so every chunk's stores fill whole (fp32: one line per 16 values)
+// or half lines. Each returns how many elements it wrote (whole chunks); the caller writes the rest.
+// 4-bit: per block, the 16 decoded values (the products decode() forms, four_bit_values<F>[c] * absmax) in
+// the output type, then one in-register table permute per 16 (fp32) or 32 (bf16) values. int8: per value the
+// map entry (256 entries: 8 two-table permutes and a blend tree on AVX-512, 8 loads per 8 values on AVX2),
+// times the block's absmax, then converted.
+// Non-temporal stores were measured and are not used: on the Cascade Lake of docs/performance.md they made
+// the fp32 output 15-20% slower and the bf16 one no faster, at 32-64 MiB of output.
+
+// from_float<bf16>'s bits (float_to_bf16_bits: round to nearest even, NaN -> 0x7fff) of 16 floats. (The
+// zero-masked forms: GCC 12 warns about the unmasked ones' undefined pass-through operand.)
+__attribute__((target("avx512f,avx512bw,avx512vl"))) inline __m256i bf16_bits16_avx512(__m512 values) noexcept {
+  const __m512i u = _mm512_castps_si512(values);
+  const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
+  const __m512i rounding = _mm512_add_epi32(_mm512_set1_epi32(0x7fff), _mm512_and_si512(_mm512_maskz_srli_epi32(0xffff, u, 16), _mm512_set1_epi32(1)));
+  const __m512i bits = _mm512_mask_mov_epi32(_mm512_maskz_srli_epi32(0xffff, _mm512_add_epi32(u, rounding), 16), nan, _mm512_set1_epi32(0x7fff));
+  return _mm512_maskz_cvtepi32_epi16(0xffff, bits);
+}
+
+// The 4-bit codes of 16 values at element e (even) as 16 bytes, value order; only the low 4 bits of each
+// byte are the code (the rest is the neighbouring nibble, which the table permutes ignore).
+inline __m128i nibbles16(const std::uint8_t* codes, std::int64_t e) noexcept {
+  const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes + (e >> 1)));
+  return _mm_unpacklo_epi8(_mm_srli_epi16(bytes, 4), bytes);
+}
+
+// Block b's 16 decoded values in the output type T: fp32 lanes, or bf16 words repeated in both halves (the
+// word permute reads 5 index bits; the 5th is the neighbouring nibble's).
+template <format F, class T>
+__attribute__((target("avx512f,avx512bw,avx512vl"))) inline __m512i table4_avx512(float scale) noexcept {
+  __m512 base = _mm512_loadu_ps(four_bit_values<F>.data());
+  // Hidden from the optimizer, which could otherwise form a negative entry's product as -(|v| * scale): the
+  // same number, but for a NaN scale a NaN of the other sign than decode()'s (g++ 12 did, for FP4).
+  __asm__("" : "+v"(base));
+  const __m512 decoded = _mm512_mul_ps(base, _mm512_set1_ps(scale));
+  if constexpr (std::is_same_v<T, float>) return _mm512_castps_si512(decoded);
+  else return _mm512_maskz_broadcast_i64x4(0xff, bf16_bits16_avx512(decoded));
+}
+
+// The values of the chunk at element e (fp32: 16, bf16: 32) looked up in table4_avx512's table.
+template <class T>
+__attribute__((target("avx512f,avx512bw,avx512vl"))) inline __m512i lookup4_avx512(const std::uint8_t* codes, std::int64_t e,
+                                                                                   __m512i table) noexcept {
+  if constexpr (std::is_same_v<T, float>) {
+    return _mm512_castps_si512(_mm512_maskz_permutexvar_ps(0xffff, _mm512_maskz_cvtepu8_epi32(0xffff, nibbles16(codes, e)),
+                                                           _mm512_castsi512_ps(table)));
+  } else {
+    const __m256i nibbles = _mm256_inserti128_si256(_mm256_castsi128_si256(nibbles16(codes, e)), nibbles16(codes, e + 16), 1);
+    return _mm512_maskz_permutexvar_epi16(0xffffffff, _mm512_maskz_cvtepu8_epi16(0xffffffff, nibbles), table);
+  }
+}
+
+template <format F, class T>
+__attribute__((target("avx512f,avx512bw,avx512vl"))) std::int64_t dequantize4_avx512(
+    const std::uint8_t* codes, const block_scales& scales, int block_shift, std::int64_t first, std::int64_t count,
+    T* out) noexcept {
+  static_assert(std::is_same_v<T, float> || std::is_same_v<T, bf16>);
+  constexpr std::int64_t chunk = std::is_same_v<T, float> ? 16 : 32;
+  std::int64_t block = -1;
+  __m512i table = _mm512_setzero_si512();
+  std::int64_t k = 0;
+  for (; k + chunk <= count; k += chunk) {
+    const std::int64_t e = first + k;
+    const std::int64_t b = e >> block_shift;
+    if (b != block) {
+      block = b;
+      table = table4_avx512<F, T>(scales(b));
+    }
+    __m512i v = lookup4_avx512<T>(codes, e, table);
+    const std::int64_t split = ((b + 1) << block_shift) - e;  // values still in block b
+    if (split < chunk) {
+      const __m512i next = lookup4_avx512<T>(codes, e, table4_avx512<F, T>(scales(b + 1)));
+      if constexpr (std::is_same_v<T, float>) v = _mm512_mask_blend_epi32(static_cast<__mmask16>(0xffffu << split), v, next);
+      else v = _mm512_mask_blend_epi16(static_cast<__mmask32>(0xffffffffu << split), v, next);
+    }
+    _mm512_storeu_si512(out + k, v);
+  }
+  return k;
+}
+
+template <class T>
+__attribute__((target("avx512f,avx512bw,avx512vl"))) std::int64_t dequantize8_avx512(
+    const std::uint8_t* codes, const block_scales& scales, int block_shift, std::int64_t first, std::int64_t count,
+    T* out, const float* map) noexcept {
+  static_assert(std::is_same_v<T, float> || std::is_same_v<T, bf16>);
+  __m512 table[16];
+  for (int j = 0; j < 16; ++j) table[j] = _mm512_loadu_ps(map + 16 * j);
+  std::int64_t block = -1;
+  __m512 scale = _mm512_setzero_ps();
+  std::int64_t k = 0;
+  for (; k + 16 <= count; k += 16) {
+    const std::int64_t e = first + k;
+    const std::int64_t b = e >> block_shift;
+    if (b != block) {
+      block = b;
+      scale = _mm512_set1_ps(scales(b));
+    }
+    __m512 lane_scale = scale;
+    const std::int64_t split = ((b + 1) << block_shift) - e;  // values still in block b
+    if (split < 16)
+      lane_scale = _mm512_mask_blend_ps(static_cast<__mmask16>(0xffffu << split), scale, _mm512_set1_ps(scales(b + 1)));
+    const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + e));
+    const __m512i index = _mm512_maskz_cvtepu8_epi32(0xffff, bytes);
+    const __mmask16 bit5 = _mm_movepi8_mask(_mm_slli_epi16(bytes, 2)), bit6 = _mm_movepi8_mask(_mm_add_epi8(bytes, bytes)),
+                    bit7 = _mm_movepi8_mask(bytes);
+    __m512 part[8];
+    for (int j = 0; j < 8; ++j) part[j] = _mm512_permutex2var_ps(table[2 * j], index, table[2 * j + 1]);
+    for (int j = 0; j < 4; ++j) part[j] = _mm512_mask_blend_ps(bit5, part[2 * j], part[2 * j + 1]);
+    for (int j = 0; j < 2; ++j) part[j] = _mm512_mask_blend_ps(bit6, part[2 * j], part[2 * j + 1]);
+    const __m512 value = _mm512_mul_ps(_mm512_mask_blend_ps(bit7, part[0], part[1]), lane_scale);
+    if constexpr (std::is_same_v<T, float>) _mm512_storeu_ps(out + k, value);
+    else _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + k), bf16_bits16_avx512(value));
+  }
+  return k;
+}
+
+// bf16_bits16_avx512 for 8 floats, in the 8 low 32-bit lanes' low halves (0..0xffff in each lane).
+__attribute__((target("avx2"))) inline __m256i bf16_bits8_avx2(__m256 values) noexcept {
+  const __m256i u = _mm256_castps_si256(values);
+  const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff)), _mm256_set1_epi32(0x7f800000));
+  const __m256i rounding = _mm256_add_epi32(_mm256_set1_epi32(0x7fff), _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1)));
+  return _mm256_blendv_epi8(_mm256_srli_epi32(_mm256_add_epi32(u, rounding), 16), _mm256_set1_epi32(0x7fff), nan);
+}
+
+// bf16 bits of 16 floats in two vectors of 8, as 16 words in order.
+__attribute__((target("avx2"))) inline __m256i bf16_bits16_avx2(__m256 first, __m256 second) noexcept {
+  // packus works within 128-bit halves: put the 64-bit quarters back in order.
+  return _mm256_permute4x64_epi64(_mm256_packus_epi32(bf16_bits8_avx2(first), bf16_bits8_avx2(second)), 0xd8);
+}
+
+// `in_block` lanes of `v` (16-bit words, or 32-bit lanes) kept, the rest from `next`.
+__attribute__((target("avx2"))) inline __m256i blend_from_avx2(__m256i v, __m256i next, std::int64_t in_block, bool words) noexcept {
+  const __m256i lane = words ? _mm256_setr_epi16(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)
+                             : _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  const __m256i keep = words ? _mm256_cmpgt_epi16(_mm256_set1_epi16(static_cast<short>(in_block)), lane)
+                             : _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(in_block)), lane);
+  return _mm256_blendv_epi8(next, v, keep);
+}
+
+// fp32: entries 0-7 and 8-15 of a block's 16 decoded values; bf16: the low and the high bytes of their 16
+// bf16 words, in both 128-bit halves (for the byte shuffle).
+struct tables4_avx2 {
+  __m256i low, high;
+};
+
+template <format F, class T>
+__attribute__((target("avx2,fma"))) inline tables4_avx2 table4_avx2(float scale_value) noexcept {
+  const __m256 scale = _mm256_set1_ps(scale_value);
+  __m256 low = _mm256_loadu_ps(four_bit_values<F>.data()), high = _mm256_loadu_ps(four_bit_values<F>.data() + 8);
+  __asm__("" : "+x"(low), "+x"(high));  // as in table4_avx512: decode()'s products, NaN signs included
+  low = _mm256_mul_ps(low, scale);
+  high = _mm256_mul_ps(high, scale);
+  if constexpr (std::is_same_v<T, float>) {
+    return tables4_avx2{_mm256_castps_si256(low), _mm256_castps_si256(high)};
+  } else {
+    // Words 0-7 | 8-15 -> per half: low bytes, then high bytes; quarters reordered to all low bytes | all high.
+    const __m256i split_bytes = _mm256_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15,  //
+                                                 0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
+    const __m256i planes = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(bf16_bits16_avx2(low, high), split_bytes), 0xd8);
+    return tables4_avx2{_mm256_permute2x128_si256(planes, planes, 0x00), _mm256_permute2x128_si256(planes, planes, 0x11)};
+  }
+}
+
+// The chunk at element e looked up in `t`: fp32 two vectors of 8 values, bf16 two vectors of 16 words.
+template <class T>
+__attribute__((target("avx2,fma"))) inline void lookup4_avx2(const std::uint8_t* codes, std::int64_t e, const tables4_avx2& t,
+                                                             __m256i* v) noexcept {
+  if constexpr (std::is_same_v<T, float>) {
+    const __m128i nibbles = nibbles16(codes, e);
+    for (int h = 0; h < 2; ++h) {
+      // The permutes read index bits 0-2; bit 3 moved to the sign bit picks the half.
+      const __m256i index = _mm256_cvtepu8_epi32(h == 0 ? nibbles : _mm_srli_si128(nibbles, 8));
+      v[h] = _mm256_castps_si256(_mm256_blendv_ps(_mm256_permutevar8x32_ps(_mm256_castsi256_ps(t.low), index),
+                                                  _mm256_permutevar8x32_ps(_mm256_castsi256_ps(t.high), index),
+                                                  _mm256_castsi256_ps(_mm256_slli_epi32(index, 28))));
+    }
+  } else {
+    // The byte shuffle reads bits 0-3 and zeroes on bit 7: keep only the code.
+    const __m256i nibbles = _mm256_and_si256(
+        _mm256_inserti128_si256(_mm256_castsi128_si256(nibbles16(codes, e)), nibbles16(codes, e + 16), 1),
+        _mm256_set1_epi8(0x0f));
+    const __m256i low = _mm256_shuffle_epi8(t.low, nibbles), high = _mm256_shuffle_epi8(t.high, nibbles);
+    // Per half: words of values 0-7 | 16-23, then 8-15 | 24-31.
+    const __m256i a = _mm256_unpacklo_epi8(low, high), c = _mm256_unpackhi_epi8(low, high);
+    v[0] = _mm256_permute2x128_si256(a, c, 0x20);
+    v[1] = _mm256_permute2x128_si256(a, c, 0x31);
+  }
+}
+
+// dequantize4_avx512's AVX2 sibling. fp32: the block's 16 values as two 8-entry halves, two permutes and a
+// blend on code bit 3 per 8 values; bf16: the 16 words as two byte planes, two byte shuffles per 32 values.
+template <format F, class T>
+__attribute__((target("avx2,fma"))) std::int64_t dequantize4_avx2(const std::uint8_t* codes, const block_scales& scales,
+                                                                 int block_shift, std::int64_t first, std::int64_t count,
+                                                                 T* out) noexcept {
+  static_assert(std::is_same_v<T, float> || std::is_same_v<T, bf16>);
+  constexpr std::int64_t chunk = std::is_same_v<T, float> ? 16 : 32;
+  constexpr std::int64_t half = chunk / 2;  // values per vector
+  std::int64_t block = -1;
+  tables4_avx2 table{_mm256_setzero_si256(), _mm256_setzero_si256()};
+  std::int64_t k = 0;
+  for (; k + chunk <= count; k += chunk) {
+    const std::int64_t e = first + k;
+    const std::int64_t b = e >> block_shift;
+    if (b != block) {
+      block = b;
+      table = table4_avx2<F, T>(scales(b));
+    }
+    __m256i v[2];
+    lookup4_avx2<T>(codes, e, table, v);
+    const std::int64_t split = ((b + 1) << block_shift) - e;  // values still in block b
+    if (split < chunk) {
+      __m256i next[2];
+      lookup4_avx2<T>(codes, e, table4_avx2<F, T>(scales(b + 1)), next);
+      for (int h = 0; h < 2; ++h) v[h] = blend_from_avx2(v[h], next[h], split - half * h, !std::is_same_v<T, float>);
+    }
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + k), v[0]);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + k + half), v[1]);
+  }
+  return k;
+}
+
+template <class T>
+__attribute__((target("avx2,fma"))) std::int64_t dequantize8_avx2(const std::uint8_t* codes, const block_scales& scales,
+                                                                  int block_shift, std::int64_t first, std::int64_t count,
+                                                                  T* out, const float* map) noexcept {
+  static_assert(std::is_same_v<T, float> || std::is_same_v<T, bf16>);
+  std::int64_t block = -1;
+  __m256 scale = _mm256_setzero_ps();
+  std::int64_t k = 0;
+  for (; k + 16 <= count; k += 16) {
+    const std::int64_t e = first + k;
+    const std::int64_t b = e >> block_shift;
+    if (b != block) {
+      block = b;
+      scale = _mm256_set1_ps(scales(b));
+    }
+    __m256 lane_scale[2] = {scale, scale};
+    const std::int64_t split = ((b + 1) << block_shift) - e;  // values still in block b
+    if (split < 16) {
+      const __m256 next = _mm256_set1_ps(scales(b + 1));
+      for (int h = 0; h < 2; ++h)
+        lane_scale[h] = _mm256_castsi256_ps(blend_from_avx2(_mm256_castps_si256(scale), _mm256_castps_si256(next), split - 8 * h, false));
+    }
+    __m256 value[2];
+    const std::uint8_t* c = codes + e;
+    for (int h = 0; h < 2; ++h, c += 8)
+      value[h] = _mm256_mul_ps(_mm256_setr_ps(map[c[0]], map[c[1]], map[c[2]], map[c[3]], map[c[4]], map[c[5]], map[c[6]], map[c[7]]),
+                               lane_scale[h]);
+    if constexpr (std::is_same_v<T, float>) {
+      _mm256_storeu_ps(out + k, value[0]);
+      _mm256_storeu_ps(out + k + 8, value[1]);
+    } else {
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + k), bf16_bits16_avx2(value[0], value[1]));
+    }
+  }
+  return k;
+}
 #endif
 
 // --- host loops ---
@@ -767,9 +1031,11 @@ bool quantize_host(const T* input, std::int64_t numel, std::int64_t block_size, 
   return true;
 }
 
+// Elements [first, first + count) one at a time (4-bit: one block's 16-entry table at a time, already in the
+// output type): the portable path, and the head and tail of the vector one.
 template <format F, float_storage T>
-void dequantize_host(const std::uint8_t* codes, const block_scales& scales, std::int64_t block_size,
-                     std::int64_t first, std::int64_t count, T* output, const float* map) {
+void dequantize_host_scalar(const std::uint8_t* codes, const block_scales& scales, std::int64_t block_size,
+                            std::int64_t first, std::int64_t count, T* output, const float* map) {
   std::int64_t i = 0;
   while (i < count) {
     const std::int64_t element = first + i;
@@ -811,6 +1077,42 @@ void dequantize_host(const std::uint8_t* codes, const block_scales& scales, std:
     }
     i += run;
   }
+}
+
+// Dequantizes elements [first, first + count) of codes into output[0, count): from_float<T>(decode<F>(...)) of
+// each. fp32 and bf16 outputs take the vector chunks of the instruction set in use (core/host_simd.hpp) after
+// a scalar head that aligns the output to 64 bytes where it can (4-bit: at an even element); fp16 outputs and
+// the portable path take the scalar loop.
+// Every path gives the same bits (tests/host/quant_blockwise_test.cpp compares them on each instruction set).
+template <format F, float_storage T>
+void dequantize_host(const std::uint8_t* codes, const block_scales& scales, std::int64_t block_size,
+                     std::int64_t first, std::int64_t count, T* output, const float* map) {
+#if MEMKIT_QUANT_X86_SIMD
+  if constexpr (!std::is_same_v<T, fp16>) {
+    const host_isa isa = host_isa_in_use();
+    if (isa != host_isa::portable && count >= 64) {
+      const auto misalignment = static_cast<std::int64_t>(reinterpret_cast<std::uintptr_t>(output) & 63);
+      std::int64_t head = misalignment % static_cast<std::int64_t>(sizeof(T)) == 0
+                              ? ((64 - misalignment) & 63) / static_cast<std::int64_t>(sizeof(T))
+                              : -1;
+      if (head < 0 || (is_four_bit(F) && ((first + head) & 1)))
+        head = is_four_bit(F) ? (first & 1) : 0;  // unaligned stores from the first even element
+      const int shift = __builtin_ctzll(static_cast<unsigned long long>(block_size));  // a power of two
+      dequantize_host_scalar<F>(codes, scales, block_size, first, head, output, map);
+      std::int64_t done = head;
+      if constexpr (is_four_bit(F)) {
+        if (isa == host_isa::avx512) done += dequantize4_avx512<F>(codes, scales, shift, first + head, count - head, output + head);
+        else done += dequantize4_avx2<F>(codes, scales, shift, first + head, count - head, output + head);
+      } else {
+        if (isa == host_isa::avx512) done += dequantize8_avx512(codes, scales, shift, first + head, count - head, output + head, map);
+        else done += dequantize8_avx2(codes, scales, shift, first + head, count - head, output + head, map);
+      }
+      dequantize_host_scalar<F>(codes, scales, block_size, first + done, count - done, output + done, map);
+      return;
+    }
+  }
+#endif
+  dequantize_host_scalar<F>(codes, scales, block_size, first, count, output, map);
 }
 
 // Index of the first block whose absmax is not finite, or -1.
