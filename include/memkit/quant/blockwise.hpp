@@ -731,38 +731,78 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) std::int64_t dequantize4_av
   return k;
 }
 
+// The int8 map's entries for the 16 codes at `codes` (the map in 16 vectors of 16): 8 two-table permutes
+// (5 index bits each), then a blend tree on code bits 5, 6 and 7.
+__attribute__((target("avx512f,avx512bw,avx512vl"))) inline __m512 lookup8_avx512(const __m512* table,
+                                                                                  const std::uint8_t* codes) noexcept {
+  const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes));
+  const __m512i index = _mm512_maskz_cvtepu8_epi32(0xffff, bytes);
+  const __mmask16 bit5 = _mm_movepi8_mask(_mm_slli_epi16(bytes, 2)), bit6 = _mm_movepi8_mask(_mm_add_epi8(bytes, bytes)),
+                  bit7 = _mm_movepi8_mask(bytes);
+  __m512 part[8];
+  for (int j = 0; j < 8; ++j) part[j] = _mm512_permutex2var_ps(table[2 * j], index, table[2 * j + 1]);
+  for (int j = 0; j < 4; ++j) part[j] = _mm512_mask_blend_ps(bit5, part[2 * j], part[2 * j + 1]);
+  for (int j = 0; j < 2; ++j) part[j] = _mm512_mask_blend_ps(bit6, part[2 * j], part[2 * j + 1]);
+  return _mm512_mask_blend_ps(bit7, part[0], part[1]);
+}
+
+// The scales of the 16 values from element e: block e >> block_shift's, and past a block boundary inside
+// the 16 the next block's. `finite`: whether every one is finite.
+__attribute__((target("avx512f,avx512bw,avx512vl"))) inline __m512 scales16_avx512(const block_scales& scales, int block_shift,
+                                                                                   std::int64_t e, bool& finite) noexcept {
+  const std::int64_t b = e >> block_shift;
+  const float scale = scales(b);
+  finite = is_finite(scale);
+  const std::int64_t split = ((b + 1) << block_shift) - e;  // values still in block b
+  if (split >= 16) return _mm512_set1_ps(scale);
+  const float next = scales(b + 1);
+  finite = finite && is_finite(next);
+  return _mm512_mask_blend_ps(static_cast<__mmask16>(0xffffu << split), _mm512_set1_ps(scale), _mm512_set1_ps(next));
+}
+
+// bf16 bits of 32 finite floats (two vectors of 16), in order: float_to_bf16_bits without its NaN case (a
+// finite value never becomes NaN), and the high halves gathered by one two-vector word permute.
+__attribute__((target("avx512f,avx512bw,avx512vl"))) inline __m512i bf16_bits32_finite_avx512(__m512 first, __m512 second) noexcept {
+  const __m512i one = _mm512_set1_epi32(1), half_minus_one = _mm512_set1_epi32(0x7fff);
+  const __m512i a = _mm512_castps_si512(first), b = _mm512_castps_si512(second);
+  const __m512i ra = _mm512_add_epi32(_mm512_add_epi32(a, half_minus_one), _mm512_and_si512(_mm512_maskz_srli_epi32(0xffff, a, 16), one));
+  const __m512i rb = _mm512_add_epi32(_mm512_add_epi32(b, half_minus_one), _mm512_and_si512(_mm512_maskz_srli_epi32(0xffff, b, 16), one));
+  const __m512i high_words = _mm512_setr_epi32(0x00030001, 0x00070005, 0x000b0009, 0x000f000d, 0x00130011, 0x00170015,
+                                               0x001b0019, 0x001f001d, 0x00230021, 0x00270025, 0x002b0029, 0x002f002d,
+                                               0x00330031, 0x00370035, 0x003b0039, 0x003f003d);
+  return _mm512_permutex2var_epi16(ra, high_words, rb);
+}
+
 template <class T>
 __attribute__((target("avx512f,avx512bw,avx512vl"))) std::int64_t dequantize8_avx512(
     const std::uint8_t* codes, const block_scales& scales, int block_shift, std::int64_t first, std::int64_t count,
     T* out, const float* map) noexcept {
   static_assert(std::is_same_v<T, float> || std::is_same_v<T, bf16>);
   __m512 table[16];
+  bool map_finite = true;
   for (int j = 0; j < 16; ++j) table[j] = _mm512_loadu_ps(map + 16 * j);
-  std::int64_t block = -1;
-  __m512 scale = _mm512_setzero_ps();
+  for (int i = 0; i < 256; ++i) map_finite = map_finite && is_finite(map[i]);
   std::int64_t k = 0;
-  for (; k + 16 <= count; k += 16) {
-    const std::int64_t e = first + k;
-    const std::int64_t b = e >> block_shift;
-    if (b != block) {
-      block = b;
-      scale = _mm512_set1_ps(scales(b));
+  if constexpr (std::is_same_v<T, float>) {
+    for (; k + 16 <= count; k += 16) {
+      bool finite;
+      const __m512 scale = scales16_avx512(scales, block_shift, first + k, finite);
+      _mm512_storeu_ps(out + k, _mm512_mul_ps(lookup8_avx512(table, codes + first + k), scale));
     }
-    __m512 lane_scale = scale;
-    const std::int64_t split = ((b + 1) << block_shift) - e;  // values still in block b
-    if (split < 16)
-      lane_scale = _mm512_mask_blend_ps(static_cast<__mmask16>(0xffffu << split), scale, _mm512_set1_ps(scales(b + 1)));
-    const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + e));
-    const __m512i index = _mm512_maskz_cvtepu8_epi32(0xffff, bytes);
-    const __mmask16 bit5 = _mm_movepi8_mask(_mm_slli_epi16(bytes, 2)), bit6 = _mm_movepi8_mask(_mm_add_epi8(bytes, bytes)),
-                    bit7 = _mm_movepi8_mask(bytes);
-    __m512 part[8];
-    for (int j = 0; j < 8; ++j) part[j] = _mm512_permutex2var_ps(table[2 * j], index, table[2 * j + 1]);
-    for (int j = 0; j < 4; ++j) part[j] = _mm512_mask_blend_ps(bit5, part[2 * j], part[2 * j + 1]);
-    for (int j = 0; j < 2; ++j) part[j] = _mm512_mask_blend_ps(bit6, part[2 * j], part[2 * j + 1]);
-    const __m512 value = _mm512_mul_ps(_mm512_mask_blend_ps(bit7, part[0], part[1]), lane_scale);
-    if constexpr (std::is_same_v<T, float>) _mm512_storeu_ps(out + k, value);
-    else _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + k), bf16_bits16_avx512(value));
+  } else {
+    for (; k + 32 <= count; k += 32) {
+      bool finite[2];
+      const __m512 scale0 = scales16_avx512(scales, block_shift, first + k, finite[0]);
+      const __m512 scale1 = scales16_avx512(scales, block_shift, first + k + 16, finite[1]);
+      const __m512 v0 = _mm512_mul_ps(lookup8_avx512(table, codes + first + k), scale0);
+      const __m512 v1 = _mm512_mul_ps(lookup8_avx512(table, codes + first + k + 16), scale1);
+      if (map_finite && finite[0] && finite[1]) {
+        _mm512_storeu_si512(out + k, bf16_bits32_finite_avx512(v0, v1));
+      } else {
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + k), bf16_bits16_avx512(v0));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + k + 16), bf16_bits16_avx512(v1));
+      }
+    }
   }
   return k;
 }
