@@ -721,8 +721,10 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) std::int64_t dequantize4_av
     }
     __m512i v = lookup4_avx512<T>(codes, e, table);
     const std::int64_t split = ((b + 1) << block_shift) - e;  // values still in block b
-    if (split < chunk) {
-      const __m512i next = lookup4_avx512<T>(codes, e, table4_avx512<F, T>(scales(b + 1)));
+    if (split < chunk) {  // the next block's table, kept for the next chunk
+      block = b + 1;
+      table = table4_avx512<F, T>(scales(b + 1));
+      const __m512i next = lookup4_avx512<T>(codes, e, table);
       if constexpr (std::is_same_v<T, float>) v = _mm512_mask_blend_epi32(static_cast<__mmask16>(0xffffu << split), v, next);
       else v = _mm512_mask_blend_epi16(static_cast<__mmask32>(0xffffffffu << split), v, next);
     }
@@ -868,15 +870,18 @@ __attribute__((target("avx2,fma"))) inline void lookup4_avx2(const std::uint8_t*
                                                   _mm256_castsi256_ps(_mm256_slli_epi32(index, 28))));
     }
   } else {
-    // The byte shuffle reads bits 0-3 and zeroes on bit 7: keep only the code.
-    const __m256i nibbles = _mm256_and_si256(
-        _mm256_inserti128_si256(_mm256_castsi128_si256(nibbles16(codes, e)), nibbles16(codes, e + 16), 1),
-        _mm256_set1_epi8(0x0f));
+    // The 16 code bytes in both halves; per half, the bytes of values 0-7 and 16-23 (low half) or 8-15 and
+    // 24-31 (high half), each twice, so that the unpacks below put the words in order.
+    const __m256i bytes = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + (e >> 1))));
+    const __m256i twice = _mm256_shuffle_epi8(bytes, _mm256_setr_epi8(0, 0, 1, 1, 2, 2, 3, 3, 8, 8, 9, 9, 10, 10, 11, 11,  //
+                                                                      4, 4, 5, 5, 6, 6, 7, 7, 12, 12, 13, 13, 14, 14, 15, 15));
+    // Even bytes the high nibble (a 16-bit shift brings it down), odd bytes the low one; nothing else (the
+    // byte shuffle reads bits 0-3 and zeroes on bit 7).
+    const __m256i nibbles = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(twice, 4), _mm256_set1_epi16(0x000f)),
+                                            _mm256_and_si256(twice, _mm256_set1_epi16(0x0f00)));
     const __m256i low = _mm256_shuffle_epi8(t.low, nibbles), high = _mm256_shuffle_epi8(t.high, nibbles);
-    // Per half: words of values 0-7 | 16-23, then 8-15 | 24-31.
-    const __m256i a = _mm256_unpacklo_epi8(low, high), c = _mm256_unpackhi_epi8(low, high);
-    v[0] = _mm256_permute2x128_si256(a, c, 0x20);
-    v[1] = _mm256_permute2x128_si256(a, c, 0x31);
+    v[0] = _mm256_unpacklo_epi8(low, high);  // values 0-7 | 8-15
+    v[1] = _mm256_unpackhi_epi8(low, high);  // values 16-23 | 24-31
   }
 }
 
@@ -902,9 +907,11 @@ __attribute__((target("avx2,fma"))) std::int64_t dequantize4_avx2(const std::uin
     __m256i v[2];
     lookup4_avx2<T>(codes, e, table, v);
     const std::int64_t split = ((b + 1) << block_shift) - e;  // values still in block b
-    if (split < chunk) {
+    if (split < chunk) {  // the next block's table, kept for the next chunk
+      block = b + 1;
+      table = table4_avx2<F, T>(scales(b + 1));
       __m256i next[2];
-      lookup4_avx2<T>(codes, e, table4_avx2<F, T>(scales(b + 1)), next);
+      lookup4_avx2<T>(codes, e, table, next);
       for (int h = 0; h < 2; ++h) v[h] = blend_from_avx2(v[h], next[h], split - half * h, !std::is_same_v<T, float>);
     }
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + k), v[0]);
