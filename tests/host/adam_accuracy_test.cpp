@@ -128,26 +128,26 @@ constexpr int steps_for(std::int64_t cols) { return cols > 1024 ? 10 : 50; }
 
 // bitsandbytes' parameter bounds for fp32 parameters (mean error < 6e-5 absolute, < 6e-4 relative), and
 // memkit's bounds on one requantization of the moments (docs/optimizer.md has the measured values).
-TEST_CASE("adam accuracy: 8-bit block 256 against 32-bit AdamW, bitsandbytes' acceptance bounds") {
+TEST_CASE("adam accuracy: 8-bit block 256 against 32-bit AdamW, bitsandbytes' acceptance bounds" * doctest::test_suite("scale")) {
   for (std::int64_t cols : {32, 1024, 4097})
     report_and_check<adam_state<std::int8_t, 256>, float>("int8 block 256, fp32 params", cols, steps_for(cols),
                                                           {6e-5, 6e-4, 0.02, 0.02});
 }
 
-TEST_CASE("adam accuracy: 8-bit block 2048 against 32-bit AdamW, bitsandbytes' acceptance bounds") {
+TEST_CASE("adam accuracy: 8-bit block 2048 against 32-bit AdamW, bitsandbytes' acceptance bounds" * doctest::test_suite("scale")) {
   for (std::int64_t cols : {32, 1024, 4097})
     report_and_check<adam_state<std::int8_t, 2048>, float>("int8 block 2048, fp32 params", cols, steps_for(cols),
                                                            {6e-5, 6e-4, 0.03, 0.03});
 }
 
 // bf16 parameters (updated in place, round to nearest): bitsandbytes' bounds 1.7e-4 / 1.6e-3.
-TEST_CASE("adam accuracy: 8-bit state with bf16 parameters, bitsandbytes' bf16 bounds") {
+TEST_CASE("adam accuracy: 8-bit state with bf16 parameters, bitsandbytes' bf16 bounds" * doctest::test_suite("scale")) {
   report_and_check<adam_state<std::int8_t, 256>, bf16>("int8 block 256, bf16 params", 1024, 50,
                                                        {1.7e-4, 1.6e-3, 0.02, 0.02});
 }
 
 // 4-bit has no bitsandbytes bound; memkit's own (docs/optimizer.md).
-TEST_CASE("adam accuracy: 4-bit state against 32-bit AdamW, memkit's 4-bit bounds") {
+TEST_CASE("adam accuracy: 4-bit state against 32-bit AdamW, memkit's 4-bit bounds" * doctest::test_suite("scale")) {
   for (std::int64_t cols : {32, 1024, 4097})
     report_and_check<adam_state<four_bit, 128>, float>("int4 block 128, fp32 params", cols, steps_for(cols),
                                                        {6e-5, 6e-4, 0.2, 0.2});
@@ -259,7 +259,7 @@ struct least_squares {
 
 }  // namespace
 
-TEST_CASE("adam accuracy: a least-squares fit reaches fp32 Adam's loss with 8-bit and 4-bit states") {
+TEST_CASE("adam accuracy: a least-squares fit reaches fp32 Adam's loss with 8-bit and 4-bit states" * doctest::test_suite("scale")) {
   const least_squares problem;
   std::vector<float> zero(least_squares::outputs * least_squares::inputs, 0.0f), grad;
   const double initial = problem.loss_and_gradient(zero, grad);

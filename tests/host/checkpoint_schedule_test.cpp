@@ -38,7 +38,7 @@ std::uint64_t closed_form(std::uint64_t n, std::uint64_t c) {
 
 }  // namespace
 
-TEST_CASE("checkpoint schedules: the binomial plan recomputes exactly Griewank's minimum, N <= 1000, c <= 64") {
+TEST_CASE("checkpoint schedules: the binomial plan recomputes exactly Griewank's minimum, N <= 1000, c <= 64" * doctest::test_suite("scale")) {
   for (std::uint64_t n = 1; n <= 1000; ++n)
     for (std::uint64_t c = 1; c <= 64; ++c) {
       const memkit::checkpoint_plan plan = make_checkpoint_plan(checkpoint_schedule::binomial(c), n);

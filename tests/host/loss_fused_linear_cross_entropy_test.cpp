@@ -443,7 +443,7 @@ TEST_CASE("loss: the workspace a call takes is exactly the prediction") {
   static_assert(ls::fused_linear_cross_entropy_workspace_bytes(8192, 4096, 128256, 2, {}, {.on_device = true}) > 0);
 }
 
-TEST_CASE("loss: at a realistic vocabulary the peak is a small fraction of the materialized logits'") {
+TEST_CASE("loss: at a realistic vocabulary the peak is a small fraction of the materialized logits'" * doctest::test_suite("scale")) {
   // 8192 tokens of a 32000-token vocabulary (Llama 2), a small hidden size so the test stays quick.
   const std::int64_t N = 8192, H = 16, V = 32000;
   const problem<memkit::bf16> p(N, H, V, 9, 10);

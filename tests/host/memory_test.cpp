@@ -54,6 +54,9 @@ TEST_CASE("host_resource: alignment, zero-byte requests and bad alignment") {
   CHECK(resource.kind() == memkit::memory_kind::host);
 }
 
+// Not under ASan (MEMKIT_TEST_SANITIZED): its operator new aborts on a 4 EiB request instead of throwing, whatever
+// allocator_may_return_null says; the g++ build runs this case.
+#if !defined(MEMKIT_TEST_SANITIZED)
 TEST_CASE("host_resource: an impossible request raises out_of_memory naming the size") {
   const std::size_t absurd = std::size_t{1} << 62;
   try {
@@ -65,6 +68,7 @@ TEST_CASE("host_resource: an impossible request raises out_of_memory naming the 
     CHECK(contains(failure.what(), std::to_string(absurd) + " bytes"));
   }
 }
+#endif
 
 TEST_CASE("tracking_resource: current and peak bytes, in total and per category") {
   memkit::tracking_resource tracker(memkit::default_host_resource(), "unit");
