@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <sstream>
 #include <string>
 #include <unistd.h>
 #include <vector>
@@ -75,10 +76,12 @@ MEMKIT_GPU_TEST_CASE("gpu: an AdamW8bit state imported into device memory steps 
     device_state.step(gpu, on_device, info.groups);
   }
   gpu.synchronize();
-  const auto host_arena = host_state.arena_view();
-  const auto device_arena = to_host(device_state.arena_view().data(), device_state.arena_view().size());
-  // The control block differs only in nothing: same step count and outcome; compare everything.
-  CHECK(std::memcmp(host_arena.data(), device_arena.data(), device_arena.size()) == 0);
+  // The whole state as save() writes it (control block, moments, scales); the raw arenas differ in the
+  // gradient-norm scratch, which after a step holds each path's own leftovers.
+  std::ostringstream host_image, device_image;
+  host_state.save(memkit::host, host_image);
+  device_state.save(gpu, device_image);
+  CHECK(host_image.str() == device_image.str());
   for (std::size_t t = 0; t < sizes.size(); ++t)
     CHECK(std::memcmp(to_host(device_params[t].data(), params[t].size()).data(), params[t].data(), params[t].size() * 4) == 0);
 

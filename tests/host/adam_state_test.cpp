@@ -411,6 +411,13 @@ TEST_CASE_TEMPLATE("adam: save and load round-trip the whole state bit for bit",
   restored.load(host, image);
   CHECK(adam_test::snapshot(restored) == adam_test::snapshot(state));
   CHECK(restored.report(host).step == 4);
+  // The gradient-norm scratch is saved as zeros (it held this step's chunk sums), so a state saves the same bytes
+  // whether the host or a device stepped it.
+  const auto [scratch_begin, scratch_end] = state.scratch_range();
+  REQUIRE(scratch_end > scratch_begin);
+  const auto stepped = state.arena_view(), loaded = restored.arena_view();
+  CHECK_FALSE(std::all_of(stepped.data() + scratch_begin, stepped.data() + scratch_end, [](std::byte b) { return b == std::byte{0}; }));
+  CHECK(std::all_of(loaded.data() + scratch_begin, loaded.data() + scratch_end, [](std::byte b) { return b == std::byte{0}; }));
   two_tensors t2 = t;
   state.step(host, t.params(), groups);
   restored.step(host, t2.params(), groups);

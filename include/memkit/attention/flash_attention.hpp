@@ -663,9 +663,8 @@ __global__ void flash_forward_kernel(cuda_problem p, const T* q, const T* k, con
     for (int c = c0; c < c0 + N / 2; ++c) {
       const bool valid = i < S && c >= lo && c < hi && m_new != minus_infinity;
       const float pc = valid ? exp2_nonpositive(Sc[r * N + c] * p.scale_log2 - m_new) : 0.0f;
-      const T rounded = from_float<T>(pc);
-      P[r * N + c] = rounded;
-      sum += to_float(rounded);  // the sum of what P.V multiplies, so out stays a convex combination
+      P[r * N + c] = from_float<T>(pc);
+      sum += pc;  // unrounded, as the host sums: lse is the fp32 log-sum-exp, not that of 16-bit weights
     }
     sum += __shfl_xor_sync(0xffffffffu, sum, 1);
     __syncwarp();

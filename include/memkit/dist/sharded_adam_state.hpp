@@ -534,7 +534,7 @@ class sharded_adam_state {
     });
     comm.all_reduce(exec, sums, sums, total_chunks_);
     md::with_device(exec.device, [&] {
-      md::adam_finalize_kernel<adam_control><<<1, 1, 0, exec.stream>>>(control, sums, total_chunks_, options_.max_grad_norm,
+      md::adam_finalize_kernel<adam_control><<<1, md::finalize_threads, 0, exec.stream>>>(control, sums, total_chunks_, options_.max_grad_norm,
                                                                         options_.loss_scaling, options.gradient_scale);
       MEMKIT_CUDA_CHECK(cudaGetLastError());
       // The norm scratch is free once the finalisation has read it: it takes the step's per-group terms.

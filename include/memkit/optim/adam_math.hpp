@@ -210,17 +210,21 @@ MEMKIT_HOST_DEVICE inline double tree_sum(double* lanes) noexcept {
   return lanes[0];
 }
 
-// Turns the per-chunk sums of squares into the step's decision: apply or skip, the clipping
-// factor, the step count and the loss scale. Runs once per step (host, or one device thread).
-MEMKIT_HOST_DEVICE inline void finalize_step(adam_control& control, const double* chunk_sums, std::int64_t chunks,
-                                             float max_grad_norm, const loss_scaler_options& scaler,
-                                             float gradient_scale) noexcept {
-  double total = 0.0;
-  std::int64_t first_bad = -1;
-  for (std::int64_t c = 0; c < chunks; ++c) {
-    if (first_bad < 0 && !is_finite(chunk_sums[c])) first_bad = c;
-    total = dadd_rn(total, chunk_sums[c]);
+// Adds chunk sums [first, first + count) to `total` in index order (the one order host and device share),
+// noting the first that is not finite.
+MEMKIT_HOST_DEVICE MEMKIT_FORCEINLINE void add_chunk_sums(const double* sums, std::int64_t count, std::int64_t first,
+                                                          double& total, std::int64_t& first_bad) noexcept {
+  for (std::int64_t c = 0; c < count; ++c) {
+    if (first_bad < 0 && !is_finite(sums[c])) first_bad = first + c;
+    total = dadd_rn(total, sums[c]);
   }
+}
+
+// Turns the total of the chunk sums of squares into the step's decision: apply or skip, the clipping
+// factor, the step count and the loss scale. Runs once per step (host, or one device thread).
+MEMKIT_HOST_DEVICE inline void decide_step(adam_control& control, double total, std::int64_t first_bad,
+                                           float max_grad_norm, const loss_scaler_options& scaler,
+                                           float gradient_scale) noexcept {
   const bool finite = first_bad < 0;
   // The gradient the update uses is stored * gradient_scale / loss_scale; the norm is that gradient's.
   const double multiplier =
@@ -243,6 +247,15 @@ MEMKIT_HOST_DEVICE inline void finalize_step(adam_control& control, const double
   if (safe) ++control.step;
   else ++control.skipped_steps;
   update_loss_scale(control.loss_scale, control.good_steps, safe, scaler);
+}
+
+// The host's finalisation: all chunk sums in order, then the decision.
+inline void finalize_step(adam_control& control, const double* chunk_sums, std::int64_t chunks, float max_grad_norm,
+                          const loss_scaler_options& scaler, float gradient_scale) noexcept {
+  double total = 0.0;
+  std::int64_t first_bad = -1;
+  add_chunk_sums(chunk_sums, chunks, 0, total, first_bad);
+  decide_step(control, total, first_bad, max_grad_norm, scaler, gradient_scale);
 }
 
 }  // namespace detail

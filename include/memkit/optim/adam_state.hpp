@@ -38,6 +38,7 @@
 #include <span>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "memkit/config.hpp"
@@ -274,10 +275,26 @@ __global__ void __launch_bounds__(reduction_lanes) adam_norm_kernel(norm_launch<
 }
 
 // Kernels in a header are templates so that every translation unit may instantiate them (one definition).
+// The finalisation on the device. The sum stays one serial chain in index order (the host's bits), but the
+// chunk sums reach it through shared memory, staged a tile at a time by the whole CTA: one thread reading them
+// from global memory waited a full load latency per chunk (1.55 ms for 18,320 chunks on an H200).
+inline constexpr int finalize_threads = 512;
+inline constexpr int finalize_tile = 4096;  // doubles: 32 KiB of shared memory
 template <class Control = adam_control>
-__global__ void adam_finalize_kernel(Control* control, const double* sums, std::int64_t chunks, float max_grad_norm,
-                                     loss_scaler_options scaler, float gradient_scale) {
-  finalize_step(*control, sums, chunks, max_grad_norm, scaler, gradient_scale);
+__global__ void __launch_bounds__(finalize_threads)
+adam_finalize_kernel(Control* control, const double* __restrict__ sums, std::int64_t chunks, float max_grad_norm,
+                     loss_scaler_options scaler, float gradient_scale) {
+  __shared__ double staged[finalize_tile];
+  double total = 0.0;
+  std::int64_t first_bad = -1;
+  for (std::int64_t first = 0; first < chunks; first += finalize_tile) {
+    const std::int64_t count = chunks - first < finalize_tile ? chunks - first : finalize_tile;
+    for (std::int64_t i = threadIdx.x; i < count; i += blockDim.x) staged[i] = sums[first + i];
+    __syncthreads();
+    if (threadIdx.x == 0) add_chunk_sums(staged, count, first, total, first_bad);
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) decide_step(*control, total, first_bad, max_grad_norm, scaler, gradient_scale);
 }
 
 template <class Control = adam_control>
@@ -920,6 +937,12 @@ class adam_state {
   void save(const E& exec, std::ostream& out) const {
     std::vector<std::byte> arena(arena_.bytes());
     copy_out(exec, arena.data(), 0, arena.size());
+    // The gradient-norm scratch is no state: after a step it holds the host's chunk sums or the device's
+    // per-group step terms, and the next step overwrites it. Saved as zeros, so a state saves the same bytes
+    // whichever executor stepped it.
+    const auto [scratch_begin, scratch_end] = scratch_range();
+    std::fill(arena.begin() + static_cast<std::ptrdiff_t>(scratch_begin),
+              arena.begin() + static_cast<std::ptrdiff_t>(scratch_end), std::byte{0});
     const std::vector<std::byte> bytes = image_of(arena);
     header h = make_header();
     write_string(out, magic);
@@ -1075,6 +1098,11 @@ class adam_state {
 
   // A view of the whole state allocation (tests use it to check that steps leave it untouched).
   tensor_view<const std::byte> arena_view() const noexcept { return arena_.view(); }
+  // The bytes [first, second) of the arena that are the gradient-norm scratch: no state, only each step's
+  // leftovers (the host's chunk sums, or a device's per-group step terms). save() writes them as zeros.
+  std::pair<std::size_t, std::size_t> scratch_range() const noexcept {
+    return {detail::align_segment(sizeof(adam_control)), overhead_bytes(total_chunks_)};
+  }
 
  private:
   static constexpr const char* magic = "memkit-adam-state";
@@ -1641,7 +1669,7 @@ class adam_state {
         detail::adam_norm_kernel<G><<<static_cast<unsigned>(units), detail::reduction_lanes, 0, exec.stream>>>(batch);
         MEMKIT_CUDA_CHECK(cudaGetLastError());
       }
-      detail::adam_finalize_kernel<adam_control><<<1, 1, 0, exec.stream>>>(control, chunk_sums, total_chunks_, options_.max_grad_norm,
+      detail::adam_finalize_kernel<adam_control><<<1, detail::finalize_threads, 0, exec.stream>>>(control, chunk_sums, total_chunks_, options_.max_grad_norm,
                                                                options_.loss_scaling, gradient_scale);
       MEMKIT_CUDA_CHECK(cudaGetLastError());
       // The norm scratch is free once the finalisation has read it: it takes the step's per-group terms.

@@ -41,11 +41,23 @@ MEMKIT_HOST_DEVICE inline double group_sum(const float* absmax, std::int64_t blo
   return sum;
 }
 
+// Where a lane's chain reads each group's sum: formed from the scales, or formed earlier (device).
+struct group_sums_from_scales {
+  const float* absmax;
+  std::int64_t blocks;
+  MEMKIT_HOST_DEVICE double operator()(std::int64_t group) const noexcept { return group_sum(absmax, blocks, group); }
+};
+struct group_sums_in_memory {
+  const double* sums;
+  MEMKIT_HOST_DEVICE double operator()(std::int64_t group) const noexcept { return sums[group]; }
+};
+
 // Partial sum of lane `lane`: its groups lane, lane + 256, ... in order.
-MEMKIT_HOST_DEVICE inline double lane_sum(const float* absmax, std::int64_t blocks, int lane) noexcept {
+template <class GroupSums>
+MEMKIT_HOST_DEVICE inline double lane_sum(GroupSums group_sums, std::int64_t blocks, int lane) noexcept {
   double sum = 0.0;
   for (std::int64_t group = lane; group < nested_group_count(blocks); group += mean_lanes)
-    sum = dadd_rn(sum, group_sum(absmax, blocks, group));
+    sum = dadd_rn(sum, group_sums(group));
   return sum;
 }
 
@@ -67,23 +79,33 @@ MEMKIT_HOST_DEVICE MEMKIT_FORCEINLINE std::uint8_t nested_code(float scale, floa
 
 inline float host_mean_offset(const float* absmax, std::int64_t blocks) {
   double total = 0.0;
-  for (int lane = 0; lane < mean_lanes; ++lane) total += lane_sum(absmax, blocks, lane);
+  for (int lane = 0; lane < mean_lanes; ++lane) total += lane_sum(group_sums_from_scales{absmax, blocks}, blocks, lane);
   return static_cast<float>(total / static_cast<double>(blocks));
 }
 
 #if MEMKIT_HAS_CUDA
-// One CTA of 256 threads: thread t forms lane_sum(t); thread 0 adds the 256 partials in order.
+// One CTA of 256 threads: thread t forms lane_sum(t); thread 0 adds the 256 partials in order. With the
+// group sums formed beforehand (group_sums_kernel) each lane's chain is a few coalesced loads; from the scales
+// it is 256 dependent loads per group, a single CTA walking every scale (725 us for the 1M scales of an
+// 8192 x 8192 NF4 weight on an H200).
 // Kernels in a header are templates so that every translation unit may instantiate them (ODR).
-template <class Float>
-__global__ void mean_offset_kernel(const Float* __restrict__ absmax, std::int64_t blocks, float* offset) {
+template <class GroupSums>
+__global__ void mean_offset_kernel(GroupSums group_sums, std::int64_t blocks, float* offset) {
   __shared__ double partial[mean_lanes];
-  partial[threadIdx.x] = lane_sum(absmax, blocks, static_cast<int>(threadIdx.x));
+  partial[threadIdx.x] = lane_sum(group_sums, blocks, static_cast<int>(threadIdx.x));
   __syncthreads();
   if (threadIdx.x == 0) {
     double total = 0.0;
     for (int lane = 0; lane < mean_lanes; ++lane) total = dadd_rn(total, partial[lane]);
     *offset = static_cast<float>(__ddiv_rn(total, static_cast<double>(blocks)));
   }
+}
+
+// Each group's sum (group_sum's serial order), one thread per group.
+template <class Float>
+__global__ void group_sums_kernel(const Float* __restrict__ absmax, std::int64_t blocks, double* __restrict__ sums) {
+  const std::int64_t group = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (group < nested_group_count(blocks)) sums[group] = group_sum(absmax, blocks, group);
 }
 
 // One warp per group of 256 scales.
@@ -179,7 +201,19 @@ void quantize_scales(const E& exec, tensor_view<const float> absmax, tensor_view
 #if MEMKIT_HAS_CUDA
     constexpr int threads = 256;
     ::memkit::detail::with_device(exec.device, [&] {
-      detail::mean_offset_kernel<float><<<1, detail::mean_lanes, 0, exec.stream>>>(absmax.data(), blocks, offset.data());
+      // The nested codes (one byte per scale) are written last: until then they hold the group sums (8 bytes
+      // per 256 scales), when aligned for doubles.
+      const std::int64_t groups = nested_group_count(blocks);
+      auto* group_sums = reinterpret_cast<double*>(nested_codes.data());
+      if (blocks >= 8 * groups && reinterpret_cast<std::uintptr_t>(group_sums) % alignof(double) == 0) {
+        detail::group_sums_kernel<float><<<detail::grid_for(groups, threads), threads, 0, exec.stream>>>(
+            absmax.data(), blocks, group_sums);
+        detail::mean_offset_kernel<<<1, detail::mean_lanes, 0, exec.stream>>>(detail::group_sums_in_memory{group_sums},
+                                                                              blocks, offset.data());
+      } else {
+        detail::mean_offset_kernel<<<1, detail::mean_lanes, 0, exec.stream>>>(
+            detail::group_sums_from_scales{absmax.data(), blocks}, blocks, offset.data());
+      }
       detail::quantize_scales_kernel<float><<<detail::grid_for(nested_group_count(blocks) * 32, threads), threads, 0,
                                        exec.stream>>>(absmax.data(), blocks, offset.data(), nested_codes.data(),
                                                       nested_absmax.data(), map);
