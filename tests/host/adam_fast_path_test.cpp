@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "host/adam_support.hpp"
+#include "support/host_isa_scope.hpp"
 
 using memkit::adam_group;
 using memkit::adam_options;
@@ -52,16 +53,10 @@ std::vector<float> mixed_values(std::size_t count, float scale, std::uint32_t se
 namespace {
 
 // Runs `check` once per instruction set this CPU has (core/host_simd.hpp: the dispatched kernels take
-// each path in turn), with the cap restored afterwards.
+// each path in turn).
 template <class Check>
 void on_every_isa(Check&& check) {
-  for (memkit::host_isa isa : {memkit::host_isa::portable, memkit::host_isa::avx2, memkit::host_isa::avx512}) {
-    if (isa > memkit::detail::process_host_isa()) continue;
-    CAPTURE(memkit::to_string(isa));
-    const memkit::host_isa previous = memkit::limit_host_isa(isa);
-    check();
-    memkit::limit_host_isa(previous);
-  }
+  memkit_test::on_each_host_isa([&](memkit::host_isa) { check(); });
 }
 
 void check_update_array() {

@@ -13,6 +13,7 @@
 
 #include "host/attention_reference.hpp"
 #include "support/test_values.hpp"
+#include "support/host_isa_scope.hpp"
 
 namespace {
 
@@ -160,9 +161,10 @@ TEST_CASE("attention: the AVX2 and portable paths agree with the widest one") {
   o.host_threads = 1;
   const run_result<float> widest = data.run(o, memkit::default_host_resource());
   for (memkit::host_isa isa : {memkit::host_isa::avx2, memkit::host_isa::portable}) {
-    const memkit::host_isa previous = memkit::limit_host_isa(isa);
-    const run_result<float> other = data.run(o, memkit::default_host_resource());
-    memkit::limit_host_isa(previous);
+    const run_result<float> other = [&] {
+      const memkit_test::host_isa_cap cap(isa);
+      return data.run(o, memkit::default_host_resource());
+    }();
     const auto near = [](const std::vector<float>& a, const std::vector<float>& b) {
       double worst = 0;
       for (std::size_t i = 0; i < a.size(); ++i) worst = std::max(worst, static_cast<double>(std::abs(a[i] - b[i])));

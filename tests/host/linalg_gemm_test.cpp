@@ -23,6 +23,7 @@
 #include <string>
 #include <type_traits>
 #include <vector>
+#include "support/host_isa_scope.hpp"
 
 using memkit::bf16;
 using memkit::fp16;
@@ -71,11 +72,7 @@ std::vector<host_isa> available_isas() {
   return isas;
 }
 
-struct isa_cap {
-  host_isa previous;
-  explicit isa_cap(host_isa cap) : previous(memkit::limit_host_isa(cap)) {}
-  ~isa_cap() { memkit::limit_host_isa(previous); }
-};
+using isa_cap = memkit_test::host_isa_cap;
 
 // Runs one gemm and checks it: against the double reference within
 //   |error| <= 2 (K + 4) 2^-24 (|alpha| sum_k |a b| + |beta c|) + (rounding of a 16-bit C) + tiny,

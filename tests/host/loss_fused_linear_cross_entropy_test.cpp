@@ -16,6 +16,7 @@
 #include "memkit/memory/tracking.hpp"
 #include "support/loss_reference.hpp"
 #include "support/test_values.hpp"
+#include "support/host_isa_scope.hpp"
 
 namespace ls = memkit::loss;
 namespace q = memkit::quant;
@@ -486,9 +487,10 @@ TEST_CASE("loss: the host row pass gives the same bits with AVX-512, AVX2 and po
     const run_outputs widest = run_dense(p, o);
     for (memkit::host_isa isa : {memkit::host_isa::avx2, memkit::host_isa::portable}) {
       CAPTURE(memkit::to_string(isa));
-      const memkit::host_isa previous = memkit::limit_host_isa(isa);
-      const run_outputs narrower = run_dense(p, o);
-      memkit::limit_host_isa(previous);
+      const run_outputs narrower = [&] {
+        const memkit_test::host_isa_cap cap(isa);
+        return run_dense(p, o);
+      }();
       // The loss comes from the row pass alone; the gradients also pass through the GEMM, whose AVX2 and
       // AVX-512 kernels agree bit for bit but whose portable kernel (no FMA) rounds differently.
       CHECK(std::memcmp(&narrower.loss, &widest.loss, sizeof(float)) == 0);
@@ -507,9 +509,10 @@ TEST_CASE("loss: the host row pass gives the same bits with AVX-512, AVX2 and po
     for (memkit::host_isa isa : {memkit::host_isa::avx2, memkit::host_isa::portable}) {
       CAPTURE(memkit::to_string(isa));
       std::vector<float> row = logits;
-      const memkit::host_isa previous = memkit::limit_host_isa(isa);
-      const float loss = ls::detail::host_row(math, row.data(), 203, 7, 0.01f);
-      memkit::limit_host_isa(previous);
+      const float loss = [&] {
+        const memkit_test::host_isa_cap cap(isa);
+        return ls::detail::host_row(math, row.data(), 203, 7, 0.01f);
+      }();
       CHECK(std::memcmp(&loss, &widest_loss, sizeof(float)) == 0);
       CHECK(std::memcmp(row.data(), widest.data(), row.size() * sizeof(float)) == 0);
     }

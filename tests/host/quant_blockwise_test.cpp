@@ -15,6 +15,7 @@
 
 #include "memkit/quant/blockwise.hpp"
 #include "support/test_values.hpp"
+#include "support/host_isa_scope.hpp"
 
 namespace q = memkit::quant;
 using memkit::bf16;
@@ -401,10 +402,7 @@ TEST_CASE("quant blockwise: long blocks (the vectorized encoders) give exactly t
     }
   };
   // Each instruction set this CPU has in turn (core/host_simd.hpp): the AVX-512, AVX2 and portable encoders.
-  for (memkit::host_isa isa : {memkit::host_isa::portable, memkit::host_isa::avx2, memkit::host_isa::avx512}) {
-    if (isa > memkit::detail::process_host_isa()) continue;
-    CAPTURE(memkit::to_string(isa));
-    const memkit::host_isa previous = memkit::limit_host_isa(isa);
+  memkit_test::on_each_host_isa([&](memkit::host_isa) {
     for (q::format fmt : {q::format::nf4, q::format::fp4, q::format::int8}) {
       CAPTURE(q::to_string(fmt));
       for (std::int64_t block : {32, 64, 4096}) {
@@ -413,8 +411,7 @@ TEST_CASE("quant blockwise: long blocks (the vectorized encoders) give exactly t
         check(fp16{}, fmt, block);
       }
     }
-    memkit::limit_host_isa(previous);
-  }
+  });
 }
 
 // encode<F> walks a comparison tree of selects (4 comparisons for NF4, 3 for FP4's magnitude); it must give
@@ -498,10 +495,7 @@ void check_dequantize_every_path(q::format fmt, std::int64_t block, std::int64_t
 }  // namespace
 
 TEST_CASE("quant blockwise: dequantize gives decode() bit for bit on every instruction set, aligned or not") {
-  for (memkit::host_isa isa : {memkit::host_isa::portable, memkit::host_isa::avx2, memkit::host_isa::avx512}) {
-    if (isa > memkit::detail::process_host_isa()) continue;
-    CAPTURE(memkit::to_string(isa));
-    const memkit::host_isa previous = memkit::limit_host_isa(isa);
+  memkit_test::on_each_host_isa([](memkit::host_isa) {
     for (q::format fmt : {q::format::nf4, q::format::fp4, q::format::int8}) {
       CAPTURE(q::to_string(fmt));
       for (std::int64_t block : {32, 64, 256}) {
@@ -522,6 +516,5 @@ TEST_CASE("quant blockwise: dequantize gives decode() bit for bit on every instr
         check_dequantize_every_path<bf16>(fmt, 64, 3001, {0, 5}, {-1}, {0, 3}, 17, odd_map);
       }
     }
-    memkit::limit_host_isa(previous);
-  }
+  });
 }

@@ -10,6 +10,7 @@
 #include "memkit/memory/tracking.hpp"
 #include "memkit/quant/matmul.hpp"
 #include "support/test_values.hpp"
+#include "support/host_isa_scope.hpp"
 
 namespace q = memkit::quant;
 using memkit::host;
@@ -109,10 +110,7 @@ TEST_CASE("quant matmul: every host path on any number of threads, and the GEMM 
     check_against_dense<q::NF4, float>(16, 200, 1280, {64, false}, config);  // fused, depth in 3 chunks per pass
     check_against_dense<q::NF4, memkit::bf16>(300, 70, 192, {64, false}, config);  // GEMM path, two slices of x
   }
-  for (memkit::host_isa isa : {memkit::host_isa::portable, memkit::host_isa::avx2, memkit::host_isa::avx512}) {
-    if (isa > memkit::detail::process_host_isa()) continue;
-    CAPTURE(memkit::to_string(isa));
-    const memkit::host_isa previous = memkit::limit_host_isa(isa);
+  memkit_test::on_each_host_isa([](memkit::host_isa) {
     check_against_dense<q::NF4, float>(20, 150, 320, {64, false}, q::matmul_config{});
     check_against_dense<q::NF4, float>(5, 150, 320, {64, false}, q::matmul_config{});
     // The fused path with depth chunks (x rows kept in L1 between chunks) over groups of 32 columns, a
@@ -126,8 +124,7 @@ TEST_CASE("quant matmul: every host path on any number of threads, and the GEMM 
     check_against_dense<q::FP4, memkit::bf16>(37, 70, 576, {128, true}, q::matmul_config{});
     check_against_dense<q::NF4, float>(35, 45, 4160, {4096, false}, q::matmul_config{});  // a block wider than kc
     check_against_dense<q::INT8, float>(33, 40, 96, {32, false}, q::matmul_config{});
-    memkit::limit_host_isa(previous);
-  }
+  });
 }
 
 TEST_CASE("quant matmul: shape errors name the operation and the shapes") {
