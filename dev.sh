@@ -2,13 +2,14 @@
 # memkit's one entry point for building on a fresh machine.
 #   ./dev.sh example   build and run the main example
 #   ./dev.sh test      build everything and run the whole test suite (what CI runs)
-#   ./dev.sh bench     build and run the benchmarks
+#   ./dev.sh bench     build (in build-bench/, optimized) and run the benchmarks
 #   ./dev.sh fuzz [seconds]  run each libFuzzer target (tests/fuzz/) for [seconds] (default 120: 10 minutes)
 # Installs missing Debian packages when run as root; otherwise prints the exact command to run.
 set -euo pipefail
 cd "$(dirname "$0")"
 
-build_dir=${MEMKIT_BUILD_DIR:-build}
+# `bench` builds in a directory of its own: the test build compiles the benchmarks for smoke runs only (-O1).
+if [[ ${1:-} == bench ]]; then build_dir=${MEMKIT_BENCH_BUILD_DIR:-build-bench}; else build_dir=${MEMKIT_BUILD_DIR:-build}; fi
 jobs=$(nproc 2>/dev/null || echo 2)
 
 # Debian package -> a file that proves it is installed.
@@ -64,6 +65,7 @@ fi
 
 if [[ ! -f $build_dir/CMakeCache.txt ]]; then
   configure=(-G Ninja -DCMAKE_BUILD_TYPE=Release)
+  [[ ${1:-} == bench ]] || configure+=(-DMEMKIT_BENCHMARK_SMOKE_BUILD=ON)
   # Without a GPU here the CUDA code is only compiled, never run: one virtual architecture (compute_90: the
   # device code through cicc to PTX, no ptxas), device code at nvcc's fastest compile level and host code of
   # the .cu files unoptimized (-O0; it was about 60% of their compile time at -O3): adam_cuda_test.cu 68 ->

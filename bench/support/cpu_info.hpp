@@ -27,6 +27,10 @@ inline std::string cpu_model() {
 inline void add_cpu_context() {
   benchmark::AddCustomContext("cpu_model", cpu_model());
   benchmark::AddCustomContext("memkit_host_isa", memkit::to_string(memkit::host_isa_in_use()));
+#if defined(MEMKIT_BENCH_SMOKE_BUILD)
+  benchmark::AddCustomContext("memkit_build", "smoke build (-O1, for the test suite): these figures mean nothing; "
+                                              "./dev.sh bench builds for speed");
+#endif
 }
 
 }  // namespace memkit_bench
