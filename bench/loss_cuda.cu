@@ -1,11 +1,13 @@
-// loss::fused_linear_cross_entropy on CUDA: chunked (default 32 MiB budget) against the same call with one
-// chunk holding every token's logits (the materialized baseline: cuBLAS for all [N, V] logits, the softmax
+// loss::fused_linear_cross_entropy on CUDA: chunked (the default 32 MiB budget, and 256 MiB and 1 GiB: every
+// chunk reads and writes the whole fp32 head gradient, so fewer chunks move fewer bytes) against the same call
+// with one chunk holding every token's logits (the materialized baseline: cuBLAS for all [N, V] logits, the softmax
 // kernel, cuBLAS for both gradients). Device time per call (CUDA events), GFLOP/s of the three products and
 // the peak workspace bytes of each (tracking_resource). bf16 hidden and head, fp32 d_head.
 #include <benchmark/benchmark.h>
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "memkit/loss/fused_linear_cross_entropy.hpp"
@@ -28,7 +30,9 @@ constexpr loss_case cases[] = {
     {"llama3_8b", 8192, 4096, 128256},
 };
 
-void BM_loss_cuda(benchmark::State& state, loss_case c, bool materialized) {
+// chunk_mib: the chunk budget in MiB; 0 for the default, -1 for one chunk of every token (materialized).
+void BM_loss_cuda(benchmark::State& state, loss_case c, int chunk_mib) {
+  const bool materialized = chunk_mib < 0;
   const auto [name, N, H, V] = c;
   memkit::device_resource device(0);
   memkit::buffer<bf16> hidden(device, memkit::shape{N, H}), head(device, memkit::shape{V, H}), d_hidden(device, memkit::shape{N, H});
@@ -40,6 +44,7 @@ void BM_loss_cuda(benchmark::State& state, loss_case c, bool materialized) {
   MEMKIT_CUDA_CHECK(cudaMemset(targets.data(), 0, targets.bytes()));
   ls::cross_entropy_options options;
   if (materialized) options.chunk_bytes = ls::detail::chunk_row_bytes(V, sizeof(bf16), true) * static_cast<std::size_t>(N);
+  else if (chunk_mib > 0) options.chunk_bytes = static_cast<std::size_t>(chunk_mib) << 20;
   memkit::tracking_resource workspace(device, "loss");
   const memkit::cuda_executor exec = memkit::cuda_executor::legacy_default_stream(0);
   const double seconds = memkit_bench::time_with_events(state, [&] {
@@ -57,10 +62,11 @@ void BM_loss_cuda(benchmark::State& state, loss_case c, bool materialized) {
 int main(int argc, char** argv) {
   memkit_bench::add_cpu_context();
   return memkit_bench::run_cuda_benchmarks(argc, argv, "memkit_bench_loss_cuda", [] {
+    const std::pair<int, const char*> variants[] = {
+        {0, "/fused"}, {256, "/fused_chunk_256MiB"}, {1024, "/fused_chunk_1GiB"}, {-1, "/materialized"}};
     for (const loss_case& c : cases)
-      for (bool materialized : {false, true})
-        benchmark::RegisterBenchmark((std::string("loss_bf16/") + c.name + (materialized ? "/materialized" : "/fused")).c_str(),
-                                     BM_loss_cuda, c, materialized)
+      for (const auto& [chunk_mib, suffix] : variants)
+        benchmark::RegisterBenchmark((std::string("loss_bf16/") + c.name + suffix).c_str(), BM_loss_cuda, c, chunk_mib)
             ->UseManualTime()
             ->Unit(benchmark::kMillisecond);
   });
