@@ -54,16 +54,6 @@ std::vector<std::byte> state_bytes(const S& state) {
   return adam_test::without_scratch(state, std::move(out));
 }
 
-// The state as save() writes it: the control block and every moment and scale. Not the raw arena: its
-// gradient-norm scratch holds the device's per-group step terms after a CUDA step and the chunk sums after a
-// host step, which no later step reads.
-template <class S, class E>
-std::string saved_image(const E& exec, const S& state) {
-  std::ostringstream out;
-  state.save(exec, out);
-  return out.str();
-}
-
 // Runs the same steps on the host and on the device (state in `state_resource`, tensors in
 // `tensor_resource`) and checks parameters, master copies and the whole state image agree bit for bit.
 // 20 tensors: two launches of the multi-tensor kernels; sizes straddle blocks and the threshold.
@@ -124,7 +114,10 @@ void check_host_device_agreement(memkit::memory_resource& state_resource, memkit
     differing_moments += !adam_test::same_bits(host_m, device_m) + !adam_test::same_bits(host_v, device_v);
   }
   CHECK(differing_moments == 0);
-  const std::string host_image = saved_image(memkit::host, host_state), device_image = saved_image(gpu, device_state);
+  // The saved images, not the raw arenas: the gradient-norm scratch holds the device's per-group step terms after
+  // a CUDA step and the chunk sums after a host step, which no later step reads.
+  const std::string host_image = adam_test::saved_image(memkit::host, host_state),
+                    device_image = adam_test::saved_image(gpu, device_state);
   const auto mismatch = std::mismatch(host_image.begin(), host_image.end(), device_image.begin(), device_image.end());
   CAPTURE(host_image.size());
   CAPTURE(mismatch.first - host_image.begin());  // the first differing byte of the saved images, if any

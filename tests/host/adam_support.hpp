@@ -9,6 +9,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <sstream>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -70,6 +72,14 @@ std::vector<std::byte> snapshot(const S& state) {
   const auto view = state.arena_view();
   std::vector<std::byte> bytes(view.data(), view.data() + view.size());
   return without_scratch(state, std::move(bytes));
+}
+
+// The state as save() writes it (control block, moments and scales; the scratch as zeros).
+template <class S, class E>
+std::string saved_image(const E& exec, const S& state) {
+  std::ostringstream out;
+  state.save(exec, out);
+  return out.str();
 }
 
 template <class T>

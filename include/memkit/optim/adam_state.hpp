@@ -274,12 +274,12 @@ __global__ void __launch_bounds__(reduction_lanes) adam_norm_kernel(norm_launch<
   }
 }
 
-// Kernels in a header are templates so that every translation unit may instantiate them (one definition).
 // The finalisation on the device. The sum stays one serial chain in index order (the host's bits), but the
 // chunk sums reach it through shared memory, staged a tile at a time by the whole CTA: one thread reading them
 // from global memory waited a full load latency per chunk (1.55 ms for 18,320 chunks on an H200).
 inline constexpr int finalize_threads = 512;
 inline constexpr int finalize_tile = 4096;  // doubles: 32 KiB of shared memory
+// Kernels in a header are templates so that every translation unit may instantiate them (one definition).
 template <class Control = adam_control>
 __global__ void __launch_bounds__(finalize_threads)
 adam_finalize_kernel(Control* control, const double* __restrict__ sums, std::int64_t chunks, float max_grad_norm,

@@ -214,7 +214,7 @@ void quantize_scales(const E& exec, tensor_view<const float> absmax, tensor_view
         detail::mean_offset_kernel<<<1, detail::mean_lanes, 0, exec.stream>>>(
             detail::group_sums_from_scales{absmax.data(), blocks}, blocks, offset.data());
       }
-      detail::quantize_scales_kernel<float><<<detail::grid_for(nested_group_count(blocks) * 32, threads), threads, 0,
+      detail::quantize_scales_kernel<float><<<detail::grid_for(groups * 32, threads), threads, 0,
                                        exec.stream>>>(absmax.data(), blocks, offset.data(), nested_codes.data(),
                                                       nested_absmax.data(), map);
       MEMKIT_CUDA_CHECK(cudaGetLastError());
