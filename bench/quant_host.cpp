@@ -40,9 +40,9 @@ const std::vector<T>& normal_input() {
 }
 
 // This benchmark thread's share of the kValues inputs, cut at block boundaries: first index and count.
-std::pair<std::int64_t, std::int64_t> thread_share(const benchmark::State& state) {
-  const std::int64_t begin = kValues * state.thread_index() / state.threads() / kBlock * kBlock;
-  const std::int64_t end = kValues * (state.thread_index() + 1) / state.threads() / kBlock * kBlock;
+std::pair<std::int64_t, std::int64_t> thread_share(const benchmark::State& state, std::int64_t block = kBlock) {
+  const std::int64_t begin = kValues * state.thread_index() / state.threads() / block * block;
+  const std::int64_t end = kValues * (state.thread_index() + 1) / state.threads() / block * block;
   return {begin, end - begin};
 }
 
@@ -56,7 +56,7 @@ void report_throughput(benchmark::State& state, std::int64_t n, double bytes, co
 
 // One benchmark thread's quantize / dequantize case: its slice of the input, the codes and absmax of that
 // slice (already filled, so dequantize has something to read) and the bytes one operation moves.
-template <q::format F, class T>
+template <q::format F, class T, std::int64_t Block = kBlock>
 struct quant_case {
   std::int64_t begin, n;
   std::vector<std::uint8_t> codes;
@@ -65,22 +65,22 @@ struct quant_case {
   double bytes;
 
   explicit quant_case(const benchmark::State& state)
-      : begin(thread_share(state).first), n(thread_share(state).second),
+      : begin(thread_share(state, Block).first), n(thread_share(state, Block).second),
         codes(static_cast<std::size_t>(q::code_bytes(F, n))),
-        absmax(static_cast<std::size_t>(q::block_count(n, kBlock))),
+        absmax(static_cast<std::size_t>(q::block_count(n, Block))),
         bytes(static_cast<double>(n * sizeof(T) + codes.size() + absmax.size() * 4)) {
-    q::quantize_blockwise(memkit::host, F, memkit::host_view(normal_input<float>().data() + begin, {n}), kBlock,
+    q::quantize_blockwise(memkit::host, F, memkit::host_view(normal_input<float>().data() + begin, {n}), Block,
                           memkit::host_view(codes), memkit::host_view(absmax));
   }
   void quantize() {
-    q::quantize_blockwise(memkit::host, F, memkit::host_view(normal_input<T>().data() + begin, {n}), kBlock,
+    q::quantize_blockwise(memkit::host, F, memkit::host_view(normal_input<T>().data() + begin, {n}), Block,
                           memkit::host_view(codes), memkit::host_view(absmax));
   }
   void dequantize() {
     if (out.empty()) out.resize(static_cast<std::size_t>(n));
     q::dequantize_blockwise(memkit::host, F, memkit::host_view(std::as_const(codes).data(), {static_cast<std::int64_t>(codes.size())}),
                             memkit::host_view(std::as_const(absmax).data(), {static_cast<std::int64_t>(absmax.size())}),
-                            kBlock, 0, memkit::host_view(out));
+                            Block, 0, memkit::host_view(out));
   }
 };
 
@@ -106,9 +106,9 @@ void BM_dequantize(benchmark::State& state) {
 }
 
 // The same operation interleaved with a triad a = b + 3c over this thread's own arrays of as many floats.
-template <q::format F, class T, bool Dequantize>
+template <q::format F, class T, bool Dequantize, std::int64_t Block = kBlock>
 void BM_quant_op_vs_triad(benchmark::State& state) {
-  quant_case<F, T> c(state);
+  quant_case<F, T, Block> c(state);
   const auto n = static_cast<std::size_t>(c.n);
   std::vector<float> a(n), b(n, 1.0f), d(n, 2.0f);
   auto triad = [&] {
@@ -139,9 +139,10 @@ template <q::format F, class T>
 void BM_quantize_vs_triad(benchmark::State& state) {
   BM_quant_op_vs_triad<F, T, false>(state);
 }
-template <q::format F, class T>
+// Block: the int8 rows also run at 256 and 4096 values per block (bitsandbytes' quantize_blockwise default).
+template <q::format F, class T, std::int64_t Block = kBlock>
 void BM_dequantize_vs_triad(benchmark::State& state) {
-  BM_quant_op_vs_triad<F, T, true>(state);
+  BM_quant_op_vs_triad<F, T, true, Block>(state);
 }
 
 constexpr std::int64_t kN = 4096, kK = 4096;
@@ -220,6 +221,8 @@ BENCHMARK(BM_quantize_vs_triad<q::INT8, memkit::bf16>)->Threads(1)->UseRealTime(
 BENCHMARK(BM_dequantize_vs_triad<q::NF4, memkit::bf16>)->ThreadRange(1, 2)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_dequantize_vs_triad<q::NF4, float>)->Threads(1)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_dequantize_vs_triad<q::INT8, memkit::bf16>)->Threads(1)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_dequantize_vs_triad<q::INT8, memkit::bf16, 256>)->Threads(1)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_dequantize_vs_triad<q::INT8, memkit::bf16, 4096>)->Threads(1)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_matmul_nf4)->Arg(1)->Arg(8)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_matmul_dense_bf16)->Arg(1)->Arg(8)->UseRealTime()->Unit(benchmark::kMillisecond);
 int main(int argc, char** argv) {
