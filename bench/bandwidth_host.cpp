@@ -1,8 +1,11 @@
 // Host memory bandwidth: memcpy (copy) and STREAM triad, on 1..N threads. These are the host
 // rooflines the other memkit benchmarks report against (bench/support/roofline.hpp).
+// And the FMA peak on 1..N threads (BM_host_fma_peak): whether a compute-bound kernel can scale with the
+// threads at all (two vCPUs that are hyperthreads of one core share its FMA units: docs/performance.md).
 #include <benchmark/benchmark.h>
 
 #include <cstring>
+#include <immintrin.h>
 #include <vector>
 
 #include "support/roofline.hpp"
@@ -53,8 +56,58 @@ void BM_host_triad(benchmark::State& state) {
   timer.finish(state, bytes);
 }
 
+// Twelve independent FMA chains (more than latency x throughput of two FMA ports), `steps` times each.
+__attribute__((target("avx512f"))) float fma_chains_avx512(std::int64_t steps, float step) {
+  __m512 acc[12];
+  for (int i = 0; i < 12; ++i) acc[i] = _mm512_set1_ps(step * static_cast<float>(i + 1));
+  const __m512 m = _mm512_set1_ps(1.0f - step), c = _mm512_set1_ps(step);
+  for (std::int64_t k = 0; k < steps; ++k)
+#pragma GCC unroll 12
+    for (int i = 0; i < 12; ++i) acc[i] = _mm512_fmadd_ps(acc[i], m, c);
+  alignas(64) float lanes[16];
+  float sum = 0;
+  for (int i = 0; i < 12; ++i) {
+    _mm512_store_ps(lanes, acc[i]);
+    for (float v : lanes) sum += v;
+  }
+  return sum;
+}
+__attribute__((target("avx2,fma"))) float fma_chains_avx2(std::int64_t steps, float step) {
+  __m256 acc[12];
+  for (int i = 0; i < 12; ++i) acc[i] = _mm256_set1_ps(step * static_cast<float>(i + 1));
+  const __m256 m = _mm256_set1_ps(1.0f - step), c = _mm256_set1_ps(step);
+  for (std::int64_t k = 0; k < steps; ++k)
+#pragma GCC unroll 12
+    for (int i = 0; i < 12; ++i) acc[i] = _mm256_fmadd_ps(acc[i], m, c);
+  alignas(32) float lanes[8];
+  float sum = 0;
+  for (int i = 0; i < 12; ++i) {
+    _mm256_store_ps(lanes, acc[i]);
+    for (float v : lanes) sum += v;
+  }
+  return sum;
+}
+
+void BM_host_fma_peak(benchmark::State& state) {
+  const bool avx512 = __builtin_cpu_supports("avx512f");
+  if (!avx512 && !(__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))) {
+    state.SkipWithError("no AVX2 + FMA");
+    return;
+  }
+  constexpr std::int64_t steps = 1 << 22;
+  for (auto _ : state) {
+    float step = 1e-4f;
+    benchmark::DoNotOptimize(step);  // an input the compiler cannot see, so the call is not hoisted
+    benchmark::DoNotOptimize(avx512 ? fma_chains_avx512(steps, step) : fma_chains_avx2(steps, step));
+  }
+  const double flops = 2.0 * 12 * (avx512 ? 16 : 8) * static_cast<double>(steps);
+  state.counters["FLOPs"] = benchmark::Counter(flops * static_cast<double>(state.iterations()), benchmark::Counter::kIsRate);
+  state.SetLabel(avx512 ? "avx512 fp32 FMA" : "avx2 fp32 FMA");
+}
+
 }  // namespace
 
 BENCHMARK(BM_host_copy)->ThreadRange(1, 2)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_host_triad)->ThreadRange(1, 2)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_host_fma_peak)->ThreadRange(1, 2)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK_MAIN();

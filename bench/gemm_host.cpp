@@ -23,6 +23,7 @@
 #include "memkit/core/host_simd.hpp"
 #include "memkit/linalg/gemm.hpp"
 #include "support/cpu_info.hpp"
+#include "support/openblas_spin.hpp"
 
 namespace la = memkit::linalg;
 
@@ -117,8 +118,10 @@ void BM_gemm_vs_openblas(benchmark::State& state, gemm_case c, memkit::host_isa 
 }  // namespace
 
 int main(int argc, char** argv) {
+  memkit_bench::restart_with_short_openblas_spin(argv);
   memkit_bench::add_cpu_context();
   benchmark::AddCustomContext("openblas_core", openblas_get_corename());
+  benchmark::AddCustomContext("openblas_thread_timeout", memkit_bench::openblas_thread_timeout());
   std::vector<memkit::host_isa> isas;
   for (memkit::host_isa isa : {memkit::host_isa::avx512, memkit::host_isa::avx2})
     if (isa <= memkit::host_isa_in_use()) isas.push_back(isa);
