@@ -8,8 +8,13 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 
-# `bench` builds in a directory of its own: the test build compiles the benchmarks for smoke runs only (-O1).
-if [[ ${1:-} == bench ]]; then build_dir=${MEMKIT_BENCH_BUILD_DIR:-build-bench}; else build_dir=${MEMKIT_BUILD_DIR:-build}; fi
+# `bench` and `example` build in directories of their own: the test build compiles the benchmarks and the host
+# example for smoke runs only (-O1).
+case ${1:-} in
+  bench) build_dir=${MEMKIT_BENCH_BUILD_DIR:-build-bench} ;;
+  example) build_dir=${MEMKIT_EXAMPLE_BUILD_DIR:-build-example} ;;
+  *) build_dir=${MEMKIT_BUILD_DIR:-build} ;;
+esac
 jobs=$(nproc 2>/dev/null || echo 2)
 
 # Debian package -> a file that proves it is installed.
@@ -65,7 +70,7 @@ fi
 
 if [[ ! -f $build_dir/CMakeCache.txt ]]; then
   configure=(-G Ninja -DCMAKE_BUILD_TYPE=Release)
-  [[ ${1:-} == bench ]] || configure+=(-DMEMKIT_BENCHMARK_SMOKE_BUILD=ON)
+  [[ ${1:-} == bench || ${1:-} == example ]] || configure+=(-DMEMKIT_BENCHMARK_SMOKE_BUILD=ON -DMEMKIT_EXAMPLE_SMOKE_BUILD=ON)
   # Without a GPU here the CUDA code is only compiled, never run: one virtual architecture (compute_90: the
   # device code through cicc to PTX, no ptxas), device code at nvcc's fastest compile level and host code of
   # the .cu files unoptimized (-O0; it was about 60% of their compile time at -O3): adam_cuda_test.cu 68 ->

@@ -1058,6 +1058,10 @@ int run(const E& exec, const options& o, memkit::memory_resource& upstream, cons
 
 int main(int argc, char** argv) {
   const options o = parse(argc, argv);
+#if defined(MEMKIT_EXAMPLE_SMOKE_BUILD)
+  std::printf("train_llama: built at -O1 for the test suite's shortened run: its speed figures mean nothing "
+              "(./dev.sh example builds it optimized)\n");
+#endif
   const std::string no_device = o.device == device_choice::host ? std::string() : why_no_cuda_device();
   if (o.device == device_choice::cuda && !no_device.empty()) {
     std::fprintf(stderr, "train_llama: --device cuda: %s\n", no_device.c_str());
