@@ -1,7 +1,8 @@
 // Host memory bandwidth: memcpy (copy) and STREAM triad, on 1..N threads. These are the host
 // rooflines the other memkit benchmarks report against (bench/support/roofline.hpp).
 // And the FMA peak on 1..N threads (BM_host_fma_peak): whether a compute-bound kernel can scale with the
-// threads at all (two vCPUs that are hyperthreads of one core share its FMA units: docs/performance.md).
+// threads at all (vCPUs that are hyperthreads of one core would share its FMA units; on the 2-vCPU machine of
+// docs/performance.md the peak doubles with the second thread).
 #include <benchmark/benchmark.h>
 
 #include <cstring>

@@ -39,8 +39,8 @@ const std::vector<T>& normal_input() {
   return values;
 }
 
-// This benchmark thread's share of the kValues inputs, cut at block boundaries: first index and count.
-std::pair<std::int64_t, std::int64_t> thread_share(const benchmark::State& state, std::int64_t block = kBlock) {
+// This benchmark thread's share of the kValues inputs, cut at boundaries of `block` values: first index and count.
+std::pair<std::int64_t, std::int64_t> thread_share(const benchmark::State& state, std::int64_t block) {
   const std::int64_t begin = kValues * state.thread_index() / state.threads() / block * block;
   const std::int64_t end = kValues * (state.thread_index() + 1) / state.threads() / block * block;
   return {begin, end - begin};
