@@ -66,6 +66,19 @@ void BM_cuda_dequantize(benchmark::State& state) {
             bytes);
 }
 
+// The QLoRA layout: NF4 with double-quantized scales (one byte per block plus one fp32 per 256 blocks).
+void BM_cuda_dequantize_nf4_double_quant(benchmark::State& state) {
+  memkit::device_resource device;
+  const memkit::cuda_executor gpu = memkit::cuda_executor::legacy_default_stream();
+  memkit::buffer<memkit::bf16> values(device, {kValues});
+  fill_normalish<<<1024, 256>>>(values.data(), kValues);
+  MEMKIT_CUDA_CHECK(cudaGetLastError());
+  const auto w = q::quantized_tensor<q::NF4>::quantize(gpu, memkit::tensor_view<const memkit::bf16>(values.view()),
+                                                       {kBlock, true}, device);
+  const double bytes = static_cast<double>(values.bytes() + w.bytes());
+  run_timed(state, [&] { w.dequantize(gpu, values.view()); }, bytes);
+}
+
 constexpr std::int64_t kN = 8192, kK = 8192;
 
 // What the NF4 matmul benchmarks share: the weight W [kN, kK] (NF4, double quantization, from the same filled
@@ -139,6 +152,7 @@ int main(int argc, char** argv) {
     benchmark::RegisterBenchmark("BM_cuda_dequantize/nf4", BM_cuda_dequantize<q::NF4>)->UseManualTime()->Unit(benchmark::kMillisecond);
     benchmark::RegisterBenchmark("BM_cuda_dequantize/fp4", BM_cuda_dequantize<q::FP4>)->UseManualTime()->Unit(benchmark::kMillisecond);
     benchmark::RegisterBenchmark("BM_cuda_dequantize/int8", BM_cuda_dequantize<q::INT8>)->UseManualTime()->Unit(benchmark::kMillisecond);
+    benchmark::RegisterBenchmark("BM_cuda_dequantize/nf4_double_quant", BM_cuda_dequantize_nf4_double_quant)->UseManualTime()->Unit(benchmark::kMillisecond);
     for (int m : {1, 8})
       benchmark::RegisterBenchmark("BM_cuda_matmul_input_grad_nf4", BM_cuda_matmul_input_grad_nf4)->Arg(m)->UseManualTime()->Unit(benchmark::kMicrosecond);
     for (int m : {1, 8, 256}) {

@@ -17,6 +17,41 @@ __global__ void convert_on_device(const float* input, std::uint16_t* bf16_out, s
     fp16_out[i] = memkit::fp16(input[i]).bits;
   }
 }
+
+// Every float bit pattern u converts with pack_pair_rn (the low half from u, the high half from ~u, so both
+// halves see every pattern) and with float16.hpp's integer rounding; counts the differences and keeps the
+// smallest pattern that differs.
+template <class T>
+__global__ void compare_pair_conversion(unsigned long long* mismatches, unsigned* first_mismatch) {
+  for (std::uint64_t i = blockIdx.x * std::uint64_t{blockDim.x} + threadIdx.x; i < (std::uint64_t{1} << 32);
+       i += std::uint64_t{gridDim.x} * blockDim.x) {
+    const auto u = static_cast<std::uint32_t>(i);
+    const float low = __uint_as_float(u), high = __uint_as_float(~u);
+    const std::uint32_t packed = memkit::detail::pack_pair_rn<T>(low, high);
+    const std::uint32_t expected = T(low).bits | (static_cast<std::uint32_t>(T(high).bits) << 16);
+    if (packed != expected) {
+      atomicAdd(mismatches, 1ull);
+      atomicMin(first_mismatch, (packed & 0xffffu) != (expected & 0xffffu) ? u : ~u);
+    }
+  }
+}
+
+template <class T>
+void check_pair_conversion_exhaustively() {
+  memkit::device_resource device;
+  memkit::buffer<unsigned long long> d_count(device, memkit::shape{1});
+  memkit::buffer<unsigned> d_first(device, memkit::shape{1});
+  MEMKIT_CUDA_CHECK(cudaMemset(d_count.data(), 0, sizeof(unsigned long long)));
+  MEMKIT_CUDA_CHECK(cudaMemset(d_first.data(), 0xff, sizeof(unsigned)));
+  compare_pair_conversion<T><<<4096, 256>>>(d_count.data(), d_first.data());
+  MEMKIT_CUDA_CHECK(cudaGetLastError());
+  unsigned long long count = 0;
+  unsigned first = 0;
+  MEMKIT_CUDA_CHECK(cudaMemcpy(&count, d_count.data(), sizeof count, cudaMemcpyDeviceToHost));
+  MEMKIT_CUDA_CHECK(cudaMemcpy(&first, d_first.data(), sizeof first, cudaMemcpyDeviceToHost));
+  CAPTURE(first);
+  CHECK(count == 0);
+}
 }  // namespace
 
 MEMKIT_GPU_TEST_CASE("gpu: every CUDA memory resource allocates, is tracked, and releases") {
@@ -88,4 +123,9 @@ MEMKIT_GPU_TEST_CASE("gpu: device float->bf16/fp16 conversion equals the host co
   for (int i = 0; i < count; ++i)
     if (bf16_bits[i] != memkit::bf16(input[i]).bits || fp16_bits[i] != memkit::fp16(input[i]).bits) ++mismatches;
   CHECK(mismatches == 0);
+}
+
+MEMKIT_GPU_TEST_CASE("gpu: the paired conversion instruction gives float16.hpp's bits for every float") {
+  check_pair_conversion_exhaustively<memkit::bf16>();
+  check_pair_conversion_exhaustively<memkit::fp16>();
 }
