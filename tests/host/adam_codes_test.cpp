@@ -4,6 +4,8 @@
 #include <memkit/optim/state_codecs.hpp>
 #include <memkit/quant/codebooks.hpp>
 
+#include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -44,23 +46,46 @@ std::vector<float> boundary_values(const std::array<float, 256>& map) {
 template <bool Signed>
 void check_map(const std::array<float, 256>& map) {
   const auto& index = memkit::detail::dynamic_code_index_for<Signed>();
-  int branch_free = 0, indexed = 0;
-  const auto values = boundary_values(map);
+  static const memkit::detail::dynamic_code_buckets buckets = memkit::detail::make_dynamic_code_buckets(map);
+  int branch_free = 0, indexed = 0, bucketed = 0;
+  auto values = boundary_values(map);
+  // Every bucket's ends too: where a bucket's two probes must hand over to the next bucket's.
+  for (std::uint32_t key = buckets.first_key; key <= memkit::detail::dynamic_code_buckets::last_key + 1; ++key)
+    for (std::uint32_t bits : {key << 17, (key << 17) - 1, (key << 17) + 1})
+      for (std::uint32_t sign : {0u, 0x80000000u}) values.push_back(memkit::detail::bit_cast<float>(bits | sign));
   for (float x : values) {
     const unsigned expected = memkit::quant::nearest_dynamic(map.data(), x);
     branch_free += memkit::detail::dynamic_code(map.data(), x) != expected;
     indexed += memkit::detail::dynamic_code_indexed(index, x) != expected;
+    bucketed += memkit::detail::dynamic_code_bucketed(buckets.thresholds, buckets.low_code, buckets.first_key,
+                                                      buckets.positive, x) != expected;
   }
   CHECK(values.size() > 400000);
   CHECK(branch_free == 0);
   CHECK(indexed == 0);
+  CHECK(bucketed == 0);
 }
 
 }  // namespace
 
-TEST_CASE("adam codes: the branch-free and indexed 8-bit lookups equal quant::nearest_dynamic, ties included") {
+TEST_CASE("adam codes: the branch-free, indexed and bucketed 8-bit lookups equal quant::nearest_dynamic, ties included") {
   check_map<true>(memkit::quant::dynamic_map_signed);
   check_map<false>(memkit::quant::dynamic_map_unsigned);
+}
+
+TEST_CASE("adam codes: odd thresholds sit one float below the midpoint (a tie goes up to the even code)") {
+  const auto& map = memkit::quant::dynamic_map_signed;
+  const float middle = (map[11] + map[10]) * 0.5f, odd_middle = (map[12] + map[11]) * 0.5f;
+  CHECK(memkit::detail::dynamic_threshold(map.data(), 10) == middle);
+  CHECK(memkit::detail::dynamic_threshold(map.data(), 11) == std::nextafter(odd_middle, -2.0f));
+  static const auto buckets = memkit::detail::make_dynamic_code_buckets(map);
+  auto code = [&](float x) {
+    return memkit::detail::dynamic_code_bucketed(buckets.thresholds, buckets.low_code, buckets.first_key, buckets.positive, x);
+  };
+  CHECK(code(middle) == 10u);
+  CHECK(code(odd_middle) == 12u);
+  CHECK(code(std::numeric_limits<float>::quiet_NaN()) == 0u);
+  CHECK(code(-std::numeric_limits<float>::quiet_NaN()) == 0u);
 }
 
 TEST_CASE("adam codes: the 4-bit maps are torchao's and round to the nearest entry, ties down") {
@@ -107,4 +132,18 @@ TEST_CASE("adam codes: the 8-bit index keeps only the magnitudes between the sma
     CHECK(memkit::detail::dynamic_code_indexed(unsigned_index, x) ==
           memkit::quant::nearest_dynamic(memkit::quant::dynamic_map_unsigned.data(), x));
   }
+}
+
+TEST_CASE("adam codes: the CUDA buckets of both maps are built at compile time and hold at most two thresholds") {
+  // make_dynamic_code_buckets throws (so these would not compile) if a bucket held a third threshold.
+  constexpr auto signed_buckets = memkit::detail::make_dynamic_code_buckets(memkit::quant::dynamic_map_signed);
+  constexpr auto unsigned_buckets = memkit::detail::make_dynamic_code_buckets(memkit::quant::dynamic_map_unsigned);
+  static_assert(signed_buckets.bucket_count <= memkit::detail::dynamic_code_buckets::capacity);
+  CHECK(signed_buckets.bucket_count == 2 * signed_buckets.positive);
+  CHECK(unsigned_buckets.bucket_count == 2 * unsigned_buckets.positive);
+  // A map whose thresholds crowd one bucket is refused.
+  std::array<float, 256> crowded = memkit::quant::dynamic_map_unsigned;
+  for (int i = 0; i < 8; ++i) crowded[static_cast<std::size_t>(200 + i)] = 0.5f + 1e-4f * static_cast<float>(i);
+  std::sort(crowded.begin(), crowded.end());
+  CHECK_THROWS_AS(memkit::detail::make_dynamic_code_buckets(crowded), memkit::error);
 }

@@ -442,6 +442,17 @@ MEMKIT_DEVICE MEMKIT_FORCEINLINE void store_codes(std::uint8_t* __restrict__ cod
   }
 }
 
+// The 8-bit maps' buckets for the update kernel: built at compile time (make_dynamic_code_buckets throws, and
+// so fails to compile, on a map it cannot serve), the constexpr copies give the sizes, the device copies
+// the values. `static`: each translation unit holds its own copy (whole-program CUDA shares no device
+// symbols across units), 10 KiB.
+inline constexpr dynamic_code_buckets int8_m_buckets_host = make_dynamic_code_buckets(quant::dynamic_map_signed);
+inline constexpr dynamic_code_buckets int8_v_buckets_host = make_dynamic_code_buckets(quant::dynamic_map_unsigned);
+static __device__ const dynamic_code_buckets int8_m_buckets = int8_m_buckets_host;
+static __device__ const dynamic_code_buckets int8_v_buckets = int8_v_buckets_host;
+static_assert(&adam_state_traits<std::int8_t>::tables().m == &int8_maps.m && int8_maps.m == quant::dynamic_map_signed &&
+              int8_maps.v == quant::dynamic_map_unsigned, "the buckets are built from the 8-bit state's maps");
+
 // The fused update: dequantize m and v, update them and the parameter, find each block's new absmax (a
 // shuffle reduction within the group of lanes; across warps through shared memory for blocks > 256
 // elements), requantize. Every element goes through adamw_update and the state's code functions, as on the
@@ -456,15 +467,47 @@ __global__ void __launch_bounds__(Threads) adam_update_kernel(update_launch<Stat
   constexpr std::int64_t divisor_block = Block > 0 ? Block : 1;
   if (!batch.control->applied) return;  // the finalisation refused the step: touch nothing (the whole grid)
   constexpr int entries = traits::quantized ? launch_tables<State>::entries : 1;
+  // 8-bit codes come from the maps' buckets (dynamic_code_bucketed: traits::m_code / v_code's codes in two
+  // probes each), staged in shared memory; 4-bit ones from searching the 16-entry tables.
+  constexpr bool bucketed = traits::quantized && traits::bits == 8;
+  constexpr int m_buckets = bucketed ? static_cast<int>(int8_m_buckets_host.bucket_count) : 4;
+  constexpr int v_buckets = bucketed ? static_cast<int>(int8_v_buckets_host.bucket_count) : 4;
+  constexpr int thresholds = bucketed ? 257 : 1;
   __shared__ float m_table[entries], v_table[entries];
+  __shared__ float m_thresholds[thresholds], v_thresholds[thresholds];
+  __shared__ std::uint32_t m_low[m_buckets / 4 + 1], v_low[v_buckets / 4 + 1];  // bytes, staged as words
   __shared__ float warp_max[2][Threads / 32];
   if constexpr (traits::quantized) {
     for (int i = static_cast<int>(threadIdx.x); i < entries; i += Threads) {
       m_table[i] = batch.tables.m[i];
       v_table[i] = batch.tables.v[i];
     }
+    if constexpr (bucketed) {
+      for (int i = static_cast<int>(threadIdx.x); i < thresholds; i += Threads) {
+        m_thresholds[i] = int8_m_buckets.thresholds[i];
+        v_thresholds[i] = int8_v_buckets.thresholds[i];
+      }
+      const auto* m_words = reinterpret_cast<const std::uint32_t*>(int8_m_buckets.low_code);
+      const auto* v_words = reinterpret_cast<const std::uint32_t*>(int8_v_buckets.low_code);
+      for (int i = static_cast<int>(threadIdx.x); i <= m_buckets / 4; i += Threads) m_low[i] = m_words[i];
+      for (int i = static_cast<int>(threadIdx.x); i <= v_buckets / 4; i += Threads) v_low[i] = v_words[i];
+    }
     __syncthreads();
   }
+  auto m_code_of = [&]([[maybe_unused]] float x) -> unsigned {
+    if constexpr (bucketed)
+      return dynamic_code_bucketed(m_thresholds, reinterpret_cast<const std::uint8_t*>(m_low), int8_m_buckets_host.first_key,
+                                   int8_m_buckets_host.positive, x);
+    else if constexpr (traits::quantized) return traits::m_code(m_table, x);
+    else return 0u;  // plain moments are not coded
+  };
+  auto v_code_of = [&]([[maybe_unused]] float x) -> unsigned {
+    if constexpr (bucketed)
+      return dynamic_code_bucketed(v_thresholds, reinterpret_cast<const std::uint8_t*>(v_low), int8_v_buckets_host.first_key,
+                                   int8_v_buckets_host.positive, x);
+    else if constexpr (traits::quantized) return traits::v_code(v_table, x);
+    else return 0u;  // plain moments are not coded
+  };
   const int lane = static_cast<int>(threadIdx.x) % L;
   const std::int64_t unit = static_cast<std::int64_t>(blockIdx.x) * geometry::units_per_block + threadIdx.x / L;
   int t = 0;
@@ -591,8 +634,8 @@ __global__ void __launch_bounds__(Threads) adam_update_kernel(update_launch<Stat
         unsigned m_code[V], v_code[V];
 #pragma unroll
         for (int k = 0; k < V; ++k) {
-          m_code[k] = traits::m_code(m_table, mul_rn(m[k], m_inverse));
-          v_code[k] = traits::v_code(v_table, mul_rn(v[k], v_inverse));
+          m_code[k] = m_code_of(mul_rn(m[k], m_inverse));
+          v_code[k] = v_code_of(mul_rn(v[k], v_inverse));
         }
         store_codes<traits::bits, V>(m_out, begin + e0, m_code);
         store_codes<traits::bits, V>(v_out, begin + e0, v_code);
@@ -600,18 +643,18 @@ __global__ void __launch_bounds__(Threads) adam_update_kernel(update_launch<Stat
 #pragma unroll
         for (int k = 0; k < V; ++k)
           if (e0 + k < count) {
-            m_out[begin + e0 + k] = static_cast<std::uint8_t>(traits::m_code(m_table, mul_rn(m[k], m_inverse)));
-            v_out[begin + e0 + k] = static_cast<std::uint8_t>(traits::v_code(v_table, mul_rn(v[k], v_inverse)));
+            m_out[begin + e0 + k] = static_cast<std::uint8_t>(m_code_of(mul_rn(m[k], m_inverse)));
+            v_out[begin + e0 + k] = static_cast<std::uint8_t>(v_code_of(mul_rn(v[k], v_inverse)));
           }
       } else {
 #pragma unroll
         for (int k = 0; k < V; k += 2) {
           const std::int64_t e = e0 + k;
           if (e >= count) continue;
-          const unsigned m_hi = traits::m_code(m_table, mul_rn(m[k], m_inverse));
-          const unsigned v_hi = traits::v_code(v_table, mul_rn(v[k], v_inverse));
-          const unsigned m_lo = e + 1 < count ? traits::m_code(m_table, mul_rn(m[k + 1], m_inverse)) : 0u;
-          const unsigned v_lo = e + 1 < count ? traits::v_code(v_table, mul_rn(v[k + 1], v_inverse)) : 0u;
+          const unsigned m_hi = m_code_of(mul_rn(m[k], m_inverse));
+          const unsigned v_hi = v_code_of(mul_rn(v[k], v_inverse));
+          const unsigned m_lo = e + 1 < count ? m_code_of(mul_rn(m[k + 1], m_inverse)) : 0u;
+          const unsigned v_lo = e + 1 < count ? v_code_of(mul_rn(v[k + 1], v_inverse)) : 0u;
           m_out[(begin + e) / 2] = static_cast<std::uint8_t>((m_hi << 4) | m_lo);
           v_out[(begin + e) / 2] = static_cast<std::uint8_t>((v_hi << 4) | v_lo);
         }

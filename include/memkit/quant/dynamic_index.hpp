@@ -11,6 +11,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -48,6 +49,92 @@ MEMKIT_HOST_DEVICE MEMKIT_FORCEINLINE unsigned dynamic_code(const float* map, fl
 
   for (unsigned step = 64; step > 0; step >>= 1) below += map[2 * (below + step) - 1] < x ? step : 0u;
   return finish_dynamic_code(map, 2 * below, x);
+}
+
+// Threshold k (k = 0..254) separates codes k and k + 1 of quant::nearest_dynamic: the float midpoint of
+// the two entries, or for odd k (an exact tie goes up, to the even code k + 1) the float just below it.
+// The code of x is the number of thresholds below it (NaN exceeds none: code 0).
+MEMKIT_HOST_DEVICE constexpr float dynamic_threshold(const float* map, unsigned k) noexcept {
+  const float middle = (map[k + 1] + map[k]) * 0.5f;  // nearest_dynamic's midpoint
+  if (k % 2 == 0) return middle;
+  const std::uint32_t bits = bit_cast<std::uint32_t>(middle);  // the next float towards -Inf
+  return bit_cast<float>((bits & 0x7fffffffu) == 0 ? 0x80000001u : (bits >> 31) ? bits + 1 : bits - 1);
+}
+
+// The same code in two loads and two compares, for the 8-bit Adam update on CUDA. A binary search there
+// made the update issue-bound (eight dependent levels per moment: 228 instructions per parameter against
+// the fp32 update's 71, ncu on an H200); dynamic_code's probes of the sorted map also collide in one
+// shared-memory bank for its first four steps. Buckets are keyed by the top bits of |x| (exponent and 6
+// mantissa bits) and the sign; each holds the code of its lowest value and at most two thresholds
+// (checked when built), so
+//   code = low + (x > t[low]) + (x > t[low + 1])
+// over the sorted thresholds t (dynamic_threshold, then +Inf). Magnitudes below the bucket of the
+// smallest threshold share the first bucket, larger than 1 the last. NaN takes code 0.
+// tests/host/adam_codes_test.cpp checks it against quant::nearest_dynamic.
+struct dynamic_code_buckets {
+  static constexpr int shift = 17;             // magnitude bits >> 17: exponent and 6 mantissa bits
+  static constexpr int capacity = 4096;        // buckets of both signs
+  static constexpr std::uint32_t last_key = 0x3f800000u >> shift;  // 1.0's
+  std::uint32_t first_key = 0;
+  std::uint32_t positive = 0;                  // buckets per sign: keys first_key..last_key
+  float thresholds[257] = {};
+  std::uint8_t low_code[capacity] = {};        // positive buckets, then negative ones
+  std::uint32_t bucket_count = 0;              // 2 * positive
+};
+
+// Where x (not NaN) falls: its clamped magnitude key, past the positive buckets if x is negative.
+MEMKIT_HOST_DEVICE MEMKIT_FORCEINLINE std::uint32_t dynamic_bucket_of(std::uint32_t bits, std::uint32_t first_key,
+                                                                      std::uint32_t positive) noexcept {
+  const std::uint32_t key = (bits & 0x7fffffffu) >> dynamic_code_buckets::shift;
+  const std::uint32_t last = dynamic_code_buckets::last_key;
+  const std::uint32_t clamped = key < first_key ? first_key : key > last ? last : key;
+  return clamped - first_key + ((bits >> 31) ? positive : 0u);
+}
+
+MEMKIT_HOST_DEVICE MEMKIT_FORCEINLINE unsigned dynamic_code_bucketed(const float* thresholds, const std::uint8_t* low_code,
+                                                                     std::uint32_t first_key, std::uint32_t positive,
+                                                                     float x) noexcept {
+  const unsigned low = low_code[dynamic_bucket_of(bit_cast<std::uint32_t>(x), first_key, positive)];
+  const unsigned code = low + static_cast<unsigned>(x > thresholds[low]) + static_cast<unsigned>(x > thresholds[low + 1]);
+  return x == x ? code : 0u;
+}
+
+// Builds the buckets of a sorted 256-entry map; throws (at compile time: not a constant expression) if a
+// bucket would hold more than two thresholds or the map does not fit.
+constexpr dynamic_code_buckets make_dynamic_code_buckets(const std::array<float, 256>& map) {
+  dynamic_code_buckets b;
+  float smallest = 1.0f;
+  for (unsigned k = 0; k < 255; ++k) {
+    b.thresholds[k] = dynamic_threshold(map.data(), k);
+    const float magnitude = b.thresholds[k] < 0.0f ? -b.thresholds[k] : b.thresholds[k];
+    if (magnitude != 0.0f && magnitude < smallest) smallest = magnitude;
+    if (k > 0 && !(b.thresholds[k - 1] <= b.thresholds[k])) throw error("memkit: dynamic map thresholds out of order");
+  }
+  b.thresholds[255] = b.thresholds[256] = std::numeric_limits<float>::infinity();
+  b.first_key = (bit_cast<std::uint32_t>(smallest) >> dynamic_code_buckets::shift) - 1;
+  b.positive = dynamic_code_buckets::last_key - b.first_key + 1;
+  b.bucket_count = 2 * b.positive;
+  if (b.bucket_count > static_cast<std::uint32_t>(dynamic_code_buckets::capacity))
+    throw error("memkit: dynamic map too wide for its buckets");
+  constexpr float infinity = std::numeric_limits<float>::infinity();
+  // In increasing x: the negative buckets from the largest magnitude down, then the positive ones up; the
+  // count of thresholds below a bucket's lowest x only grows.
+  unsigned low = 0;
+  for (std::uint32_t step = 0; step < b.bucket_count; ++step) {
+    const std::uint32_t bucket = step < b.positive ? b.bucket_count - 1 - step : step - b.positive;
+    const bool negative = bucket >= b.positive;
+    const std::uint32_t key = b.first_key + (negative ? bucket - b.positive : bucket);
+    // The magnitudes the bucket serves, clamped ends included, and so its lowest and highest x.
+    const float small = key == b.first_key ? 0.0f : bit_cast<float>(key << dynamic_code_buckets::shift);
+    const float large = key == dynamic_code_buckets::last_key ? infinity
+                                                              : bit_cast<float>(((key + 1) << dynamic_code_buckets::shift) - 1);
+    const float lowest = negative ? -large : small, highest = negative ? -small : large;
+    while (low < 255 && b.thresholds[low] < lowest) ++low;
+    if (!(b.thresholds[low + 2 < 256 ? low + 2 : 256] >= highest))  // a third threshold inside the bucket
+      throw error("memkit: a dynamic map bucket holds more than two thresholds");
+    b.low_code[bucket] = static_cast<std::uint8_t>(low);
+  }
+  return b;
 }
 
 // Host-only acceleration. quant::nearest_dynamic amounts to: the nearest entry by the float midpoints
@@ -128,8 +215,7 @@ inline dynamic_code_index build_dynamic_code_index(const float* map) {
     index.buckets[slot] = bucket;
   }
   float thresholds[256];
-  for (unsigned c = 0; c < 255; ++c)
-    thresholds[c] = c % 2 ? std::nextafter(midpoint(c), -std::numeric_limits<float>::infinity()) : midpoint(c);
+  for (unsigned c = 0; c < 255; ++c) thresholds[c] = dynamic_threshold(map, c);
   thresholds[255] = std::numeric_limits<float>::infinity();
   for (unsigned c = 0; c + 1 < 256; ++c)
     if (!(thresholds[c] <= thresholds[c + 1])) throw error("memkit: dynamic map thresholds out of order");
