@@ -568,3 +568,38 @@ TEST_CASE("adam: loading an image of another format, block size, map, version or
   target.load(host, good);
   CHECK(adam_test::snapshot(target) == adam_test::snapshot(s256));
 }
+
+// The finalisation's chain adds without a test per sum and searches for the first non-finite one only once
+// the total is non-finite; the total and the index must be what a test per sum gives, split into ranges at
+// any point (the device adds one shared-memory tile at a time).
+TEST_CASE("adam: the chunk-sum chain gives the total and the first non-finite chunk of a test per sum") {
+  constexpr double inf = std::numeric_limits<double>::infinity(), nan = std::numeric_limits<double>::quiet_NaN();
+  std::vector<double> sums(1000);
+  for (std::size_t i = 0; i < sums.size(); ++i) sums[i] = 1e30 * static_cast<double>((i * 7919) % 1013) + 0.1 * static_cast<double>(i);
+  auto reference = [](const std::vector<double>& s, double& total, std::int64_t& first_bad) {
+    total = 0.0;
+    first_bad = -1;
+    for (std::size_t c = 0; c < s.size(); ++c) {
+      if (first_bad < 0 && !std::isfinite(s[c])) first_bad = static_cast<std::int64_t>(c);
+      total = memkit::detail::dadd_rn(total, s[c]);
+    }
+  };
+  for (std::vector<std::size_t> bad : {std::vector<std::size_t>{}, {0}, {5}, {8}, {999}, {300, 17}, {511, 512}}) {
+    for (double poison : {nan, inf}) {
+      std::vector<double> s = sums;
+      for (std::size_t b : bad) s[b] = poison;
+      double expected_total;
+      std::int64_t expected_bad;
+      reference(s, expected_total, expected_bad);
+      for (std::int64_t tile : {std::int64_t{1000}, std::int64_t{512}, std::int64_t{7}}) {
+        CAPTURE(tile);
+        double total = 0.0;
+        std::int64_t first_bad = -1;
+        for (std::int64_t first = 0; first < 1000; first += tile)
+          memkit::detail::add_chunk_sums(s.data() + first, std::min<std::int64_t>(tile, 1000 - first), first, total, first_bad);
+        CHECK(first_bad == expected_bad);
+        CHECK(std::memcmp(&total, &expected_total, sizeof total) == 0);
+      }
+    }
+  }
+}

@@ -211,13 +211,25 @@ MEMKIT_HOST_DEVICE inline double tree_sum(double* lanes) noexcept {
 }
 
 // Adds chunk sums [first, first + count) to `total` in index order (the one order host and device share),
-// noting the first that is not finite.
+// noting the first that is not finite. The sums are of squares (>= 0, or NaN / +Inf), and finite ones
+// cannot overflow a double (at most 2^63 chunks of 4096 values below 2^128 squared), so the total turns
+// non-finite exactly where a non-finite sum is added: the chain itself has no test in it, and only then
+// is the range searched. A test per element kept the device's single adding thread from loading ahead:
+// 445 us for 18,320 sums on an H200, a quarter of a 75M-parameter step.
 MEMKIT_HOST_DEVICE MEMKIT_FORCEINLINE void add_chunk_sums(const double* sums, std::int64_t count, std::int64_t first,
                                                           double& total, std::int64_t& first_bad) noexcept {
-  for (std::int64_t c = 0; c < count; ++c) {
-    if (first_bad < 0 && !is_finite(sums[c])) first_bad = first + c;
-    total = dadd_rn(total, sums[c]);
+  constexpr int ahead = 8;  // loads issued before their adds
+  std::int64_t c = 0;
+  for (; c + ahead <= count; c += ahead) {
+    double next[ahead];
+    for (int k = 0; k < ahead; ++k) next[k] = sums[c + k];
+    for (int k = 0; k < ahead; ++k) total = dadd_rn(total, next[k]);
   }
+  for (; c < count; ++c) total = dadd_rn(total, sums[c]);
+  if (first_bad >= 0 || is_finite(total)) return;
+  c = 0;
+  while (c < count && is_finite(sums[c])) ++c;
+  first_bad = first + c;  // c < count: a sum of this range turned the total non-finite
 }
 
 // Turns the total of the chunk sums of squares into the step's decision: apply or skip, the clipping
