@@ -39,12 +39,12 @@ template __global__ void dequantize_kernel<format::int8, float>(const std::uint8
 template __global__ void dequantize_kernel<format::nf4, bf16>(const std::uint8_t*, block_scales, std::int64_t,
                                                               std::int64_t, std::int64_t, bf16*, code_table<256>,
                                                               code_table<256>);
-template __global__ void dequantize_vector_kernel<format::nf4, bf16>(const std::uint8_t*, block_scales, std::int64_t,
-                                                                     std::int64_t, std::int64_t, bf16*, code_table<256>,
-                                                                     code_table<256>);
-template __global__ void dequantize_vector_kernel<format::int8, float>(const std::uint8_t*, block_scales, std::int64_t,
-                                                                      std::int64_t, std::int64_t, float*,
-                                                                      code_table<256>, code_table<256>);
+template __global__ void dequantize_vector_kernel<format::nf4, bf16, dequantize_unroll_plain>(
+    const std::uint8_t*, block_scales, std::int64_t, std::int64_t, std::int64_t, bf16*, code_table<256>, code_table<256>);
+template __global__ void dequantize_vector_kernel<format::nf4, bf16, dequantize_unroll_nested>(
+    const std::uint8_t*, block_scales, std::int64_t, std::int64_t, std::int64_t, bf16*, code_table<256>, code_table<256>);
+template __global__ void dequantize_vector_kernel<format::int8, float, dequantize_unroll_plain>(
+    const std::uint8_t*, block_scales, std::int64_t, std::int64_t, std::int64_t, float*, code_table<256>, code_table<256>);
 template __global__ void fused_gemv_kernel<format::nf4, bf16, device_fused_rows>(
     const bf16*, const std::uint8_t*, block_scales, std::int64_t, std::int64_t, std::int64_t, std::int64_t, bf16*,
     code_table<256>, code_table<256>);

@@ -457,9 +457,11 @@ static_assert(&adam_state_traits<std::int8_t>::tables().m == &int8_maps.m && int
 // shuffle reduction within the group of lanes; across warps through shared memory for blocks > 256
 // elements), requantize. Every element goes through adamw_update and the state's code functions, as on the
 // host. No thread returns before the last barrier or shuffle: a block of threads may hold units of several
-// tensors, quantized and plain.
+// tensors, quantized and plain. At least 2 blocks per SM, so up to 128 registers: with the 8-bit buckets'
+// shared memory and no such bound, ptxas held the 8-bit bf16 update to 80 registers and spilled (the SASS
+// check caught it); the other flavours keep their occupancy (tests/sass/sass_check.py's table).
 template <class State, int Block, int Threads, float_storage P, float_storage G>
-__global__ void __launch_bounds__(Threads) adam_update_kernel(update_launch<State> batch) {
+__global__ void __launch_bounds__(Threads, 2) adam_update_kernel(update_launch<State> batch) {
   using traits = adam_state_traits<State>;
   using geometry = update_geometry<State, Block>;
   static_assert(Threads == geometry::threads);
