@@ -34,13 +34,19 @@ __global__ void fill_normalish(memkit::bf16* out, std::int64_t n) {
   }
 }
 
+// kValues filled bf16 values in device memory, what the quantize / dequantize rows start from.
+memkit::buffer<memkit::bf16> filled_values(memkit::device_resource& device) {
+  memkit::buffer<memkit::bf16> values(device, {kValues});
+  fill_normalish<<<1024, 256>>>(values.data(), kValues);
+  MEMKIT_CUDA_CHECK(cudaGetLastError());
+  return values;
+}
+
 template <q::format F>
 void BM_cuda_quantize(benchmark::State& state) {
   memkit::device_resource device;
   const memkit::cuda_executor gpu = memkit::cuda_executor::legacy_default_stream();
-  memkit::buffer<memkit::bf16> input(device, {kValues});
-  fill_normalish<<<1024, 256>>>(input.data(), kValues);
-  MEMKIT_CUDA_CHECK(cudaGetLastError());
+  memkit::buffer<memkit::bf16> input = filled_values(device);
   memkit::buffer<std::uint8_t> codes(device, {q::code_bytes(F, kValues)});
   memkit::buffer<float> absmax(device, {q::block_count(kValues, kBlock)});
   const double bytes = static_cast<double>(input.bytes() + codes.bytes() + absmax.bytes());
@@ -51,9 +57,7 @@ template <q::format F>
 void BM_cuda_dequantize(benchmark::State& state) {
   memkit::device_resource device;
   const memkit::cuda_executor gpu = memkit::cuda_executor::legacy_default_stream();
-  memkit::buffer<memkit::bf16> values(device, {kValues});
-  fill_normalish<<<1024, 256>>>(values.data(), kValues);
-  MEMKIT_CUDA_CHECK(cudaGetLastError());
+  memkit::buffer<memkit::bf16> values = filled_values(device);
   memkit::buffer<std::uint8_t> codes(device, {q::code_bytes(F, kValues)});
   memkit::buffer<float> absmax(device, {q::block_count(kValues, kBlock)});
   q::quantize_blockwise(gpu, F, values.view(), kBlock, codes.view(), absmax.view());
@@ -70,9 +74,7 @@ void BM_cuda_dequantize(benchmark::State& state) {
 void BM_cuda_dequantize_nf4_double_quant(benchmark::State& state) {
   memkit::device_resource device;
   const memkit::cuda_executor gpu = memkit::cuda_executor::legacy_default_stream();
-  memkit::buffer<memkit::bf16> values(device, {kValues});
-  fill_normalish<<<1024, 256>>>(values.data(), kValues);
-  MEMKIT_CUDA_CHECK(cudaGetLastError());
+  memkit::buffer<memkit::bf16> values = filled_values(device);
   const auto w = q::quantized_tensor<q::NF4>::quantize(gpu, memkit::tensor_view<const memkit::bf16>(values.view()),
                                                        {kBlock, true}, device);
   const double bytes = static_cast<double>(values.bytes() + w.bytes());
