@@ -61,6 +61,16 @@ MEMKIT_HOST_DEVICE constexpr float dynamic_threshold(const float* map, unsigned 
   return bit_cast<float>((bits & 0x7fffffffu) == 0 ? 0x80000001u : (bits >> 31) ? bits + 1 : bits - 1);
 }
 
+// The 255 thresholds of a sorted map in order, then +Inf up to `count` entries (count > 255); throws if they
+// are out of order (a NaN entry included). The host index and the CUDA buckets both search these.
+constexpr void sorted_dynamic_thresholds(const float* map, float* thresholds, unsigned count) {
+  for (unsigned k = 0; k < 255; ++k) {
+    thresholds[k] = dynamic_threshold(map, k);
+    if (k > 0 && !(thresholds[k - 1] <= thresholds[k])) throw error("memkit: dynamic map thresholds out of order");
+  }
+  for (unsigned k = 255; k < count; ++k) thresholds[k] = std::numeric_limits<float>::infinity();
+}
+
 // The same code in two loads and two compares, for the 8-bit Adam update on CUDA. A binary search there
 // made the update issue-bound (eight dependent levels per moment: 228 instructions per parameter against
 // the fp32 update's 71, ncu on an H200); dynamic_code's probes of the sorted map also collide in one
@@ -103,14 +113,12 @@ MEMKIT_HOST_DEVICE MEMKIT_FORCEINLINE unsigned dynamic_code_bucketed(const float
 // bucket would hold more than two thresholds or the map does not fit.
 constexpr dynamic_code_buckets make_dynamic_code_buckets(const std::array<float, 256>& map) {
   dynamic_code_buckets b;
+  sorted_dynamic_thresholds(map.data(), b.thresholds, 257);
   float smallest = 1.0f;
   for (unsigned k = 0; k < 255; ++k) {
-    b.thresholds[k] = dynamic_threshold(map.data(), k);
     const float magnitude = b.thresholds[k] < 0.0f ? -b.thresholds[k] : b.thresholds[k];
     if (magnitude != 0.0f && magnitude < smallest) smallest = magnitude;
-    if (k > 0 && !(b.thresholds[k - 1] <= b.thresholds[k])) throw error("memkit: dynamic map thresholds out of order");
   }
-  b.thresholds[255] = b.thresholds[256] = std::numeric_limits<float>::infinity();
   b.first_key = (bit_cast<std::uint32_t>(smallest) >> dynamic_code_buckets::shift) - 1;
   b.positive = dynamic_code_buckets::last_key - b.first_key + 1;
   b.bucket_count = 2 * b.positive;
@@ -215,10 +223,7 @@ inline dynamic_code_index build_dynamic_code_index(const float* map) {
     index.buckets[slot] = bucket;
   }
   float thresholds[256];
-  for (unsigned c = 0; c < 255; ++c) thresholds[c] = dynamic_threshold(map, c);
-  thresholds[255] = std::numeric_limits<float>::infinity();
-  for (unsigned c = 0; c + 1 < 256; ++c)
-    if (!(thresholds[c] <= thresholds[c + 1])) throw error("memkit: dynamic map thresholds out of order");
+  sorted_dynamic_thresholds(map, thresholds, 256);
   index.search_middle = thresholds[127];
   index.search_tables.assign(288, std::numeric_limits<float>::infinity());
   const unsigned offsets[7] = {0, 16, 32, 48, 64, 96, 160};
