@@ -26,7 +26,7 @@ declare -A package_probe=(
   [libbenchmark-dev]=/usr/include/benchmark/benchmark.h
   [libopenblas-dev]=/usr/include/x86_64-linux-gnu/openblas-pthread/cblas.h  # GEMM baseline and the MEMKIT_USE_CBLAS test
   [openmpi-bin]=/usr/bin/mpirun.openmpi                                    # runs the sharded optimizer tests (tests/mpi)
-  [libopenmpi-dev]=/usr/lib/x86_64-linux-gnu/openmpi/include/mpi.h          # dist/mpi_communicator.hpp
+  [libopenmpi-dev]=/usr/lib/x86_64-linux-gnu/openmpi/include/mpi.h          # distributed/mpi_communicator.hpp
   [clang-14]=/usr/bin/clang++-14                                            # the clang -Werror and sanitizer checks
   [libclang-rt-14-dev]=/usr/lib/llvm-14/lib/clang/14.0.6/lib/linux/libclang_rt.asan-x86_64.a  # ASan, UBSan, TSan, libFuzzer
 )

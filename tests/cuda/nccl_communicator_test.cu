@@ -1,8 +1,8 @@
-// dist::nccl_communicator on one GPU as a 1-rank communicator (suite "gpu"), and the communicator
+// distributed::nccl_communicator on one GPU as a 1-rank communicator (suite "gpu"), and the communicator
 // concept under nvcc. Built wherever <nccl.h> is; the NCCL case is compiled in only when CMake found
 // libnccl (MEMKIT_TEST_WITH_NCCL), otherwise CTest lists memkit.nccl as Skipped with the reason.
-#include <memkit/dist/communicator.hpp>
-#include <memkit/dist/nccl_communicator.hpp>
+#include <memkit/distributed/communicator.hpp>
+#include <memkit/distributed/nccl_communicator.hpp>
 #include <memkit/memory/buffer.hpp>
 #include <memkit/memory/resource.hpp>
 
@@ -11,9 +11,9 @@
 
 #include "support/gpu_test.hpp"
 
-static_assert(memkit::dist::communicator<memkit::dist::single_communicator, memkit::cuda_executor>);
+static_assert(memkit::distributed::communicator<memkit::distributed::single_communicator, memkit::cuda_executor>);
 #if MEMKIT_HAS_NCCL
-static_assert(memkit::dist::communicator<memkit::dist::nccl_communicator, memkit::cuda_executor>);
+static_assert(memkit::distributed::communicator<memkit::distributed::nccl_communicator, memkit::cuda_executor>);
 #endif
 
 #if MEMKIT_HAS_NCCL && defined(MEMKIT_TEST_WITH_NCCL)
@@ -38,7 +38,7 @@ MEMKIT_GPU_TEST_CASE("gpu: nccl_communicator on one rank: all_reduce, reduce_sca
   cudaStream_t stream;
   MEMKIT_CUDA_CHECK(cudaStreamCreate(&stream));
   {
-    const memkit::dist::nccl_communicator nccl(comm);
+    const memkit::distributed::nccl_communicator nccl(comm);
     CHECK(nccl.rank() == 0);
     CHECK(nccl.size() == 1);
     const memkit::cuda_executor exec{device, stream};

@@ -1,9 +1,9 @@
-// dist::sharded_adam_state on a CUDA device (suite "gpu"): one rank, through single_communicator and,
+// distributed::sharded_adam_state on a CUDA device (suite "gpu"): one rank, through single_communicator and,
 // when libnccl is linked, through a 1-rank nccl_communicator; parameters bit-identical to adam_state on
 // the host after several steps (a NaN step included), for every flavour.
-#include <memkit/dist/communicator.hpp>
-#include <memkit/dist/nccl_communicator.hpp>
-#include <memkit/dist/sharded_adam_state.hpp>
+#include <memkit/distributed/communicator.hpp>
+#include <memkit/distributed/nccl_communicator.hpp>
+#include <memkit/distributed/sharded_adam_state.hpp>
 #include <memkit/memory/buffer.hpp>
 #include <memkit/memory/resource.hpp>
 #include <memkit/optim/adam_state.hpp>
@@ -21,7 +21,7 @@ namespace {
 
 template <class State, int Block, class C>
 int device_mismatches(const C& comm, const memkit::cuda_executor& exec) {
-  using S = memkit::dist::sharded_adam_state<State, Block>;
+  using S = memkit::distributed::sharded_adam_state<State, Block>;
   const auto& sizes = sharded_test::sizes;
   memkit::adam_options options;
   options.max_grad_norm = 0.02f;
@@ -37,7 +37,7 @@ int device_mismatches(const C& comm, const memkit::cuda_executor& exec) {
     }
   memkit::buffer<float> d_params(device, memkit::shape{state.flat_size()}), d_grads(device, memkit::shape{state.flat_size()});
   MEMKIT_CUDA_CHECK(cudaMemcpyAsync(d_params.data(), flat.data(), d_params.bytes(), cudaMemcpyHostToDevice, exec.stream));
-  const memkit::dist::sharded_step_options step_options{.tensor_groups = sharded_test::tensor_groups};
+  const memkit::distributed::sharded_step_options step_options{.tensor_groups = sharded_test::tensor_groups};
   for (int s = 0; s < 5; ++s) {
     std::fill(grads.begin(), grads.end(), 0.0f);
     std::vector<memkit::adam_param<float, float>> params;
@@ -82,12 +82,12 @@ MEMKIT_GPU_TEST_CASE("gpu: sharded_adam_state on the device (one rank) steps bit
   cudaStream_t stream;
   MEMKIT_CUDA_CHECK(cudaStreamCreate(&stream));
   const memkit::cuda_executor exec{0, stream};
-  every_flavour(memkit::dist::single_communicator{}, exec);
+  every_flavour(memkit::distributed::single_communicator{}, exec);
 #if MEMKIT_HAS_NCCL && defined(MEMKIT_TEST_WITH_NCCL)
   int device = 0;
   ncclComm_t comm = nullptr;
   REQUIRE(ncclCommInitAll(&comm, 1, &device) == ncclSuccess);
-  every_flavour(memkit::dist::nccl_communicator(comm), exec);
+  every_flavour(memkit::distributed::nccl_communicator(comm), exec);
   CHECK(ncclCommDestroy(comm) == ncclSuccess);
 #endif
   MEMKIT_CUDA_CHECK(cudaStreamDestroy(stream));

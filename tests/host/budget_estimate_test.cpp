@@ -270,9 +270,9 @@ TEST_CASE("budget: ZeRO sharding and CPU offload") {
   sharded.gpus = 4;
   sharded.zero_stage = 1;
   const memory_estimate z1 = estimate_memory(m, sharded);
-  // ZeRO 1/2 with Adam: the most loaded rank of dist::sharded_adam_state, within 0.1% of a quarter.
+  // ZeRO 1/2 with Adam: the most loaded rank of distributed::sharded_adam_state, within 0.1% of a quarter.
   const auto sizes = memkit::budget::detail::trainable_tensor_sizes(m, sharded);
-  CHECK(z1.phases[2][category::optimizer_state] == memkit::dist::sharded_adam_state<float>::max_bytes_per_rank(sizes, 4));
+  CHECK(z1.phases[2][category::optimizer_state] == memkit::distributed::sharded_adam_state<float>::max_bytes_per_rank(sizes, 4));
   CHECK(z1.phases[2][category::optimizer_state] >= ceil_div(single.phases[2][category::optimizer_state], 4));
   CHECK(z1.phases[2][category::optimizer_state] <= ceil_div(single.phases[2][category::optimizer_state], 4) * 1001 / 1000);
   static_assert(estimate_memory(presets::llama_2_7b, {.optimizer = optimizer_kind::adamw_8bit, .gpus = 8, .zero_stage = 2})

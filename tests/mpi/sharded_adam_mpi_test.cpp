@@ -1,9 +1,9 @@
-// dist::sharded_adam_state over MPI (run by CTest with mpirun -np 2 and -np 3): stages 1 and 2 of every
+// distributed::sharded_adam_state over MPI (run by CTest with mpirun -np 2 and -np 3): stages 1 and 2 of every
 // flavour bit-identical to one adam_state, the same skip on every rank, re-sharding N -> M on load,
 // and the per-rank memory measured by a tracker.
 #include <doctest/doctest.h>
-#include <memkit/dist/mpi_communicator.hpp>
-#include <memkit/dist/sharded_adam_state.hpp>
+#include <memkit/distributed/mpi_communicator.hpp>
+#include <memkit/distributed/sharded_adam_state.hpp>
 #include <memkit/memory/tracking.hpp>
 #include <mpi.h>
 #include <unistd.h>
@@ -21,8 +21,8 @@
 using memkit::bf16;
 using memkit::four_bit;
 using memkit::host;
-using memkit::dist::mpi_communicator;
-using memkit::dist::sharded_adam_state;
+using memkit::distributed::mpi_communicator;
+using memkit::distributed::sharded_adam_state;
 
 namespace {
 
@@ -126,7 +126,7 @@ void check_resharding(int old_ranks, int new_ranks) {
     for (std::size_t i = 0; i < sizes.size(); ++i)
       std::copy(ref_params[i].begin(), ref_params[i].end(), flat.begin() + state.flat_offset(i));
     std::vector<float> grads(flat.size()), shard(static_cast<std::size_t>(state.shard_size()));
-    const memkit::dist::sharded_step_options step_options{sharded_test::tensor_groups, 1.0f / static_cast<float>(old_ranks)};
+    const memkit::distributed::sharded_step_options step_options{sharded_test::tensor_groups, 1.0f / static_cast<float>(old_ranks)};
     for (int s = 0; s < steps; ++s) {
       fill_gradients(state, grads, s);
       state.reduce_scatter_gradients(host, comm, memkit::host_view(std::as_const(grads)), memkit::host_view(shard));
@@ -138,7 +138,7 @@ void check_resharding(int old_ranks, int new_ranks) {
     MPI_Comm_free(&old_comm);
   }
   for (int s = 0; s < steps; ++s) reference_step(s, old_ranks);
-  if (!flat.empty()) compare(S(host, memkit::dist::single_communicator{}, memkit::default_host_resource(), sizes), flat);
+  if (!flat.empty()) compare(S(host, memkit::distributed::single_communicator{}, memkit::default_host_resource(), sizes), flat);
   MPI_Barrier(MPI_COMM_WORLD);
 
   // Phase 2: the first new_ranks ranks load every old image and go on.
@@ -160,7 +160,7 @@ void check_resharding(int old_ranks, int new_ranks) {
     if (comm.rank() == 0) std::copy(flat.begin(), flat.begin() + std::min(flat.size(), params.size()), params.begin());
     comm.broadcast(host, params.data(), state.flat_size(), 0);
     std::vector<float> grads(params.size());
-    const memkit::dist::sharded_step_options step_options{sharded_test::tensor_groups, 1.0f / static_cast<float>(new_ranks)};
+    const memkit::distributed::sharded_step_options step_options{sharded_test::tensor_groups, 1.0f / static_cast<float>(new_ranks)};
     for (int s = steps; s < 2 * steps; ++s) {
       fill_gradients(state, grads, s);
       state.step_full_gradients(host, comm, memkit::host_view(params), memkit::host_view(grads), sharded_test::groups,
@@ -169,7 +169,7 @@ void check_resharding(int old_ranks, int new_ranks) {
     }
     compare(state, params);
     int moment_mismatches = 0;
-    for (const memkit::dist::shard_piece& p : state.pieces()) {
+    for (const memkit::distributed::shard_piece& p : state.pieces()) {
       std::vector<float> m, v, ref_m, ref_v;
       state.read_moments(host, static_cast<std::size_t>(p.tensor), m, v);
       reference.read_moments(host, static_cast<std::size_t>(p.tensor), ref_m, ref_v);

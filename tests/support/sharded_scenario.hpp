@@ -1,4 +1,4 @@
-// A training run of dist::sharded_adam_state against one adam_state, for any communicator: the host
+// A training run of distributed::sharded_adam_state against one adam_state, for any communicator: the host
 // suite runs it on one rank (single_communicator), tests/mpi on 2 and 3 MPI ranks. Every rank runs the
 // unsharded reference itself on the summed gradients and compares bit for bit.
 //
@@ -6,8 +6,8 @@
 // any order: the reference does not depend on the order the communicator adds in.
 #pragma once
 
-#include <memkit/dist/communicator.hpp>
-#include <memkit/dist/sharded_adam_state.hpp>
+#include <memkit/distributed/communicator.hpp>
+#include <memkit/distributed/sharded_adam_state.hpp>
 #include <memkit/optim/adam_state.hpp>
 
 #include <cmath>
@@ -55,7 +55,7 @@ bool same_bits(const T& a, const T& b) {
 // weights (16-bit P), and a NaN gradient injected by the last rank at step `nan_step` (-1: none).
 template <class State, int Block, class P, class C>
 outcome run(const C& comm, int stage, int steps, bool with_master, int nan_step, memkit::adam_options options = {}) {
-  using sharded = memkit::dist::sharded_adam_state<State, Block>;
+  using sharded = memkit::distributed::sharded_adam_state<State, Block>;
   using reference_state = memkit::adam_state<State, Block>;
   const int N = comm.size(), rank = comm.rank();
   options.max_grad_norm = 0.02f;  // the summed gradients' norm is ~0.05-0.15: clipping acts
@@ -83,7 +83,7 @@ outcome run(const C& comm, int stage, int steps, bool with_master, int nan_step,
   }
 
   outcome out;
-  const memkit::dist::sharded_step_options step_options{.tensor_groups = tensor_groups,
+  const memkit::distributed::sharded_step_options step_options{.tensor_groups = tensor_groups,
                                                         .gradient_scale = 1.0f / static_cast<float>(N)};
   std::vector<float> grads(static_cast<std::size_t>(state.flat_size()));
   std::vector<float> grad_shard(static_cast<std::size_t>(state.shard_size()));
@@ -133,7 +133,7 @@ outcome run(const C& comm, int stage, int steps, bool with_master, int nan_step,
         }
     ++out.steps;
   }
-  for (const memkit::dist::shard_piece& p : state.pieces()) {
+  for (const memkit::distributed::shard_piece& p : state.pieces()) {
     std::vector<float> m, v, ref_m, ref_v;
     state.read_moments(memkit::host, static_cast<std::size_t>(p.tensor), m, v);
     reference.read_moments(memkit::host, static_cast<std::size_t>(p.tensor), ref_m, ref_v);

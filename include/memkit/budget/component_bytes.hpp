@@ -11,7 +11,7 @@
 //   int8 weight: one byte per element and one fp32 absmax per block.
 //   Adam state: two moments per tensor (fp32, bf16, or codes plus one fp32 absmax per block per moment),
 //     each segment aligned to 64 bytes; tensors with fewer than 4096 elements keep fp32 moments.
-//   Sharded Adam state (ZeRO 1/2): dist/sharded_adam_state.hpp's max_bytes_per_rank.
+//   Sharded Adam state (ZeRO 1/2): distributed/sharded_adam_state.hpp's max_bytes_per_rank.
 #pragma once
 
 #include <cstdint>
@@ -19,7 +19,7 @@
 
 #include "memkit/config.hpp"
 #include "memkit/core/tensor_view.hpp"
-#include "memkit/dist/sharded_adam_state.hpp"
+#include "memkit/distributed/sharded_adam_state.hpp"
 #include "memkit/optim/adam_state.hpp"
 #include "memkit/quant/quantized_tensor.hpp"
 
@@ -74,16 +74,16 @@ constexpr std::uint64_t adam_overhead_bytes(std::uint64_t total_reduction_chunks
   return adam_state<float>::overhead_bytes(static_cast<std::int64_t>(total_reduction_chunks));
 }
 
-// ZeRO stages 1/2: the most any of `ranks` ranks allocates for a dist::sharded_adam_state over tensors of
+// ZeRO stages 1/2: the most any of `ranks` ranks allocates for a distributed::sharded_adam_state over tensors of
 // these sizes (its moments of 1/ranks of the elements, plus the control block and the norm scratch of all
 // chunks), for each flavour as above.
 template <class State, int Block>
 constexpr std::uint64_t sharded_adam_state_bytes(std::span<const std::int64_t> sizes, std::uint64_t ranks) {
-  return dist::sharded_adam_state<State, Block>::max_bytes_per_rank(sizes, static_cast<int>(ranks));
+  return distributed::sharded_adam_state<State, Block>::max_bytes_per_rank(sizes, static_cast<int>(ranks));
 }
 // The fp32 master shard a rank keeps next to it (sharded_adam_state's shard_size elements).
 constexpr std::uint64_t sharded_master_bytes(std::span<const std::int64_t> sizes, std::uint64_t ranks) {
-  return 4 * static_cast<std::uint64_t>(dist::sharded_adam_state<float>::shard_size(sizes, static_cast<int>(ranks)));
+  return 4 * static_cast<std::uint64_t>(distributed::sharded_adam_state<float>::shard_size(sizes, static_cast<int>(ranks)));
 }
 
 }  // namespace budget

@@ -230,7 +230,7 @@ constexpr bool is_adam(optimizer_kind o) noexcept {
 }
 
 // The trainable tensors' element counts, in the order parameter_bytes visits them (every copy of a
-// tensor type): what a dist::sharded_adam_state would be made for.
+// tensor type): what a distributed::sharded_adam_state would be made for.
 constexpr std::vector<std::int64_t> trainable_tensor_sizes(const model_config& m, const training_plan& p) {
   std::vector<std::int64_t> sizes;
   auto add = [&](const parameter_tensor& t) {
@@ -242,7 +242,7 @@ constexpr std::vector<std::int64_t> trainable_tensor_sizes(const model_config& m
 }
 
 // ZeRO 1/2 with an Adam flavour: the optimizer state and fp32 master shard of the most loaded rank, from
-// dist::sharded_adam_state's own layout (docs/sharding.md).
+// distributed::sharded_adam_state's own layout (docs/sharding.md).
 struct sharded_totals {
   std::uint64_t optimizer = 0, master = 0;
 };

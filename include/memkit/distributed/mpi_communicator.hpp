@@ -1,4 +1,4 @@
-// memkit/dist/mpi_communicator.hpp — the communicator concept over MPI, for host memory.
+// memkit/distributed/mpi_communicator.hpp — the communicator concept over MPI, for host memory.
 //
 // Not included by memkit/memkit.hpp, which needs no third-party headers: include it yourself and
 // build with MPI (CMake: find_package(MPI COMPONENTS CXX) and link MPI::MPI_CXX; Debian:
@@ -23,12 +23,12 @@
 #include <type_traits>
 
 #include "memkit/core/execution.hpp"
-#include "memkit/dist/communicator.hpp"
+#include "memkit/distributed/communicator.hpp"
 
 #define MEMKIT_HAS_MPI 1
 
 MEMKIT_NAMESPACE_BEGIN
-namespace dist {
+namespace distributed {
 
 class mpi_communicator {
  public:
@@ -111,7 +111,7 @@ class mpi_communicator {
 
 static_assert(communicator<mpi_communicator, host_executor>);
 
-}  // namespace dist
+}  // namespace distributed
 MEMKIT_NAMESPACE_END
 
 #else

@@ -1,4 +1,4 @@
-// memkit/dist/sharded_adam_state.hpp — adam_state split across ranks (ZeRO stages 1 and 2).
+// memkit/distributed/sharded_adam_state.hpp — adam_state split across ranks (ZeRO stages 1 and 2).
 //
 // Each of N ranks keeps the AdamW moments of 1/N of the parameters; the parameters themselves stay
 // whole on every rank. The flavours are adam_state's (fp32, bf16, 8-bit, 4-bit moments) with the same
@@ -52,7 +52,7 @@
 #include "memkit/core/execution.hpp"
 #include "memkit/core/float16.hpp"
 #include "memkit/core/tensor_view.hpp"
-#include "memkit/dist/communicator.hpp"
+#include "memkit/distributed/communicator.hpp"
 #include "memkit/memory/buffer.hpp"
 #include "memkit/memory/resource.hpp"
 #include "memkit/optim/adam_math.hpp"
@@ -60,7 +60,7 @@
 #include "memkit/optim/state_codecs.hpp"
 
 MEMKIT_NAMESPACE_BEGIN
-namespace dist {
+namespace distributed {
 
 // The elements [begin, end) of tensor `tensor` that a rank owns.
 struct shard_piece {
@@ -863,5 +863,5 @@ class sharded_adam_state {
   buffer<std::byte> arena_;
 };
 
-}  // namespace dist
+}  // namespace distributed
 MEMKIT_NAMESPACE_END

@@ -1,8 +1,8 @@
-// memkit/dist/communicator.hpp — the collectives sharded training needs, behind one small concept.
+// memkit/distributed/communicator.hpp — the collectives sharded training needs, behind one small concept.
 //
 // memkit does not launch processes or own a transport: the caller brings an initialized communicator
-// of an existing library and wraps it (dist/mpi_communicator.hpp for MPI on host memory,
-// dist/nccl_communicator.hpp for NCCL on CUDA streams), or implements the concept over their own.
+// of an existing library and wraps it (distributed/mpi_communicator.hpp for MPI on host memory,
+// distributed/nccl_communicator.hpp for NCCL on CUDA streams), or implements the concept over their own.
 // Every operation takes the executor first, like every memkit operation: on CUDA it is enqueued on
 // the executor's stream and returns at once; on the host it returns when the data is there.
 //
@@ -28,7 +28,7 @@
 #include "memkit/core/execution.hpp"
 
 MEMKIT_NAMESPACE_BEGIN
-namespace dist {
+namespace distributed {
 
 template <class C, class E>
 concept communicator = executor<E> && requires(const C& c, const E& exec, const float* f_in, float* f_out,
@@ -84,5 +84,5 @@ struct single_communicator {
 
 static_assert(communicator<single_communicator, host_executor>);
 
-}  // namespace dist
+}  // namespace distributed
 MEMKIT_NAMESPACE_END

@@ -1,8 +1,8 @@
-// dist::sharded_adam_state on one rank (single_communicator), its flat layout and memory for any
+// distributed::sharded_adam_state on one rank (single_communicator), its flat layout and memory for any
 // number of ranks, save/load and bad input. tests/mpi runs the same scenario on 2 and 3 MPI ranks.
 #include <doctest/doctest.h>
-#include <memkit/dist/communicator.hpp>
-#include <memkit/dist/sharded_adam_state.hpp>
+#include <memkit/distributed/communicator.hpp>
+#include <memkit/distributed/sharded_adam_state.hpp>
 #include <memkit/memory/tracking.hpp>
 
 #include <cstdint>
@@ -15,8 +15,8 @@
 using memkit::bf16;
 using memkit::four_bit;
 using memkit::host;
-using memkit::dist::sharded_adam_state;
-using memkit::dist::single_communicator;
+using memkit::distributed::sharded_adam_state;
+using memkit::distributed::single_communicator;
 
 namespace {
 
@@ -55,7 +55,7 @@ void check_layout(const std::vector<std::int64_t>& sizes, int ranks) {
   std::size_t moments = 0;
   for (int r = 0; r < ranks; ++r) {
     std::int64_t real = 0;
-    const std::size_t bytes = S::plan(sizes, r, ranks, 4096, [&](const memkit::dist::shard_piece& p) {
+    const std::size_t bytes = S::plan(sizes, r, ranks, 4096, [&](const memkit::distributed::shard_piece& p) {
       CHECK(p.begin % S::granule == 0);
       CHECK(p.begin == covered[static_cast<std::size_t>(p.tensor)]);  // in order, no gap, no overlap
       covered[static_cast<std::size_t>(p.tensor)] = p.end;

@@ -1,4 +1,4 @@
-// memkit/dist/nccl_communicator.hpp — the communicator concept over NCCL, on CUDA streams.
+// memkit/distributed/nccl_communicator.hpp — the communicator concept over NCCL, on CUDA streams.
 //
 // Not included by memkit/memkit.hpp: include it in a .cu file and link NCCL (libnccl, which ships
 // with the CUDA stack; CMake: find_library(... nccl) next to the CUDA toolkit). It declares
@@ -23,13 +23,13 @@
 
 #include "memkit/core/execution.hpp"
 #include "memkit/core/float16.hpp"
-#include "memkit/dist/communicator.hpp"
+#include "memkit/distributed/communicator.hpp"
 #include "memkit/memory/resource.hpp"
 
 #define MEMKIT_HAS_NCCL 1
 
 MEMKIT_NAMESPACE_BEGIN
-namespace dist {
+namespace distributed {
 
 class nccl_communicator {
  public:
@@ -102,7 +102,7 @@ class nccl_communicator {
 
 static_assert(communicator<nccl_communicator, cuda_executor>);
 
-}  // namespace dist
+}  // namespace distributed
 MEMKIT_NAMESPACE_END
 
 #else
