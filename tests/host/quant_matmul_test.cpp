@@ -158,8 +158,14 @@ TEST_CASE("quant matmul: the CUDA workspace prediction follows the path the CUDA
   for (std::int64_t M : {9, 12, 16, 17}) {
     CAPTURE(M);
     CHECK(q::matmul_workspace_bytes(q::matmul_kind::forward, q::NF4, 64, M, N, K, 2, true, limit_16) == tile);
-    CHECK(q::matmul_workspace_bytes(q::matmul_kind::input_grad, q::NF4, 64, M, N, K, 2, true, limit_16) ==
-          tile + static_cast<std::size_t>(M * K) * 4);
+    // One tile holds all of W: cuBLAS writes the 16-bit dx itself, no fp32 accumulator.
+    CHECK(q::matmul_workspace_bytes(q::matmul_kind::input_grad, q::NF4, 64, M, N, K, 2, true, limit_16) == tile);
+    // Several tiles: a 16-bit dx is summed over them in an fp32 accumulator; an fp32 dx is its own.
+    q::matmul_config two_tiles = limit_16;
+    two_tiles.device_tile_floats = (N / 2) * K;
+    CHECK(q::matmul_workspace_bytes(q::matmul_kind::input_grad, q::NF4, 64, M, N, K, 2, true, two_tiles) ==
+          tile / 2 + static_cast<std::size_t>(M * K) * 4);
+    CHECK(q::matmul_workspace_bytes(q::matmul_kind::input_grad, q::NF4, 64, M, N, K, 4, true, two_tiles) == tile);
   }
   // A short K against a tall W: the tiled input-gradient kernel splits N so that 256-column blocks still
   // give about 264 blocks of threads, each range writing fp32 partial sums (K = 4096: 16 column blocks, so
@@ -187,9 +193,11 @@ TEST_CASE("quant matmul: the CUDA and host tiles are sized separately") {
   const std::int64_t M = 256, N = 4096, K = 8192;
   const q::matmul_config config;
   const std::size_t device_rows = static_cast<std::size_t>(config.device_tile_floats / K);
-  CHECK(device_rows == 2048);
+  CHECK(device_rows == 8192);  // the default device tile holds an 8192 x 8192 W whole
   CHECK(config.tile_floats / K == 8);
-  CHECK(q::matmul_workspace_bytes(q::matmul_kind::forward, q::NF4, 64, M, N, K, 2, true, config) == device_rows * K * 2);
+  CHECK(q::matmul_workspace_bytes(q::matmul_kind::forward, q::NF4, 64, M, N, K, 2, true, config) ==
+        static_cast<std::size_t>(N * K) * 2);
+  CHECK(q::matmul_workspace_bytes(q::matmul_kind::forward, q::NF4, 64, M, 3 * N, K, 2, true, config) == device_rows * K * 2);
   // The host forward: x packed once (M x K), the gemm's packing buffers, and one buffer of decoded rows of W.
   q::matmul_config other_tiles = config;
   other_tiles.tile_floats = 300;

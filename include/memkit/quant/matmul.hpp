@@ -12,7 +12,9 @@
 // the sum, so results do not depend on the thread count; fp32 accumulation throughout.
 // CUDA: for M <= small_batch_limit (at most 8) a fused kernel decodes W on the fly (one warp per output
 // column for y, one thread per input column for dx), reading the 4-bit codes once; larger batches
-// dequantize row tiles (device_tile_floats values, 32 MiB of bf16 by default) into workspace and call cuBLAS (tensor cores for bf16/fp16), accumulating dx in fp32.
+// dequantize row tiles (device_tile_floats values, 128 MiB of bf16 by default: the whole W of a layer up to
+// 8192 x 8192) into workspace and call cuBLAS (tensor cores for bf16/fp16). One tile is one dequantize and one
+// cuBLAS call that writes y or dx directly; when W takes several tiles, a 16-bit dx is accumulated in fp32.
 // That workspace is allocated and released on the executor's stream, so the CUDA tiled path needs a
 // stream-ordered workspace resource (device_async_resource, or a tracker over one) and refuses any other:
 // a plain device_resource would free it with cudaFree, which waits for the whole device (docs/cuda.md).
@@ -49,8 +51,10 @@ namespace quant {
 
 struct matmul_config {
   std::int64_t tile_floats = 1 << 16;   // host input gradient: dequantized values per tile (256 KiB of fp32)
-  std::int64_t device_tile_floats = 1 << 24;  // CUDA large batch: values per tile (32 MiB of bf16), so each
-                                              // cuBLAS call gets hundreds of rows, not a handful
+  std::int64_t device_tile_floats = 1 << 26;  // CUDA large batch: values per tile (128 MiB of bf16): the whole
+                                              // W of layers up to 8192 x 8192, so a training-shape product is one
+                                              // dequantize and one cuBLAS call (4 tiles of 2^24 took 1.5-2.2x
+                                              // dense bf16 at M = 1024 on an H200; docs/cuda.md)
   std::int64_t small_batch_limit = 8;   // CUDA: M up to this (and up to 8) uses the fused kernels
   int host_simd = 2;                    // host fused path: 2 best available, 1 at most AVX2, 0 portable C++
   int host_threads = 1;                 // host: threads over output columns, 0 = every hardware thread
@@ -213,7 +217,8 @@ constexpr std::size_t matmul_workspace_bytes(matmul_kind kind, format fmt, std::
     return splits > 1 ? static_cast<std::size_t>(splits * M * K) * 4 : 0;
   }
   const std::size_t tile = static_cast<std::size_t>(rows * K) * element_bytes;
-  return tile + (kind == matmul_kind::input_grad && !fp32 ? static_cast<std::size_t>(M * K) * 4 : 0);
+  // A 16-bit dx summed over several tiles is accumulated in fp32; one tile writes dx directly.
+  return tile + (kind == matmul_kind::input_grad && !fp32 && rows < N ? static_cast<std::size_t>(M * K) * 4 : 0);
 }
 
 namespace detail {
@@ -999,7 +1004,8 @@ void matmul_input_grad(const E& exec, tensor_view<const std::type_identity_t<T>>
       buffer<float> accumulator;
       void* c = dx.data();
       cudaDataType_t c_type = ::memkit::detail::cuda_type<T>();
-      if constexpr (!std::is_same_v<T, float>) {
+      const bool accumulate_fp32 = !std::is_same_v<T, float> && rows < N;  // one tile: cuBLAS writes dx itself
+      if (accumulate_fp32) {
         accumulator = buffer<float>(workspace, shape{M * K}, on_stream{exec.stream});
         c = accumulator.data();
         c_type = CUDA_R_32F;
@@ -1017,7 +1023,7 @@ void matmul_input_grad(const E& exec, tensor_view<const std::type_identity_t<T>>
                          static_cast<int>(K), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
             "cublasGemmEx");
       }
-      if constexpr (!std::is_same_v<T, float>) {
+      if (accumulate_fp32) {
         detail::convert_kernel<T><<<detail::grid_for(M * K, threads), threads, 0, exec.stream>>>(
             accumulator.data(), dx.data(), M * K);
         MEMKIT_CUDA_CHECK(cudaGetLastError());
