@@ -4,6 +4,13 @@
 #   ./dev.sh test      build everything and run the whole test suite (what CI runs)
 #   ./dev.sh bench     build (in build-bench/, optimized) and run the benchmarks
 #   ./dev.sh fuzz [seconds]  run each libFuzzer target (tests/fuzz/) for [seconds] (default 120: 10 minutes)
+#   ./dev.sh gpu-build       build the CUDA tests, benchmarks and example for a GPU (sm_90 unless MEMKIT_GPU_ARCH
+#                            says otherwise; no GPU needed) in build-gpu/ and stage them in build-gpu/carry/
+#   ./dev.sh gpu [OUTDIR] [options]  on a machine with an NVIDIA GPU: the GPU suite, every CUDA benchmark, the
+#                            PyTorch peers and the example's device run, in at most 8 minutes; writes
+#                            OUTDIR/results.md and results.json (bench/gpu/measure.py --help). Without a GPU it
+#                            says so and exits 0. It uses build-gpu/carry/ (or build-gpu/) when present, else
+#                            builds first (nvcc, CMake, doctest and Google Benchmark needed there)
 # Installs missing Debian packages when run as root; otherwise prints the exact command to run.
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -11,11 +18,23 @@ cd "$(dirname "$0")"
 # `bench` and `example` build in directories of their own: the test build compiles the benchmarks and the host
 # example for smoke runs only (-O1).
 case ${1:-} in
+  gpu-build) build_dir=${MEMKIT_GPU_BUILD_DIR:-build-gpu} ;;
   bench) build_dir=${MEMKIT_BENCH_BUILD_DIR:-build-bench} ;;
   example) build_dir=${MEMKIT_EXAMPLE_BUILD_DIR:-build-example} ;;
   *) build_dir=${MEMKIT_BUILD_DIR:-build} ;;
 esac
 jobs=$(nproc 2>/dev/null || echo 2)
+
+# `gpu` runs on a GPU machine, which may have no package registry: it installs nothing, and builds only when no
+# binaries were built (or carried) beforehand.
+if [[ ${1:-} == gpu ]]; then
+  if ! command -v nvcc >/dev/null && [[ -x /usr/local/cuda/bin/nvcc ]]; then export PATH=/usr/local/cuda/bin:$PATH; fi
+  if nvidia-smi -L 2>/dev/null | grep -q '^GPU' && [[ ! -x build-gpu/carry/tests/memkit_cuda_tests && ! -x build-gpu/tests/memkit_cuda_tests ]]; then
+    echo "memkit gpu: no CUDA binaries in build-gpu/: building them first (./dev.sh gpu-build)"
+    MEMKIT_GPU_ARCH=${MEMKIT_GPU_ARCH:-native} "$0" gpu-build
+  fi
+  exec python3 bench/gpu/measure.py "${@:2}"
+fi
 
 # Debian package -> a file that proves it is installed.
 declare -A package_probe=(
@@ -68,6 +87,12 @@ if command -v nvcc >/dev/null && ! command -v cuobjdump >/dev/null && command -v
   fi
 fi
 
+if [[ ${1:-} == gpu-build && ! -f $build_dir/CMakeCache.txt ]]; then
+  command -v nvcc >/dev/null || { echo "memkit: gpu-build needs nvcc (the CUDA Toolkit)" >&2; exit 1; }
+  # Device code for the GPU's architecture (90: H100 / H200), host code optimized as a user builds it.
+  cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="${MEMKIT_GPU_ARCH:-90}" \
+    -DMEMKIT_CLANG_CHECKS=OFF
+fi
 if [[ ! -f $build_dir/CMakeCache.txt ]]; then
   configure=(-G Ninja -DCMAKE_BUILD_TYPE=Release)
   [[ ${1:-} == bench || ${1:-} == example ]] || configure+=(-DMEMKIT_BENCHMARK_SMOKE_BUILD=ON -DMEMKIT_EXAMPLE_SMOKE_BUILD=ON)
@@ -93,6 +118,29 @@ case ${1:-} in
     # Say up front whether the GPU suite can run here (CTest lists it as Skipped when it cannot).
     if [[ -x $build_dir/tests/memkit_cuda_tests ]]; then "$build_dir"/tests/memkit_cuda_tests --memkit-gpu-probe; fi
     ctest --test-dir "$build_dir" --output-on-failure -j "$jobs"
+    ;;
+  gpu-build)
+    gpu_targets=(memkit_cuda_tests memkit_example_train_llama_cuda memkit_bench_bandwidth_cuda memkit_bench_quant_cuda
+      memkit_bench_adam_cuda memkit_bench_attention_cuda memkit_bench_loss_cuda)
+    cmake --build "$build_dir" -j "$jobs" --target "${gpu_targets[@]}"
+    # build-gpu/carry/: the binaries (host symbols stripped) and the libraries they need beyond glibc, libstdc++
+    # and the CUDA Toolkit (Google Benchmark), small enough to carry to a GPU machine; commit.json says what
+    # they were built from.
+    carry=$build_dir/carry
+    rm -rf "$carry" && mkdir -p "$carry/tests" "$carry/examples" "$carry/bench" "$carry/lib"
+    cp "$build_dir/tests/memkit_cuda_tests" "$carry/tests/"
+    cp "$build_dir/examples/memkit_example_train_llama_cuda" "$carry/examples/"
+    cp "$build_dir"/bench/memkit_bench_*_cuda "$carry/bench/"
+    strip --strip-unneeded "$carry"/tests/* "$carry"/examples/* "$carry"/bench/* 2>/dev/null || true
+    for binary in "$carry"/tests/* "$carry"/examples/* "$carry"/bench/*; do
+      ldd "$binary" | awk '/=> \// {print $3}' | grep -E 'libbenchmark' || true
+    done | sort -u | while read -r lib; do cp -L "$lib" "$carry/lib/"; done
+    printf '{"commit": "%s", "describe": "%s", "source_dir": "%s", "built": "%s", "nvcc": "%s", "arch": "%s"}\n' \
+      "$(git rev-parse HEAD 2>/dev/null || echo unknown)" "$(git describe --always --dirty 2>/dev/null || echo unknown)" \
+      "$PWD" "$(date -u '+%Y-%m-%d %H:%M UTC')" "$(nvcc --version | sed -n 's/.*release \([0-9.]*\).*/\1/p')" \
+      "$(sed -n 's/^CMAKE_CUDA_ARCHITECTURES:[A-Z]*=//p' "$build_dir/CMakeCache.txt")" >"$carry/commit.json"
+    du -sh "$carry"
+    echo "memkit: carry $carry to the GPU machine and run ./dev.sh gpu OUTDIR there"
     ;;
   bench)
     cmake --build "$build_dir" -j "$jobs"
@@ -130,7 +178,7 @@ case ${1:-} in
     ((findings == 0)) || { echo "memkit fuzz: $findings findings in $fuzz_dir/findings/" >&2; exit 1; }
     ;;
   *)
-    echo "usage: $0 example|test|bench|fuzz [seconds]" >&2
+    echo "usage: $0 example|test|bench|fuzz [seconds]|gpu-build|gpu [OUTDIR]" >&2
     exit 2
     ;;
 esac

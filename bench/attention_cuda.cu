@@ -1,7 +1,7 @@
 // memkit::attention on a CUDA device: one causal forward + backward in bf16, B=1, H=8 heads, timed with CUDA
 // events on a stream. Counters: TFLOP/s of the useful causal flops (2 * 2 * S^2 * D / 2 forward, twice that
 // backward), the device bytes beyond q, k, v, out and the gradients (lse + delta) and what a materialized fp32
-// attention would hold (eager_attention_bytes). Not yet run: no GPU was lent to the session that wrote it.
+// attention would hold (eager_attention_bytes). bench/peers/gpu_peers.py times torch's SDPA on the same shapes.
 #include <benchmark/benchmark.h>
 #include <memkit/attention/flash_attention.hpp>
 #include <memkit/memory/resource.hpp>
@@ -51,10 +51,12 @@ void BM_flash_cuda(benchmark::State& state) {
 
 }  // namespace
 
-BENCHMARK(BM_flash_cuda)
-    ->ArgsProduct({{1024, 4096, 16384}, {64, 128}})
-    ->ArgNames({"seq", "head_dim"})
-    ->UseManualTime()
-    ->Unit(benchmark::kMillisecond);
-
-BENCHMARK_MAIN();
+int main(int argc, char** argv) {
+  return memkit_bench::run_cuda_benchmarks(argc, argv, "memkit_bench_attention_cuda", [] {
+    benchmark::RegisterBenchmark("BM_flash_cuda", BM_flash_cuda)
+        ->ArgsProduct({{1024, 4096, 16384}, {64, 128}})
+        ->ArgNames({"seq", "head_dim"})
+        ->UseManualTime()
+        ->Unit(benchmark::kMillisecond);
+  });
+}

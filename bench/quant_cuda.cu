@@ -9,6 +9,9 @@
 #include <benchmark/benchmark.h>
 #include <memkit/memkit.hpp>
 
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <random>
 #include <vector>
 
@@ -20,11 +23,19 @@ namespace {
 
 constexpr std::int64_t kValues = std::int64_t{1} << 28;
 constexpr std::int64_t kBlock = 64;
+constexpr std::int64_t kN = 8192, kK = 8192;  // the matmul rows' W [kN, kK]
 
+// Returns the device seconds of the timed iterations.
 template <class Body>
-void run_timed(benchmark::State& state, Body&& body, double bytes) {
+double run_timed(benchmark::State& state, Body&& body, double bytes) {
   const double seconds = memkit_bench::time_with_events(state, body);
   memkit_bench::report_device_throughput(state, bytes, seconds, memkit_bench::measured_device_bandwidth());
+  return seconds;
+}
+
+// TFLOP/s of an [M, n] x [n, k] product per timed iteration.
+void report_tflops(benchmark::State& state, std::int64_t M, double seconds) {
+  state.counters["TFLOPs"] = 2.0 * double(M) * double(kN) * double(kK) * double(state.iterations()) / seconds * 1e-12;
 }
 
 __global__ void fill_normalish(memkit::bf16* out, std::int64_t n) {
@@ -81,8 +92,6 @@ void BM_cuda_dequantize_nf4_double_quant(benchmark::State& state) {
   run_timed(state, [&] { w.dequantize(gpu, values.view()); }, bytes);
 }
 
-constexpr std::int64_t kN = 8192, kK = 8192;
-
 // What the NF4 matmul benchmarks share: the weight W [kN, kK] (NF4, double quantization, from the same filled
 // bf16 values), a filled input of [M, in_cols], an output of [M, out_cols], and the bytes one call moves.
 struct nf4_matmul_case {
@@ -107,47 +116,74 @@ struct nf4_matmul_case {
   memkit::tensor_view<const memkit::bf16> input() const { return in.view(); }
 };
 
-void BM_cuda_matmul_nf4(benchmark::State& state) {
+// tile_floats: the config's device_tile_floats (0: the default, one tile of all of W here).
+void BM_cuda_matmul_nf4(benchmark::State& state, std::int64_t tile_floats) {
   nf4_matmul_case c(state.range(0), kK, kN);
   memkit::device_async_resource workspace(c.gpu.stream);  // stream-ordered: no cudaFree in the timed loop
-  run_timed(state, [&] { q::matmul(c.gpu, c.input(), c.w, c.out.view(), workspace); }, c.bytes);
+  q::matmul_config config;
+  if (tile_floats > 0) config.device_tile_floats = tile_floats;
+  report_tflops(state, c.in.shape()[0],
+                run_timed(state, [&] { q::matmul(c.gpu, c.input(), c.w, c.out.view(), workspace, config); }, c.bytes));
 }
 
-// dx = dy * W for the fused small-batch input gradient (the tiled kernel, W's rows split over blocks).
-void BM_cuda_matmul_input_grad_nf4(benchmark::State& state) {
+// dx = dy * W: the fused small-batch kernels, or the dequantized tiles and cuBLAS.
+void BM_cuda_matmul_input_grad_nf4(benchmark::State& state, std::int64_t tile_floats) {
   nf4_matmul_case c(state.range(0), kN, kK);
   memkit::device_async_resource workspace(c.gpu.stream);  // the split kernel's partial sums, stream-ordered
-  run_timed(state, [&] { q::matmul_input_grad(c.gpu, c.input(), c.w, c.out.view(), workspace); }, c.bytes);
+  q::matmul_config config;
+  if (tile_floats > 0) config.device_tile_floats = tile_floats;
+  report_tflops(state, c.in.shape()[0],
+                run_timed(state, [&] { q::matmul_input_grad(c.gpu, c.input(), c.w, c.out.view(), workspace, config); }, c.bytes));
 }
 
-void BM_cuda_matmul_dense_bf16(benchmark::State& state) {
+// The dense bf16 peer of both NF4 products, cublasGemmEx on the same shapes: y = x * W^T (input_grad false)
+// or dx = dy * W (true). Row-major [rows, cols] is column-major [cols, rows], so y^T = (W^T)^T-op * x^T and
+// dx^T = W^T * dy^T.
+void BM_cuda_matmul_dense_bf16(benchmark::State& state, bool input_grad) {
   const std::int64_t M = state.range(0);
   memkit::device_resource device;
-  memkit::buffer<memkit::bf16> w(device, {kN, kK}), x(device, {M, kK}), y(device, {M, kN});
+  memkit::buffer<memkit::bf16> w(device, {kN, kK}), x(device, {M, input_grad ? kN : kK}), y(device, {M, input_grad ? kK : kN});
   fill_normalish<<<1024, 256>>>(w.data(), kN * kK);
   MEMKIT_CUDA_CHECK(cudaGetLastError());
-  fill_normalish<<<1024, 256>>>(x.data(), M * kK);
+  fill_normalish<<<1024, 256>>>(x.data(), x.size());
   MEMKIT_CUDA_CHECK(cudaGetLastError());
   cublasHandle_t handle;
   memkit::detail::cublas_check(cublasCreate(&handle), "cublasCreate");
   const float one = 1.0f, zero = 0.0f;
   const double bytes = static_cast<double>(w.bytes() + x.bytes() + y.bytes());
-  run_timed(state,
+  const int n = static_cast<int>(kN), k = static_cast<int>(kK), m = static_cast<int>(M);
+  const double seconds = run_timed(state,
             [&] {
               memkit::detail::cublas_check(
-                  cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(kN), static_cast<int>(M),
-                               static_cast<int>(kK), &one, w.data(), CUDA_R_16BF, static_cast<int>(kK), x.data(),
-                               CUDA_R_16BF, static_cast<int>(kK), &zero, y.data(), CUDA_R_16BF, static_cast<int>(kN),
-                               CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                  input_grad ? cublasGemmEx(handle, CUBLAS_OP_N, CUBLAS_OP_N, k, m, n, &one, w.data(), CUDA_R_16BF, k,
+                                            x.data(), CUDA_R_16BF, n, &zero, y.data(), CUDA_R_16BF, k,
+                                            CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT)
+                             : cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, n, m, k, &one, w.data(), CUDA_R_16BF, k,
+                                            x.data(), CUDA_R_16BF, k, &zero, y.data(), CUDA_R_16BF, n,
+                                            CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
                   "cublasGemmEx");
             },
             bytes);
+  report_tflops(state, M, seconds);
   cublasDestroy(handle);
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
+  // The device's default memory pool keeps freed memory (release threshold at its maximum, as PyTorch's caching
+  // allocator does) instead of returning it at each synchronization, so the tiled path's workspace, allocated
+  // again by each call, is not mapped again by each call: with the default threshold (0) and a synchronization
+  // per call, mapping the 128 MiB tile cost ~110 us per call on an H200 (docs/cuda.md).
+  // MEMKIT_BENCH_KEEP_POOL=0 measures with the default threshold.
+  if (const char* keep = std::getenv("MEMKIT_BENCH_KEEP_POOL"); keep == nullptr || keep[0] != '0') {
+    cudaMemPool_t pool;
+    if (cudaDeviceGetDefaultMemPool(&pool, 0) == cudaSuccess) {
+      std::uint64_t threshold = UINT64_MAX;
+      MEMKIT_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold));
+      std::printf("memkit_bench_quant_cuda: the default memory pool keeps freed memory (MEMKIT_BENCH_KEEP_POOL=0: it does not)\n");
+    }
+  }
   return memkit_bench::run_cuda_benchmarks(argc, argv, "memkit_bench_quant_cuda", [] {
     benchmark::RegisterBenchmark("BM_cuda_quantize/nf4", BM_cuda_quantize<q::NF4>)->UseManualTime()->Unit(benchmark::kMillisecond);
     benchmark::RegisterBenchmark("BM_cuda_quantize/int8", BM_cuda_quantize<q::INT8>)->UseManualTime()->Unit(benchmark::kMillisecond);
@@ -155,11 +191,18 @@ int main(int argc, char** argv) {
     benchmark::RegisterBenchmark("BM_cuda_dequantize/fp4", BM_cuda_dequantize<q::FP4>)->UseManualTime()->Unit(benchmark::kMillisecond);
     benchmark::RegisterBenchmark("BM_cuda_dequantize/int8", BM_cuda_dequantize<q::INT8>)->UseManualTime()->Unit(benchmark::kMillisecond);
     benchmark::RegisterBenchmark("BM_cuda_dequantize/nf4_double_quant", BM_cuda_dequantize_nf4_double_quant)->UseManualTime()->Unit(benchmark::kMillisecond);
-    for (int m : {1, 8})
-      benchmark::RegisterBenchmark("BM_cuda_matmul_input_grad_nf4", BM_cuda_matmul_input_grad_nf4)->Arg(m)->UseManualTime()->Unit(benchmark::kMicrosecond);
-    for (int m : {1, 8, 256}) {
-      benchmark::RegisterBenchmark("BM_cuda_matmul_nf4", BM_cuda_matmul_nf4)->Arg(m)->UseManualTime()->Unit(benchmark::kMicrosecond);
-      benchmark::RegisterBenchmark("BM_cuda_matmul_dense_bf16", BM_cuda_matmul_dense_bf16)->Arg(m)->UseManualTime()->Unit(benchmark::kMicrosecond);
+    // Batch 1 and 8: the fused kernels; 256: the tiled path; 1,024 and 4,096 tokens: training shapes (#30's
+    // target: within 1.25x of dense bf16).
+    for (int m : {1, 8, 256, 1024, 4096}) {
+      benchmark::RegisterBenchmark("BM_cuda_matmul_nf4", BM_cuda_matmul_nf4, 0)->Arg(m)->UseManualTime()->Unit(benchmark::kMicrosecond);
+      benchmark::RegisterBenchmark("BM_cuda_matmul_dense_bf16", BM_cuda_matmul_dense_bf16, false)->Arg(m)->UseManualTime()->Unit(benchmark::kMicrosecond);
+      benchmark::RegisterBenchmark("BM_cuda_matmul_input_grad_nf4", BM_cuda_matmul_input_grad_nf4, 0)->Arg(m)->UseManualTime()->Unit(benchmark::kMicrosecond);
+      benchmark::RegisterBenchmark("BM_cuda_matmul_input_grad_dense_bf16", BM_cuda_matmul_dense_bf16, true)->Arg(m)->UseManualTime()->Unit(benchmark::kMicrosecond);
+    }
+    // The tiled path with 32 MiB tiles (2^24 values, the default before whole-W tiles): four tiles of W here.
+    for (int m : {256, 1024, 4096}) {
+      benchmark::RegisterBenchmark("BM_cuda_matmul_nf4_tile24", BM_cuda_matmul_nf4, std::int64_t{1} << 24)->Arg(m)->UseManualTime()->Unit(benchmark::kMicrosecond);
+      benchmark::RegisterBenchmark("BM_cuda_matmul_input_grad_nf4_tile24", BM_cuda_matmul_input_grad_nf4, std::int64_t{1} << 24)->Arg(m)->UseManualTime()->Unit(benchmark::kMicrosecond);
     }
   });
 }

@@ -1,0 +1,388 @@
+"""`./dev.sh gpu OUTDIR`: one short run on a machine with an NVIDIA GPU that measures everything.
+
+Runs, each with a time limit, within a total budget (default 480 s, so one short visit to a GPU machine can
+run it, read it and run it again):
+  1. the device's name, clocks, driver and the commit the binaries were built from;
+  2. the GPU test suite (memkit_cuda_tests --memkit-gpu-suite);
+  3. every CUDA benchmark (Google Benchmark, JSON);
+  4. the PyTorch side of each comparison (bench/peers/gpu_peers.py, with the machine's python3);
+  5. the example's device run (memkit_example_train_llama_cuda --device cuda --short --check);
+and writes OUTDIR/results.md (one Markdown report: tests, the side-by-side table, every benchmark row) and
+OUTDIR/results.json (every figure), plus each step's log.
+
+The binaries come from a build directory: by default build-gpu/carry/ (what `./dev.sh gpu-build` stages on
+a machine without a GPU, to be carried over), else build-gpu/ itself; --bin-dir names another. Without a GPU
+it says so in one line and exits 0. Standard library only: the peers script imports torch, this one does not.
+"""
+import argparse
+import datetime
+import json
+import os
+import pathlib
+import re
+import shutil
+import subprocess
+import sys
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+BENCHMARKS = ["bandwidth", "quant", "adam", "attention", "loss"]
+
+
+def gpu_present(nvidia_smi):
+    if not shutil.which(nvidia_smi):
+        return False, f"{nvidia_smi} not found"
+    try:
+        out = subprocess.run([nvidia_smi, "-L"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return False, f"{nvidia_smi} -L failed: {e}"
+    if not re.search(r"^GPU \d+", out, re.M):
+        return False, f"{nvidia_smi} -L lists no GPU"
+    return True, out.strip()
+
+
+def find_binaries(bin_dir):
+    """Maps a role to a binary path: tests, example and bench_<name>."""
+    candidates = [pathlib.Path(bin_dir)] if bin_dir else [ROOT / "build-gpu" / "carry", ROOT / "build-gpu"]
+    for base in candidates:
+        found = {}
+        for role, rel in [("tests", "tests/memkit_cuda_tests"), ("example", "examples/memkit_example_train_llama_cuda")] + [
+                (f"bench_{b}", f"bench/memkit_bench_{b}_cuda") for b in BENCHMARKS]:
+            for p in (base / rel, base / pathlib.Path(rel).name):
+                if p.is_file() and os.access(p, os.X_OK):
+                    found[role] = p
+                    break
+        if found:
+            return base, found
+    return None, {}
+
+
+class Runner:
+    def __init__(self, out_dir, budget, lib_dir):
+        self.out = out_dir
+        self.deadline = time.monotonic() + budget
+        self.steps = []
+        self.env = dict(os.environ)
+        # The carried libraries (Google Benchmark) and the CUDA Toolkit's (cudart, cuBLAS) where they are.
+        paths = [str(p) for p in (lib_dir, pathlib.Path("/usr/local/cuda/lib64"),
+                                  pathlib.Path("/usr/local/cuda/targets/x86_64-linux/lib")) if p and p.is_dir()]
+        if self.env.get("LD_LIBRARY_PATH"):
+            paths.append(self.env["LD_LIBRARY_PATH"])
+        self.env["LD_LIBRARY_PATH"] = ":".join(paths)
+
+    def left(self):
+        return self.deadline - time.monotonic()
+
+    def run(self, name, cmd, limit, cwd=None):
+        """Runs cmd with a limit (capped by the budget left); returns (rc or None, output); logs to OUT/name.log."""
+        limit = min(limit, self.left())
+        if limit < 5:
+            self.steps.append({"step": name, "status": "skipped: time budget spent"})
+            print(f"memkit gpu: {name}: skipped (time budget spent)", flush=True)
+            return None, ""
+        started = time.monotonic()
+        print(f"memkit gpu: {name} (limit {limit:.0f} s) ...", flush=True)
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=limit, env=self.env, cwd=cwd or ROOT)
+            rc, output = proc.returncode, proc.stdout + proc.stderr
+        except subprocess.TimeoutExpired as e:
+            rc = None
+            output = (e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
+            output += f"\nmemkit gpu: TIMED OUT after {limit:.0f} s\n"
+        seconds = time.monotonic() - started
+        (self.out / f"{name}.log").write_text(f"$ {' '.join(map(str, cmd))}\n{output}")
+        status = "timed out" if rc is None else ("ok" if rc == 0 else f"exit {rc}")
+        self.steps.append({"step": name, "status": status, "seconds": round(seconds, 1)})
+        print(f"memkit gpu: {name}: {status} in {seconds:.1f} s", flush=True)
+        return rc, output
+
+
+def device_info(nvidia_smi):
+    fields = "name,driver_version,memory.total,clocks.sm,clocks.max.sm,clocks.mem,clocks.max.mem,power.limit,temperature.gpu"
+    try:
+        line = subprocess.run([nvidia_smi, f"--query-gpu={fields}", "--format=csv,noheader"], capture_output=True,
+                              text=True, timeout=30).stdout.strip().splitlines()[0]
+        return dict(zip(fields.split(","), [v.strip() for v in line.split(",")]))
+    except (OSError, IndexError, subprocess.TimeoutExpired) as e:
+        return {"error": str(e)}
+
+
+def build_stamp(base):
+    """What the binaries were built from: build-gpu/carry/commit.json (./dev.sh gpu-build), else the tree's commit."""
+    try:
+        return json.loads((base / "commit.json").read_text())
+    except (OSError, ValueError):
+        pass
+    try:
+        describe = subprocess.run(["git", "-C", str(ROOT), "describe", "--always", "--dirty"], capture_output=True,
+                                  text=True, timeout=10).stdout.strip()
+    except OSError:
+        describe = "unknown"
+    return {"describe": f"{describe} (binaries not stamped: the tree's commit)", "source_dir": str(ROOT)}
+
+
+def link_source_dir(stamp):
+    """The test binaries read tests/data through the source path they were built in; where this tree lies
+    elsewhere (binaries carried from another machine), point that path here (a symbolic link) if it is free."""
+    source = pathlib.Path(stamp.get("source_dir", str(ROOT)))
+    if source == ROOT or source.exists():
+        return None
+    try:
+        source.parent.mkdir(parents=True, exist_ok=True)
+        source.symlink_to(ROOT, target_is_directory=True)
+        return f"linked {source} -> {ROOT}"
+    except OSError as e:
+        return f"could not link {source} -> {ROOT} ({e}): cases reading tests/data may fail"
+
+
+def parse_doctest(output):
+    m = re.search(r"test cases:\s*(\d+)\s*\|\s*(\d+) passed\s*\|\s*(\d+) failed(?:\s*\|\s*(\d+) skipped)?", output)
+    failed = sorted(set(re.findall(r"TEST CASE:\s+(.*)", output)))
+    if not m:
+        return {"parsed": False, "failed_cases": failed}
+    return {"parsed": True, "cases": int(m[1]), "passed": int(m[2]), "failed": int(m[3]),
+            "skipped": int(m[4] or 0), "failed_cases": failed}
+
+
+def to_ms(b):
+    scale = {"ns": 1e-6, "us": 1e-3, "ms": 1.0, "s": 1e3}[b.get("time_unit", "ns")]
+    return b["real_time"] * scale
+
+
+def load_bench(path):
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return []
+    rows = []
+    for b in data.get("benchmarks", []):
+        if b.get("run_type") == "aggregate":
+            continue
+        row = {"name": b["name"], "ms": to_ms(b), "iterations": b.get("iterations")}
+        for key, value in b.items():
+            if key not in ("name", "run_name", "run_type", "repetitions", "repetition_index", "threads", "iterations",
+                           "real_time", "cpu_time", "time_unit", "family_index", "per_family_instance_index", "label",
+                           "error_occurred", "error_message") and isinstance(value, (int, float)):
+                row[key] = value
+        if b.get("error_occurred"):
+            row["error"] = b.get("error_message", "error")
+        rows.append(row)
+    return rows
+
+
+def side_by_side(memkit, peers):
+    """Pairs of (operation, memkit row, peer row, note): the comparisons issue #30 asks for."""
+    def mk(bench, pattern):
+        for row in memkit.get(bench, []):
+            if re.fullmatch(pattern, row["name"]):
+                return row
+        return None
+
+    def peer(name):
+        for row in peers:
+            if row.get("name") == name:
+                return row
+        for row in peers:  # a peer skipped as a whole (bitsandbytes missing) names its rows without shapes
+            if "skipped" in row and row.get("name") in (name.split("/")[0], "torch"):
+                return row
+        return None
+
+    pairs = []
+    for case in ("llama2_7b", "llama3_8b"):
+        pairs.append((f"linear cross-entropy, frozen head (no d_head), {case}, 8192 tokens, 1/8 of the logits' memory",
+                      "memkit NF4 head", mk("loss", rf"loss_bf16/{case}/nf4_head_eighth(/manual_time)?"), "memkit dense head",
+                      mk("loss", rf"loss_bf16/{case}/frozen_head_eighth(/manual_time)?")))
+    for S in (1024, 4096, 16384):
+        for D in (64, 128):
+            m = mk("attention", rf"BM_flash_cuda/seq:{S}/head_dim:{D}(/manual_time)?")
+            for p in ("sdpa_flash", "sdpa_cudnn"):
+                pairs.append((f"attention fwd+bwd, causal bf16, 1x8 heads, seq {S}, head_dim {D}", "memkit", m,
+                              p, peer(f"{p}/seq:{S}/head_dim:{D}")))
+    for case in ("llama2_7b", "llama3_8b"):
+        for variant in ("fused", "fused_eighth", "fused_chunk_256MiB", "fused_chunk_1GiB", "materialized"):
+            pairs.append((f"linear cross-entropy fwd+bwd, {case} head, 8192 tokens", f"memkit {variant}",
+                          mk("loss", rf"loss_bf16/{case}/{variant}(/manual_time)?"), "torch materialized",
+                          peer(f"materialized_ce/{case}")))
+    for state, peer_name in (("fp32_state", "torch_fused_adamw/fp32"), ("fp32_state", "torch_fused_adamw_clip/fp32"),
+                             ("bf16_state", "torch_fused_adamw/fp32"), ("int8_256_state", "bnb_adamw8bit"),
+                             ("int8_256_state", "torch_fused_adamw/fp32"), ("int4_state", "torch_fused_adamw/fp32")):
+        m = mk("adam", rf"BM_adam_step_cuda<{state}>/4(/manual_time)?")
+        if m is not None:
+            m = dict(m, ms=m.get("ms_per_step", m["ms"]))
+        pairs.append((f"AdamW step, 75.0M fp32 parameters in 48 tensors (ms per step, 4 back to back)",
+                      f"memkit {state}", m, peer_name, peer(peer_name)))
+    for M in (1, 8, 256, 1024, 4096):
+        m = mk("quant", rf"BM_cuda_matmul_nf4/{M}(/manual_time)?")
+        pairs.append((f"y = x W^T, W 8192x8192, M {M}", "memkit NF4", m, "memkit dense bf16 (cuBLAS)",
+                      mk("quant", rf"BM_cuda_matmul_dense_bf16/{M}(/manual_time)?")))
+        pairs.append((f"y = x W^T, W 8192x8192, M {M}", "memkit NF4", m, "torch bf16", peer(f"torch_bf16/{M}")))
+        pairs.append((f"y = x W^T, W 8192x8192, M {M}", "memkit NF4", m, "bnb matmul_4bit", peer(f"bnb_matmul_4bit/{M}")))
+        m = mk("quant", rf"BM_cuda_matmul_input_grad_nf4/{M}(/manual_time)?")
+        pairs.append((f"dx = dy W, W 8192x8192, M {M}", "memkit NF4", m, "memkit dense bf16 (cuBLAS)",
+                      mk("quant", rf"BM_cuda_matmul_input_grad_dense_bf16/{M}(/manual_time)?")))
+        pairs.append((f"dx = dy W, W 8192x8192, M {M}", "memkit NF4", m, "torch bf16", peer(f"torch_bf16_input_grad/{M}")))
+    pairs.append(("dequantize NF4 -> bf16, 2^28 values", "memkit", mk("quant", r"BM_cuda_dequantize/nf4(/manual_time)?"),
+                  "bnb dequantize_4bit", peer("bnb_dequantize_nf4/2^28")))
+    out = []
+    for op, mk_label, m, peer_label, p in pairs:
+        row = {"operation": op, "memkit": mk_label, "memkit_ms": m["ms"] if m else None, "peer": peer_label,
+               "peer_ms": p.get("ms") if p else None, "peer_skipped": p.get("skipped") if p else "not measured"}
+        if row["memkit_ms"] and row["peer_ms"]:
+            row["ratio"] = row["memkit_ms"] / row["peer_ms"]
+        for key in ("TFLOPs", "GFLOPs", "fraction_of_roofline", "peak_workspace_MiB"):
+            if m and key in m:
+                row[f"memkit_{key}"] = m[key]
+            if p and key in p:
+                row[f"peer_{key}"] = p[key]
+        if p and "peak_MiB" in p:
+            row["peer_peak_MiB"] = p["peak_MiB"]
+        if m is None and row["peer_ms"] is None:
+            continue
+        out.append(row)
+    return out
+
+
+def fmt(v, digits=3):
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.{digits}g}" if abs(v) < 1000 else f"{v:,.0f}"
+    return str(v)
+
+
+def write_report(out, report):
+    (out / "results.json").write_text(json.dumps(report, indent=1))
+    lines = ["# memkit GPU measurements", ""]
+    info = report["device"]
+    lines.append(f"- device: {info.get('name', '?')}, {info.get('memory.total', '?')}, driver {info.get('driver_version', '?')}; "
+                 f"clocks SM {info.get('clocks.sm', '?')} (max {info.get('clocks.max.sm', '?')}), memory {info.get('clocks.mem', '?')} "
+                 f"(max {info.get('clocks.max.mem', '?')}); power limit {info.get('power.limit', '?')}")
+    c = report["commit"]
+    lines.append(f"- binaries: {report['binaries']}, built from {c.get('describe')} ({c.get('commit', '?')}), "
+                 f"nvcc {c.get('nvcc', '?')}, CUDA architectures {c.get('arch', '?')}, {c.get('built', '?')}")
+    lines.append(f"- peers: {report.get('peer_versions', '-')}")
+    lines.append(f"- command: `{report['command']}`, {report['date']}, {report['seconds']:.0f} s")
+    lines.append("")
+    lines.append("## Steps")
+    lines.append("")
+    lines.append("| step | status | seconds |")
+    lines.append("|---|---|---|")
+    for s in report["steps"]:
+        lines.append(f"| {s['step']} | {s['status']} | {s.get('seconds', '-')} |")
+    t = report.get("gpu_suite", {})
+    lines.append("")
+    if t.get("parsed"):
+        lines.append(f"GPU suite: {t['passed']} of {t['cases']} cases passed, {t['failed']} failed"
+                     + (f" ({', '.join(t['failed_cases'])})" if t["failed_cases"] else "") + ".")
+    else:
+        lines.append("GPU suite: no doctest summary (see gpu_suite.log).")
+    lines += ["", "## Side by side", "", "ratio = memkit time / peer time (below 1: memkit faster).", "",
+              "| operation | memkit | ms | peer | ms | ratio | memkit figure |", "|---|---|---|---|---|---|---|"]
+    for r in report["side_by_side"]:
+        figure = ", ".join(f"{k[7:]} {fmt(v)}" for k, v in r.items() if k.startswith("memkit_") and k != "memkit_ms")
+        peer_ms = fmt(r["peer_ms"]) if r["peer_ms"] is not None else f"skipped: {r['peer_skipped']}"
+        lines.append(f"| {r['operation']} | {r['memkit']} | {fmt(r['memkit_ms'])} | {r['peer']} | {peer_ms} | "
+                     f"{fmt(r.get('ratio'))} | {figure or '-'} |")
+    lines += ["", "## Every benchmark row", "", "| benchmark | row | ms | counters |", "|---|---|---|---|"]
+    for bench, rows in report["benchmarks"].items():
+        for r in rows:
+            counters = ", ".join(f"{k} {fmt(v)}" for k, v in r.items() if k not in ("name", "ms", "iterations"))
+            lines.append(f"| {bench} | {r['name']} | {fmt(r['ms'])} | {counters} |")
+    lines += ["", "## Peer rows", "", "| group | row | ms | figures |", "|---|---|---|---|"]
+    for r in report["peers"]:
+        extra = ", ".join(f"{k} {fmt(v)}" for k, v in r.items() if k not in ("group", "name", "ms"))
+        lines.append(f"| {r.get('group')} | {r.get('name')} | {fmt(r.get('ms'))} | {extra} |")
+    ex = report.get("example")
+    if ex:
+        lines += ["", "## The example on the device", "", "```", ex, "```"]
+    (out / "results.md").write_text("\n".join(lines) + "\n")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("out", nargs="?", default="gpu-results", help="directory for results.md, results.json, logs")
+    parser.add_argument("--bin-dir", help="where the CUDA binaries are (default build-gpu/carry, then build-gpu)")
+    parser.add_argument("--budget", type=float, default=480, help="seconds for the whole run (default 480)")
+    parser.add_argument("--quick", action="store_true", help="fewer benchmark repetitions and peer shapes")
+    parser.add_argument("--only", default="tests,bench,peers,example", help="comma-separated steps to run")
+    parser.add_argument("--benchmark-filter", default=None, help="passed to every benchmark binary")
+    parser.add_argument("--report-from", metavar="RESULTS_JSON",
+                        help="measure nothing: rebuild results.md (and the side-by-side table) in OUT from a results.json")
+    parser.add_argument("--nvidia-smi", default="nvidia-smi", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+
+    if args.report_from:
+        report = json.loads(pathlib.Path(args.report_from).read_text())
+        report["side_by_side"] = side_by_side(report["benchmarks"], report["peers"])
+        out = pathlib.Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        write_report(out, report)
+        print(f"memkit gpu: rewrote {out / 'results.md'} from {args.report_from}")
+        return 0
+
+    present, why = gpu_present(args.nvidia_smi)
+    if not present:
+        print(f"memkit gpu: no NVIDIA GPU here ({why}): nothing measured")
+        return 0
+    started = time.monotonic()
+    out = pathlib.Path(args.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    base, binaries = find_binaries(args.bin_dir)
+    if not binaries:
+        print("memkit gpu: no CUDA binaries found: run `./dev.sh gpu-build` (here, or on a machine without a GPU "
+              "and carry build-gpu/carry), or pass --bin-dir", file=sys.stderr)
+        return 1
+    runner = Runner(out, args.budget, base / "lib")
+    only = set(args.only.split(","))
+    report = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+              "command": " ".join(["./dev.sh gpu"] + sys.argv[1:]), "device": device_info(args.nvidia_smi),
+              "binaries": str(base.relative_to(ROOT) if base.is_relative_to(ROOT) else base),
+              "commit": build_stamp(base), "steps": [], "benchmarks": {}, "peers": []}
+    report["source_link"] = link_source_dir(report["commit"])
+    print(f"memkit gpu: {report['device'].get('name', '?')}, binaries from {report['binaries']} "
+          f"({report['commit'].get('describe')}){'; ' + report['source_link'] if report['source_link'] else ''}", flush=True)
+
+    if "tests" in only and "tests" in binaries:
+        rc, output = runner.run("gpu_suite", [binaries["tests"], "--memkit-gpu-suite"], 200)
+        report["gpu_suite"] = parse_doctest(output)
+    min_time = "0.05" if args.quick else "0.1"
+    if "bench" in only:
+        for b in BENCHMARKS:
+            if f"bench_{b}" not in binaries:
+                runner.steps.append({"step": f"bench_{b}", "status": "missing binary"})
+                continue
+            json_path = out / f"bench_{b}.json"
+            cmd = [binaries[f"bench_{b}"], f"--benchmark_out={json_path}", "--benchmark_out_format=json",
+                   f"--benchmark_min_time={min_time}"]
+            if args.benchmark_filter:
+                cmd.append(f"--benchmark_filter={args.benchmark_filter}")
+            runner.run(f"bench_{b}", cmd, 120)
+            report["benchmarks"][b] = load_bench(json_path)
+    if "peers" in only:
+        peers_json = out / "peers.json"
+        cmd = [sys.executable, str(ROOT / "bench/peers/gpu_peers.py"), "--out", str(peers_json)] + (["--quick"] if args.quick else [])
+        runner.run("peers", cmd, 150)
+        try:
+            report["peers"] = json.loads(peers_json.read_text())
+        except (OSError, ValueError):
+            report["peers"] = [{"group": "all", "name": "peers", "skipped": "the peers script wrote nothing (see peers.log)"}]
+        versions = [f"{r['name']} {r.get('version')}" + (f" (CUDA {r['cuda']}, cuDNN {r['cudnn']})" if "cuda" in r else "")
+                    for r in report["peers"] if r.get("group") == "info"]
+        report["peer_versions"] = ", ".join(versions) or "-"
+    if "example" in only and "example" in binaries:
+        rc, output = runner.run("example", [binaries["example"], "--device", "cuda", "--short", "--check",
+                                               "--data", str(ROOT / "examples/data")], 120, cwd=out)
+        report["example"] = "\n".join(output.strip().splitlines()[-25:])
+    report["side_by_side"] = side_by_side(report["benchmarks"], report["peers"])
+    report["steps"] = runner.steps
+    report["seconds"] = time.monotonic() - started
+    write_report(out, report)
+    failed = [s for s in runner.steps if s["status"] not in ("ok",) and not s["status"].startswith("skipped")]
+    print(f"memkit gpu: wrote {out / 'results.md'} and results.json in {report['seconds']:.0f} s"
+          + (f"; steps not ok: {', '.join(s['step'] + ' (' + s['status'] + ')' for s in failed)}" if failed else ""))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,226 @@
+"""The PyTorch side of `./dev.sh gpu`: the peers of memkit's CUDA benchmarks, timed on the same shapes.
+
+Each row is what a PyTorch user runs today for the operation a memkit benchmark times (bench/*.cu), with
+the same shapes, dtypes and timing (CUDA events around the work, after a warm-up):
+
+  attention  torch.nn.functional.scaled_dot_product_attention, causal, bf16, B=1, H=8, forward + backward
+             (bench/attention_cuda.cu), with the flash backend and, where torch has it, cuDNN's
+  loss       materialized logits: hidden @ head^T in bf16, fp32 cross-entropy, backward into hidden and
+             head (bench/loss_cuda.cu's llama2_7b and llama3_8b heads, 8,192 tokens)
+  adamw      torch.optim.AdamW(fused=True), with and without clip_grad_norm_, on the 48 fp32 tensors of
+             bench/adam_cuda.cu (75.0M parameters), four steps back to back (ms per step)
+  matmul     bf16 x @ W^T, W [8192, 8192] (cuBLAS through torch; bench/quant_cuda.cu's dense rows)
+  bnb_*      bitsandbytes' 4-bit dequantize and matmul, 8-bit AdamW: only where bitsandbytes imports
+             (never installed by memkit; carried as a wheel when wanted); otherwise a skipped row says so
+  qlora_step end-to-end QLoRA steps of the models issue: skipped until memkit's decoder loads real models
+
+Writes a JSON list of rows {"group", "name", "ms", ...} (or {"group", "name", "skipped": reason}) to --out.
+torch is never a memkit dependency: this runs where torch is already installed (a GPU machine's python3).
+"""
+import argparse
+import json
+import sys
+import time
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--quick", action="store_true", help="fewer shapes and repetitions")
+    args = parser.parse_args()
+    rows = []
+
+    def skipped(group, name, reason):
+        rows.append({"group": group, "name": name, "skipped": reason})
+
+    def save():
+        with open(args.out, "w") as f:
+            json.dump(rows, f, indent=1)
+
+    try:
+        import torch
+    except Exception as e:  # noqa: BLE001 - any import failure means no peer rows
+        skipped("all", "torch", f"torch does not import: {e}")
+        save()
+        return 0
+    if not torch.cuda.is_available():
+        skipped("all", "torch", "torch sees no CUDA device")
+        save()
+        return 0
+
+    dev = torch.device("cuda")
+    reps = 5 if args.quick else 10
+
+    def timed(body, repetitions=reps):
+        """Median device milliseconds of body() over `repetitions` runs (CUDA events), after one warm-up."""
+        body()
+        torch.cuda.synchronize()
+        times = []
+        for _ in range(repetitions):
+            start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            body()
+            stop.record()
+            stop.synchronize()
+            times.append(start.elapsed_time(stop))
+        times.sort()
+        return times[len(times) // 2]
+
+    def peak_mib(body):
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        body()
+        torch.cuda.synchronize()
+        return (torch.cuda.max_memory_allocated() - base) / 2**20
+
+    rows.append({"group": "info", "name": "torch", "version": torch.__version__, "cuda": torch.version.cuda,
+                 "cudnn": torch.backends.cudnn.version(), "device": torch.cuda.get_device_name()})
+
+    # The copy roofline as torch sees it (1 GiB, read + write bytes), to compare with memkit's.
+    a = torch.empty(2**30, dtype=torch.uint8, device=dev)
+    b = torch.empty_like(a)
+    ms = timed(lambda: b.copy_(a))
+    rows.append({"group": "roofline", "name": "torch_copy_1GiB", "ms": ms, "TBps": 2 * 2**30 / (ms * 1e-3) / 1e12})
+    del a, b
+
+    # --- attention ---
+    try:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        backends = [("sdpa_flash", SDPBackend.FLASH_ATTENTION)]
+        if hasattr(SDPBackend, "CUDNN_ATTENTION"):
+            backends.append(("sdpa_cudnn", SDPBackend.CUDNN_ATTENTION))
+    except Exception as e:  # noqa: BLE001
+        backends = []
+        skipped("attention", "sdpa", f"torch.nn.attention.sdpa_kernel unavailable: {e}")
+    heads = 8
+    seqs = [1024, 4096] if args.quick else [1024, 4096, 16384]
+    for label, backend in backends:
+        for S in seqs:
+            for D in (64, 128):
+                name = f"{label}/seq:{S}/head_dim:{D}"
+                try:
+                    g = torch.Generator(device=dev).manual_seed(0)
+                    q, k, v = (torch.randn(1, heads, S, D, device=dev, dtype=torch.bfloat16, generator=g).requires_grad_()
+                               for _ in range(3))
+                    dout = torch.randn(1, heads, S, D, device=dev, dtype=torch.bfloat16, generator=g)
+
+                    def step():
+                        with sdpa_kernel(backend):
+                            out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+                        q.grad = k.grad = v.grad = None
+                        out.backward(dout)
+
+                    ms = timed(step)
+                    flops = 3.0 * 2.0 * 2.0 * S * S * D / 2 * heads  # bench/attention_cuda.cu's count
+                    rows.append({"group": "attention", "name": name, "ms": ms, "TFLOPs": flops / (ms * 1e-3) / 1e12})
+                    del q, k, v, dout
+                except Exception as e:  # noqa: BLE001 - a backend that refuses a shape is a skipped row
+                    skipped("attention", name, f"{type(e).__name__}: {str(e).splitlines()[0][:200]}")
+                torch.cuda.empty_cache()
+    save()
+
+    # --- materialized logits + cross-entropy ---
+    for case, V in (("llama2_7b", 32000), ("llama3_8b", 128256)):
+        N, H = 8192, 4096
+        name = f"materialized_ce/{case}"
+        try:
+            g = torch.Generator(device=dev).manual_seed(0)
+            hidden = (0.02 * torch.randn(N, H, device=dev, generator=g)).to(torch.bfloat16).requires_grad_()
+            head = (0.02 * torch.randn(V, H, device=dev, generator=g)).to(torch.bfloat16).requires_grad_()
+            targets = torch.randint(0, V, (N,), device=dev, generator=g)
+
+            def step():
+                logits = hidden @ head.t()
+                loss = torch.nn.functional.cross_entropy(logits.float(), targets)
+                hidden.grad = head.grad = None
+                loss.backward()
+
+            ms = timed(step, repetitions=max(3, reps // 2))
+            mib = peak_mib(step)
+            rows.append({"group": "loss", "name": name, "ms": ms, "GFLOPs": 3 * 2 * N * V * H / (ms * 1e-3) / 1e9,
+                         "peak_MiB": mib})
+            del hidden, head, targets
+        except Exception as e:  # noqa: BLE001
+            skipped("loss", name, f"{type(e).__name__}: {str(e).splitlines()[0][:200]}")
+        torch.cuda.empty_cache()
+    try:
+        import liger_kernel  # noqa: F401
+        skipped("loss", "liger_flce", "liger_kernel imports but is not timed yet")
+    except Exception:  # noqa: BLE001
+        skipped("loss", "liger_flce", "liger_kernel not installed")
+    save()
+
+    # --- AdamW on bench/adam_cuda.cu's 48 tensors ---
+    sizes = [(1 << 20) + 21845 * i for i in range(48)]
+    g = torch.Generator(device=dev).manual_seed(0)
+    params = [torch.nn.Parameter(0.1 * torch.randn(n, device=dev, generator=g)) for n in sizes]
+    for p in params:
+        p.grad = 0.01 * torch.randn(p.numel(), device=dev, generator=g)
+    total = sum(sizes)
+
+    def adam_rows(label, optimizer, clip):
+        def four_steps():
+            for _ in range(4):
+                if clip:
+                    torch.nn.utils.clip_grad_norm_(params, max_norm=1.0, foreach=True)
+                optimizer.step()
+        optimizer.step()  # the first step allocates the state
+        ms = timed(four_steps) / 4
+        state_bytes = sum(t.numel() * t.element_size() for s in optimizer.state.values() for t in s.values()
+                          if torch.is_tensor(t) and t.device.type == "cuda")
+        rows.append({"group": "adamw", "name": label, "ms": ms, "ms_per_step": ms, "parameters": total,
+                     "state_MiB": state_bytes / 2**20})
+
+    try:
+        adam_rows("torch_fused_adamw/fp32", torch.optim.AdamW(params, lr=1e-3, weight_decay=1e-2, fused=True), False)
+        adam_rows("torch_fused_adamw_clip/fp32", torch.optim.AdamW(params, lr=1e-3, weight_decay=1e-2, fused=True), True)
+        adam_rows("torch_foreach_adamw/fp32", torch.optim.AdamW(params, lr=1e-3, weight_decay=1e-2, foreach=True), False)
+    except Exception as e:  # noqa: BLE001
+        skipped("adamw", "torch_adamw", f"{type(e).__name__}: {e}")
+    save()
+
+    # --- dense bf16 matmul, W [8192, 8192] ---
+    W = (0.02 * torch.randn(8192, 8192, device=dev)).to(torch.bfloat16)
+    for M in (1, 8, 256, 1024, 4096):
+        x = torch.randn(M, 8192, device=dev).to(torch.bfloat16)
+        ms = timed(lambda: x @ W.t())
+        rows.append({"group": "matmul", "name": f"torch_bf16/{M}", "ms": ms,
+                     "TFLOPs": 2 * M * 8192 * 8192 / (ms * 1e-3) / 1e12})
+        ms = timed(lambda: x @ W)
+        rows.append({"group": "matmul", "name": f"torch_bf16_input_grad/{M}", "ms": ms,
+                     "TFLOPs": 2 * M * 8192 * 8192 / (ms * 1e-3) / 1e12})
+    save()
+
+    # --- bitsandbytes, where it imports ---
+    try:
+        import bitsandbytes as bnb
+        import bitsandbytes.functional as bnbf
+    except Exception as e:  # noqa: BLE001
+        reason = f"bitsandbytes does not import here ({type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''})"
+        for name in ("bnb_dequantize_nf4", "bnb_matmul_4bit", "bnb_adamw8bit"):
+            skipped("bnb", name, reason)
+    else:
+        rows.append({"group": "info", "name": "bitsandbytes", "version": bnb.__version__})
+        try:
+            values = torch.randn(2**28, device=dev).to(torch.bfloat16)
+            codes, qstate = bnbf.quantize_4bit(values, blocksize=64, quant_type="nf4")
+            ms = timed(lambda: bnbf.dequantize_4bit(codes, qstate))
+            rows.append({"group": "bnb", "name": "bnb_dequantize_nf4/2^28", "ms": ms})
+            del values, codes
+            codes, qstate = bnbf.quantize_4bit(W, blocksize=64, quant_type="nf4", compress_statistics=True)
+            for M in (1, 8, 256, 1024, 4096):
+                x = torch.randn(M, 8192, device=dev).to(torch.bfloat16)
+                ms = timed(lambda: bnb.matmul_4bit(x, codes.t(), quant_state=qstate))
+                rows.append({"group": "bnb", "name": f"bnb_matmul_4bit/{M}", "ms": ms})
+            adam = bnb.optim.AdamW8bit(params, lr=1e-3, weight_decay=1e-2)
+            adam_rows("bnb_adamw8bit", adam, False)
+        except Exception as e:  # noqa: BLE001
+            skipped("bnb", "bnb", f"{type(e).__name__}: {str(e).splitlines()[0][:200]}")
+    skipped("qlora_step", "transformers_peft_qlora", "needs memkit's decoder for real models (the models issue), not built yet")
+    save()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

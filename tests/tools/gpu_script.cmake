@@ -1,0 +1,66 @@
+# `./dev.sh gpu`'s driver (bench/gpu/measure.py) where there is no GPU (CI): both scripts parse, the no-GPU
+# path says so in one line and exits 0, and the report writer rebuilds the committed report of the last device
+# run (docs/gpu/) from its results.json byte for byte, side-by-side table included.
+# Run as: cmake -DPYTHON=... -DSOURCE_DIR=... -DWORK_DIR=... -P gpu_script.cmake
+foreach(script bench/gpu/measure.py bench/peers/gpu_peers.py)
+  execute_process(COMMAND ${PYTHON} -c "import ast, sys; ast.parse(open(sys.argv[1]).read(), sys.argv[1])" ${SOURCE_DIR}/${script}
+    RESULT_VARIABLE rc ERROR_VARIABLE err)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "${script} does not compile: ${err}")
+  endif()
+endforeach()
+
+file(REMOVE_RECURSE ${WORK_DIR})
+execute_process(COMMAND ${PYTHON} ${SOURCE_DIR}/bench/gpu/measure.py ${WORK_DIR}/none --nvidia-smi ${WORK_DIR}/no-such-nvidia-smi
+  RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+if(NOT rc EQUAL 0 OR NOT out MATCHES "^memkit gpu: no NVIDIA GPU here \\([^\n]*\\): nothing measured\n$")
+  message(FATAL_ERROR "no-GPU path: exit ${rc}, output '${out}${err}'")
+endif()
+if(EXISTS ${WORK_DIR}/none)
+  message(FATAL_ERROR "the no-GPU path created its output directory")
+endif()
+
+file(GLOB runs LIST_DIRECTORIES true ${SOURCE_DIR}/docs/gpu/*/results.json)
+list(LENGTH runs count)
+if(count EQUAL 0)
+  message(FATAL_ERROR "no committed device run under docs/gpu/*/results.json")
+endif()
+foreach(results_json ${runs})
+  get_filename_component(run_dir ${results_json} DIRECTORY)
+  get_filename_component(run ${run_dir} NAME)
+  execute_process(COMMAND ${PYTHON} ${SOURCE_DIR}/bench/gpu/measure.py ${WORK_DIR}/${run} --report-from ${results_json}
+    RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "--report-from ${results_json}: exit ${rc}: ${out}${err}")
+  endif()
+  file(READ ${run_dir}/results.md committed)
+  file(READ ${WORK_DIR}/${run}/results.md rebuilt)
+  if(NOT committed STREQUAL rebuilt)
+    message(FATAL_ERROR "${run_dir}/results.md differs from the report rebuilt from its results.json "
+      "(diff ${run_dir}/results.md ${WORK_DIR}/${run}/results.md)")
+  endif()
+  message(STATUS "docs/gpu/${run}: report rebuilt identically")
+endforeach()
+
+# docs/cuda.md carries the newest run's side-by-side table as generated (the rows of results.md's
+# "## Side by side" section, verbatim).
+list(SORT runs)
+list(GET runs -1 newest)
+get_filename_component(newest_dir ${newest} DIRECTORY)
+file(READ ${newest_dir}/results.md newest_md)
+string(FIND "${newest_md}" "## Side by side" begin)
+string(FIND "${newest_md}" "## Every benchmark row" end)
+if(begin LESS 0 OR end LESS begin)
+  message(FATAL_ERROR "${newest_dir}/results.md has no side-by-side section")
+endif()
+math(EXPR length "${end} - ${begin}")
+string(SUBSTRING "${newest_md}" ${begin} ${length} section)
+string(FIND "${section}" "| operation |" table_begin)
+string(SUBSTRING "${section}" ${table_begin} -1 table)
+string(STRIP "${table}" table)
+file(READ ${SOURCE_DIR}/docs/cuda.md cuda_md)
+string(FIND "${cuda_md}" "${table}" found)
+if(found LESS 0)
+  message(FATAL_ERROR "docs/cuda.md does not carry the side-by-side table of ${newest_dir}/results.md verbatim")
+endif()
+message(STATUS "docs/cuda.md carries the table of ${newest_dir}")
