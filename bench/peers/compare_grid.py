@@ -1,0 +1,81 @@
+"""memkit-budget's predictions next to the peaks bench/peers/memory_grid.py measured (#33).
+
+For each measured row it runs memkit-budget with the flags that describe the run (the PyTorch runtime: bf16
+weights; LoRA adapters and their AdamW state in fp32, as PEFT makes them; transformers' fp32 upcast of the
+logits; SDPA's flash kernel) and prints a Markdown table of allocated / reserved / device, predicted against
+measured, with the relative errors and their medians; the longest rows compare memkit-budget --max-seq under
+the cap with the bisected length. Standard library only.
+
+    python3 bench/peers/compare_grid.py tests/data/budget_measured/h200-2026-11-28.json --budget build/tools/memkit-budget
+"""
+import argparse
+import json
+import pathlib
+import statistics
+import subprocess
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+def flags(row):
+    f = ["--config", str(ROOT / row["config"]), "--batch", str(row["batch"]), "--checkpointing", row["checkpointing"],
+         "--attention", "flash", "--logits", "fp32", "--precision", "bf16"]
+    if row["method"] == "lora":
+        f += ["--method", "lora", "--lora-rank", "16", "--lora-targets", "q,k,v,o,gate,up,down", "--optimizer", "adamw"]
+    else:
+        f += ["--method", "full", "--optimizer", "adamw-bf16"]
+    f += ["--optimizer-impl", "foreach" if "foreach" in row["optimizer"] else "fused"]
+    return f
+
+
+def predict(budget, row, seq):
+    out = subprocess.run([budget] + flags(row) + ["--seq", str(seq), "--json"], capture_output=True, text=True, check=True)
+    d = json.loads(out.stdout)
+    peak = {m: max(phase[m] for phase in d["figures"].values()) for m in ("allocated", "reserved", "device")}
+    return peak, d["trainable_parameters"]
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("grid")
+    parser.add_argument("--budget", default=str(ROOT / "build/tools/memkit-budget"))
+    args = parser.parse_args()
+    grid = json.loads(pathlib.Path(args.grid).read_text())
+    print(f"Measured: {grid['device']}, torch {grid['versions']['torch']}, transformers {grid['versions']['transformers']}, "
+          f"peft {grid['versions']['peft']}, {grid['date']} ({args.grid}).\n")
+    print("| model | method | optimizer | seq | ckpt | allocated GiB measured / predicted | error | reserved error | device error |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    errors = {"allocated": [], "reserved": [], "device": []}
+    for row in grid["rows"]:
+        if "oom" in row or not row.get("allocated"):
+            continue
+        peak, trainable = predict(args.budget, row, row["sequence"])
+        err = {m: peak[m] / row[m] - 1 for m in errors}
+        for m in errors:
+            errors[m].append(err[m])
+        note = "" if trainable == row["trainable_parameters"] else f" (trainable {trainable:,} vs {row['trainable_parameters']:,})"
+        print(f"| {row['model']} | {row['method']}{note} | {row['optimizer'].split()[-1]} | {row['sequence']} | {row['checkpointing']} | "
+              f"{row['allocated'] / 2**30:.2f} / {peak['allocated'] / 2**30:.2f} | {err['allocated']:+.1%} | "
+              f"{err['reserved']:+.1%} | {err['device']:+.1%} |")
+    print()
+    for m, e in errors.items():
+        if e:
+            print(f"- {m}: median |error| {statistics.median(abs(x) for x in e):.1%}, worst {max(e, key=abs):+.1%} over {len(e)} rows")
+    for row in grid.get("longest", []):
+        cap_gib = row["cap_gib"]
+        low, high = 256, 262144
+        while high - low > 256:  # memkit-budget's prediction: the longest sequence whose device peak fits the cap
+            mid = (low + high) // 2
+            peak, _ = predict(args.budget, dict(row, batch=1), mid)
+            if peak["device"] <= cap_gib * 2**30:
+                low = mid
+            else:
+                high = mid
+        print(f"- longest sequence, {row['model']} {row['method']} (checkpointing) under {cap_gib} GiB: measured "
+              f"{row['longest_tokens']} (granularity {row['granularity']}), memkit-budget {low} ({low / row['longest_tokens'] - 1:+.0%})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
