@@ -7,6 +7,8 @@ run it, read it and run it again):
   3. every CUDA benchmark (Google Benchmark, JSON);
   4. the PyTorch side of each comparison (bench/peers/gpu_peers.py, with the machine's python3);
   5. the example's device run (memkit_example_train_llama_cuda --device cuda --short --check);
+  6. memory_budget's ground truth (bench/peers/memory_grid.py: real transformers + PEFT steps, peak memory;
+     compare with bench/peers/compare_grid.py and commit the rows under tests/data/budget_measured/);
 and writes OUTDIR/results.md (one Markdown report: tests, the side-by-side table, every benchmark row) and
 OUTDIR/results.json (every figure), plus each step's log.
 
@@ -293,6 +295,11 @@ def write_report(out, report):
     for r in report["peers"]:
         extra = ", ".join(f"{k} {fmt(v)}" for k, v in r.items() if k not in ("group", "name", "ms"))
         lines.append(f"| {r.get('group')} | {r.get('name')} | {fmt(r.get('ms'))} | {extra} |")
+    grid = report.get("memory_grid")
+    if grid:
+        lines += ["", "## memory_budget's ground truth", "",
+                  f"{grid['rows']} measured rows and {grid.get('longest', 0)} longest-sequence searches in {grid['file']} "
+                  "(bench/peers/compare_grid.py puts memkit-budget beside them)."]
     ex = report.get("example")
     if ex:
         lines += ["", "## The example on the device", "", "```", ex, "```"]
@@ -305,7 +312,7 @@ def main():
     parser.add_argument("--bin-dir", help="where the CUDA binaries are (default build-gpu/carry, then build-gpu)")
     parser.add_argument("--budget", type=float, default=480, help="seconds for the whole run (default 480)")
     parser.add_argument("--quick", action="store_true", help="fewer benchmark repetitions and peer shapes")
-    parser.add_argument("--only", default="tests,bench,peers,example", help="comma-separated steps to run")
+    parser.add_argument("--only", default="tests,bench,peers,example,grid", help="comma-separated steps to run")
     parser.add_argument("--benchmark-filter", default=None, help="passed to every benchmark binary")
     parser.add_argument("--report-from", metavar="RESULTS_JSON",
                         help="measure nothing: rebuild results.md (and the side-by-side table) in OUT from a results.json")
@@ -374,6 +381,15 @@ def main():
         rc, output = runner.run("example", [binaries["example"], "--device", "cuda", "--short", "--check",
                                                "--data", str(ROOT / "examples/data")], 120, cwd=out)
         report["example"] = "\n".join(output.strip().splitlines()[-25:])
+    if "grid" in only:
+        grid_json = out / "memory_grid.json"
+        runner.run("memory_grid", [sys.executable, str(ROOT / "bench/peers/memory_grid.py"), "--out", str(grid_json),
+                                   "--budget", str(max(0, min(205, runner.left() - 25)))], 240)
+        try:
+            grid = json.loads(grid_json.read_text())
+            report["memory_grid"] = {"rows": len(grid["rows"]), "longest": len(grid["longest"]), "file": grid_json.name}
+        except (OSError, ValueError, KeyError):
+            report["memory_grid"] = {"rows": 0, "file": None}
     report["side_by_side"] = side_by_side(report["benchmarks"], report["peers"])
     report["steps"] = runner.steps
     report["seconds"] = time.monotonic() - started
