@@ -66,6 +66,7 @@ struct options {
   training_plan plan{};
   bool sequence_given = false;
   bool want_plan = false, want_max_batch = false, want_max_seq = false, want_json = false;
+  bool optimizer_impl_given = false;
   metric fit_metric = metric::device;
 };
 
@@ -188,6 +189,7 @@ options parse_arguments(int argc, char** argv) {
     } else if (flag == "--optimizer-impl") {
       static constexpr std::pair<const char*, bool> choices[] = {{"foreach", false}, {"fused", true}};
       p.fused_optimizer = parse_choice(flag, value(), choices);
+      o.optimizer_impl_given = true;
     } else if (flag == "--paged") {
       o.paged = true;
     } else if (flag == "--optimizer-in-backward") {
@@ -206,6 +208,8 @@ options parse_arguments(int argc, char** argv) {
       p.offload_parameters = offload.parameters;
     } else if (flag == "--gpus") {
       p.gpus = parse_count(flag, value());
+      if (p.gpus > memkit::budget::max_gpus)
+        throw usage_error("--gpus is at most " + std::to_string(memkit::budget::max_gpus) + ", got " + std::to_string(p.gpus));
     } else if (flag == "--zero") {
       const std::uint64_t stage = parse_count(flag, value(), true);
       if (stage > 3) throw usage_error("--zero must be 0, 1, 2 or 3, got " + std::to_string(stage));
@@ -248,6 +252,9 @@ options parse_arguments(int argc, char** argv) {
     }
   }
   if (o.config_path.empty() == o.preset.empty()) throw usage_error("give exactly one of --config PATH or --preset NAME");
+  if (o.optimizer_impl_given && p.memkit_runtime())
+    throw usage_error("--optimizer-impl chooses between torch AdamW's foreach and fused steps; the memkit runtime's "
+                      "adam_state has one step: drop it or use --runtime pytorch");
   if (o.method != method_choice::full) {
     p.training = method::lora;
     if (o.method == method_choice::qlora) p.weights = weight_storage{weight_format::nf4, 64, o.double_quant};

@@ -268,6 +268,13 @@ TEST_CASE("attention: bad input is a clear memkit::error and writes nothing") {
   CHECK_THROWS_WITH_AS(att::forward<float>(memkit::host, view(q, 2, 3, 8, 4), view(k, 2, 1, 8, 4), view(v, 2, 1, 8, 4),
                                            view(out, 2, 3, 8, 4), lv, negative, ws),
                        doctest::Contains("window"), memkit::error);
+  // A negative thread count (#35: accepted silently before; the one rule of core/host_threads.hpp).
+  att::attention_options negative_threads;
+  negative_threads.host_threads = -3;
+  CHECK_THROWS_WITH_AS(att::forward<float>(memkit::host, view(q, 2, 3, 8, 4), view(k, 2, 1, 8, 4), view(v, 2, 1, 8, 4),
+                                           view(out, 2, 3, 8, 4), lv, negative_threads, ws),
+                       doctest::Contains("attention::forward: host_threads must be >= 0 (0: every hardware thread), got -3"),
+                       memkit::error);
   // Device memory handed to the host path.
   const memkit::tensor_view<float> on_device(q.data(), memkit::shape{2, 3, 8, 4}, memkit::memory_kind::device);
   CHECK_THROWS_WITH_AS(att::forward<float>(memkit::host, on_device, view(k, 2, 1, 8, 4), view(v, 2, 1, 8, 4),

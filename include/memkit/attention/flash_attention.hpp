@@ -174,6 +174,7 @@ void validate(const char* op, const tensor_view<const T>& q, const tensor_view<c
           who + ": lse must be fp32 [" + std::to_string(B) + ", " + std::to_string(Hq) + ", " + std::to_string(S) +
               "], got " + to_string(lse.shape()));
   require(o.window >= 0, who + ": window must be >= 0 (0: none), got " + std::to_string(o.window));
+  require_host_threads(who, o.host_threads);
   require(std::isfinite(o.scale) && o.scale >= 0, who + ": scale must be finite and >= 0 (0: 1/sqrt(head_dim))");
   for (const void* p : {static_cast<const void*>(q.data()), static_cast<const void*>(k.data()),
                         static_cast<const void*>(v.data()), static_cast<const void*>(out.data()),

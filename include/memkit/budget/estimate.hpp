@@ -142,6 +142,9 @@ constexpr bool plan_sizes_bounded(const model_config& m, const training_plan& p)
 }
 }  // namespace detail
 
+// More GPUs than any real run: products of per-GPU shares with this count stay far from 2^62.
+inline constexpr std::uint64_t max_gpus = std::uint64_t{1} << 16;
+
 // What is wrong with `plan` for `model`, or empty.
 constexpr std::string_view plan_problem(const model_config& m, const training_plan& p) noexcept {
   if (!m.valid()) return m.problem();
@@ -149,6 +152,7 @@ constexpr std::string_view plan_problem(const model_config& m, const training_pl
   if (p.sequence == 0) return "sequence length must be positive";
   if (p.grad_accum == 0) return "gradient accumulation must be positive";
   if (p.gpus == 0) return "number of GPUs must be positive";
+  if (p.gpus > max_gpus) return "number of GPUs is past any real run (at most 65536)";
   if (p.zero_stage < 0 || p.zero_stage > 3) return "ZeRO stage must be 0, 1, 2 or 3";
   if (!detail::plan_sizes_bounded(m, p))
     return "micro-batch x sequence (x gradient accumulation, or the LoRA rank) is past any real run: the byte "
@@ -187,6 +191,9 @@ constexpr std::string_view plan_problem(const model_config& m, const training_pl
     if (p.placement == optimizer_placement::paged) return "paged optimizer state is bitsandbytes': not with the memkit runtime";
     if (p.optimizer_in_backward)
       return "memkit's adam_state steps every tensor once after backward (one step counter, global-norm clipping)";
+    if (p.gpus > 1 && p.zero_stage == 3)
+      return "memkit shards optimizer state and gradients (ZeRO stages 1 and 2, distributed::sharded_adam_state), "
+             "not yet the weights: ZeRO-3 is not available with the memkit runtime";
   }
   if (p.host_threads > 0 && !p.memkit_runtime()) return "host execution (host_threads) is modelled for the memkit runtime only";
   return {};

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <exception>
 #include <mutex>
+#include <string>
 #include <system_error>
 #include <thread>
 #include <vector>
@@ -27,6 +28,13 @@ inline std::int64_t hardware_threads() noexcept {
 inline int resolve_host_threads(int host_threads) noexcept {
   const std::int64_t wanted = host_threads > 0 ? host_threads : hardware_threads();
   return static_cast<int>(std::max<std::int64_t>(wanted, 1));
+}
+
+// The one check of a `host_threads` option, which every component that takes one applies: 0 (every hardware
+// thread) or a positive count.
+inline void require_host_threads(const std::string& operation, int host_threads) {
+  if (host_threads < 0)
+    throw error(operation + ": host_threads must be >= 0 (0: every hardware thread), got " + std::to_string(host_threads));
 }
 
 namespace detail {

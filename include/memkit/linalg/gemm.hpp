@@ -603,8 +603,7 @@ void gemm(const host_executor& exec, transpose op_a, transpose op_b, float alpha
   const char* operation = "linalg::gemm";
   if (!exec.can_access(A.where) || !exec.can_access(B.where) || !exec.can_access(C.where))
     throw error(std::string(operation) + ": an operand is in device memory, which the host executor cannot access");
-  if (options.host_threads < 0)
-    throw error(std::string(operation) + ": host_threads must be >= 0, got " + std::to_string(options.host_threads));
+  require_host_threads(operation, options.host_threads);
   if (M == 0 || N == 0) return;
   if (K == 0) {  // an empty sum: C = beta * C, and C is not read when beta is 0
     for (std::int64_t m = 0; m < M; ++m)

@@ -49,6 +49,7 @@
 #include "memkit/core/float16.hpp"
 #include "memkit/core/random.hpp"
 #include "memkit/core/tensor_view.hpp"
+#include "memkit/core/host_threads.hpp"
 #include "memkit/linalg/gemm.hpp"
 #include "memkit/lora/lora_memory.hpp"
 #include "memkit/memory/buffer.hpp"
@@ -640,7 +641,7 @@ class lora_linear {
                                                           std::to_string(o.alpha));
     require(o.dropout >= 0.0f && o.dropout < 1.0f,
             "lora_linear: dropout must be in [0, 1), got " + std::to_string(o.dropout));
-    require(o.host_threads >= 0, "lora_linear: host_threads must be >= 0, got " + std::to_string(o.host_threads));
+    require_host_threads("lora_linear", o.host_threads);
     return o;
   }
 

@@ -234,7 +234,7 @@ loss_dims check_arguments(const char* operation, const tensor_view<const T>& hid
           op + ": logit_softcap must be >= 0 and finite, got " + std::to_string(options.logit_softcap));
   require(options.z_loss >= 0 && std::isfinite(options.z_loss),
           op + ": z_loss must be >= 0 and finite, got " + std::to_string(options.z_loss));
-  require(options.host_threads >= 0, op + ": host_threads must be >= 0, got " + std::to_string(options.host_threads));
+  require_host_threads(op, options.host_threads);
   return {N, H, V};
 }
 

@@ -743,8 +743,7 @@ class adam_state {
     validate(options_.loss_scaling, "adam_state");
     require(options_.min_quantized_size >= 0, "adam_state: min_quantized_size must be >= 0");
     require(options_.max_grad_norm >= 0.0f, "adam_state: max_grad_norm must be >= 0");
-    require(options_.host_threads >= 0, "adam_state: host_threads must be >= 0 (0: all hardware threads), got " +
-                                            std::to_string(options_.host_threads));
+    require_host_threads("adam_state", options_.host_threads);
     std::int64_t chunks = 0;
     for (std::size_t i = 0; i < sizes.size(); ++i) {
       require(sizes[i] > 0, "adam_state: tensor " + std::to_string(i) + " has " + std::to_string(sizes[i]) +
