@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <filesystem>
 #include <string>
 #include <unistd.h>
@@ -314,6 +315,34 @@ TEST_CASE("bnb: a file that does not match the state is refused, naming the key,
   const auto step_bytes = bytes_of(step3);
   CHECK(refused(damaged_copy("step", "state.4.step", &step_bytes)).find(
             "'state.4.step' is 3 but 'state.0.step' is 5; memkit keeps one step count") != std::string::npos);
+  // #35: a step past 2^62 (INT64_MAX overflowed the next step's counter) is refused with the key named, by the
+  // same check adam_state::load applies; so is a key whose parameter index does not fit 64 bits (escaped as
+  // std::out_of_range "stoull") and a non-number where param_groups wants one (the field named).
+  const std::vector<std::int64_t> step_max = {std::numeric_limits<std::int64_t>::max()};
+  const auto step_max_bytes = bytes_of(step_max);
+  CHECK(refused(damaged_copy("step_max", "state.0.step", &step_max_bytes)).find(
+            "'state.0.step': step 9223372036854775807 (must be 0 .. 2^62)") != std::string::npos);
+  {
+    const std::string path = "/tmp/memkit_test_bnb_huge_index_" + std::to_string(::getpid()) + ".safetensors";
+    const st::reader in(step5_state);
+    st::writer out;
+    for (const auto& [k, v] : in.metadata()) out.add_metadata(k, v);
+    for (const st::tensor_info& t : in.tensors()) {
+      std::vector<std::byte> bytes(t.bytes());
+      in.read_bytes(t.name, bytes.data(), bytes.size());
+      out.add_bytes(t.name, t.dtype, t.shape, bytes.data(), bytes.size());
+    }
+    out.add_bytes("state.99999999999999999999999.step", "I64", {1}, step_max_bytes.data(), step_max_bytes.size());
+    out.write(path);
+    CHECK(refused(path).find("key 'state.99999999999999999999999.step' names parameter 99999999999999999999999, but the "
+                             "adam_state has 8 tensors") != std::string::npos);
+  }
+  CHECK(refused(damaged_copy("beta_text", "", nullptr, "", {},
+                             {{"param_groups", R"([{"lr": 0.002, "betas": [0.9, "0.995"], "eps": 1e-08, "weight_decay": 0.01, "params": [0, 1, 2, 3, 4, 5, 6, 7]}])"}}))
+            .find("param_groups[0].betas[1] is not a number") != std::string::npos);
+  CHECK(refused(damaged_copy("param_text", "", nullptr, "", {},
+                             {{"param_groups", R"([{"lr": 0.002, "betas": [0.9, 0.995], "eps": 1e-08, "weight_decay": 0.01, "params": [0, 1, "2", 3, 4, 5, 6, 7]}])"}}))
+            .find("param_groups[0].params holds a string") != std::string::npos);
   std::vector<float> short_absmax(15, 1.0f);
   const auto short_bytes = bytes_of(short_absmax);
   CHECK(refused(damaged_copy("short", "state.1.absmax1", &short_bytes, "F32", {15})).find(
@@ -427,6 +456,10 @@ TEST_CASE("bnb: read-only views and assign() round-trip any state; fp32 states u
   std::vector<memkit::adam_tensor_state<float>> copy = {q.tensor_state(0), q.tensor_state(1)};
   state8 q2(host, memkit::default_host_resource(), sizes);
   q2.assign(host, copy, q.control(host).step);
+  // A step past 2^62 is refused by assign() as by load() (#35: INT64_MAX overflowed the next step).
+  CHECK_THROWS_WITH_AS(q2.assign(host, copy, std::numeric_limits<std::int64_t>::max()),
+                       doctest::Contains("adam_state::assign: step 9223372036854775807 (must be 0 .. 2^62)"), memkit::error);
+  CHECK(q2.control(host).step == q.control(host).step);
   std::vector<float> m_a, v_a, m_b, v_b;
   q.read_moments(host, 1, m_a, v_a);
   q2.read_moments(host, 1, m_b, v_b);

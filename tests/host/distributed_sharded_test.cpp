@@ -5,7 +5,10 @@
 #include <memkit/distributed/sharded_adam_state.hpp>
 #include <memkit/memory/tracking.hpp>
 
+#include <cmath>
 #include <cstdint>
+#include <cstring>
+#include <limits>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -154,4 +157,132 @@ TEST_CASE("sharded_adam: bad input is refused before anything changes") {
   CHECK_THROWS_AS(sharded_adam_state<float>(host, single_communicator{}, memkit::default_host_resource(),
                                             std::vector<std::int64_t>{5, 0}),
                   memkit::error);
+}
+
+namespace {
+
+// A rank image taken apart: the header before the body, the body, and where the control block starts in it.
+struct image_parts {
+  std::string head, body;
+  std::size_t control_at = 0;
+};
+template <class S>
+image_parts split_image(const std::string& image, std::size_t tensors) {
+  std::uint32_t magic_length = 0;
+  std::memcpy(&magic_length, image.data(), 4);
+  const std::size_t head = 4 + magic_length + 4 + 8;
+  image_parts parts{image.substr(0, head), image.substr(head, image.size() - head - 8), 0};
+  // name, bits, block, map fingerprint, min_quantized_size, ranks, rank, run id, tensor count, sizes
+  parts.control_at = 4 + S::format_name().size() + 4 + 4 + 8 + 8 + 4 + 4 + 8 + 8 + 8 * tensors;
+  return parts;
+}
+// The image with its body replaced and the checksum recomputed (a forgery the checksum cannot catch).
+template <class S>
+std::string forged(const image_parts& parts) {
+  std::string out = parts.head + parts.body;
+  const std::uint64_t sum = S::image_checksum(parts.body.data(), parts.body.size());
+  out.append(reinterpret_cast<const char*>(&sum), 8);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("sharded_adam: forged images are refused by the checks adam_state::load applies (#35)") {
+  using S = sharded_adam_state<float>;
+  const std::vector<std::int64_t> sizes{5000, 300};
+  S state(host, single_communicator{}, memkit::default_host_resource(), sizes);
+  std::vector<float> params(static_cast<std::size_t>(state.flat_size()), 0.5f), grads(params.size(), 0.01f);
+  state.step_full_gradients(host, single_communicator{}, memkit::host_view(params), memkit::host_view(grads),
+                            sharded_test::groups);
+  std::stringstream saved;
+  state.save(host, saved);
+  const image_parts parts = split_image<S>(saved.str(), sizes.size());
+  S target(host, single_communicator{}, memkit::default_host_resource(), sizes);
+  auto load_forged = [&](const image_parts& p) {
+    std::stringstream in(forged<S>(p));
+    target.load(host, in);
+  };
+  auto with_control = [&](auto change) {
+    image_parts p = parts;
+    memkit::adam_control c{};
+    std::memcpy(&c, p.body.data() + p.control_at, sizeof c);
+    change(c);
+    std::memcpy(p.body.data() + p.control_at, &c, sizeof c);
+    return p;
+  };
+  // The untouched image, re-checksummed, loads: the forging itself is right.
+  load_forged(parts);
+  CHECK(target.control(host).step == 1);
+  S fresh(host, single_communicator{}, memkit::default_host_resource(), sizes);
+  auto refused = [&](const image_parts& p, const char* message) {
+    CAPTURE(message);
+    std::stringstream in(forged<S>(p));
+    CHECK_THROWS_WITH_AS(fresh.load(host, in), doctest::Contains(message), memkit::error);
+    CHECK(fresh.control(host).step == 0);  // nothing half-loaded
+  };
+  refused(with_control([](memkit::adam_control& c) { c.step = std::numeric_limits<std::int64_t>::max(); }),
+          "step 9223372036854775807 (must be 0 .. 2^62)");
+  refused(with_control([](memkit::adam_control& c) { c.step = -5; }), "step -5");
+  refused(with_control([](memkit::adam_control& c) {
+            c.loss_scale = std::numeric_limits<float>::quiet_NaN();
+            c.grad_norm = -1.0;
+          }),
+          "grad_norm");
+  refused(with_control([](memkit::adam_control& c) { c.loss_scale = std::numeric_limits<float>::quiet_NaN(); }),
+          "loss_scale");
+  // Moments: a NaN first moment, a negative second moment (the first piece's m then v, fp32).
+  const std::size_t moments_at = parts.control_at + sizeof(memkit::adam_control) + 8 + 3 * 8;
+  {
+    image_parts p = parts;
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    std::memcpy(p.body.data() + moments_at + 4 * 7, &nan, 4);
+    refused(p, "m[7] is nan");
+  }
+  {
+    image_parts p = parts;
+    const float negative = -1.0f;
+    std::memcpy(p.body.data() + moments_at + 4 * 5000 + 4 * 3, &negative, 4);
+    refused(p, "v[3] is -1");
+  }
+}
+
+TEST_CASE("sharded_adam: a short image claiming a huge body allocates nothing for it (#35)") {
+  using S = sharded_adam_state<float>;
+  const std::vector<std::int64_t> sizes{5000, 300};
+  S state(host, single_communicator{}, memkit::default_host_resource(), sizes);
+  std::stringstream saved;
+  state.save(host, saved);
+  std::string image = saved.str();
+  std::uint32_t magic_length = 0;
+  std::memcpy(&magic_length, image.data(), 4);
+  // Keep the header, claim the largest body the bound allows (the whole unsharded state), end the stream.
+  std::string head = image.substr(0, 4 + magic_length + 4 + 8);
+  const std::uint64_t claimed = memkit::adam_state<float>::bytes_required(sizes) + (1u << 20);
+  std::memcpy(head.data() + 4 + magic_length + 4, &claimed, 8);
+  head += "0123456789abcdef0123456789";
+  std::stringstream in(head);
+  CHECK_THROWS_WITH_AS(state.load(host, in), doctest::Contains("the stream ends after 26"), memkit::error);
+}
+
+TEST_CASE("sharded_adam: images carry their run: another run's image is refused, even at the same step (#35)") {
+  using S = sharded_adam_state<float>;
+  const std::vector<std::int64_t> sizes{5000, 300};
+  S run_a(host, single_communicator{}, memkit::default_host_resource(), sizes);
+  S run_b(host, single_communicator{}, memkit::default_host_resource(), sizes);
+  run_a.set_run_id(0xA11CE);
+  run_b.set_run_id(0xB0B);
+  std::stringstream image_a, image_b;
+  run_a.save(host, image_a);
+  run_b.save(host, image_b);
+  // Resuming run A: its own image loads, run B's (same step, same control block) does not.
+  S resume(host, single_communicator{}, memkit::default_host_resource(), sizes);
+  resume.set_run_id(0xA11CE);
+  CHECK_THROWS_WITH_AS(resume.load(host, image_b), doctest::Contains("from run 2827, this state belongs to run 659918"),
+                       memkit::error);
+  resume.load(host, image_a);
+  // A state without a run id takes the images'.
+  S anonymous(host, single_communicator{}, memkit::default_host_resource(), sizes);
+  std::stringstream again(image_a.str());
+  anonymous.load(host, again);
+  CHECK(anonymous.run_id() == 0xA11CE);
 }

@@ -233,6 +233,12 @@ class sharded_adam_state {
   memory_kind where() const noexcept { return arena_.where(); }
   tensor_view<const std::byte> arena_view() const noexcept { return arena_.view(); }
   const adam_options& options() const noexcept { return options_; }
+  // The run this state belongs to, saved in every rank image: load() refuses images of different runs, and,
+  // once this state has one (nonzero), images of any other run, even at the same step. Give every rank the
+  // same id (a job id, or a random number rank 0 broadcasts at start); 0 means none given. A state that
+  // loads images takes their id.
+  std::uint64_t run_id() const noexcept { return run_id_; }
+  void set_run_id(std::uint64_t id) noexcept { run_id_ = id; }
   void set_max_grad_norm(float max_norm) {
     require(max_norm >= 0.0f && memkit::detail::is_finite(max_norm),
             "sharded_adam_state::set_max_grad_norm: need a finite value >= 0");
@@ -346,7 +352,11 @@ class sharded_adam_state {
   }
 
   // ---- Save / load per rank, with re-sharding ----
-  static constexpr std::uint32_t format_version = 1;
+  // The checksum an image carries after its body (tests forge images with it: it catches accidents, not forgery).
+  static std::uint64_t image_checksum(const char* data, std::size_t size) noexcept { return checksum(data, size); }
+
+  // Version 2 added the run identity; version 1 images are refused (they cannot say which run they are from).
+  static constexpr std::uint32_t format_version = 2;
   static std::string format_name() { return std::string("memkit.sharded_adam_state.") + traits::name; }
 
   // Writes this rank's image: the layout it was made for, the control block and its pieces' moments.
@@ -361,6 +371,7 @@ class sharded_adam_state {
     put(body, options_.min_quantized_size);
     put(body, static_cast<std::uint32_t>(ranks_));
     put(body, static_cast<std::uint32_t>(rank_));
+    put(body, run_id_);
     put(body, static_cast<std::uint64_t>(sizes_.size()));
     for (std::int64_t n : sizes_) put(body, n);
     body.append(reinterpret_cast<const char*>(image.data()), sizeof(adam_control));
@@ -392,6 +403,7 @@ class sharded_adam_state {
     std::vector<std::byte> staging(arena_.bytes(), std::byte{0});
     std::vector<char> seen;
     adam_control first_control{};
+    std::uint64_t first_run = 0;
     for (std::size_t k = 0; k < images.size(); ++k) {
       require(images[k] != nullptr, op + ": image " + std::to_string(k) + " is null");
       const std::string where = op + ": image " + std::to_string(k);
@@ -412,10 +424,18 @@ class sharded_adam_state {
       if (seen.empty()) seen.assign(images.size(), 0);
       require(!seen[static_cast<std::size_t>(saved_rank)], where + ": rank " + std::to_string(saved_rank) + " appears twice");
       seen[static_cast<std::size_t>(saved_rank)] = 1;
+      const auto run = in.template pod<std::uint64_t>();
+      if (k == 0) first_run = run;
+      require(run == first_run, where + ": from run " + std::to_string(run) + ", image 0 from run " +
+                                    std::to_string(first_run) + " (images of different runs)");
+      require(run_id_ == 0 || run == run_id_, where + ": from run " + std::to_string(run) + ", this state belongs to run " +
+                                                  std::to_string(run_id_));
       require(in.template pod<std::uint64_t>() == sizes_.size(), where + ": tensor count differs");
       for (std::size_t i = 0; i < sizes_.size(); ++i)
         require(in.template pod<std::int64_t>() == sizes_[i], where + ": tensor " + std::to_string(i) + "'s size differs");
       const auto control = in.template pod<adam_control>();
+      // The fields adam_state::load checks, with the same function (a forged image can carry a valid checksum).
+      validate_control(control, where + ": the control block has ", total_chunks_, options_.loss_scaling);
       if (k == 0) first_control = control;
       require(std::memcmp(&control, &first_control, sizeof control) == 0, where + ": holds a different step than image 0 (images from different saves)");
       // The pieces must be exactly those the layout gives that rank.
@@ -444,8 +464,10 @@ class sharded_adam_state {
       require(in.at == body.size(), where + ": trailing bytes after the last piece");
     }
     std::memcpy(staging.data(), &first_control, sizeof first_control);
+    validate_moments(op, staging.data());
     require_accessible(exec, arena_view(), "sharded_adam_state::load", "optimizer state");
     copy_in(exec, staging.data(), staging.size());  // every image checked: now replace
+    run_id_ = first_run;
   }
   template <executor E>
   void load(const E& exec, std::istream& image) {
@@ -715,6 +737,35 @@ class sharded_adam_state {
     return 0.0f;
   }
 
+  // This rank's moments as load() assembled them, checked as adam_state checks a loaded image: finite first
+  // moments, finite second moments >= 0, finite block scales >= 0.
+  void validate_moments(const std::string& op, const std::byte* base) const {
+    for (const shard_piece& p : pieces_) {
+      const std::string which = op + ": tensor " + std::to_string(p.tensor) + " elements " + std::to_string(p.begin) +
+                                ".." + std::to_string(p.end);
+      if (p.quantized) {
+        if constexpr (quantized) {
+          const std::int64_t blocks = (p.count() + divisor_block - 1) / divisor_block;
+          for (const std::size_t offset : {p.m_scale_offset, p.v_scale_offset})
+            for (std::int64_t b = 0; b < blocks; ++b) {
+              const float a = reinterpret_cast<const float*>(base + offset)[b];
+              require(memkit::detail::is_finite(a) && a >= 0.0f,
+                      which + ": " + (offset == p.m_scale_offset ? "m" : "v") + " block scale " + std::to_string(b) +
+                          " is " + format_float(a) + "; block scales must be finite and >= 0");
+            }
+        }
+        continue;
+      }
+      for (std::int64_t i = 0; i < p.count(); ++i) {
+        const float m = load_moment(base, p, i, true), v = load_moment(base, p, i, false);
+        require(memkit::detail::is_finite(m), which + ": m[" + std::to_string(i) + "] is " + format_float(m) +
+                                                  "; moments must be finite");
+        require(memkit::detail::is_finite(v) && v >= 0.0f,
+                which + ": v[" + std::to_string(i) + "] is " + format_float(v) + "; second moments must be finite and >= 0");
+      }
+    }
+  }
+
   // The arena byte ranges of elements [first, first + count) of a piece (first a multiple of the
   // granule, or the whole piece): m, v, then m and v scales when quantized.
   struct segment {
@@ -813,9 +864,19 @@ class sharded_adam_state {
     // No image of these tensors is larger than the whole unsharded state plus its headers.
     const std::uint64_t bound = (1u << 20) + 64 * sizes_.size() + unsharded::bytes_required(sizes_, options_);
     require(length <= bound, where + ": image header is corrupt (body of " + std::to_string(length) + " bytes)");
-    std::string body(static_cast<std::size_t>(length), '\0');
-    in.read(body.data(), static_cast<std::streamsize>(length));
-    require(static_cast<std::uint64_t>(in.gcount()) == length, where + ": image is truncated");
+    // Read in pieces of at most 1 MiB, so memory grows with the bytes the stream really holds, never with
+    // the length a (forged) header claims: a 41-byte image claiming gigabytes fails after 41 bytes.
+    std::string body;
+    constexpr std::uint64_t piece = std::uint64_t{1} << 20;
+    while (body.size() < length) {
+      const std::size_t want = static_cast<std::size_t>(std::min<std::uint64_t>(piece, length - body.size()));
+      const std::size_t had = body.size();
+      body.resize(had + want);
+      in.read(body.data() + had, static_cast<std::streamsize>(want));
+      require(static_cast<std::size_t>(in.gcount()) == want,
+              where + ": image is truncated (the header says " + std::to_string(length) + " bytes, the stream ends after " +
+                  std::to_string(had + static_cast<std::size_t>(in.gcount())) + ")");
+    }
     require(read_raw<std::uint64_t>(in, where) == checksum(body.data(), body.size()),
             where + ": image checksum does not match (corrupt)");
     return body;
@@ -857,6 +918,7 @@ class sharded_adam_state {
 
   adam_options options_;
   int rank_ = 0, ranks_ = 1;
+  std::uint64_t run_id_ = 0;
   std::vector<std::int64_t> sizes_, flat_offsets_, first_chunks_;
   std::int64_t total_chunks_ = 0, flat_size_ = 0, shard_size_ = 0;
   std::vector<shard_piece> pieces_;

@@ -105,6 +105,49 @@ struct adam_control {
   std::int32_t applied = 0;            // 1 when the last step updated anything
 };
 
+// No run takes 2^62 steps; the bound leaves room to keep counting without overflow. Every way into a state
+// (adam_state::load and assign, the bitsandbytes import, sharded_adam_state::load) applies it.
+inline constexpr std::int64_t adam_max_steps = std::int64_t{1} << 62;
+
+// A step count given to a state from outside (assign, an imported file): 0 .. 2^62.
+inline void validate_step_count(std::int64_t step, const std::string& where) {
+  require(step >= 0 && step <= adam_max_steps, where + ": step " + std::to_string(step) + " (must be 0 .. 2^62)");
+}
+
+// Every field of a control block read from an image, the one check adam_state::load and
+// sharded_adam_state::load share: `where` names it ("...: the image's control block has "), `total_chunks` is
+// the state's gradient-norm chunk count, `scaler` its loss-scaling options.
+inline void validate_control(const adam_control& c, const std::string& where, std::int64_t total_chunks,
+                             const loss_scaler_options& scaler) {
+  require(c.step >= 0 && c.step <= adam_max_steps, where + "step " + std::to_string(c.step) + " (must be 0 .. 2^62)");
+  require(c.skipped_steps >= 0 && c.skipped_steps <= adam_max_steps,
+          where + "skipped_steps " + std::to_string(c.skipped_steps) + " (must be 0 .. 2^62)");
+  require(c.first_nonfinite_chunk >= -1 && c.first_nonfinite_chunk < (total_chunks > 1 ? total_chunks : 1),
+          where + "first_nonfinite_chunk " + std::to_string(c.first_nonfinite_chunk) + " (must be -1 .. " +
+              std::to_string(total_chunks - 1) + ")");
+  require(c.applied == 0 || c.applied == 1, where + "applied " + std::to_string(c.applied) + " (must be 0 or 1)");
+  // grad_norm is Inf or NaN after a skipped step; never negative. grad_multiplier is recomputed by the next
+  // step, but an applied step's was finite.
+  require(!(c.grad_norm < 0.0), where + "grad_norm " + std::to_string(c.grad_norm) + " (must not be negative)");
+  require(c.applied == 0 || (detail::is_finite(c.grad_norm) && c.first_nonfinite_chunk == -1 &&
+                             detail::is_finite(c.grad_multiplier) && c.grad_multiplier >= 0.0f),
+          where + "applied 1 with grad_norm " + std::to_string(c.grad_norm) + ", first_nonfinite_chunk " +
+              std::to_string(c.first_nonfinite_chunk) + " and grad_multiplier " + format_float(c.grad_multiplier) +
+              " (an applied step has a finite norm and multiplier and no non-finite chunk)");
+  require(detail::is_finite(c.loss_scale) && c.loss_scale > 0.0f,
+          where + "loss_scale " + format_float(c.loss_scale) + " (must be finite and > 0)");
+  if (scaler.enabled) {
+    require(c.loss_scale >= scaler.min_scale && c.loss_scale <= scaler.max_scale,
+            where + "loss_scale " + format_float(c.loss_scale) + " outside this state's [min_scale " +
+                format_float(scaler.min_scale) + ", max_scale " + format_float(scaler.max_scale) + "]");
+    require(c.good_steps >= 0 && c.good_steps < scaler.growth_interval,
+            where + "good_steps " + std::to_string(c.good_steps) + " (must be 0 .. growth_interval - 1 = " +
+                std::to_string(scaler.growth_interval - 1) + ")");
+  } else {
+    require(c.good_steps >= 0, where + "good_steps " + std::to_string(c.good_steps) + " (must be >= 0)");
+  }
+}
+
 // The per-step scalars of one group, derived from its hyperparameters and the step count.
 struct adam_coefficients {
   float beta1, one_minus_beta1, beta2, one_minus_beta2, eps;

@@ -945,7 +945,7 @@ class adam_state {
     const std::string op = "adam_state::assign";
     require(tensors.size() == layout_.size(), op + ": got " + std::to_string(tensors.size()) + " tensors, the state has " +
                                                   std::to_string(layout_.size()));
-    require(step >= 0, op + ": step must be >= 0, got " + std::to_string(step));
+    validate_step_count(step, op);
     for (std::size_t i = 0; i < tensors.size(); ++i) validate_source(op + ": tensor " + std::to_string(i), layout_[i], tensors[i]);
     std::vector<std::byte> image(arena_.bytes(), std::byte{0});
     adam_control control{};
@@ -1362,37 +1362,7 @@ class adam_state {
   void validate_image(const char* op, const std::byte* image) const {
     adam_control c{};
     std::memcpy(&c, image, sizeof c);
-    const std::string where = std::string(op) + ": the image's control block has ";
-    // No run takes 2^62 steps; the bound leaves room to keep counting without overflow.
-    constexpr std::int64_t max_steps = std::int64_t{1} << 62;
-    require(c.step >= 0 && c.step <= max_steps, where + "step " + std::to_string(c.step) + " (must be 0 .. 2^62)");
-    require(c.skipped_steps >= 0 && c.skipped_steps <= max_steps,
-            where + "skipped_steps " + std::to_string(c.skipped_steps) + " (must be 0 .. 2^62)");
-    require(c.first_nonfinite_chunk >= -1 && c.first_nonfinite_chunk < std::max<std::int64_t>(total_chunks_, 1),
-            where + "first_nonfinite_chunk " + std::to_string(c.first_nonfinite_chunk) + " (must be -1 .. " +
-                std::to_string(total_chunks_ - 1) + ")");
-    require(c.applied == 0 || c.applied == 1, where + "applied " + std::to_string(c.applied) + " (must be 0 or 1)");
-    // grad_norm is Inf or NaN after a skipped step; never negative. grad_multiplier is recomputed by the next
-    // step, but an applied step's was finite.
-    require(!(c.grad_norm < 0.0), where + "grad_norm " + std::to_string(c.grad_norm) + " (must not be negative)");
-    require(c.applied == 0 || (detail::is_finite(c.grad_norm) && c.first_nonfinite_chunk == -1 &&
-                               detail::is_finite(c.grad_multiplier) && c.grad_multiplier >= 0.0f),
-            where + "applied 1 with grad_norm " + std::to_string(c.grad_norm) + ", first_nonfinite_chunk " +
-                std::to_string(c.first_nonfinite_chunk) + " and grad_multiplier " + format_float(c.grad_multiplier) +
-                " (an applied step has a finite norm and multiplier and no non-finite chunk)");
-    require(detail::is_finite(c.loss_scale) && c.loss_scale > 0.0f,
-            where + "loss_scale " + format_float(c.loss_scale) + " (must be finite and > 0)");
-    const loss_scaler_options& scaler = options_.loss_scaling;
-    if (scaler.enabled) {
-      require(c.loss_scale >= scaler.min_scale && c.loss_scale <= scaler.max_scale,
-              where + "loss_scale " + format_float(c.loss_scale) + " outside this state's [min_scale " +
-                  format_float(scaler.min_scale) + ", max_scale " + format_float(scaler.max_scale) + "]");
-      require(c.good_steps >= 0 && c.good_steps < scaler.growth_interval,
-              where + "good_steps " + std::to_string(c.good_steps) + " (must be 0 .. growth_interval - 1 = " +
-                  std::to_string(scaler.growth_interval - 1) + ")");
-    } else {
-      require(c.good_steps >= 0, where + "good_steps " + std::to_string(c.good_steps) + " (must be >= 0)");
-    }
+    validate_control(c, std::string(op) + ": the image's control block has ", total_chunks_, options_.loss_scaling);
     for (std::size_t i = 0; i < layout_.size(); ++i)
       validate_source(std::string(op) + ": the image's tensor " + std::to_string(i), layout_[i],
                       tensor_state_at(image, layout_[i], memory_kind::host));

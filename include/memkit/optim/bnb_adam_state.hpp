@@ -191,6 +191,8 @@ adam_state_info load_adam_state(const E& exec, adam_state<State, Block>& state, 
       require(betas != nullptr && betas->is_array() && betas->as_array().size() == 2,
               which + ".betas must be a list of two numbers" +
                   (betas && betas->is_array() && betas->as_array().size() == 3 ? " (three betas: AdEMAMix, not AdamW)" : ""));
+      for (std::size_t b = 0; b < 2; ++b)
+        require(betas->as_array()[b].is_number(), which + ".betas[" + std::to_string(b) + "] is not a number");
       hyper.beta1 = static_cast<float>(betas->as_array()[0].as_double());
       hyper.beta2 = static_cast<float>(betas->as_array()[1].as_double());
       if (const json::value* alpha = group.find("alpha"); alpha != nullptr && alpha->is_number())
@@ -199,6 +201,8 @@ adam_state_info load_adam_state(const E& exec, adam_state<State, Block>& state, 
       const json::value* params = group.find("params");
       require(params != nullptr && params->is_array(), which + ".params must be a list of parameter indices");
       for (const json::value& p : params->as_array()) {
+        require(p.is_number(), which + ".params holds " + (p.is_string() ? "a string" : "a non-number") +
+                                   "; it lists parameter indices");
         const std::int64_t index = p.as_int();
         require(index >= 0 && static_cast<std::size_t>(index) < count,
                 which + " lists parameter " + std::to_string(index) + ", but the adam_state has " + std::to_string(count) +
@@ -216,7 +220,10 @@ adam_state_info load_adam_state(const E& exec, adam_state<State, Block>& state, 
       const json::value list = json::parse(*names, "param_names");
       require(list.is_array() && list.as_array().size() == count,
               "param_names must list " + std::to_string(count) + " names");
-      for (const json::value& n : list.as_array()) info.names.push_back(n.as_string());
+      for (std::size_t i = 0; i < list.as_array().size(); ++i) {
+        require(list.as_array()[i].is_string(), "param_names[" + std::to_string(i) + "] is not a string");
+        info.names.push_back(list.as_array()[i].as_string());
+      }
     }
   } catch (const error& e) {
     throw error(where + ": " + e.what());
@@ -232,9 +239,11 @@ adam_state_info load_adam_state(const E& exec, adam_state<State, Block>& state, 
       known = index.find_first_not_of("0123456789") == std::string::npos &&
               (field == "step" || field == "state1" || field == "state2" || field == "absmax1" || field == "absmax2" ||
                field == "qmap1" || field == "qmap2");
+      // At most 18 digits (never past 2^63, so stoull cannot throw): a longer index is out of range anyway.
       if (known)
-        require(std::stoull(index) < count, where + ": key '" + key + "' names parameter " + index + ", but the adam_state has " +
-                                                std::to_string(count) + " tensors");
+        require(index.size() <= 18 && std::stoull(index) < count,
+                where + ": key '" + key + "' names parameter " + index + ", but the adam_state has " +
+                    std::to_string(count) + " tensors");
     }
     require(known, where + ": unexpected key '" + key + "' (AdamW's state is step, state1, state2, absmax1, absmax2, qmap1, "
                            "qmap2 per parameter; max_unorm or another optimizer?)");
@@ -254,7 +263,7 @@ adam_state_info load_adam_state(const E& exec, adam_state<State, Block>& state, 
     if (i == 0) info.step = step[0];
     require(step[0] == info.step, where + ": '" + prefix + "step' is " + std::to_string(step[0]) + " but 'state.0.step' is " +
                                       std::to_string(info.step) + "; memkit keeps one step count for all tensors");
-    require(step[0] >= 0, where + ": '" + prefix + "step' is " + std::to_string(step[0]));
+    validate_step_count(step[0], where + ": '" + prefix + "step'");
     const safetensors::tensor_info* s1 = in.find(prefix + "state1");
     require(s1 != nullptr, where + ": missing key '" + prefix + "state1' (a parameter without state never took a step; "
                                                                  "memkit's state needs every tensor)");
