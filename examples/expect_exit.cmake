@@ -1,5 +1,5 @@
 # Runs COMMAND with ARGS (a ;-list) and fails unless it exits with EXPECT_EXIT and its output contains
-# EXPECT_MESSAGE. cmake -DCOMMAND=... -DARGS=... -DEXPECT_EXIT=... -DEXPECT_MESSAGE=... -P expect_exit.cmake
+# EXPECT_MESSAGE (and, with EXPECT_ONE_LINE, printed nothing else than one line). cmake -DCOMMAND=... -DARGS=... -DEXPECT_EXIT=... -DEXPECT_MESSAGE=... -P expect_exit.cmake
 execute_process(COMMAND ${COMMAND} ${ARGS} RESULT_VARIABLE exit_code OUTPUT_VARIABLE out ERROR_VARIABLE err)
 message("${out}${err}")
 if(NOT exit_code STREQUAL "${EXPECT_EXIT}")
@@ -8,5 +8,8 @@ endif()
 string(FIND "${out}${err}" "${EXPECT_MESSAGE}" at)
 if(at EQUAL -1)
   message(FATAL_ERROR "expected the output to contain: ${EXPECT_MESSAGE}")
+endif()
+if(EXPECT_ONE_LINE AND NOT "${out}${err}" MATCHES "^[^\n]+\n$")
+  message(FATAL_ERROR "expected exactly one line of output")
 endif()
 message("exit code ${exit_code} and the expected message: ok")

@@ -32,6 +32,7 @@
 #include "llama/text.hpp"
 
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -130,13 +131,30 @@ struct options {
   std::string out_dir = "train_llama_out";
 };
 
-[[noreturn]] void usage(const char* problem) {
-  std::fprintf(stderr, "train_llama: %s\nflags: --short --check --device host|cuda|auto --steps N --finetune-steps N --batch B --seq S "
-                       "--accum A --hidden H --layers L --heads H --kv-heads K --intermediate F --rank R --threads T "
-                       "--rounding --adam32 --loss-chunk TOKENS --no-checkpointing --sample N --data DIR --out DIR\n", problem);
+constexpr const char* flag_list =
+    "--short --check --device host|cuda|auto --steps N --finetune-steps N --batch B --seq S --accum A --hidden H "
+    "--layers L --heads H --kv-heads K --intermediate F --rank R --threads T --rounding --adam32 --loss-chunk TOKENS "
+    "--no-checkpointing --sample N --data DIR --out DIR";
+
+// A bad command line: one line naming the flag, exit 2, before anything is allocated or trained.
+[[noreturn]] void usage(const std::string& problem) {
+  std::fprintf(stderr, "train_llama: %s (train_llama --help lists the flags)\n", problem.c_str());
   std::exit(2);
 }
 
+// The whole text as an integer in [low, high] (no sign games, no trailing characters, no silent wrap).
+std::int64_t parse_integer(const std::string& flag, const std::string& text, std::int64_t low, std::int64_t high) {
+  std::int64_t value = 0;
+  const char* end = text.data() + text.size();
+  const auto [at, problem] = std::from_chars(text.data(), end, value);
+  if (text.empty() || problem != std::errc() || at != end || value < low || value > high)
+    usage(flag + " takes an integer in " + std::to_string(low) + ".." + std::to_string(high) + ", got '" + text + "'");
+  return value;
+}
+
+// --short sets shortened defaults (a few steps of each stage, a 2-layer model); every other flag overrides
+// them whatever the order. Each number has a range a run on this example can use; the whole configuration is
+// checked here, before anything is allocated or trained.
 options parse(int argc, char** argv) {
   options o;
   o.model.hidden = default_hidden;
@@ -144,14 +162,8 @@ options parse(int argc, char** argv) {
   o.model.heads = default_heads;
   o.model.kv_heads = default_kv_heads;
   o.model.intermediate = default_intermediate;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) usage(("missing value after " + a).c_str());
-      return argv[++i];
-    };
-    auto number = [&]() { return static_cast<std::int64_t>(std::stoll(value())); };
-    if (a == "--short") {
+  for (int i = 1; i < argc; ++i)
+    if (std::string(argv[i]) == "--short") {
       o.pretrain_steps = 20;
       o.finetune_steps = 16;
       o.batch = 4;
@@ -160,40 +172,63 @@ options parse(int argc, char** argv) {
       o.log_every = 4;
       o.sample_bytes = 60;
       o.validation_batches = 2;
+    }
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) usage("missing value after " + a);
+      return argv[++i];
+    };
+    auto number = [&](std::int64_t low, std::int64_t high) { return parse_integer(a, value(), low, high); };
+    if (a == "--help") {
+      std::printf("train_llama flags: %s\n", flag_list);
+      std::exit(0);
+    } else if (a == "--short") {
     } else if (a == "--check") o.check = true;
     else if (a == "--device") {
       const std::string d = value();
       if (d == "host") o.device = device_choice::host;
       else if (d == "cuda") o.device = device_choice::cuda;
       else if (d == "auto") o.device = device_choice::automatic;
-      else usage(("--device takes host, cuda or auto, not " + d).c_str());
+      else usage("--device takes host, cuda or auto, not '" + d + "'");
     }
-    else if (a == "--steps") o.pretrain_steps = number();
-    else if (a == "--finetune-steps") o.finetune_steps = number();
-    else if (a == "--batch") o.batch = number();
-    else if (a == "--seq") o.seq = number();
-    else if (a == "--accum") o.accum = number();
-    else if (a == "--hidden") o.model.hidden = number();
-    else if (a == "--layers") o.model.layers = number();
-    else if (a == "--heads") o.model.heads = number();
-    else if (a == "--kv-heads") o.model.kv_heads = number();
-    else if (a == "--intermediate") o.model.intermediate = number();
-    else if (a == "--rank") o.lora_rank = number();
-    else if (a == "--threads") o.threads = static_cast<int>(number());
+    else if (a == "--steps") o.pretrain_steps = number(1, 1000000);
+    else if (a == "--finetune-steps") o.finetune_steps = number(1, 1000000);
+    else if (a == "--batch") o.batch = number(1, 4096);
+    else if (a == "--seq") o.seq = number(2, 65536);
+    else if (a == "--accum") o.accum = number(1, 4096);
+    else if (a == "--hidden") o.model.hidden = number(1, 65536);
+    else if (a == "--layers") o.model.layers = number(1, 1024);
+    else if (a == "--heads") o.model.heads = number(1, 1024);
+    else if (a == "--kv-heads") o.model.kv_heads = number(1, 1024);
+    else if (a == "--intermediate") o.model.intermediate = number(1, 262144);
+    else if (a == "--rank") o.lora_rank = number(1, 4096);
+    else if (a == "--threads") o.threads = static_cast<int>(number(0, 4096));
     else if (a == "--rounding") o.rounding = true;
     else if (a == "--adam32") o.adam32 = true;
-    else if (a == "--loss-chunk") o.loss_chunk_tokens = number();
+    else if (a == "--loss-chunk") o.loss_chunk_tokens = number(0, std::int64_t{1} << 30);
     else if (a == "--no-checkpointing") o.checkpointing = false;
-    else if (a == "--sample") o.sample_bytes = number();
+    else if (a == "--sample") o.sample_bytes = number(0, 1000000);
     else if (a == "--data") o.data_dir = value();
     else if (a == "--out") o.out_dir = value();
-    else usage(("unknown flag " + a).c_str());
+    else usage("unknown flag '" + a + "'");
   }
-  if (o.model.heads <= 0 || o.model.hidden % o.model.heads != 0) usage("--hidden must be a multiple of --heads");
+  if (o.model.hidden % o.model.heads != 0)
+    usage("--hidden " + std::to_string(o.model.hidden) + " must be a multiple of --heads " + std::to_string(o.model.heads));
   o.model.head_dim = o.model.hidden / o.model.heads;
+  if (o.model.head_dim % 2 != 0)
+    usage("--hidden / --heads must be even (rotary positions rotate pairs), got head_dim " + std::to_string(o.model.head_dim));
   o.model.max_positions = std::max<std::int64_t>(256, o.seq);
-  if (o.model.kv_heads <= 0 || o.model.heads % o.model.kv_heads != 0) usage("--kv-heads must divide --heads");
-  if (o.batch <= 0 || o.seq <= 1 || o.accum <= 0) usage("--batch, --seq and --accum must be positive");
+  if (o.model.heads % o.model.kv_heads != 0)
+    usage("--kv-heads " + std::to_string(o.model.kv_heads) + " must divide --heads " + std::to_string(o.model.heads));
+  if (o.lora_rank > std::min(o.model.hidden, o.model.intermediate))
+    usage("--rank " + std::to_string(o.lora_rank) + " is above the smallest adapted width (" +
+          std::to_string(std::min(o.model.hidden, o.model.intermediate)) + ")");
+  for (const char* file : {"shakespeare.txt", "austen.txt"}) {
+    const std::filesystem::path path = std::filesystem::path(o.data_dir) / file;
+    std::error_code ec;
+    if (!std::filesystem::is_regular_file(path, ec)) usage("--data " + o.data_dir + ": no readable " + file + " there");
+  }
   o.threads = memkit::resolve_host_threads(o.threads);
   return o;
 }
@@ -1056,8 +1091,22 @@ int run(const E& exec, const options& o, memkit::memory_resource& upstream, cons
   return failures == 0 ? 0 : 1;
 }
 
+int run_main(const options& o);
+
+// Every failure after the command line is one line and exit code 1 (the command line's own errors exit 2).
 int main(int argc, char** argv) {
   const options o = parse(argc, argv);
+  try {
+    return run_main(o);
+  } catch (const memkit::error& e) {
+    std::fprintf(stderr, "train_llama: error: %s\n", e.what());
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "train_llama: error: %s\n", e.what());
+  }
+  return 1;
+}
+
+int run_main(const options& o) {
 #if defined(MEMKIT_EXAMPLE_SMOKE_BUILD)
   std::printf("train_llama: built at -O1 for the test suite's shortened run: its speed figures mean nothing "
               "(./dev.sh example builds it optimized)\n");
