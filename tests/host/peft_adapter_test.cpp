@@ -12,6 +12,8 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <functional>
+#include <regex>
 #include <string>
 #include <unistd.h>
 #include <vector>
@@ -324,7 +326,96 @@ TEST_CASE("peft: the config's fields, patterns and target matching follow PEFT")
         std::string::npos);
   CHECK(config_error(R"({"peft_type": "LORA"})").find("\"target_modules\" is missing") != std::string::npos);
   CHECK(config_error(R"({"target_modules": ["q"]})").find("missing field \"peft_type\"") != std::string::npos);
-  CHECK(config_error(R"({"peft_type": "LORA", "target_modules": "(unclosed"})").find("regex") != std::string::npos);
+  CHECK(config_error(R"({"peft_type": "LORA", "target_modules": "(unclosed"})")
+            .find("cfg: field \"target_modules\": pattern \"(unclosed\": a '(' without its ')'") != std::string::npos);
+}
+
+// #35: the patterns and paths of adapter_config.json are untrusted. std::regex overflowed the stack on a
+// 200 KB path and never finished on (a+)+b; module_pattern matches without backtracking, in bounded work.
+TEST_CASE("peft: hostile patterns and paths are bounded, never a hang or a crash") {
+  auto config_error = [](const std::string& text) { return error_of([&] { (void)peft::parse_lora_config(text, "cfg"); }); };
+  // Catastrophic backtracking for a backtracking engine: answered at once.
+  const peft::lora_config evil = peft::parse_lora_config(
+      R"({"peft_type": "LORA", "target_modules": "(a+)+b", "r": 8, "rank_pattern": {"(a|aa)+c": 4}, "alpha_pattern": {"(a*)*d": 2}})",
+      "cfg");
+  const std::string as(4000, 'a');
+  CHECK_FALSE(evil.targets(as));
+  CHECK(evil.rank_for(as) == 8);
+  CHECK(evil.alpha_for(as) == evil.lora_alpha);
+  CHECK(evil.rank_for(as + "c") == 4);
+  // A 200 KB path (from a file's key) is refused by length, not matched by recursion.
+  CHECK(error_of([&] { (void)evil.targets(std::string(200000, 'a')); }).find("longer than the 4096") != std::string::npos);
+  // What the subset refuses, at open, naming the field.
+  CHECK(config_error(R"({"peft_type": "LORA", "target_modules": "(?=q)proj"})").find("(?:...)") != std::string::npos);
+  CHECK(config_error(R"({"peft_type": "LORA", "target_modules": "(q)\\1"})").find("the escape \\1") != std::string::npos);
+  CHECK(config_error(R"({"peft_type": "LORA", "target_modules": ["q"], "rank_pattern": {"q(": 4}})")
+            .find("rank_pattern / alpha_pattern key \"q(\"") != std::string::npos);
+  // layers_pattern as a list: every item compiled at open (a bad item escaped later as std::regex_error).
+  CHECK(config_error(R"({"peft_type": "LORA", "target_modules": ["q"], "layers_to_transform": [0], "layers_pattern": ["layers", "h["]})")
+            .find("field \"layers_pattern\" item \"h[\": pattern \"h[\": a '[' without its ']'") != std::string::npos);
+  // A layer index past int64 in a path: a memkit::error naming the path (escaped as std::out_of_range "stoll").
+  const peft::lora_config layered = peft::parse_lora_config(
+      R"({"peft_type": "LORA", "target_modules": ["q_proj"], "layers_to_transform": [1]})", "cfg");
+  CHECK(layered.targets("model.layers.1.self_attn.q_proj"));
+  CHECK_FALSE(layered.targets("model.layers.2.self_attn.q_proj"));
+  CHECK(error_of([&] { (void)layered.targets("model.layers.99999999999999999999999.self_attn.q_proj"); })
+            .find("layer index 99999999999999999999999, which does not fit 64 bits") != std::string::npos);
+  const peft::lora_config with_pattern = peft::parse_lora_config(
+      R"({"peft_type": "LORA", "target_modules": ["q_proj"], "layers_to_transform": [3], "layers_pattern": ["blocks", "h"]})", "cfg");
+  CHECK(with_pattern.layer_index("transformer.h.3.attn.q_proj") == 3);
+  CHECK(with_pattern.layer_index("model.blocks.12.q_proj") == 12);
+  CHECK(with_pattern.layer_index("model.layers.3.q_proj") == -1);
+  CHECK(layered.layer_index("model.layers.7.mlp.up_proj") == 7);
+  CHECK(layered.layer_index("q_proj.7.x") == -1);  // an index needs two components before it
+}
+
+// module_pattern against std::regex (ECMAScript: the same language as Python's re for this subset, no
+// newlines involved) on random small patterns and inputs, where backtracking is harmless.
+TEST_CASE("peft: module_pattern matches what std::regex matches on random patterns") {
+  std::uint64_t state = 42;
+  auto next = [&](std::uint64_t n) {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    return (state >> 33) % n;
+  };
+  std::function<std::string(int)> pattern = [&](int depth) -> std::string {
+    std::string out;
+    const std::uint64_t atoms = 1 + next(3);
+    for (std::uint64_t i = 0; i < atoms; ++i) {
+      std::string atom;
+      const std::uint64_t kind = next(depth > 1 ? 5 : 7);
+      switch (kind) {
+        case 0: atom = "a"; break;
+        case 1: atom = "b"; break;
+        case 2: atom = "."; break;
+        case 3: atom = "[ab]"; break;
+        case 4: atom = "\\."; break;
+        case 5: atom = "(" + pattern(depth + 1) + ")"; break;
+        default: atom = "(?:" + pattern(depth + 1) + "|" + pattern(depth + 1) + ")"; break;
+      }
+      // Groups take at most '?' or {2}: a quantified group of quantified atoms makes std::regex (the
+      // reference, a backtracking engine) exponential, which is the point of module_pattern.
+      static const char* const quantifiers[] = {"", "", "*", "+", "?", "{2}", "{1,3}", "{0,2}", "*?", "{2,}"};
+      static const char* const group_quantifiers[] = {"", "?", "{2}"};
+      out += atom + (kind >= 5 ? group_quantifiers[next(3)] : quantifiers[next(10)]);
+    }
+    return out;
+  };
+  int compared = 0;
+  for (int p = 0; p < 400; ++p) {
+    const std::string text = pattern(0);
+    const std::regex reference(text);
+    const peft::module_pattern mine(text, "random");
+    for (int k = 0; k < 25; ++k) {
+      std::string input;
+      const std::uint64_t length = next(7);
+      for (std::uint64_t i = 0; i < length; ++i) input += "ab."[next(3)];
+      CAPTURE(text);
+      CAPTURE(input);
+      CHECK(mine.full_match(input) == std::regex_match(input, reference));
+      ++compared;
+    }
+  }
+  CHECK(compared == 10000);
 }
 
 TEST_CASE("peft: a config that does not match the file is refused, naming the key and both values") {
@@ -491,4 +582,35 @@ TEST_CASE("peft: the writer refuses tensors its config would not load") {
   writer.add<float>("model.layers.0.self_attn.q_proj", a, b);
   CHECK(error_of([&] { writer.add<float>("model.layers.0.self_attn.q_proj", a, b); }).find("added twice") != std::string::npos);
   CHECK(error_of([] { peft::adapter_writer(peft::lora_config{}).write("/tmp"); }).find("no target_modules") != std::string::npos);
+}
+
+// #35: opening and loading were quadratic in the module count (linear lookups per key and module, a pairwise
+// duplicate check): 10,000 modules took 21 s, 40,000 did not finish in 2 minutes. Now indexed by name.
+TEST_CASE("peft: an adapter of 40,000 modules opens and loads (lookups indexed by name)" * doctest::test_suite("scale")) {
+  constexpr int count = 40000;
+  peft::lora_config config;
+  config.r = 1;
+  config.target_modules = peft::module_selector::of({"q_proj"});
+  const std::vector<float> A{0.5f, 0.25f}, B{1.0f, 2.0f};
+  peft::adapter_writer writer(config);
+  std::vector<std::string> paths;
+  for (int i = 0; i < count; ++i) {
+    paths.push_back("model.layers." + std::to_string(i) + ".self_attn.q_proj");
+    writer.add<float>(paths.back(), host_view(A.data(), shape{1, 2}), host_view(B.data(), shape{2, 1}));
+  }
+  const std::string dir = "/tmp/memkit_test_peft_many_" + std::to_string(::getpid());
+  writer.write(dir);
+  const peft::adapter_file adapter(dir);
+  CHECK(adapter.modules().size() == count);
+  CHECK(adapter.modules()[10].path == "model.layers.10.self_attn.q_proj");  // natural order kept
+  std::vector<float> a(2 * count), b(2 * count);
+  std::vector<peft::lora_tensors<float>> views;
+  for (int i = 0; i < count; ++i)
+    views.push_back({paths[static_cast<std::size_t>(i)], host_view(a.data() + 2 * i, shape{1, 2}),
+                     host_view(b.data() + 2 * i, shape{2, 1}), {}});
+  adapter.load<float>(views);
+  CHECK(a[2 * 39999] == 0.5f);
+  CHECK(b[2 * 39999 + 1] == 2.0f);
+  CHECK(adapter.find("model.layers.40000.self_attn.q_proj") == nullptr);
+  std::filesystem::remove_all(dir);
 }

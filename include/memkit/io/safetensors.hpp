@@ -25,6 +25,7 @@
 #include <type_traits>
 #include <unistd.h>
 #include <utility>
+#include <unordered_set>
 #include <vector>
 
 #include "memkit/config.hpp"
@@ -102,7 +103,8 @@ class reader {
   reader& operator=(const reader&) = delete;
   reader(reader&& other) noexcept
       : path_(std::move(other.path_)), fd_(std::exchange(other.fd_, -1)), file_size_(other.file_size_),
-        data_start_(other.data_start_), tensors_(std::move(other.tensors_)), metadata_(std::move(other.metadata_)) {}
+        data_start_(other.data_start_), tensors_(std::move(other.tensors_)), by_name_(std::move(other.by_name_)),
+        metadata_(std::move(other.metadata_)) {}
   ~reader() {
     if (fd_ >= 0) ::close(fd_);
   }
@@ -113,9 +115,11 @@ class reader {
   const std::vector<std::pair<std::string, std::string>>& metadata() const noexcept { return metadata_; }
 
   const tensor_info* find(std::string_view name) const noexcept {
-    for (const tensor_info& t : tensors_)
-      if (t.name == name) return &t;
-    return nullptr;
+    // Binary search of the name index: a file of tens of thousands of tensors looked up once per tensor was
+    // quadratic (#35: 10K modules took 21 s to open).
+    const auto at = std::lower_bound(by_name_.begin(), by_name_.end(), name,
+                                     [&](std::size_t i, std::string_view n) { return tensors_[i].name < n; });
+    return at != by_name_.end() && tensors_[*at].name == name ? &tensors_[*at] : nullptr;
   }
   const tensor_info& info(std::string_view name) const {
     const tensor_info* t = find(name);
@@ -232,6 +236,9 @@ class reader {
     if (expected != data_size)
       corrupt("tensors cover " + std::to_string(expected) + " data bytes but the file holds " +
               std::to_string(data_size) + (expected > data_size ? " (truncated)" : " (trailing bytes)"));
+    by_name_.resize(tensors_.size());
+    for (std::size_t i = 0; i < by_name_.size(); ++i) by_name_[i] = i;
+    std::sort(by_name_.begin(), by_name_.end(), [&](std::size_t a, std::size_t b) { return tensors_[a].name < tensors_[b].name; });
   }
 
   tensor_info parse_entry(const std::string& name, const json::value& entry, std::uint64_t data_size) const {
@@ -294,6 +301,7 @@ class reader {
   std::uint64_t file_size_ = 0;
   std::uint64_t data_start_ = 0;
   std::vector<tensor_info> tensors_;
+  std::vector<std::size_t> by_name_;  // indices of tensors_ in name order, for find()
   std::vector<std::pair<std::string, std::string>> metadata_;
 };
 
@@ -303,7 +311,7 @@ class writer {
   void add_bytes(std::string name, std::string dtype, std::vector<std::int64_t> dims, const void* data,
                  std::uint64_t bytes) {
     require(name != "__metadata__", "safetensors: '__metadata__' is reserved");
-    for (const entry& e : entries_) require(e.info.name != name, "safetensors: tensor '" + name + "' added twice");
+    require(names_.count(name) == 0, "safetensors: tensor '" + name + "' added twice");
     const std::size_t element_size = dtype_size(dtype);
     require(element_size != 0, "safetensors: unknown dtype '" + dtype + "'");
     std::int64_t numel = 1;
@@ -320,6 +328,7 @@ class writer {
     e.info.dtype = std::move(dtype);
     e.info.shape = std::move(dims);
     e.bytes.assign(static_cast<const unsigned char*>(data), static_cast<const unsigned char*>(data) + bytes);
+    names_.insert(e.info.name);
     entries_.push_back(std::move(e));
   }
 
@@ -386,6 +395,7 @@ class writer {
     std::vector<unsigned char> bytes;
   };
   std::vector<entry> entries_;
+  std::unordered_set<std::string> names_;  // of entries_ (a linear duplicate check per add was quadratic)
   std::vector<std::pair<std::string, std::string>> metadata_;
 };
 

@@ -18,6 +18,7 @@
 #pragma once
 
 #include <algorithm>
+#include <charconv>
 #include <cerrno>
 #include <cmath>
 #include <cstdint>
@@ -25,7 +26,6 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <regex>
 #include <span>
 #include <sstream>
 #include <string>
@@ -33,6 +33,8 @@
 #include <type_traits>
 #include <unistd.h>
 #include <utility>
+#include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "memkit/config.hpp"
@@ -43,6 +45,7 @@
 #include "memkit/io/json.hpp"
 #include "memkit/io/safetensors.hpp"
 #include "memkit/lora/lora_linear.hpp"
+#include "memkit/lora/module_pattern.hpp"
 
 MEMKIT_NAMESPACE_BEGIN
 
@@ -54,18 +57,41 @@ inline constexpr const char* weights_file_name = "adapter_model.safetensors";
 inline constexpr std::string_view key_prefix = "base_model.model.";
 
 // Which modules a pattern field selects: absent (JSON null), a regex the whole module path must match
-// (PEFT's string form), or a list of names, each matching the path itself or its last dotted components.
+// (PEFT's string form, matched by module_pattern: no backtracking, the subset module_pattern.hpp lists), or a
+// list of names, each matching the path itself or its last dotted components.
 struct module_selector {
   bool present = false;
   std::string regex;               // used when non-empty
   std::vector<std::string> names;  // used otherwise
+  module_pattern compiled;         // regex, compiled (matching() does it; a hand-made selector compiles per match)
+  std::vector<std::string> sorted_names;  // names, sorted (of() does it; a hand-made selector compares each name)
 
-  static module_selector of(std::vector<std::string> list) { return {true, {}, std::move(list)}; }
-  static module_selector matching(std::string pattern) { return {true, std::move(pattern), {}}; }
+  static module_selector of(std::vector<std::string> list) {
+    std::vector<std::string> sorted = list;
+    std::sort(sorted.begin(), sorted.end());
+    return {true, {}, std::move(list), {}, std::move(sorted)};
+  }
+  static module_selector matching(std::string pattern, const std::string& what = "module_selector") {
+    module_pattern compiled(pattern, what);
+    return {true, std::move(pattern), {}, std::move(compiled), {}};
+  }
 
   bool matches(std::string_view path) const {
     if (!present) return false;
-    if (!regex.empty()) return std::regex_match(path.begin(), path.end(), std::regex(regex));
+    if (!regex.empty()) {
+      if (compiled.text() == regex && !compiled.empty()) return compiled.full_match(path);
+      return module_pattern(regex, "module_selector").full_match(path);
+    }
+    // The path itself and each of its dotted suffixes ("layers.0.q_proj", "0.q_proj", "q_proj"), looked up in
+    // the names: a suffix walk, so a list of 40,000 names costs a few lookups per path, not 40,000 compares.
+    if (!sorted_names.empty() && sorted_names.size() == names.size()) {
+      for (std::size_t at = 0;;) {
+        if (std::binary_search(sorted_names.begin(), sorted_names.end(), path.substr(at), std::less<>())) return true;
+        const std::size_t dot = path.find('.', at);
+        if (dot == std::string_view::npos) return false;
+        at = dot + 1;
+      }
+    }
     for (const std::string& name : names)
       if (path == name || (path.size() > name.size() && path.ends_with(name) && path[path.size() - name.size() - 1] == '.'))
         return true;
@@ -97,8 +123,12 @@ struct lora_config {
   template <class V>
   static const V* pattern_value(const std::vector<std::pair<std::string, V>>& patterns, std::string_view module) {
     for (const auto& [key, value] : patterns)
-      if (std::regex_match(module.begin(), module.end(), std::regex("(.*\\.)?(" + key + ")"))) return &value;
+      if (pattern_key(key).full_match(module)) return &value;
     return nullptr;
+  }
+  // The pattern PEFT builds from a rank_pattern / alpha_pattern key.
+  static module_pattern pattern_key(const std::string& key) {
+    return module_pattern("(.*\\.)?(" + key + ")", "adapter_config.json: rank_pattern / alpha_pattern key \"" + key + "\"");
   }
   std::int64_t rank_for(std::string_view module) const {
     const std::int64_t* r_override = pattern_value(rank_pattern, module);
@@ -125,17 +155,44 @@ struct lora_config {
     const std::int64_t layer = layer_index(path);
     return layer >= 0 && std::find(layers_to_transform.begin(), layers_to_transform.end(), layer) != layers_to_transform.end();
   }
-  // The first layer index in `path` (after one of layers_pattern, or after any component), or -1.
+  // The first layer index in `path`, or -1: PEFT's re.match(r".*\.[^.]*\.(\d+)\.") (the first all-digit
+  // component after at least two others, not the last one), or with layers_pattern P,
+  // re.match(r"^(?:.*\.)?P\.(\d+)\.") for each P in turn. Indices past int64 are a memkit::error naming the path.
   std::int64_t layer_index(std::string_view path) const {
-    std::match_results<std::string_view::const_iterator> match;
+    std::vector<std::string_view> parts;
+    for (std::size_t at = 0;;) {
+      const std::size_t dot = path.find('.', at);
+      parts.push_back(path.substr(at, dot == std::string_view::npos ? std::string_view::npos : dot - at));
+      if (dot == std::string_view::npos) break;
+      at = dot + 1;
+    }
+    auto digits = [](std::string_view part) {
+      return !part.empty() && part.find_first_not_of("0123456789") == std::string_view::npos;
+    };
+    auto index_of = [&](std::string_view part) {
+      std::int64_t value = 0;
+      const auto [end, problem] = std::from_chars(part.data(), part.data() + part.size(), value);
+      if (problem != std::errc() || end != part.data() + part.size())
+        throw error("peft: module path '" + std::string(path) + "' has the layer index " + std::string(part) +
+                    ", which does not fit 64 bits");
+      return value;
+    };
     if (layers_pattern.empty()) {
-      if (std::regex_search(path.begin(), path.end(), match, std::regex("^.*?\\.[^.]*\\.(\\d+)\\.")))
-        return std::stoll(match[1].str());
+      for (std::size_t k = 2; k + 1 < parts.size(); ++k)
+        if (digits(parts[k])) return index_of(parts[k]);
       return -1;
     }
-    for (const std::string& pattern : layers_pattern)
-      if (std::regex_search(path.begin(), path.end(), match, std::regex("^(?:|.*?\\.)" + pattern + "\\.(\\d+)\\.")))
-        return std::stoll(match[1].str());
+    for (const std::string& pattern : layers_pattern) {
+      const module_pattern compiled(pattern, "adapter_config.json: layers_pattern \"" + pattern + "\"");
+      // P spans components [first, last) (it may hold dots), starting the path or after a dot; then digits.
+      for (std::size_t first = 0; first < parts.size(); ++first) {
+        std::size_t begin = static_cast<std::size_t>(parts[first].data() - path.data());
+        for (std::size_t last = first + 1; last + 1 < parts.size(); ++last) {
+          const std::size_t end = static_cast<std::size_t>(parts[last - 1].data() - path.data()) + parts[last - 1].size();
+          if (digits(parts[last]) && compiled.full_match(path.substr(begin, end - begin))) return index_of(parts[last]);
+        }
+      }
+    }
     return -1;
   }
 };
@@ -234,15 +291,7 @@ void write_via_temporary(const std::string& path, WriteTo write_to) {
 
 inline module_selector parse_selector(const json::value& v, std::string_view what, const char* field) {
   if (v.is_null()) return {};
-  if (v.is_string()) {
-    try {
-      (void)std::regex(v.as_string());
-    } catch (const std::regex_error& e) {
-      config_error(what, std::string("field \"") + field + "\" is the regex \"" + v.as_string() +
-                             "\", which std::regex cannot compile: " + e.what());
-    }
-    return module_selector::matching(v.as_string());
-  }
+  if (v.is_string()) return module_selector::matching(v.as_string(), std::string(what) + ": field \"" + field + "\"");
   require(v.is_array(), std::string(what) + ": field \"" + field + "\" must be null, a string or a list of strings, got " +
                             json::value::kind_name(v.type()));
   std::vector<std::string> names;
@@ -332,6 +381,9 @@ inline lora_config parse_lora_config(std::string_view text, std::string_view wha
       const module_selector s = detail::parse_selector(v, what, "layers_pattern");
       if (!s.regex.empty()) c.layers_pattern.push_back(s.regex);
       else c.layers_pattern = s.names;
+      // Every item compiles now (a list item was compiled only when first used, escaping as std::regex_error).
+      for (const std::string& item : c.layers_pattern)
+        (void)module_pattern(item, std::string(what) + ": field \"layers_pattern\" item \"" + item + "\"");
     } else if (name == "use_rslora") {
       c.use_rslora = as_bool(name, v);
     } else if (name == "bias") {
@@ -350,11 +402,7 @@ inline lora_config parse_lora_config(std::string_view text, std::string_view wha
       if (v.is_null()) continue;
       if (!v.is_object()) type_error(name, "an object", v);
       for (const auto& [pattern, value] : v.as_object()) {
-        try {
-          (void)std::regex("(.*\\.)?(" + pattern + ")");
-        } catch (const std::regex_error&) {
-          detail::config_error(what, "field \"" + name + "\" has the key \"" + pattern + "\", which is not a valid regex");
-        }
+        (void)lora_config::pattern_key(pattern);  // compiles, or names the key and what is wrong with it
         if (name == "rank_pattern") {
           const std::int64_t rank = as_int(name + "." + pattern, value);
           if (rank <= 0)
@@ -571,9 +619,9 @@ class adapter_file {
   // Every module of the file in natural path order (layers.2 before layers.10).
   const std::vector<lora_module>& modules() const noexcept { return modules_; }
   const lora_module* find(std::string_view path) const noexcept {
-    for (const lora_module& m : modules_)
-      if (m.path == path) return &m;
-    return nullptr;
+    const auto at = std::lower_bound(by_path_.begin(), by_path_.end(), path,
+                                     [&](std::size_t i, std::string_view p) { return modules_[i].path < p; });
+    return at != by_path_.end() && modules_[*at].path == path ? &modules_[*at] : nullptr;
   }
   const lora_module& module(std::string_view path) const {
     const lora_module* m = find(path);
@@ -595,10 +643,13 @@ class adapter_file {
       std::vector<T> values;
     };
     std::vector<pending> staged;
+    std::vector<std::string_view> listed;
+    for (const lora_tensors<T>& dest : destinations) listed.push_back(dest.path);
+    std::sort(listed.begin(), listed.end());
+    if (const auto twice = std::adjacent_find(listed.begin(), listed.end()); twice != listed.end())
+      throw error(where() + ": module '" + std::string(*twice) + "' is listed twice");
     for (std::size_t d = 0; d < destinations.size(); ++d) {
       const lora_tensors<T>& dest = destinations[d];
-      for (std::size_t e = 0; e < d; ++e)
-        if (destinations[e].path == dest.path) throw error(where() + ": module '" + dest.path + "' is listed twice");
       const lora_module& m = module(dest.path);
       if (m.rank > 0) {
         stage(staged, m.a_key(), dest.A, {m.rank, m.in_features}, options, "A");
@@ -691,11 +742,11 @@ class adapter_file {
       bool own_bias = false;  // "M.bias" of a module without LoRA
     };
     std::vector<std::pair<std::string, parts>> found;
+    std::unordered_map<std::string, std::size_t> found_at;  // path -> index in found (was a linear search)
     auto entry = [&](const std::string& path) -> parts& {
-      for (auto& [p, e] : found)
-        if (p == path) return e;
-      found.emplace_back(path, parts{});
-      return found.back().second;
+      const auto [at, inserted] = found_at.emplace(path, found.size());
+      if (inserted) found.emplace_back(path, parts{});
+      return found[at->second].second;
     };
     auto strip = [](std::string_view key, std::string_view suffix, std::string& path) {
       if (!key.ends_with(suffix) || key.size() == suffix.size()) return false;
@@ -770,6 +821,8 @@ class adapter_file {
                                             "' but adapter_config.json says bias \"none\" (no bias trains)");
         require(e.bias->shape.size() == 1, where() + ": '" + e.bias->name + "' has shape " + detail::shape_text(e.bias->shape) +
                                                "; a bias has rank 1");
+        require(e.bias->shape[0] > 0, where() + ": '" + e.bias->name + "' is empty (shape " +
+                                          detail::shape_text(e.bias->shape) + "); a bias has one value per output feature");
         if (m.rank > 0) {
           require(e.bias->shape[0] == m.out_features,
                   where() + ": '" + e.bias->name + "' has shape " + detail::shape_text(e.bias->shape) + " but '" +
@@ -786,11 +839,15 @@ class adapter_file {
     }
     std::sort(modules_.begin(), modules_.end(),
               [](const lora_module& a, const lora_module& b) { return detail::natural_less(a.path, b.path); });
+    by_path_.resize(modules_.size());
+    for (std::size_t i = 0; i < by_path_.size(); ++i) by_path_[i] = i;
+    std::sort(by_path_.begin(), by_path_.end(), [&](std::size_t a, std::size_t b) { return modules_[a].path < modules_[b].path; });
   }
 
   lora_config config_;
   safetensors::reader weights_;
   std::vector<lora_module> modules_;
+  std::vector<std::size_t> by_path_;  // indices of modules_ in path order, for find()
 };
 
 // Collects modules and writes an adapter directory PEFT loads with PeftModel.from_pretrained.
@@ -811,7 +868,7 @@ class adapter_writer {
     require(!path.empty() && path.front() != '.' && path.back() != '.', op + ": not a module path");
     require(path.find("lora_") == std::string::npos && !path.ends_with(".base_layer"),
             op + ": give the module's path in the base model, not a PEFT parameter name");
-    for (const pending& p : pending_) require(p.path != path, op + ": the module was added twice");
+    require(added_.count(path) == 0, op + ": the module was added twice");
     pending p;
     p.path = path;
     if (A.data() != nullptr || B.data() != nullptr) {
@@ -844,6 +901,7 @@ class adapter_writer {
     if (bias.data() != nullptr)
       require(config_.bias != "none", op + ": a bias was given but the config says bias \"none\" (PEFT would ignore it)");
     pending_.push_back(std::move(p));
+    added_.insert(path);  // only once every check passed: a refused add leaves the writer as it was
     return *this;
   }
   template <float_storage T>
@@ -918,6 +976,7 @@ class adapter_writer {
 
   lora_config config_;
   std::vector<pending> pending_;
+  std::unordered_set<std::string> added_;  // the paths in pending_ (a linear check per add was quadratic)
 };
 
 // --- lora_linear layers by module path ---
