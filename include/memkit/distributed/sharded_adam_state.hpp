@@ -464,7 +464,7 @@ class sharded_adam_state {
       require(in.at == body.size(), where + ": trailing bytes after the last piece");
     }
     std::memcpy(staging.data(), &first_control, sizeof first_control);
-    validate_moments(op, staging.data());
+    validate_pieces(op, staging.data());
     require_accessible(exec, arena_view(), "sharded_adam_state::load", "optimizer state");
     copy_in(exec, staging.data(), staging.size());  // every image checked: now replace
     run_id_ = first_run;
@@ -737,9 +737,9 @@ class sharded_adam_state {
     return 0.0f;
   }
 
-  // This rank's moments as load() assembled them, checked as adam_state checks a loaded image: finite first
-  // moments, finite second moments >= 0, finite block scales >= 0.
-  void validate_moments(const std::string& op, const std::byte* base) const {
+  // This rank's moments as load() assembled them, checked by the function adam_state checks a loaded image
+  // with (validate_moments: finite first moments, finite second moments >= 0, finite block scales >= 0).
+  void validate_pieces(const std::string& op, const std::byte* base) const {
     for (const shard_piece& p : pieces_) {
       const std::string which = op + ": tensor " + std::to_string(p.tensor) + " elements " + std::to_string(p.begin) +
                                 ".." + std::to_string(p.end);
@@ -747,22 +747,23 @@ class sharded_adam_state {
         if constexpr (quantized) {
           const std::int64_t blocks = (p.count() + divisor_block - 1) / divisor_block;
           for (const std::size_t offset : {p.m_scale_offset, p.v_scale_offset})
-            for (std::int64_t b = 0; b < blocks; ++b) {
-              const float a = reinterpret_cast<const float*>(base + offset)[b];
-              require(memkit::detail::is_finite(a) && a >= 0.0f,
-                      which + ": " + (offset == p.m_scale_offset ? "m" : "v") + " block scale " + std::to_string(b) +
-                          " is " + format_float(a) + "; block scales must be finite and >= 0");
-            }
+            validate_moments(
+                adam_moment_kind::block_scale, blocks,
+                [&](std::int64_t b) {
+                  float a;
+                  std::memcpy(&a, base + offset + static_cast<std::size_t>(b) * sizeof a, sizeof a);
+                  return a;
+                },
+                [&](std::int64_t b) {
+                  return which + ": " + (offset == p.m_scale_offset ? "m" : "v") + " block scale " + std::to_string(b);
+                });
         }
         continue;
       }
-      for (std::int64_t i = 0; i < p.count(); ++i) {
-        const float m = load_moment(base, p, i, true), v = load_moment(base, p, i, false);
-        require(memkit::detail::is_finite(m), which + ": m[" + std::to_string(i) + "] is " + format_float(m) +
-                                                  "; moments must be finite");
-        require(memkit::detail::is_finite(v) && v >= 0.0f,
-                which + ": v[" + std::to_string(i) + "] is " + format_float(v) + "; second moments must be finite and >= 0");
-      }
+      validate_moments(adam_moment_kind::first, p.count(), [&](std::int64_t i) { return load_moment(base, p, i, true); },
+                       [&](std::int64_t i) { return which + ": m[" + std::to_string(i) + "]"; });
+      validate_moments(adam_moment_kind::second, p.count(), [&](std::int64_t i) { return load_moment(base, p, i, false); },
+                       [&](std::int64_t i) { return which + ": v[" + std::to_string(i) + "]"; });
     }
   }
 
