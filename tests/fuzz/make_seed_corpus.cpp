@@ -265,8 +265,7 @@ void bnb_adam_seeds() {
 // ---- sharded_adam_state rank images ----
 template <class S>
 std::string sharded_image(const std::vector<std::int64_t>& sizes, adam_options options, int steps, std::uint64_t run) {
-  S state(host, distributed::single_communicator{}, default_host_resource(), sizes, options);
-  state.set_run_id(run);
+  S state(host, distributed::single_communicator{}, default_host_resource(), sizes, options, run);
   std::vector<float> params(static_cast<std::size_t>(state.flat_size())), grads(params.size());
   params = wave(params.size(), 0.1f);
   for (int s = 0; s < steps; ++s) {
@@ -281,10 +280,11 @@ std::string sharded_image(const std::vector<std::int64_t>& sizes, adam_options o
 
 // The same save re-sharded onto `ranks` ranks: their images back to back.
 template <class S>
-std::string resharded(const std::string& image, const std::vector<std::int64_t>& sizes, adam_options options, int ranks) {
+std::string resharded(const std::string& image, const std::vector<std::int64_t>& sizes, adam_options options, int ranks,
+                      std::uint64_t run) {
   std::string all;
   for (int r = 0; r < ranks; ++r) {
-    S state(host, memkit_test::rank_of_communicator{r, ranks}, default_host_resource(), sizes, options);
+    S state(host, memkit_test::rank_of_communicator{r, ranks}, default_host_resource(), sizes, options, run);
     std::stringstream in(image), out;
     state.load(host, in);
     state.save(host, out);
@@ -314,14 +314,14 @@ void sharded_adam_seeds() {
   using S8 = distributed::sharded_adam_state<std::int8_t, 256>;
   const adam_options scaled{.loss_scaling = {.enabled = true, .initial_scale = 256.0f}};
   const adam_options eight_bit{.min_quantized_size = 256};
-  write("sharded_adam_state", "fp32_fresh.bin", sharded_image<S>({7, 3}, {}, 0, 0));
+  write("sharded_adam_state", "fp32_fresh.bin", sharded_image<S>({7, 3}, {}, 0, 0x5eed));
   const std::string fp32 = sharded_image<S>({7, 3}, {}, 3, 0x5eed);
   write("sharded_adam_state", "fp32_3_steps.bin", fp32);
   write("sharded_adam_state", "fp32_scaled.bin", sharded_image<S>({7, 3}, scaled, 2, 0x5eed));
-  write("sharded_adam_state", "fp32_2_ranks.bin", resharded<S>(fp32, {7, 3}, {}, 2));
+  write("sharded_adam_state", "fp32_2_ranks.bin", resharded<S>(fp32, {7, 3}, {}, 2, 0x5eed));
   const std::string int8 = sharded_image<S8>({300, 5}, eight_bit, 2, 0x5eed);
   write("sharded_adam_state", "int8_2_steps.bin", int8);
-  write("sharded_adam_state", "int8_3_ranks.bin", resharded<S8>(int8, {300, 5}, eight_bit, 3));
+  write("sharded_adam_state", "int8_3_ranks.bin", resharded<S8>(int8, {300, 5}, eight_bit, 3, 0x5eed));
   // #35: forged control blocks with valid checksums; a short image claiming a huge body; two ranks of
   // different runs at the same step.
   regression("sharded_adam_state", "issue35_step_int64_max.bin",
@@ -338,8 +338,8 @@ void sharded_adam_seeds() {
   const std::uint64_t within = std::uint64_t{1} << 20;                          // within it: read in pieces, truncated
   std::memcpy(huge.data() + 4 + 25 + 4, &within, 8);
   regression("sharded_adam_state", "issue35_41_bytes_claiming_1mib.bin", huge);
-  std::string other_run = resharded<S>(sharded_image<S>({7, 3}, {}, 3, 0xbad), {7, 3}, {}, 2);
-  std::string mine = resharded<S>(fp32, {7, 3}, {}, 2);
+  std::string other_run = resharded<S>(sharded_image<S>({7, 3}, {}, 3, 0xbad), {7, 3}, {}, 2, 0xbad);
+  std::string mine = resharded<S>(fp32, {7, 3}, {}, 2, 0x5eed);
   const std::size_t half = memkit_test::sharded_image_end<S>(mine, 0, false);
   const std::size_t half_other = memkit_test::sharded_image_end<S>(other_run, 0, false);
   regression("sharded_adam_state", "issue35_ranks_of_two_runs.bin", mine.substr(0, half) + other_run.substr(half_other));

@@ -14,7 +14,7 @@
 
 namespace memkit_test {
 
-// Rank `rank` of `ranks`, for construction, save and load only: every collective throws.
+// Rank `rank` of `ranks`, for construction with a given run id, save and load only: every collective throws.
 struct rank_of_communicator {
   int r = 0, n = 1;
   int rank() const noexcept { return r; }
