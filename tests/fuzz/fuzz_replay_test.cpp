@@ -19,6 +19,8 @@ int memkit_fuzz_safetensors(const std::uint8_t* data, std::size_t size);
 int memkit_fuzz_hf_config(const std::uint8_t* data, std::size_t size);
 int memkit_fuzz_bnb_linear4bit(const std::uint8_t* data, std::size_t size);
 int memkit_fuzz_adam_state(const std::uint8_t* data, std::size_t size);
+int memkit_fuzz_bnb_adam_state(const std::uint8_t* data, std::size_t size);
+int memkit_fuzz_sharded_adam_state(const std::uint8_t* data, std::size_t size);
 
 namespace {
 
@@ -60,3 +62,5 @@ TEST_CASE("fuzz replay: safetensors") { replay("safetensors", memkit_fuzz_safete
 TEST_CASE("fuzz replay: hf_config") { replay("hf_config", memkit_fuzz_hf_config, 6); }
 TEST_CASE("fuzz replay: bnb_linear4bit") { replay("bnb_linear4bit", memkit_fuzz_bnb_linear4bit, 7); }
 TEST_CASE("fuzz replay: adam_state") { replay("adam_state", memkit_fuzz_adam_state, 6); }
+TEST_CASE("fuzz replay: bnb_adam_state") { replay("bnb_adam_state", memkit_fuzz_bnb_adam_state, 4); }
+TEST_CASE("fuzz replay: sharded_adam_state") { replay("sharded_adam_state", memkit_fuzz_sharded_adam_state, 4); }

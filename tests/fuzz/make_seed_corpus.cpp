@@ -1,11 +1,13 @@
 // Writes the seed corpus of the fuzz targets (tests/fuzz/corpus/<target>/): valid inputs that reach deep
 // into each reader, made with memkit's own writers, plus a few hand-written JSON documents; and the
-// regression inputs of issue #15's defects (tests/fuzz/regressions/<target>/). The committed files were
+// regression inputs of issue #15's and #35's defects (tests/fuzz/regressions/<target>/). The committed files were
 // made by this program; fuzzing adds to the corpus. Build and run from the repository root:
 //   g++ -std=c++20 -O1 -Iinclude -Itests/fuzz tests/fuzz/make_seed_corpus.cpp -o /tmp/make_seed_corpus && /tmp/make_seed_corpus
 // (HF config seeds are copies of tests/data/budget/*.json; see ./dev.sh fuzz.)
 #include <memkit/io/safetensors.hpp>
+#include <memkit/distributed/sharded_adam_state.hpp>
 #include <memkit/optim/adam_state.hpp>
+#include <memkit/optim/bnb_adam_state.hpp>
 #include <memkit/quant/bnb_checkpoint.hpp>
 
 #include <cmath>
@@ -19,6 +21,7 @@
 #include <vector>
 
 #include "adam_image.hpp"
+#include "sharded_image.hpp"
 
 using namespace memkit;
 namespace fs = std::filesystem;
@@ -176,6 +179,171 @@ void adam_seed(const std::string& name, const std::vector<std::int64_t>& sizes, 
   memkit_test::fix_adam_image_checksum(forged, state.bytes());
   regression("adam_state", "issue15_loss_scale_nan.bin", forged);
 }
+
+// ---- bitsandbytes optimizer state (bnb::load_adam_state) ----
+template <class State>
+State stepped_state(const std::vector<std::int64_t>& sizes, adam_options options, int steps, const std::vector<int>& group_of) {
+  State state(host, default_host_resource(), sizes, options);
+  std::vector<std::vector<float>> params, grads;
+  for (std::size_t i = 0; i < sizes.size(); ++i) {
+    params.push_back(wave(static_cast<std::size_t>(sizes[i]), 0.1f));
+    grads.push_back(wave(static_cast<std::size_t>(sizes[i]), 0.01f));
+  }
+  std::vector<adam_param<float, float>> views;
+  for (std::size_t i = 0; i < sizes.size(); ++i) views.push_back({host_view(params[i]), host_view(grads[i]), {}, group_of[i]});
+  const std::vector<adam_group> groups{adam_group{.lr = 2e-3f}, adam_group{.lr = 1e-3f, .weight_decay = 0.0f}};
+  for (int s = 0; s < steps; ++s) state.step(host, views, groups);
+  return state;
+}
+
+template <class State>
+std::string bnb_state_file(const State& state, const std::vector<int>& group_of, bool names) {
+  bnb::adam_state_info info;
+  info.groups = {adam_group{.lr = 2e-3f}, adam_group{.lr = 1e-3f, .weight_decay = 0.0f}};
+  info.group_of_tensor = group_of;
+  if (group_of == std::vector<int>(group_of.size(), 0)) info.groups.resize(1);
+  if (names)
+    for (std::size_t i = 0; i < state.tensor_count(); ++i) info.names.push_back("model.layer" + std::to_string(i) + ".weight");
+  const std::string path = (fs::temp_directory_path() / "memkit_seed_bnb.safetensors").string();
+  bnb::save_adam_state(host, state, path, info);
+  std::string bytes = slurp(path);
+  fs::remove(path);
+  return bytes;
+}
+
+// A copy of the safetensors file `bytes` with tensors replaced (key -> I64 scalar), keys added and metadata changed.
+std::string bnb_edited(const std::string& bytes, const std::vector<std::pair<std::string, std::int64_t>>& steps,
+                       const std::vector<std::pair<std::string, std::string>>& metadata = {}) {
+  const std::string in_path = (fs::temp_directory_path() / "memkit_seed_bnb_in.safetensors").string();
+  std::ofstream(in_path, std::ios::binary) << bytes;
+  safetensors::writer out;
+  {
+    const safetensors::reader in(in_path);
+    for (const auto& [k, v] : in.metadata()) {
+      std::string value = v;
+      for (const auto& [ck, cv] : metadata)
+        if (ck == k) value = cv;
+      out.add_metadata(k, value);
+    }
+    for (const safetensors::tensor_info& t : in.tensors()) {
+      bool replaced = false;
+      for (const auto& [key, step] : steps) replaced = replaced || key == t.name;
+      if (replaced) continue;
+      std::vector<std::byte> data(t.bytes());
+      in.read_bytes(t.name, data.data(), data.size());
+      out.add_bytes(t.name, t.dtype, t.shape, data.data(), data.size());
+    }
+  }
+  for (const auto& [key, step] : steps) out.add_bytes(key, "I64", {}, &step, sizeof step);
+  fs::remove(in_path);
+  return saved(out);
+}
+
+void bnb_adam_seeds() {
+  const std::vector<int> two_groups{0, 1}, one_group{0, 0};
+  using state8 = adam_state<std::int8_t, 256>;
+  const adam_options eight_bit{.min_quantized_size = 256};
+  write("bnb_adam_state", "int8_fresh.safetensors", bnb_state_file(stepped_state<state8>({300, 5}, eight_bit, 0, one_group), one_group, false));
+  const std::string int8_stepped = bnb_state_file(stepped_state<state8>({300, 5}, eight_bit, 2, two_groups), two_groups, true);
+  write("bnb_adam_state", "int8_2_steps_named.safetensors", int8_stepped);
+  write("bnb_adam_state", "fp32_3_steps.safetensors", bnb_state_file(stepped_state<adam_state<float>>({7, 3}, {}, 3, one_group), one_group, false));
+  write("bnb_adam_state", "fp32_2_groups_named.safetensors",
+        bnb_state_file(stepped_state<adam_state<float>>({7, 3}, {}, 1, two_groups), two_groups, true));
+  // #35: a step of INT64_MAX (the next step overflowed), a 23-digit parameter index (std::out_of_range), a
+  // leading-zero index, a learning rate past a double (the field unnamed).
+  const std::int64_t big = 9223372036854775807;
+  regression("bnb_adam_state", "issue35_step_int64_max.safetensors",
+             bnb_edited(int8_stepped, {{"state.0.step", big}, {"state.1.step", big}}));
+  regression("bnb_adam_state", "issue35_huge_index.safetensors",
+             bnb_edited(int8_stepped, {{"state.99999999999999999999999.step", 2}}));
+  regression("bnb_adam_state", "issue35_leading_zero_index.safetensors", bnb_edited(int8_stepped, {{"state.01.step", 2}}));
+  regression("bnb_adam_state", "issue35_lr_past_double.safetensors",
+             bnb_edited(int8_stepped, {}, {{"param_groups", R"([{"lr": 1e999, "betas": [0.9, 0.999], "eps": 1e-08, )"
+                                                            R"("weight_decay": 0.01, "params": [0, 1]}])"}}));
+}
+
+// ---- sharded_adam_state rank images ----
+template <class S>
+std::string sharded_image(const std::vector<std::int64_t>& sizes, adam_options options, int steps, std::uint64_t run) {
+  S state(host, distributed::single_communicator{}, default_host_resource(), sizes, options, run);
+  std::vector<float> params(static_cast<std::size_t>(state.flat_size())), grads(params.size());
+  params = wave(params.size(), 0.1f);
+  for (int s = 0; s < steps; ++s) {
+    grads = wave(params.size(), 0.01f * static_cast<float>(s + 1));
+    state.step_full_gradients(host, distributed::single_communicator{}, host_view(params), host_view(grads),
+                              std::vector<adam_group>{adam_group{}});
+  }
+  std::stringstream out;
+  state.save(host, out);
+  return out.str();
+}
+
+// The same save re-sharded onto `ranks` ranks: their images back to back.
+template <class S>
+std::string resharded(const std::string& image, const std::vector<std::int64_t>& sizes, adam_options options, int ranks,
+                      std::uint64_t run) {
+  std::string all;
+  for (int r = 0; r < ranks; ++r) {
+    S state(host, memkit_test::rank_of_communicator{r, ranks}, default_host_resource(), sizes, options, run);
+    std::stringstream in(image), out;
+    state.load(host, in);
+    state.save(host, out);
+    all += out.str();
+  }
+  return all;
+}
+
+// A one-rank fp32 image of `sizes` with its control block changed (and the checksum made to match).
+template <class S, class Change>
+std::string forged_control(std::string image, std::size_t tensors, Change change) {
+  std::uint32_t magic_length = 0;
+  std::memcpy(&magic_length, image.data(), 4);
+  const std::size_t body = 4 + magic_length + 4 + 8;
+  // name, bits, block, map fingerprint, min_quantized_size, ranks, rank, run id, tensor count, sizes
+  const std::size_t at = body + 4 + S::format_name().size() + 4 + 4 + 8 + 8 + 4 + 4 + 8 + 8 + 8 * tensors;
+  adam_control c{};
+  std::memcpy(&c, image.data() + at, sizeof c);
+  change(c);
+  std::memcpy(image.data() + at, &c, sizeof c);
+  memkit_test::sharded_image_end<S>(image, 0, true);
+  return image;
+}
+
+void sharded_adam_seeds() {
+  using S = distributed::sharded_adam_state<float>;
+  using S8 = distributed::sharded_adam_state<std::int8_t, 256>;
+  const adam_options scaled{.loss_scaling = {.enabled = true, .initial_scale = 256.0f}};
+  const adam_options eight_bit{.min_quantized_size = 256};
+  write("sharded_adam_state", "fp32_fresh.bin", sharded_image<S>({7, 3}, {}, 0, 0x5eed));
+  const std::string fp32 = sharded_image<S>({7, 3}, {}, 3, 0x5eed);
+  write("sharded_adam_state", "fp32_3_steps.bin", fp32);
+  write("sharded_adam_state", "fp32_scaled.bin", sharded_image<S>({7, 3}, scaled, 2, 0x5eed));
+  write("sharded_adam_state", "fp32_2_ranks.bin", resharded<S>(fp32, {7, 3}, {}, 2, 0x5eed));
+  const std::string int8 = sharded_image<S8>({300, 5}, eight_bit, 2, 0x5eed);
+  write("sharded_adam_state", "int8_2_steps.bin", int8);
+  write("sharded_adam_state", "int8_3_ranks.bin", resharded<S8>(int8, {300, 5}, eight_bit, 3, 0x5eed));
+  // #35: forged control blocks with valid checksums; a short image claiming a huge body; two ranks of
+  // different runs at the same step.
+  regression("sharded_adam_state", "issue35_step_int64_max.bin",
+             forged_control<S>(fp32, 2, [](adam_control& c) { c.step = 9223372036854775807; }));
+  regression("sharded_adam_state", "issue35_step_minus_5.bin", forged_control<S>(fp32, 2, [](adam_control& c) { c.step = -5; }));
+  regression("sharded_adam_state", "issue35_loss_scale_nan_norm_minus_1.bin", forged_control<S>(fp32, 2, [](adam_control& c) {
+               c.loss_scale = std::nanf("");
+               c.grad_norm = -1.0;
+             }));
+  std::string huge = fp32.substr(0, 4 + 25 + 4 + 8);
+  const std::uint64_t claimed = std::uint64_t{1} << 31;
+  std::memcpy(huge.data() + 4 + 25 + 4, &claimed, 8);
+  regression("sharded_adam_state", "issue35_41_bytes_claiming_2gib.bin", huge);  // past the bound: refused unread
+  const std::uint64_t within = std::uint64_t{1} << 20;                          // within it: read in pieces, truncated
+  std::memcpy(huge.data() + 4 + 25 + 4, &within, 8);
+  regression("sharded_adam_state", "issue35_41_bytes_claiming_1mib.bin", huge);
+  std::string other_run = resharded<S>(sharded_image<S>({7, 3}, {}, 3, 0xbad), {7, 3}, {}, 2, 0xbad);
+  std::string mine = resharded<S>(fp32, {7, 3}, {}, 2, 0x5eed);
+  const std::size_t half = memkit_test::sharded_image_end<S>(mine, 0, false);
+  const std::size_t half_other = memkit_test::sharded_image_end<S>(other_run, 0, false);
+  regression("sharded_adam_state", "issue35_ranks_of_two_runs.bin", mine.substr(0, half) + other_run.substr(half_other));
+}
 }  // namespace
 
 int main() {
@@ -190,6 +358,8 @@ int main() {
   adam_seed<adam_state<float>>("fp32_3_steps.bin", {7, 3}, {}, 3);
   adam_seed<adam_state<float>>("fp32_scaled.bin", {7, 3}, {.loss_scaling = {.enabled = true, .initial_scale = 256.0f}}, 2);
   adam_seed<adam_state<std::int8_t, 256>>("int8_2_steps.bin", {300, 5}, {.min_quantized_size = 256}, 2);
+  bnb_adam_seeds();
+  sharded_adam_seeds();
   for (const auto& entry : fs::directory_iterator("tests/data/budget"))
     if (entry.path().filename().string().rfind("bad_", 0) != 0)
       write("hf_config", entry.path().filename().string(), slurp(entry.path().string()));

@@ -301,12 +301,12 @@ TEST_CASE("bnb: a file that does not match the state is refused, naming the key,
   std::vector<float> absmax = st::reader(step5_state).read_vector<float>("state.2.absmax2");
   absmax[3] = NAN;
   const auto absmax_bytes = bytes_of(absmax);
-  CHECK(refused(damaged_copy("absmax", "state.2.absmax2", &absmax_bytes)).find("'state.2.absmax2' holds nan at block 3") !=
+  CHECK(refused(damaged_copy("absmax", "state.2.absmax2", &absmax_bytes)).find("'state.2.absmax2' block 3 is nan; block scales must be finite and >= 0") !=
         std::string::npos);
   std::vector<float> v = st::reader(step5_state).read_vector<float>("state.4.state2");
   v[9] = -1.0f;
   const auto v_bytes = bytes_of(v);
-  CHECK(refused(damaged_copy("negative_v", "state.4.state2", &v_bytes)).find("'state.4.state2' holds -1 at element 9") !=
+  CHECK(refused(damaged_copy("negative_v", "state.4.state2", &v_bytes)).find("'state.4.state2' element 9 is -1; second moments must be finite and >= 0") !=
         std::string::npos);
   CHECK(refused(damaged_copy("missing", "state.3.state1", nullptr)).find("missing key 'state.3.state1'") != std::string::npos);
   CHECK(refused(damaged_copy("missing_absmax", "state.6.absmax1", nullptr)).find("missing key 'state.6.absmax1'") !=
@@ -322,8 +322,8 @@ TEST_CASE("bnb: a file that does not match the state is refused, naming the key,
   const auto step_max_bytes = bytes_of(step_max);
   CHECK(refused(damaged_copy("step_max", "state.0.step", &step_max_bytes)).find(
             "'state.0.step': step 9223372036854775807 (must be 0 .. 2^62)") != std::string::npos);
-  {
-    const std::string path = "/tmp/memkit_test_bnb_huge_index_" + std::to_string(::getpid()) + ".safetensors";
+  const auto with_extra_key = [&](const std::string& key) {
+    const std::string path = "/tmp/memkit_test_bnb_extra_key_" + std::to_string(::getpid()) + ".safetensors";
     const st::reader in(step5_state);
     st::writer out;
     for (const auto& [k, v] : in.metadata()) out.add_metadata(k, v);
@@ -332,17 +332,34 @@ TEST_CASE("bnb: a file that does not match the state is refused, naming the key,
       in.read_bytes(t.name, bytes.data(), bytes.size());
       out.add_bytes(t.name, t.dtype, t.shape, bytes.data(), bytes.size());
     }
-    out.add_bytes("state.99999999999999999999999.step", "I64", {1}, step_max_bytes.data(), step_max_bytes.size());
+    out.add_bytes(key, "I64", {1}, step_max_bytes.data(), step_max_bytes.size());
     out.write(path);
-    CHECK(refused(path).find("key 'state.99999999999999999999999.step' names parameter 99999999999999999999999, but the "
-                             "adam_state has 8 tensors") != std::string::npos);
-  }
+    return path;
+  };
+  CHECK(refused(with_extra_key("state.99999999999999999999999.step"))
+            .find("key 'state.99999999999999999999999.step' names parameter 99999999999999999999999, but the "
+                  "adam_state has 8 tensors") != std::string::npos);
+  // An index spelled with a leading zero is not the parameter's key (it was read as parameter 1 and then ignored).
+  CHECK(refused(with_extra_key("state.01.step")).find("unexpected key 'state.01.step'") != std::string::npos);
   CHECK(refused(damaged_copy("beta_text", "", nullptr, "", {},
                              {{"param_groups", R"([{"lr": 0.002, "betas": [0.9, "0.995"], "eps": 1e-08, "weight_decay": 0.01, "params": [0, 1, 2, 3, 4, 5, 6, 7]}])"}}))
-            .find("param_groups[0].betas[1] is not a number") != std::string::npos);
+            .find("param_groups[0].betas[1] is a string, not a number") != std::string::npos);
   CHECK(refused(damaged_copy("param_text", "", nullptr, "", {},
                              {{"param_groups", R"([{"lr": 0.002, "betas": [0.9, 0.995], "eps": 1e-08, "weight_decay": 0.01, "params": [0, 1, "2", 3, 4, 5, 6, 7]}])"}}))
-            .find("param_groups[0].params holds a string") != std::string::npos);
+            .find("param_groups[0].params[2] is a string; params lists parameter indices") != std::string::npos);
+  // A number JSON cannot hand over (past a double, a fraction or past int64 where an index is wanted) names its
+  // field too (they escaped as "json: number 1e999 is outside the range of a double", field unnamed).
+  const auto groups_with = [](const std::string& lr, const std::string& params) {
+    return std::vector<std::pair<std::string, std::string>>{
+        {"param_groups", R"([{"lr": )" + lr + R"(, "betas": [0.9, 0.995], "eps": 1e-08, "weight_decay": 0.01, "params": [)" +
+                             params + "]}]"}};
+  };
+  CHECK(refused(damaged_copy("lr_huge", "", nullptr, "", {}, groups_with("1e999", "0, 1, 2, 3, 4, 5, 6, 7")))
+            .find("param_groups[0].lr: json: number 1e999 is outside the range of a double") != std::string::npos);
+  CHECK(refused(damaged_copy("param_fraction", "", nullptr, "", {}, groups_with("0.002", "0, 1.5, 2, 3, 4, 5, 6, 7")))
+            .find("param_groups[0].params[1]: json: 1.5 is not an integer") != std::string::npos);
+  CHECK(refused(damaged_copy("param_huge", "", nullptr, "", {}, groups_with("0.002", "0, 1, 2, 3, 4, 5, 6, 99999999999999999999")))
+            .find("param_groups[0].params[7]: json: integer 99999999999999999999 is out of range") != std::string::npos);
   std::vector<float> short_absmax(15, 1.0f);
   const auto short_bytes = bytes_of(short_absmax);
   CHECK(refused(damaged_copy("short", "state.1.absmax1", &short_bytes, "F32", {15})).find(

@@ -286,3 +286,121 @@ TEST_CASE("sharded_adam: images carry their run: another run's image is refused,
   anonymous.load(host, again);
   CHECK(anonymous.run_id() == 0xA11CE);
 }
+
+namespace {
+
+// Ranks of one process built one after another: broadcast hands rank `root`'s bytes to the ranks built after
+// it through `slot` (what a real communicator does at once). Only for construction, save and load.
+struct sequential_ranks {
+  int r = 0, n = 1;
+  std::vector<std::byte>* slot = nullptr;
+  int rank() const noexcept { return r; }
+  int size() const noexcept { return n; }
+  template <class E, class T>
+  void all_reduce(const E&, const T*, T*, std::int64_t) const { refuse(); }
+  template <class E, class T>
+  void reduce_scatter(const E&, const T*, T*, std::int64_t) const { refuse(); }
+  template <class E, class T>
+  void all_gather(const E&, const T*, T*, std::int64_t) const { refuse(); }
+  template <class E, class T>
+  void broadcast(const E&, T* data, std::int64_t count, int root) const {
+    const std::size_t bytes = static_cast<std::size_t>(count) * sizeof(T);
+    if (r == root) slot->assign(reinterpret_cast<const std::byte*>(data), reinterpret_cast<const std::byte*>(data) + bytes);
+    else std::memcpy(data, slot->data(), bytes);
+  }
+  [[noreturn]] static void refuse() { throw memkit::error("sequential_ranks: no collectives"); }
+};
+
+// The images of a fresh save on `ranks` ranks, default-constructed (each run draws its own id).
+template <class S>
+std::vector<std::string> fresh_run_images(const std::vector<std::int64_t>& sizes, int ranks, std::uint64_t* id) {
+  std::vector<std::byte> slot;
+  std::vector<std::string> images;
+  for (int r = 0; r < ranks; ++r) {
+    S state(host, sequential_ranks{r, ranks, &slot}, memkit::default_host_resource(), sizes);
+    if (r == 0) *id = state.run_id();
+    CHECK(state.run_id() == *id);  // every rank of the run holds rank 0's id
+    std::stringstream out;
+    state.save(host, out);
+    images.push_back(out.str());
+  }
+  return images;
+}
+
+}  // namespace
+
+TEST_CASE("sharded_adam: every run draws its own id, and the ranks of two runs at the same step are refused together (#35)") {
+  using S = sharded_adam_state<float>;
+  const std::vector<std::int64_t> sizes{5000, 300};
+  std::uint64_t id_a = 0, id_b = 0;
+  const std::vector<std::string> run_a = fresh_run_images<S>(sizes, 2, &id_a), run_b = fresh_run_images<S>(sizes, 2, &id_b);
+  CHECK(id_a != 0);
+  CHECK(id_b != 0);
+  CHECK(id_a != id_b);
+  // Same step (0), same control block, same (zero) moments: only the run tells rank 1 of run B from rank 1 of run A.
+  S target(host, single_communicator{}, memkit::default_host_resource(), sizes);
+  const std::uint64_t target_id = target.run_id();
+  const std::vector<std::byte> before(target.arena_view().begin(), target.arena_view().end());
+  auto load = [&](const std::string& first, const std::string& second) {
+    std::stringstream a(first), b(second);
+    std::istream* images[] = {&a, &b};
+    target.load(host, std::span<std::istream* const>(images));
+  };
+  CHECK_THROWS_WITH_AS(load(run_a[0], run_b[1]),
+                       doctest::Contains(("image 1: from run " + std::to_string(id_b) + ", image 0 from run " +
+                                          std::to_string(id_a) + " (images of different runs)").c_str()),
+                       memkit::error);
+  CHECK(std::equal(before.begin(), before.end(), target.arena_view().begin()));  // nothing half-loaded
+  CHECK(target.run_id() == target_id);
+  CHECK_FALSE(target.run_id_bound());
+  // The ranks of one run load, and the fresh state joins that run.
+  load(run_a[1], run_a[0]);
+  CHECK(target.run_id() == id_a);
+  CHECK(target.run_id_bound());
+  // Now bound to run A: run B's images (same step) are refused, and so are they by a state that has stepped.
+  CHECK_THROWS_WITH_AS(load(run_b[0], run_b[1]), doctest::Contains(("this state belongs to run " + std::to_string(id_a)).c_str()),
+                       memkit::error);
+  CHECK(target.run_id() == id_a);
+  S stepped(host, single_communicator{}, memkit::default_host_resource(), sizes);
+  std::vector<float> params(static_cast<std::size_t>(stepped.flat_size()), 0.5f), grads(params.size(), 0.01f);
+  stepped.step_full_gradients(host, single_communicator{}, memkit::host_view(params), memkit::host_view(grads),
+                              sharded_test::groups);
+  CHECK(stepped.run_id_bound());
+  std::stringstream b0(run_b[0]), b1(run_b[1]);
+  std::istream* images_b[] = {&b0, &b1};
+  CHECK_THROWS_WITH_AS(stepped.load(host, std::span<std::istream* const>(images_b)),
+                       doctest::Contains(("this state belongs to run " + std::to_string(stepped.run_id())).c_str()), memkit::error);
+  CHECK(stepped.control(host).step == 1);
+  // A given id is deterministic (tests, job ids) and binds at once; 0 is no id.
+  S given(host, single_communicator{}, memkit::default_host_resource(), sizes, {}, 42);
+  CHECK(given.run_id() == 42);
+  CHECK(given.run_id_bound());
+  CHECK_THROWS_WITH_AS(given.set_run_id(0), doctest::Contains("0 is not a run id"), memkit::error);
+}
+
+TEST_CASE("sharded_adam: images of format version 1 and images naming run 0 are refused, saying why (#35)") {
+  using S = sharded_adam_state<float>;
+  const std::vector<std::int64_t> sizes{5000, 300};
+  S state(host, single_communicator{}, memkit::default_host_resource(), sizes, {}, 7);
+  std::stringstream saved;
+  state.save(host, saved);
+  S target(host, single_communicator{}, memkit::default_host_resource(), sizes);
+  {
+    std::string image = saved.str();
+    std::uint32_t magic_length = 0;
+    std::memcpy(&magic_length, image.data(), 4);
+    const std::uint32_t version = 1;
+    std::memcpy(image.data() + 4 + magic_length, &version, 4);
+    std::stringstream in(image);
+    CHECK_THROWS_WITH_AS(target.load(host, in),
+                         doctest::Contains("format version 1, this build reads 2 (version 1 images name no run"), memkit::error);
+  }
+  {
+    image_parts parts = split_image<S>(saved.str(), sizes.size());
+    const std::uint64_t zero = 0;
+    std::memcpy(parts.body.data() + parts.control_at - 8 - 8 * sizes.size() - 8, &zero, 8);
+    std::stringstream in(forged<S>(parts));
+    CHECK_THROWS_WITH_AS(target.load(host, in), doctest::Contains("run id 0"), memkit::error);
+  }
+  CHECK_FALSE(target.run_id_bound());
+}

@@ -38,11 +38,13 @@
 #pragma once
 
 #include <algorithm>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <istream>
 #include <ostream>
+#include <random>
 #include <span>
 #include <string>
 #include <type_traits>
@@ -161,10 +163,14 @@ class sharded_adam_state {
   // ---- Construction ----
 
   // Rank comm.rank() of comm.size() ranks; every rank constructs with the same sizes and options.
+  // `run_id` names the training run this state belongs to; every rank image carries it (see load()). 0, the
+  // default, draws a fresh random id on rank 0 and broadcasts it (one collective of 8 bytes, only when
+  // there is more than one rank); a nonzero id (a job id; a fixed number in tests) is taken as given, with
+  // no collective, and must then be the same on every rank.
   template <executor E, class C>
     requires communicator<C, E>
   sharded_adam_state(const E& exec, const C& comm, memory_resource& resource, std::span<const std::int64_t> sizes,
-                     adam_options options = {})
+                     adam_options options = {}, std::uint64_t run_id = 0)
       : options_(options), rank_(comm.rank()), ranks_(comm.size()) {
     validate(options_.loss_scaling, "sharded_adam_state");
     require(options_.min_quantized_size >= 0, "sharded_adam_state: min_quantized_size must be >= 0");
@@ -190,6 +196,8 @@ class sharded_adam_state {
         plan(sizes, rank_, ranks_, options_.min_quantized_size, [&](const shard_piece& p) { pieces_.push_back(p); });
     arena_ = buffer<std::byte>(resource, shape{static_cast<std::int64_t>(bytes)});
     require_accessible(exec, arena_view(), "sharded_adam_state", "optimizer state");
+    run_id_ = run_id != 0 ? run_id : shared_fresh_run_id(exec, comm);
+    run_id_bound_ = run_id != 0;
     reset(exec);
   }
 
@@ -233,12 +241,17 @@ class sharded_adam_state {
   memory_kind where() const noexcept { return arena_.where(); }
   tensor_view<const std::byte> arena_view() const noexcept { return arena_.view(); }
   const adam_options& options() const noexcept { return options_; }
-  // The run this state belongs to, saved in every rank image: load() refuses images of different runs, and,
-  // once this state has one (nonzero), images of any other run, even at the same step. Give every rank the
-  // same id (a job id, or a random number rank 0 broadcasts at start); 0 means none given. A state that
-  // loads images takes their id.
+  // The run this state belongs to (never 0), saved in every rank image. load() refuses images of different
+  // runs together, and images of another run than this state's once the state is bound to its run: its id
+  // was given (constructor, set_run_id), or it has stepped or loaded. A fresh state with a drawn id takes
+  // the id of the images it loads (resuming a run in a new process).
   std::uint64_t run_id() const noexcept { return run_id_; }
-  void set_run_id(std::uint64_t id) noexcept { run_id_ = id; }
+  bool run_id_bound() const noexcept { return run_id_bound_; }
+  void set_run_id(std::uint64_t id) {
+    require(id != 0, "sharded_adam_state::set_run_id: 0 is not a run id");
+    run_id_ = id;
+    run_id_bound_ = true;
+  }
   void set_max_grad_norm(float max_norm) {
     require(max_norm >= 0.0f && memkit::detail::is_finite(max_norm),
             "sharded_adam_state::set_max_grad_norm: need a finite value >= 0");
@@ -425,11 +438,13 @@ class sharded_adam_state {
       require(!seen[static_cast<std::size_t>(saved_rank)], where + ": rank " + std::to_string(saved_rank) + " appears twice");
       seen[static_cast<std::size_t>(saved_rank)] = 1;
       const auto run = in.template pod<std::uint64_t>();
+      require(run != 0, where + ": run id 0 (an image names the run it belongs to; this one names none)");
       if (k == 0) first_run = run;
       require(run == first_run, where + ": from run " + std::to_string(run) + ", image 0 from run " +
                                     std::to_string(first_run) + " (images of different runs)");
-      require(run_id_ == 0 || run == run_id_, where + ": from run " + std::to_string(run) + ", this state belongs to run " +
-                                                  std::to_string(run_id_));
+      require(!run_id_bound_ || run == run_id_,
+              where + ": from run " + std::to_string(run) + ", this state belongs to run " + std::to_string(run_id_) +
+                  " (a state takes another run's images only while fresh: not given a run id, never stepped or loaded)");
       require(in.template pod<std::uint64_t>() == sizes_.size(), where + ": tensor count differs");
       for (std::size_t i = 0; i < sizes_.size(); ++i)
         require(in.template pod<std::int64_t>() == sizes_[i], where + ": tensor " + std::to_string(i) + "'s size differs");
@@ -464,10 +479,11 @@ class sharded_adam_state {
       require(in.at == body.size(), where + ": trailing bytes after the last piece");
     }
     std::memcpy(staging.data(), &first_control, sizeof first_control);
-    validate_moments(op, staging.data());
+    validate_pieces(op, staging.data());
     require_accessible(exec, arena_view(), "sharded_adam_state::load", "optimizer state");
     copy_in(exec, staging.data(), staging.size());  // every image checked: now replace
     run_id_ = first_run;
+    run_id_bound_ = true;
   }
   template <executor E>
   void load(const E& exec, std::istream& image) {
@@ -481,6 +497,7 @@ class sharded_adam_state {
   template <executor E, class C, float_storage P, float_storage G>
   void step_on(const E& exec, const C& comm, tensor_view<P> params, const G* grads, std::int64_t grads_begin,
                std::span<const adam_group> groups, const sharded_step_options& options, tensor_view<float> master) {
+    run_id_bound_ = true;  // this state now holds a step of its run
     if constexpr (!E::on_device) {
       host_step(exec, comm, params, grads, grads_begin, groups, options, master);
     } else {
@@ -488,6 +505,31 @@ class sharded_adam_state {
       device_step(exec, comm, params, grads, grads_begin, groups, options, master);
 #endif
     }
+  }
+
+  // A new run's id: rank 0 draws it (random_device mixed with the clock; never 0) and, with more than one
+  // rank, broadcasts it (through the arena's first bytes on a device executor; reset() follows).
+  template <executor E, class C>
+  std::uint64_t shared_fresh_run_id(const E& exec, const C& comm) {
+    std::uint64_t id = 0;
+    if (rank_ == 0) {
+      std::random_device device;
+      const std::uint64_t drawn = (std::uint64_t{device()} << 32) ^ std::uint64_t{device()};
+      const auto now = static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+      id = memkit::detail::mix64(drawn ^ memkit::detail::mix64(now));
+      if (id == 0) id = 1;
+    }
+    if (ranks_ > 1) {
+      if constexpr (!E::on_device) {
+        comm.broadcast(exec, reinterpret_cast<std::byte*>(&id), static_cast<std::int64_t>(sizeof id), 0);
+      } else {
+        copy_in(exec, &id, sizeof id);
+        comm.broadcast(exec, arena_.data(), static_cast<std::int64_t>(sizeof id), 0);
+        copy_out(exec, &id, sizeof id);
+      }
+    }
+    require(id != 0, "sharded_adam_state: the run id broadcast from rank 0 arrived as 0");
+    return id;
   }
 
   // The whole arena on the host: the arena itself, or a copy (waits for the stream) of device memory.
@@ -737,9 +779,9 @@ class sharded_adam_state {
     return 0.0f;
   }
 
-  // This rank's moments as load() assembled them, checked as adam_state checks a loaded image: finite first
-  // moments, finite second moments >= 0, finite block scales >= 0.
-  void validate_moments(const std::string& op, const std::byte* base) const {
+  // This rank's moments as load() assembled them, checked by the function adam_state checks a loaded image
+  // with (validate_moments: finite first moments, finite second moments >= 0, finite block scales >= 0).
+  void validate_pieces(const std::string& op, const std::byte* base) const {
     for (const shard_piece& p : pieces_) {
       const std::string which = op + ": tensor " + std::to_string(p.tensor) + " elements " + std::to_string(p.begin) +
                                 ".." + std::to_string(p.end);
@@ -747,22 +789,23 @@ class sharded_adam_state {
         if constexpr (quantized) {
           const std::int64_t blocks = (p.count() + divisor_block - 1) / divisor_block;
           for (const std::size_t offset : {p.m_scale_offset, p.v_scale_offset})
-            for (std::int64_t b = 0; b < blocks; ++b) {
-              const float a = reinterpret_cast<const float*>(base + offset)[b];
-              require(memkit::detail::is_finite(a) && a >= 0.0f,
-                      which + ": " + (offset == p.m_scale_offset ? "m" : "v") + " block scale " + std::to_string(b) +
-                          " is " + format_float(a) + "; block scales must be finite and >= 0");
-            }
+            validate_moments(
+                adam_moment_kind::block_scale, blocks,
+                [&](std::int64_t b) {
+                  float a;
+                  std::memcpy(&a, base + offset + static_cast<std::size_t>(b) * sizeof a, sizeof a);
+                  return a;
+                },
+                [&](std::int64_t b) {
+                  return which + ": " + (offset == p.m_scale_offset ? "m" : "v") + " block scale " + std::to_string(b);
+                });
         }
         continue;
       }
-      for (std::int64_t i = 0; i < p.count(); ++i) {
-        const float m = load_moment(base, p, i, true), v = load_moment(base, p, i, false);
-        require(memkit::detail::is_finite(m), which + ": m[" + std::to_string(i) + "] is " + format_float(m) +
-                                                  "; moments must be finite");
-        require(memkit::detail::is_finite(v) && v >= 0.0f,
-                which + ": v[" + std::to_string(i) + "] is " + format_float(v) + "; second moments must be finite and >= 0");
-      }
+      validate_moments(adam_moment_kind::first, p.count(), [&](std::int64_t i) { return load_moment(base, p, i, true); },
+                       [&](std::int64_t i) { return which + ": m[" + std::to_string(i) + "]"; });
+      validate_moments(adam_moment_kind::second, p.count(), [&](std::int64_t i) { return load_moment(base, p, i, false); },
+                       [&](std::int64_t i) { return which + ": v[" + std::to_string(i) + "]"; });
     }
   }
 
@@ -858,8 +901,9 @@ class sharded_adam_state {
     in.read(file_magic.data(), magic_length);
     require(file_magic == magic, where + ": not a memkit sharded_adam_state image");
     const auto version = read_raw<std::uint32_t>(in, where);
-    require(version == format_version, where + ": format version " + std::to_string(version) + ", this build reads " +
-                                           std::to_string(format_version));
+    require(version == format_version,
+            where + ": format version " + std::to_string(version) + ", this build reads " + std::to_string(format_version) +
+                (version == 1 ? " (version 1 images name no run, so they cannot be told from another run's; not read)" : ""));
     const auto length = read_raw<std::uint64_t>(in, where);
     // No image of these tensors is larger than the whole unsharded state plus its headers.
     const std::uint64_t bound = (1u << 20) + 64 * sizes_.size() + unsharded::bytes_required(sizes_, options_);
@@ -919,6 +963,7 @@ class sharded_adam_state {
   adam_options options_;
   int rank_ = 0, ranks_ = 1;
   std::uint64_t run_id_ = 0;
+  bool run_id_bound_ = false;
   std::vector<std::int64_t> sizes_, flat_offsets_, first_chunks_;
   std::int64_t total_chunks_ = 0, flat_size_ = 0, shard_size_ = 0;
   std::vector<shard_piece> pieces_;

@@ -105,23 +105,42 @@ struct adam_control {
   std::int32_t applied = 0;            // 1 when the last step updated anything
 };
 
-// No run takes 2^62 steps; the bound leaves room to keep counting without overflow. Every way into a state
-// (adam_state::load and assign, the bitsandbytes import, sharded_adam_state::load) applies it.
+// The one set of checks for anything that enters an Adam state from outside: adam_state::load and
+// assign, the bitsandbytes import (bnb::load_adam_state) and sharded_adam_state::load all call these
+// functions, and no other copy of the rules exists. Each throws memkit::error naming the field and its value.
+
+// No run takes 2^62 steps; the bound leaves room to keep counting without overflow (the next step adds one).
 inline constexpr std::int64_t adam_max_steps = std::int64_t{1} << 62;
 
-// A step count given to a state from outside (assign, an imported file): 0 .. 2^62.
-inline void validate_step_count(std::int64_t step, const std::string& where) {
-  require(step >= 0 && step <= adam_max_steps, where + ": step " + std::to_string(step) + " (must be 0 .. 2^62)");
+// A step (or skipped-step) count: 0 .. 2^62. `where` prefixes the message ("adam_state::assign: ").
+inline void validate_step_count(std::int64_t count, const std::string& where, const char* field = "step") {
+  require(count >= 0 && count <= adam_max_steps,
+          where + field + " " + std::to_string(count) + " (must be 0 .. 2^62)");
 }
 
-// Every field of a control block read from an image, the one check adam_state::load and
-// sharded_adam_state::load share: `where` names it ("...: the image's control block has "), `total_chunks` is
-// the state's gradient-norm chunk count, `scaler` its loss-scaling options.
+// Moments: `locate(i)` names element i ("tensor 0: m[3]", "'state.2.state1' element 3"); the value is
+// read through `value(i)`. First moments must be finite; second moments finite and >= 0; block scales
+// (the absmax of a quantized block) finite and >= 0.
+enum class adam_moment_kind { first, second, block_scale };
+template <class Value, class Locate>
+void validate_moments(adam_moment_kind kind, std::int64_t count, const Value& value, const Locate& locate) {
+  for (std::int64_t i = 0; i < count; ++i) {
+    const float x = value(i);
+    const bool ok = kind == adam_moment_kind::first ? detail::is_finite(x) : detail::is_finite(x) && x >= 0.0f;
+    if (!ok)
+      throw error(locate(i) + " is " + format_float(x) +
+                  (kind == adam_moment_kind::first    ? "; first moments must be finite"
+                   : kind == adam_moment_kind::second ? "; second moments must be finite and >= 0"
+                                                      : "; block scales must be finite and >= 0"));
+  }
+}
+
+// Every field of a control block read from an image: `where` names it ("...: the control block has "),
+// `total_chunks` is the state's gradient-norm chunk count, `scaler` its loss-scaling options.
 inline void validate_control(const adam_control& c, const std::string& where, std::int64_t total_chunks,
                              const loss_scaler_options& scaler) {
-  require(c.step >= 0 && c.step <= adam_max_steps, where + "step " + std::to_string(c.step) + " (must be 0 .. 2^62)");
-  require(c.skipped_steps >= 0 && c.skipped_steps <= adam_max_steps,
-          where + "skipped_steps " + std::to_string(c.skipped_steps) + " (must be 0 .. 2^62)");
+  validate_step_count(c.step, where, "step");
+  validate_step_count(c.skipped_steps, where, "skipped_steps");
   require(c.first_nonfinite_chunk >= -1 && c.first_nonfinite_chunk < (total_chunks > 1 ? total_chunks : 1),
           where + "first_nonfinite_chunk " + std::to_string(c.first_nonfinite_chunk) + " (must be -1 .. " +
               std::to_string(total_chunks - 1) + ")");

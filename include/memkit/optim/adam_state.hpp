@@ -945,7 +945,7 @@ class adam_state {
     const std::string op = "adam_state::assign";
     require(tensors.size() == layout_.size(), op + ": got " + std::to_string(tensors.size()) + " tensors, the state has " +
                                                   std::to_string(layout_.size()));
-    validate_step_count(step, op);
+    validate_step_count(step, op + ": ");
     for (std::size_t i = 0; i < tensors.size(); ++i) validate_source(op + ": tensor " + std::to_string(i), layout_[i], tensors[i]);
     std::vector<std::byte> image(arena_.bytes(), std::byte{0});
     adam_control control{};
@@ -1332,12 +1332,10 @@ class adam_state {
                                 std::to_string(options_.min_quantized_size) + ")");
       expect(s.m, t.size, "m");
       expect(s.v, t.size, "v");
-      for (std::int64_t i = 0; i < t.size; ++i) {
-        const float m = to_float(s.m[i]), v = to_float(s.v[i]);
-        if (!detail::is_finite(m)) throw error(which + ": m[" + std::to_string(i) + "] is " + format_float(m));
-        if (!(detail::is_finite(v) && v >= 0.0f))
-          throw error(which + ": v[" + std::to_string(i) + "] is " + format_float(v) + "; the second moment must be finite and >= 0");
-      }
+      validate_moments(adam_moment_kind::first, t.size, [&](std::int64_t i) { return to_float(s.m[i]); },
+                       [&](std::int64_t i) { return which + ": m[" + std::to_string(i) + "]"; });
+      validate_moments(adam_moment_kind::second, t.size, [&](std::int64_t i) { return to_float(s.v[i]); },
+                       [&](std::int64_t i) { return which + ": v[" + std::to_string(i) + "]"; });
       return;
     }
     require(s.quantized, which + ": the source has plain moments, but this state quantizes a tensor of " +
@@ -1348,13 +1346,11 @@ class adam_state {
     expect(s.v_codes, codes, "v_codes");
     expect(s.m_absmax, t.units, "m_absmax");
     expect(s.v_absmax, t.units, "v_absmax");
-    for (std::int64_t b = 0; b < t.units; ++b)
-      for (const auto* absmax : {&s.m_absmax, &s.v_absmax}) {
-        const float a = (*absmax)[b];
-        if (!(detail::is_finite(a) && a >= 0.0f))
-          throw error(which + ": " + (absmax == &s.m_absmax ? "m" : "v") + "_absmax[" + std::to_string(b) + "] is " +
-                      format_float(a) + "; block scales must be finite and >= 0");
-      }
+    for (const auto* absmax : {&s.m_absmax, &s.v_absmax})
+      validate_moments(adam_moment_kind::block_scale, t.units, [&](std::int64_t b) { return (*absmax)[b]; },
+                       [&](std::int64_t b) {
+                         return which + ": " + (absmax == &s.m_absmax ? "m" : "v") + "_absmax[" + std::to_string(b) + "]";
+                       });
   }
 
   // The values of a loaded image (host bytes laid out as this state's arena): the control block field by

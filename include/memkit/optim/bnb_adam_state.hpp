@@ -178,10 +178,19 @@ adam_state_info load_adam_state(const E& exec, adam_state<State, Block>& state, 
       const json::value& group = groups.as_array()[g];
       const std::string which = "param_groups[" + std::to_string(g) + "]";
       require(group.is_object(), which + " is not an object");
+      // A number's conversion errors ("outside the range of a double", "not an integer") name the field.
+      auto as_double = [&](const json::value& v, const std::string& field) {
+        require(v.is_number(), which + "." + field + " is " + json::value::kind_name(v.type()) + ", not a number");
+        try {
+          return v.as_double();
+        } catch (const error& e) {
+          throw error(which + "." + field + ": " + e.what());
+        }
+      };
       auto number = [&](const char* field) {
         const json::value* v = group.find(field);
-        require(v != nullptr && v->is_number(), which + "." + field + " is missing or not a number");
-        return static_cast<float>(v->as_double());
+        require(v != nullptr, which + "." + field + " is missing");
+        return static_cast<float>(as_double(*v, field));
       };
       adam_group hyper;
       hyper.lr = number("lr");
@@ -191,19 +200,23 @@ adam_state_info load_adam_state(const E& exec, adam_state<State, Block>& state, 
       require(betas != nullptr && betas->is_array() && betas->as_array().size() == 2,
               which + ".betas must be a list of two numbers" +
                   (betas && betas->is_array() && betas->as_array().size() == 3 ? " (three betas: AdEMAMix, not AdamW)" : ""));
-      for (std::size_t b = 0; b < 2; ++b)
-        require(betas->as_array()[b].is_number(), which + ".betas[" + std::to_string(b) + "] is not a number");
-      hyper.beta1 = static_cast<float>(betas->as_array()[0].as_double());
-      hyper.beta2 = static_cast<float>(betas->as_array()[1].as_double());
-      if (const json::value* alpha = group.find("alpha"); alpha != nullptr && alpha->is_number())
-        require(alpha->as_double() == 0.0, which + ".alpha is " + alpha->number_text() + " (AdEMAMix), not AdamW's 0");
+      hyper.beta1 = static_cast<float>(as_double(betas->as_array()[0], "betas[0]"));
+      hyper.beta2 = static_cast<float>(as_double(betas->as_array()[1], "betas[1]"));
+      if (const json::value* alpha = group.find("alpha"); alpha != nullptr && !alpha->is_null())
+        require(as_double(*alpha, "alpha") == 0.0, which + ".alpha is " + alpha->number_text() + " (AdEMAMix), not AdamW's 0");
       validate(hyper, which);
       const json::value* params = group.find("params");
       require(params != nullptr && params->is_array(), which + ".params must be a list of parameter indices");
-      for (const json::value& p : params->as_array()) {
-        require(p.is_number(), which + ".params holds " + (p.is_string() ? "a string" : "a non-number") +
-                                   "; it lists parameter indices");
-        const std::int64_t index = p.as_int();
+      for (std::size_t k = 0; k < params->as_array().size(); ++k) {
+        const json::value& p = params->as_array()[k];
+        const std::string field = which + ".params[" + std::to_string(k) + "]";
+        require(p.is_number(), field + " is " + json::value::kind_name(p.type()) + "; params lists parameter indices");
+        std::int64_t index = 0;
+        try {
+          index = p.as_int();
+        } catch (const error& e) {
+          throw error(field + ": " + e.what());
+        }
         require(index >= 0 && static_cast<std::size_t>(index) < count,
                 which + " lists parameter " + std::to_string(index) + ", but the adam_state has " + std::to_string(count) +
                     " tensors");
@@ -236,7 +249,8 @@ adam_state_info load_adam_state(const E& exec, adam_state<State, Block>& state, 
     bool known = key.rfind("state.", 0) == 0 && dot != std::string::npos && dot > 6;
     if (known) {
       const std::string index = key.substr(6, dot - 6), field = key.substr(dot + 1);
-      known = index.find_first_not_of("0123456789") == std::string::npos &&
+      // A parameter index in its one spelling: digits, no leading zero ('state.01.step' would be skipped).
+      known = index.find_first_not_of("0123456789") == std::string::npos && (index == "0" || index[0] != '0') &&
               (field == "step" || field == "state1" || field == "state2" || field == "absmax1" || field == "absmax2" ||
                field == "qmap1" || field == "qmap2");
       // At most 18 digits (never past 2^63, so stoull cannot throw): a longer index is out of range anyway.
@@ -263,7 +277,7 @@ adam_state_info load_adam_state(const E& exec, adam_state<State, Block>& state, 
     if (i == 0) info.step = step[0];
     require(step[0] == info.step, where + ": '" + prefix + "step' is " + std::to_string(step[0]) + " but 'state.0.step' is " +
                                       std::to_string(info.step) + "; memkit keeps one step count for all tensors");
-    validate_step_count(step[0], where + ": '" + prefix + "step'");
+    validate_step_count(step[0], where + ": '" + prefix + "step': ");
     const safetensors::tensor_info* s1 = in.find(prefix + "state1");
     require(s1 != nullptr, where + ": missing key '" + prefix + "state1' (a parameter without state never took a step; "
                                                                  "memkit's state needs every tensor)");
@@ -290,14 +304,10 @@ adam_state_info load_adam_state(const E& exec, adam_state<State, Block>& state, 
         require(in.find(prefix + field) == nullptr, where + ": '" + prefix + field + "' belongs to 8-bit state, but '" +
                                                         s1->name + "' is F32");
       const std::vector<float> m = in.read_vector<float>(prefix + "state1"), v = in.read_vector<float>(prefix + "state2");
-      for (std::int64_t e = 0; e < size; ++e) {
-        if (!memkit::detail::is_finite(m[static_cast<std::size_t>(e)]))
-          throw error(where + ": '" + prefix + "state1' holds " + format_float(m[static_cast<std::size_t>(e)]) +
-                      " at element " + std::to_string(e));
-        if (!(memkit::detail::is_finite(v[static_cast<std::size_t>(e)]) && v[static_cast<std::size_t>(e)] >= 0.0f))
-          throw error(where + ": '" + prefix + "state2' holds " + format_float(v[static_cast<std::size_t>(e)]) +
-                      " at element " + std::to_string(e) + "; the second moment must be finite and >= 0");
-      }
+      validate_moments(adam_moment_kind::first, size, [&](std::int64_t e) { return m[static_cast<std::size_t>(e)]; },
+                       [&](std::int64_t e) { return where + ": '" + prefix + "state1' element " + std::to_string(e); });
+      validate_moments(adam_moment_kind::second, size, [&](std::int64_t e) { return v[static_cast<std::size_t>(e)]; },
+                       [&](std::int64_t e) { return where + ": '" + prefix + "state2' element " + std::to_string(e); });
       t.m.assign(m.begin(), m.end());
       t.v.assign(v.begin(), v.end());
       continue;
@@ -317,13 +327,12 @@ adam_state_info load_adam_state(const E& exec, adam_state<State, Block>& state, 
                         ", memkit's " + (first ? "signed" : "unsigned") + " dynamic map has " + format_float(mine[c], 9) +
                         " (more than a rounding apart: a custom map cannot be taken over code for code)");
       }
-      for (std::int64_t b = 0; b < blocks; ++b)
-        for (const std::vector<float>* absmax : {&t.m_absmax, &t.v_absmax}) {
-          const float a = (*absmax)[static_cast<std::size_t>(b)];
-          if (!(memkit::detail::is_finite(a) && a >= 0.0f))
-            throw error(where + ": '" + prefix + (absmax == &t.m_absmax ? "absmax1" : "absmax2") + "' holds " +
-                        format_float(a) + " at block " + std::to_string(b) + "; block scales must be finite and >= 0");
-        }
+      for (const std::vector<float>* absmax : {&t.m_absmax, &t.v_absmax})
+        validate_moments(adam_moment_kind::block_scale, blocks,
+                         [&](std::int64_t b) { return (*absmax)[static_cast<std::size_t>(b)]; }, [&](std::int64_t b) {
+                           return where + ": '" + prefix + (absmax == &t.m_absmax ? "absmax1" : "absmax2") + "' block " +
+                                  std::to_string(b);
+                         });
       t.m_codes = in.read_vector<std::uint8_t>(prefix + "state1");
       t.v_codes = in.read_vector<std::uint8_t>(prefix + "state2");
     }
