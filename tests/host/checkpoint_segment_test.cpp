@@ -673,12 +673,13 @@ TEST_CASE("checkpoint_segment: segments nest (a segment of segments): gradients 
           CHECK(same_bits(r.grads, reference.grads));
           CHECK(store.empty());
           CHECK(device.current_bytes() == 0);
-          if (mode == nested_offload::none) {
+          if (mode != nested_offload::shared) {
             CHECK(device.peak_bytes() == cost.peak_bytes);
           } else {
-            // Offloading segments in sequence prefetch the checkpoint of the segment before across their own
-            // boundary (as in a loop of segments): up to one hidden state away from the prediction.
-            CHECK(device.peak_bytes() <= cost.peak_bytes + largest_hidden);
+            // One offload shared by outer and inner segments holds one prefetched copy at a time: an inner
+            // segment's fetch can replace the outer's prefetch, so the prediction is an upper bound, at most
+            // one hidden state above.
+            CHECK(device.peak_bytes() <= cost.peak_bytes);
             CHECK(device.peak_bytes() + largest_hidden >= cost.peak_bytes);
           }
           CHECK(outer.pending_backwards() == 0);

@@ -94,6 +94,15 @@ struct part_of<std::array<L, N>> {
 template <class Part>
 using part_layer = typename layer_part<Part>::layer_type;
 
+// How many checkpoint_segment steps this thread is inside: a segment run as a step of another one is nested.
+inline thread_local int segment_steps_running = 0;
+struct inside_segment_step {
+  inside_segment_step() noexcept { ++segment_steps_running; }
+  ~inside_segment_step() { --segment_steps_running; }
+  inside_segment_step(const inside_segment_step&) = delete;
+  inside_segment_step& operator=(const inside_segment_step&) = delete;
+};
+
 }  // namespace detail
 
 // A sequence of layers whose activations pass from one to the next, by reference (the layers must outlive
@@ -475,6 +484,7 @@ class checkpoint_segment {
     void forward(std::uint64_t step, const hidden& in, hidden& out, bool keep) {
       const std::size_t entries = store_.size(), held = store_.bytes();
       segment_.layers_.visit(step, [&](auto& layer) {
+        const detail::inside_segment_step nested;
         layer.forward(exec_, segment_.context_of(pass_.ctx, step), const_view(in, step), view(out, step + 1), store_);
       });
       require(store_.size() >= entries, "checkpoint_segment: layer " + std::to_string(step) +
@@ -490,6 +500,7 @@ class checkpoint_segment {
       const std::size_t entries = store_.size();
       if (!pass_.taped.empty() && pass_.taped.back() == step) pass_.taped.pop_back();
       segment_.layers_.visit(step, [&](auto& layer) {
+        const detail::inside_segment_step nested;
         // Step 0 writes the caller's dx as given (it may be empty: no input gradient wanted).
         layer.backward(exec_, const_view(grad_out, step + 1), step == 0 ? dx : view(grad_in, step), store_);
       });
@@ -537,7 +548,11 @@ class checkpoint_segment {
       return h;
     }
     void prefetch(std::uint64_t p) { segment_.options_.offload->prefetch(exec_, store_.resource(), key(p)); }
-    void prefetch_beyond() { segment_.options_.offload->prefetch_latest(exec_, store_.resource()); }
+    // In a loop of segments, the next one's checkpoint. Not in a nested segment: the outer segment's plan
+    // decides what comes back next (and its cost() predicts it).
+    void prefetch_beyond() {
+      if (detail::segment_steps_running == 0) segment_.options_.offload->prefetch_latest(exec_, store_.resource());
+    }
     void forward_done() {
       if (offloading()) segment_.options_.offload->wait_for_copies(exec_);
     }
