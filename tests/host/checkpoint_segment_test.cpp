@@ -522,3 +522,206 @@ TEST_CASE("explain_layer names the requirement a type misses") {
   static_assert(memkit::explain_layer<memkit::checkpoint_segment<memkit::layer_list<std::span<tanh_layer>>>,
                                       host_executor>());
 }
+
+TEST_CASE("checkpoint_segment: destroying a segment with backwards pending frees what their forwards kept") {
+  static_assert(std::is_nothrow_destructible_v<checkpoint_segment<memkit::layer_list<std::span<mixed_layer>>>>);
+  std::vector<mixed_layer> stack = mixed_stack(6, 4, 31);
+  const shape in{2, 4};
+  const std::vector<float> x = random_values(in.numel(), 1);
+  std::vector<float> y(2 * 4);
+  auto x_view = memkit::host_view<const float>(x.data(), in);
+  auto y_view = memkit::host_view(y.data(), {2, 4});
+
+  for (const checkpoint_schedule& schedule : all_schedules(6))
+    for (bool offload : {false, true}) {
+      CAPTURE(describe(schedule, 6, offload));
+      memkit::tracking_resource device(memkit::default_host_resource(), "activations");
+      memkit::checkpoint_offload offloaded(memkit::default_host_resource());
+      activation_store store(device.category(memory_category::activations));
+      // Tensors of other owners below and above the segment's passes stay.
+      store.save<float>(shape{3});
+      {
+        checkpoint_segment segment(stack, {.schedule = schedule, .offload = offload ? &offloaded : nullptr});
+        segment.forward(memkit::host, step_context, x_view, y_view, store);
+        segment.forward(memkit::host, forward_context{7, 0, true}, x_view, y_view, store);
+        store.save<double>(shape{5});
+        CHECK(segment.pending_backwards() == 2);
+      }
+      CHECK(store.size() == 2);
+      CHECK(store.bytes() == 3 * sizeof(float) + 5 * sizeof(double));
+      CHECK(device.current_bytes() == store.bytes());
+      CHECK(offloaded.kept() == 0);
+      CHECK_NOTHROW(store.take<double>(shape{5}));
+      CHECK_NOTHROW(store.take<float>(shape{3}));
+    }
+
+  SUBCASE("the store was moved, or destroyed first") {
+    checkpoint_segment segment(stack, {.schedule = checkpoint_schedule::every_layer()});
+    {
+      activation_store store(memkit::default_host_resource());
+      segment.forward(memkit::host, step_context, x_view, y_view, store);
+      activation_store moved(std::move(store));
+      checkpoint_segment<memkit::layer_list<std::span<mixed_layer>>> other(std::move(segment));
+      CHECK(!moved.empty());
+      other.discard_forward(moved);  // the pass follows its store
+      CHECK(moved.empty());
+      CHECK(other.pending_backwards() == 0);
+    }
+    {
+      auto store = std::make_unique<activation_store>(memkit::default_host_resource());
+      segment.forward(memkit::host, step_context, x_view, y_view, *store);
+      store.reset();  // the segment's destructor must not touch it
+      CHECK(segment.pending_backwards() == 1);
+      activation_store fresh(memkit::default_host_resource());
+      std::vector<float> dy(8, 1.0f), dx(in.numel());
+      CHECK_THROWS_WITH_AS(segment.backward(memkit::host, memkit::host_view<const float>(dy.data(), {2, 4}),
+                                            memkit::host_view(dx.data(), in), fresh),
+                           doctest::Contains("the activation_store the forward saved its tensors in no longer exists"),
+                           memkit::error);
+      CHECK(segment.pending_backwards() == 0);  // that pass could never run backward
+    }
+  }
+}
+
+TEST_CASE("checkpoint_segment: backward given another store than its forward says so") {
+  std::vector<mixed_layer> stack = mixed_stack(6, 4, 31);
+  const shape in{2, 4};
+  const std::vector<float> x = random_values(in.numel(), 1);
+  std::vector<float> y(2 * 4), dy(2 * 4, 1.0f), dx(in.numel());
+  for (bool offload : {false, true}) {
+    memkit::checkpoint_offload offloaded(memkit::default_host_resource());
+    activation_store store(memkit::default_host_resource()), other(memkit::default_host_resource());
+    checkpoint_segment segment(stack, {.schedule = checkpoint_schedule::sqrt(), .offload = offload ? &offloaded : nullptr});
+    segment.forward(memkit::host, step_context, memkit::host_view<const float>(x.data(), in),
+                    memkit::host_view(y.data(), {2, 4}), store);
+    CHECK_THROWS_WITH_AS(segment.backward(memkit::host, memkit::host_view<const float>(dy.data(), {2, 4}),
+                                          memkit::host_view(dx.data(), in), other),
+                         doctest::Contains("given another activation_store than the one its forward saved its tensors in"),
+                         memkit::error);
+    CHECK(segment.pending_backwards() == 1);  // nothing lost: backward with the right store still works
+    segment.backward(memkit::host, memkit::host_view<const float>(dy.data(), {2, 4}), memkit::host_view(dx.data(), in),
+                     store);
+    CHECK(store.empty());
+    CHECK(offloaded.kept() == 0);
+  }
+}
+
+namespace {
+
+using inner_segment = checkpoint_segment<memkit::layer_list<std::span<mixed_layer>>>;
+
+enum class nested_offload { none, inner, shared };
+
+struct nested_step {
+  step_result result;
+  std::size_t saved_after_forward = 0, device_peak = 0;
+};
+
+}  // namespace
+
+TEST_CASE("checkpoint_segment: segments nest (a segment of segments): gradients bit-identical, peaks as predicted, "
+          "no stale passes, no offloaded checkpoints piling up") {
+  // 12 layers in 4 inner segments of 3; inner segment k runs at outer step k, so it gets the context
+  // ctx.for_layer(k), and counters add: first_layer 2k makes its layer i draw from ctx.for_layer(3k + i),
+  // as the plain loop over the 12 layers does.
+  std::vector<mixed_layer> stack = mixed_stack(12, 6, 23);
+  const shape in{4, 6};
+  const std::vector<float> x = random_values(in.numel(), 8);
+  const step_result reference = run_plain(stack, x, in);
+  const std::vector<checkpoint_schedule> outer_schedules{checkpoint_schedule::single_segment(), checkpoint_schedule::none(),
+                                                         checkpoint_schedule::every_layer(), checkpoint_schedule::binomial(2),
+                                                         checkpoint_schedule::binomial(1)};
+  const std::vector<checkpoint_schedule> inner_schedules{checkpoint_schedule::single_segment(), checkpoint_schedule::none(),
+                                                         checkpoint_schedule::every_layer(), checkpoint_schedule::binomial(1)};
+  for (const checkpoint_schedule& outer_schedule : outer_schedules)
+    for (const checkpoint_schedule& inner_schedule : inner_schedules)
+      for (nested_offload mode : {nested_offload::none, nested_offload::inner, nested_offload::shared}) {
+        CAPTURE(describe(outer_schedule, 4, mode == nested_offload::shared));
+        CAPTURE(describe(inner_schedule, 3, mode != nested_offload::none));
+        memkit::tracking_resource host(memkit::default_host_resource(), "offloaded");
+        memkit::checkpoint_offload offload(host.category(memory_category::activations));
+        std::vector<inner_segment> inners;
+        inners.reserve(4);
+        for (std::size_t k = 0; k < 4; ++k)
+          inners.emplace_back(std::span(stack).subspan(3 * k, 3),
+                              checkpoint_options{.schedule = inner_schedule, .first_layer = 2 * k,
+                                                 .offload = mode == nested_offload::none ? nullptr : &offload});
+        checkpoint_segment outer(inners, {.schedule = outer_schedule,
+                                          .offload = mode == nested_offload::shared ? &offload : nullptr});
+        static_assert(memkit::layer<decltype(outer), memkit::host_executor>);
+        const memkit::checkpoint_cost cost = outer.cost(in, step_context);
+        const shape out = outer.output_shape(in);
+        const std::size_t largest_hidden = activation_store::bytes_required<float>(shape{4, 9});
+        std::size_t host_after_first_step = 0;
+        for (int step = 0; step < 3; ++step) {
+          CAPTURE(step);
+          zero_grads(stack);
+          memkit::tracking_resource device(memkit::default_host_resource(), "activations");
+          activation_store store(device.category(memory_category::activations));
+          step_result r;
+          r.y.resize(out.numel());
+          outer.forward(memkit::host, step_context, memkit::host_view<const float>(x.data(), in),
+                        memkit::host_view(r.y.data(), out), store);
+          CHECK(store.bytes() == cost.saved_bytes);
+          const std::vector<float> dy = random_values(out.numel(), 99);
+          r.dx.resize(in.numel());
+          outer.backward(memkit::host, memkit::host_view<const float>(dy.data(), out), memkit::host_view(r.dx.data(), in),
+                         store);
+          collect(stack, r);
+          CHECK(same_bits(r.y, reference.y));
+          CHECK(same_bits(r.dx, reference.dx));
+          CHECK(same_bits(r.grads, reference.grads));
+          CHECK(store.empty());
+          CHECK(device.current_bytes() == 0);
+          if (mode != nested_offload::shared) {
+            CHECK(device.peak_bytes() == cost.peak_bytes);
+          } else {
+            // One offload shared by outer and inner segments holds one prefetched copy at a time: an inner
+            // segment's fetch can replace the outer's prefetch, so the prediction is an upper bound, at most
+            // one hidden state above.
+            CHECK(device.peak_bytes() <= cost.peak_bytes);
+            CHECK(device.peak_bytes() + largest_hidden >= cost.peak_bytes);
+          }
+          CHECK(outer.pending_backwards() == 0);
+          for (const inner_segment& inner : inners) CHECK(inner.pending_backwards() == 0);
+          CHECK(offload.kept() == 0);
+          if (step == 0) host_after_first_step = host.current_bytes();
+          CHECK(host.current_bytes() == host_after_first_step);  // the pool is reused, nothing piles up
+        }
+      }
+}
+
+TEST_CASE("activation_store: marks free one pass's tensors wherever they sit; a ref follows moves and expires") {
+  activation_store store(memkit::default_host_resource());
+  store.save<float>(shape{1});
+  const std::uint64_t from = store.mark();
+  store.save<float>(shape{2});
+  store.save<float>(shape{3});
+  const std::uint64_t to = store.mark();
+  store.save<double>(shape{4});
+  store.release_between(from, to);
+  CHECK(store.size() == 2);
+  CHECK(store.bytes() == sizeof(float) + 4 * sizeof(double));
+  store.release_between(from, to);  // nothing left there
+  CHECK(store.size() == 2);
+  CHECK_NOTHROW(store.take<double>(shape{4}));
+  CHECK_NOTHROW(store.take<float>(shape{1}));
+
+  memkit::activation_store_ref ref = store.ref();
+  CHECK(ref.get() == &store);
+  {
+    activation_store moved(std::move(store));
+    CHECK(ref.get() == &moved);
+  }
+  CHECK(ref.get() == nullptr);
+
+  // memkit::discard_forward on a plain layer frees what its forward saved.
+  tanh_layer act;
+  activation_store s(memkit::default_host_resource());
+  std::vector<float> x(6, 0.5f), y(6);
+  const std::size_t before = s.size();
+  act.forward(memkit::host, step_context, memkit::host_view<const float>(x.data(), {2, 3}),
+              memkit::host_view(y.data(), {2, 3}), s);
+  memkit::discard_forward(act, s, before);
+  CHECK(s.empty());
+}

@@ -13,6 +13,8 @@
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <iterator>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -62,12 +64,56 @@ class saved_tensor {
   shape shape_{};
 };
 
+class activation_store;
+
+// Refers to an activation_store that may be moved or destroyed meanwhile (what an owner of saved tensors
+// that can outlive the store keeps, e.g. a checkpoint_segment with a pending backward).
+class activation_store_ref {
+ public:
+  activation_store_ref() = default;
+  // The store now (after any moves), or null once it is destroyed.
+  activation_store* get() const noexcept {
+    const std::shared_ptr<activation_store*> self = self_.lock();
+    return self ? *self : nullptr;
+  }
+
+ private:
+  friend class activation_store;
+  explicit activation_store_ref(const std::shared_ptr<activation_store*>& self) : self_(self) {}
+  std::weak_ptr<activation_store*> self_;
+};
+
 // A last-in, first-out store of the tensors forward passes save for their backward passes.
 class activation_store {
  public:
   explicit activation_store(memory_resource& resource) : resource_(&resource) {}
-  activation_store(activation_store&&) noexcept = default;
-  activation_store& operator=(activation_store&&) noexcept = default;
+  activation_store(activation_store&& other) noexcept
+      : resource_(other.resource_), entries_(std::move(other.entries_)), held_bytes_(std::exchange(other.held_bytes_, 0)),
+        next_serial_(other.next_serial_), self_(std::move(other.self_)) {
+    other.entries_.clear();
+    if (self_) *self_ = this;
+  }
+  activation_store& operator=(activation_store&& other) noexcept {
+    if (this != &other) {
+      resource_ = other.resource_;
+      entries_ = std::move(other.entries_);
+      other.entries_.clear();
+      held_bytes_ = std::exchange(other.held_bytes_, 0);
+      next_serial_ = other.next_serial_;
+      self_ = std::move(other.self_);  // references to this store's old contents expire
+      if (self_) *self_ = this;
+    }
+    return *this;
+  }
+  activation_store(const activation_store&) = delete;
+  activation_store& operator=(const activation_store&) = delete;
+  ~activation_store() = default;  // its activation_store_refs expire
+
+  // A reference that follows this store through moves and reads null once it is destroyed.
+  activation_store_ref ref() {
+    if (!self_) self_ = std::make_shared<activation_store*>(this);
+    return activation_store_ref(self_);
+  }
 
   // Bytes a saved tensor of `dims` elements of T takes (what a layer's saved_bytes() adds up).
   template <class T>
@@ -79,7 +125,7 @@ class activation_store {
   template <class T>
   tensor_view<T> save(shape dims) {
     entry saved{buffer<std::byte>(*resource_, shape{static_cast<std::int64_t>(bytes_required<T>(dims))}), dims,
-                &detail::type_tag<T>, sizeof(T)};
+                &detail::type_tag<T>, sizeof(T), next_serial_++};
     T* data = reinterpret_cast<T*>(saved.storage.data());
     const memory_kind where = saved.storage.where();
     entries_.push_back(std::move(saved));
@@ -96,7 +142,7 @@ class activation_store {
                 to_string(dims) + " of " + std::to_string(sizeof(T)) + "-byte elements");
     T* data = reinterpret_cast<T*>(storage.data());
     const memory_kind where = storage.where();
-    entries_.push_back(entry{std::move(storage), dims, &detail::type_tag<T>, sizeof(T)});
+    entries_.push_back(entry{std::move(storage), dims, &detail::type_tag<T>, sizeof(T), next_serial_++});
     held_bytes_ += bytes_required<T>(dims);
     return {data, dims, where};
   }
@@ -149,6 +195,20 @@ class activation_store {
     for (auto it = first; it != entries_.end(); ++it) held_bytes_ -= it->storage.bytes();
     entries_.erase(first, entries_.end());
   }
+  // Where the store is now: every tensor saved later has a mark at or above it (marks are never reused).
+  std::uint64_t mark() const noexcept { return next_serial_; }
+  // Frees the tensors saved from mark `from` up to (not including) mark `to` that are still held, wherever
+  // they sit in the stack (e.g. those of one forward pass when later passes saved more on top).
+  void release_between(std::uint64_t from, std::uint64_t to = ~std::uint64_t{0}) noexcept {
+    auto first = entries_.end();
+    while (first != entries_.begin() && std::prev(first)->serial >= from) --first;
+    auto last = first;
+    while (last != entries_.end() && last->serial < to) {
+      held_bytes_ -= last->storage.bytes();
+      ++last;
+    }
+    entries_.erase(first, last);
+  }
 
  private:
   struct entry {
@@ -156,10 +216,13 @@ class activation_store {
     shape dims;
     const char* type;
     std::size_t element_bytes;
+    std::uint64_t serial;  // its mark
   };
   memory_resource* resource_;
   std::vector<entry> entries_;
   std::size_t held_bytes_ = 0;
+  std::uint64_t next_serial_ = 0;
+  std::shared_ptr<activation_store*> self_;  // what activation_store_refs follow (made on first ref())
 };
 
 // A trainable (or frozen) layer from activations of value_type to activations of value_type.
@@ -168,6 +231,10 @@ class activation_store {
 //   forward(exec, ctx, x, y, store)   writes y, saves what backward needs
 //   backward(exec, dy, dx, store)     takes it back, writes dx (skipped when dx is empty), accumulates
 //                                     parameter gradients into the layer's own gradient tensors
+// Optional: discard_forward(store)   forgets its most recent forward, whose backward will not run, and frees
+//                                     what it keeps of it (a layer that keeps state of a forward outside the
+//                                     store has it: checkpoint_segment's pending pass and offloaded
+//                                     checkpoints). Callers use memkit::discard_forward below.
 template <class L, class E>
 concept layer = executor<E> && requires(L& l, const L& cl, const E& exec, const forward_context& ctx,
                                         const shape& in, activation_store& store,
@@ -179,6 +246,16 @@ concept layer = executor<E> && requires(L& l, const L& cl, const E& exec, const 
   l.forward(exec, ctx, x, y, store);
   l.backward(exec, x, y, store);  // (dy, dx): dy has the output's shape, dx the input's
 };
+
+// Undoes `layer`'s most recent forward, whose backward will not run (a forward without gradients, the
+// forward an outer checkpoint_segment runs without keeping it): frees what it saved (every tensor after the
+// first `entries`, the store's size() before that forward) and lets the layer drop what it keeps of it
+// elsewhere (layer.discard_forward(store), when it has one).
+template <class L>
+void discard_forward(L& layer, activation_store& store, std::size_t entries) {
+  if constexpr (requires { layer.discard_forward(store); }) layer.discard_forward(store);
+  store.release_to(entries);
+}
 
 // Says which requirement of layer<L, E> a type misses, one static_assert per requirement, where the
 // concept alone only says it is not satisfied:

@@ -189,11 +189,20 @@ class checkpoint_offload {
   template <executor E>
   void forget(const E& exec, std::uint64_t owner, std::uint64_t pass) {
     if (prefetched_.key.owner == owner && prefetched_.key.pass == pass) discard_prefetch(exec);
-    for (std::size_t i = kept_.size(); i-- > 0;)
-      if (kept_[i].key.owner == owner && kept_[i].key.pass == pass) {
-        pool_[kept_[i].pool_index].in_use = false;
-        kept_.erase(kept_.begin() + static_cast<std::ptrdiff_t>(i));
-      }
+    drop_kept(owner, pass);
+  }
+
+  // The same without an executor (a segment discarding a forward, or destroyed with a backward pending):
+  // a copy still bringing one of these checkpoints back is waited for (on CUDA, the side stream
+  // synchronizes) before its device buffer is freed.
+  void forget(std::uint64_t owner, std::uint64_t pass) noexcept {
+    if (prefetched_.storage.data() != nullptr && prefetched_.key.owner == owner && prefetched_.key.pass == pass) {
+#if MEMKIT_HAS_CUDA
+      if (side_.stream != nullptr) (void)cudaStreamSynchronize(side_.stream);
+#endif
+      prefetched_ = {};
+    }
+    drop_kept(owner, pass);
   }
 
  private:
@@ -210,6 +219,14 @@ class checkpoint_offload {
     buffer<std::byte> storage;
     checkpoint_key key;
   };
+
+  void drop_kept(std::uint64_t owner, std::uint64_t pass) noexcept {
+    for (std::size_t i = kept_.size(); i-- > 0;)
+      if (kept_[i].key.owner == owner && kept_[i].key.pass == pass) {
+        pool_[kept_[i].pool_index].in_use = false;
+        kept_.erase(kept_.begin() + static_cast<std::ptrdiff_t>(i));
+      }
+  }
 
   std::size_t find(const checkpoint_key& key) const {
     for (std::size_t i = kept_.size(); i-- > 0;)

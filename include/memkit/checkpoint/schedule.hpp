@@ -22,6 +22,7 @@
 
 #include <cstdint>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
 #include "memkit/config.hpp"
@@ -393,8 +394,22 @@ class checkpoint_interpreter {
   hidden grad_{};
 };
 
+}  // namespace detail
+
+// What step j of a stack costs beyond the hidden states around it, for a step that allocates more while it
+// runs than what it keeps (a nested checkpoint_segment: its own cost()): `saved` stays from its forward to
+// its backward; forward_peak is the most bytes alive while its forward runs, backward_peak while its
+// backward runs (its saved bytes included). A plain layer is {saved, saved, saved}.
+struct checkpoint_step_bytes {
+  std::uint64_t saved = 0;
+  std::uint64_t forward_peak = 0;
+  std::uint64_t backward_peak = 0;
+};
+
+namespace detail {
+
 // The byte model: runs a plan on byte counts. `hidden_bytes(p)` is the size of the hidden state at
-// position p, `saved_bytes(j)` what step j's forward saves.
+// position p, `saved_bytes(j)` what step j's forward saves (a byte count, or a checkpoint_step_bytes).
 //   exact (what checkpoint_segment allocates): hidden states between layers and gradients are buffers of
 //     their own, and an advance allocates its saved tensors before throwing them away;
 //   autograd-like (memory_budget, PyTorch): hidden states are the saved tensors themselves and a forward
@@ -431,13 +446,19 @@ class checkpoint_byte_model {
     h = {};
   }
   constexpr void forward(std::uint64_t step, const hidden&, hidden&, bool keep) {
-    const std::uint64_t saved = keep || options_.exact ? saved_bytes_(step) : 0;
-    grow(saved);
-    if (!keep) device_ -= saved;
+    const checkpoint_step_bytes b = step_bytes(step);
+    if (options_.exact) {
+      reach(device_ + (b.forward_peak > b.saved ? b.forward_peak : b.saved));
+      if (keep) device_ += b.saved;
+    } else if (keep) {
+      grow(b.saved);
+    }
   }
   constexpr void backward(std::uint64_t step, const hidden&, hidden&) {
     on_backward_(step, device_);
-    device_ -= saved_bytes_(step);
+    const checkpoint_step_bytes b = step_bytes(step);
+    if (options_.exact && b.backward_peak > b.saved) reach(device_ - b.saved + b.backward_peak);
+    device_ -= b.saved;
   }
   constexpr bool offloading() const noexcept { return options_.offload; }
   constexpr hidden keep_copy(std::uint64_t p, hidden&) {
@@ -482,10 +503,16 @@ class checkpoint_byte_model {
     prefetched_ = true;
   }
   constexpr void prefetch_beyond() const noexcept {}
-  constexpr void forward_done() noexcept { kept_after_forward_ = device_; }
+  constexpr void forward_done() noexcept {
+    kept_after_forward_ = device_;
+    forward_peak_ = phase_peak_;
+    phase_peak_ = device_;
+  }
 
   constexpr std::uint64_t device_bytes() const noexcept { return device_; }
   constexpr std::uint64_t peak_device_bytes() const noexcept { return peak_; }
+  constexpr std::uint64_t forward_peak_bytes() const noexcept { return forward_peak_; }
+  constexpr std::uint64_t backward_peak_bytes() const noexcept { return phase_peak_; }  // once backward ran
   constexpr std::uint64_t host_bytes() const noexcept { return host_bytes_; }
   constexpr std::uint64_t kept_after_forward() const noexcept { return kept_after_forward_; }
 
@@ -496,7 +523,20 @@ class checkpoint_byte_model {
   };
   constexpr void grow(std::uint64_t bytes) {
     device_ += bytes;
-    if (device_ > peak_) peak_ = device_;
+    reach(device_);
+  }
+  // `bytes` alive for a moment.
+  constexpr void reach(std::uint64_t bytes) {
+    if (bytes > peak_) peak_ = bytes;
+    if (bytes > phase_peak_) phase_peak_ = bytes;
+  }
+  constexpr checkpoint_step_bytes step_bytes(std::uint64_t step) {
+    if constexpr (std::is_same_v<std::remove_cvref_t<decltype(saved_bytes_(step))>, checkpoint_step_bytes>) {
+      return saved_bytes_(step);
+    } else {
+      const std::uint64_t saved = saved_bytes_(step);
+      return {saved, saved, saved};
+    }
   }
 
   HiddenBytes hidden_bytes_;
@@ -504,6 +544,7 @@ class checkpoint_byte_model {
   OnBackward on_backward_;
   checkpoint_bytes_options options_;
   std::uint64_t device_ = 0, peak_ = 0, host_bytes_ = 0, kept_after_forward_ = 0;
+  std::uint64_t forward_peak_ = 0, phase_peak_ = 0;  // phase_peak_: of the phase running (forward, then backward)
   bool prefetched_ = false;
   std::vector<pooled> host_pool_;
   std::vector<std::size_t> held_;  // pool entries of the kept host checkpoints, oldest first
@@ -524,11 +565,14 @@ struct checkpoint_cost {
   std::uint64_t saved_bytes = 0;   // device bytes kept from the forward pass to the backward pass
   std::uint64_t peak_bytes = 0;    // most device activation bytes alive at once, in forward or backward
   std::uint64_t host_bytes = 0;    // pinned host bytes of offloaded checkpoints
+  std::uint64_t forward_peak_bytes = 0;   // peak_bytes of the forward pass alone
+  std::uint64_t backward_peak_bytes = 0;  // peak_bytes of the backward pass alone (saved_bytes included)
 };
 
 // The cost of `schedule` over `layers` layers whose hidden state at position p (0..layers) takes
-// hidden_bytes(p) bytes and whose step j saves saved_bytes(j) bytes, as checkpoint_segment runs it:
-// peak_bytes is exactly what a tracking_resource sees. Invalid input gives a zero cost.
+// hidden_bytes(p) bytes and whose step j saves saved_bytes(j) bytes (or returns a checkpoint_step_bytes), as
+// checkpoint_segment runs it: peak_bytes is exactly what a tracking_resource sees. Invalid input gives a zero
+// cost.
 template <class HiddenBytes, class SavedBytes>
 constexpr checkpoint_cost checkpoint_cost_of(const checkpoint_schedule& schedule, std::uint64_t layers,
                                              HiddenBytes hidden_bytes, SavedBytes saved_bytes,
@@ -541,7 +585,8 @@ constexpr checkpoint_cost checkpoint_cost_of(const checkpoint_schedule& schedule
   run.forward();
   const std::uint64_t kept = model.kept_after_forward();
   run.backward();
-  return {plan.recomputed(), plan.most_checkpoints, kept, model.peak_device_bytes(), model.host_bytes()};
+  return {plan.recomputed(), plan.most_checkpoints, kept, model.peak_device_bytes(), model.host_bytes(),
+          model.forward_peak_bytes(), model.backward_peak_bytes()};
 }
 
 // A stack of identical layers: every hidden state takes `hidden` bytes and every layer saves `saved`.

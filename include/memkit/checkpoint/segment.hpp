@@ -21,12 +21,17 @@
 // between their backwards are buffers from the store's resource, freed as soon as they are consumed.
 // cost(in, ctx) predicts, before anything runs, exactly what that resource will see (checkpoint/schedule.hpp).
 //
-// Misuse is an error, never a silent wrong gradient: backward before forward or twice, a layer whose
-// forward saves other bytes than its saved_bytes() says or whose recomputation saves something else than
-// its first forward did, a backward that does not take back what its forward saved.
+// Segments nest: an outer segment that runs an inner one's forward without keeping it discards that pass
+// (memkit::discard_forward), and its cost() counts what the inner ones allocate while they run.
+//
+// Misuse is an error, never a silent wrong gradient: backward before forward or twice, or with another store
+// than its forward, a layer whose forward saves other bytes than its saved_bytes() says or whose
+// recomputation saves something else than its first forward did, a backward that does not take back what its
+// forward saved. A segment destroyed with backwards pending frees what their forwards kept.
 #pragma once
 
 #include <array>
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -88,6 +93,15 @@ struct part_of<std::array<L, N>> {
 
 template <class Part>
 using part_layer = typename layer_part<Part>::layer_type;
+
+// How many checkpoint_segment steps this thread is inside: a segment run as a step of another one is nested.
+inline thread_local int segment_steps_running = 0;
+struct inside_segment_step {
+  inside_segment_step() noexcept { ++segment_steps_running; }
+  ~inside_segment_step() { --segment_steps_running; }
+  inside_segment_step(const inside_segment_step&) = delete;
+  inside_segment_step& operator=(const inside_segment_step&) = delete;
+};
 
 }  // namespace detail
 
@@ -181,6 +195,7 @@ class checkpoint_segment {
   }
   checkpoint_segment& operator=(checkpoint_segment&& other) {
     if (this != &other) {
+      drop_pending();
       layers_ = other.layers_;
       options_ = other.options_;
       plan_ = other.plan_;
@@ -191,6 +206,9 @@ class checkpoint_segment {
     }
     return *this;
   }
+  // A segment destroyed with backwards pending frees what their forwards kept: their tensors in the store
+  // (if it still exists) and their offloaded checkpoints (the offload must outlive the segment).
+  ~checkpoint_segment() { drop_pending(); }
 
   std::size_t size() const noexcept { return layers_.size(); }
   const checkpoint_options& options() const noexcept { return options_; }
@@ -213,7 +231,8 @@ class checkpoint_segment {
     const sizes s = sizes_for(in, ctx);
     return checkpoint_cost_of(
         options_.schedule, size(), [&s](std::uint64_t p) { return s.hidden_bytes[p]; },
-        [&s](std::uint64_t j) { return s.saved[j]; }, options_.offload != nullptr);
+        [&s](std::uint64_t j) { return checkpoint_step_bytes{s.saved[j], s.forward_peak[j], s.backward_peak[j]}; },
+        options_.offload != nullptr);
   }
 
   template <executor E>
@@ -223,7 +242,8 @@ class checkpoint_segment {
     const char* operation = "checkpoint_segment::forward";
     require_accessible(exec, x, operation, "x");
     require_accessible(exec, y, operation, "y");
-    pass p{next_pass_++, ctx, sizes_for(x.shape(), ctx), {}, store.size()};
+    pass p{.id = next_pass_++, .ctx = ctx, .shapes = sizes_for(x.shape(), ctx), .store = store.ref(),
+           .first_mark = store.mark()};
     p.tensors.assign(size(), unevaluated);
     require(y.shape() == p.shapes.shapes.back(), std::string(operation) + ": y has shape " + to_string(y.shape()) +
                                                      " but the layers output " + to_string(p.shapes.shapes.back()));
@@ -237,6 +257,7 @@ class checkpoint_segment {
       abandon(exec, p, store);
       throw;
     }
+    p.last_mark = store.mark();
     passes_.push_back(std::move(p));
   }
 
@@ -247,6 +268,15 @@ class checkpoint_segment {
     const char* operation = "checkpoint_segment::backward";
     require(!passes_.empty(), std::string(operation) +
                                   ": no forward pass to go back through (backward before forward, or twice?)");
+    const activation_store* const saved_in = passes_.back().store.get();
+    if (saved_in == nullptr) {  // that pass can never run backward: drop it
+      drop(passes_.back());
+      passes_.pop_back();
+      throw error(std::string(operation) + ": the activation_store the forward saved its tensors in no longer exists");
+    }
+    require(saved_in == &store, std::string(operation) +
+                                    ": given another activation_store than the one its forward saved its tensors in "
+                                    "(give forward and backward the same store)");
     require_accessible(exec, dy, operation, "dy");
     require_accessible(exec, dx, operation, "dx");
     const sizes& shapes = passes_.back().shapes;
@@ -258,6 +288,7 @@ class checkpoint_segment {
                 to_string(shapes.shapes.front()));
     pass p = std::move(passes_.back());
     passes_.pop_back();
+    p.backward_mark = store.mark();
     runner<E> run(*this, exec, store, p);
     run.dy = dy;
     run.dx = dx;
@@ -270,6 +301,18 @@ class checkpoint_segment {
     }
   }
 
+  // Forgets the most recent forward pass, whose backward will not run (a forward without gradients, or one
+  // an outer segment runs without keeping it): frees its tensors in `store` and its offloaded checkpoints.
+  // Callers that run layers generically use memkit::discard_forward(layer, store, entries).
+  void discard_forward(activation_store& store) {
+    const char* operation = "checkpoint_segment::discard_forward";
+    require(!passes_.empty(), std::string(operation) + ": no forward pass to discard");
+    require(passes_.back().store.get() == &store,
+            std::string(operation) + ": given another activation_store than the one its forward saved its tensors in");
+    drop(passes_.back());
+    passes_.pop_back();
+  }
+
  private:
   static constexpr std::uint32_t unevaluated = ~std::uint32_t{0};
 
@@ -277,14 +320,22 @@ class checkpoint_segment {
     std::vector<shape> shapes;               // hidden state at positions 0..N
     std::vector<std::uint64_t> hidden_bytes;  // their bytes
     std::vector<std::uint64_t> saved;         // what each step's forward saves (its saved_bytes())
+    std::vector<std::uint64_t> forward_peak;  // the most bytes alive while it runs forward, saved included
+    std::vector<std::uint64_t> backward_peak; // ... backward (a nested segment's cost(); else saved)
   };
 
+  static constexpr std::uint64_t no_mark = ~std::uint64_t{0};
+
   struct pass {
-    std::uint64_t id;
-    forward_context ctx;
-    sizes shapes;
-    std::vector<std::uint32_t> tensors;  // tensors each step's first forward saved
-    std::size_t store_base;              // the store's size when the forward began
+    std::uint64_t id = 0;
+    forward_context ctx{};
+    sizes shapes{};
+    activation_store_ref store{};        // where it saved its tensors
+    std::uint64_t first_mark = 0;        // the store's mark when the forward began
+    std::uint64_t last_mark = no_mark;   // ... when it ended
+    std::uint64_t backward_mark = no_mark;  // ... when the backward began
+    std::vector<std::uint32_t> tensors{};  // tensors each step's first forward saved
+    std::vector<std::uint32_t> taped{};    // steps whose forward is kept and whose backward has not run, in order
   };
 
   forward_context context_of(const forward_context& ctx, std::size_t step) const {
@@ -297,17 +348,61 @@ class checkpoint_segment {
     s.shapes.push_back(in);
     for (std::size_t j = 0; j < size(); ++j)
       layers_.visit(j, [&](const auto& layer) {
-        s.saved.push_back(layer.saved_bytes(s.shapes.back(), context_of(ctx, j)));
+        const forward_context layer_ctx = context_of(ctx, j);
+        if constexpr (requires {
+                        { layer.cost(s.shapes.back(), layer_ctx) } -> std::same_as<checkpoint_cost>;
+                      }) {
+          // A nested segment: what it allocates while it runs, beyond what it keeps.
+          const checkpoint_cost inner = layer.cost(s.shapes.back(), layer_ctx);
+          s.saved.push_back(inner.saved_bytes);
+          s.forward_peak.push_back(inner.forward_peak_bytes);
+          s.backward_peak.push_back(inner.backward_peak_bytes);
+        } else {
+          s.saved.push_back(layer.saved_bytes(s.shapes.back(), layer_ctx));
+          s.forward_peak.push_back(s.saved.back());
+          s.backward_peak.push_back(s.saved.back());
+        }
         s.shapes.push_back(layer.output_shape(s.shapes.back()));
       });
     for (const shape& dims : s.shapes) s.hidden_bytes.push_back(activation_store::bytes_required<value_type>(dims));
     return s;
   }
 
+  // Lets the layers of the pass's kept forwards whose backward has not run (nested segments) forget them,
+  // latest first.
+  void discard_taped(pass& p, activation_store& store) noexcept {
+    for (std::size_t i = p.taped.size(); i-- > 0;) {
+      try {
+        layers_.visit(p.taped[i], [&](auto& layer) {
+          if constexpr (requires { layer.discard_forward(store); }) layer.discard_forward(store);
+        });
+      } catch (...) {  // it had forgotten that forward already
+      }
+    }
+    p.taped.clear();
+  }
+
+  // Frees what a pending pass keeps, without an executor (discard_forward, the destructor).
+  void drop(pass& p) noexcept {
+    if (activation_store* store = p.store.get()) {
+      discard_taped(p, *store);
+      store->release_between(p.first_mark, p.last_mark);
+    }
+    if (options_.offload != nullptr) options_.offload->forget(id_, p.id);
+  }
+  void drop_pending() noexcept {
+    while (!passes_.empty()) {
+      drop(passes_.back());
+      passes_.pop_back();
+    }
+  }
+
   // After a failure: free what this pass keeps, so a retry starts clean.
   template <class E>
-  void abandon(const E& exec, const pass& p, activation_store& store) noexcept {
-    if (store.size() >= p.store_base) store.release_to(p.store_base);
+  void abandon(const E& exec, pass& p, activation_store& store) noexcept {
+    discard_taped(p, store);
+    store.release_between(p.first_mark, p.last_mark);  // what its forward saved
+    store.release_between(p.backward_mark);            // what its backward saved
     if (options_.offload != nullptr) {
       try {
         options_.offload->forget(exec, id_, p.id);
@@ -389,17 +484,23 @@ class checkpoint_segment {
     void forward(std::uint64_t step, const hidden& in, hidden& out, bool keep) {
       const std::size_t entries = store_.size(), held = store_.bytes();
       segment_.layers_.visit(step, [&](auto& layer) {
+        const detail::inside_segment_step nested;
         layer.forward(exec_, segment_.context_of(pass_.ctx, step), const_view(in, step), view(out, step + 1), store_);
       });
       require(store_.size() >= entries, "checkpoint_segment: layer " + std::to_string(step) +
                                             "'s forward took tensors out of the store it was given");
       check_saved(step, store_.size() - entries, store_.bytes() - held);
-      if (!keep) store_.release_to(entries);
+      if (keep)
+        pass_.taped.push_back(static_cast<std::uint32_t>(step));
+      else  // a nested segment forgets this forward too
+        segment_.layers_.visit(step, [&](auto& layer) { ::memkit::discard_forward(layer, store_, entries); });
     }
 
     void backward(std::uint64_t step, const hidden& grad_out, hidden& grad_in) {
       const std::size_t entries = store_.size();
+      if (!pass_.taped.empty() && pass_.taped.back() == step) pass_.taped.pop_back();
       segment_.layers_.visit(step, [&](auto& layer) {
+        const detail::inside_segment_step nested;
         // Step 0 writes the caller's dx as given (it may be empty: no input gradient wanted).
         layer.backward(exec_, const_view(grad_out, step + 1), step == 0 ? dx : view(grad_in, step), store_);
       });
@@ -447,7 +548,11 @@ class checkpoint_segment {
       return h;
     }
     void prefetch(std::uint64_t p) { segment_.options_.offload->prefetch(exec_, store_.resource(), key(p)); }
-    void prefetch_beyond() { segment_.options_.offload->prefetch_latest(exec_, store_.resource()); }
+    // In a loop of segments, the next one's checkpoint. Not in a nested segment: the outer segment's plan
+    // decides what comes back next (and its cost() predicts it).
+    void prefetch_beyond() {
+      if (detail::segment_steps_running == 0) segment_.options_.offload->prefetch_latest(exec_, store_.resource());
+    }
     void forward_done() {
       if (offloading()) segment_.options_.offload->wait_for_copies(exec_);
     }

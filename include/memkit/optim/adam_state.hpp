@@ -84,7 +84,7 @@ template <float_storage P, float_storage G>
 struct adam_param {
   tensor_view<P> param;
   tensor_view<const G> grad;
-  tensor_view<float> master{};
+  tensor_view<float> master = tensor_view<float>();  // null unless given; not `{}`, which crashed g++ 12.2 (#34)
   int group = 0;
 };
 

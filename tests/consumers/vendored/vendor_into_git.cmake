@@ -1,0 +1,76 @@
+# Vendoring into a git repository: include/ copied into a repository whose .gitignore is a common template
+# (GitHub's Python and Node ones, gitignore/*.gitignore) must be committed whole. Git ignores a folder named
+# dist/, build/, lib/, out/, coverage/... there, so a header under such a folder would never reach a clean
+# clone (include/memkit/dist/ did, issue 34). For each template, and for both together: git init, copy,
+# git add -A, and every copied file must be in git ls-files.
+# -DINCLUDE_DIR=memkit/include -DWORK=dir -DTEMPLATES=dir-of-*.gitignore [-DGIT=git]
+cmake_minimum_required(VERSION 3.20)
+if(NOT GIT)
+  find_program(GIT NAMES git)
+endif()
+if(NOT GIT)
+  message("memkit: SKIPPED: git was not found; the vendoring-under-.gitignore check did not run")
+  return()
+endif()
+
+function(run_git dir)
+  # No user or system configuration: a global excludes file must not change the outcome.
+  execute_process(COMMAND ${CMAKE_COMMAND} -E env GIT_CONFIG_NOSYSTEM=1 GIT_CONFIG_GLOBAL=/dev/null HOME=${WORK}
+                  ${GIT} -c core.excludesFile= ${ARGN}
+                  WORKING_DIRECTORY ${dir} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  if(rc)
+    message(FATAL_ERROR "git ${ARGN} failed in ${dir} (${rc}): ${err}")
+  endif()
+  set(git_out "${out}" PARENT_SCOPE)
+endfunction()
+
+file(GLOB templates ${TEMPLATES}/*.gitignore)
+list(SORT templates)
+set(cases "")
+foreach(t ${templates})
+  get_filename_component(name ${t} NAME_WE)
+  file(READ ${t} text)
+  set(text_${name} "${text}")
+  list(APPEND cases ${name})
+endforeach()
+list(LENGTH cases count)
+if(count LESS 2)
+  message(FATAL_ERROR "expected the Python and Node templates under ${TEMPLATES}")
+endif()
+set(all_text "")
+foreach(name ${cases})
+  string(APPEND all_text "${text_${name}}\n")
+endforeach()
+set(text_all "${all_text}")
+list(APPEND cases all)
+
+file(GLOB_RECURSE headers RELATIVE ${INCLUDE_DIR} ${INCLUDE_DIR}/*)
+list(LENGTH headers header_count)
+if(header_count EQUAL 0)
+  message(FATAL_ERROR "no files under ${INCLUDE_DIR}")
+endif()
+
+set(lost "")
+foreach(name ${cases})
+  set(repo ${WORK}/${name})
+  file(REMOVE_RECURSE ${repo})
+  file(MAKE_DIRECTORY ${repo})
+  file(WRITE ${repo}/.gitignore "${text_${name}}")
+  file(COPY ${INCLUDE_DIR}/ DESTINATION ${repo}/third_party/memkit/include)
+  run_git(${repo} init -q)
+  run_git(${repo} add -A)
+  run_git(${repo} ls-files)
+  string(REPLACE "\n" ";" tracked "${git_out}")
+  foreach(h ${headers})
+    list(FIND tracked "third_party/memkit/include/${h}" at)
+    if(at EQUAL -1)
+      list(APPEND lost "${name}: include/${h}")
+    endif()
+  endforeach()
+endforeach()
+if(lost)
+  string(REPLACE ";" "\n  " lost_lines "${lost}")
+  message(FATAL_ERROR "vendored into a git repository with a common .gitignore, these files are ignored and never "
+                      "committed (rename the folder):\n  ${lost_lines}")
+endif()
+message(STATUS "all ${header_count} files of include/ are committed under each of: ${cases}")
