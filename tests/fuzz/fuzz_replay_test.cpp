@@ -21,6 +21,7 @@ int memkit_fuzz_bnb_linear4bit(const std::uint8_t* data, std::size_t size);
 int memkit_fuzz_adam_state(const std::uint8_t* data, std::size_t size);
 int memkit_fuzz_bnb_adam_state(const std::uint8_t* data, std::size_t size);
 int memkit_fuzz_sharded_adam_state(const std::uint8_t* data, std::size_t size);
+int memkit_fuzz_peft_adapter(const std::uint8_t* data, std::size_t size);
 
 namespace {
 
@@ -64,3 +65,4 @@ TEST_CASE("fuzz replay: bnb_linear4bit") { replay("bnb_linear4bit", memkit_fuzz_
 TEST_CASE("fuzz replay: adam_state") { replay("adam_state", memkit_fuzz_adam_state, 6); }
 TEST_CASE("fuzz replay: bnb_adam_state") { replay("bnb_adam_state", memkit_fuzz_bnb_adam_state, 4); }
 TEST_CASE("fuzz replay: sharded_adam_state") { replay("sharded_adam_state", memkit_fuzz_sharded_adam_state, 4); }
+TEST_CASE("fuzz replay: peft_adapter") { replay("peft_adapter", memkit_fuzz_peft_adapter, 6); }

@@ -5,6 +5,7 @@
 //   g++ -std=c++20 -O1 -Iinclude -Itests/fuzz tests/fuzz/make_seed_corpus.cpp -o /tmp/make_seed_corpus && /tmp/make_seed_corpus
 // (HF config seeds are copies of tests/data/budget/*.json; see ./dev.sh fuzz.)
 #include <memkit/io/safetensors.hpp>
+#include <memkit/lora/peft_adapter.hpp>
 #include <memkit/distributed/sharded_adam_state.hpp>
 #include <memkit/optim/adam_state.hpp>
 #include <memkit/optim/bnb_adam_state.hpp>
@@ -346,7 +347,72 @@ void sharded_adam_seeds() {
 }
 }  // namespace
 
-int main() {
+// ---- PEFT adapters: u32 config length, adapter_config.json, adapter_model.safetensors ----
+std::string peft_input(const std::string& config, const std::string& weights) {
+  std::string bytes;
+  for (int i = 0; i < 4; ++i) bytes += static_cast<char>(static_cast<std::uint32_t>(config.size()) >> (8 * i));
+  return bytes + config + weights;
+}
+std::string peft_written(const peft::adapter_writer& writer) {
+  const fs::path dir = fs::temp_directory_path() / "memkit_seed_peft";
+  fs::remove_all(dir);
+  writer.write(dir.string());
+  std::string bytes = peft_input(slurp((dir / peft::config_file_name).string()), slurp((dir / peft::weights_file_name).string()));
+  fs::remove_all(dir);
+  return bytes;
+}
+void peft_adapter_seeds() {
+  const std::vector<float> A(2 * 4, 0.5f), B(3 * 2, 0.25f), bias(3, 1.0f);
+  auto a = host_view(A.data(), shape{2, 4});
+  auto b = host_view(B.data(), shape{3, 2});
+  {  // a list of targets, a trained bias, two layers
+    peft::lora_config c;
+    c.r = 2;
+    c.bias = "lora_only";
+    c.target_modules = peft::module_selector::of({"q_proj", "v_proj"});
+    peft::adapter_writer w(c);
+    for (const char* path : {"model.layers.0.self_attn.q_proj", "model.layers.1.self_attn.v_proj"})
+      w.add<float>(path, a, b, host_view(bias.data(), shape{3}));
+    write("peft_adapter", "list_bias.bin", peft_written(w));
+  }
+  {  // a regex, rank_pattern, alpha_pattern, layers_to_transform with a layers_pattern list
+    peft::lora_config c;
+    c.r = 4;
+    c.target_modules = peft::module_selector::matching(".*\\.(q|k)_proj");
+    c.rank_pattern = {{"q_proj", 2}};
+    c.alpha_pattern = {{"k_pro.", 3.0}};
+    c.layers_to_transform = {1};
+    c.layers_pattern = {"layers", "h"};
+    peft::adapter_writer w(c);
+    w.add<float>("model.layers.1.attn.q_proj", a, b);
+    write("peft_adapter", "regex_patterns.bin", peft_written(w));
+  }
+  // #35 regressions: catastrophic backtracking for std::regex, a 200 KB module path, a layer index past int64.
+  const std::string base = R"({"peft_type": "LORA", "r": 2, "lora_alpha": 4, )";
+  auto one_module = [&](const std::string& path) {
+    safetensors::writer out;
+    out.add_bytes("base_model.model." + path + ".lora_A.weight", "F32", {2, 4}, A.data(), A.size() * 4);
+    out.add_bytes("base_model.model." + path + ".lora_B.weight", "F32", {3, 2}, B.data(), B.size() * 4);
+    return saved(out);
+  };
+  regression("peft_adapter", "issue35_backtracking.bin",
+             peft_input(base + R"("target_modules": "(a+)+b", "rank_pattern": {"(a|aa)+c": 2}})", one_module(std::string(64, 'a') + "c")));
+  regression("peft_adapter", "issue35_200kb_path.bin",
+             peft_input(base + R"("target_modules": ".*x"})", one_module(std::string(200000, 'a') + "x")));
+  regression("peft_adapter", "issue35_layer_index_past_int64.bin",
+             peft_input(base + R"("target_modules": ["q_proj"], "layers_to_transform": [1]})",
+                        one_module("model.layers.99999999999999999999999.q_proj")));
+  regression("peft_adapter", "issue35_bad_layers_pattern_item.bin",
+             peft_input(base + R"("target_modules": ["q_proj"], "layers_to_transform": [1], "layers_pattern": ["layers", "h["]})",
+                        one_module("model.layers.1.q_proj")));
+}
+
+int main(int argc, char** argv) {
+  if (argc > 1 && std::string(argv[1]) == "peft_adapter") {  // only the PEFT seeds
+    peft_adapter_seeds();
+    return 0;
+  }
+  peft_adapter_seeds();
   regressions_of_issue_15();
   json_seeds();
   safetensors_seeds();
