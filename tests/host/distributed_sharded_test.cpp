@@ -404,3 +404,51 @@ TEST_CASE("sharded_adam: images of format version 1 and images naming run 0 are 
   }
   CHECK_FALSE(target.run_id_bound());
 }
+
+namespace {
+
+// A one-rank save after two steps, loaded by each rank of four: every rank keeps exactly its shard's moments
+// (the body streams through; only this rank's part is kept).
+template <class State, int Block>
+void check_one_to_four(const memkit::adam_options& options) {
+  using S = sharded_adam_state<State, Block>;
+  const std::vector<std::int64_t> sizes{5000, 300, 70000};
+  S source(host, single_communicator{}, memkit::default_host_resource(), sizes, options);
+  std::vector<float> params(static_cast<std::size_t>(source.flat_size()), 0.5f), grads(params.size());
+  for (int s = 0; s < 2; ++s) {
+    for (std::size_t i = 0; i < grads.size(); ++i) grads[i] = 0.001f * static_cast<float>((i * 7 + s) % 23) - 0.01f;
+    source.step_full_gradients(host, single_communicator{}, memkit::host_view(params), memkit::host_view(grads),
+                               sharded_test::groups);
+  }
+  std::stringstream saved;
+  source.save(host, saved);
+  std::vector<std::byte> slot;
+  int mismatches = 0;
+  std::int64_t kept = 0;
+  for (int r = 0; r < 4; ++r) {
+    S rank(host, sequential_ranks{r, 4, &slot}, memkit::default_host_resource(), sizes, options);
+    std::stringstream in(saved.str());
+    rank.load(host, in);
+    CHECK(rank.control(host).step == 2);
+    CHECK(rank.run_id() == source.run_id());
+    for (const memkit::distributed::shard_piece& p : rank.pieces()) {
+      std::vector<float> m, v, ref_m, ref_v;
+      rank.read_moments(host, static_cast<std::size_t>(p.tensor), m, v);
+      source.read_moments(host, static_cast<std::size_t>(p.tensor), ref_m, ref_v);
+      for (std::int64_t j = 0; j < p.count(); ++j)
+        if (!sharded_test::same_bits(m[static_cast<std::size_t>(j)], ref_m[static_cast<std::size_t>(p.begin + j)]) ||
+            !sharded_test::same_bits(v[static_cast<std::size_t>(j)], ref_v[static_cast<std::size_t>(p.begin + j)]))
+          ++mismatches;
+      kept += p.count();
+    }
+  }
+  CHECK(mismatches == 0);
+  CHECK(kept == 5000 + 300 + 70000);
+}
+
+}  // namespace
+
+TEST_CASE("sharded_adam: a one-rank save streams into four ranks, each keeping its shard bit for bit") {
+  check_one_to_four<float, memkit::adam_state_traits<float>::default_block>({});
+  check_one_to_four<std::int8_t, 256>({.min_quantized_size = 4096});
+}

@@ -420,63 +420,79 @@ class sharded_adam_state {
     for (std::size_t k = 0; k < images.size(); ++k) {
       require(images[k] != nullptr, op + ": image " + std::to_string(k) + " is null");
       const std::string where = op + ": image " + std::to_string(k);
-      const std::string body = read_body(*images[k], where);
-      reader in{body, 0, where};
-      require(in.string() == format_name(), where + ": holds another flavour of state, this is '" + format_name() + "'");
-      require(in.template pod<std::uint32_t>() == static_cast<std::uint32_t>(traits::bits), where + ": moment bits differ");
-      require(in.template pod<std::uint32_t>() == static_cast<std::uint32_t>(Block), where + ": block size differs");
-      require(in.template pod<std::uint64_t>() == traits::map_fingerprint(), where + ": quantization maps differ");
-      require(in.template pod<std::int64_t>() == options_.min_quantized_size, where + ": min_quantized_size differs");
-      const auto saved_ranks = static_cast<int>(in.template pod<std::uint32_t>());
-      const auto saved_rank = static_cast<int>(in.template pod<std::uint32_t>());
-      require(saved_ranks >= 1 && saved_rank >= 0 && saved_rank < saved_ranks,
-              where + ": rank " + std::to_string(saved_rank) + " of " + std::to_string(saved_ranks) + " is invalid");
-      require(static_cast<std::size_t>(saved_ranks) == images.size(),
-              where + ": saved by " + std::to_string(saved_ranks) + " ranks, but " + std::to_string(images.size()) +
-                  " images were given (pass every rank's image)");
-      if (seen.empty()) seen.assign(images.size(), 0);
-      require(!seen[static_cast<std::size_t>(saved_rank)], where + ": rank " + std::to_string(saved_rank) + " appears twice");
-      seen[static_cast<std::size_t>(saved_rank)] = 1;
-      const auto run = in.template pod<std::uint64_t>();
-      require(run != 0, where + ": run id 0 (an image names the run it belongs to; this one names none)");
-      if (k == 0) first_run = run;
-      require(run == first_run, where + ": from run " + std::to_string(run) + ", image 0 from run " +
-                                    std::to_string(first_run) + " (images of different runs)");
-      require(!run_id_bound_ || run == run_id_,
-              where + ": from run " + std::to_string(run) + ", this state belongs to run " + std::to_string(run_id_) +
-                  " (a state takes another run's images only while fresh: not given a run id, never stepped or loaded)");
-      require(in.template pod<std::uint64_t>() == sizes_.size(), where + ": tensor count differs");
-      for (std::size_t i = 0; i < sizes_.size(); ++i)
-        require(in.template pod<std::int64_t>() == sizes_[i], where + ": tensor " + std::to_string(i) + "'s size differs");
-      const auto control = in.template pod<adam_control>();
-      // The fields adam_state::load checks, with the same function (a forged image can carry a valid checksum).
-      validate_control(control, where + ": the control block has ", total_chunks_, options_.loss_scaling);
-      if (k == 0) first_control = control;
-      require(std::memcmp(&control, &first_control, sizeof control) == 0, where + ": holds a different step than image 0 (images from different saves)");
-      // The pieces must be exactly those the layout gives that rank.
-      std::vector<shard_piece> expected;
-      plan(sizes_, saved_rank, saved_ranks, options_.min_quantized_size,
-           [&](const shard_piece& p) { expected.push_back(p); });
-      require(in.template pod<std::uint64_t>() == expected.size(), where + ": piece count does not match its layout");
-      for (const shard_piece& old : expected) {
-        require(in.template pod<std::int64_t>() == old.tensor && in.template pod<std::int64_t>() == old.begin &&
-                    in.template pod<std::int64_t>() == old.end,
-                where + ": a piece does not match its layout");
-        const auto old_segments = segments(old, 0, old.count());
-        std::vector<std::string> data;
-        for (const segment& s : old_segments) data.push_back(in.bytes(s.bytes));
-        for (const shard_piece& mine : pieces_) {
-          if (mine.tensor != old.tensor) continue;
-          const std::int64_t begin = std::max(mine.begin, old.begin), end = std::min(mine.end, old.end);
-          if (begin >= end) continue;
-          const auto from = segments(old, begin - old.begin, end - begin);
-          const auto to = segments(mine, begin - mine.begin, end - begin);
-          for (std::size_t s = 0; s < from.size(); ++s)
-            std::memcpy(staging.data() + to[s].offset, data[s].data() + (from[s].offset - old_segments[s].offset),
-                        to[s].bytes);
+      body_stream in{*images[k], read_framing(*images[k], where), where};
+      try {
+        require(in.string() == format_name(), where + ": holds another flavour of state, this is '" + format_name() + "'");
+        require(in.template pod<std::uint32_t>() == static_cast<std::uint32_t>(traits::bits), where + ": moment bits differ");
+        require(in.template pod<std::uint32_t>() == static_cast<std::uint32_t>(Block), where + ": block size differs");
+        require(in.template pod<std::uint64_t>() == traits::map_fingerprint(), where + ": quantization maps differ");
+        require(in.template pod<std::int64_t>() == options_.min_quantized_size, where + ": min_quantized_size differs");
+        const auto saved_ranks = static_cast<int>(in.template pod<std::uint32_t>());
+        const auto saved_rank = static_cast<int>(in.template pod<std::uint32_t>());
+        require(saved_ranks >= 1 && saved_rank >= 0 && saved_rank < saved_ranks,
+                where + ": rank " + std::to_string(saved_rank) + " of " + std::to_string(saved_ranks) + " is invalid");
+        require(static_cast<std::size_t>(saved_ranks) == images.size(),
+                where + ": saved by " + std::to_string(saved_ranks) + " ranks, but " + std::to_string(images.size()) +
+                    " images were given (pass every rank's image)");
+        if (seen.empty()) seen.assign(images.size(), 0);
+        require(!seen[static_cast<std::size_t>(saved_rank)], where + ": rank " + std::to_string(saved_rank) + " appears twice");
+        seen[static_cast<std::size_t>(saved_rank)] = 1;
+        const auto run = in.template pod<std::uint64_t>();
+        require(run != 0, where + ": run id 0 (an image names the run it belongs to; this one names none)");
+        if (k == 0) first_run = run;
+        require(run == first_run, where + ": from run " + std::to_string(run) + ", image 0 from run " +
+                                      std::to_string(first_run) + " (images of different runs)");
+        require(!run_id_bound_ || run == run_id_,
+                where + ": from run " + std::to_string(run) + ", this state belongs to run " + std::to_string(run_id_) +
+                    " (a state takes another run's images only while fresh: not given a run id, never stepped or loaded)");
+        require(in.template pod<std::uint64_t>() == sizes_.size(), where + ": tensor count differs");
+        for (std::size_t i = 0; i < sizes_.size(); ++i)
+          require(in.template pod<std::int64_t>() == sizes_[i], where + ": tensor " + std::to_string(i) + "'s size differs");
+        const auto control = in.template pod<adam_control>();
+        // The fields adam_state::load checks, with the same function (a forged image can carry a valid checksum).
+        validate_control(control, where + ": the control block has ", total_chunks_, options_.loss_scaling);
+        if (k == 0) first_control = control;
+        require(std::memcmp(&control, &first_control, sizeof control) == 0, where + ": holds a different step than image 0 (images from different saves)");
+        // The pieces must be exactly those the layout gives that rank.
+        std::vector<shard_piece> expected;
+        plan(sizes_, saved_rank, saved_ranks, options_.min_quantized_size,
+             [&](const shard_piece& p) { expected.push_back(p); });
+        require(in.template pod<std::uint64_t>() == expected.size(), where + ": piece count does not match its layout");
+        for (const shard_piece& old : expected) {
+          require(in.template pod<std::int64_t>() == old.tensor && in.template pod<std::int64_t>() == old.begin &&
+                      in.template pod<std::int64_t>() == old.end,
+                  where + ": a piece does not match its layout");
+          // The piece streams through in pieces of at most 1 MiB; only what falls in this rank's pieces is kept.
+          const auto old_segments = segments(old, 0, old.count());
+          struct part {
+            std::size_t segment, at, bytes, to;  // bytes [at, at + bytes) of the segment go to staging + to
+          };
+          std::vector<part> parts;
+          for (const shard_piece& mine : pieces_) {
+            if (mine.tensor != old.tensor) continue;
+            const std::int64_t begin = std::max(mine.begin, old.begin), end = std::min(mine.end, old.end);
+            if (begin >= end) continue;
+            const auto from = segments(old, begin - old.begin, end - begin);
+            const auto to = segments(mine, begin - mine.begin, end - begin);
+            for (std::size_t s = 0; s < from.size(); ++s)
+              parts.push_back({s, from[s].offset - old_segments[s].offset, to[s].bytes, to[s].offset});
+          }
+          for (std::size_t s = 0; s < old_segments.size(); ++s)
+            in.stream_through(old_segments[s].bytes, [&](std::size_t at, const char* data, std::size_t n) {
+              for (const part& q : parts) {
+                if (q.segment != s) continue;
+                const std::size_t lo = std::max(at, q.at), hi = std::min(at + n, q.at + q.bytes);
+                if (lo < hi) std::memcpy(staging.data() + q.to + (lo - q.at), data + (lo - at), hi - lo);
+              }
+            });
         }
+        require(in.at == in.length, where + ": trailing bytes after the last piece");
+      } catch (const error&) {
+        // An accident (a flipped byte, a cut file) is reported as such, as it was when the checksum came first.
+        in.drain_and_verify();
+        throw;
       }
-      require(in.at == body.size(), where + ": trailing bytes after the last piece");
+      in.verify();
     }
     std::memcpy(staging.data(), &first_control, sizeof first_control);
     validate_pieces(op, staging.data());
@@ -893,8 +909,8 @@ class sharded_adam_state {
     require(static_cast<std::size_t>(in.gcount()) == sizeof value, where + ": image is truncated");
     return value;
   }
-  // Reads and checks one image's framing (magic, version, length, checksum); returns its body.
-  std::string read_body(std::istream& in, const std::string& where) const {
+  // Reads and checks one image's framing (magic, version, body length); returns the body length.
+  std::uint64_t read_framing(std::istream& in, const std::string& where) const {
     const auto magic_length = read_raw<std::uint32_t>(in, where);
     require(magic_length == std::strlen(magic), where + ": not a memkit sharded_adam_state image");
     std::string file_magic(magic_length, '\0');
@@ -908,44 +924,89 @@ class sharded_adam_state {
     // No image of these tensors is larger than the whole unsharded state plus its headers.
     const std::uint64_t bound = (1u << 20) + 64 * sizes_.size() + unsharded::bytes_required(sizes_, options_);
     require(length <= bound, where + ": image header is corrupt (body of " + std::to_string(length) + " bytes)");
-    // Read in pieces of at most 1 MiB, so memory grows with the bytes the stream really holds, never with
-    // the length a (forged) header claims: a 41-byte image claiming gigabytes fails after 41 bytes.
-    std::string body;
-    constexpr std::uint64_t piece = std::uint64_t{1} << 20;
-    while (body.size() < length) {
-      const std::size_t want = static_cast<std::size_t>(std::min<std::uint64_t>(piece, length - body.size()));
-      const std::size_t had = body.size();
-      body.resize(had + want);
-      in.read(body.data() + had, static_cast<std::streamsize>(want));
-      require(static_cast<std::size_t>(in.gcount()) == want,
-              where + ": image is truncated (the header says " + std::to_string(length) + " bytes, the stream ends after " +
-                  std::to_string(had + static_cast<std::size_t>(in.gcount())) + ")");
-    }
-    require(read_raw<std::uint64_t>(in, where) == checksum(body.data(), body.size()),
-            where + ": image checksum does not match (corrupt)");
-    return body;
+    return length;
   }
-  struct reader {
-    const std::string& body;
-    std::size_t at;
+  // An image's body read from its stream in order, hashed as it goes (the checksum after it is compared at
+  // the end). Nothing is allocated from the length the header claims: fields are read one by one, moments
+  // stream through a buffer of at most 1 MiB and only this rank's part is kept (in load()'s staging), so
+  // loading a whole unsharded save on one of many ranks needs no more memory than that rank's state, and a
+  // 41-byte image claiming gigabytes fails after 41 bytes.
+  struct body_stream {
+    body_stream(std::istream& in, std::uint64_t body_length, const std::string& name)
+        : stream(in), length(body_length), where(name) {}
+    std::istream& stream;
+    std::uint64_t length;
     const std::string& where;
-    std::string bytes(std::size_t n) {
-      require(n <= body.size() - at, where + ": image body is truncated");
-      std::string out = body.substr(at, n);
+    std::uint64_t at = 0;
+    std::uint64_t hash = 0xcbf29ce484222325ull;
+    unsigned char carry[8] = {};
+    std::size_t carried = 0;
+    std::vector<char> buffer;
+
+    void take(char* destination, std::size_t n) {
+      require(n <= length - at, where + ": image body is truncated");
+      stream.read(destination, static_cast<std::streamsize>(n));
+      const auto got = static_cast<std::size_t>(stream.gcount());
+      require(got == n, where + ": image is truncated (the header says " + std::to_string(length) +
+                            " bytes, the stream ends after " + std::to_string(at + got) + ")");
       at += n;
-      return out;
+      // checksum() over the body, one piece at a time: whole 8-byte words through mix64, the tail bytewise.
+      const auto* p = reinterpret_cast<const unsigned char*>(destination);
+      while (n > 0) {
+        if (carried == 0 && n >= 8) {
+          std::uint64_t word;
+          std::memcpy(&word, p, 8);
+          hash = memkit::detail::mix64(hash ^ word);
+          p += 8;
+          n -= 8;
+          continue;
+        }
+        carry[carried++] = *p++;
+        --n;
+        if (carried == 8) {
+          std::uint64_t word;
+          std::memcpy(&word, carry, 8);
+          hash = memkit::detail::mix64(hash ^ word);
+          carried = 0;
+        }
+      }
+    }
+    // `n` bytes through the buffer: see(offset in these n, data, count) for each piece.
+    template <class See>
+    void stream_through(std::uint64_t n, See see) {
+      require(n <= length - at, where + ": image body is truncated");
+      constexpr std::uint64_t piece = std::uint64_t{1} << 20;
+      if (n > 0 && buffer.empty()) buffer.resize(static_cast<std::size_t>(std::min(piece, length)));
+      for (std::uint64_t done = 0; done < n;) {
+        const auto want = static_cast<std::size_t>(std::min<std::uint64_t>(buffer.size(), n - done));
+        take(buffer.data(), want);
+        see(static_cast<std::size_t>(done), buffer.data(), want);
+        done += want;
+      }
     }
     template <class T>
     T pod() {
       T value{};
-      const std::string raw = bytes(sizeof value);
-      std::memcpy(&value, raw.data(), sizeof value);
+      take(reinterpret_cast<char*>(&value), sizeof value);
       return value;
     }
     std::string string() {
       const auto n = pod<std::uint32_t>();
       require(n < 4096, where + ": image header is corrupt");
-      return bytes(n);
+      std::string text(n, '\0');
+      take(text.data(), n);
+      return text;
+    }
+    // After the body: the checksum must match.
+    void verify() {
+      std::uint64_t sum = hash;
+      for (std::size_t i = 0; i < carried; ++i) sum = (sum ^ carry[i]) * 0x100000001b3ull;
+      require(read_raw<std::uint64_t>(stream, where) == sum, where + ": image checksum does not match (corrupt)");
+    }
+    // After a field was refused: the rest of the body and the checksum, so a damaged image says so.
+    void drain_and_verify() {
+      stream_through(length - at, [](std::size_t, const char*, std::size_t) {});
+      verify();
     }
   };
   static std::uint64_t checksum(const char* data, std::size_t size) noexcept {
