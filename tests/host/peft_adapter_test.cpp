@@ -614,3 +614,20 @@ TEST_CASE("peft: an adapter of 40,000 modules opens and loads (lookups indexed b
   CHECK(adapter.find("model.layers.40000.self_attn.q_proj") == nullptr);
   std::filesystem::remove_all(dir);
 }
+
+// #35: a bias-only module (bias "all") whose bias has shape [0] passed open, and load() then blamed the
+// caller's destination; it is refused at open, naming the key.
+TEST_CASE("peft: an empty bias in the file is refused at open, naming the key") {
+  const std::string dir = "/tmp/memkit_test_peft_empty_bias_" + std::to_string(::getpid());
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir + "/adapter_config.json") << R"({"peft_type": "LORA", "r": 2, "target_modules": ["q_proj"], "bias": "all"})";
+  memkit::safetensors::writer out;
+  const std::vector<float> A(8, 0.5f), B(6, 0.25f);
+  out.add_bytes("base_model.model.model.layers.0.q_proj.lora_A.weight", "F32", {2, 4}, A.data(), A.size() * 4);
+  out.add_bytes("base_model.model.model.layers.0.q_proj.lora_B.weight", "F32", {3, 2}, B.data(), B.size() * 4);
+  out.add_bytes("base_model.model.model.layers.0.norm.bias", "F32", {0}, nullptr, 0);
+  out.write(dir + "/adapter_model.safetensors");
+  CHECK(error_of([&] { const peft::adapter_file adapter(dir); })
+            .find("'base_model.model.model.layers.0.norm.bias' is empty (shape [0])") != std::string::npos);
+  std::filesystem::remove_all(dir);
+}
