@@ -26,8 +26,8 @@
 //                 [--no-checkpointing] [--out DIR]
 #include <memkit/memkit.hpp>
 
-#include "llama/model.hpp"
-#include "llama/nf4_lora.hpp"
+#include <memkit/models/llama/model.hpp>
+#include <memkit/models/llama/nf4_lora.hpp>
 #include "llama/report.hpp"
 #include "llama/text.hpp"
 
@@ -43,6 +43,7 @@
 #include <string>
 #include <vector>
 
+namespace llama = memkit::models::llama;
 namespace budget = memkit::budget;
 using memkit::shape;
 using memkit::tensor_view;
@@ -492,10 +493,10 @@ float train_micro_batch(const E& exec, Model& model, Stack& stack, step_buffers&
   meter.set_phase("forward");
   model.embed.forward(exec, std::as_const(b.ids).view(), b.h0.view());
   stack.forward(exec, ctx, std::as_const(b.h0).view(), b.hn.view(), store);
-  const tensor_view<float> d_head = model.head.trains() ? model.head.grad.view() : none<float>();
+  const tensor_view<float> d_head = model.head_weight().trains() ? model.head_weight().grad.view() : none<float>();
   meter.set_phase("loss");
   memkit::loss::fused_linear_cross_entropy(
-      exec, std::as_const(b.hn).view().reshaped(shape{tokens, h}), std::as_const(model.head.value).view(),
+      exec, std::as_const(b.hn).view().reshaped(shape{tokens, h}), std::as_const(model.head_weight().value).view(),
       std::as_const(b.targets).view(), b.loss.view(), b.dhn.view().reshaped(shape{tokens, h}), d_head,
       loss_options(o), *model.memory.workspace);
   meter.set_phase("backward");
@@ -507,7 +508,7 @@ float train_micro_batch(const E& exec, Model& model, Stack& stack, step_buffers&
 // Mean loss over held-out windows, without checkpointing or gradients (each layer's saved tensors are
 // dropped as soon as it has run).
 template <memkit::executor E, class Model>
-double validation_loss(const E& exec, Model& model, const llama::text_dataset& data, step_buffers& b, const resources& r,
+double validation_loss(const E& exec, Model& model, const example::text_dataset& data, step_buffers& b, const resources& r,
                        const options& o) {
   const std::int64_t tokens = o.batch * o.seq, h = model.config.hidden;
   r.meter.set_phase("validation");
@@ -531,7 +532,7 @@ double validation_loss(const E& exec, Model& model, const llama::text_dataset& d
     model.final_norm.forward(exec, ctx, tensor_view<const act_t>(x, in, where), tensor_view<act_t>(y, in, where), store);
     store.clear();
     memkit::loss::fused_linear_cross_entropy(
-        exec, tensor_view<const act_t>(y, shape{tokens, h}, where), std::as_const(model.head.value).view(),
+        exec, tensor_view<const act_t>(y, shape{tokens, h}, where), std::as_const(model.head_weight().value).view(),
         std::as_const(b.targets).view(), b.loss.view(), none<act_t>(), none<float>(), loss_options(o),
         *model.memory.workspace);
     total += b.loss_value();
@@ -559,9 +560,9 @@ struct stage_result {
 
 // Runs `steps` optimizer steps of `accum` micro-batches. `step_optimizer(lr, scale)` applies one AdamW step.
 template <memkit::executor E, class Model, class Stack, class StepOptimizer, class ZeroGrad>
-void run_stage(const E& exec, int stage, Model& model, Stack& stack, const llama::text_dataset& data, step_buffers& b,
+void run_stage(const E& exec, int stage, Model& model, Stack& stack, const example::text_dataset& data, step_buffers& b,
                const resources& r, const options& o, std::int64_t steps, float peak_lr, StepOptimizer&& step_optimizer,
-               ZeroGrad&& zero_grad, std::vector<llama::step_record>& records, stage_result& result) {
+               ZeroGrad&& zero_grad, std::vector<example::step_record>& records, stage_result& result) {
   memkit::activation_store store(r.activations);
   memkit::gradient_accumulation accumulation;
   const std::int64_t tokens_per_step = o.batch * o.seq * o.accum;
@@ -589,7 +590,7 @@ void run_stage(const E& exec, int stage, Model& model, Stack& stack, const llama
     losses.push_back(step_loss);
     const auto now = std::chrono::steady_clock::now();
     const double elapsed = std::chrono::duration<double>(now - start).count();
-    llama::step_record rec{stage, step + 1, step_loss, static_cast<double>(tokens_per_step * (step + 1)) / elapsed,
+    example::step_record rec{stage, step + 1, step_loss, static_cast<double>(tokens_per_step * (step + 1)) / elapsed,
                            r.tracker.current_bytes(), r.tracker.peak_bytes(), lr};
     records.push_back(rec);
     if ((step + 1) % o.log_every == 0 || step == 0 || step + 1 == steps) {
@@ -628,7 +629,7 @@ template <class Model>
 std::uint64_t workspace_peak(const Model& model, const options& o) {
   const shape in{o.batch, o.seq, model.config.hidden};
   memkit::loss::workspace_query query;
-  query.head_grad = model.head.trains();
+  query.head_grad = model.head_weight().trains();
   query.hidden_grad = true;
   query.on_device = model.memory.on_device();
   std::uint64_t peak = memkit::loss::workspace_bytes<act_t, memkit::bf16>(o.batch * o.seq, model.config.hidden,
@@ -653,10 +654,10 @@ void save_pretrained(pretrain_model& model, const std::string& path) {
 }
 
 template <class AdamState, memkit::executor E>
-stage_result pretrain(const E& exec, const options& o, memory_meter& meter, std::vector<llama::step_record>& records) {
+stage_result pretrain(const E& exec, const options& o, memory_meter& meter, std::vector<example::step_record>& records) {
   const resources r = make_resources(meter, o.threads);
   const llama::trainability mode = o.rounding ? llama::trainability::bf16_rounding : llama::trainability::bf16_master;
-  const llama::text_dataset data(o.data_dir + "/shakespeare.txt", o.seq);
+  const example::text_dataset data(o.data_dir + "/shakespeare.txt", o.seq);
   meter.reset_peak();
 
   // Parameters: their sizes first, for the prediction and the optimizer.
@@ -846,14 +847,14 @@ void load_adapter(finetune_model& model, const std::string& adapter_dir) {
 template <memkit::executor E>
 std::string sample_text(const E& exec, finetune_model& model, const resources& r, const options& o,
                         const std::string& prompt, std::int64_t count) {
-  std::vector<std::int32_t> ids = llama::byte_tokenizer::encode(prompt);
+  std::vector<std::int32_t> ids = example::byte_tokenizer::encode(prompt);
   const std::int64_t h = model.config.hidden, V = model.config.vocab;
   const std::int64_t window = std::min<std::int64_t>(o.seq, 64);
   memkit::activation_store store(r.activations);
   memkit::buffer<act_t> x(r.activations, shape{1, window, h}), y(r.activations, shape{1, window, h});
   memkit::buffer<std::int32_t> tokens(r.other, shape{window});
   std::vector<float> logits(static_cast<std::size_t>(V));
-  const std::vector<act_t> head = llama::copy_out(std::as_const(model.head.value).view());  // the logits are made on the host
+  const std::vector<act_t> head = llama::copy_out(std::as_const(model.head_weight().value).view());  // the logits are made on the host
   const memkit::memory_kind where = x.where();
   for (std::int64_t n = 0; n < count; ++n) {
     const std::int64_t len = std::min<std::int64_t>(window, static_cast<std::int64_t>(ids.size()));
@@ -894,7 +895,7 @@ std::string sample_text(const E& exec, finetune_model& model, const resources& r
     }
     ids.push_back(chosen);
   }
-  return llama::byte_tokenizer::decode(ids);
+  return example::byte_tokenizer::decode(ids);
 }
 
 struct finetune_outcome {
@@ -904,9 +905,9 @@ struct finetune_outcome {
 };
 
 template <memkit::executor E>
-finetune_outcome finetune(const E& exec, const options& o, memory_meter& meter, std::vector<llama::step_record>& records) {
+finetune_outcome finetune(const E& exec, const options& o, memory_meter& meter, std::vector<example::step_record>& records) {
   const resources r = make_resources(meter, o.threads);
-  const llama::text_dataset data(o.data_dir + "/austen.txt", o.seq);
+  const example::text_dataset data(o.data_dir + "/austen.txt", o.seq);
   meter.reset_peak();
   finetune_outcome outcome;
   stage_result& result = outcome.result;
@@ -1035,7 +1036,7 @@ int run(const E& exec, const options& o, memkit::memory_resource& upstream, cons
               std::string(budget::presets::t4.name).c_str(), memkit::format_bytes(plan.peak_device_bytes).c_str());
 
   memory_meter meter(upstream);
-  std::vector<llama::step_record> records;
+  std::vector<example::step_record> records;
   const stage_result s1 = o.adam32 ? pretrain<memkit::adam_state<float>>(exec, o, meter, records)
                                    : pretrain<memkit::adam_state<std::int8_t, 256>>(exec, o, meter, records);
   const finetune_outcome s2 = finetune(exec, o, meter, records);
@@ -1043,8 +1044,8 @@ int run(const E& exec, const options& o, memkit::memory_resource& upstream, cons
   std::printf("\nsample after stage 2 (temperature 0.8):\n----\n%s\n----\n", s2.sample.c_str());
 
   const std::string csv = o.out_dir + "/train_llama.csv", svg = o.out_dir + "/train_llama.svg";
-  llama::write_csv(csv, records);
-  llama::write_svg(svg, records, "memkit train_llama: loss and tracked memory per optimizer step");
+  example::write_csv(csv, records);
+  example::write_svg(svg, records, "memkit train_llama: loss and tracked memory per optimizer step");
 
   std::printf("\nsummary                      stage 1 (pretrain)   stage 2 (QLoRA)\n");
   std::printf("  steps x tokens             %8lld x %-8lld  %8lld x %-8lld\n", static_cast<long long>(o.pretrain_steps),

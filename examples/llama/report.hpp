@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-namespace llama {
+namespace example {
 
 struct step_record {
   int stage = 1;
@@ -110,4 +110,4 @@ inline void write_svg(const std::string& path, const std::vector<step_record>& r
   memkit::require(out.good(), "write_svg: writing '" + path + "' failed");
 }
 
-}  // namespace llama
+}  // namespace example

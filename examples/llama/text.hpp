@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-namespace llama {
+namespace example {
 
 struct byte_tokenizer {
   static constexpr std::int64_t vocab = 256;
@@ -80,4 +80,4 @@ class text_dataset {
   std::int64_t split_ = 0;
 };
 
-}  // namespace llama
+}  // namespace example

@@ -4,8 +4,8 @@
 // pretraining run (checkpointed stack, fused linear cross-entropy, 8-bit AdamW), compared within stated
 // tolerances. The device peak against memory_budget's memkit runtime (2%) is the example's own --check on the
 // device: CTest memkit.example.train_llama_cuda_short (memkit_example_train_llama_cuda --device cuda --short --check).
-#include "../../examples/llama/model.hpp"
-#include "../../examples/llama/nf4_lora.hpp"
+#include <memkit/models/llama/model.hpp>
+#include <memkit/models/llama/nf4_lora.hpp>
 
 #include <memkit/checkpoint/segment.hpp>
 #include <memkit/loss/fused_linear_cross_entropy.hpp>
@@ -19,6 +19,8 @@
 
 #include "support/gpu_test.hpp"
 #include "support/test_values.hpp"
+
+namespace llama = memkit::models::llama;
 
 namespace {
 

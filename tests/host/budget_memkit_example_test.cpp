@@ -1,7 +1,7 @@
 // memory_budget's memkit runtime on the host, for examples/train_llama's shortened run (--short: hidden 128,
 // 2 layers, 4 heads / 2 kv heads, MLP 352, byte vocabulary, 4 x 64 tokens, 2 host threads): the block's saved
 // tensors, its workspace temporaries, the checkpointed stack and the peak, hand-computed from what
-// examples/llama/block.hpp allocates. The example's --check (CTest memkit.example.train_llama_short) holds the
+// memkit/models/llama/block.hpp allocates. The example's --check (CTest memkit.example.train_llama_short) holds the
 // same prediction to the tracking_resource's measured peak within 2%.
 #include <doctest/doctest.h>
 #include <memkit/memkit.hpp>
@@ -58,7 +58,7 @@ memkit::attention::attention_options two_threads() {
 }
 }  // namespace
 
-TEST_CASE("budget memkit runtime: the example's block saves what examples/llama/block.hpp saves") {
+TEST_CASE("budget memkit runtime: the example's block saves what memkit/models/llama/block.hpp saves") {
   const block_activations full = block_activation_bytes(example, short_run(false));
   // attn_norm x + fp32 1/rms; q, k, v each their own copy of n1; q, k, v in heads; attention out + fp32 lse
   // [4, 4, 64]; o's copy of its input; mlp_norm; gate and up copies; SwiGLU's input [T, 2f]; down's input.

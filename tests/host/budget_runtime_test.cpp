@@ -64,7 +64,7 @@ TEST_CASE("budget runtime: memkit's parameters keep fp32 gradients and adam_stat
   const breakdown& ts = phase(t, step_phase::optimizer_step);
   const breakdown& ks = phase(k, step_phase::optimizer_step);
   CHECK(ts[category::gradients] == 2 * tiny_parameters);  // PyTorch: gradients in the weights' bf16
-  CHECK(ks[category::gradients] == 4 * tiny_parameters);  // memkit: fp32 (examples/llama parameter, lora_linear)
+  CHECK(ks[category::gradients] == 4 * tiny_parameters);  // memkit: fp32 (memkit/models/llama parameter, lora_linear)
   CHECK(ks[category::weights] == 2 * tiny_parameters);
   CHECK(ks[category::master_weights] == 4 * tiny_parameters);
   // memkit: adam_state<int8, 256>::bytes_required over the trainable tensors, control block and norm scratch
@@ -96,7 +96,7 @@ TEST_CASE("budget runtime: memkit's lora_linear saves its own input copy and no 
   // down: T x f; o's input is the attention output, saved anyway). memkit: every lora_linear keeps its own
   // dropout(x) — q, k, v, o, gate, up read T x h, down T x f — plus a 32-byte record of the dropout stream
   // (lora/lora_memory.hpp). Both keep the [T, r] down-projections.
-  // memkit's SwiGLU keeps only its [T, 2f] input (the gate and up outputs: examples/llama/layers.hpp's swiglu);
+  // memkit's SwiGLU keeps only its [T, 2f] input (the gate and up outputs: memkit/models/llama/layers.hpp's swiglu);
   // PyTorch's autograd also keeps silu(gate) [T, f] for the product's backward.
   const std::uint64_t torch_inputs = 2 * (T * h + T * h + T * f);
   const std::uint64_t memkit_inputs = 2 * (6 * T * h + T * f) + 7 * 32;
@@ -126,7 +126,7 @@ TEST_CASE("budget runtime: a memkit NF4 base takes lora_linear's workspace, PyTo
   const std::uint64_t down = 256 * 704 * 2 + 128 * 8 * 2;
   CHECK(down == 362496);
   // memkit charges it inside the block's backward, on top of the block's bf16 gradient scratch
-  // (budget/activations.hpp's memkit_block_activation_bytes, as examples/llama/block.hpp takes it): the SwiGLU
+  // (budget/activations.hpp's memkit_block_activation_bytes, as memkit/models/llama/block.hpp takes it): the SwiGLU
   // and gate|up gradients, four hidden-width, four q-width and four kv-width ones, T = 128.
   const std::uint64_t backward_scratch = 2 * 128 * (704 + 2 * 704 + 4 * 256 + 4 * 256 + 4 * 128);
   CHECK(backward_scratch == 1196032);

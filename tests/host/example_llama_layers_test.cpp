@@ -1,6 +1,6 @@
 // The main example's model pieces (examples/llama): gradients against central finite differences, the
 // saved bytes and workspace each layer states, and a checkpointed stack against the plain one.
-#include "../../examples/llama/block.hpp"
+#include <memkit/models/llama/block.hpp>
 
 #include <memkit/loss/fused_linear_cross_entropy.hpp>
 
@@ -12,6 +12,8 @@
 #include <cmath>
 #include <random>
 #include <vector>
+
+namespace llama = memkit::models::llama;
 
 namespace {
 
@@ -73,13 +75,16 @@ struct block_fixture {
                     linear("down", f, h, 7),
                     {},
                     &rope,
-                    memory};
+                    memory,
+                    {},
+                    {},
+                    0};
     // Norm weights away from 1, so their gradients are exercised.
     block.attn_norm.weight.init_normal(0.3f, 8, 8);
     block.mlp_norm.weight.init_normal(0.3f, 8, 9);
     for (std::int64_t i = 0; i < h; ++i) {
-      block.attn_norm.weight.value.data()[i] = memkit::from_float<llama::bf16>(1.0f + float(block.attn_norm.weight.value.data()[i]));
-      block.mlp_norm.weight.value.data()[i] = memkit::from_float<llama::bf16>(1.0f + float(block.mlp_norm.weight.value.data()[i]));
+      block.attn_norm.weight.value.data()[i] = 1.0f + block.attn_norm.weight.value.data()[i];
+      block.mlp_norm.weight.value.data()[i] = 1.0f + block.mlp_norm.weight.value.data()[i];
     }
   }
 
@@ -120,13 +125,13 @@ TEST_CASE("example llama: a decoder block's gradients match central finite diffe
     CAPTURE(i);
     CHECK(dx[i] == doctest::Approx(numeric).epsilon(2e-2).scale(1.0));
   }
-  // Weight gradients (weights are bf16: the step is what rounding leaves of +-h).
-  auto check_weight = [&](llama::parameter& p, std::int64_t i) {
-    llama::bf16& w = p.value.data()[i];
-    const llama::bf16 saved = w;
+  // Weight gradients (the block's weights are fp32, its training dtype).
+  auto check_weight = [&](llama::basic_parameter<float>& p, std::int64_t i) {
+    float& w = p.value.data()[i];
+    const float saved = w;
     const float h = 1.0f / 32.0f;
-    const llama::bf16 plus = memkit::from_float<llama::bf16>(float(saved) + h);
-    const llama::bf16 minus = memkit::from_float<llama::bf16>(float(saved) - h);
+    const float plus = saved + h;
+    const float minus = saved - h;
     w = plus;
     const double lp = fx.loss(x, r, in);
     w = minus;
@@ -137,10 +142,10 @@ TEST_CASE("example llama: a decoder block's gradients match central finite diffe
     CAPTURE(i);
     CHECK(p.grad.data()[i] == doctest::Approx(numeric).epsilon(3e-2).scale(1.0));
   };
-  for (llama::parameter* p : {&fx.block.q.weight, &fx.block.k.weight, &fx.block.v.weight, &fx.block.o.weight,
+  for (llama::basic_parameter<float>* p : {&fx.block.q.weight, &fx.block.k.weight, &fx.block.v.weight, &fx.block.o.weight,
                               &fx.block.gate.weight, &fx.block.up.weight, &fx.block.down.weight})
     for (std::int64_t i : {0L, 5L, p->size() - 1}) check_weight(*p, i);
-  for (llama::parameter* p : {&fx.block.attn_norm.weight, &fx.block.mlp_norm.weight})
+  for (llama::basic_parameter<float>* p : {&fx.block.attn_norm.weight, &fx.block.mlp_norm.weight})
     for (std::int64_t i : {0L, 9L}) check_weight(*p, i);
 }
 
@@ -238,7 +243,7 @@ TEST_CASE("example llama: the token embedding gathers rows, sums the gradient of
   memory.weights = &tracker.category(memkit::memory_category::weights);
   memory.gradients = &tracker.category(memkit::memory_category::gradients);
   const std::int64_t V = 5, H = 3;
-  llama::token_embedding embed(V, H, memory, llama::trainability::bf16_master);
+  llama::token_embedding<llama::bf16> embed(V, H, memory, llama::trainability::bf16_master);
   embed.weight.init_normal(1.0f, 3, 4);
   const std::vector<std::int32_t> ids{4, 0, 4, 2};
   std::vector<float> y(ids.size() * H);
@@ -260,6 +265,6 @@ TEST_CASE("example llama: the token embedding gathers rows, sums the gradient of
   // The shared row function (what the device kernel runs) writes NaN for an unknown id instead of reading
   // outside the table.
   float out[H] = {};
-  llama::embedding_row<float>{bad.data() + 1, embed.weight.value.data(), out, V, H}(0);
+  llama::embedding_row<float, llama::bf16>{bad.data() + 1, embed.weight.value.data(), out, V, H}(0);
   for (float v : out) CHECK(std::isnan(v));
 }

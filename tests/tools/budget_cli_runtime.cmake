@@ -8,7 +8,7 @@ include(${CMAKE_CURRENT_LIST_DIR}/budget_cli_support.cmake)
 
 if(MODE STREQUAL "runtime")
   # Full bf16-mixed training of GPT-2 124M (124,439,808 parameters), 8-bit AdamW: PyTorch keeps bf16
-  # gradients (2 bytes each), memkit fp32 ones (4 bytes each, examples/llama's parameters and lora_linear).
+  # gradients (2 bytes each), memkit fp32 ones (4 bytes each, memkit/models/llama's parameters and lora_linear).
   set(common --preset gpt2-124m --optimizer adamw8bit --batch 1 --seq 128 --json)
   run_tool(torch_json ${common})
   run_tool(memkit_json ${common} --runtime memkit --logits fused)

@@ -271,7 +271,7 @@ constexpr std::uint64_t memkit_linear_workspace_bytes(const model_config& m, con
 }
 
 // memkit runtime: one Llama-style block as memkit's layers run it (checkpoint/layer.hpp's layer concept;
-// examples/llama/block.hpp is this block, built from memkit::attention, lora_linear and the example's
+// memkit/models/llama/block.hpp is this block, built from memkit::attention, lora_linear and the example's
 // RMSNorm / rotary / SwiGLU layers). Every layer saves its own tensors into the activation store, none
 // shares another's:
 //   RMSNorm (x2)            its input and the fp32 1/rms per row

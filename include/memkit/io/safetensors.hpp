@@ -132,6 +132,15 @@ class reader {
     read_entry_bytes(info(name), destination, bytes);
   }
 
+  // Reads `bytes` bytes of tensor `t` (an entry of this file) starting `offset` bytes into it, into host
+  // memory: what a streaming loader reads a large tensor with, a piece at a time.
+  void read_range(const tensor_info& t, std::uint64_t offset, void* destination, std::uint64_t bytes) const {
+    require(offset <= t.bytes() && bytes <= t.bytes() - offset,
+            "safetensors: read of bytes " + std::to_string(offset) + ".." + std::to_string(offset + bytes) + " of tensor '" +
+                t.name + "' in '" + path_ + "', which has " + std::to_string(t.bytes()));
+    read_at(data_start_ + t.begin + offset, destination, bytes, "tensor '" + t.name + "'");
+  }
+
   // Reads tensor `name` into `out` (host memory), checking dtype and element count.
   template <class T>
   void read(std::string_view name, tensor_view<T> out) const {

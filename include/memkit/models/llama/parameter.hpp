@@ -1,7 +1,8 @@
-// examples/llama/parameters.hpp — the trainable tensors of the example model and where their bytes go.
+// memkit/models/llama/parameter.hpp — the trainable tensors of the decoder and where their bytes go.
 //
-// A parameter is a bf16 value (what the forward reads), an optional fp32 master copy (what AdamW updates
-// when training in mixed precision; the value then receives its rounding) and an fp32 gradient, each a
+// A parameter is a value in the training dtype (what the forward reads: bf16, or fp32), an optional fp32
+// master copy (what AdamW updates when a bf16 model trains in mixed precision; the value then receives its
+// rounding) and an fp32 gradient, each a
 // memkit::buffer from the resource of its tracking category, so the tracker sees every byte. The buffers are
 // host or device memory, as the resources are: values are made on the host and copied in (copy_in), and
 // for_each_index runs one MEMKIT_HOST_DEVICE function over an index range on either executor (a plain loop on
@@ -26,7 +27,7 @@
 #include <utility>
 #include <vector>
 
-namespace llama {
+namespace memkit::models::llama {
 
 using memkit::bf16;
 using memkit::shape;
@@ -130,35 +131,42 @@ std::vector<std::remove_const_t<T>> copy_out(tensor_view<T> from) {
 
 enum class trainability : std::uint8_t {
   frozen,         // value only, no gradient
-  bf16_master,    // bf16 value, fp32 master copy (AdamW updates the master), fp32 gradient
+  bf16_master,    // bf16 value, fp32 master copy (AdamW updates the master), fp32 gradient; an fp32 value
+                  // needs no master copy and trains in place
   bf16_rounding,  // bf16 value updated in place with stochastic rounding, fp32 gradient
 };
 
-struct parameter {
+// W is the value's element type: the model's training dtype (bf16 in the examples; float for fp32 training
+// and for the parity tests against transformers, which hold the checkpoint's values exactly).
+template <class W>
+struct basic_parameter {
+  using value_type = W;
+  static constexpr bool value_is_fp32 = std::is_same_v<W, float>;
+
   std::string name;
   trainability mode = trainability::frozen;
-  memkit::buffer<bf16> value;
-  memkit::buffer<float> master;  // unallocated unless bf16_master
+  memkit::buffer<W> value;
+  memkit::buffer<float> master;  // unallocated unless bf16_master with a 16-bit value
   memkit::buffer<float> grad;    // unallocated when frozen
 
-  parameter() = default;
-  parameter(std::string name_, shape dims, const memory_resources& memory, trainability mode_)
+  basic_parameter() = default;
+  basic_parameter(std::string name_, shape dims, const memory_resources& memory, trainability mode_)
       : name(std::move(name_)), mode(mode_), value(*memory.weights, dims) {
-    if (mode == trainability::bf16_master) master = memkit::buffer<float>(*memory.optimizer, dims);
+    if (has_master()) master = memkit::buffer<float>(*memory.optimizer, dims);
     if (mode != trainability::frozen) grad = memkit::buffer<float>(*memory.gradients, dims);
     zero_grad();
   }
 
   bool trains() const noexcept { return mode != trainability::frozen; }
-  bool has_master() const noexcept { return mode == trainability::bf16_master; }
+  bool has_master() const noexcept { return mode == trainability::bf16_master && !value_is_fp32; }
   std::int64_t size() const noexcept { return value.size(); }
   // The master copy for adam_param (an empty view when there is none).
   tensor_view<float> master_view() noexcept { return has_master() ? master.view() : tensor_view<float>{}; }
 
   // Bytes a parameter of `dims` allocates in each category.
-  static constexpr std::size_t value_bytes(const shape& dims) noexcept { return memkit::buffer<bf16>::bytes_required(dims); }
+  static constexpr std::size_t value_bytes(const shape& dims) noexcept { return memkit::buffer<W>::bytes_required(dims); }
   static constexpr std::size_t master_bytes(const shape& dims, trainability mode) noexcept {
-    return mode == trainability::bf16_master ? memkit::buffer<float>::bytes_required(dims) : 0;
+    return mode == trainability::bf16_master && !value_is_fp32 ? memkit::buffer<float>::bytes_required(dims) : 0;
   }
   static constexpr std::size_t grad_bytes(const shape& dims, trainability mode) noexcept {
     return mode == trainability::frozen ? 0 : memkit::buffer<float>::bytes_required(dims);
@@ -166,9 +174,13 @@ struct parameter {
 
   // Sets value (and master) from fp32 values on the host.
   void assign(const float* values) {
-    std::vector<bf16> rounded(static_cast<std::size_t>(size()));
-    for (std::int64_t i = 0; i < size(); ++i) rounded[static_cast<std::size_t>(i)] = memkit::from_float<bf16>(values[i]);
-    copy_in(rounded.data(), value.view());
+    if constexpr (value_is_fp32) {
+      copy_in(values, value.view());
+    } else {
+      std::vector<W> rounded(static_cast<std::size_t>(size()));
+      for (std::int64_t i = 0; i < size(); ++i) rounded[static_cast<std::size_t>(i)] = memkit::from_float<W>(values[i]);
+      copy_in(rounded.data(), value.view());
+    }
     if (has_master()) copy_in(values, master.view());
   }
   void fill(float v) {
@@ -197,6 +209,9 @@ struct parameter {
     if (trains()) zero_view(exec, grad.view());
   }
 };
+
+// The bf16 parameter the examples train.
+using parameter = basic_parameter<bf16>;
 
 // --- small helpers shared by the layers ---
 
@@ -245,4 +260,4 @@ class scratch_arena {
   std::size_t used_ = 0;
 };
 
-}  // namespace llama
+}  // namespace memkit::models::llama

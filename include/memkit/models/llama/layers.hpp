@@ -1,12 +1,13 @@
-// examples/llama/layers.hpp — the pieces of a Llama-style decoder as memkit layers (checkpoint/layer.hpp).
+// memkit/models/llama/layers.hpp — the pieces of a Llama-style decoder as memkit layers (checkpoint/layer.hpp).
 //
 //   token_embedding    token ids -> hidden states (outside the layer stack: its input is not activations)
 //   rms_norm           y = x / rms(x) * w                     saves x and the per-row 1/rms (fp32)
 //   rotary             rotates pairs (i, i + d/2) of each head by position * theta^(-2i/d)   saves nothing
-//   dense_linear       y = x W^T, W bf16 [out, in]             saves x when W trains
+//   dense_linear       y = x W^T (+ b), W [out, in]            saves x when W trains
 //   swiglu             y = silu(gate) * up over [.., 2f] -> [.., f]   saves its input
 //
-// Activations are T (bf16 in the example, float in the gradient tests); every product accumulates in fp32
+// Activations and weights are T, the training dtype (bf16 in the example, float in the gradient and parity
+// tests); every product accumulates in fp32
 // (linalg::gemm: the host kernel, or cuBLAS on a cuda_executor), elementwise math is fp32. Each layer says
 // what it saves (saved_bytes) and what workspace it takes (workspace_bytes) before it runs, from the same
 // shapes it allocates with. Every layer runs on the host and, compiled by nvcc, on a cuda_executor: its math
@@ -14,7 +15,7 @@
 // structs below), run by for_each_index (parameters.hpp) as a loop on the host and as a kernel on exec.stream.
 #pragma once
 
-#include "parameters.hpp"
+#include "parameter.hpp"
 
 #include <memkit/checkpoint/layer.hpp>
 #include <memkit/core/execution.hpp>
@@ -26,7 +27,7 @@
 #include <string>
 #include <vector>
 
-namespace llama {
+namespace memkit::models::llama {
 
 using memkit::activation_store;
 using memkit::forward_context;
@@ -48,10 +49,10 @@ MEMKIT_HOST_DEVICE MEMKIT_FORCEINLINE float sqrt_f32(float v) { return ::sqrtf(v
 // Token embedding: ids [B, S] -> hidden [B, S, H]; backward adds each row of dy into its token's gradient row.
 // One token's row of y; an id outside the vocabulary gives NaN (device code cannot throw; the host path checks
 // the ids first, the example checks them where it makes them).
-template <class T>
+template <class T, class W>
 struct embedding_row {
   const std::int32_t* ids;
-  const bf16* weight;
+  const W* weight;
   T* y;
   std::int64_t vocab, hidden;
   MEMKIT_HOST_DEVICE void operator()(std::int64_t t) const {
@@ -77,9 +78,10 @@ struct embedding_grad_column {
   }
 };
 
+template <class W>
 struct token_embedding {
   std::int64_t vocab = 0, hidden = 0;
-  parameter weight;  // [vocab, hidden]
+  basic_parameter<W> weight;  // [vocab, hidden]
 
   token_embedding() = default;
   token_embedding(std::int64_t vocab_, std::int64_t hidden_, const memory_resources& memory, trainability mode)
@@ -92,7 +94,7 @@ struct token_embedding {
       for (std::int64_t t = 0; t < ids.size(); ++t)
         memkit::require(ids[t] >= 0 && ids[t] < vocab,
                         "token_embedding: token id " + std::to_string(ids[t]) + " is outside the vocabulary");
-    for_each_index(exec, ids.size(), embedding_row<T>{ids.data(), weight.value.data(), y.data(), vocab, hidden});
+    for_each_index(exec, ids.size(), embedding_row<T, W>{ids.data(), weight.value.data(), y.data(), vocab, hidden});
   }
   template <memkit::executor E, class T>
   void backward(const E& exec, tensor_view<const std::int32_t> ids, tensor_view<const T> dy) {
@@ -106,7 +108,7 @@ struct token_embedding {
 template <class T>
 struct rms_forward_row {
   const T* x;
-  const bf16* w;
+  const T* w;
   T* y;
   T* kept;
   float* rstd;
@@ -130,7 +132,7 @@ struct rms_backward_row {
   const T* dy;
   const T* x;
   const float* rstd;
-  const bf16* w;
+  const T* w;
   T* dx;
   std::int64_t hidden;
   MEMKIT_HOST_DEVICE void operator()(std::int64_t r) const {
@@ -164,7 +166,7 @@ struct rms_norm {
   using value_type = T;
   std::int64_t hidden = 0;
   float eps = 1e-5f;
-  parameter weight;  // [hidden], starts at 1
+  basic_parameter<T> weight;  // [hidden], starts at 1
 
   rms_norm() = default;
   rms_norm(std::string name, std::int64_t hidden_, const memory_resources& memory, trainability mode)
@@ -223,6 +225,41 @@ struct rotary_row {
   }
 };
 
+// How the inverse frequencies are made: theta^(-2i/d) (rope_type "default"), or Llama 3.1's scaling
+// (rope_type "llama3": long wavelengths divided by `factor`, a smooth blend between the two cut-offs).
+struct rope_config {
+  float theta = 10000.0f;
+  float llama3_factor = 0.0f;  // 0: no scaling
+  float low_freq_factor = 1.0f, high_freq_factor = 4.0f;
+  std::int64_t original_max_positions = 8192;
+};
+
+// The head_dim / 2 inverse frequencies, each step in fp32 as transformers computes them
+// (modeling_rope_utils: 1 / base^(2i/d), then the llama3 blend), so the rotation angles are the same floats.
+inline std::vector<float> rope_inverse_frequencies(std::int64_t head_dim, const rope_config& rope) {
+  const std::int64_t half = head_dim / 2;
+  std::vector<float> inv(static_cast<std::size_t>(half));
+  for (std::int64_t i = 0; i < half; ++i) {
+    const float exponent = static_cast<float>(2 * i) / static_cast<float>(head_dim);
+    inv[static_cast<std::size_t>(i)] = 1.0f / std::pow(rope.theta, exponent);
+  }
+  if (rope.llama3_factor == 0.0f) return inv;
+  const float factor = rope.llama3_factor, low = rope.low_freq_factor, high = rope.high_freq_factor;
+  const float old_context = static_cast<float>(rope.original_max_positions);
+  const float low_freq_wavelen = old_context / low, high_freq_wavelen = old_context / high;
+  for (float& f : inv) {
+    const float wavelen = 6.283185307179586f / f;
+    const float scaled = wavelen > low_freq_wavelen ? f / factor : f;
+    if (wavelen < high_freq_wavelen || wavelen > low_freq_wavelen) {
+      f = scaled;
+    } else {
+      const float smooth = (old_context / wavelen - low) / (high - low);
+      f = (1.0f - smooth) * scaled / factor + smooth * scaled;
+    }
+  }
+  return inv;
+}
+
 template <class T>
 struct rotary {
   using value_type = T;
@@ -231,14 +268,18 @@ struct rotary {
 
   rotary() = default;
   rotary(std::int64_t head_dim_, std::int64_t max_positions_, float theta, memkit::memory_resource& resource)
+      : rotary(head_dim_, max_positions_, rope_config{theta}, resource) {}
+  // angle(p, i) = fp32(p * inv_freq[i]), its cosine and sine rounded once to fp32 (transformers' fp32 path).
+  rotary(std::int64_t head_dim_, std::int64_t max_positions_, const rope_config& rope, memkit::memory_resource& resource)
       : head_dim(head_dim_), max_positions(max_positions_), table(resource, shape{2 * max_positions_ * (head_dim_ / 2)}) {
     const std::int64_t half = head_dim / 2;
+    const std::vector<float> inv = rope_inverse_frequencies(head_dim, rope);
     std::vector<float> values(static_cast<std::size_t>(table.size()));
     for (std::int64_t p = 0; p < max_positions; ++p)
       for (std::int64_t i = 0; i < half; ++i) {
-        const double angle = static_cast<double>(p) * std::pow(static_cast<double>(theta), -2.0 * i / head_dim);
-        values[static_cast<std::size_t>(p * half + i)] = static_cast<float>(std::cos(angle));
-        values[static_cast<std::size_t>((max_positions + p) * half + i)] = static_cast<float>(std::sin(angle));
+        const float angle = static_cast<float>(p) * inv[static_cast<std::size_t>(i)];
+        values[static_cast<std::size_t>(p * half + i)] = static_cast<float>(std::cos(static_cast<double>(angle)));
+        values[static_cast<std::size_t>((max_positions + p) * half + i)] = static_cast<float>(std::sin(static_cast<double>(angle)));
       }
     copy_in(values.data(), table.view());
   }
@@ -272,17 +313,56 @@ struct rotary {
 };
 
 // ---------------------------------------------------------------------------------------------------------
+// y[r, j] += b[j], one element.
+template <class T>
+struct bias_add_element {
+  T* y;
+  const T* bias;
+  std::int64_t out;
+  MEMKIT_HOST_DEVICE void operator()(std::int64_t i) const { y[i] = narrow<T>(f32(y[i]) + f32(bias[i % out])); }
+};
+// db[j] += sum over rows of dy[r, j], rows in order (the same sums on every executor).
+template <class T>
+struct bias_grad_column {
+  const T* dy;
+  float* grad;
+  std::int64_t rows, out;
+  MEMKIT_HOST_DEVICE void operator()(std::int64_t j) const {
+    float g = grad[j];
+    for (std::int64_t r = 0; r < rows; ++r) g += f32(dy[r * out + j]);
+    grad[j] = g;
+  }
+};
+
+// y = x W^T (+ b): W [out, in] and the optional bias [out] in the training dtype T. The bias is added after
+// the product is rounded to T (torch adds it in the GEMM's fp32 epilogue): in bf16 one more rounding, in
+// fp32 only the order of one addition differs.
 template <class T>
 struct dense_linear {
   using value_type = T;
   std::int64_t in = 0, out = 0;
-  parameter weight;  // [out, in]
+  basic_parameter<T> weight;  // [out, in]
+  basic_parameter<T> bias;    // [out]; unallocated unless with_bias
   memory_resources memory;
+  bool with_bias = false;
 
   dense_linear() = default;
-  dense_linear(std::string name, std::int64_t in_, std::int64_t out_, const memory_resources& memory_, trainability mode)
-      : in(in_), out(out_), weight(std::move(name), shape{out_, in_}, memory_, mode), memory(memory_) {}
+  // `name` is the weight's key ("....q_proj.weight"); the bias, when there is one, is "....q_proj.bias".
+  dense_linear(std::string name, std::int64_t in_, std::int64_t out_, const memory_resources& memory_, trainability mode,
+               bool with_bias_ = false)
+      : in(in_), out(out_), memory(memory_), with_bias(with_bias_) {
+    if (with_bias) {
+      std::string bias_name = name;
+      const std::string suffix = ".weight";
+      if (bias_name.size() > suffix.size() && bias_name.compare(bias_name.size() - suffix.size(), suffix.size(), suffix) == 0)
+        bias_name.resize(bias_name.size() - suffix.size());
+      bias = basic_parameter<T>(bias_name + ".bias", shape{out_}, memory_, mode);
+      bias.fill(0.0f);
+    }
+    weight = basic_parameter<T>(std::move(name), shape{out_, in_}, memory_, mode);
+  }
 
+  bool has_bias() const noexcept { return with_bias; }
   shape output_shape(const shape& s) const { return with_last(s, out); }
   std::size_t saved_bytes(const shape& s, const forward_context&) const {
     return weight.trains() ? activation_store::bytes_required<T>(s) : 0;
@@ -292,9 +372,9 @@ struct dense_linear {
     if (memory.on_device()) return 0;
     const std::int64_t rows = rows_of(s);
     const la::gemm_options o{memory.host_threads};
-    return std::max({la::gemm_workspace_bytes<T, bf16, T>(rows, out, in, o),
+    return std::max({la::gemm_workspace_bytes<T, T, T>(rows, out, in, o),
                      la::gemm_workspace_bytes<T, T, float>(out, in, rows, o),
-                     la::gemm_workspace_bytes<T, bf16, T>(rows, in, out, o)});
+                     la::gemm_workspace_bytes<T, T, T>(rows, in, out, o)});
   }
 
   template <memkit::executor E>
@@ -302,8 +382,9 @@ struct dense_linear {
     const std::int64_t rows = rows_of(x.shape());
     if (weight.trains()) copy_view(exec, x, store.save<T>(x.shape()));
     la::gemm(exec, la::transpose::no, la::transpose::yes, 1.0f, cmat(x.data(), rows, in, x.where()),
-             cmat<bf16>(weight.value.data(), out, in, weight.value.where()), 0.0f, mat(y.data(), rows, out, y.where()),
+             cmat<T>(weight.value.data(), out, in, weight.value.where()), 0.0f, mat(y.data(), rows, out, y.where()),
              *memory.workspace, la::gemm_options{memory.host_threads});
+    if (has_bias()) for_each_index(exec, rows * out, bias_add_element<T>{y.data(), bias.value.data(), out});
   }
   template <memkit::executor E>
   void backward(const E& exec, tensor_view<const T> dy, tensor_view<T> dx, activation_store& store) {
@@ -315,9 +396,10 @@ struct dense_linear {
                mat(weight.grad.data(), out, in, weight.grad.where()), *memory.workspace,
                la::gemm_options{memory.host_threads});
     }
+    if (has_bias() && bias.trains()) for_each_index(exec, out, bias_grad_column<T>{dy.data(), bias.grad.data(), rows, out});
     if (!dx.empty())
       la::gemm(exec, la::transpose::no, la::transpose::no, 1.0f, cmat(dy.data(), rows, out, dy.where()),
-               cmat<bf16>(weight.value.data(), out, in, weight.value.where()), 0.0f, mat(dx.data(), rows, in, dx.where()),
+               cmat<T>(weight.value.data(), out, in, weight.value.where()), 0.0f, mat(dx.data(), rows, in, dx.where()),
                *memory.workspace, la::gemm_options{memory.host_threads});
   }
 };
@@ -372,4 +454,4 @@ struct swiglu {
   }
 };
 
-}  // namespace llama
+}  // namespace memkit::models::llama

@@ -1,4 +1,4 @@
-// examples/llama/block.hpp — one Llama decoder block as a memkit layer, for any projection type.
+// memkit/models/llama/block.hpp — one Llama decoder block as a memkit layer, for any projection type.
 //
 //   h = x + o(attention(rope(q(n1)), rope(k(n1)), v(n1)))      n1 = attn_norm(x)
 //   y = h + down(silu(gate(n2)) * up(n2))                       n2 = mlp_norm(h)
@@ -21,8 +21,10 @@
 #include <memory>
 #include <string>
 
-namespace llama {
+namespace memkit::models::llama {
 
+// The decoder's shape and the options in which the Llama-family models of transformers differ
+// (config.hpp reads them from a Hugging Face config.json; the defaults are the example's model).
 struct model_config {
   std::int64_t vocab = 256;
   std::int64_t hidden = 128;
@@ -31,9 +33,29 @@ struct model_config {
   std::int64_t kv_heads = 2;
   std::int64_t head_dim = 32;
   std::int64_t intermediate = 352;
-  std::int64_t max_positions = 256;
+  std::int64_t max_positions = 256;  // rows of the rotary table: the longest sequence the model runs
   float rope_theta = 10000.0f;
   float norm_eps = 1e-5f;
+  // rope_type "llama3" (Llama 3.1 / 3.2): 0 keeps the default rotary frequencies.
+  float rope_llama3_factor = 0.0f;
+  float rope_low_freq_factor = 1.0f, rope_high_freq_factor = 4.0f;
+  std::int64_t rope_original_max_positions = 8192;
+  bool qkv_bias = false;        // q_proj, k_proj, v_proj have a bias (Llama attention_bias, Qwen2)
+  bool o_bias = false;          // o_proj has one (Llama attention_bias, Qwen3 attention_bias)
+  bool mlp_bias = false;        // gate_proj, up_proj, down_proj have one (Llama mlp_bias)
+  bool qk_norm = false;         // RMSNorm over each head of q and k before the rotation (Qwen3)
+  bool tie_embeddings = false;  // the LM head is the embedding matrix (no lm_head.weight)
+  std::int64_t sliding_window = 0;       // 0: none; else layers from first_sliding_layer on see the last
+  std::int64_t first_sliding_layer = 0;  // `sliding_window` keys (Mistral: every layer; Qwen: max_window_layers)
+
+  rope_config rope() const {
+    return rope_config{rope_theta, rope_llama3_factor, rope_low_freq_factor, rope_high_freq_factor,
+                       rope_original_max_positions};
+  }
+  // The attention window of layer i (0: the whole causal prefix).
+  std::int64_t window_of(std::int64_t layer) const noexcept {
+    return sliding_window > 0 && layer >= first_sliding_layer ? sliding_window : 0;
+  }
 };
 
 namespace detail {
@@ -90,22 +112,31 @@ struct decoder_block {
   swiglu<T> act;
   const rotary<T>* rope = nullptr;
   memory_resources memory;
+  rms_norm<T> q_norm{}, k_norm{};  // over each head (width head_dim); used when config.qk_norm
+  std::int64_t window = 0;         // this layer's sliding window (model_config::window_of)
 
   std::int64_t q_width() const { return config.heads * config.head_dim; }
   std::int64_t kv_width() const { return config.kv_heads * config.head_dim; }
   attention_options attention() const {
     attention_options options{};
     options.host_threads = memory.host_threads;
+    options.window = window;
     return options;
   }
   bool on_device() const noexcept { return memory.on_device(); }
 
   shape output_shape(const shape& in) const { return in; }
 
+  // Per-head views [B, S * heads, head_dim] of q and k, what q_norm and k_norm normalize.
+  shape q_head_rows(std::int64_t B, std::int64_t S) const { return shape{B, S * config.heads, config.head_dim}; }
+  shape k_head_rows(std::int64_t B, std::int64_t S) const { return shape{B, S * config.kv_heads, config.head_dim}; }
+
   std::size_t saved_bytes(const shape& in, const forward_context& ctx) const {
     const std::int64_t B = in[0], S = in[1], f = config.intermediate;
     const shape heads{B, config.heads, S, config.head_dim}, kv_heads{B, config.kv_heads, S, config.head_dim};
-    return attn_norm.saved_bytes(in, ctx) + q.saved_bytes(in, ctx) + k.saved_bytes(in, ctx) + v.saved_bytes(in, ctx) +
+    const std::size_t head_norms =
+        config.qk_norm ? q_norm.saved_bytes(q_head_rows(B, S), ctx) + k_norm.saved_bytes(k_head_rows(B, S), ctx) : 0;
+    return head_norms + attn_norm.saved_bytes(in, ctx) + q.saved_bytes(in, ctx) + k.saved_bytes(in, ctx) + v.saved_bytes(in, ctx) +
            activation_store::bytes_required<T>(heads) + 2 * activation_store::bytes_required<T>(kv_heads) +
            activation_store::bytes_required<T>(heads) + activation_store::bytes_required<float>(shape{B, config.heads, S}) +
            o.saved_bytes(shape{B, S, q_width()}, ctx) + mlp_norm.saved_bytes(in, ctx) + gate.saved_bytes(in, ctx) +
@@ -124,9 +155,11 @@ struct decoder_block {
   std::size_t backward_scratch_bytes(const shape& in) const {
     const std::int64_t B = in[0], S = in[1], f = config.intermediate;
     using A = scratch_arena;
-    // da; dgu; dn2, partial, dh, dn1; do_in, dout, dqh, dq; dkh, dvh, dk, dv
+    // da; dgu; dn2, partial, dh, dn1; do_in, dout, dqh, dq; dkh, dvh, dk, dv; with qk_norm dq and dk before it
+    const std::int64_t head_norm_grads = config.qk_norm ? 1 : 0;
     return A::bytes_for<T>(shape{B, S, f}) + A::bytes_for<T>(shape{B, S, 2 * f}) + 4 * A::bytes_for<T>(in) +
-           4 * A::bytes_for<T>(shape{B, S, q_width()}) + 4 * A::bytes_for<T>(shape{B, S, kv_width()});
+           (4 + head_norm_grads) * A::bytes_for<T>(shape{B, S, q_width()}) +
+           (4 + head_norm_grads) * A::bytes_for<T>(shape{B, S, kv_width()});
   }
   // The most workspace the block holds at once: its scratch plus the largest workspace of one operation.
   std::size_t workspace_bytes(const shape& in) const {
@@ -158,6 +191,10 @@ struct decoder_block {
     q.forward(exec, ctx, n1, qb, store);
     k.forward(exec, ctx, n1, kb, store);
     v.forward(exec, ctx, n1, vb, store);
+    if (config.qk_norm) {  // in place: each row is read whole before it is written
+      q_norm.forward(exec, ctx, qb.reshaped(q_head_rows(B, S)), qb.reshaped(q_head_rows(B, S)), store);
+      k_norm.forward(exec, ctx, kb.reshaped(k_head_rows(B, S)), kb.reshaped(k_head_rows(B, S)), store);
+    }
     rope->rotate(exec, qb, qb, 1.0f);
     rope->rotate(exec, kb, kb, 1.0f);
     tensor_view<T> qh = store.save<T>(shape{B, Hq, S, D});
@@ -233,6 +270,14 @@ struct decoder_block {
     detail::merge_heads(exec, dvh.data(), dv.data(), B, S, Hkv, D);
     rope->rotate(exec, dq, dq, -1.0f);
     rope->rotate(exec, dk, dk, -1.0f);
+    if (config.qk_norm) {  // backward reads dy for the weight gradient after writing dx: not in place
+      tensor_view<T> dq_in = scratch.take<T>(shape{B, S, q_width()});
+      tensor_view<T> dk_in = scratch.take<T>(shape{B, S, kv_width()});
+      k_norm.backward(exec, tensor_view<const T>(dk.reshaped(k_head_rows(B, S))), dk_in.reshaped(k_head_rows(B, S)), store);
+      q_norm.backward(exec, tensor_view<const T>(dq.reshaped(q_head_rows(B, S))), dq_in.reshaped(q_head_rows(B, S)), store);
+      dq = dq_in;
+      dk = dk_in;
+    }
     tensor_view<T> dn1 = scratch.take<T>(in);
     v.backward(exec, dv, dn1, store);
     k.backward(exec, dk, partial, store);
@@ -244,4 +289,4 @@ struct decoder_block {
   }
 };
 
-}  // namespace llama
+}  // namespace memkit::models::llama

@@ -1,0 +1,385 @@
+// memkit/models/llama/load.hpp — a Hugging Face checkpoint directory into the decoder.
+//
+//   hf_checkpoint ckpt(dir);                            // config.json + model.safetensors, or the sharded
+//                                                       // model-0000k-of-0000n.safetensors + its index
+//   auto model = load_causal_lm<float>(ckpt, memory);   // dense projections in the training dtype
+//
+// Every expected tensor (from the config) is checked against the files' headers before anything is
+// allocated: a missing, extra, misshapen or wrongly typed tensor is one error naming the key and both
+// values. The values then stream in one piece (loading_chunk_bytes) at a time: read, converted from the
+// file's dtype (F32, BF16, F16) to the training dtype, checked finite, copied where the weights live. The
+// model is returned only when every tensor has arrived, so an error leaves nothing half-loaded; the peak
+// while loading is the model plus two staging pieces (loading_peak_bytes says it before loading).
+#pragma once
+
+#include "config.hpp"
+#include "model.hpp"
+
+#include "nf4_lora.hpp"
+
+#include <memkit/io/json.hpp>
+#include <memkit/io/safetensors.hpp>
+#include <memkit/lora/peft_adapter.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace memkit::models::llama {
+
+// The elements of one staging piece: what the loader reads, converts and copies at a time.
+inline constexpr std::int64_t loading_chunk_elements = std::int64_t{1} << 18;
+
+class hf_checkpoint {
+ public:
+  // Opens dir/config.json and the weights' headers (not their data). `max_sequence` sizes the rotary table
+  // (0: max_position_embeddings).
+  explicit hf_checkpoint(const std::string& dir, std::int64_t max_sequence = 0) : dir_(dir) {
+    namespace fs = std::filesystem;
+    config_ = read_hf_config((fs::path(dir) / "config.json").string(), max_sequence);
+    const fs::path single = fs::path(dir) / "model.safetensors", index = fs::path(dir) / "model.safetensors.index.json";
+    if (fs::exists(index)) {
+      open_sharded(index);
+    } else {
+      require(fs::exists(single), dir + ": no model.safetensors or model.safetensors.index.json");
+      files_.emplace_back(single.string());
+      for (const safetensors::tensor_info& t : files_.back().tensors()) where_.emplace(t.name, 0);
+    }
+  }
+
+  const std::string& dir() const noexcept { return dir_; }
+  const model_config& config() const noexcept { return config_; }
+  std::size_t file_count() const noexcept { return files_.size(); }
+
+  // The tensor's header entry and the file that holds it; null when the checkpoint has no such tensor.
+  const safetensors::tensor_info* find(const std::string& name) const {
+    const auto at = where_.find(name);
+    return at == where_.end() ? nullptr : files_[at->second].find(name);
+  }
+  const safetensors::reader& file_of(const std::string& name) const { return files_[where_.at(name)]; }
+  std::vector<std::string> names() const {
+    std::vector<std::string> list;
+    list.reserve(where_.size());
+    for (const auto& [name, file] : where_) list.push_back(name);
+    return list;
+  }
+
+ private:
+  // model.safetensors.index.json: {"weight_map": {tensor: file}}. Shard names are plain file names in the
+  // same directory; each tensor is in exactly the shard the map names, and every shard tensor is mapped.
+  void open_sharded(const std::filesystem::path& index) {
+    std::ifstream in(index, std::ios::binary);
+    require(static_cast<bool>(in), index.string() + ": cannot open");
+    in.seekg(0, std::ios::end);
+    const std::streamoff size = in.tellg();
+    require(size >= 0 && size <= (std::streamoff{64} << 20), index.string() + ": over 64 MiB, not an index");
+    in.seekg(0);
+    std::string text(static_cast<std::size_t>(size), '\0');
+    in.read(text.data(), size);
+    require(static_cast<bool>(in), index.string() + ": read failed");
+    const json::value root = json::parse(text, index.string());
+    const json::value* map = root.is_object() ? root.find("weight_map") : nullptr;
+    require(map != nullptr && map->is_object(), index.string() + ": no weight_map object");
+    std::map<std::string, std::size_t> file_index;
+    for (const auto& [tensor, file] : map->as_object()) {
+      require(file.is_string(), index.string() + ": weight_map['" + tensor + "'] is not a file name");
+      const std::string& name = file.as_string();
+      require(!name.empty() && name.find('/') == std::string::npos && name.find('\\') == std::string::npos &&
+                  name != "." && name != "..",
+              index.string() + ": weight_map['" + tensor + "'] = '" + name + "' is not a file name in the checkpoint's directory");
+      auto [at, added] = file_index.emplace(name, files_.size());
+      if (added) files_.emplace_back((index.parent_path() / name).string());
+      require(where_.emplace(tensor, at->second).second, index.string() + ": tensor '" + tensor + "' is mapped twice");
+    }
+    for (const auto& [tensor, file] : where_)
+      require(files_[file].find(tensor) != nullptr,
+              index.string() + ": maps '" + tensor + "' to " + files_[file].path() + ", which does not hold it");
+    for (std::size_t k = 0; k < files_.size(); ++k)
+      for (const safetensors::tensor_info& t : files_[k].tensors()) {
+        const auto at = where_.find(t.name);
+        require(at != where_.end() && at->second == k,
+                files_[k].path() + ": holds '" + t.name + "', which the index does not map to it");
+      }
+  }
+
+  std::string dir_;
+  model_config config_;
+  std::vector<safetensors::reader> files_;
+  std::map<std::string, std::size_t> where_;  // tensor name -> index into files_
+};
+
+// Every tensor a model of `c` reads from a checkpoint, with its shape: the shared parameters
+// (causal_lm::shared_parameter_shapes) and each projection's weight [out, in] and bias [out].
+template <class T>
+std::vector<std::pair<std::string, shape>> checkpoint_tensors(const model_config& c) {
+  std::vector<std::pair<std::string, shape>> list = causal_lm<T, dense_linear<T>>::shared_parameter_shapes(c);
+  for (std::int64_t i = 0; i < c.layers; ++i)
+    for (const projection& p : projections_of(c, i)) {
+      list.emplace_back(p.path + ".weight", shape{p.out, p.in});
+      if (p.bias) list.emplace_back(p.path + ".bias", shape{p.out});
+    }
+  return list;
+}
+
+namespace detail {
+
+inline std::string dims_text(const std::vector<std::int64_t>& dims) {
+  std::string s = "[";
+  for (std::size_t i = 0; i < dims.size(); ++i) s += (i ? ", " : "") + std::to_string(dims[i]);
+  return s + "]";
+}
+inline std::string dims_text(const shape& s) { return dims_text(std::vector<std::int64_t>(s.extents, s.extents + s.rank)); }
+
+// Tensors a checkpoint may carry that the model does not read (transformers drops them too): the rotary
+// frequencies some older Llama conversions saved.
+inline bool ignorable_tensor(const std::string& name) {
+  const std::string suffix = ".rotary_emb.inv_freq";
+  return name.size() > suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+inline float source_to_float(const std::byte* p, const std::string& dtype) {
+  if (dtype == "F32") {
+    float v;
+    std::memcpy(&v, p, 4);
+    return v;
+  }
+  std::uint16_t bits;
+  std::memcpy(&bits, p, 2);
+  return dtype == "BF16" ? bf16_bits_to_float(bits) : fp16_bits_to_float(bits);
+}
+
+}  // namespace detail
+
+// Checks the checkpoint's tensors against what a model of its config reads, from the headers alone: one
+// error naming the first problem's key and both values.
+template <class T>
+void check_checkpoint_tensors(const hf_checkpoint& ckpt) {
+  const model_config& c = ckpt.config();
+  const std::vector<std::pair<std::string, shape>> expected = checkpoint_tensors<T>(c);
+  std::map<std::string, bool> wanted;
+  for (const auto& [name, dims] : expected) {
+    wanted.emplace(name, true);
+    const safetensors::tensor_info* t = ckpt.find(name);
+    if (t == nullptr)
+      throw memkit::error(ckpt.dir() + ": tensor '" + name + "' " + detail::dims_text(dims) +
+                          " is missing (config.json implies it" +
+                          (name == "lm_head.weight" ? std::string(": tie_word_embeddings is false") : std::string()) + ")");
+    const std::vector<std::int64_t> want(dims.extents, dims.extents + dims.rank);
+    if (t->shape != want)
+      throw memkit::error(ckpt.dir() + ": tensor '" + name + "' is " + detail::dims_text(t->shape) + " in " +
+                          ckpt.file_of(name).path() + ", config.json implies " + detail::dims_text(dims));
+    if (t->dtype != "F32" && t->dtype != "BF16" && t->dtype != "F16")
+      throw memkit::error(ckpt.dir() + ": tensor '" + name + "' is " + t->dtype + " (supported: F32, BF16, F16)");
+  }
+  for (const std::string& name : ckpt.names())
+    if (!wanted.count(name) && !detail::ignorable_tensor(name))
+      throw memkit::error(ckpt.dir() + ": tensor '" + name + "' is not part of a " + std::to_string(c.layers) +
+                          "-layer model of this config" +
+                          (name == "lm_head.weight" ? std::string(" (tie_word_embeddings is true)") : std::string()));
+}
+
+// Reads tensor `name` of the checkpoint into `to` (host or device memory, the element type W), converted
+// from the file's dtype one staging piece at a time through host buffers from `staging`; `master`, when
+// not empty, receives the fp32 values too. A non-finite value is an error naming the key and the element.
+template <class W>
+void read_tensor_into(const hf_checkpoint& ckpt, const std::string& name, tensor_view<W> to,
+                      memkit::memory_resource& staging, tensor_view<float> master = {nullptr, shape{0}, memkit::memory_kind::host}) {
+  const safetensors::tensor_info* entry = ckpt.find(name);
+  require(entry != nullptr, ckpt.dir() + ": has no tensor '" + name + "'");
+  const safetensors::tensor_info& t = *entry;
+  const safetensors::reader& file = ckpt.file_of(name);
+  require(t.numel() == to.size(), name + ": the checkpoint's size differs from the destination's");
+  const bool with_master = !master.empty();
+  const std::size_t source_size = safetensors::dtype_size(t.dtype);
+  const std::int64_t piece = std::min(loading_chunk_elements, std::max<std::int64_t>(to.size(), 1));
+  memkit::buffer<std::byte> raw(staging, shape{piece * static_cast<std::int64_t>(sizeof(float))});
+  memkit::buffer<W> converted(staging, shape{piece});
+  memkit::buffer<float> fp32(staging, shape{with_master ? piece : 0});
+  for (std::int64_t at = 0; at < to.size(); at += piece) {
+    const std::int64_t n = std::min(piece, to.size() - at);
+    file.read_range(t, static_cast<std::uint64_t>(at) * source_size, raw.data(), static_cast<std::uint64_t>(n) * source_size);
+    for (std::int64_t i = 0; i < n; ++i) {
+      const float v = detail::source_to_float(raw.data() + i * static_cast<std::int64_t>(source_size), t.dtype);
+      if (!std::isfinite(v))
+        throw memkit::error(file.path() + ": tensor '" + name + "' element " + std::to_string(at + i) + " is " +
+                            (std::isnan(v) ? "NaN" : "infinite"));
+      converted.data()[i] = memkit::from_float<W>(v);
+      if (with_master) fp32.data()[i] = v;
+    }
+    copy_in(converted.data(), to.flat_slice(at, n));
+    if (with_master) copy_in(fp32.data(), master.flat_slice(at, n));
+  }
+}
+
+// Reads tensor `name` into `p`: its value, and its fp32 master copy when it has one.
+template <class W>
+void load_parameter(const hf_checkpoint& ckpt, const std::string& name, basic_parameter<W>& p,
+                    memkit::memory_resource& staging) {
+  read_tensor_into(ckpt, name, p.value.view(), staging,
+                   p.has_master() ? p.master.view() : tensor_view<float>{nullptr, shape{0}, memkit::memory_kind::host});
+}
+
+// What a dense model of `c` allocates in all (values, fp32 master copies, gradients, the rotary table).
+template <class T>
+std::size_t dense_model_bytes(const model_config& c, trainability mode) {
+  std::size_t bytes = rotary<T>::table_bytes(c.head_dim, c.max_positions);
+  for (const auto& [name, dims] : checkpoint_tensors<T>(c))
+    bytes += basic_parameter<T>::value_bytes(dims) + basic_parameter<T>::master_bytes(dims, mode) +
+             basic_parameter<T>::grad_bytes(dims, mode);
+  return bytes;
+}
+
+// The staging load_causal_lm holds beyond the model while it loads the largest tensor (raw source piece,
+// converted piece, fp32 master piece when the parameters keep one).
+template <class T>
+std::size_t loading_staging_bytes(const model_config& c, trainability mode) {
+  std::int64_t largest = 1;
+  for (const auto& [name, dims] : checkpoint_tensors<T>(c)) largest = std::max(largest, dims.numel());
+  const std::int64_t piece = std::min(loading_chunk_elements, largest);
+  return memkit::buffer<std::byte>::bytes_required(shape{piece * 4}) + memkit::buffer<T>::bytes_required(shape{piece}) +
+         basic_parameter<T>::master_bytes(shape{piece}, mode);
+}
+
+// The most load_causal_lm allocates at once, said before loading: the model plus the staging.
+template <class T>
+std::size_t loading_peak_bytes(const model_config& c, trainability mode) {
+  return dense_model_bytes<T>(c, mode) + loading_staging_bytes<T>(c, mode);
+}
+
+// Where the loaders' host staging pieces come from: the workspace resource when it is host memory (so a
+// tracker counts them), else the default host resource.
+inline memkit::memory_resource& host_staging(const memory_resources& memory) {
+  return memory.workspace->kind() == memkit::memory_kind::host ? *memory.workspace : memkit::default_host_resource();
+}
+
+// Builds the dense model of the checkpoint's config in `memory` and loads every tensor. Staging buffers come
+// from memory.workspace when it is host memory, else from the default host resource.
+template <class T>
+std::unique_ptr<causal_lm<T, dense_linear<T>>> load_causal_lm(const hf_checkpoint& ckpt, const memory_resources& memory,
+                                                               trainability mode = trainability::frozen) {
+  check_checkpoint_tensors<T>(ckpt);
+  using model_type = causal_lm<T, dense_linear<T>>;
+  auto model = std::make_unique<model_type>(ckpt.config(), memory, mode, [&](const projection& p, std::int64_t, int) {
+    return make_dense_linear<T>(p, memory, mode);
+  });
+  memkit::memory_resource& staging = host_staging(memory);
+  for (basic_parameter<T>* p : model->shared_parameters()) load_parameter(ckpt, p->name, *p, staging);
+  for (dense_linear<T>* l : model->linears()) {
+    load_parameter(ckpt, l->weight.name, l->weight, staging);
+    if (l->has_bias()) load_parameter(ckpt, l->bias.name, l->bias, staging);
+  }
+  return model;
+}
+
+// ---- LoRA and QLoRA over a checkpoint ----
+
+struct lora_load_options {
+  memkit::lora::lora_options lora{};                   // rank, alpha, rsLoRA, dropout, init, init_seed
+  memkit::quant::quant_options quant{64, true};         // an NF4 base: block 64, double quantization (QLoRA's)
+};
+
+// A LoRA model of `config`: every projection's weight frozen as Base (quant::quantized_tensor<NF4> is
+// quantized from T values as it is filled: QLoRA; T keeps it dense), its bias (when the family has one)
+// frozen, an adapter of options.lora on each of the seven projections (A drawn from (init_seed, projection),
+// B zero), the embedding, norms and head frozen in T. fill(name, view) writes the tensor `name` (a
+// checkpoint key) into a view of T in the model's memory. An NF4 projection is filled into a workspace
+// buffer of T and quantized from there on `exec`, so the peak while building is the quantized model plus
+// the largest projection in T plus quantize_into's workspace, never the whole 16-bit model.
+template <class T, class Base, memkit::executor E, class Fill>
+std::unique_ptr<causal_lm<T, lora_projection<T, Base>>> build_lora_causal_lm(const E& exec, const model_config& config,
+                                                                              const memory_resources& memory,
+                                                                              const lora_load_options& options, Fill&& fill) {
+  using projection_type = lora_projection<T, Base>;
+  using model_type = causal_lm<T, projection_type>;
+  auto model = std::make_unique<model_type>(
+      config, memory, trainability::frozen, [&](const projection& p, std::int64_t i, int k) {
+        typename projection_type::base_type base;
+        const std::string key = p.path + ".weight";
+        if constexpr (projection_type::quantized_base) {
+          memkit::buffer<T> dense = memkit::workspace_buffer<T>(exec, *memory.workspace, shape{p.out, p.in});
+          fill(key, dense.view());
+          base = Base(*memory.weights, shape{p.out, p.in}, options.quant);
+          base.quantize_into(exec, std::as_const(dense).view(), *memory.workspace, key.c_str());
+        } else {
+          base = memkit::buffer<T>(*memory.weights, shape{p.out, p.in});
+          fill(key, base.view());
+        }
+        std::unique_ptr<memkit::buffer<T>> bias;
+        if (p.bias) {
+          bias = std::make_unique<memkit::buffer<T>>(*memory.weights, shape{p.out});
+          fill(p.path + ".bias", bias->view());
+        }
+        memkit::lora::lora_options lora = options.lora;
+        lora.init_seed = memkit::random_word(options.lora.init_seed, static_cast<std::uint64_t>(i * 7 + k), 0);
+        lora.host_threads = memory.host_threads;
+        return projection_type(p.path, std::move(base), lora, memory, std::move(bias));
+      });
+  for (basic_parameter<T>* p : model->shared_parameters()) fill(p->name, p->value.view());
+  return model;
+}
+
+// The LoRA / QLoRA model of a checkpoint (build_lora_causal_lm filled from its tensors, checked first).
+template <class T, class Base, memkit::executor E>
+std::unique_ptr<causal_lm<T, lora_projection<T, Base>>> load_lora_causal_lm(const E& exec, const hf_checkpoint& ckpt,
+                                                                             const memory_resources& memory,
+                                                                             const lora_load_options& options) {
+  check_checkpoint_tensors<T>(ckpt);
+  memkit::memory_resource& staging = host_staging(memory);
+  return build_lora_causal_lm<T, Base>(exec, ckpt.config(), memory, options,
+                                       [&](const std::string& name, tensor_view<T> to) {
+                                         read_tensor_into(ckpt, name, to, staging);
+                                       });
+}
+
+// Random values for a model built without a checkpoint (benchmarks and tests at real sizes): norm weights
+// 1, biases 0, every matrix N(0, std) drawn from (seed, the tensor's name), one staging piece at a time.
+struct random_weights {
+  std::uint64_t seed = 0;
+  float stddev = 0.02f;
+  memkit::memory_resource* staging = &memkit::default_host_resource();
+  template <class T>
+  void operator()(const std::string& name, tensor_view<T> to) const {
+    const bool norm = name.find("norm.weight") != std::string::npos, bias = name.size() > 5 &&
+                                                                             name.compare(name.size() - 5, 5, ".bias") == 0;
+    std::uint64_t stream = 1469598103934665603ull;  // FNV-1a of the name: each tensor its own stream
+    for (unsigned char c : name) stream = (stream ^ c) * 1099511628211ull;
+    const std::int64_t piece = std::min(loading_chunk_elements, std::max<std::int64_t>(to.size(), 1));
+    memkit::buffer<T> values(*staging, shape{piece});
+    for (std::int64_t at = 0; at < to.size(); at += piece) {
+      const std::int64_t n = std::min(piece, to.size() - at);
+      for (std::int64_t i = 0; i < n; ++i) {
+        float v = norm ? 1.0f : 0.0f;
+        if (!norm && !bias) {  // Box-Muller on two counter-based uniforms
+          const std::int64_t j = at + i;
+          const float u1 = (static_cast<float>(memkit::random_word(seed, stream, 2 * j) >> 8) + 0.5f) * (1.0f / 16777216.0f);
+          const float u2 = memkit::unit_float(memkit::random_word(seed, stream, 2 * j + 1));
+          v = stddev * std::sqrt(-2.0f * std::log(u1)) * std::cos(6.2831853f * u2);
+        }
+        values.data()[i] = memkit::from_float<T>(v);
+      }
+      copy_in(values.data(), to.flat_slice(at, n));
+    }
+  }
+};
+
+// Loads a PEFT adapter directory (adapter_config.json + adapter_model.safetensors) into the model's seven
+// projections per block, all or nothing: each module's rank and scale must be the layer's (build the model
+// with the file's r, lora_alpha and use_rslora), and the file must adapt every projection.
+template <class T, class Base>
+void load_peft_adapter(causal_lm<T, lora_projection<T, Base>>& model, const std::string& directory,
+                       const memkit::peft::load_options& options = {}) {
+  const memkit::peft::adapter_file file(directory);
+  std::vector<memkit::peft::layer_at<typename lora_projection<T, Base>::layer_type>> layers;
+  for (lora_projection<T, Base>* l : model.linears()) layers.push_back({l->path, &l->layer});
+  memkit::peft::load_layers(file, layers, options);
+}
+
+}  // namespace memkit::models::llama

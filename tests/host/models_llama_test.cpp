@@ -1,0 +1,377 @@
+// memkit/models/llama against transformers: Hugging Face checkpoints of every supported family load and give
+// transformers' logits and loss (tests/data/models/, written by make_model_data.py beside them), and every
+// malformed config or checkpoint is refused with a message naming the key, before anything is allocated.
+#include <memkit/models/llama/load.hpp>
+
+#include <memkit/linalg/gemm.hpp>
+#include <memkit/loss/fused_linear_cross_entropy.hpp>
+#include <memkit/memory/tracking.hpp>
+
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+namespace llama = memkit::models::llama;
+namespace fs = std::filesystem;
+
+namespace {
+
+using memkit::shape;
+using memkit::tensor_view;
+
+const std::string models_dir = std::string(MEMKIT_TEST_SOURCE_DIR) + "/tests/data/models/";
+const char* const all_models[] = {"llama_llama3_bias", "llama_tied_bf16", "mistral_window", "qwen2_tied", "qwen3_qknorm"};
+constexpr std::int64_t batch = 2, seq = 16;
+
+struct reference {
+  std::vector<std::int32_t> ids;
+  std::vector<float> logits_fp32, logits_bf16;
+  float loss = 0;
+  explicit reference(const std::string& model) {
+    memkit::safetensors::reader r(models_dir + model + "/reference.safetensors");
+    ids = r.read_vector<std::int32_t>("ids");
+    logits_fp32 = r.read_vector<float>("logits_fp32");
+    logits_bf16 = r.read_vector<float>("logits_bf16");
+    loss = r.read_vector<float>("loss_fp32")[0];
+  }
+};
+
+struct tracked_memory {
+  memkit::tracking_resource tracker{memkit::default_host_resource(), "models"};
+  llama::memory_resources memory;
+  tracked_memory() {
+    memory.weights = &tracker.category(memkit::memory_category::weights);
+    memory.gradients = &tracker.category(memkit::memory_category::gradients);
+    memory.optimizer = &tracker.category(memkit::memory_category::optimizer_state);
+    memory.workspace = &tracker.category(memkit::memory_category::workspace);
+    memory.host_threads = 2;
+  }
+  memkit::memory_resource& activations() { return tracker.category(memkit::memory_category::activations); }
+};
+
+// The model's final hidden states [B*S, H] for the reference ids.
+template <class T, class Model>
+std::vector<T> final_hidden(Model& model, const std::vector<std::int32_t>& ids, memkit::memory_resource& saved) {
+  std::vector<T> hidden(static_cast<std::size_t>(batch * seq * model.config.hidden));
+  model.forward_hidden(memkit::host, memkit::host_view(ids.data(), shape{batch, seq}),
+                       memkit::host_view(hidden.data(), shape{batch, seq, model.config.hidden}), saved);
+  return hidden;
+}
+
+// logits [B*S, V] = hidden [B*S, H] head^T, fp32 accumulation.
+template <class T, class Model>
+std::vector<float> logits_of(Model& model, const std::vector<T>& hidden) {
+  const std::int64_t N = batch * seq, H = model.config.hidden, V = model.config.vocab;
+  std::vector<float> logits(static_cast<std::size_t>(N * V));
+  namespace la = memkit::linalg;
+  la::gemm(memkit::host, la::transpose::no, la::transpose::yes, 1.0f,
+           la::matrix_ref<const T>{hidden.data(), N, H, H, memkit::memory_kind::host},
+           la::matrix_ref<const T>{model.head_weight().value.data(), V, H, H, memkit::memory_kind::host}, 0.0f,
+           la::matrix_ref<float>{logits.data(), N, V, V, memkit::memory_kind::host}, memkit::default_host_resource(),
+           la::gemm_options{2});
+  return logits;
+}
+
+double max_abs(const std::vector<float>& v) {
+  double m = 0;
+  for (float x : v) m = std::max(m, std::abs(double(x)));
+  return m;
+}
+double max_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  REQUIRE(a.size() == b.size());
+  double m = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) m = std::max(m, std::abs(double(a[i]) - double(b[i])));
+  return m;
+}
+
+// A copy of one reference model in a fresh temporary directory, to break.
+struct model_copy {
+  fs::path dir;
+  explicit model_copy(const std::string& model, const std::string& tag) {
+    dir = fs::temp_directory_path() / ("memkit_models_" + tag + "_" + std::to_string(::getpid()));
+    fs::remove_all(dir);
+    fs::create_directories(dir);
+    for (const fs::directory_entry& e : fs::directory_iterator(models_dir + model))
+      if (e.is_regular_file() && e.path().filename() != "reference.safetensors") fs::copy_file(e.path(), dir / e.path().filename());
+  }
+  ~model_copy() { fs::remove_all(dir); }
+  std::string text(const std::string& file) const {
+    std::ifstream in(dir / file);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  }
+  void write(const std::string& file, const std::string& contents) const { std::ofstream(dir / file) << contents; }
+  // Replaces the first `from` in config.json (which must be there) by `to`.
+  void edit_config(const std::string& from, const std::string& to) const {
+    std::string s = text("config.json");
+    const std::size_t at = s.find(from);
+    REQUIRE(at != std::string::npos);
+    s.replace(at, from.size(), to);
+    write("config.json", s);
+  }
+  // Rewrites model.safetensors with `change` applied to its (name, dtype, dims, bytes) entries.
+  template <class Change>
+  void rewrite_weights(Change change) const {
+    memkit::safetensors::writer out;
+    {
+      memkit::safetensors::reader in((dir / "model.safetensors").string());
+      for (const memkit::safetensors::tensor_info& t : in.tensors()) {
+        std::vector<std::byte> bytes(t.bytes());
+        in.read_bytes(t.name, bytes.data(), bytes.size());
+        std::string name = t.name, dtype = t.dtype;
+        std::vector<std::int64_t> dims = t.shape;
+        if (change(name, dtype, dims, bytes)) out.add_bytes(name, dtype, dims, bytes.data(), bytes.size());
+      }
+    }
+    out.write((dir / "model.safetensors").string());
+  }
+};
+
+std::string load_error(const std::string& dir, std::int64_t max_sequence = seq) {
+  tracked_memory m;
+  try {
+    llama::hf_checkpoint ckpt(dir, max_sequence);
+    auto model = llama::load_causal_lm<float>(ckpt, m.memory);
+  } catch (const memkit::error& e) {
+    CHECK(m.tracker.current_bytes() == 0);  // nothing is left allocated
+    return e.what();
+  }
+  return "(no error)";
+}
+
+}  // namespace
+
+TEST_CASE("models: each family's config.json is read with the options its math needs") {
+  const auto config = [](const char* model) { return llama::read_hf_config(models_dir + model + "/config.json", seq); };
+  const llama::model_config l = config("llama_llama3_bias");
+  CHECK(l.head_dim == 32);  // given, not hidden / heads = 16
+  CHECK((l.qkv_bias && l.o_bias && l.mlp_bias && !l.tie_embeddings && !l.qk_norm));
+  CHECK(l.rope_theta == 500000.0f);
+  CHECK(l.rope_llama3_factor == 8.0f);
+  CHECK(l.rope_original_max_positions == 16);
+  CHECK(l.max_positions == seq);
+  CHECK(config("llama_tied_bf16").tie_embeddings);
+  const llama::model_config m = config("mistral_window");
+  CHECK((m.sliding_window == 5 && m.first_sliding_layer == 0 && m.window_of(0) == 5));
+  const llama::model_config q2 = config("qwen2_tied");
+  CHECK((q2.qkv_bias && !q2.o_bias && q2.tie_embeddings && q2.sliding_window == 0));
+  const llama::model_config q3 = config("qwen3_qknorm");
+  CHECK((q3.qk_norm && q3.head_dim == 32 && q3.window_of(0) == 0 && q3.window_of(1) == 6));
+  CHECK(q3.norm_eps == 1e-5f);
+}
+
+TEST_CASE("models: fp32 logits and loss equal transformers' for every family") {
+  for (const char* name : all_models) {
+    CAPTURE(name);
+    const reference ref(name);
+    tracked_memory m;
+    llama::hf_checkpoint ckpt(models_dir + name, seq);
+    auto model = llama::load_causal_lm<float>(ckpt, m.memory);
+    const std::vector<float> hidden = final_hidden<float>(*model, ref.ids, m.activations());
+    const std::vector<float> logits = logits_of(*model, hidden);
+    const double scale = max_abs(ref.logits_fp32), err = max_diff(logits, ref.logits_fp32);
+    MESSAGE(std::string(name) << ": fp32 max |logit - transformers| = " << err << " (max |logit| " << scale << ")");
+    CHECK(err <= 1e-4 * scale);
+
+    // The loss through memkit's fused linear cross-entropy: next-token targets, the last position ignored.
+    std::vector<std::int32_t> targets(ref.ids.size(), -100);
+    for (std::int64_t b = 0; b < batch; ++b)
+      for (std::int64_t s = 0; s + 1 < seq; ++s) targets[b * seq + s] = ref.ids[b * seq + s + 1];
+    float loss = 0;
+    const std::int64_t N = batch * seq, H = model->config.hidden;
+    memkit::loss::fused_linear_cross_entropy(
+        memkit::host, memkit::host_view(hidden.data(), shape{N, H}), std::as_const(model->head_weight().value).view(),
+        memkit::host_view(targets.data(), shape{N}), memkit::host_view(&loss, shape{1}), tensor_view<float>{},
+        tensor_view<float>{}, {}, memkit::default_host_resource());
+    CHECK(std::abs(loss - ref.loss) <= 1e-5 * std::abs(ref.loss));
+  }
+}
+
+// bf16 rounds activations at different points than torch does (memkit: once per layer output, fp32 inside
+// RMSNorm, rotary and SwiGLU; torch: after most elementwise ops), so the two bf16 results differ by about
+// their distance from the fp32 result. The bound: memkit's bf16 logits are no further from transformers'
+// fp32 logits than twice transformers' own bf16 logits are.
+TEST_CASE("models: bf16 logits are within bf16 rounding of transformers'") {
+  for (const char* name : all_models) {
+    CAPTURE(name);
+    const reference ref(name);
+    tracked_memory m;
+    llama::hf_checkpoint ckpt(models_dir + name, seq);
+    auto model = llama::load_causal_lm<memkit::bf16>(ckpt, m.memory);
+    const std::vector<float> logits = logits_of(*model, final_hidden<memkit::bf16>(*model, ref.ids, m.activations()));
+    const double memkit_err = max_diff(logits, ref.logits_fp32), torch_err = max_diff(ref.logits_bf16, ref.logits_fp32);
+    MESSAGE(std::string(name) << ": bf16 max |logit - fp32 reference|: memkit " << memkit_err << ", transformers " << torch_err);
+    CHECK(memkit_err <= 2 * torch_err);
+  }
+}
+
+TEST_CASE("models: a PEFT adapter loads onto the checkpoint and gives PEFT's logits, loss and LoRA gradients") {
+  for (const char* name : all_models) {
+    CAPTURE(name);
+    const reference ref(name);
+    memkit::safetensors::reader r(models_dir + name + "/reference.safetensors");
+    const std::vector<float> logits_ref = r.read_vector<float>("logits_lora_fp32");
+    const float loss_ref = r.read_vector<float>("loss_lora_fp32")[0];
+    tracked_memory m;
+    llama::hf_checkpoint ckpt(models_dir + name, seq);
+    llama::lora_load_options options;
+    options.lora.rank = 4;
+    options.lora.alpha = 8;
+    auto model = llama::load_lora_causal_lm<float, float>(memkit::host, ckpt, m.memory, options);
+    llama::load_peft_adapter(*model, models_dir + name + "/adapter");
+
+    const std::vector<float> logits = logits_of(*model, final_hidden<float>(*model, ref.ids, m.activations()));
+    const double err = max_diff(logits, logits_ref);
+    MESSAGE(std::string(name) << ": LoRA fp32 max |logit - PEFT| = " << err << " (max |logit| " << max_abs(logits_ref) << ")");
+    CHECK(err <= 1e-4 * max_abs(logits_ref));
+    CHECK(max_diff(logits_ref, ref.logits_fp32) > 0.1);  // the adapter changes the output
+
+    std::vector<std::int32_t> targets(ref.ids.size(), -100);
+    for (std::int64_t b = 0; b < batch; ++b)
+      for (std::int64_t s = 0; s + 1 < seq; ++s) targets[b * seq + s] = ref.ids[b * seq + s + 1];
+    float loss = 0;
+    model->forward_backward(memkit::host, memkit::host_view(ref.ids.data(), shape{batch, seq}),
+                            memkit::host_view(std::as_const(targets).data(), shape{batch, seq}),
+                            memkit::host_view(&loss, shape{1}), m.activations());
+    CHECK(std::abs(loss - loss_ref) <= 1e-5 * std::abs(loss_ref));
+    double worst = 0;
+    for (llama::lora_projection<float, float>* l : model->linears())
+      for (const auto& [suffix, grad] : {std::pair{".lora_A", l->grad_A()}, std::pair{".lora_B", l->grad_B()}}) {
+        const std::vector<float> want = r.read_vector<float>("grad." + l->path + suffix);
+        const std::vector<float> got(grad.data(), grad.data() + grad.size());
+        CAPTURE(l->path);
+        const double e = max_diff(got, want) / std::max(max_abs(want), 1e-30);
+        worst = std::max(worst, e);
+        CHECK(e <= 1e-4);
+      }
+    MESSAGE(std::string(name) << ": LoRA gradients, worst max |memkit - PEFT| / max |PEFT| over the 28 tensors = " << worst);
+  }
+}
+
+TEST_CASE("models: loading streams the checkpoint: the peak is the model plus one staging piece, said in advance") {
+  for (const char* name : {"llama_llama3_bias", "llama_tied_bf16"})
+    for (const auto mode : {llama::trainability::frozen, llama::trainability::bf16_master}) {
+      CAPTURE(name);
+      tracked_memory m;
+      llama::hf_checkpoint ckpt(models_dir + name, seq);
+      const std::size_t predicted = llama::loading_peak_bytes<memkit::bf16>(ckpt.config(), mode);
+      auto model = llama::load_causal_lm<memkit::bf16>(ckpt, m.memory, mode);
+      CHECK(m.tracker.peak_bytes() == predicted);
+      CHECK(m.tracker.current_bytes() == llama::dense_model_bytes<memkit::bf16>(ckpt.config(), mode));
+    }
+}
+
+TEST_CASE("models: an unsupported or contradictory config.json is refused, naming the field") {
+  const auto refused = [](const std::string& from, const std::string& to, const std::string& message,
+                          const char* model = "qwen2_tied") {
+    model_copy copy(model, "config");
+    copy.edit_config(from, to);
+    const std::string error = load_error(copy.dir.string());
+    CAPTURE(error);
+    CHECK(error.find(message) != std::string::npos);
+  };
+  refused("\"model_type\": \"qwen2\"", "\"model_type\": \"gpt2\"",
+          "model_type 'gpt2' is not supported (supported: llama, mistral, qwen2, qwen3)");
+  refused("\"hidden_act\": \"silu\"", "\"hidden_act\": \"gelu\"", "hidden_act 'gelu' is not supported (supported: silu)");
+  refused("\"rope_type\": \"default\"", "\"rope_type\": \"yarn\"", "rope type 'yarn' is not supported (supported: default, llama3)");
+  refused("\"num_key_value_heads\": 2", "\"num_key_value_heads\": 3", "num_attention_heads 4 is not a multiple of num_key_value_heads 3");
+  refused("\"hidden_size\": 64", "\"hidden_size\": 1e12", "field 'hidden_size' is 1e12, outside 1..1048576");
+  refused("\"vocab_size\": 128", "\"vocab_size\": -5", "field 'vocab_size' is -5, outside");
+  refused("\"hidden_size\": 64", "\"hidden_size\": 64.5", "field 'hidden_size' must be an integer");
+  refused("\"rms_norm_eps\": 1e-05", "\"rms_norm_eps\": \"small\"", "field 'rms_norm_eps' must be a positive finite number");
+  refused("\"model_type\": \"qwen2\"", "\"quantization_config\": {}, \"model_type\": \"qwen2\"",
+          "quantization_config is set: pre-quantized checkpoints are not supported yet");
+  // The config contradicts the tensors: each is named with both values.
+  refused("\"intermediate_size\": 96", "\"intermediate_size\": 80",
+          "tensor 'model.layers.0.mlp.gate_proj.weight' is [96, 64] in");
+  refused("\"tie_word_embeddings\": true", "\"tie_word_embeddings\": false",
+          "tensor 'lm_head.weight' [128, 64] is missing (config.json implies it: tie_word_embeddings is false)");
+  refused("\"num_hidden_layers\": 2", "\"num_hidden_layers\": 1",
+          "tensor 'model.layers.1.input_layernorm.weight' is not part of a 1-layer model of this config", "mistral_window");
+  refused("\"num_hidden_layers\": 2", "\"num_hidden_layers\": 3", "tensor 'model.layers.2.input_layernorm.weight' [64] is missing",
+          "mistral_window");
+  refused("\"num_hidden_layers\": 2", "\"num_hidden_layers\": 3", "layer_types must list num_hidden_layers entries");
+  refused("\"full_attention\"", "\"local_attention\"",
+          "layer_types[0] is 'local_attention' (supported: full_attention, sliding_attention)", "qwen3_qknorm");
+}
+
+TEST_CASE("models: a missing, extra, misshapen, mistyped or non-finite tensor is refused, naming the key") {
+  const auto refused = [](auto change, const std::string& message) {
+    model_copy copy("qwen2_tied", "tensors");
+    copy.rewrite_weights(change);
+    const std::string error = load_error(copy.dir.string());
+    CAPTURE(error);
+    CHECK(error.find(message) != std::string::npos);
+  };
+  using bytes_t = std::vector<std::byte>;
+  using dims_t = std::vector<std::int64_t>;
+  refused([](std::string& n, std::string&, dims_t&, bytes_t&) { return n != "model.layers.1.self_attn.k_proj.bias"; },
+          "tensor 'model.layers.1.self_attn.k_proj.bias' [32] is missing");
+  refused([](std::string& n, std::string&, dims_t&, bytes_t&) {
+            if (n == "model.norm.weight") n = "model.final_norm.weight";
+            return true;
+          },
+          "tensor 'model.norm.weight' [64] is missing");
+  refused([](std::string& n, std::string&, dims_t& d, bytes_t&) {
+            if (n == "model.layers.0.self_attn.q_proj.weight") d = {32, 128};
+            return true;
+          },
+          "tensor 'model.layers.0.self_attn.q_proj.weight' is [32, 128] in");
+  refused([](std::string& n, std::string& t, dims_t&, bytes_t& b) {
+            if (n == "model.layers.0.mlp.up_proj.weight") {
+              t = "I32";
+              b.resize(b.size());
+            }
+            return true;
+          },
+          "tensor 'model.layers.0.mlp.up_proj.weight' is I32 (supported: F32, BF16, F16)");
+  refused([](std::string& n, std::string&, dims_t&, bytes_t& b) {
+            if (n == "model.layers.1.mlp.down_proj.weight") {
+              const float nan = std::nanf("");
+              std::memcpy(b.data() + 4 * 77, &nan, 4);
+            }
+            return true;
+          },
+          "tensor 'model.layers.1.mlp.down_proj.weight' element 77 is NaN");
+  {  // An extra tensor (tied embeddings with an lm_head.weight too).
+    model_copy copy("qwen2_tied", "extra");
+    memkit::safetensors::writer out;
+    {
+      memkit::safetensors::reader in((copy.dir / "model.safetensors").string());
+      for (const memkit::safetensors::tensor_info& t : in.tensors()) {
+        std::vector<std::byte> bytes(t.bytes());
+        in.read_bytes(t.name, bytes.data(), bytes.size());
+        out.add_bytes(t.name, t.dtype, t.shape, bytes.data(), bytes.size());
+        if (t.name == "model.embed_tokens.weight") out.add_bytes("lm_head.weight", t.dtype, t.shape, bytes.data(), bytes.size());
+      }
+    }
+    out.write((copy.dir / "model.safetensors").string());
+    CHECK(load_error(copy.dir.string()).find("tensor 'lm_head.weight' is not part of a 2-layer model of this config "
+                                             "(tie_word_embeddings is true)") != std::string::npos);
+  }
+}
+
+TEST_CASE("models: a sharded checkpoint's index is checked: file names stay in the directory, every tensor is mapped once") {
+  const auto refused = [](const std::string& from, const std::string& to, const std::string& message) {
+    model_copy copy("llama_llama3_bias", "index");
+    std::string index = copy.text("model.safetensors.index.json");
+    const std::size_t at = index.find(from);
+    REQUIRE(at != std::string::npos);
+    index.replace(at, from.size(), to);
+    copy.write("model.safetensors.index.json", index);
+    const std::string error = load_error(copy.dir.string());
+    CAPTURE(error);
+    CHECK(error.find(message) != std::string::npos);
+  };
+  refused("\"model.norm.weight\": \"model-00005-of-00005.safetensors\"", "\"model.norm.weight\": \"../../etc/passwd\"",
+          "weight_map['model.norm.weight'] = '../../etc/passwd' is not a file name in the checkpoint's directory");
+  refused("\"lm_head.weight\": \"model-00005-of-00005.safetensors\"",
+          "\"lm_head.weight\": \"model-00001-of-00005.safetensors\"", "maps 'lm_head.weight' to");
+  refused("\"lm_head.weight\": \"model-00005-of-00005.safetensors\",", "",
+          "holds 'lm_head.weight', which the index does not map to it");
+  refused("\"weight_map\"", "\"weights\"", "no weight_map object");
+}
