@@ -13,6 +13,7 @@
 #include <iterator>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace example {
@@ -42,6 +43,16 @@ class text_dataset {
     tokens_ = byte_tokenizer::encode(all.str());
     memkit::require(static_cast<std::int64_t>(tokens_.size()) > 20 * (seq + 1),
                     "text_dataset: '" + path + "' is too short for sequences of " + std::to_string(seq));
+    split_ = static_cast<std::int64_t>(tokens_.size()) * 9 / 10;
+  }
+
+  // Token ids made elsewhere (a token file of tools/tokenize.py, or random ids); `what` names them in errors.
+  text_dataset(std::vector<std::int32_t> tokens, std::int64_t seq, const std::string& what)
+      : tokens_(std::move(tokens)), seq_(seq) {
+    memkit::require(static_cast<std::int64_t>(tokens_.size()) > 20 * (seq + 1),
+                    "text_dataset: " + what + " has " + std::to_string(tokens_.size()) +
+                        " tokens, too few for sequences of " + std::to_string(seq) + " (at least " +
+                        std::to_string(20 * (seq + 1) + 1) + ")");
     split_ = static_cast<std::int64_t>(tokens_.size()) * 9 / 10;
   }
 

@@ -186,6 +186,15 @@ void check_checkpoint_tensors(const hf_checkpoint& ckpt) {
                           (name == "lm_head.weight" ? std::string(" (tie_word_embeddings is true)") : std::string()));
 }
 
+// The host staging read_tensor_into holds while it reads a tensor of `elements` into W (with an fp32 master
+// copy when `master`).
+template <class W>
+constexpr std::size_t reading_staging_bytes(std::int64_t elements, bool master = false) noexcept {
+  const std::int64_t piece = std::min(loading_chunk_elements, std::max<std::int64_t>(elements, 1));
+  return memkit::buffer<std::byte>::bytes_required(shape{piece * 4}) + memkit::buffer<W>::bytes_required(shape{piece}) +
+         (master ? memkit::buffer<float>::bytes_required(shape{piece}) : 0);
+}
+
 // Reads tensor `name` of the checkpoint into `to` (host or device memory, the element type W), converted
 // from the file's dtype one staging piece at a time through host buffers from `staging`; `master`, when
 // not empty, receives the fp32 values too. A non-finite value is an error naming the key and the element.
@@ -243,9 +252,7 @@ template <class T>
 std::size_t loading_staging_bytes(const model_config& c, trainability mode) {
   std::int64_t largest = 1;
   for (const auto& [name, dims] : checkpoint_tensors<T>(c)) largest = std::max(largest, dims.numel());
-  const std::int64_t piece = std::min(loading_chunk_elements, largest);
-  return memkit::buffer<std::byte>::bytes_required(shape{piece * 4}) + memkit::buffer<T>::bytes_required(shape{piece}) +
-         basic_parameter<T>::master_bytes(shape{piece}, mode);
+  return reading_staging_bytes<T>(largest, basic_parameter<T>::master_bytes(shape{1}, mode) > 0);
 }
 
 // The most load_causal_lm allocates at once, said before loading: the model plus the staging.
@@ -340,11 +347,18 @@ std::unique_ptr<causal_lm<T, lora_projection<T, Base>>> load_lora_causal_lm(cons
 }
 
 // Random values for a model built without a checkpoint (benchmarks and tests at real sizes): norm weights
-// 1, biases 0, every matrix N(0, std) drawn from (seed, the tensor's name), one staging piece at a time.
+// 1, biases 0, every matrix uniform with standard deviation `stddev` drawn from (seed, the tensor's name),
+// one staging piece at a time (uniform, not normal: a billion draws stay cheap, and no test depends on the
+// shape of the distribution).
 struct random_weights {
   std::uint64_t seed = 0;
   float stddev = 0.02f;
   memkit::memory_resource* staging = &memkit::default_host_resource();
+  // The staging it holds while it fills a tensor of `elements` of T.
+  template <class T>
+  static constexpr std::size_t staging_bytes(std::int64_t elements) noexcept {
+    return memkit::buffer<T>::bytes_required(shape{std::min(loading_chunk_elements, std::max<std::int64_t>(elements, 1))});
+  }
   template <class T>
   void operator()(const std::string& name, tensor_view<T> to) const {
     const bool norm = name.find("norm.weight") != std::string::npos, bias = name.size() > 5 &&
@@ -357,11 +371,9 @@ struct random_weights {
       const std::int64_t n = std::min(piece, to.size() - at);
       for (std::int64_t i = 0; i < n; ++i) {
         float v = norm ? 1.0f : 0.0f;
-        if (!norm && !bias) {  // Box-Muller on two counter-based uniforms
-          const std::int64_t j = at + i;
-          const float u1 = (static_cast<float>(memkit::random_word(seed, stream, 2 * j) >> 8) + 0.5f) * (1.0f / 16777216.0f);
-          const float u2 = memkit::unit_float(memkit::random_word(seed, stream, 2 * j + 1));
-          v = stddev * std::sqrt(-2.0f * std::log(u1)) * std::cos(6.2831853f * u2);
+        if (!norm && !bias) {
+          const float u = memkit::unit_float(memkit::random_word(seed, stream, static_cast<std::uint64_t>(at + i)));
+          v = stddev * 1.7320508f * (2.0f * u - 1.0f);  // uniform on [-sqrt(3) s, sqrt(3) s]
         }
         values.data()[i] = memkit::from_float<T>(v);
       }
