@@ -6,10 +6,12 @@
 #include <memkit/linalg/gemm.hpp>
 #include <memkit/loss/fused_linear_cross_entropy.hpp>
 #include <memkit/memory/tracking.hpp>
+#include <memkit/optim/adam_state.hpp>
 
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -250,6 +252,87 @@ TEST_CASE("models: a PEFT adapter loads onto the checkpoint and gives PEFT's log
       }
     MESSAGE(std::string(name) << ": LoRA gradients, worst max |memkit - PEFT| / max |PEFT| over the 28 tensors = " << worst);
   }
+}
+
+// The other direction: memkit trains an adapter (fp32 LoRA on qwen3_qknorm, 3 AdamW steps on the reference
+// ids), writes it with peft::adapter_writer, and PEFT, loading it onto the transformers model, computes
+// memkit's logits. The trained adapter and PEFT's logits for it are committed
+// (tests/data/models/qwen3_qknorm/memkit_trained/, check_memkit_adapter.py): this test retrains and checks the
+// adapter is the committed one, and that memkit's logits with it are PEFT's. MEMKIT_MODELS_EXPORT_DIR=DIR
+// writes the adapter and memkit's logits there instead, for the script.
+TEST_CASE("models: an adapter memkit trains, loaded by PEFT, gives memkit's logits") {
+  const std::string name = "qwen3_qknorm", trained = models_dir + name + "/memkit_trained";
+  const reference ref(name);
+  tracked_memory m;
+  llama::hf_checkpoint ckpt(models_dir + name, seq);
+  llama::lora_load_options options;
+  options.lora.rank = 4;
+  options.lora.alpha = 8;
+  options.lora.init_seed = 2026;
+  auto model = llama::load_lora_causal_lm<float, float>(memkit::host, ckpt, m.memory, options);
+  std::vector<std::int64_t> sizes;
+  std::vector<memkit::adam_param<float, float>> params;
+  for (llama::lora_projection<float, float>* l : model->linears()) {
+    sizes.push_back(l->lora_A().size());
+    sizes.push_back(l->lora_B().size());
+    params.push_back({l->lora_A(), l->grad_A()});
+    params.push_back({l->lora_B(), l->grad_B()});
+  }
+  memkit::adam_state<float> adam(memkit::host, m.tracker.category(memkit::memory_category::optimizer_state), sizes);
+  const std::vector<memkit::adam_group> groups{{.lr = 1e-2f, .weight_decay = 0.0f}};
+  std::vector<std::int32_t> targets(ref.ids.size(), -100);
+  for (std::int64_t b = 0; b < batch; ++b)
+    for (std::int64_t s = 0; s + 1 < seq; ++s) targets[b * seq + s] = ref.ids[b * seq + s + 1];
+  std::vector<float> losses;
+  for (int step = 0; step < 3; ++step) {
+    for (llama::lora_projection<float, float>* l : model->linears()) l->zero_grad();
+    float loss = 0;
+    model->forward_backward(memkit::host, memkit::host_view(ref.ids.data(), shape{batch, seq}),
+                            memkit::host_view(std::as_const(targets).data(), shape{batch, seq}),
+                            memkit::host_view(&loss, shape{1}), m.activations());
+    losses.push_back(loss);
+    adam.step(memkit::host, params, groups);
+  }
+  CHECK(losses.back() < losses.front());
+  const std::vector<float> logits = logits_of(*model, final_hidden<float>(*model, ref.ids, m.activations()));
+
+  memkit::peft::lora_config config;
+  config.r = 4;
+  config.lora_alpha = 8;
+  config.target_modules = memkit::peft::module_selector::of({"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"});
+  config.task_type = "CAUSAL_LM";
+  if (const char* dir = std::getenv("MEMKIT_MODELS_EXPORT_DIR")) {
+    memkit::peft::adapter_writer writer(config);
+    for (llama::lora_projection<float, float>* l : model->linears())
+      writer.add<float>(l->path, tensor_view<const float>(l->lora_A()), tensor_view<const float>(l->lora_B()));
+    writer.write(dir);
+    memkit::safetensors::writer out;
+    out.add("logits", memkit::host_view(std::as_const(logits).data(), shape{batch, seq, model->config.vocab}));
+    out.write(std::string(dir) + "/memkit_logits.safetensors");
+    MESSAGE("wrote the adapter and memkit's logits to " << dir);
+    return;
+  }
+  // Retraining gives the committed adapter (to fp32 rounding of a different host SIMD path).
+  const memkit::peft::adapter_file committed(trained);
+  double worst = 0;
+  for (llama::lora_projection<float, float>* l : model->linears()) {
+    const std::vector<float> a = committed.read<float>(std::string(memkit::peft::key_prefix) + l->path + ".lora_A.weight");
+    const std::vector<float> b = committed.read<float>(std::string(memkit::peft::key_prefix) + l->path + ".lora_B.weight");
+    const tensor_view<float> A = l->lora_A(), B = l->lora_B();
+    worst = std::max({worst, max_diff(a, std::vector<float>(A.data(), A.data() + A.size())) / max_abs(a),
+                      max_diff(b, std::vector<float>(B.data(), B.data() + B.size())) / max_abs(b)});
+  }
+  CHECK(worst <= 1e-4);
+  // PEFT's logits with the committed adapter, and memkit's with the same adapter loaded from the file.
+  auto fresh = llama::load_lora_causal_lm<float, float>(memkit::host, ckpt, m.memory, options);
+  llama::load_peft_adapter(*fresh, trained);
+  const std::vector<float> mine = logits_of(*fresh, final_hidden<float>(*fresh, ref.ids, m.activations()));
+  const std::vector<float> peft = memkit::safetensors::reader(trained + "/peft_logits.safetensors").read_vector<float>("logits");
+  const double err = max_diff(mine, peft);
+  MESSAGE("memkit-trained adapter: max |memkit logit - PEFT logit| = " << err << " (max |logit| " << max_abs(peft)
+          << "), retrained adapter vs committed: " << worst);
+  CHECK(err <= 1e-4 * max_abs(peft));
+  CHECK(max_diff(peft, ref.logits_fp32) > 0.01);  // the training moved the output
 }
 
 TEST_CASE("models: loading streams the checkpoint: the peak is the model plus one staging piece, said in advance") {
