@@ -806,30 +806,6 @@ void read_into(const memkit::safetensors::reader& in, const std::string& name, t
   llama::copy_in(staging.data(), to);
 }
 
-// A copy of a quantized weight in `resource`'s memory (host <-> device: bitsandbytes files are read and written
-// on the host).
-lora_linear_impl::base_type copy_quantized(const lora_linear_impl::base_type& from, memkit::memory_resource& resource) {
-  lora_linear_impl::base_type to(resource, from.logical_shape(), from.options());
-  const auto copy = [](auto target, auto source) {
-    memkit::require(target.bytes() == source.bytes(), "train_llama: quantized tensors of different layouts");
-    if (target.empty()) return;
-    if (target.where() == memkit::memory_kind::host && source.where() == memkit::memory_kind::host) {
-      std::memcpy(static_cast<void*>(target.data()), source.data(), source.bytes());
-      return;
-    }
-#if MEMKIT_HAS_CUDA
-    MEMKIT_CUDA_CHECK(cudaMemcpy(target.data(), source.data(), source.bytes(), cudaMemcpyDefault));
-#endif
-  };
-  copy(to.codes(), from.codes());
-  copy(to.absmax(), from.absmax());
-  copy(to.nested_codes(), from.nested_codes());
-  copy(to.nested_group_absmax(), from.nested_group_absmax());
-  copy(to.offset_view(), from.offset_view());
-  to.set_nested_map(from.nested_map());
-  return to;
-}
-
 // Builds the QLoRA model from a checkpoint: projections quantized to NF4 as they are read (or, with
 // `bnb`, read as bitsandbytes 4-bit weights), everything else bf16 and frozen.
 template <memkit::executor E>
@@ -843,7 +819,7 @@ std::unique_ptr<finetune_model> load_finetune_model(const E& exec, const options
         if (bnb && !E::on_device) {
           base = memkit::quant::load_linear4bit<memkit::quant::NF4>(in, p.path + ".weight", *r.model.weights);
         } else if (bnb) {  // read on the host, then copied to the device
-          base = copy_quantized(memkit::quant::load_linear4bit<memkit::quant::NF4>(in, p.path + ".weight",
+          base = llama::copy_quantized(memkit::quant::load_linear4bit<memkit::quant::NF4>(in, p.path + ".weight",
                                                                                    memkit::default_host_resource()),
                                 *r.model.weights);
         } else {
@@ -881,7 +857,7 @@ void save_qlora(finetune_model& model, const options& o, const std::string& adap
       memkit::quant::save_linear4bit(base, l->path + ".weight", l->base_weight(), {"bfloat16"});
     else
       memkit::quant::save_linear4bit(base, l->path + ".weight",
-                                     copy_quantized(l->base_weight(), memkit::default_host_resource()), {"bfloat16"});
+                                     llama::copy_quantized(l->base_weight(), memkit::default_host_resource()), {"bfloat16"});
   }
   for (llama::parameter* p : model.shared_parameters()) add_value(base, *p);
   adapter.write(adapter_dir);

@@ -335,6 +335,46 @@ TEST_CASE("models: an adapter memkit trains, loaded by PEFT, gives memkit's logi
   CHECK(max_diff(peft, ref.logits_fp32) > 0.01);  // the training moved the output
 }
 
+// QLoRA: the 16-bit checkpoint quantized to NF4 as it loads, and bitsandbytes' own 4-bit serialization of it
+// (transformers + BitsAndBytesConfig, bnb4/), each with the PEFT adapter, against PEFT + bitsandbytes.
+TEST_CASE("models: QLoRA from a 16-bit checkpoint and from bitsandbytes' 4-bit one gives PEFT + bitsandbytes' logits") {
+  using nf4 = memkit::quant::quantized_tensor<memkit::quant::NF4>;
+  for (const char* name : {"llama_tied_bf16", "qwen2_tied"}) {
+    CAPTURE(name);
+    const reference ref(name);
+    memkit::safetensors::reader r(models_dir + name + "/reference.safetensors");
+    const std::vector<float> bnb_base = r.read_vector<float>("logits_bnb4_fp32");
+    const std::vector<float> bnb_qlora = r.read_vector<float>("logits_qlora_fp32");
+    llama::lora_load_options options;
+    options.lora.rank = 4;
+    options.lora.alpha = 8;
+    for (const std::string& dir : {models_dir + name, models_dir + name + "/bnb4"}) {
+      CAPTURE(dir);
+      tracked_memory m;
+      llama::hf_checkpoint ckpt(dir, seq);
+      CHECK(ckpt.prequantized() == (dir.find("bnb4") != std::string::npos));
+      auto model = llama::load_lora_causal_lm<float, nf4>(memkit::host, ckpt, m.memory, options);
+      // B is zero until the adapter loads: the base alone.
+      const std::vector<float> base = logits_of(*model, final_hidden<float>(*model, ref.ids, m.activations()));
+      llama::load_peft_adapter(*model, models_dir + name + "/adapter");
+      const std::vector<float> adapted = logits_of(*model, final_hidden<float>(*model, ref.ids, m.activations()));
+      const double base_err = max_diff(base, bnb_base), err = max_diff(adapted, bnb_qlora);
+      MESSAGE(dir << ": NF4 base max |logit - bitsandbytes| = " << base_err << ", with the adapter vs PEFT + bitsandbytes "
+                  << err << " (max |logit| " << max_abs(bnb_qlora) << ")");
+      CHECK(base_err <= 1e-4 * max_abs(bnb_base));
+      CHECK(err <= 1e-4 * max_abs(bnb_qlora));
+      CHECK(max_diff(bnb_base, ref.logits_fp32) > 1e-3);  // NF4 is not the 16-bit model
+    }
+  }
+  // A 4-bit checkpoint only loads as QLoRA; other quantizations are refused, naming the field.
+  model_copy copy("qwen2_tied/bnb4", "bnb4");
+  CHECK(load_error(copy.dir.string()).find("a bitsandbytes 4-bit checkpoint loads into a QLoRA model") != std::string::npos);
+  copy.edit_config("\"bnb_4bit_quant_type\": \"nf4\"", "\"bnb_4bit_quant_type\": \"fp4\"");
+  CHECK(load_error(copy.dir.string()).find("bnb_4bit_quant_type 'fp4' is not supported (supported: nf4)") != std::string::npos);
+  copy.edit_config("\"load_in_8bit\": false", "\"load_in_8bit\": true");
+  CHECK(load_error(copy.dir.string()).find("load_in_8bit: 8-bit bitsandbytes checkpoints are not supported") != std::string::npos);
+}
+
 TEST_CASE("models: loading streams the checkpoint: the peak is the model plus one staging piece, said in advance") {
   for (const char* name : {"llama_llama3_bias", "llama_tied_bf16"})
     for (const auto mode : {llama::trainability::frozen, llama::trainability::bf16_master}) {
@@ -367,10 +407,10 @@ TEST_CASE("models: an unsupported or contradictory config.json is refused, namin
   refused("\"hidden_size\": 64", "\"hidden_size\": 64.5", "field 'hidden_size' must be an integer");
   refused("\"rms_norm_eps\": 1e-05", "\"rms_norm_eps\": \"small\"", "field 'rms_norm_eps' must be a positive finite number");
   refused("\"model_type\": \"qwen2\"", "\"quantization_config\": {}, \"model_type\": \"qwen2\"",
-          "quantization_config is set: pre-quantized checkpoints are not supported yet");
+          "quant_method '' is not supported (supported: bitsandbytes with load_in_4bit and nf4)");
   // The config contradicts the tensors: each is named with both values.
-  refused("\"intermediate_size\": 96", "\"intermediate_size\": 80",
-          "tensor 'model.layers.0.mlp.gate_proj.weight' is [96, 64] in");
+  refused("\"intermediate_size\": 128", "\"intermediate_size\": 80",
+          "tensor 'model.layers.0.mlp.gate_proj.weight' is [128, 64] in");
   refused("\"tie_word_embeddings\": true", "\"tie_word_embeddings\": false",
           "tensor 'lm_head.weight' [128, 64] is missing (config.json implies it: tie_word_embeddings is false)");
   refused("\"num_hidden_layers\": 2", "\"num_hidden_layers\": 1",

@@ -20,14 +20,21 @@ drawn N(0, 0.1) so the adapter changes the output), with in reference.safetensor
   loss_lora_fp32     F32 [1]         its loss
   grad.<module>.lora_A / .lora_B     d loss / d A, d B after one backward of that loss (fp32)
 
+For llama_tied_bf16 and qwen2_tied, bnb4/ is the same model as transformers saves it loaded with
+BitsAndBytesConfig(load_in_4bit, nf4, double quantization, compute dtype fp32) on the CPU: bitsandbytes'
+4-bit serialization (needs bitsandbytes importable: PYTHONPATH=.whl/site, see bench/peers/README.md), with
+
+  logits_bnb4_fp32   F32 [2, 16, V]  the 4-bit model's logits (bitsandbytes' dequantize + fp32 matmul)
+  logits_qlora_fp32  F32 [2, 16, V]  PEFT with adapter/ over that 4-bit model
+
 Weights are drawn wider than transformers' init (std 0.08, RMSNorm weights 1 + N(0, 0.1), biases N(0, 0.05)) so
 every term of the math moves the logits. Each model exercises the options of its family:
 
   llama_llama3_bias   llama: rope_type llama3 (factor 8, original context 16), rope_theta 500000, head_dim 32
                       given (not hidden / heads), attention_bias and mlp_bias, untied; fp32, three shards
-  llama_tied_bf16     llama: tie_word_embeddings (Llama 3.2), stored BF16
+  llama_tied_bf16     llama: tie_word_embeddings (Llama 3.2), stored BF16, intermediate 128
   mistral_window      mistral: sliding_window 5 (shorter than the 16 tokens, so it changes the result); F16
-  qwen2_tied          qwen2: q/k/v biases, tied embeddings (the small Qwen2.5 sizes); fp32
+  qwen2_tied          qwen2: q/k/v biases, tied embeddings (the small Qwen2.5 sizes); fp32, intermediate 128
   qwen3_qknorm        qwen3: per-head q/k RMSNorm, head_dim 32, sliding window 6 from layer 1 on
                       (use_sliding_window, max_window_layers 1); fp32
 """
@@ -46,15 +53,22 @@ VOCAB, BATCH, SEQ = 128, 2, 16
 COMMON = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
               num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-5, attn_implementation="eager")
 
+# The two models with a bitsandbytes reference have every row a whole number of 64-element blocks:
+# bitsandbytes 0.50.2's native CPU dequantize_4bit misplaces the scales when a row's length is not a multiple
+# of the block size (quantize/dequantize round trip of a [64, 96] weight: max error 0.163, vs 0.035 for
+# [64, 128]), so its CPU logits for down_proj [64, 96] are not NF4's. memkit dequantizes the same file
+# correctly (max error 0.044 against the fp32 weight); the reference must not carry the peer's bug.
+ALIGNED = dict(COMMON, intermediate_size=128)
+
 MODELS = {
     "llama_llama3_bias": (LlamaConfig(**COMMON, head_dim=32, attention_bias=True, mlp_bias=True, tie_word_embeddings=False,
                                       rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
                                                        "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                                                        "original_max_position_embeddings": 16}),
                           torch.float32, "100KB"),
-    "llama_tied_bf16": (LlamaConfig(**COMMON, tie_word_embeddings=True), torch.bfloat16, None),
+    "llama_tied_bf16": (LlamaConfig(**ALIGNED, tie_word_embeddings=True), torch.bfloat16, None),
     "mistral_window": (MistralConfig(**COMMON, sliding_window=5, tie_word_embeddings=False), torch.float16, None),
-    "qwen2_tied": (Qwen2Config(**COMMON, tie_word_embeddings=True), torch.float32, None),
+    "qwen2_tied": (Qwen2Config(**ALIGNED, tie_word_embeddings=True), torch.float32, None),
     "qwen3_qknorm": (Qwen3Config(**COMMON, head_dim=32, use_sliding_window=True, sliding_window=6, max_window_layers=1,
                                  tie_word_embeddings=False),
                      torch.float32, None),
@@ -103,12 +117,37 @@ def lora_reference(out, ids, seed):
     return tensors
 
 
+def bnb4_reference(out, ids):
+    """bitsandbytes' 4-bit serialization of the checkpoint and its logits, bare and with the PEFT adapter."""
+    import bitsandbytes as bnb
+    from peft import PeftModel
+    from transformers import BitsAndBytesConfig
+    q = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+                           bnb_4bit_compute_dtype=torch.float32)
+    load = lambda: AutoModelForCausalLM.from_pretrained(out, quantization_config=q, device_map="cpu", dtype=torch.float32,
+                                                        attn_implementation="eager").eval()
+    model = load()
+    for m in model.modules():  # the generic path (dequantize, fp32 matmul), not a CPU's bf16 repacking
+        if isinstance(m, bnb.nn.Linear4bit):
+            m.support_avx512bf16_for_cpu = False
+    model.save_pretrained(os.path.join(out, "bnb4"))
+    os.remove(os.path.join(out, "bnb4", "generation_config.json"))
+    with torch.no_grad():
+        bare = model(input_ids=ids).logits.float().contiguous()
+        peft_model = PeftModel.from_pretrained(model, os.path.join(out, "adapter")).eval()
+        adapted = peft_model(input_ids=ids).logits.float().contiguous()
+    return {"logits_bnb4_fp32": bare, "logits_qlora_fp32": adapted}
+
+
 def main():
     g = torch.Generator().manual_seed(1234)
     ids = torch.randint(0, VOCAB, (BATCH, SEQ), generator=g, dtype=torch.int64)
     for seed, (name, (config, dtype, shard)) in enumerate(MODELS.items()):
         out = os.path.join(HERE, name)
-        shutil.rmtree(out, ignore_errors=True)
+        for entry in os.listdir(out) if os.path.isdir(out) else []:  # memkit_trained/ is check_memkit_adapter.py's
+            if entry != "memkit_trained":
+                path = os.path.join(out, entry)
+                shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
         torch.manual_seed(seed)
         model = AutoModelForCausalLM.from_config(config).float().eval()
         randomize(model, 100 + seed)
@@ -122,6 +161,8 @@ def main():
         tensors = {"ids": ids.to(torch.int32).contiguous(), "logits_fp32": logits_fp32.contiguous(),
                    "loss_fp32": loss_fp32.reshape(1).contiguous(), "logits_bf16": logits_bf16.contiguous()}
         tensors.update(lora_reference(out, ids, seed))
+        if name in ("llama_tied_bf16", "qwen2_tied"):
+            tensors.update(bnb4_reference(out, ids))
         save_file(tensors, os.path.join(out, "reference.safetensors"))
         for extra in ("generation_config.json",):
             if os.path.exists(os.path.join(out, extra)):

@@ -3,7 +3,8 @@
 //
 // Every field the math depends on is read with transformers' default for that family when absent; anything
 // the decoder does not implement (another model_type, an activation other than silu, a RoPE type other than
-// default / llama3, partial rotary, a layer pattern it cannot express, a quantization_config) is refused
+// default / llama3, partial rotary, a layer pattern it cannot express, a quantization_config other than
+// bitsandbytes 4-bit NF4) is refused
 // with one line naming the field and what is supported. Sizes are bounded before anything is allocated.
 #pragma once
 
@@ -94,9 +95,6 @@ inline model_config config_from_hf(const json::value& root, std::int64_t max_seq
     throw memkit::error(where + ": model_type '" + type + "' is not supported (supported: " + supported_model_types + ")");
   const detail::config_reader f(root, where + " (model_type " + type + ")");
 
-  if (f.find("quantization_config") != nullptr)
-    f.fail("quantization_config is set: pre-quantized checkpoints are not supported yet; load the 16-bit "
-           "checkpoint and quantize while loading (load_options::quantize)");
   const std::string act = f.text("hidden_act", "silu");
   if (act != "silu") f.fail("hidden_act '" + act + "' is not supported (supported: silu)");
 
@@ -198,18 +196,57 @@ inline model_config config_from_hf(const json::value& root, std::int64_t max_seq
   return c;
 }
 
-// Reads and checks `path` (a config.json; at most 16 MiB).
-inline model_config read_hf_config(const std::string& path, std::int64_t max_sequence = 0) {
+// A config.json's quantization_config: what transformers wrote when it saved a bitsandbytes 4-bit model
+// (BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4")). Only that form is read: its
+// projections load straight into a QLoRA model's NF4 bases (load.hpp).
+struct checkpoint_quantization {
+  bool bnb_nf4 = false;  // the seven projections of every block are bitsandbytes NF4 Linear4bit weights
+};
+
+inline checkpoint_quantization quantization_from_hf(const json::value& root, const std::string& where = "config.json") {
+  checkpoint_quantization q;
+  const json::value* qc = root.is_object() ? root.find("quantization_config") : nullptr;
+  if (qc == nullptr || qc->is_null()) return q;
+  const detail::config_reader f(*qc, where + " (quantization_config)");
+  if (!qc->is_object()) f.fail("not an object");
+  const std::string method = f.text("quant_method", "");
+  if (method != "bitsandbytes")
+    f.fail("quant_method '" + method + "' is not supported (supported: bitsandbytes with load_in_4bit and nf4)");
+  if (f.flag("load_in_8bit", false)) f.fail("load_in_8bit: 8-bit bitsandbytes checkpoints are not supported (supported: 4-bit nf4)");
+  if (!f.flag("load_in_4bit", false)) f.fail("load_in_4bit is not true (supported: bitsandbytes 4-bit nf4)");
+  const std::string type = f.text("bnb_4bit_quant_type", "fp4");
+  if (type != "nf4") f.fail("bnb_4bit_quant_type '" + type + "' is not supported (supported: nf4)");
+  const std::string storage = f.text("bnb_4bit_quant_storage", "uint8");
+  if (storage != "uint8") f.fail("bnb_4bit_quant_storage '" + storage + "' is not supported (supported: uint8)");
+  if (const json::value* skip = f.find("llm_int8_skip_modules")) {
+    if (!skip->is_array()) f.fail("llm_int8_skip_modules must be a list");
+    for (const json::value& m : skip->as_array()) {
+      const std::string name = m.is_string() ? m.as_string() : std::string();
+      if (name != "lm_head")
+        f.fail("llm_int8_skip_modules lists '" + name + "': only lm_head may stay unquantized (the QLoRA model "
+               "quantizes all seven projections)");
+    }
+  }
+  q.bnb_nf4 = true;
+  return q;
+}
+
+inline json::value read_json_file(const std::string& path, std::streamoff limit, const char* what) {
   std::ifstream in(path, std::ios::binary);
-  if (!in) throw memkit::error(path + ": cannot open the model's config");
+  if (!in) throw memkit::error(path + ": cannot open the model's " + what);
   in.seekg(0, std::ios::end);
   const std::streamoff size = in.tellg();
-  if (size < 0 || size > (std::streamoff{16} << 20)) throw memkit::error(path + ": not a config.json (over 16 MiB)");
+  if (size < 0 || size > limit) throw memkit::error(path + ": too large for a " + std::string(what));
   in.seekg(0);
   std::string text(static_cast<std::size_t>(size), '\0');
   in.read(text.data(), size);
   if (!in) throw memkit::error(path + ": read failed");
-  return config_from_hf(json::parse(text), max_sequence, path);
+  return json::parse(text, path);
+}
+
+// Reads and checks `path` (a config.json; at most 16 MiB).
+inline model_config read_hf_config(const std::string& path, std::int64_t max_sequence = 0) {
+  return config_from_hf(read_json_file(path, std::streamoff{16} << 20, "config"), max_sequence, path);
 }
 
 }  // namespace memkit::models::llama

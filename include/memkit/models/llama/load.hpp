@@ -20,6 +20,7 @@
 #include <memkit/io/json.hpp>
 #include <memkit/io/safetensors.hpp>
 #include <memkit/lora/peft_adapter.hpp>
+#include <memkit/quant/bnb_checkpoint.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -44,7 +45,10 @@ class hf_checkpoint {
   // (0: max_position_embeddings).
   explicit hf_checkpoint(const std::string& dir, std::int64_t max_sequence = 0) : dir_(dir) {
     namespace fs = std::filesystem;
-    config_ = read_hf_config((fs::path(dir) / "config.json").string(), max_sequence);
+    const std::string config_path = (fs::path(dir) / "config.json").string();
+    const json::value root = read_json_file(config_path, std::streamoff{16} << 20, "config");
+    config_ = config_from_hf(root, max_sequence, config_path);
+    quantization_ = quantization_from_hf(root, config_path);
     const fs::path single = fs::path(dir) / "model.safetensors", index = fs::path(dir) / "model.safetensors.index.json";
     if (fs::exists(index)) {
       open_sharded(index);
@@ -57,6 +61,8 @@ class hf_checkpoint {
 
   const std::string& dir() const noexcept { return dir_; }
   const model_config& config() const noexcept { return config_; }
+  // A bitsandbytes 4-bit checkpoint (its projections are NF4 Linear4bit weights): loads only into a QLoRA model.
+  bool prequantized() const noexcept { return quantization_.bnb_nf4; }
   std::size_t file_count() const noexcept { return files_.size(); }
 
   // The tensor's header entry and the file that holds it; null when the checkpoint has no such tensor.
@@ -112,6 +118,7 @@ class hf_checkpoint {
 
   std::string dir_;
   model_config config_;
+  checkpoint_quantization quantization_;
   std::vector<safetensors::reader> files_;
   std::map<std::string, std::size_t> where_;  // tensor name -> index into files_
 };
@@ -165,8 +172,22 @@ void check_checkpoint_tensors(const hf_checkpoint& ckpt) {
   const model_config& c = ckpt.config();
   const std::vector<std::pair<std::string, shape>> expected = checkpoint_tensors<T>(c);
   std::map<std::string, bool> wanted;
+  std::vector<std::string> quantized;  // weights whose companion tensors (W.absmax, W.quant_state...) belong too
+  if (ckpt.prequantized())
+    for (std::int64_t i = 0; i < c.layers; ++i)
+      for (const projection& p : projections_of(c, i)) quantized.push_back(p.path + ".weight");
   for (const auto& [name, dims] : expected) {
     wanted.emplace(name, true);
+    if (std::find(quantized.begin(), quantized.end(), name) != quantized.end()) {
+      // A bitsandbytes 4-bit weight: its JSON quant_state gives the logical shape (and is checked whole).
+      const std::string where = ckpt.dir() + ": tensor '" + name + "'";
+      require(ckpt.find(name) != nullptr, where + " " + detail::dims_text(dims) + " (bitsandbytes 4-bit) is missing");
+      const auto header = memkit::quant::detail::read_linear4bit_state<memkit::quant::format::nf4>(ckpt.file_of(name), name, where);
+      if (header.dims != dims)
+        throw memkit::error(where + " is " + detail::dims_text(header.dims) + " (bitsandbytes quant_state), config.json implies " +
+                            detail::dims_text(dims));
+      continue;
+    }
     const safetensors::tensor_info* t = ckpt.find(name);
     if (t == nullptr)
       throw memkit::error(ckpt.dir() + ": tensor '" + name + "' " + detail::dims_text(dims) +
@@ -179,8 +200,13 @@ void check_checkpoint_tensors(const hf_checkpoint& ckpt) {
     if (t->dtype != "F32" && t->dtype != "BF16" && t->dtype != "F16")
       throw memkit::error(ckpt.dir() + ": tensor '" + name + "' is " + t->dtype + " (supported: F32, BF16, F16)");
   }
+  const auto companion = [&](const std::string& name) {
+    const std::size_t dot = name.find(".weight.");
+    return dot != std::string::npos && wanted.count(name.substr(0, dot + 7)) &&
+           std::find(quantized.begin(), quantized.end(), name.substr(0, dot + 7)) != quantized.end();
+  };
   for (const std::string& name : ckpt.names())
-    if (!wanted.count(name) && !detail::ignorable_tensor(name))
+    if (!wanted.count(name) && !detail::ignorable_tensor(name) && !companion(name))
       throw memkit::error(ckpt.dir() + ": tensor '" + name + "' is not part of a " + std::to_string(c.layers) +
                           "-layer model of this config" +
                           (name == "lm_head.weight" ? std::string(" (tie_word_embeddings is true)") : std::string()));
@@ -272,6 +298,8 @@ inline memkit::memory_resource& host_staging(const memory_resources& memory) {
 template <class T>
 std::unique_ptr<causal_lm<T, dense_linear<T>>> load_causal_lm(const hf_checkpoint& ckpt, const memory_resources& memory,
                                                                trainability mode = trainability::frozen) {
+  require(!ckpt.prequantized(), ckpt.dir() + ": a bitsandbytes 4-bit checkpoint loads into a QLoRA model "
+                                             "(load_lora_causal_lm with an NF4 base), not a dense one");
   check_checkpoint_tensors<T>(ckpt);
   using model_type = causal_lm<T, dense_linear<T>>;
   auto model = std::make_unique<model_type>(ckpt.config(), memory, mode, [&](const projection& p, std::int64_t, int) {
@@ -287,6 +315,33 @@ std::unique_ptr<causal_lm<T, dense_linear<T>>> load_causal_lm(const hf_checkpoin
 }
 
 // ---- LoRA and QLoRA over a checkpoint ----
+
+// A copy of a quantized tensor in `resource`'s memory (bitsandbytes files are read on the host; a device
+// model gets the copy).
+template <memkit::quant::format F>
+memkit::quant::quantized_tensor<F> copy_quantized(const memkit::quant::quantized_tensor<F>& from, memkit::memory_resource& resource) {
+  memkit::quant::quantized_tensor<F> to(resource, from.logical_shape(), from.options());
+  const auto copy = [](auto target, auto source) {
+    memkit::require(target.bytes() == source.bytes(), "copy_quantized: tensors of different layouts");
+    if (target.empty()) return;
+    if (target.where() == memkit::memory_kind::host && source.where() == memkit::memory_kind::host) {
+      std::memcpy(static_cast<void*>(target.data()), source.data(), source.bytes());
+      return;
+    }
+#if MEMKIT_HAS_CUDA
+    MEMKIT_CUDA_CHECK(cudaMemcpy(target.data(), source.data(), source.bytes(), cudaMemcpyDefault));
+#else
+    throw memkit::error("copy_quantized: device memory in a build without CUDA");
+#endif
+  };
+  copy(to.codes(), from.codes());
+  copy(to.absmax(), from.absmax());
+  copy(to.nested_codes(), from.nested_codes());
+  copy(to.nested_group_absmax(), from.nested_group_absmax());
+  copy(to.offset_view(), from.offset_view());
+  to.set_nested_map(from.nested_map());
+  return to;
+}
 
 struct lora_load_options {
   memkit::lora::lora_options lora{};                   // rank, alpha, rsLoRA, dropout, init, init_seed
@@ -304,13 +359,23 @@ template <class T, class Base, memkit::executor E, class Fill>
 std::unique_ptr<causal_lm<T, lora_projection<T, Base>>> build_lora_causal_lm(const E& exec, const model_config& config,
                                                                               const memory_resources& memory,
                                                                               const lora_load_options& options, Fill&& fill) {
+  return build_lora_causal_lm<T, Base>(exec, config, memory, options, fill, nullptr);
+}
+// The same with `prequantized(key)` giving each projection's NF4 base ready-made (a bitsandbytes checkpoint).
+template <class T, class Base, memkit::executor E, class Fill, class Prequantized>
+std::unique_ptr<causal_lm<T, lora_projection<T, Base>>> build_lora_causal_lm(const E& exec, const model_config& config,
+                                                                              const memory_resources& memory,
+                                                                              const lora_load_options& options, Fill&& fill,
+                                                                              Prequantized&& prequantized) {
   using projection_type = lora_projection<T, Base>;
   using model_type = causal_lm<T, projection_type>;
   auto model = std::make_unique<model_type>(
       config, memory, trainability::frozen, [&](const projection& p, std::int64_t i, int k) {
         typename projection_type::base_type base;
         const std::string key = p.path + ".weight";
-        if constexpr (projection_type::quantized_base) {
+        if constexpr (projection_type::quantized_base && !std::is_same_v<std::decay_t<Prequantized>, std::nullptr_t>) {
+          base = prequantized(key, shape{p.out, p.in});
+        } else if constexpr (projection_type::quantized_base) {
           memkit::buffer<T> dense = memkit::workspace_buffer<T>(exec, *memory.workspace, shape{p.out, p.in});
           fill(key, dense.view());
           base = Base(*memory.weights, shape{p.out, p.in}, options.quant);
@@ -340,10 +405,22 @@ std::unique_ptr<causal_lm<T, lora_projection<T, Base>>> load_lora_causal_lm(cons
                                                                              const lora_load_options& options) {
   check_checkpoint_tensors<T>(ckpt);
   memkit::memory_resource& staging = host_staging(memory);
-  return build_lora_causal_lm<T, Base>(exec, ckpt.config(), memory, options,
-                                       [&](const std::string& name, tensor_view<T> to) {
-                                         read_tensor_into(ckpt, name, to, staging);
-                                       });
+  const auto fill = [&](const std::string& name, tensor_view<T> to) { read_tensor_into(ckpt, name, to, staging); };
+  if (!ckpt.prequantized()) return build_lora_causal_lm<T, Base>(exec, ckpt.config(), memory, options, fill);
+  if constexpr (lora_projection<T, Base>::quantized_base) {
+    static_assert(Base::quant_format == memkit::quant::format::nf4, "a bitsandbytes NF4 checkpoint needs an NF4 base");
+    // bitsandbytes' tensors read as they are (load_linear4bit checks each against its quant_state), on the
+    // host; a device model gets a copy.
+    return build_lora_causal_lm<T, Base>(exec, ckpt.config(), memory, options, fill, [&](const std::string& key, const shape&) {
+      if (memory.weights->kind() != memkit::memory_kind::device)
+        return memkit::quant::load_linear4bit<memkit::quant::format::nf4>(ckpt.file_of(key), key, *memory.weights);
+      return copy_quantized(memkit::quant::load_linear4bit<memkit::quant::format::nf4>(ckpt.file_of(key), key, staging),
+                            *memory.weights);
+    });
+  } else {
+    throw memkit::error(ckpt.dir() + ": a bitsandbytes 4-bit checkpoint loads into a QLoRA model (an NF4 base), "
+                        "not LoRA over a dense base");
+  }
 }
 
 // Random values for a model built without a checkpoint (benchmarks and tests at real sizes): norm weights
