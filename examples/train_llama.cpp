@@ -24,6 +24,15 @@
 //   ./train_llama [--short] [--check] [--device host|cuda|auto] [--steps N] [--finetune-steps N] [--batch B]
 //                 [--seq S] [--accum A] [--hidden H] [--layers L] [--threads T] [--rounding]
 //                 [--no-checkpointing] [--out DIR]
+//
+// With a Hugging Face checkpoint instead (docs/models.md): --model DIR (config.json + safetensors, 16-bit or
+// bitsandbytes 4-bit) or --init random --config FILE (any supported config at its real shapes), trained on
+// --data FILE (token ids from tools/tokenize.py; random ids without it), skipping both stages:
+//   --finetune qlora   NF4 base, LoRA on the seven projections, 8-bit AdamW (the default); --merge also
+//                      writes the adapter merged into a bf16 checkpoint
+//   --finetune lora    the same over the bf16 base
+//   --finetune full    every parameter, bf16 with fp32 master weights (or --rounding), 8-bit AdamW
+// The adapter is saved in PEFT's format (full: the whole checkpoint) and reloaded to check it.
 #include <memkit/memkit.hpp>
 
 #include <memkit/models/llama/model.hpp>
@@ -135,7 +144,8 @@ struct options {
   // Fine-tuning a Hugging Face checkpoint (--model DIR) or a model of a config.json with random weights
   // (--init random --config FILE) on a token file (--data FILE, tools/tokenize.py) instead of both stages.
   std::string model_dir, config_file, token_file;
-  bool qlora = true;   // --finetune qlora (NF4 base) | lora (bf16 base)
+  bool qlora = true;   // --finetune qlora (NF4 base) | lora (bf16 base) | full
+  bool full = false;
   bool merge = false;  // --merge: also write the merged dense checkpoint
   bool from_checkpoint() const { return !model_dir.empty() || !config_file.empty(); }
 };
@@ -144,7 +154,7 @@ constexpr const char* flag_list =
     "--short --check --device host|cuda|auto --steps N --finetune-steps N --batch B --seq S --accum A --hidden H "
     "--layers L --heads H --kv-heads K --intermediate F --rank R --threads T --rounding --adam32 --loss-chunk TOKENS "
     "--no-checkpointing --sample N --data DIR --out DIR | --model DIR | --init random --config FILE, "
-    "with --data FILE (tokens) --finetune qlora|lora --merge";
+    "with --data FILE (tokens) --finetune qlora|lora|full --merge";
 
 // A bad command line: one line naming the flag, exit 2, before anything is allocated or trained.
 [[noreturn]] void usage(const std::string& problem) {
@@ -231,9 +241,10 @@ options parse(int argc, char** argv) {
       init_random = true;
     } else if (a == "--finetune") {
       const std::string mode = value();
-      if (mode == "qlora") o.qlora = true;
-      else if (mode == "lora") o.qlora = false;
-      else usage("--finetune takes qlora or lora, not '" + mode + "'");
+      o.qlora = mode == "qlora";
+      o.full = mode == "full";
+      if (mode != "qlora" && mode != "lora" && mode != "full")
+        usage("--finetune takes qlora, lora or full, not '" + mode + "'");
     } else if (a == "--merge") o.merge = true;
     else usage("unknown flag '" + a + "'");
   }
@@ -243,6 +254,7 @@ options parse(int argc, char** argv) {
     if (o.model_dir.empty() && !(init_random && !o.config_file.empty()))
       usage("--init random needs --config FILE (a config.json), and --config needs --init random");
     if (o.model_dir.empty() && o.merge) usage("--merge needs --model DIR (random weights are not worth exporting)");
+    if (o.full && o.merge) usage("--merge applies to --finetune qlora or lora (full fine-tuning saves the whole model)");
     o.token_file = data_given ? o.data_dir : std::string();
     if (!o.model_dir.empty() && o.token_file.empty())
       usage("--model DIR needs --data FILE: a token file written by tools/tokenize.py with the model's tokenizer");
@@ -1203,6 +1215,121 @@ finetune_outcome finetune_checkpoint(const E& exec, const options& o, memory_met
   return outcome;
 }
 
+// --finetune full: every parameter of the checkpoint trains (bf16 values with fp32 master copies, or
+// stochastic rounding with --rounding), with stage 1's 8-bit AdamW; saved as out/finetuned/ (config.json +
+// model.safetensors) for transformers.
+template <memkit::executor E>
+finetune_outcome finetune_full_checkpoint(const E& exec, const options& o, memory_meter& meter,
+                                          std::vector<example::step_record>& records) {
+  const resources r = make_resources(meter, o.threads);
+  const llama::trainability mode = o.rounding ? llama::trainability::bf16_rounding : llama::trainability::bf16_master;
+  const example::text_dataset data = checkpoint_dataset(o);
+  meter.reset_peak();
+  finetune_outcome outcome;
+  stage_result& result = outcome.result;
+
+  // Every tensor of the checkpoint is a parameter: predicted from its shape before anything is allocated.
+  const std::vector<std::pair<std::string, shape>> tensors = llama::checkpoint_tensors<act_t>(o.model);
+  std::vector<std::int64_t> sizes;
+  memory_prediction predicted;
+  std::uint64_t staging = 0;
+  for (const auto& [name, s] : tensors) {
+    sizes.push_back(s.numel());
+    predicted.peak[memory_category::weights] += llama::parameter::value_bytes(s);
+    predicted.peak[memory_category::gradients] += llama::parameter::grad_bytes(s, mode);
+    predicted.peak[memory_category::optimizer_state] += llama::parameter::master_bytes(s, mode);
+    staging = std::max<std::uint64_t>(staging, o.model_dir.empty() ? llama::random_weights::staging_bytes<act_t>(s.numel())
+                                                                   : llama::reading_staging_bytes<act_t>(s.numel(), llama::parameter::master_bytes(s, mode) > 0));
+  }
+  predicted.peak[memory_category::weights] += llama::rotary<act_t>::table_bytes(o.model.head_dim, o.model.max_positions);
+  memkit::adam_options adam_options;
+  adam_options.max_grad_norm = o.max_grad_norm;
+  adam_options.host_threads = o.threads;
+  adam_options.seed = o.seed;
+  using adam_type = memkit::adam_state<std::int8_t, 256>;
+  predicted.peak[memory_category::optimizer_state] += adam_type::bytes_required(sizes, adam_options);
+  predicted.peak[memory_category::other] = step_buffers::other_bytes(o.batch, o.seq);
+
+  std::unique_ptr<pretrain_model> model;
+  if (!o.model_dir.empty()) {
+    model = llama::load_causal_lm<act_t>(llama::hf_checkpoint(o.model_dir, o.seq), r.model, mode);
+  } else {
+    model = std::make_unique<pretrain_model>(o.model, r.model, mode, [&](const llama::projection& p, std::int64_t, int) {
+      return llama::make_dense_linear<act_t>(p, r.model, mode);
+    });
+    // The same draws (the stream is the tensor's name) rounded into the value and kept in the master copy.
+    const llama::random_weights fill{o.seed, 0.02f, &llama::host_staging(r.model)};
+    std::vector<llama::parameter*> all = model->shared_parameters();
+    for (auto* l : model->linears()) all.push_back(&l->weight);
+    for (llama::parameter* p : all) {
+      fill(p->name, p->value.view());
+      if (p->has_master()) fill(p->name, p->master.view());
+    }
+  }
+  // The optimizer's tensors in the order of `tensors`: shared parameters, then per projection weight and bias.
+  std::vector<llama::parameter*> params = model->shared_parameters();
+  for (auto* l : model->linears()) {
+    params.push_back(&l->weight);
+    if (l->has_bias()) params.push_back(&l->bias);
+  }
+  memkit::require(params.size() == tensors.size(), "train_llama: the model's parameters are not the checkpoint's tensors");
+  adam_type adam(exec, *r.model.optimizer, sizes, adam_options);
+  std::vector<memkit::adam_param<memkit::bf16, float>> adam_params;
+  for (llama::parameter* p : params)
+    adam_params.push_back({p->value.view(), std::as_const(p->grad).view(), p->master_view(), p->value.shape().rank == 2 ? 0 : 1});
+  std::vector<memkit::adam_group> groups{{.lr = o.finetune_lr, .beta2 = 0.99f, .weight_decay = 0.0f},
+                                         {.lr = o.finetune_lr, .beta2 = 0.99f, .weight_decay = 0.0f}};
+  auto stack = make_stack(*model, o.checkpointing);
+  step_buffers buffers(r, o.batch, o.seq, o.model.hidden, true);
+  predicted.peak[memory_category::activations] = activation_peak(*model, stack, o, true);
+  predicted.peak[memory_category::workspace] = std::max<std::uint64_t>(workspace_peak(*model, o), staging);
+  predicted.total = predicted.peak.total();
+
+  result.validation_before = validation_loss(exec, *model, data, buffers, r, o);
+  std::printf("\nfull fine-tuning on %s (%lld tokens), %lld steps\nvalidation loss before: %.4f\n",
+              o.token_file.empty() ? "random token ids" : o.token_file.c_str(), static_cast<long long>(data.size()),
+              static_cast<long long>(o.finetune_steps), result.validation_before);
+  run_stage(
+      exec, 2, *model, stack, data, buffers, r, o, o.finetune_steps, o.finetune_lr,
+      [&](float lr, float scale) {
+        for (auto& g : groups) g.lr = lr;
+        adam.step(exec, adam_params, groups, scale);
+      },
+      [&] {
+        for (llama::parameter* p : params) p->zero_grad(exec);
+      },
+      records, result);
+  result.validation_after = validation_loss(exec, *model, data, buffers, r, o);
+  std::printf("validation loss after:  %.4f\n", result.validation_after);
+  result.measured = meter.peaks();
+  result.predicted = predicted.peak;
+  result.measured_peak = meter.tracker.peak_bytes();
+  result.predicted_peak = predicted.total;
+  result.budget = budget_estimate(o, false, E::on_device);
+  print_memory_table("full fine-tuning", predicted, meter, result.budget);
+
+  // Saved as a checkpoint directory; reloaded, it must give the same validation loss.
+  outcome.loss_before_save = result.validation_after;
+  if (!o.model_dir.empty()) {
+    namespace fs = std::filesystem;
+    const fs::path dir = fs::path(o.out_dir) / "finetuned";
+    fs::create_directories(dir);
+    fs::copy_file(fs::path(o.model_dir) / "config.json", dir / "config.json", fs::copy_options::overwrite_existing);
+    memkit::safetensors::writer out;
+    out.add_metadata("format", "pt");
+    for (llama::parameter* p : params) add_value(out, *p);
+    out.write((dir / "model.safetensors").string());
+    model.reset();
+    auto reloaded = llama::load_causal_lm<act_t>(llama::hf_checkpoint(dir.string(), o.seq), r.model, llama::trainability::frozen);
+    outcome.loss_after_reload = validation_loss(exec, *reloaded, data, buffers, r, o);
+    std::printf("saved %s/ (config.json + model.safetensors); reloaded: validation loss %.6f (before saving %.6f)\n",
+                dir.string().c_str(), outcome.loss_after_reload, outcome.loss_before_save);
+  } else {
+    outcome.loss_after_reload = outcome.loss_before_save;  // random weights are not worth saving
+  }
+  return outcome;
+}
+
 template <memkit::executor E>
 int run_checkpoint(const E& exec, const options& o, memkit::memory_resource& upstream, const std::string& device_line) {
   const llama::model_config& c = o.model;
@@ -1212,7 +1339,7 @@ int run_checkpoint(const E& exec, const options& o, memkit::memory_resource& ups
   std::printf("memkit train_llama: %s of %s: %lld layers, hidden %lld, %lld heads (%lld kv), head_dim %lld, MLP %lld, "
               "vocab %lld%s, %lld parameters\nmicro-batch %lld x %lld tokens, %lld micro-batches per step; %d host threads; "
               "device: %s\n",
-              o.qlora ? "QLoRA" : "LoRA (bf16 base)", o.model_dir.empty() ? (o.config_file + ", random weights").c_str() : o.model_dir.c_str(),
+              o.full ? "full fine-tuning" : o.qlora ? "QLoRA" : "LoRA (bf16 base)", o.model_dir.empty() ? (o.config_file + ", random weights").c_str() : o.model_dir.c_str(),
               static_cast<long long>(c.layers), static_cast<long long>(c.hidden), static_cast<long long>(c.heads),
               static_cast<long long>(c.kv_heads), static_cast<long long>(c.head_dim), static_cast<long long>(c.intermediate),
               static_cast<long long>(c.vocab), c.tie_embeddings ? " (tied)" : "", static_cast<long long>(parameters),
@@ -1220,8 +1347,9 @@ int run_checkpoint(const E& exec, const options& o, memkit::memory_resource& ups
               device_line.c_str());
   memory_meter meter(upstream);
   std::vector<example::step_record> records;
-  const finetune_outcome s = o.qlora ? finetune_checkpoint<lora_linear_impl>(exec, o, meter, records)
-                                     : finetune_checkpoint<llama::dense_lora_linear<act_t>>(exec, o, meter, records);
+  const finetune_outcome s = o.full    ? finetune_full_checkpoint(exec, o, meter, records)
+                              : o.qlora ? finetune_checkpoint<lora_linear_impl>(exec, o, meter, records)
+                                        : finetune_checkpoint<llama::dense_lora_linear<act_t>>(exec, o, meter, records);
   const std::string csv = o.out_dir + "/train_llama.csv", svg = o.out_dir + "/train_llama.svg";
   example::write_csv(csv, records);
   example::write_svg(svg, records, "memkit train_llama: loss and tracked memory per optimizer step");
