@@ -300,6 +300,18 @@ def write_report(out, report):
         lines += ["", "## memory_budget's ground truth", "",
                   f"{grid['rows']} measured rows and {grid.get('longest', 0)} longest-sequence searches in {grid['file']} "
                   "(bench/peers/compare_grid.py puts memkit-budget beside them)."]
+    models = report.get("models")
+    if models:
+        lines += ["", "## Real model shapes: a QLoRA step at 1 x 2048 tokens (random weights)", ""]
+        for m in models:
+            lines.append(f"- {m['config']}: " + (m["skipped"] if "skipped" in m else ""))
+            for l in m.get("memkit", []):
+                lines.append(f"  - memkit: {l.strip()}")
+            peer = m.get("peer")
+            if peer:
+                lines.append("  - transformers + PEFT: " + (peer["skipped"] if "skipped" in peer else
+                             f"{fmt(peer['tokens_per_s'])} tokens/s, peak allocated {fmt(peer['peak_allocated_gib'])} GiB, "
+                             f"base {peer['base']}"))
     ex = report.get("example")
     if ex:
         lines += ["", "## The example on the device", "", "```", ex, "```"]
@@ -312,7 +324,7 @@ def main():
     parser.add_argument("--bin-dir", help="where the CUDA binaries are (default build-gpu/carry, then build-gpu)")
     parser.add_argument("--budget", type=float, default=480, help="seconds for the whole run (default 480)")
     parser.add_argument("--quick", action="store_true", help="fewer benchmark repetitions and peer shapes")
-    parser.add_argument("--only", default="tests,bench,peers,example,grid", help="comma-separated steps to run")
+    parser.add_argument("--only", default="tests,bench,peers,example,models,grid", help="comma-separated steps to run")
     parser.add_argument("--benchmark-filter", default=None, help="passed to every benchmark binary")
     parser.add_argument("--report-from", metavar="RESULTS_JSON",
                         help="measure nothing: rebuild results.md (and the side-by-side table) in OUT from a results.json")
@@ -381,6 +393,28 @@ def main():
         rc, output = runner.run("example", [binaries["example"], "--device", "cuda", "--short", "--check",
                                                "--data", str(ROOT / "examples/data")], 120, cwd=out)
         report["example"] = "\n".join(output.strip().splitlines()[-25:])
+    if "models" in only and "example" in binaries:
+        # #28: a QLoRA step of real model shapes (random weights) in memkit and in transformers + PEFT, same device.
+        report["models"] = []
+        for config, limit in (("llama-3.2-1b.json", 150), ("llama-3.1-8b.json", 240)):
+            if runner.left() < limit + 60:
+                report["models"].append({"config": config, "skipped": "not enough of the budget left"})
+                continue
+            cfg = str(ROOT / "tests/data/configs" / config)
+            tag = config.removesuffix(".json")
+            rc, output = runner.run(f"models_memkit_{tag}", [binaries["example"], "--device", "cuda", "--init", "random",
+                                                          "--config", cfg, "--batch", "1", "--seq", "2048", "--accum", "1",
+                                                          "--finetune-steps", "3", "--check", "--out", str(out / tag)],
+                                    limit, cwd=out)
+            summary = [l for l in output.splitlines() if l.startswith("summary:") or "peak predicted" in l or l.startswith("check:")]
+            peer_json = out / f"models_peer_{tag}.json"
+            runner.run(f"models_peer_{tag}", [sys.executable, str(ROOT / "bench/peers/qlora_step.py"), "--config", cfg,
+                                              "--seq", "2048", "--steps", "3", "--out", str(peer_json)], limit)
+            try:
+                peer = json.loads(peer_json.read_text())
+            except (OSError, ValueError):
+                peer = {"skipped": "the peer wrote nothing (see its log)"}
+            report["models"].append({"config": config, "memkit": summary, "peer": peer})
     if "grid" in only:
         grid_json = out / "memory_grid.json"
         runner.run("memory_grid", [sys.executable, str(ROOT / "bench/peers/memory_grid.py"), "--out", str(grid_json),

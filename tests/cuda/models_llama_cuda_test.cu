@@ -1,0 +1,115 @@
+// memkit/models/llama on a CUDA device against the same transformers / PEFT / bitsandbytes references as the
+// host test (tests/host/models_llama_test.cpp, tests/data/models/): every tensor streamed from the checkpoint
+// into device memory, the forward on a cuda_executor (cuBLAS in fp32, memkit's attention and kernels), the
+// logits copied back.
+#include <memkit/models/llama/load.hpp>
+
+#include <memkit/linalg/gemm.hpp>
+#include <memkit/memory/tracking.hpp>
+
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "support/gpu_test.hpp"
+
+namespace llama = memkit::models::llama;
+
+namespace {
+
+using memkit::shape;
+using memkit::tensor_view;
+
+const std::string models_dir = std::string(MEMKIT_TEST_SOURCE_DIR) + "/tests/data/models/";
+constexpr std::int64_t batch = 2, seq = 16;
+
+double max_abs(const std::vector<float>& v) {
+  double m = 0;
+  for (float x : v) m = std::max(m, std::abs(double(x)));
+  return m;
+}
+double max_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  REQUIRE(a.size() == b.size());
+  double m = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) m = std::max(m, std::abs(double(a[i]) - double(b[i])));
+  return m;
+}
+
+struct device_memory {
+  memkit::cuda_executor exec = memkit::cuda_executor::legacy_default_stream();
+  memkit::device_async_resource device{exec.stream, exec.device};
+  memkit::tracking_resource tracker{device, "models-cuda"};
+  llama::memory_resources memory;
+  device_memory() {
+    memory.weights = &tracker.category(memkit::memory_category::weights);
+    memory.gradients = &tracker.category(memkit::memory_category::gradients);
+    memory.optimizer = &tracker.category(memkit::memory_category::optimizer_state);
+    memory.workspace = &tracker.category(memkit::memory_category::workspace);
+  }
+};
+
+// Logits [B*S, V] on the device for the reference ids, copied to the host.
+template <class Model>
+std::vector<float> device_logits(device_memory& d, Model& model, const std::vector<std::int32_t>& ids) {
+  const std::int64_t N = batch * seq, H = model.config.hidden, V = model.config.vocab;
+  memkit::memory_resource& acts = d.tracker.category(memkit::memory_category::activations);
+  memkit::buffer<std::int32_t> ids_d(acts, shape{batch, seq});
+  memkit::buffer<float> hidden(acts, shape{batch, seq, H}), logits(acts, shape{N, V});
+  llama::copy_in(ids.data(), ids_d.view());
+  model.forward_hidden(d.exec, std::as_const(ids_d).view(), hidden.view(), acts);
+  namespace la = memkit::linalg;
+  la::gemm(d.exec, la::transpose::no, la::transpose::yes, 1.0f,
+           la::matrix_ref<const float>{hidden.data(), N, H, H, memkit::memory_kind::device},
+           la::matrix_ref<const float>{model.head_weight().value.data(), V, H, H, memkit::memory_kind::device}, 0.0f,
+           la::matrix_ref<float>{logits.data(), N, V, V, memkit::memory_kind::device}, *d.memory.workspace);
+  d.exec.synchronize();
+  return llama::copy_out(std::as_const(logits).view());
+}
+
+}  // namespace
+
+MEMKIT_GPU_TEST_CASE("models on a cuda_executor: fp32 logits equal transformers', LoRA logits PEFT's, QLoRA PEFT + bitsandbytes'") {
+  for (const char* name : {"llama_llama3_bias", "llama_tied_bf16", "mistral_window", "qwen2_tied", "qwen3_qknorm"}) {
+    CAPTURE(name);
+    memkit::safetensors::reader r(models_dir + name + "/reference.safetensors");
+    const std::vector<std::int32_t> ids = r.read_vector<std::int32_t>("ids");
+    const std::vector<float> ref = r.read_vector<float>("logits_fp32"), lora_ref = r.read_vector<float>("logits_lora_fp32");
+    llama::hf_checkpoint ckpt(models_dir + name, seq);
+    {
+      device_memory d;
+      auto model = llama::load_causal_lm<float>(ckpt, d.memory);
+      const double err = max_diff(device_logits(d, *model, ids), ref);
+      MESSAGE(name << ": device fp32 max |logit - transformers| = " << err);
+      CHECK(err <= 1e-4 * max_abs(ref));
+    }
+    {
+      device_memory d;
+      llama::lora_load_options options;
+      options.lora.rank = 4;
+      options.lora.alpha = 8;
+      auto model = llama::load_lora_causal_lm<float, float>(d.exec, ckpt, d.memory, options);
+      llama::load_peft_adapter(*model, models_dir + name + "/adapter");
+      const double err = max_diff(device_logits(d, *model, ids), lora_ref);
+      MESSAGE(name << ": device LoRA max |logit - PEFT| = " << err);
+      CHECK(err <= 1e-4 * max_abs(lora_ref));
+    }
+    if (r.find("logits_qlora_fp32") != nullptr) {
+      const std::vector<float> qlora_ref = r.read_vector<float>("logits_qlora_fp32");
+      for (const std::string& dir : {models_dir + name, models_dir + name + "/bnb4"}) {
+        device_memory d;
+        llama::lora_load_options options;
+        options.lora.rank = 4;
+        options.lora.alpha = 8;
+        auto model = llama::load_lora_causal_lm<float, memkit::quant::quantized_tensor<memkit::quant::NF4>>(
+            d.exec, llama::hf_checkpoint(dir, seq), d.memory, options);
+        llama::load_peft_adapter(*model, models_dir + name + "/adapter");
+        const double err = max_diff(device_logits(d, *model, ids), qlora_ref);
+        MESSAGE(dir << ": device QLoRA max |logit - PEFT + bitsandbytes| = " << err);
+        CHECK(err <= 1e-3 * max_abs(qlora_ref));  // the host's bound is 1e-4; quant::matmul tiles differ on the device
+      }
+    }
+  }
+}
