@@ -388,6 +388,31 @@ TEST_CASE("models: loading streams the checkpoint: the peak is the model plus on
     }
 }
 
+TEST_CASE("models: a QLoRA load holds the quantized model plus one projection in T, said in advance") {
+  using nf4 = memkit::quant::quantized_tensor<memkit::quant::NF4>;
+  for (const char* name : {"llama_llama3_bias", "qwen2_tied", "qwen3_qknorm"}) {
+    CAPTURE(name);
+    tracked_memory m;
+    llama::hf_checkpoint ckpt(models_dir + name, seq);
+    llama::lora_load_options options;
+    options.lora.rank = 4;
+    const std::size_t predicted = llama::lora_loading_peak_bytes<memkit::bf16, nf4>(ckpt.config(), options);
+    auto model = llama::load_lora_causal_lm<memkit::bf16, nf4>(memkit::host, ckpt, m.memory, options);
+    CHECK(m.tracker.peak_bytes() == predicted);
+    // Beyond what stays allocated: at most the largest projection in bf16 with its reader pieces and the
+    // quantizer's workspace (never the 16-bit model).
+    std::size_t beyond = 0;
+    for (std::int64_t i = 0; i < ckpt.config().layers; ++i)
+      for (const llama::projection& p : llama::projections_of(ckpt.config(), i)) {
+        const shape w{p.out, p.in};
+        beyond = std::max(beyond, memkit::buffer<memkit::bf16>::bytes_required(w) +
+                                      std::max(llama::reading_staging_bytes<memkit::bf16>(w.numel()),
+                                               nf4::bytes_required(w, options.quant) + nf4::quantize_workspace_bytes(w, options.quant)));
+      }
+    CHECK(predicted - m.tracker.current_bytes() <= beyond);
+  }
+}
+
 TEST_CASE("models: an unsupported or contradictory config.json is refused, naming the field") {
   const auto refused = [](const std::string& from, const std::string& to, const std::string& message,
                           const char* model = "qwen2_tied") {

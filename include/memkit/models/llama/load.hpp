@@ -288,9 +288,16 @@ std::size_t loading_peak_bytes(const model_config& c, trainability mode) {
 }
 
 // Where the loaders' host staging pieces come from: the workspace resource when it is host memory (so a
-// tracker counts them), else the default host resource.
+// tracker counts them); for a device model, page-locked host memory under nvcc (each piece is copied up from
+// it without the driver's extra bounce), else the default host resource.
 inline memkit::memory_resource& host_staging(const memory_resources& memory) {
-  return memory.workspace->kind() == memkit::memory_kind::host ? *memory.workspace : memkit::default_host_resource();
+  if (memory.workspace->kind() == memkit::memory_kind::host) return *memory.workspace;
+#if MEMKIT_HAS_CUDA
+  static memkit::pinned_host_resource pinned;
+  return pinned;
+#else
+  return memkit::default_host_resource();
+#endif
 }
 
 // Builds the dense model of the checkpoint's config in `memory` and loads every tensor. Staging buffers come
@@ -396,6 +403,46 @@ std::unique_ptr<causal_lm<T, lora_projection<T, Base>>> build_lora_causal_lm(con
       });
   for (basic_parameter<T>* p : model->shared_parameters()) fill(p->name, p->value.view());
   return model;
+}
+
+// The most load_lora_causal_lm allocates at once from a 16-bit checkpoint, said before loading: it walks
+// the order the model is built in (embedding, rotary table, final norm, head; then per block its norms and,
+// per projection, the dense staging in T with the reader's pieces, the base next to it while it is quantized,
+// the bias, the adapter and its gradients; then the values of the shared parameters, read last).
+template <class T, class Base>
+std::size_t lora_loading_peak_bytes(const model_config& c, const lora_load_options& options) {
+  using projection_type = lora_projection<T, Base>;
+  std::size_t live = 0, peak = 0;
+  const auto at = [&](std::size_t transient) { peak = std::max(peak, live + transient); };
+  const auto value = [](const shape& s) { return memkit::buffer<T>::bytes_required(s); };
+  live += value(shape{c.vocab, c.hidden}) + rotary<T>::table_bytes(c.head_dim, c.max_positions) + value(shape{c.hidden});
+  if (!c.tie_embeddings) live += value(shape{c.vocab, c.hidden});
+  at(0);
+  for (std::int64_t i = 0; i < c.layers; ++i) {
+    live += 2 * value(shape{c.hidden});
+    for (const projection& p : projections_of(c, i)) {
+      const shape w{p.out, p.in};
+      if constexpr (projection_type::quantized_base) {
+        const std::size_t dense = value(w), base = Base::bytes_required(w, options.quant);
+        at(dense + reading_staging_bytes<T>(w.numel()));
+        at(dense + base + Base::quantize_workspace_bytes(w, options.quant));
+        live += base;
+      } else {
+        at(value(w) + reading_staging_bytes<T>(w.numel()));
+        live += value(w);
+      }
+      if (p.bias) {
+        at(value(shape{p.out}) + reading_staging_bytes<T>(p.out));
+        live += value(shape{p.out});
+      }
+      live += projection_type::parameter_bytes(p.in, p.out, options.lora.rank) +
+              projection_type::gradient_bytes(p.in, p.out, options.lora.rank);
+      at(0);
+    }
+    if (c.qk_norm) live += 2 * value(shape{c.head_dim});
+  }
+  for (const auto& [name, dims] : causal_lm<T, projection_type>::shared_parameter_shapes(c)) at(reading_staging_bytes<T>(dims.numel()));
+  return peak;
 }
 
 // The LoRA / QLoRA model of a checkpoint (build_lora_causal_lm filled from its tensors, checked first).
