@@ -1071,9 +1071,15 @@ void write_merged(const E& exec, Model& model, const options& o, const resources
   out.add_metadata("format", "pt");
   for (llama::parameter* p : model.shared_parameters()) add_value(out, *p);
   for (auto* l : model.linears()) {
-    const shape w{l->layer.out_features(), l->layer.in_features()};
+    const shape w = l->weight_shape();
     memkit::buffer<act_t> merged = memkit::workspace_buffer<act_t>(exec, *r.model.workspace, w);
-    l->layer.merged_weight(exec, merged.view());
+    if (l->adapted()) {
+      l->layer->merged_weight(exec, merged.view());
+    } else if constexpr (std::remove_pointer_t<decltype(l)>::quantized_base) {
+      l->base->dequantize(exec, merged.view());
+    } else {
+      llama::copy_view(exec, std::as_const(*l->base).view(), merged.view());
+    }
     const std::vector<act_t> values = llama::copy_out(std::as_const(merged).view());
     out.add(l->path + ".weight", tensor_view<const act_t>(values.data(), w, memkit::memory_kind::host));
     if (l->bias) {

@@ -364,6 +364,24 @@ TEST_CASE("models: QLoRA from a 16-bit checkpoint and from bitsandbytes' 4-bit o
       CHECK(base_err <= 1e-4 * max_abs(bnb_base));
       CHECK(err <= 1e-4 * max_abs(bnb_qlora));
       CHECK(max_diff(bnb_base, ref.logits_fp32) > 1e-3);  // NF4 is not the 16-bit model
+      // No adapter anywhere: every projection is the frozen NF4 base alone (quant::matmul), the same logits.
+      llama::lora_load_options none = options;
+      none.targets = {};
+      auto bare = llama::load_lora_causal_lm<float, nf4>(memkit::host, ckpt, m.memory, none);
+      CHECK(max_diff(logits_of(*bare, final_hidden<float>(*bare, ref.ids, m.activations())), bnb_base) <= 1e-4 * max_abs(bnb_base));
+      // The input gradient flows through frozen NF4 projections (quant::matmul_input_grad) to an adapter below them.
+      none.targets = {"q_proj"};
+      auto q_only = llama::load_lora_causal_lm<float, nf4>(memkit::host, ckpt, m.memory, none);
+      std::vector<std::int32_t> targets(ref.ids.size(), -100);
+      for (std::int64_t b = 0; b < batch; ++b)
+        for (std::int64_t s = 0; s + 1 < seq; ++s) targets[b * seq + s] = ref.ids[b * seq + s + 1];
+      float loss = 0;
+      q_only->forward_backward(memkit::host, memkit::host_view(ref.ids.data(), shape{batch, seq}),
+                               memkit::host_view(std::as_const(targets).data(), shape{batch, seq}),
+                               memkit::host_view(&loss, shape{1}), m.activations());
+      CHECK(std::isfinite(loss));
+      const tensor_view<float> g = q_only->linears()[0]->grad_B();
+      CHECK(max_abs(std::vector<float>(g.data(), g.data() + g.size())) > 0);
     }
   }
   // A 4-bit checkpoint only loads as QLoRA; other quantizations are refused, naming the field.
@@ -373,6 +391,60 @@ TEST_CASE("models: QLoRA from a 16-bit checkpoint and from bitsandbytes' 4-bit o
   CHECK(load_error(copy.dir.string()).find("bnb_4bit_quant_type 'fp4' is not supported (supported: nf4)") != std::string::npos);
   copy.edit_config("\"load_in_8bit\": false", "\"load_in_8bit\": true");
   CHECK(load_error(copy.dir.string()).find("load_in_8bit: 8-bit bitsandbytes checkpoints are not supported") != std::string::npos);
+}
+
+TEST_CASE("models: a PEFT adapter on some projections (q_proj, v_proj; rank_pattern) loads; the rest stay the base alone") {
+  for (const char* name : {"llama_llama3_bias", "qwen2_tied"}) {
+    CAPTURE(name);
+    const reference ref(name);
+    const std::vector<float> want =
+        memkit::safetensors::reader(models_dir + name + "/reference.safetensors").read_vector<float>("logits_lora_qv_fp32");
+    tracked_memory m;
+    llama::hf_checkpoint ckpt(models_dir + name, seq);
+    const memkit::peft::adapter_file file(models_dir + name + "/adapter_qv");
+    llama::lora_load_options options;
+    options.adapter = &file;
+    auto model = llama::load_lora_causal_lm<float, float>(memkit::host, ckpt, m.memory, options);
+    int adapted = 0;
+    for (llama::lora_projection<float, float>* l : model->linears()) {
+      const bool v = l->path.find("v_proj") != std::string::npos, q = l->path.find("q_proj") != std::string::npos;
+      CHECK(l->adapted() == (q || v));
+      if (l->adapted()) CHECK(l->layer->rank() == (v ? 4 : 8));
+      adapted += l->adapted();
+    }
+    CHECK(adapted == 2 * model->config.layers);
+    llama::load_peft_adapter(*model, file);
+    const std::vector<float> logits = logits_of(*model, final_hidden<float>(*model, ref.ids, m.activations()));
+    const double err = max_diff(logits, want);
+    MESSAGE(std::string(name) << ": q/v-only PEFT adapter, max |logit - PEFT| = " << err);
+    CHECK(err <= 1e-4 * max_abs(want));
+    // Training through the frozen projections: the adapted ones get gradients, the loss is the logits' loss.
+    std::vector<std::int32_t> targets(ref.ids.size(), -100);
+    for (std::int64_t b = 0; b < batch; ++b)
+      for (std::int64_t s = 0; s + 1 < seq; ++s) targets[b * seq + s] = ref.ids[b * seq + s + 1];
+    float loss = 0;
+    model->forward_backward(memkit::host, memkit::host_view(ref.ids.data(), shape{batch, seq}),
+                            memkit::host_view(std::as_const(targets).data(), shape{batch, seq}),
+                            memkit::host_view(&loss, shape{1}), m.activations());
+    CHECK(std::isfinite(loss));
+    for (llama::lora_projection<float, float>* l : model->linears())
+      if (l->adapted()) CHECK(max_abs(std::vector<float>(l->grad_A().data(), l->grad_A().data() + l->grad_A().size())) > 0);
+  }
+  // A model adapted elsewhere does not take the file, either way round.
+  tracked_memory m;
+  llama::hf_checkpoint ckpt(models_dir + std::string("qwen2_tied"), seq);
+  llama::lora_load_options all;
+  all.lora.rank = 8;
+  all.lora.alpha = 16;
+  auto every = llama::load_lora_causal_lm<float, float>(memkit::host, ckpt, m.memory, all);
+  CHECK_THROWS_WITH_AS(llama::load_peft_adapter(*every, models_dir + "qwen2_tied/adapter_qv"),
+                       doctest::Contains("no adapter for module 'model.layers.0.self_attn.k_proj'"), memkit::error);
+  llama::lora_load_options q_only = all;
+  q_only.targets = {"q_proj"};
+  auto fewer = llama::load_lora_causal_lm<float, float>(memkit::host, ckpt, m.memory, q_only);
+  CHECK_THROWS_WITH_AS(llama::load_peft_adapter(*fewer, models_dir + "qwen2_tied/adapter_qv"),
+                       doctest::Contains("adapts 'model.layers.0.self_attn.v_proj', which this model built without an adapter"),
+                       memkit::error);
 }
 
 TEST_CASE("models: loading streams the checkpoint: the peak is the model plus one staging piece, said in advance") {

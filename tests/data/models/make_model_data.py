@@ -20,6 +20,9 @@ drawn N(0, 0.1) so the adapter changes the output), with in reference.safetensor
   loss_lora_fp32     F32 [1]         its loss
   grad.<module>.lora_A / .lora_B     d loss / d A, d B after one backward of that loss (fp32)
 
+For llama_llama3_bias and qwen2_tied, adapter_qv/ is a PEFT adapter on q_proj and v_proj only (r 8, v_proj
+rank 4 by rank_pattern, alpha 16), with logits_lora_qv_fp32 its logits.
+
 For llama_tied_bf16 and qwen2_tied, bnb4/ is the same model as transformers saves it loaded with
 BitsAndBytesConfig(load_in_4bit, nf4, double quantization, compute dtype fp32) on the CPU: bitsandbytes'
 4-bit serialization (needs bitsandbytes importable: PYTHONPATH=.whl/site, see bench/peers/README.md), with
@@ -139,6 +142,23 @@ def bnb4_reference(out, ids):
     return {"logits_bnb4_fp32": bare, "logits_qlora_fp32": adapted}
 
 
+def lora_subset_reference(out, ids, seed):
+    """A PEFT adapter on q_proj and v_proj only (PEFT's usual target), v_proj at rank 4 (rank_pattern), and its logits."""
+    base = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32, attn_implementation="eager")
+    base.name_or_path = "memkit-tests/" + os.path.basename(out)
+    peft_model = get_peft_model(base, LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"],
+                                                 rank_pattern={"v_proj": 4}, lora_dropout=0.0, task_type="CAUSAL_LM"))
+    g = torch.Generator().manual_seed(900 + seed)
+    with torch.no_grad():
+        for name, p in peft_model.named_parameters():
+            if "lora_" in name:
+                p.copy_(0.1 * torch.randn(p.shape, generator=g))
+    peft_model.save_pretrained(os.path.join(out, "adapter_qv"))
+    os.remove(os.path.join(out, "adapter_qv", "README.md"))
+    with torch.no_grad():
+        return {"logits_lora_qv_fp32": peft_model.eval()(input_ids=ids).logits.float().contiguous()}
+
+
 def main():
     g = torch.Generator().manual_seed(1234)
     ids = torch.randint(0, VOCAB, (BATCH, SEQ), generator=g, dtype=torch.int64)
@@ -163,6 +183,8 @@ def main():
         tensors.update(lora_reference(out, ids, seed))
         if name in ("llama_tied_bf16", "qwen2_tied"):
             tensors.update(bnb4_reference(out, ids))
+        if name in ("llama_llama3_bias", "qwen2_tied"):
+            tensors.update(lora_subset_reference(out, ids, seed))
         save_file(tensors, os.path.join(out, "reference.safetensors"))
         for extra in ("generation_config.json",):
             if os.path.exists(os.path.join(out, extra)):

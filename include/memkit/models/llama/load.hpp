@@ -353,7 +353,25 @@ memkit::quant::quantized_tensor<F> copy_quantized(const memkit::quant::quantized
 struct lora_load_options {
   memkit::lora::lora_options lora{};                   // rank, alpha, rsLoRA, dropout, init, init_seed
   memkit::quant::quant_options quant{64, true};         // an NF4 base: block 64, double quantization (QLoRA's)
+  // The projections that get an adapter, by name; the others are the frozen base alone.
+  std::vector<std::string> targets{"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+  // When set, the adapters are the file's: each module it holds gets its rank, alpha, rsLoRA and dropout
+  // (peft::layer_options), the projections it does not hold none, whatever `targets` says.
+  const memkit::peft::adapter_file* adapter = nullptr;
 };
+
+// The LoRA options of projection `p` (rank 0: no adapter).
+inline memkit::lora::lora_options projection_lora_options(const lora_load_options& options, const projection& p) {
+  memkit::lora::lora_options lora = options.lora;
+  if (options.adapter != nullptr) {
+    if (options.adapter->find(p.path) == nullptr) lora.rank = 0;
+    else lora = memkit::peft::layer_options(*options.adapter, p.path, options.lora);
+    return lora;
+  }
+  const std::string name = p.path.substr(p.path.rfind('.') + 1);
+  if (std::find(options.targets.begin(), options.targets.end(), name) == options.targets.end()) lora.rank = 0;
+  return lora;
+}
 
 // A LoRA model of `config`: every projection's weight frozen as Base (quant::quantized_tensor<NF4> is
 // quantized from T values as it is filled: QLoRA; T keeps it dense), its bias (when the family has one)
@@ -396,7 +414,7 @@ std::unique_ptr<causal_lm<T, lora_projection<T, Base>>> build_lora_causal_lm(con
           bias = std::make_unique<memkit::buffer<T>>(*memory.weights, shape{p.out});
           fill(p.path + ".bias", bias->view());
         }
-        memkit::lora::lora_options lora = options.lora;
+        memkit::lora::lora_options lora = projection_lora_options(options, p);
         lora.init_seed = memkit::random_word(options.lora.init_seed, static_cast<std::uint64_t>(i * 7 + k), 0);
         lora.host_threads = memory.host_threads;
         return projection_type(p.path, std::move(base), lora, memory, std::move(bias));
@@ -435,8 +453,8 @@ std::size_t lora_loading_peak_bytes(const model_config& c, const lora_load_optio
         at(value(shape{p.out}) + reading_staging_bytes<T>(p.out));
         live += value(shape{p.out});
       }
-      live += projection_type::parameter_bytes(p.in, p.out, options.lora.rank) +
-              projection_type::gradient_bytes(p.in, p.out, options.lora.rank);
+      const std::int64_t rank = projection_lora_options(options, p).rank;
+      live += projection_type::parameter_bytes(p.in, p.out, rank) + projection_type::gradient_bytes(p.in, p.out, rank);
       at(0);
     }
     if (c.qk_norm) live += 2 * value(shape{c.head_dim});
@@ -506,16 +524,33 @@ struct random_weights {
   }
 };
 
-// Loads a PEFT adapter directory (adapter_config.json + adapter_model.safetensors) into the model's seven
-// projections per block, all or nothing: each module's rank and scale must be the layer's (build the model
-// with the file's r, lora_alpha and use_rslora), and the file must adapt every projection.
+// Loads a PEFT adapter directory (adapter_config.json + adapter_model.safetensors) into the model's adapted
+// projections, all or nothing: the file must hold exactly those modules, each with the layer's rank and
+// scale (build the model with lora_load_options::adapter pointing at the same file to get them).
+template <class T, class Base>
+void load_peft_adapter(causal_lm<T, lora_projection<T, Base>>& model, const memkit::peft::adapter_file& file,
+                       const memkit::peft::load_options& options = {}) {
+  std::vector<memkit::peft::layer_at<typename lora_projection<T, Base>::layer_type>> layers;
+  std::vector<std::string> paths;
+  for (lora_projection<T, Base>* l : model.linears()) {
+    paths.push_back(l->path);
+    if (!l->adapted()) {
+      require(file.find(l->path) == nullptr, "peft adapter '" + file.weights().path() + "': adapts '" + l->path +
+                                                 "', which this model built without an adapter (build it with "
+                                                 "lora_load_options::adapter = &file)");
+      continue;
+    }
+    layers.push_back({l->path, &*l->layer});
+  }
+  for (const memkit::peft::lora_module& m : file.modules())
+    require(std::find(paths.begin(), paths.end(), m.path) != paths.end(),
+            "peft adapter '" + file.weights().path() + "': module '" + m.path + "' is not one of the model's projections");
+  memkit::peft::load_layers(file, layers, options);
+}
 template <class T, class Base>
 void load_peft_adapter(causal_lm<T, lora_projection<T, Base>>& model, const std::string& directory,
                        const memkit::peft::load_options& options = {}) {
-  const memkit::peft::adapter_file file(directory);
-  std::vector<memkit::peft::layer_at<typename lora_projection<T, Base>::layer_type>> layers;
-  for (lora_projection<T, Base>* l : model.linears()) layers.push_back({l->path, &l->layer});
-  memkit::peft::load_layers(file, layers, options);
+  load_peft_adapter(model, memkit::peft::adapter_file(directory), options);
 }
 
 }  // namespace memkit::models::llama

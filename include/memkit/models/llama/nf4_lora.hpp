@@ -10,16 +10,20 @@
 #include "layers.hpp"
 
 #include <memkit/lora/lora_linear.hpp>
+#include <memkit/quant/matmul.hpp>
 #include <memkit/quant/quantized_tensor.hpp>
 
 #include <algorithm>
 #include <memory>
+#include <optional>
 #include <string>
 #include <type_traits>
 
 namespace memkit::models::llama {
 
-// Base: quant::quantized_tensor<NF4> (QLoRA) or T (LoRA over a dense base in the training dtype).
+// Base: quant::quantized_tensor<NF4> (QLoRA) or T (LoRA over a dense base in the training dtype). A
+// projection built with rank 0 has no adapter (a PEFT adapter that targets fewer modules): it is the frozen
+// base alone, y = x W^T (+ b), with only the input gradient in backward, and saves nothing.
 template <class T, class Base>
 struct lora_projection {
   using value_type = T;
@@ -35,8 +39,10 @@ struct lora_projection {
   std::string path;  // the module's path in the base model, e.g. "model.layers.0.self_attn.q_proj"
   std::unique_ptr<base_type> base;
   std::unique_ptr<memkit::buffer<T>> bias;  // frozen [out], or null
-  layer_type layer;
+  std::optional<layer_type> layer;          // the adapter; empty for a projection without one
   bool on_device = false;  // the layer's memory is device memory (its workspace figures are the CUDA ones)
+  memkit::memory_resource* workspace = nullptr;
+  int host_threads = 1;
 
   static memkit::lora::lora_options options_for(std::int64_t rank, float alpha, const memory_resources& memory,
                                                 std::uint64_t seed) {
@@ -52,53 +58,99 @@ struct lora_projection {
                   std::uint64_t seed, std::uint64_t stream, std::unique_ptr<memkit::buffer<T>> bias_ = nullptr)
       : lora_projection(std::move(path_), std::move(base_),
                         options_for(rank, alpha, memory, memkit::random_word(seed, stream, 0)), memory, std::move(bias_)) {}
-  // With every LoRA option given (rsLoRA, dropout, init; options.host_threads is the caller's).
+  // With every LoRA option given (rsLoRA, dropout, init; options.host_threads is the caller's); rank 0: no adapter.
   lora_projection(std::string path_, base_type&& base_, const memkit::lora::lora_options& options,
                   const memory_resources& memory, std::unique_ptr<memkit::buffer<T>> bias_ = nullptr)
       : path(std::move(path_)), base(std::make_unique<base_type>(std::move(base_))), bias(std::move(bias_)),
-        layer(base_ref(), bias ? bias->view() : tensor_view<T>{}, options, *memory.weights, *memory.gradients),
-        on_device(memory.on_device()) {
-    layer.set_workspace(*memory.workspace);
+        on_device(memory.on_device()), workspace(memory.workspace), host_threads(memory.host_threads) {
+    if (options.rank > 0) {
+      layer.emplace(base_ref(), bias ? bias->view() : tensor_view<T>{}, options, *memory.weights, *memory.gradients);
+      layer->set_workspace(*memory.workspace);
+    }
   }
 
+  bool adapted() const noexcept { return layer.has_value(); }
   typename layer_type::weight_ref base_ref() {
     if constexpr (quantized_base) return base.get();
     else return base->view();
   }
   const base_type& base_weight() const noexcept { return *base; }
+  shape weight_shape() const {
+    if constexpr (quantized_base) return base->logical_shape();
+    else return base->shape();
+  }
 
   static constexpr std::size_t parameter_bytes(std::int64_t in, std::int64_t out, std::int64_t rank) {
-    return layer_type::parameter_bytes(in, out, rank);
+    return rank > 0 ? layer_type::parameter_bytes(in, out, rank) : 0;
   }
   static constexpr std::size_t gradient_bytes(std::int64_t in, std::int64_t out, std::int64_t rank) {
-    return layer_type::gradient_bytes(in, out, rank, false);
+    return rank > 0 ? layer_type::gradient_bytes(in, out, rank, false) : 0;
   }
 
-  tensor_view<T> lora_A() { return layer.lora_A(); }
-  tensor_view<T> lora_B() { return layer.lora_B(); }
-  tensor_view<float> grad_A() { return layer.grad_A(); }
-  tensor_view<float> grad_B() { return layer.grad_B(); }
-  void zero_grad() { layer.zero_grad(); }
+  // The adapter's tensors (the projection must be adapted()).
+  tensor_view<T> lora_A() { return layer->lora_A(); }
+  tensor_view<T> lora_B() { return layer->lora_B(); }
+  tensor_view<float> grad_A() { return layer->grad_A(); }
+  tensor_view<float> grad_B() { return layer->grad_B(); }
+  void zero_grad() {
+    if (layer) layer->zero_grad();
+  }
 #if MEMKIT_HAS_CUDA
-  void zero_grad(const memkit::cuda_executor& exec) { layer.zero_grad(exec); }
+  void zero_grad(const memkit::cuda_executor& exec) {
+    if (layer) layer->zero_grad(exec);
+  }
 #endif
-  void zero_grad(const memkit::host_executor&) { layer.zero_grad(); }
+  void zero_grad(const memkit::host_executor&) { zero_grad(); }
 
-  shape output_shape(const shape& s) const { return layer.output_shape(s); }
-  std::size_t saved_bytes(const shape& s, const forward_context& ctx) const { return layer.saved_bytes(s, ctx); }
+  shape output_shape(const shape& s) const { return with_last(s, weight_shape()[0]); }
+  std::size_t saved_bytes(const shape& s, const forward_context& ctx) const { return layer ? layer->saved_bytes(s, ctx) : 0; }
   std::size_t workspace_bytes(const shape& s) const {
     const std::int64_t tokens = rows_of(s);
-    return std::max(layer.forward_workspace_bytes(tokens, on_device),
-                    layer.backward_workspace_bytes(tokens, false, true, on_device));
+    if (layer)
+      return std::max(layer->forward_workspace_bytes(tokens, on_device),
+                      layer->backward_workspace_bytes(tokens, false, true, on_device));
+    const shape w = weight_shape();
+    if constexpr (quantized_base) {
+      namespace q = memkit::quant;
+      return std::max(q::matmul_workspace_bytes(q::matmul_kind::forward, Base::quant_format, base->block_size(), tokens,
+                                                w[0], w[1], sizeof(T), on_device),
+                      q::matmul_workspace_bytes(q::matmul_kind::input_grad, Base::quant_format, base->block_size(), tokens,
+                                                w[0], w[1], sizeof(T), on_device));
+    } else {
+      if (on_device) return 0;
+      const la::gemm_options o{host_threads};
+      return std::max(la::gemm_workspace_bytes<T, T, T>(tokens, w[0], w[1], o),
+                      la::gemm_workspace_bytes<T, T, T>(tokens, w[1], w[0], o));
+    }
   }
   template <memkit::executor E>
   void forward(const E& exec, const forward_context& ctx, tensor_view<const T> x, tensor_view<T> y,
                activation_store& store) {
-    layer.forward(exec, ctx, x, y, store);
+    if (layer) return layer->forward(exec, ctx, x, y, store);
+    const shape w = weight_shape();
+    const std::int64_t rows = rows_of(x.shape());
+    if constexpr (quantized_base) {
+      memkit::quant::matmul(exec, x, *base, y, *workspace);
+    } else {
+      la::gemm(exec, la::transpose::no, la::transpose::yes, 1.0f, cmat(x.data(), rows, w[1], x.where()),
+               cmat<T>(base->data(), w[0], w[1], base->where()), 0.0f, mat(y.data(), rows, w[0], y.where()), *workspace,
+               la::gemm_options{host_threads});
+    }
+    if (bias) for_each_index(exec, rows * w[0], bias_add_element<T>{y.data(), bias->data(), w[0]});
   }
   template <memkit::executor E>
   void backward(const E& exec, tensor_view<const T> dy, tensor_view<T> dx, activation_store& store) {
-    layer.backward(exec, dy, dx, store);
+    if (layer) return layer->backward(exec, dy, dx, store);
+    if (dx.empty()) return;
+    const shape w = weight_shape();
+    const std::int64_t rows = rows_of(dy.shape());
+    if constexpr (quantized_base) {
+      memkit::quant::matmul_input_grad(exec, dy, *base, dx, *workspace);
+    } else {
+      la::gemm(exec, la::transpose::no, la::transpose::no, 1.0f, cmat(dy.data(), rows, w[0], dy.where()),
+               cmat<T>(base->data(), w[0], w[1], base->where()), 0.0f, mat(dx.data(), rows, w[1], dx.where()), *workspace,
+               la::gemm_options{host_threads});
+    }
   }
 };
 
