@@ -1,0 +1,173 @@
+// distributed::sharded_dense / sharded_quantized (ZeRO-3's parameter shards): the layout, the bytes each rank
+// keeps and stages, and gather rebuilding the tensor bit for bit — on 1 rank (single_communicator) and on 2,
+// 3 and 5 ranks run as threads over a small in-process communicator (the MPI runs are tests/mpi).
+#include <memkit/distributed/sharded_parameters.hpp>
+#include <memkit/memory/tracking.hpp>
+
+#include <doctest/doctest.h>
+
+#include <barrier>
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <thread>
+#include <vector>
+
+namespace dist = memkit::distributed;
+using memkit::shape;
+
+namespace {
+
+// `size` threads, one per rank, exchanging through shared slots: all_gather copies every rank's send buffer.
+class thread_group {
+ public:
+  explicit thread_group(int size) : size_(size), slots_(static_cast<std::size_t>(size)), barrier_(size) {}
+  int size() const noexcept { return size_; }
+
+  class communicator {
+   public:
+    communicator(thread_group& g, int rank) : group_(&g), rank_(rank) {}
+    int rank() const noexcept { return rank_; }
+    int size() const noexcept { return group_->size_; }
+    template <class T>
+    void all_gather(const memkit::host_executor&, const T* send, T* recv, std::int64_t count) const {
+      group_->slots_[static_cast<std::size_t>(rank_)] = send;
+      group_->barrier_.arrive_and_wait();
+      for (int r = 0; r < size(); ++r)
+        std::memcpy(recv + r * count, group_->slots_[static_cast<std::size_t>(r)], static_cast<std::size_t>(count) * sizeof(T));
+      group_->barrier_.arrive_and_wait();
+    }
+    // (the rest of the concept, unused by the parameter shards)
+    template <class T>
+    void all_reduce(const memkit::host_executor&, const T*, T*, std::int64_t) const {}
+    template <class T>
+    void reduce_scatter(const memkit::host_executor&, const T*, T*, std::int64_t) const {}
+    template <class T>
+    void broadcast(const memkit::host_executor&, T*, std::int64_t, int) const {}
+
+   private:
+    thread_group* group_;
+    int rank_;
+  };
+
+  // Runs body(communicator) on every rank's thread.
+  void run(const std::function<void(const communicator&)>& body) {
+    std::vector<std::thread> threads;
+    for (int r = 0; r < size_; ++r) threads.emplace_back([&, r] { body(communicator(*this, r)); });
+    for (std::thread& t : threads) t.join();
+  }
+
+ private:
+  int size_;
+  std::vector<const void*> slots_;
+  std::barrier<> barrier_;
+};
+static_assert(dist::communicator<thread_group::communicator, memkit::host_executor>);
+
+std::vector<float> values(std::int64_t n, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> v(static_cast<std::size_t>(n));
+  for (float& x : v) x = normal(rng);
+  return v;
+}
+
+template <class T>
+bool same_bytes(memkit::tensor_view<T> a, memkit::tensor_view<T> b) {
+  return a.bytes() == b.bytes() && (a.bytes() == 0 || std::memcmp(a.data(), b.data(), a.bytes()) == 0);
+}
+
+template <memkit::quant::format F>
+bool same_tensor(const memkit::quant::quantized_tensor<F>& a, const memkit::quant::quantized_tensor<F>& b) {
+  if (!a.options().double_quant) return same_bytes(a.codes(), b.codes()) && same_bytes(a.absmax(), b.absmax());
+  return same_bytes(a.codes(), b.codes()) && same_bytes(a.nested_codes(), b.nested_codes()) &&
+         same_bytes(a.nested_group_absmax(), b.nested_group_absmax()) && same_bytes(a.offset_view(), b.offset_view());
+}
+
+}  // namespace
+
+TEST_CASE("sharded parameters: the layout gives every rank the same whole units, padding the last") {
+  const dist::shard_layout l = dist::make_shard_layout(1000, 64, 3);  // 16 units -> 6 per rank
+  CHECK(l.units_per_rank == 6);
+  CHECK(l.shard_elements() == 384);
+  CHECK((l.first(0) == 0 && l.count(0) == 384));
+  CHECK((l.first(1) == 384 && l.count(1) == 384));
+  CHECK((l.first(2) == 768 && l.count(2) == 232));
+  const dist::shard_layout tiny = dist::make_shard_layout(100, 64, 4);  // 2 units on 4 ranks: two empty shards
+  CHECK(tiny.units_per_rank == 1);
+  CHECK((tiny.count(0) == 64 && tiny.count(1) == 36 && tiny.count(2) == 0 && tiny.count(3) == 0));
+  // Double quantization shards whole nested groups (256 blocks) so each rank's group scales are its own.
+  const shape w{4096, 1000};
+  CHECK(dist::sharded_quantized<memkit::quant::NF4>::layout_of(w, {64, true}, 2).unit == 64 * 256);
+  CHECK(dist::sharded_quantized<memkit::quant::NF4>::layout_of(w, {64, false}, 2).unit == 64);
+}
+
+TEST_CASE("sharded parameters: gather rebuilds a quantized tensor bit for bit, on 1, 2, 3 and 5 ranks") {
+  for (const bool nested : {false, true})
+    for (const int ranks : {1, 2, 3, 5}) {
+      // 1000 x 700: 10937.5 blocks of 64 (the last partial), 43 nested groups, not a multiple of any rank count.
+      const shape dims{1000, 700};
+      const memkit::quant::quant_options options{64, nested};
+      const std::vector<float> v = values(dims.numel(), 7);
+      using nf4 = memkit::quant::quantized_tensor<memkit::quant::NF4>;
+      const nf4 whole = nf4::quantize(memkit::host, memkit::host_view(v.data(), dims), options, memkit::default_host_resource());
+      CAPTURE(nested);
+      CAPTURE(ranks);
+      thread_group group(ranks);
+      std::vector<int> ok(static_cast<std::size_t>(ranks), 0);
+      group.run([&](const thread_group::communicator& comm) {
+        memkit::tracking_resource tracker(memkit::default_host_resource(), "shard");
+        const dist::sharded_quantized<memkit::quant::NF4> shard(whole, comm.rank(), comm.size(),
+                                                               tracker.category(memkit::memory_category::weights));
+        const bool kept = tracker.current_bytes() == dist::sharded_quantized<memkit::quant::NF4>::shard_bytes(dims, options, ranks);
+        nf4 gathered(memkit::default_host_resource(), dims, options);
+        tracker.reset_peak();
+        const std::size_t before = tracker.current_bytes();
+        shard.gather(memkit::host, comm, gathered, tracker.category(memkit::memory_category::workspace));
+        const bool staged = tracker.peak_bytes() - before ==
+                            dist::sharded_quantized<memkit::quant::NF4>::gather_workspace_bytes(dims, options, ranks);
+        ok[static_cast<std::size_t>(comm.rank())] = kept && staged && same_tensor(whole, gathered) ? 1 : 0;
+      });
+      for (int r = 0; r < ranks; ++r) CHECK(ok[static_cast<std::size_t>(r)] == 1);
+      // Each rank keeps about 1/ranks of the tensor.
+      const double share = double(dist::sharded_quantized<memkit::quant::NF4>::shard_bytes(dims, options, ranks)) /
+                           double(nf4::bytes_required(dims, options));
+      CHECK(share <= 1.0 / ranks + 0.05);
+    }
+}
+
+TEST_CASE("sharded parameters: a dense tensor's shards gather back; misuse is refused") {
+  const shape dims{37, 11};
+  const std::vector<float> v = values(dims.numel(), 3);
+  thread_group group(3);
+  std::vector<int> ok(3, 0);
+  group.run([&](const thread_group::communicator& comm) {
+    const dist::sharded_dense<float> shard(memkit::host_view(v.data(), dims), comm.rank(), comm.size(),
+                                           memkit::default_host_resource());
+    std::vector<float> back(v.size());
+    shard.gather(memkit::host, comm, memkit::host_view(back.data(), dims), memkit::default_host_resource());
+    ok[static_cast<std::size_t>(comm.rank())] = back == v ? 1 : 0;
+  });
+  CHECK(ok == std::vector<int>{1, 1, 1});
+
+  const dist::single_communicator one;
+  const dist::sharded_dense<float> shard(memkit::host_view(v.data(), dims), 0, 1, memkit::default_host_resource());
+  std::vector<float> wrong(5);
+  CHECK_THROWS_WITH_AS(shard.gather(memkit::host, one, memkit::host_view(wrong.data(), shape{5}), memkit::default_host_resource()),
+                       doctest::Contains("`whole` has shape [5], the tensor [37, 11]"), memkit::error);
+  const dist::sharded_dense<float> of_two(memkit::host_view(v.data(), dims), 1, 2, memkit::default_host_resource());
+  std::vector<float> back(v.size());
+  CHECK_THROWS_WITH_AS(of_two.gather(memkit::host, one, memkit::host_view(back.data(), dims), memkit::default_host_resource()),
+                       doctest::Contains("the shard is rank 1 of 2, the communicator rank 0 of 1"), memkit::error);
+  CHECK_THROWS_WITH_AS(dist::sharded_dense<float>(memkit::host_view(v.data(), dims), 2, 2, memkit::default_host_resource()),
+                       doctest::Contains("sharded_dense: rank 2 of 2 ranks"), memkit::error);
+  using nf4 = memkit::quant::quantized_tensor<memkit::quant::NF4>;
+  const std::vector<float> w = values(4096, 5);
+  const nf4 whole = nf4::quantize(memkit::host, memkit::host_view(w.data(), shape{64, 64}), {64, true}, memkit::default_host_resource());
+  const dist::sharded_quantized<memkit::quant::NF4> q(whole, 0, 1, memkit::default_host_resource());
+  nf4 other(memkit::default_host_resource(), shape{64, 64}, {64, false});
+  CHECK_THROWS_WITH_AS(q.gather(memkit::host, one, other, memkit::default_host_resource()),
+                       doctest::Contains("`whole` is [64, 64] (block 64), the sharded tensor [64, 64] (block 64, double quantization)"),
+                       memkit::error);
+}
