@@ -1081,6 +1081,36 @@ memkit::peft::lora_config checkpoint_adapter_config(const options& o) {
   return c;
 }
 
+// What both fine-tunings of a checkpoint share once the model and its optimizer exist: the checkpointed
+// stack, the rest of the memory prediction (activations, workspace with the loading staging), the loop
+// with the validation loss before and after, and the memory table. `buffers` stays the caller's (the
+// reloaded model is validated with it).
+template <memkit::executor E, class Model, class StepOptimizer, class ZeroGrad>
+void train_checkpoint_stage(const E& exec, const options& o, const char* what, Model& model,
+                            const example::text_dataset& data, step_buffers& buffers, const resources& r,
+                            memory_meter& meter, memory_prediction& predicted, std::uint64_t staging, bool lora,
+                            StepOptimizer&& step_optimizer, ZeroGrad&& zero_grad,
+                            std::vector<example::step_record>& records, stage_result& result) {
+  auto stack = make_stack(model, o.checkpointing);
+  predicted.peak[memory_category::activations] = activation_peak(model, stack, o, !lora);
+  predicted.peak[memory_category::workspace] = std::max<std::uint64_t>(workspace_peak(model, o), staging);
+  predicted.total = predicted.peak.total();
+  result.validation_before = validation_loss(exec, model, data, buffers, r, o);
+  std::printf("\n%s on %s (%lld tokens), %lld steps\nvalidation loss before: %.4f\n", what,
+              o.token_file.empty() ? "random token ids" : o.token_file.c_str(), static_cast<long long>(data.size()),
+              static_cast<long long>(o.finetune_steps), result.validation_before);
+  run_stage(exec, 2, model, stack, data, buffers, r, o, o.finetune_steps, o.finetune_lr, step_optimizer, zero_grad,
+            records, result);
+  result.validation_after = validation_loss(exec, model, data, buffers, r, o);
+  std::printf("validation loss after:  %.4f\n", result.validation_after);
+  result.measured = meter.peaks();
+  result.predicted = predicted.peak;
+  result.measured_peak = meter.tracker.peak_bytes();
+  result.predicted_peak = predicted.total;
+  result.budget = budget_estimate(o, lora, E::on_device);
+  print_memory_table(what, predicted, meter, result.budget);
+}
+
 // QLoRA (Projection = nf4_lora_linear) or LoRA over a bf16 base (dense_lora_linear) of the checkpoint: the
 // same loop, memory accounting and checks as stage 2; the adapter is saved in PEFT's format, reloaded into a
 // fresh model and checked to give the same validation loss; with --merge the merged dense checkpoint too.
@@ -1199,18 +1229,9 @@ finetune_outcome finetune_checkpoint(const E& exec, const options& o, memory_met
       adam_params.push_back({l->lora_B(), l->grad_B()});
     }
   std::vector<memkit::adam_group> groups{{.lr = o.finetune_lr, .beta2 = 0.99f, .weight_decay = 0.0f}};
-  auto stack = make_stack(*model, o.checkpointing);
   step_buffers buffers(r, o.batch, o.seq, o.model.hidden, false);
-  predicted.peak[memory_category::activations] = activation_peak(*model, stack, o, false);
-  predicted.peak[memory_category::workspace] = std::max<std::uint64_t>(workspace_peak(*model, o), largest_staging);
-  predicted.total = predicted.peak.total();
-
-  result.validation_before = validation_loss(exec, *model, data, buffers, r, o);
-  std::printf("fine-tuning on %s (%lld tokens), %lld steps\nvalidation loss before: %.4f\n",
-              o.token_file.empty() ? "random token ids" : o.token_file.c_str(), static_cast<long long>(data.size()),
-              static_cast<long long>(o.finetune_steps), result.validation_before);
-  run_stage(
-      exec, 2, *model, stack, data, buffers, r, o, o.finetune_steps, o.finetune_lr,
+  train_checkpoint_stage(
+      exec, o, "fine-tuning", *model, data, buffers, r, meter, predicted, largest_staging, true,
       [&](float lr, float scale) {
         groups[0].lr = lr;
         adam.step(exec, adam_params, groups, scale);
@@ -1219,14 +1240,6 @@ finetune_outcome finetune_checkpoint(const E& exec, const options& o, memory_met
         for (Projection* l : model->linears()) l->zero_grad(exec);
       },
       records, result);
-  result.validation_after = validation_loss(exec, *model, data, buffers, r, o);
-  std::printf("validation loss after:  %.4f\n", result.validation_after);
-  result.measured = meter.peaks();
-  result.predicted = predicted.peak;
-  result.measured_peak = meter.tracker.peak_bytes();
-  result.predicted_peak = predicted.total;
-  result.budget = budget_estimate(o, true, E::on_device);
-  print_memory_table("fine-tuning", predicted, meter, result.budget);
 
   // The adapter as PEFT writes it; reloaded into a fresh model, it must give the same validation loss.
   const std::string adapter_dir = o.out_dir + "/adapter";
@@ -1318,18 +1331,9 @@ finetune_outcome finetune_full_checkpoint(const E& exec, const options& o, memor
     adam_params.push_back({p->value.view(), std::as_const(p->grad).view(), p->master_view(), p->value.shape().rank == 2 ? 0 : 1});
   std::vector<memkit::adam_group> groups{{.lr = o.finetune_lr, .beta2 = 0.99f, .weight_decay = 0.0f},
                                          {.lr = o.finetune_lr, .beta2 = 0.99f, .weight_decay = 0.0f}};
-  auto stack = make_stack(*model, o.checkpointing);
   step_buffers buffers(r, o.batch, o.seq, o.model.hidden, true);
-  predicted.peak[memory_category::activations] = activation_peak(*model, stack, o, true);
-  predicted.peak[memory_category::workspace] = std::max<std::uint64_t>(workspace_peak(*model, o), staging);
-  predicted.total = predicted.peak.total();
-
-  result.validation_before = validation_loss(exec, *model, data, buffers, r, o);
-  std::printf("\nfull fine-tuning on %s (%lld tokens), %lld steps\nvalidation loss before: %.4f\n",
-              o.token_file.empty() ? "random token ids" : o.token_file.c_str(), static_cast<long long>(data.size()),
-              static_cast<long long>(o.finetune_steps), result.validation_before);
-  run_stage(
-      exec, 2, *model, stack, data, buffers, r, o, o.finetune_steps, o.finetune_lr,
+  train_checkpoint_stage(
+      exec, o, "full fine-tuning", *model, data, buffers, r, meter, predicted, staging, false,
       [&](float lr, float scale) {
         for (auto& g : groups) g.lr = lr;
         adam.step(exec, adam_params, groups, scale);
@@ -1338,14 +1342,6 @@ finetune_outcome finetune_full_checkpoint(const E& exec, const options& o, memor
         for (llama::parameter* p : params) p->zero_grad(exec);
       },
       records, result);
-  result.validation_after = validation_loss(exec, *model, data, buffers, r, o);
-  std::printf("validation loss after:  %.4f\n", result.validation_after);
-  result.measured = meter.peaks();
-  result.predicted = predicted.peak;
-  result.measured_peak = meter.tracker.peak_bytes();
-  result.predicted_peak = predicted.total;
-  result.budget = budget_estimate(o, false, E::on_device);
-  print_memory_table("full fine-tuning", predicted, meter, result.budget);
 
   // Saved as a checkpoint directory; reloaded, it must give the same validation loss.
   outcome.loss_before_save = result.validation_after;

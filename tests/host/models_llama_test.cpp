@@ -79,6 +79,14 @@ std::vector<float> logits_of(Model& model, const std::vector<T>& hidden) {
   return logits;
 }
 
+// Next-token targets of ids [batch, seq]: the following id, -100 (ignored) at each sequence's last position.
+std::vector<std::int32_t> next_token_targets(const std::vector<std::int32_t>& ids) {
+  std::vector<std::int32_t> targets(ids.size(), -100);
+  for (std::int64_t b = 0; b < batch; ++b)
+    for (std::int64_t s = 0; s + 1 < seq; ++s) targets[b * seq + s] = ids[b * seq + s + 1];
+  return targets;
+}
+
 double max_abs(const std::vector<float>& v) {
   double m = 0;
   for (float x : v) m = std::max(m, std::abs(double(x)));
@@ -180,9 +188,7 @@ TEST_CASE("models: fp32 logits and loss equal transformers' for every family") {
     CHECK(err <= 1e-4 * scale);
 
     // The loss through memkit's fused linear cross-entropy: next-token targets, the last position ignored.
-    std::vector<std::int32_t> targets(ref.ids.size(), -100);
-    for (std::int64_t b = 0; b < batch; ++b)
-      for (std::int64_t s = 0; s + 1 < seq; ++s) targets[b * seq + s] = ref.ids[b * seq + s + 1];
+    const std::vector<std::int32_t> targets = next_token_targets(ref.ids);
     float loss = 0;
     const std::int64_t N = batch * seq, H = model->config.hidden;
     memkit::loss::fused_linear_cross_entropy(
@@ -232,9 +238,7 @@ TEST_CASE("models: a PEFT adapter loads onto the checkpoint and gives PEFT's log
     CHECK(err <= 1e-4 * max_abs(logits_ref));
     CHECK(max_diff(logits_ref, ref.logits_fp32) > 0.1);  // the adapter changes the output
 
-    std::vector<std::int32_t> targets(ref.ids.size(), -100);
-    for (std::int64_t b = 0; b < batch; ++b)
-      for (std::int64_t s = 0; s + 1 < seq; ++s) targets[b * seq + s] = ref.ids[b * seq + s + 1];
+    const std::vector<std::int32_t> targets = next_token_targets(ref.ids);
     float loss = 0;
     model->forward_backward(memkit::host, memkit::host_view(ref.ids.data(), shape{batch, seq}),
                             memkit::host_view(std::as_const(targets).data(), shape{batch, seq}),
@@ -280,9 +284,7 @@ TEST_CASE("models: an adapter memkit trains, loaded by PEFT, gives memkit's logi
   }
   memkit::adam_state<float> adam(memkit::host, m.tracker.category(memkit::memory_category::optimizer_state), sizes);
   const std::vector<memkit::adam_group> groups{{.lr = 1e-2f, .weight_decay = 0.0f}};
-  std::vector<std::int32_t> targets(ref.ids.size(), -100);
-  for (std::int64_t b = 0; b < batch; ++b)
-    for (std::int64_t s = 0; s + 1 < seq; ++s) targets[b * seq + s] = ref.ids[b * seq + s + 1];
+  const std::vector<std::int32_t> targets = next_token_targets(ref.ids);
   std::vector<float> losses;
   for (int step = 0; step < 3; ++step) {
     for (llama::lora_projection<float, float>* l : model->linears()) l->zero_grad();
@@ -372,9 +374,7 @@ TEST_CASE("models: QLoRA from a 16-bit checkpoint and from bitsandbytes' 4-bit o
       // The input gradient flows through frozen NF4 projections (quant::matmul_input_grad) to an adapter below them.
       none.targets = {"q_proj"};
       auto q_only = llama::load_lora_causal_lm<float, nf4>(memkit::host, ckpt, m.memory, none);
-      std::vector<std::int32_t> targets(ref.ids.size(), -100);
-      for (std::int64_t b = 0; b < batch; ++b)
-        for (std::int64_t s = 0; s + 1 < seq; ++s) targets[b * seq + s] = ref.ids[b * seq + s + 1];
+      const std::vector<std::int32_t> targets = next_token_targets(ref.ids);
       float loss = 0;
       q_only->forward_backward(memkit::host, memkit::host_view(ref.ids.data(), shape{batch, seq}),
                                memkit::host_view(std::as_const(targets).data(), shape{batch, seq}),
@@ -419,9 +419,7 @@ TEST_CASE("models: a PEFT adapter on some projections (q_proj, v_proj; rank_patt
     MESSAGE(std::string(name) << ": q/v-only PEFT adapter, max |logit - PEFT| = " << err);
     CHECK(err <= 1e-4 * max_abs(want));
     // Training through the frozen projections: the adapted ones get gradients, the loss is the logits' loss.
-    std::vector<std::int32_t> targets(ref.ids.size(), -100);
-    for (std::int64_t b = 0; b < batch; ++b)
-      for (std::int64_t s = 0; s + 1 < seq; ++s) targets[b * seq + s] = ref.ids[b * seq + s + 1];
+    const std::vector<std::int32_t> targets = next_token_targets(ref.ids);
     float loss = 0;
     model->forward_backward(memkit::host, memkit::host_view(ref.ids.data(), shape{batch, seq}),
                             memkit::host_view(std::as_const(targets).data(), shape{batch, seq}),

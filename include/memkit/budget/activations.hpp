@@ -246,14 +246,17 @@ constexpr std::uint64_t memkit_linear_workspace_bytes(const model_config& m, con
       if (adapter) {
         lora::lora_options options;
         options.host_threads = static_cast<int>(plan.host_threads);
+        options.matmul.host_threads = static_cast<int>(plan.host_threads);  // as memkit/models/llama sets it
         return max_of(lora::forward_workspace_bytes<Base, T>(tokens, in, out, rank, on_device, options, block),
                       lora::backward_workspace_bytes<Base, T>(tokens, in, out, rank, plan.lora.dropout, true, on_device,
                                                               options, block));
       }
       if constexpr (lora::base_traits<Base>::quantized) {
         constexpr quant::format F = lora::base_traits<Base>::format;
-        return max_of(quant::matmul_workspace_bytes(quant::matmul_kind::forward, F, block, tokens, out, in, sizeof(T), on_device),
-                      quant::matmul_workspace_bytes(quant::matmul_kind::input_grad, F, block, tokens, out, in, sizeof(T), on_device));
+        quant::matmul_config matmul;
+        matmul.host_threads = static_cast<int>(plan.host_threads);
+        return max_of(quant::matmul_workspace_bytes(quant::matmul_kind::forward, F, block, tokens, out, in, sizeof(T), on_device, matmul),
+                      quant::matmul_workspace_bytes(quant::matmul_kind::input_grad, F, block, tokens, out, in, sizeof(T), on_device, matmul));
       } else {
         if (on_device) return 0;
         return max_of(linalg::gemm_workspace_bytes<T, Base, T>(tokens, out, in, gemm),

@@ -417,6 +417,7 @@ std::unique_ptr<causal_lm<T, lora_projection<T, Base>>> build_lora_causal_lm(con
         memkit::lora::lora_options lora = projection_lora_options(options, p);
         lora.init_seed = memkit::random_word(options.lora.init_seed, static_cast<std::uint64_t>(i * 7 + k), 0);
         lora.host_threads = memory.host_threads;
+        lora.matmul.host_threads = memory.host_threads;  // the quantized base's products too (their default is 1)
         return projection_type(p.path, std::move(base), lora, memory, std::move(bias));
       });
   for (basic_parameter<T>* p : model->shared_parameters()) fill(p->name, p->value.view());

@@ -43,6 +43,7 @@ struct lora_projection {
   bool on_device = false;  // the layer's memory is device memory (its workspace figures are the CUDA ones)
   memkit::memory_resource* workspace = nullptr;
   int host_threads = 1;
+  memkit::quant::matmul_config matmul{};  // of the frozen base's products without an adapter
 
   static memkit::lora::lora_options options_for(std::int64_t rank, float alpha, const memory_resources& memory,
                                                 std::uint64_t seed) {
@@ -51,6 +52,7 @@ struct lora_projection {
     o.alpha = alpha;
     o.init_seed = seed;
     o.host_threads = memory.host_threads;
+    o.matmul.host_threads = memory.host_threads;  // the quantized base's products too (their default is 1)
     return o;
   }
 
@@ -62,7 +64,7 @@ struct lora_projection {
   lora_projection(std::string path_, base_type&& base_, const memkit::lora::lora_options& options,
                   const memory_resources& memory, std::unique_ptr<memkit::buffer<T>> bias_ = nullptr)
       : path(std::move(path_)), base(std::make_unique<base_type>(std::move(base_))), bias(std::move(bias_)),
-        on_device(memory.on_device()), workspace(memory.workspace), host_threads(memory.host_threads) {
+        on_device(memory.on_device()), workspace(memory.workspace), host_threads(memory.host_threads), matmul(options.matmul) {
     if (options.rank > 0) {
       layer.emplace(base_ref(), bias ? bias->view() : tensor_view<T>{}, options, *memory.weights, *memory.gradients);
       layer->set_workspace(*memory.workspace);
@@ -113,9 +115,9 @@ struct lora_projection {
     if constexpr (quantized_base) {
       namespace q = memkit::quant;
       return std::max(q::matmul_workspace_bytes(q::matmul_kind::forward, Base::quant_format, base->block_size(), tokens,
-                                                w[0], w[1], sizeof(T), on_device),
+                                                w[0], w[1], sizeof(T), on_device, matmul),
                       q::matmul_workspace_bytes(q::matmul_kind::input_grad, Base::quant_format, base->block_size(), tokens,
-                                                w[0], w[1], sizeof(T), on_device));
+                                                w[0], w[1], sizeof(T), on_device, matmul));
     } else {
       if (on_device) return 0;
       const la::gemm_options o{host_threads};
@@ -130,7 +132,7 @@ struct lora_projection {
     const shape w = weight_shape();
     const std::int64_t rows = rows_of(x.shape());
     if constexpr (quantized_base) {
-      memkit::quant::matmul(exec, x, *base, y, *workspace);
+      memkit::quant::matmul(exec, x, *base, y, *workspace, matmul);
     } else {
       la::gemm(exec, la::transpose::no, la::transpose::yes, 1.0f, cmat(x.data(), rows, w[1], x.where()),
                cmat<T>(base->data(), w[0], w[1], base->where()), 0.0f, mat(y.data(), rows, w[0], y.where()), *workspace,
@@ -145,7 +147,7 @@ struct lora_projection {
     const shape w = weight_shape();
     const std::int64_t rows = rows_of(dy.shape());
     if constexpr (quantized_base) {
-      memkit::quant::matmul_input_grad(exec, dy, *base, dx, *workspace);
+      memkit::quant::matmul_input_grad(exec, dy, *base, dx, *workspace, matmul);
     } else {
       la::gemm(exec, la::transpose::no, la::transpose::no, 1.0f, cmat(dy.data(), rows, w[0], dy.where()),
                cmat<T>(base->data(), w[0], w[1], base->where()), 0.0f, mat(dx.data(), rows, w[1], dx.where()), *workspace,
