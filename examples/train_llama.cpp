@@ -147,6 +147,7 @@ struct options {
   bool qlora = true;   // --finetune qlora (NF4 base) | lora (bf16 base) | full
   bool full = false;
   bool merge = false;  // --merge: also write the merged dense checkpoint
+  std::int64_t memory_cap_mib = 0;  // --memory-cap MIB: every allocation through a capped_resource (0: none)
   std::vector<std::string> targets{"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
   bool from_checkpoint() const { return !model_dir.empty() || !config_file.empty(); }
 };
@@ -155,7 +156,7 @@ constexpr const char* flag_list =
     "--short --check --device host|cuda|auto --steps N --finetune-steps N --batch B --seq S --accum A --hidden H "
     "--layers L --heads H --kv-heads K --intermediate F --rank R --threads T --rounding --adam32 --loss-chunk TOKENS "
     "--no-checkpointing --sample N --data DIR --out DIR | --model DIR | --init random --config FILE, "
-    "with --data FILE (tokens) --finetune qlora|lora|full --targets q_proj,v_proj,... --merge";
+    "with --data FILE (tokens) --finetune qlora|lora|full --targets q_proj,v_proj,... --merge; --memory-cap MIB";
 
 // A bad command line: one line naming the flag, exit 2, before anything is allocated or trained.
 [[noreturn]] void usage(const std::string& problem) {
@@ -247,6 +248,7 @@ options parse(int argc, char** argv) {
       if (mode != "qlora" && mode != "lora" && mode != "full")
         usage("--finetune takes qlora, lora or full, not '" + mode + "'");
     } else if (a == "--merge") o.merge = true;
+    else if (a == "--memory-cap") o.memory_cap_mib = number(1, std::int64_t{1} << 24);
     else if (a == "--targets") {
       const std::string list = value();
       const std::vector<std::string> all = o.targets;
@@ -1562,7 +1564,8 @@ int run_main(const options& o) {
     MEMKIT_CUDA_CHECK(cudaGetDeviceProperties(&properties, exec.device));
     // Stream-ordered device memory for every category (the workspace must be; the rest may as well be).
     memkit::device_async_resource device_memory(exec.stream, exec.device);
-    const int status = run(exec, o, device_memory,
+    memkit::capped_resource capped(device_memory, static_cast<std::size_t>(o.memory_cap_mib) << 20);
+    const int status = run(exec, o, o.memory_cap_mib > 0 ? static_cast<memkit::memory_resource&>(capped) : device_memory,
                            std::string("CUDA device ") + std::to_string(exec.device) + " (" + properties.name + "), " +
                                "legacy default stream; every buffer in device memory");
     memkit::release_cublas_resources();
@@ -1571,5 +1574,8 @@ int run_main(const options& o) {
 #endif
   const std::string host_line = std::string("host, ") + std::to_string(o.threads) + " threads" +
                                 (o.device == device_choice::automatic ? " (--device auto: " + no_device + ")" : "");
-  return run(memkit::host, o, memkit::default_host_resource(), host_line);
+  // --memory-cap: the run held to a budget, e.g. a GPU's size on the host (#31); past it, out_of_memory.
+  memkit::capped_resource capped(memkit::default_host_resource(), static_cast<std::size_t>(o.memory_cap_mib) << 20);
+  return run(memkit::host, o, o.memory_cap_mib > 0 ? static_cast<memkit::memory_resource&>(capped) : memkit::default_host_resource(),
+             host_line + (o.memory_cap_mib > 0 ? ", every allocation under a cap of " + std::to_string(o.memory_cap_mib) + " MiB" : ""));
 }

@@ -34,6 +34,7 @@
 #include "memkit/lora/peft_adapter.hpp"
 #include "memkit/loss/fused_linear_cross_entropy.hpp"
 #include "memkit/memory/buffer.hpp"
+#include "memkit/memory/capped.hpp"
 #include "memkit/memory/resource.hpp"
 #include "memkit/memory/tracking.hpp"
 #include "memkit/optim/adam_math.hpp"
