@@ -148,6 +148,8 @@ struct options {
   bool full = false;
   bool merge = false;  // --merge: also write the merged dense checkpoint
   std::int64_t memory_cap_mib = 0;  // --memory-cap MIB: every allocation through a capped_resource (0: none)
+  bool max_seq_search = false;      // --max-seq-search: the longest sequence whose step fits the cap (#31)
+  bool trial = false;               // one step of a search: no validation, nothing saved
   std::vector<std::string> targets{"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
   bool from_checkpoint() const { return !model_dir.empty() || !config_file.empty(); }
 };
@@ -156,7 +158,8 @@ constexpr const char* flag_list =
     "--short --check --device host|cuda|auto --steps N --finetune-steps N --batch B --seq S --accum A --hidden H "
     "--layers L --heads H --kv-heads K --intermediate F --rank R --threads T --rounding --adam32 --loss-chunk TOKENS "
     "--no-checkpointing --sample N --data DIR --out DIR | --model DIR | --init random --config FILE, "
-    "with --data FILE (tokens) --finetune qlora|lora|full --targets q_proj,v_proj,... --merge; --memory-cap MIB";
+    "with --data FILE (tokens) --finetune qlora|lora|full --targets q_proj,v_proj,... --merge; --memory-cap MIB "
+    "--max-seq-search";
 
 // A bad command line: one line naming the flag, exit 2, before anything is allocated or trained.
 [[noreturn]] void usage(const std::string& problem) {
@@ -249,6 +252,7 @@ options parse(int argc, char** argv) {
         usage("--finetune takes qlora, lora or full, not '" + mode + "'");
     } else if (a == "--merge") o.merge = true;
     else if (a == "--memory-cap") o.memory_cap_mib = number(1, std::int64_t{1} << 24);
+    else if (a == "--max-seq-search") o.max_seq_search = true;
     else if (a == "--targets") {
       const std::string list = value();
       const std::vector<std::string> all = o.targets;
@@ -274,9 +278,12 @@ options parse(int argc, char** argv) {
       usage("--init random needs --config FILE (a config.json), and --config needs --init random");
     if (o.model_dir.empty() && o.merge) usage("--merge needs --model DIR (random weights are not worth exporting)");
     if (o.full && targets_given) usage("--targets applies to --finetune qlora or lora (full fine-tuning trains every parameter)");
+    if (o.max_seq_search && o.memory_cap_mib == 0) usage("--max-seq-search needs --memory-cap MIB (the cap the step must fit)");
+    if (o.max_seq_search && !o.token_file.empty()) usage("--max-seq-search runs on random token ids: leave out --data");
+    if (o.max_seq_search && o.full) usage("--max-seq-search searches --finetune qlora or lora");
     if (o.full && o.merge) usage("--merge applies to --finetune qlora or lora (full fine-tuning saves the whole model)");
     o.token_file = data_given ? o.data_dir : std::string();
-    if (!o.model_dir.empty() && o.token_file.empty())
+    if (!o.model_dir.empty() && o.token_file.empty() && !o.max_seq_search)
       usage("--model DIR needs --data FILE: a token file written by tools/tokenize.py with the model's tokenizer");
     std::error_code ec;
     if (!o.token_file.empty() && !std::filesystem::is_regular_file(o.token_file, ec))
@@ -440,8 +447,8 @@ budget::training_plan budget_plan(const options& o, bool qlora, bool on_device) 
   return p;
 }
 
-budget_prediction budget_estimate(const options& o, bool qlora, bool on_device) {
-  const budget::model_config m = budget::llama_style("memkit-example", static_cast<std::uint64_t>(o.model.hidden),
+budget::model_config budget_model(const options& o) {
+  return budget::llama_style("memkit-example", static_cast<std::uint64_t>(o.model.hidden),
                                                      static_cast<std::uint64_t>(o.model.layers),
                                                      static_cast<std::uint64_t>(o.model.heads),
                                                      static_cast<std::uint64_t>(o.model.kv_heads),
@@ -449,6 +456,9 @@ budget_prediction budget_estimate(const options& o, bool qlora, bool on_device) 
                                                      static_cast<std::uint64_t>(o.model.vocab), o.model.tie_embeddings,
                                                      static_cast<std::uint64_t>(o.model.max_positions),
                                                      static_cast<std::uint64_t>(o.model.head_dim));
+}
+
+budget::training_plan checkpoint_budget_plan(const options& o, bool qlora, bool on_device) {
   budget::training_plan plan = budget_plan(o, qlora, on_device);
   if (qlora && !o.qlora) plan.weights.format = budget::weight_format::bf16;  // --finetune lora: a bf16 base
   if (qlora) {  // --targets: the adapted projections
@@ -458,6 +468,12 @@ budget_prediction budget_estimate(const options& o, bool qlora, bool on_device) 
       if (std::find(o.targets.begin(), o.targets.end(), names[i]) != o.targets.end())
         plan.lora.targets = static_cast<budget::module_set>(plan.lora.targets | (1u << i));
   }
+  return plan;
+}
+
+budget_prediction budget_estimate(const options& o, bool qlora, bool on_device) {
+  const budget::model_config m = budget_model(o);
+  const budget::training_plan plan = checkpoint_budget_plan(o, qlora, on_device);
   const budget::memory_estimate e = budget::estimate_memory(m, plan);
   if (!e.valid()) {
     std::fprintf(stderr, "train_llama: memory_budget refuses the plan: %s\n", std::string(e.problem).c_str());
@@ -684,7 +700,7 @@ void run_stage(const E& exec, int stage, Model& model, Stack& stack, const examp
     example::step_record rec{stage, step + 1, step_loss, static_cast<double>(tokens_per_step * (step + 1)) / elapsed,
                            r.tracker.current_bytes(), r.tracker.peak_bytes(), lr};
     records.push_back(rec);
-    if ((step + 1) % o.log_every == 0 || step == 0 || step + 1 == steps) {
+    if (!o.trial && ((step + 1) % o.log_every == 0 || step == 0 || step + 1 == steps)) {
       std::printf("stage %d  step %4lld/%lld  loss %.4f  lr %.2e  %7.0f tokens/s  memory %s (peak %s)  %.0fs\n", stage,
                   static_cast<long long>(step + 1), static_cast<long long>(steps), step_loss, lr, rec.tokens_per_second,
                   memkit::format_bytes(rec.current_bytes).c_str(), memkit::format_bytes(rec.peak_bytes).c_str(), elapsed);
@@ -1097,6 +1113,13 @@ void train_checkpoint_stage(const E& exec, const options& o, const char* what, M
   predicted.peak[memory_category::activations] = activation_peak(model, stack, o, !lora);
   predicted.peak[memory_category::workspace] = std::max<std::uint64_t>(workspace_peak(model, o), staging);
   predicted.total = predicted.peak.total();
+  if (o.trial) {  // one step of a search: the step alone, quietly
+    run_stage(exec, 2, model, stack, data, buffers, r, o, o.finetune_steps, o.finetune_lr, step_optimizer, zero_grad,
+              records, result);
+    result.measured_peak = meter.tracker.peak_bytes();
+    result.predicted_peak = predicted.total;
+    return;
+  }
   result.validation_before = validation_loss(exec, model, data, buffers, r, o);
   std::printf("\n%s on %s (%lld tokens), %lld steps\nvalidation loss before: %.4f\n", what,
               o.token_file.empty() ? "random token ids" : o.token_file.c_str(), static_cast<long long>(data.size()),
@@ -1216,7 +1239,7 @@ finetune_outcome finetune_checkpoint(const E& exec, const options& o, memory_met
   const auto load_start = std::chrono::steady_clock::now();
   std::unique_ptr<model_type> model = build();
   if constexpr (E::on_device) exec.synchronize();
-  std::printf("\n%s %s in %.1f s: %s base, LoRA r=%lld alpha=%.0f on %s; tracked %s (peak %s)\n",
+  if (!o.trial) std::printf("\n%s %s in %.1f s: %s base, LoRA r=%lld alpha=%.0f on %s; tracked %s (peak %s)\n",
               o.model_dir.empty() ? "built" : "loaded", o.model_dir.empty() ? o.config_file.c_str() : o.model_dir.c_str(),
               std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count(),
               Projection::quantized_base ? "NF4 (block 64, double quantization)" : "bf16", static_cast<long long>(o.lora_rank),
@@ -1243,6 +1266,7 @@ finetune_outcome finetune_checkpoint(const E& exec, const options& o, memory_met
       },
       records, result);
 
+  if (o.trial) return outcome;
   // The adapter as PEFT writes it; reloaded into a fresh model, it must give the same validation loss.
   const std::string adapter_dir = o.out_dir + "/adapter";
   outcome.loss_before_save = result.validation_after;
@@ -1367,6 +1391,81 @@ finetune_outcome finetune_full_checkpoint(const E& exec, const options& o, memor
   return outcome;
 }
 
+// --max-seq-search (#31): the longest sequence whose whole step (forward, loss, backward, optimizer) trains
+// within --memory-cap, found by real one-step runs (doubling, then bisection; a run that hits the cap
+// unwinds with out_of_memory and frees everything), next to memory_budget's memkit runtime answer for the
+// same plan and cap. Random token ids; QLoRA or LoRA as --finetune says.
+template <memkit::executor E>
+int max_seq_search(const E& exec, const options& o, memkit::memory_resource& upstream) {
+  const std::uint64_t cap = static_cast<std::uint64_t>(o.memory_cap_mib) << 20;
+  std::vector<example::step_record> records;
+  int trials = 0;
+  const auto fits = [&](std::int64_t seq) {
+    options t = o;
+    t.trial = true;
+    t.seq = seq;
+    t.model.max_positions = seq;
+    t.finetune_steps = 1;
+    t.log_every = 1 << 30;
+    ++trials;
+    memory_meter meter(upstream);
+    try {
+      if (o.full) return false;  // (refused by parse)
+      if (o.qlora) finetune_checkpoint<lora_linear_impl>(exec, t, meter, records);
+      else finetune_checkpoint<llama::dense_lora_linear<act_t>>(exec, t, meter, records);
+      return true;
+    } catch (const memkit::out_of_memory&) {
+      return false;
+    }
+  };
+  const std::int64_t limit = std::int64_t{1} << 20;
+  std::int64_t good = 0, bad = 0;
+  for (std::int64_t seq = 16; seq <= limit; seq *= 2) {
+    if (!fits(seq)) {
+      bad = seq;
+      break;
+    }
+    good = seq;
+  }
+  if (bad == 0) bad = limit + 1;
+  while (bad - good > 1) {
+    const std::int64_t mid = good + (bad - good) / 2;
+    (fits(mid) ? good : bad) = mid;
+  }
+  // memory_budget's answer by the same search over its estimate (the rotary table is sized by the sequence,
+  // as the runs size it, so budget::max_sequence's fixed max_positions does not apply).
+  const auto predicted_fits = [&](std::int64_t seq) {
+    options p = o;
+    p.seq = seq;
+    p.model.max_positions = seq;
+    const budget::memory_estimate e = budget::estimate_memory(budget_model(p), checkpoint_budget_plan(p, true, E::on_device));
+    memkit::require(e.valid(), "train_llama: memory_budget refuses the plan: " + std::string(e.problem));
+    return e.peak_bytes(budget::metric::allocated) <= cap;
+  };
+  std::int64_t predicted = 0, over = 0;
+  for (std::int64_t seq = 16; seq <= limit; seq *= 2) {
+    if (!predicted_fits(seq)) {
+      over = seq;
+      break;
+    }
+    predicted = seq;
+  }
+  if (over == 0) over = limit + 1;
+  while (over - predicted > 1) {
+    const std::int64_t mid = predicted + (over - predicted) / 2;
+    (predicted_fits(mid) ? predicted : over) = mid;
+  }
+  const double error = good > 0 ? (double(predicted) - double(good)) / double(good) * 100.0 : 0.0;
+  std::printf("longest sequence under %lld MiB (batch %lld, accumulation %lld): %lld tokens trains a step (%d one-step runs); "
+              "memory_budget's memkit runtime predicts %lld (%+.2f%%)\n",
+              static_cast<long long>(o.memory_cap_mib), static_cast<long long>(o.batch), static_cast<long long>(o.accum),
+              static_cast<long long>(good), trials, static_cast<long long>(predicted), error);
+  if (!o.check) return 0;
+  const bool ok = good > 0 && std::abs(error) <= 2.0;
+  std::printf("check: %s memory_budget's longest sequence within 2%% of the one found\n", ok ? "ok  " : "FAIL");
+  return ok ? 0 : 1;
+}
+
 template <memkit::executor E>
 int run_checkpoint(const E& exec, const options& o, memkit::memory_resource& upstream, const std::string& device_line) {
   const llama::model_config& c = o.model;
@@ -1382,6 +1481,7 @@ int run_checkpoint(const E& exec, const options& o, memkit::memory_resource& ups
               static_cast<long long>(c.vocab), c.tie_embeddings ? " (tied)" : "", static_cast<long long>(parameters),
               static_cast<long long>(o.batch), static_cast<long long>(o.seq), static_cast<long long>(o.accum), o.threads,
               device_line.c_str());
+  if (o.max_seq_search) return max_seq_search(exec, o, upstream);
   memory_meter meter(upstream);
   std::vector<example::step_record> records;
   const finetune_outcome s = o.full    ? finetune_full_checkpoint(exec, o, meter, records)
