@@ -384,6 +384,31 @@ TEST_CASE("models: QLoRA from a 16-bit checkpoint and from bitsandbytes' 4-bit o
       CHECK(max_abs(std::vector<float>(g.data(), g.data() + g.size())) > 0);
     }
   }
+  // An FP4 base (here without double quantization) quantizes from the 16-bit checkpoint too: further from the
+  // fp32 logits than NF4's, and a bitsandbytes NF4 file does not load into them.
+  {
+    const reference ref("qwen2_tied");
+    const std::vector<float> bnb_base =
+        memkit::safetensors::reader(models_dir + "qwen2_tied/reference.safetensors").read_vector<float>("logits_bnb4_fp32");
+    tracked_memory m;
+    llama::lora_load_options options;
+    options.targets = {};
+    options.quant = {64, false};
+    llama::hf_checkpoint ckpt(models_dir + "qwen2_tied", seq);
+    using fp4 = memkit::quant::quantized_tensor<memkit::quant::FP4>;
+    auto model = llama::load_lora_causal_lm<float, fp4>(memkit::host, ckpt, m.memory, options);
+    const std::vector<float> logits = logits_of(*model, final_hidden<float>(*model, ref.ids, m.activations()));
+    const double fp4_err = max_diff(logits, ref.logits_fp32), nf4_err = max_diff(bnb_base, ref.logits_fp32);
+    MESSAGE("qwen2_tied, max |logit - fp32|: FP4 base " << fp4_err << ", NF4 base " << nf4_err);
+    CHECK(fp4_err > 0);
+    CHECK(fp4_err < 4 * nf4_err);
+    const auto load_bnb_into_fp4 = [&] {
+      return llama::load_lora_causal_lm<float, fp4>(memkit::host, llama::hf_checkpoint(models_dir + "qwen2_tied/bnb4", seq),
+                                                    m.memory, options);
+    };
+    CHECK_THROWS_WITH_AS(load_bnb_into_fp4(),
+                         doctest::Contains("a bitsandbytes NF4 checkpoint loads into a QLoRA model with an NF4 base"), memkit::error);
+  }
   // A 4-bit checkpoint only loads as QLoRA; other quantizations are refused, naming the field.
   model_copy copy("qwen2_tied/bnb4", "bnb4");
   CHECK(load_error(copy.dir.string()).find("a bitsandbytes 4-bit checkpoint loads into a QLoRA model") != std::string::npos);

@@ -152,6 +152,13 @@ inline bool ignorable_tensor(const std::string& name) {
   return name.size() > suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
+// Whether a LoRA base type is quant::quantized_tensor<NF4> (what a bitsandbytes NF4 checkpoint loads into).
+template <class Base>
+constexpr bool is_nf4() {
+  if constexpr (requires { Base::quant_format; }) return Base::quant_format == memkit::quant::format::nf4;
+  else return false;
+}
+
 inline float source_to_float(const std::byte* p, const std::string& dtype) {
   if (dtype == "F32") {
     float v;
@@ -473,8 +480,7 @@ std::unique_ptr<causal_lm<T, lora_projection<T, Base>>> load_lora_causal_lm(cons
   memkit::memory_resource& staging = host_staging(memory);
   const auto fill = [&](const std::string& name, tensor_view<T> to) { read_tensor_into(ckpt, name, to, staging); };
   if (!ckpt.prequantized()) return build_lora_causal_lm<T, Base>(exec, ckpt.config(), memory, options, fill);
-  if constexpr (lora_projection<T, Base>::quantized_base) {
-    static_assert(Base::quant_format == memkit::quant::format::nf4, "a bitsandbytes NF4 checkpoint needs an NF4 base");
+  if constexpr (detail::is_nf4<Base>()) {
     // bitsandbytes' tensors read as they are (load_linear4bit checks each against its quant_state), on the
     // host; a device model gets a copy.
     return build_lora_causal_lm<T, Base>(exec, ckpt.config(), memory, options, fill, [&](const std::string& key, const shape&) {
@@ -484,8 +490,8 @@ std::unique_ptr<causal_lm<T, lora_projection<T, Base>>> load_lora_causal_lm(cons
                             *memory.weights);
     });
   } else {
-    throw memkit::error(ckpt.dir() + ": a bitsandbytes 4-bit checkpoint loads into a QLoRA model (an NF4 base), "
-                        "not LoRA over a dense base");
+    throw memkit::error(ckpt.dir() + ": a bitsandbytes NF4 checkpoint loads into a QLoRA model with an NF4 base, "
+                        "not LoRA over a dense or another quantized base");
   }
 }
 
