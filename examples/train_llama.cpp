@@ -1139,39 +1139,6 @@ void train_checkpoint_stage(const E& exec, const options& o, const char* what, M
 // QLoRA (Projection = nf4_lora_linear) or LoRA over a bf16 base (dense_lora_linear) of the checkpoint: the
 // same loop, memory accounting and checks as stage 2; the adapter is saved in PEFT's format, reloaded into a
 // fresh model and checked to give the same validation loss; with --merge the merged dense checkpoint too.
-// --merge: the checkpoint with each adapter merged into its projection (dequant(W) + scale B A, rounded
-// to bf16), written as out/merged/ (config.json copied, model.safetensors) for transformers to load. The
-// safetensors writer holds the file's tensors in host memory until it writes them.
-template <memkit::executor E, class Model>
-void write_merged(const E& exec, Model& model, const options& o, const resources& r) {
-  namespace fs = std::filesystem;
-  const fs::path dir = fs::path(o.out_dir) / "merged";
-  fs::create_directories(dir);
-  fs::copy_file(fs::path(o.model_dir) / "config.json", dir / "config.json", fs::copy_options::overwrite_existing);
-  memkit::safetensors::writer out;
-  out.add_metadata("format", "pt");
-  for (llama::parameter* p : model.shared_parameters()) add_value(out, *p);
-  for (auto* l : model.linears()) {
-    const shape w = l->weight_shape();
-    memkit::buffer<act_t> merged = memkit::workspace_buffer<act_t>(exec, *r.model.workspace, w);
-    if (l->adapted()) {
-      l->layer->merged_weight(exec, merged.view());
-    } else if constexpr (std::remove_pointer_t<decltype(l)>::quantized_base) {
-      l->base->dequantize(exec, merged.view());
-    } else {
-      llama::copy_view(exec, std::as_const(*l->base).view(), merged.view());
-    }
-    const std::vector<act_t> values = llama::copy_out(std::as_const(merged).view());
-    out.add(l->path + ".weight", tensor_view<const act_t>(values.data(), w, memkit::memory_kind::host));
-    if (l->bias) {
-      const std::vector<act_t> bias = llama::copy_out(std::as_const(*l->bias).view());
-      out.add(l->path + ".bias", tensor_view<const act_t>(bias.data(), l->bias->shape(), memkit::memory_kind::host));
-    }
-  }
-  out.write((dir / "model.safetensors").string());
-  std::printf("wrote %s/ (the adapter merged into a bf16 checkpoint)\n", dir.string().c_str());
-}
-
 template <class Projection, memkit::executor E>
 finetune_outcome finetune_checkpoint(const E& exec, const options& o, memory_meter& meter,
                                      std::vector<example::step_record>& records) {
@@ -1281,7 +1248,10 @@ finetune_outcome finetune_checkpoint(const E& exec, const options& o, memory_met
     }
     adapter.write(adapter_dir);
   }
-  if (o.merge) write_merged(exec, *model, o, r);
+  if (o.merge) {  // the adapter merged into a bf16 checkpoint (llama::save_merged) for transformers
+    llama::save_merged(exec, *model, o.model_dir + "/config.json", o.out_dir + "/merged");
+    std::printf("wrote %s/merged/ (the adapter merged into a bf16 checkpoint)\n", o.out_dir.c_str());
+  }
   model.reset();
   {
     std::unique_ptr<model_type> reloaded = build();

@@ -470,6 +470,32 @@ TEST_CASE("models: a PEFT adapter on some projections (q_proj, v_proj; rank_patt
                        memkit::error);
 }
 
+TEST_CASE("models: an adapter merged into the checkpoint (save_merged) loads as a dense model with PEFT's logits") {
+  for (const char* name : {"qwen2_tied", "llama_llama3_bias"}) {
+    CAPTURE(name);
+    const reference ref(name);
+    const std::vector<float> want =
+        memkit::safetensors::reader(models_dir + name + "/reference.safetensors").read_vector<float>("logits_lora_fp32");
+    const fs::path dir = fs::temp_directory_path() / ("memkit_merged_" + std::string(name) + "_" + std::to_string(::getpid()));
+    tracked_memory m;
+    {
+      llama::hf_checkpoint ckpt(models_dir + name, seq);
+      llama::lora_load_options options;
+      options.lora.rank = 4;
+      options.lora.alpha = 8;
+      auto model = llama::load_lora_causal_lm<float, float>(memkit::host, ckpt, m.memory, options);
+      llama::load_peft_adapter(*model, models_dir + name + "/adapter");
+      llama::save_merged(memkit::host, *model, models_dir + name + "/config.json", dir.string());
+    }
+    llama::hf_checkpoint merged(dir.string(), seq);
+    auto dense = llama::load_causal_lm<float>(merged, m.memory);
+    const double err = max_diff(logits_of(*dense, final_hidden<float>(*dense, ref.ids, m.activations())), want);
+    MESSAGE(std::string(name) << ": merged checkpoint, max |logit - PEFT with the adapter| = " << err);
+    CHECK(err <= 1e-4 * max_abs(want));
+    fs::remove_all(dir);
+  }
+}
+
 TEST_CASE("models: loading streams the checkpoint: the peak is the model plus one staging piece, said in advance") {
   for (const char* name : {"llama_llama3_bias", "llama_tied_bf16"})
     for (const auto mode : {llama::trainability::frozen, llama::trainability::bf16_master}) {

@@ -531,6 +531,35 @@ struct random_weights {
   }
 };
 
+// Writes the model with each adapter merged into its projection (dequant(W) + scale B A, in the training
+// dtype T) as a checkpoint directory `dir`: config_json copied as config.json, every tensor in
+// model.safetensors under transformers' names (biases and the shared parameters as they are). transformers
+// (or load_causal_lm) loads it as the fine-tuned dense model. The safetensors writer holds the tensors in
+// host memory until it writes them; each merged projection passes through one workspace buffer.
+template <memkit::executor E, class T, class Base>
+void save_merged(const E& exec, causal_lm<T, lora_projection<T, Base>>& model, const std::string& config_json,
+                 const std::string& dir) {
+  namespace fs = std::filesystem;
+  fs::create_directories(dir);
+  fs::copy_file(config_json, fs::path(dir) / "config.json", fs::copy_options::overwrite_existing);
+  safetensors::writer out;
+  out.add_metadata("format", "pt");
+  const auto add = [&](const std::string& name, tensor_view<const T> values) {
+    const std::vector<T> host = copy_out(values);
+    out.add(name, tensor_view<const T>(host.data(), values.shape(), memkit::memory_kind::host));
+  };
+  for (basic_parameter<T>* p : model.shared_parameters()) add(p->name, std::as_const(p->value).view());
+  for (lora_projection<T, Base>* l : model.linears()) {
+    memkit::buffer<T> merged = memkit::workspace_buffer<T>(exec, *model.memory.workspace, l->weight_shape());
+    if (l->adapted()) l->layer->merged_weight(exec, merged.view());
+    else if constexpr (lora_projection<T, Base>::quantized_base) l->base->dequantize(exec, merged.view());
+    else copy_view(exec, std::as_const(*l->base).view(), merged.view());
+    add(l->path + ".weight", std::as_const(merged).view());
+    if (l->bias) add(l->path + ".bias", std::as_const(*l->bias).view());
+  }
+  out.write((fs::path(dir) / "model.safetensors").string());
+}
+
 // Loads a PEFT adapter directory (adapter_config.json + adapter_model.safetensors) into the model's adapted
 // projections, all or nothing: the file must hold exactly those modules, each with the layer's rank and
 // scale (build the model with lora_load_options::adapter pointing at the same file to get them).
