@@ -7,6 +7,8 @@
 #include <doctest/doctest.h>
 
 #include <barrier>
+#include <filesystem>
+#include <unistd.h>
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -170,4 +172,57 @@ TEST_CASE("sharded parameters: a dense tensor's shards gather back; misuse is re
   CHECK_THROWS_WITH_AS(q.gather(memkit::host, one, other, memkit::default_host_resource()),
                        doctest::Contains("`whole` is [64, 64] (block 64), the sharded tensor [64, 64] (block 64, double quantization)"),
                        memkit::error);
+}
+
+TEST_CASE("sharded parameters: shards saved on N ranks load on M ranks and gather back bit for bit (N -> M)") {
+  namespace fs = std::filesystem;
+  using nf4 = memkit::quant::quantized_tensor<memkit::quant::NF4>;
+  using sharded = dist::sharded_quantized<memkit::quant::NF4>;
+  const shape dims{1000, 700};
+  const std::vector<float> v = values(dims.numel(), 9);
+  for (const bool nested : {true, false})
+    for (const std::pair<int, int>& counts : {std::pair{2, 3}, std::pair{3, 2}, std::pair{1, 5}, std::pair{4, 1}}) {
+      const int n = counts.first, m = counts.second;  // (named variables: clang 14 cannot capture bindings)
+      CAPTURE(nested);
+      CAPTURE(n);
+      CAPTURE(m);
+      const memkit::quant::quant_options options{64, nested};
+      const nf4 whole = nf4::quantize(memkit::host, memkit::host_view(v.data(), dims), options, memkit::default_host_resource());
+      const fs::path dir = fs::temp_directory_path() / ("memkit_shards_" + std::to_string(::getpid()));
+      fs::create_directories(dir);
+      std::vector<std::string> files;
+      for (int r = 0; r < n; ++r) {
+        memkit::safetensors::writer out;
+        sharded(whole, r, n, memkit::default_host_resource()).save(out, "layers.0.q_proj.weight");
+        files.push_back((dir / ("rank" + std::to_string(r) + ".safetensors")).string());
+        out.write(files.back());
+      }
+      std::vector<memkit::safetensors::reader> readers;
+      for (auto it = files.rbegin(); it != files.rend(); ++it) readers.emplace_back(*it);  // any order
+      std::vector<const memkit::safetensors::reader*> images;
+      for (const auto& r : readers) images.push_back(&r);
+      thread_group group(m);
+      std::vector<int> ok(static_cast<std::size_t>(m), 0);
+      group.run([&](const thread_group::communicator& comm) {
+        const sharded shard = sharded::load(images, "layers.0.q_proj.weight", comm.rank(), comm.size(),
+                                            memkit::default_host_resource());
+        nf4 gathered(memkit::default_host_resource(), dims, options);
+        shard.gather(memkit::host, comm, gathered, memkit::default_host_resource());
+        ok[static_cast<std::size_t>(comm.rank())] = same_tensor(whole, gathered) ? 1 : 0;
+      });
+      CHECK(ok == std::vector<int>(static_cast<std::size_t>(m), 1));
+      // Misuse: not every rank's file, another tensor's name, another format.
+      if (n > 1) {
+        const std::vector<const memkit::safetensors::reader*> some(images.begin(), images.end() - 1);
+        CHECK_THROWS_WITH_AS(sharded::load(some, "layers.0.q_proj.weight", 0, 1, memkit::default_host_resource()),
+                             doctest::Contains("images were given (all ranks of one save are needed)"), memkit::error);
+      }
+      CHECK_THROWS_WITH_AS(sharded::load(images, "layers.0.k_proj.weight", 0, 1, memkit::default_host_resource()),
+                           doctest::Contains("holds no shard of 'layers.0.k_proj.weight'"), memkit::error);
+      CHECK_THROWS_WITH_AS(dist::sharded_quantized<memkit::quant::FP4>::load(images, "layers.0.q_proj.weight", 0, 1,
+                                                                             memkit::default_host_resource()),
+                           doctest::Contains("saved as nf4, loading as fp4"), memkit::error);
+      readers.clear();
+      fs::remove_all(dir);
+    }
 }

@@ -15,7 +15,13 @@
 //
 // Every byte is said in advance: shard_bytes (what a rank keeps) and gather_workspace_bytes (the staging
 // of one gather, released before gather returns). Shards are made from a whole tensor every rank holds
-// (e.g. each rank quantizes or loads the same checkpoint piece by piece): shard_of.
+// (e.g. each rank quantizes or loads the same checkpoint piece by piece).
+//
+// Checkpoints: save(writer, name) adds a rank's shard to a safetensors file (name.codes / name.scales /
+// name.groups as U8, and the layout as JSON metadata under `name`); load(images, name, rank, ranks) builds
+// rank `rank` of `ranks` from the files of ALL ranks of a save made on any number of ranks (N -> M): units
+// never straddle shards, so each new shard is old shards' bytes copied unit by unit. Every file is checked
+// (format, shape, options, rank count, each rank once, piece sizes) before anything is allocated.
 #pragma once
 
 #include <algorithm>
@@ -30,7 +36,13 @@
 #include "memkit/distributed/communicator.hpp"
 #include "memkit/memory/buffer.hpp"
 #include "memkit/memory/resource.hpp"
+#include "memkit/io/json.hpp"
+#include "memkit/io/safetensors.hpp"
 #include "memkit/quant/quantized_tensor.hpp"
+
+#include <bit>
+#include <span>
+#include <vector>
 
 MEMKIT_NAMESPACE_BEGIN
 namespace distributed {
@@ -100,6 +112,82 @@ void gather_bytes(const E& exec, const C& comm, const std::byte* shard, std::siz
                   std::byte* to, std::size_t valid_bytes) {
   comm.all_gather(exec, shard, staging, static_cast<std::int64_t>(shard_bytes));
   copy_bytes(exec, to, staging, valid_bytes);
+}
+
+// One saved shard: its pieces (name.suffix, U8) and the layout as JSON metadata under `name`.
+struct saved_piece {
+  const char* suffix;
+  const std::uint8_t* data;
+  std::size_t bytes;
+};
+inline void save_shard(safetensors::writer& out, const std::string& name, const std::string& layout_json,
+                       std::span<const saved_piece> pieces) {
+  for (const saved_piece& p : pieces) {
+    std::vector<std::uint8_t> host(p.bytes);
+    if (p.bytes > 0) copy_setup(host.data(), p.data, p.bytes);
+    out.add_bytes(name + p.suffix, "U8", {static_cast<std::int64_t>(p.bytes)}, host.data(), p.bytes);
+  }
+  out.add_metadata(name, layout_json);
+}
+
+// The saved layout of `name` in every image, checked against `expected` (the JSON the current tensor would
+// save, less "rank"): returns the images in rank order.
+inline std::vector<const safetensors::reader*> order_images(std::span<const safetensors::reader* const> images,
+                                                            const std::string& name, const std::string& what) {
+  require(!images.empty(), what + ": no images");
+  std::vector<const safetensors::reader*> by_rank(images.size(), nullptr);
+  for (const safetensors::reader* image : images) {
+    require(image != nullptr, what + ": a null image");
+    const std::string* text = nullptr;
+    for (const auto& [key, value] : image->metadata())
+      if (key == name) text = &value;
+    require(text != nullptr, what + ": '" + image->path() + "' holds no shard of '" + name + "'");
+    const json::value layout = json::parse(*text, image->path());
+    const json::value* ranks = layout.is_object() ? layout.find("ranks") : nullptr;
+    const json::value* rank = layout.is_object() ? layout.find("rank") : nullptr;
+    require(ranks != nullptr && rank != nullptr && ranks->is_number() && rank->is_number(),
+            what + ": '" + image->path() + "': the layout of '" + name + "' has no rank / ranks");
+    require(ranks->as_int() == static_cast<std::int64_t>(images.size()),
+            what + ": '" + image->path() + "' was saved by " + ranks->number_text() + " ranks, but " +
+                std::to_string(images.size()) + " images were given (all ranks of one save are needed)");
+    const std::int64_t r = rank->as_int();
+    require(r >= 0 && r < static_cast<std::int64_t>(images.size()), what + ": '" + image->path() + "': rank " + rank->number_text());
+    require(by_rank[static_cast<std::size_t>(r)] == nullptr, what + ": rank " + std::to_string(r) + " appears twice");
+    by_rank[static_cast<std::size_t>(r)] = image;
+  }
+  return by_rank;
+}
+
+// The layout JSON of a shard less its rank: what every rank of one save must agree on.
+inline std::string layout_without_rank(const safetensors::reader& image, const std::string& name) {
+  for (const auto& [key, value] : image.metadata())
+    if (key == name) {
+      const std::size_t at = value.find(",\"rank\":");
+      return at == std::string::npos ? value : value.substr(0, at);
+    }
+  return {};
+}
+
+// Rebuilds rank `rank` of `ranks` from the old shards (in rank order, each `old_units` units), piece by
+// piece: `unit_bytes[i]` bytes per unit of piece i, the new shard `new_units` units long.
+inline void reshard_pieces(std::span<const safetensors::reader* const> old_images, const std::string& name,
+                           std::span<const char* const> suffixes, std::span<const std::size_t> unit_bytes,
+                           std::int64_t old_units, std::int64_t new_units, std::int64_t total_units, int rank,
+                           std::span<std::uint8_t* const> destination) {
+  const std::int64_t first = std::min<std::int64_t>(total_units, rank * new_units);
+  const std::int64_t last = std::min<std::int64_t>(total_units, first + new_units);
+  for (std::size_t piece = 0; piece < suffixes.size(); ++piece) {
+    if (unit_bytes[piece] == 0) continue;
+    for (std::int64_t u = first; u < last;) {
+      const std::int64_t k = u / old_units, end = std::min(last, (k + 1) * old_units);
+      const safetensors::reader& image = *old_images[static_cast<std::size_t>(k)];
+      const safetensors::tensor_info& t = image.info(name + suffixes[piece]);
+      image.read_range(t, static_cast<std::uint64_t>(u - k * old_units) * unit_bytes[piece],
+                       destination[piece] + static_cast<std::size_t>(u - first) * unit_bytes[piece],
+                       static_cast<std::uint64_t>(end - u) * unit_bytes[piece]);
+      u = end;
+    }
+  }
 }
 
 }  // namespace detail
@@ -259,6 +347,103 @@ class sharded_quantized {
                            bytes_of(whole.absmax()), whole.absmax().bytes());
     }
     if constexpr (E::on_device) exec.synchronize();  // `offset_` is host memory read by an async copy
+  }
+
+  // Adds this rank's shard to `out` under `name` (see the header).
+  void save(safetensors::writer& out, const std::string& name) const {
+    std::string dims = "[";
+    for (int i = 0; i < shape_.rank; ++i) dims += (i ? "," : "") + std::to_string(shape_[i]);
+    const std::string layout = std::string("{\"format\":\"") + quant::to_string(F) + "\",\"shape\":" + dims +
+                               "],\"block_size\":" + std::to_string(options_.block_size) +
+                               ",\"double_quant\":" + (options_.double_quant ? "true" : "false") +
+                               ",\"offset_bits\":" + std::to_string(std::bit_cast<std::uint32_t>(offset_)) +
+                               ",\"ranks\":" + std::to_string(layout_.ranks) + ",\"rank\":" + std::to_string(rank_) + "}";
+    const detail::saved_piece pieces[] = {
+        {".codes", codes_.data(), codes_.bytes()},
+        {".scales", scales_.data(), scales_.bytes()},
+        {".groups", groups_.data(), groups_.bytes()},
+        {".nested_map", reinterpret_cast<const std::uint8_t*>(nested_map_.value), sizeof(nested_map_.value)}};
+    detail::save_shard(out, name, layout, pieces);
+  }
+
+  // Rank `rank` of `ranks` from the images of every rank of a save (any order, any rank count).
+  static sharded_quantized load(std::span<const safetensors::reader* const> images, const std::string& name, int rank,
+                                int ranks, memory_resource& resource) {
+    const std::string what = "sharded_quantized::load('" + name + "')";
+    detail::check_rank(what.c_str(), rank, ranks);
+    const std::vector<const safetensors::reader*> old = detail::order_images(images, name, what);
+    const std::string agreed = detail::layout_without_rank(*old[0], name);
+    for (const safetensors::reader* image : old)
+      require(detail::layout_without_rank(*image, name) == agreed,
+              what + ": '" + image->path() + "' holds a different tensor or save than '" + old[0]->path() + "'");
+    std::string json_text;
+    for (const auto& [key, value] : old[0]->metadata())
+      if (key == name) json_text = value;
+    const json::value layout = json::parse(json_text, old[0]->path());
+    const auto field = [&](const char* key) -> const json::value& {
+      const json::value* v = layout.find(key);
+      require(v != nullptr, what + ": the saved layout has no '" + key + "'");
+      return *v;
+    };
+    require(field("format").is_string() && field("format").as_string() == quant::to_string(F),
+            what + ": saved as " + (field("format").is_string() ? field("format").as_string() : std::string("?")) +
+                ", loading as " + quant::to_string(F));
+    shape dims{};
+    const json::value& extents = field("shape");
+    require(extents.is_array() && !extents.as_array().empty() && extents.as_array().size() <= 8,
+            what + ": the saved shape is not a list of 1 to 8 extents");
+    dims.rank = static_cast<int>(extents.as_array().size());
+    for (int i = 0; i < dims.rank; ++i) {
+      const json::value& e = extents.as_array()[static_cast<std::size_t>(i)];
+      require(e.is_number() && e.as_double() >= 0 && e.as_double() <= double(std::int64_t{1} << 40),
+              what + ": a saved extent is out of range");
+      dims.extents[i] = e.as_int();
+    }
+    require(dims.numel() <= (std::int64_t{1} << 40), what + ": the saved tensor has too many elements");
+    quant::quant_options options;
+    options.block_size = field("block_size").as_int();
+    options.double_quant = field("double_quant").as_bool();
+    require(options.block_size >= 16 && options.block_size <= 4096 && (options.block_size & (options.block_size - 1)) == 0,
+            what + ": saved block size " + std::to_string(options.block_size));
+    const int old_ranks = static_cast<int>(old.size());
+    const pieces old_pieces = shard_pieces(dims, options, old_ranks);
+    const std::size_t expected[] = {old_pieces.codes, old_pieces.scales, old_pieces.groups, sizeof(quant::code_table<256>::value)};
+    const char* const suffixes[] = {".codes", ".scales", ".groups", ".nested_map"};
+    for (const safetensors::reader* image : old)
+      for (int i = 0; i < 4; ++i) {
+        const safetensors::tensor_info* t = image->find(name + suffixes[i]);
+        require(t != nullptr && t->dtype == "U8" && t->bytes() == expected[i],
+                what + ": '" + image->path() + "': '" + name + suffixes[i] + "' is missing or not " +
+                    std::to_string(expected[i]) + " bytes of U8");
+      }
+    // Everything checked: the new shard, unit by unit from the old ones.
+    sharded_quantized out;
+    out.shape_ = dims;
+    out.options_ = options;
+    out.rank_ = rank;
+    out.layout_ = layout_of(dims, options, ranks);
+    out.offset_ = std::bit_cast<float>(static_cast<std::uint32_t>(field("offset_bits").as_int()));
+    const pieces p = shard_pieces(dims, options, ranks);
+    std::vector<std::uint8_t> codes(p.codes, 0), scales(p.scales, 0), groups(p.groups, 0);
+    const shard_layout old_layout = layout_of(dims, options, old_ranks);
+    const std::int64_t units = (dims.numel() + out.layout_.unit - 1) / out.layout_.unit;
+    const std::size_t blocks_per_unit = static_cast<std::size_t>(out.layout_.unit / options.block_size);
+    const std::size_t unit_bytes[] = {static_cast<std::size_t>(quant::code_bytes(F, out.layout_.unit)),
+                                      options.double_quant ? blocks_per_unit : 4 * blocks_per_unit,
+                                      options.double_quant ? std::size_t{4} : std::size_t{0}};
+    std::uint8_t* const destination[] = {codes.data(), scales.data(), groups.data()};
+    detail::reshard_pieces(old, name, std::span<const char* const>(suffixes, 3), unit_bytes, old_layout.units_per_rank,
+                           out.layout_.units_per_rank, units, rank, destination);
+    std::vector<std::uint8_t> map(sizeof(quant::code_table<256>::value));
+    old[0]->read_bytes(name + ".nested_map", map.data(), map.size());
+    std::memcpy(out.nested_map_.value, map.data(), map.size());
+    out.codes_ = buffer<std::uint8_t>(resource, shape{static_cast<std::int64_t>(p.codes)});
+    out.scales_ = buffer<std::uint8_t>(resource, shape{static_cast<std::int64_t>(p.scales)});
+    out.groups_ = buffer<std::uint8_t>(resource, shape{static_cast<std::int64_t>(p.groups)});
+    detail::copy_setup(out.codes_.data(), codes.data(), codes.size());
+    detail::copy_setup(out.scales_.data(), scales.data(), scales.size());
+    detail::copy_setup(out.groups_.data(), groups.data(), groups.size());
+    return out;
   }
 
  private:
