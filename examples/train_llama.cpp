@@ -1487,15 +1487,7 @@ int run_checkpoint(const E& exec, const options& o, memkit::memory_resource& ups
   }
   expect(categories_exact, "every category's peak predicted within 2%");
   expect(s.result.predicted_peak >= s.result.measured_peak, "the predicted total bounds the measured peak");
-  if (o.full || o.targets.size() == 7) {
-    expect(within(s.result.budget.peak, s.result.measured_peak, 0.02), "memory_budget's memkit runtime within 2% of the tracker");
-  } else {
-    // memory_budget charges a block's largest operation workspace while all the block's saved tensors are
-    // still held; with frozen projections between adapted ones that moment does not occur (+2.3% on
-    // llama_llama3_bias with q_proj,v_proj at 4-8 x 128-256 tokens): not checked until #33 models it.
-    std::printf("check: skip memory_budget within 2%% (%+.2f%%): LoRA on some projections only, see #33\n",
-                percent_error(s.result.budget.peak, s.result.measured_peak));
-  }
+  expect(within(s.result.budget.peak, s.result.measured_peak, 0.02), "memory_budget's memkit runtime within 2% of the tracker");
   expect(s.loss_after_reload == s.loss_before_save, "the reloaded PEFT adapter gives the same validation loss");
   return failures == 0 ? 0 : 1;
 }

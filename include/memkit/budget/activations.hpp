@@ -31,6 +31,12 @@ struct block_activations {
   std::uint64_t saved_bytes = 0;         // kept from the block's forward to its backward
   std::uint64_t forward_transient = 0;   // largest temporary alive inside the block's forward
   std::uint64_t backward_transient = 0;  // gradient temporaries alive inside the block's backward
+  // memkit runtime: the backward in phases (MLP, o_proj, attention, q/k/v projections), each with the saved
+  // bytes already released when it starts and its temporaries: a phase's largest operation runs after the
+  // later layers' saved tensors are gone. backward_transient is the largest of the phase transients.
+  static constexpr int backward_phase_count = 4;
+  std::uint64_t backward_released[backward_phase_count]{};
+  std::uint64_t backward_phase_transient[backward_phase_count]{};
   // memkit runtime: the temporaries come from the workspace resource (and include the block's operations'
   // own workspace), so they count as workspace, not activations.
   bool transients_in_workspace = false;
@@ -220,7 +226,9 @@ constexpr auto with_base_type(const training_plan& plan, F&& f) noexcept {
 // host (plan.host_threads > 0) every product is a linalg::gemm whose per-thread packing is workspace too, so a
 // trained dense linear takes the most of its forward (x W^T), weight gradient (dy^T x, fp32) and input
 // gradient (dy W) products.
-constexpr std::uint64_t memkit_linear_workspace_bytes(const model_config& m, const training_plan& plan) noexcept {
+// `which`: only the linears of these modules (a block's phase).
+constexpr std::uint64_t memkit_linear_workspace_bytes(const model_config& m, const training_plan& plan,
+                                                      module_set which = all_linear_modules) noexcept {
   const bool on_host = plan.on_host();
   if (!plan.lora_training() && !on_host) return 0;
   const bool on_device = !on_host;
@@ -231,6 +239,7 @@ constexpr std::uint64_t memkit_linear_workspace_bytes(const model_config& m, con
   std::uint64_t peak = 0;
   for (int i = 0; i < linears.count; ++i) {
     const linear_layer& l = linears.items[i];
+    if ((l.modules & which) == 0) continue;
     const auto tokens = static_cast<std::int64_t>(plan.tokens() * l.tokens_per_copy_num / l.tokens_per_copy_den);
     const auto in = static_cast<std::int64_t>(l.in), out = static_cast<std::int64_t>(l.out);
     const auto rank = static_cast<std::int64_t>(plan.lora.rank);
@@ -318,12 +327,15 @@ constexpr block_activations memkit_block_activation_bytes(const model_config& m,
   linear(linear_module::q, h, "q_proj.input");
   linear(linear_module::k, h, "k_proj.input");
   linear(linear_module::v, h, "v_proj.input");
+  const std::uint64_t saved_to_qkv = a.saved_bytes;  // the backward's phases release in reverse order
   add("q", e * T * qw);
   add("k", e * T * kvw);
   add("v", e * T * kvw);
   add("attention.output", e * T * qw);
   add("attention.logsumexp", attention::forward_saved_bytes(b, Hq, s, d, e) - e * T * qw);
+  const std::uint64_t saved_to_attention = a.saved_bytes;
   linear(linear_module::o, qw, "o_proj.input");
+  const std::uint64_t saved_to_o = a.saved_bytes;
   add("mlp_norm.input", e * T * h);
   add("mlp_norm.rstd", 4 * T);
   linear(linear_module::gate, h, "gate_proj.input");
@@ -344,6 +356,19 @@ constexpr block_activations memkit_block_activation_bytes(const model_config& m,
   const std::uint64_t attention_backward = attention::backward_workspace_bytes(B, nq, nkv, S, D, e, options, on_device);
   a.forward_transient = forward_scratch + round_up(max_of(linears, attention_forward), g);
   a.backward_transient = backward_scratch + round_up(max_of(linears, attention_backward), g);
+  // The phases of memkit/models/llama/block.hpp's backward: the MLP (down, SwiGLU, up, gate, mlp_norm), o_proj,
+  // attention, then q/k/v and attn_norm; each starts once the phases before it have released their saved tensors.
+  const module_set mlp = linear_module::gate | linear_module::up | static_cast<module_set>(linear_module::down);
+  const module_set qkv = linear_module::q | linear_module::k | static_cast<module_set>(linear_module::v);
+  const std::uint64_t phase_workspace[block_activations::backward_phase_count] = {
+      memkit_linear_workspace_bytes(m, plan, mlp), memkit_linear_workspace_bytes(m, plan, static_cast<module_set>(linear_module::o)),
+      attention_backward, memkit_linear_workspace_bytes(m, plan, qkv)};
+  const std::uint64_t released[block_activations::backward_phase_count] = {
+      0, a.saved_bytes - saved_to_o, a.saved_bytes - saved_to_attention, a.saved_bytes - saved_to_qkv};
+  for (int i = 0; i < block_activations::backward_phase_count; ++i) {
+    a.backward_released[i] = released[i];
+    a.backward_phase_transient[i] = backward_scratch + round_up(phase_workspace[i], g);
+  }
   return a;
 }
 

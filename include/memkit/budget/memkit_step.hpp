@@ -98,7 +98,14 @@ constexpr memkit_step_moments memkit_step_activations(const model_config& m, con
     moment(backward_pass ? backward_phase : forward_phase, bytes, forward_temporaries(step));
   };
   auto on_backward = [&](std::uint64_t step, std::uint64_t bytes) {
-    moment(backward_phase, bytes, backward_temporaries(step));
+    if (step >= L) {
+      moment(backward_phase, bytes, backward_temporaries(step));
+      return;
+    }
+    // A block's backward in its phases: each phase's operations run once the later phases' saved tensors
+    // are released (memkit_block_activation_bytes).
+    for (int i = 0; i < block_activations::backward_phase_count; ++i)
+      moment(backward_phase, bytes - block.backward_released[i], block.backward_phase_transient[i]);
   };
   const checkpoint_plan plan = make_checkpoint_plan(p.checkpoint_schedule_of(), L + 1);
   detail::memkit_stack_model model([hidden](std::uint64_t) { return hidden; }, saved, on_backward, on_forward,
