@@ -226,3 +226,42 @@ TEST_CASE("sharded parameters: shards saved on N ranks load on M ranks and gathe
       fs::remove_all(dir);
     }
 }
+
+TEST_CASE("sharded parameters: dense shards saved on 3 ranks load on 2 (and 1 on 4) and gather back") {
+  namespace fs = std::filesystem;
+  const shape dims{37, 11};
+  const std::vector<float> v = values(dims.numel(), 13);
+  for (const std::pair<int, int>& counts : {std::pair{3, 2}, std::pair{1, 4}}) {
+    const int n = counts.first, m = counts.second;
+    CAPTURE(n);
+    CAPTURE(m);
+    const fs::path dir = fs::temp_directory_path() / ("memkit_dense_shards_" + std::to_string(::getpid()));
+    fs::create_directories(dir);
+    std::vector<memkit::safetensors::reader> readers;
+    for (int r = 0; r < n; ++r) {
+      memkit::safetensors::writer out;
+      dist::sharded_dense<float>(memkit::host_view(v.data(), dims), r, n, memkit::default_host_resource()).save(out, "norm.weight");
+      const std::string file = (dir / ("rank" + std::to_string(r) + ".safetensors")).string();
+      out.write(file);
+      readers.emplace_back(file);
+    }
+    std::vector<const memkit::safetensors::reader*> images;
+    for (const auto& r : readers) images.push_back(&r);
+    thread_group group(m);
+    std::vector<int> ok(static_cast<std::size_t>(m), 0);
+    group.run([&](const thread_group::communicator& comm) {
+      const auto shard = dist::sharded_dense<float>::load(images, "norm.weight", dims, comm.rank(), comm.size(),
+                                                          memkit::default_host_resource());
+      std::vector<float> back(v.size());
+      shard.gather(memkit::host, comm, memkit::host_view(back.data(), dims), memkit::default_host_resource());
+      ok[static_cast<std::size_t>(comm.rank())] = back == v ? 1 : 0;
+    });
+    CHECK(ok == std::vector<int>(static_cast<std::size_t>(m), 1));
+    CHECK_THROWS_WITH_AS(dist::sharded_dense<float>::load(images, "norm.weight", shape{11, 37}, 0, 1, memkit::default_host_resource()),
+                         doctest::Contains("holds another tensor"), memkit::error);
+    CHECK_THROWS_WITH_AS(dist::sharded_dense<memkit::bf16>::load(images, "norm.weight", dims, 0, 1, memkit::default_host_resource()),
+                         doctest::Contains("\"format\":\"F32\""), memkit::error);
+    readers.clear();
+    fs::remove_all(dir);
+  }
+}

@@ -237,7 +237,55 @@ class sharded_dense {
                          reinterpret_cast<std::byte*>(whole.data()), static_cast<std::size_t>(shape_.numel()) * sizeof(T));
   }
 
+  // Adds this rank's shard to `out` under `name`: `name.values` (U8) and the layout as JSON metadata.
+  void save(safetensors::writer& out, const std::string& name) const {
+    const detail::saved_piece pieces[] = {{".values", reinterpret_cast<const std::uint8_t*>(shard_.data()), shard_.bytes()}};
+    detail::save_shard(out, name, layout_json(shape_) + ",\"ranks\":" + std::to_string(layout_.ranks) +
+                                      ",\"rank\":" + std::to_string(rank_) + "}",
+                       pieces);
+  }
+
+  // Rank `rank` of `ranks` from the images of every rank of a save of a tensor of `dims` (any rank count).
+  static sharded_dense load(std::span<const safetensors::reader* const> images, const std::string& name, const shape& dims,
+                            int rank, int ranks, memory_resource& resource) {
+    const std::string what = "sharded_dense::load('" + name + "')";
+    detail::check_rank(what.c_str(), rank, ranks);
+    const std::vector<const safetensors::reader*> old = detail::order_images(images, name, what);
+    for (const safetensors::reader* image : old)
+      require(detail::layout_without_rank(*image, name) == layout_json(dims) + ",\"ranks\":" + std::to_string(old.size()),
+              what + ": '" + image->path() + "' holds another tensor (" + detail::layout_without_rank(*image, name) +
+                  "}), not " + layout_json(dims) + "}");
+    const shard_layout old_layout = layout_of(dims, static_cast<int>(old.size()));
+    for (const safetensors::reader* image : old) {
+      const safetensors::tensor_info* t = image->find(name + ".values");
+      require(t != nullptr && t->dtype == "U8" &&
+                  t->bytes() == static_cast<std::uint64_t>(old_layout.shard_elements()) * sizeof(T),
+              what + ": '" + image->path() + "': '" + name + ".values' is missing or not " +
+                  std::to_string(old_layout.shard_elements() * static_cast<std::int64_t>(sizeof(T))) + " bytes of U8");
+    }
+    sharded_dense out;
+    out.shape_ = dims;
+    out.rank_ = rank;
+    out.layout_ = layout_of(dims, ranks);
+    std::vector<std::uint8_t> values(static_cast<std::size_t>(out.layout_.shard_elements()) * sizeof(T), 0);
+    const char* const suffixes[] = {".values"};
+    const std::size_t unit_bytes[] = {sizeof(T)};
+    std::uint8_t* const destination[] = {values.data()};
+    detail::reshard_pieces(old, name, suffixes, unit_bytes, old_layout.units_per_rank, out.layout_.units_per_rank,
+                           dims.numel(), rank, destination);
+    out.shard_ = buffer<T>(resource, shape{out.layout_.shard_elements()});
+    detail::copy_setup(out.shard_.data(), values.data(), values.size());
+    return out;
+  }
+
  private:
+  // The layout's JSON up to (not including) the rank count: element type and shape.
+  static std::string layout_json(const shape& dims) {
+    std::string text = std::string("{\"format\":\"") + safetensors::dtype_of<T>() + "\",\"shape\":[";
+    for (int i = 0; i < dims.rank; ++i) text += (i ? "," : "") + std::to_string(dims[i]);
+    return text + "]";
+  }
+
   shape shape_{};
   int rank_ = 0;
   shard_layout layout_{};
