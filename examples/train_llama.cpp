@@ -1361,6 +1361,26 @@ finetune_outcome finetune_full_checkpoint(const E& exec, const options& o, memor
   return outcome;
 }
 
+// The longest sequence in [0, 2^20] that `fits`: doubling from 16 brackets it, then bisection (fits is
+// assumed monotone). 0 when 16 does not fit and nothing below it does either.
+template <class Fits>
+std::int64_t longest_fitting(Fits&& fits) {
+  const std::int64_t limit = std::int64_t{1} << 20;
+  std::int64_t good = 0, bad = limit + 1;
+  for (std::int64_t seq = 16; seq <= limit; seq *= 2) {
+    if (!fits(seq)) {
+      bad = seq;
+      break;
+    }
+    good = seq;
+  }
+  while (bad - good > 1) {
+    const std::int64_t mid = good + (bad - good) / 2;
+    (fits(mid) ? good : bad) = mid;
+  }
+  return good;
+}
+
 // --max-seq-search (#31): the longest sequence whose whole step (forward, loss, backward, optimizer) trains
 // within --memory-cap, found by real one-step runs (doubling, then bisection; a run that hits the cap
 // unwinds with out_of_memory and frees everything), next to memory_budget's memkit runtime answer for the
@@ -1388,43 +1408,17 @@ int max_seq_search(const E& exec, const options& o, memkit::memory_resource& ups
       return false;
     }
   };
-  const std::int64_t limit = std::int64_t{1} << 20;
-  std::int64_t good = 0, bad = 0;
-  for (std::int64_t seq = 16; seq <= limit; seq *= 2) {
-    if (!fits(seq)) {
-      bad = seq;
-      break;
-    }
-    good = seq;
-  }
-  if (bad == 0) bad = limit + 1;
-  while (bad - good > 1) {
-    const std::int64_t mid = good + (bad - good) / 2;
-    (fits(mid) ? good : bad) = mid;
-  }
+  const std::int64_t good = longest_fitting(fits);
   // memory_budget's answer by the same search over its estimate (the rotary table is sized by the sequence,
   // as the runs size it, so budget::max_sequence's fixed max_positions does not apply).
-  const auto predicted_fits = [&](std::int64_t seq) {
+  const std::int64_t predicted = longest_fitting([&](std::int64_t seq) {
     options p = o;
     p.seq = seq;
     p.model.max_positions = seq;
     const budget::memory_estimate e = budget::estimate_memory(budget_model(p), checkpoint_budget_plan(p, true, E::on_device));
     memkit::require(e.valid(), "train_llama: memory_budget refuses the plan: " + std::string(e.problem));
     return e.peak_bytes(budget::metric::allocated) <= cap;
-  };
-  std::int64_t predicted = 0, over = 0;
-  for (std::int64_t seq = 16; seq <= limit; seq *= 2) {
-    if (!predicted_fits(seq)) {
-      over = seq;
-      break;
-    }
-    predicted = seq;
-  }
-  if (over == 0) over = limit + 1;
-  while (over - predicted > 1) {
-    const std::int64_t mid = predicted + (over - predicted) / 2;
-    (predicted_fits(mid) ? predicted : over) = mid;
-  }
+  });
   const double error = good > 0 ? (double(predicted) - double(good)) / double(good) * 100.0 : 0.0;
   std::printf("longest sequence under %lld MiB (batch %lld, accumulation %lld): %lld tokens trains a step (%d one-step runs); "
               "memory_budget's memkit runtime predicts %lld (%+.2f%%)\n",

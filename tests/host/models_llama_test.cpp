@@ -87,6 +87,17 @@ std::vector<std::int32_t> next_token_targets(const std::vector<std::int32_t>& id
   return targets;
 }
 
+// One training pass of `model` on the reference ids with next-token targets: returns the mean loss, the
+// gradients accumulated into the adapters (or trainable parameters).
+template <class Model>
+float next_token_pass(Model& model, const std::vector<std::int32_t>& ids, memkit::memory_resource& saved) {
+  const std::vector<std::int32_t> targets = next_token_targets(ids);
+  float loss = 0;
+  model.forward_backward(memkit::host, memkit::host_view(ids.data(), shape{batch, seq}),
+                         memkit::host_view(targets.data(), shape{batch, seq}), memkit::host_view(&loss, shape{1}), saved);
+  return loss;
+}
+
 double max_abs(const std::vector<float>& v) {
   double m = 0;
   for (float x : v) m = std::max(m, std::abs(double(x)));
@@ -238,11 +249,7 @@ TEST_CASE("models: a PEFT adapter loads onto the checkpoint and gives PEFT's log
     CHECK(err <= 1e-4 * max_abs(logits_ref));
     CHECK(max_diff(logits_ref, ref.logits_fp32) > 0.1);  // the adapter changes the output
 
-    const std::vector<std::int32_t> targets = next_token_targets(ref.ids);
-    float loss = 0;
-    model->forward_backward(memkit::host, memkit::host_view(ref.ids.data(), shape{batch, seq}),
-                            memkit::host_view(std::as_const(targets).data(), shape{batch, seq}),
-                            memkit::host_view(&loss, shape{1}), m.activations());
+    const float loss = next_token_pass(*model, ref.ids, m.activations());
     CHECK(std::abs(loss - loss_ref) <= 1e-5 * std::abs(loss_ref));
     double worst = 0;
     for (llama::lora_projection<float, float>* l : model->linears())
@@ -284,14 +291,10 @@ TEST_CASE("models: an adapter memkit trains, loaded by PEFT, gives memkit's logi
   }
   memkit::adam_state<float> adam(memkit::host, m.tracker.category(memkit::memory_category::optimizer_state), sizes);
   const std::vector<memkit::adam_group> groups{{.lr = 1e-2f, .weight_decay = 0.0f}};
-  const std::vector<std::int32_t> targets = next_token_targets(ref.ids);
   std::vector<float> losses;
   for (int step = 0; step < 3; ++step) {
     for (llama::lora_projection<float, float>* l : model->linears()) l->zero_grad();
-    float loss = 0;
-    model->forward_backward(memkit::host, memkit::host_view(ref.ids.data(), shape{batch, seq}),
-                            memkit::host_view(std::as_const(targets).data(), shape{batch, seq}),
-                            memkit::host_view(&loss, shape{1}), m.activations());
+    const float loss = next_token_pass(*model, ref.ids, m.activations());
     losses.push_back(loss);
     adam.step(memkit::host, params, groups);
   }
@@ -374,11 +377,7 @@ TEST_CASE("models: QLoRA from a 16-bit checkpoint and from bitsandbytes' 4-bit o
       // The input gradient flows through frozen NF4 projections (quant::matmul_input_grad) to an adapter below them.
       none.targets = {"q_proj"};
       auto q_only = llama::load_lora_causal_lm<float, nf4>(memkit::host, ckpt, m.memory, none);
-      const std::vector<std::int32_t> targets = next_token_targets(ref.ids);
-      float loss = 0;
-      q_only->forward_backward(memkit::host, memkit::host_view(ref.ids.data(), shape{batch, seq}),
-                               memkit::host_view(std::as_const(targets).data(), shape{batch, seq}),
-                               memkit::host_view(&loss, shape{1}), m.activations());
+      const float loss = next_token_pass(*q_only, ref.ids, m.activations());
       CHECK(std::isfinite(loss));
       const tensor_view<float> g = q_only->linears()[0]->grad_B();
       CHECK(max_abs(std::vector<float>(g.data(), g.data() + g.size())) > 0);
@@ -444,11 +443,7 @@ TEST_CASE("models: a PEFT adapter on some projections (q_proj, v_proj; rank_patt
     MESSAGE(std::string(name) << ": q/v-only PEFT adapter, max |logit - PEFT| = " << err);
     CHECK(err <= 1e-4 * max_abs(want));
     // Training through the frozen projections: the adapted ones get gradients, the loss is the logits' loss.
-    const std::vector<std::int32_t> targets = next_token_targets(ref.ids);
-    float loss = 0;
-    model->forward_backward(memkit::host, memkit::host_view(ref.ids.data(), shape{batch, seq}),
-                            memkit::host_view(std::as_const(targets).data(), shape{batch, seq}),
-                            memkit::host_view(&loss, shape{1}), m.activations());
+    const float loss = next_token_pass(*model, ref.ids, m.activations());
     CHECK(std::isfinite(loss));
     for (llama::lora_projection<float, float>* l : model->linears())
       if (l->adapted()) CHECK(max_abs(std::vector<float>(l->grad_A().data(), l->grad_A().data() + l->grad_A().size())) > 0);

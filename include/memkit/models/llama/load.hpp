@@ -27,7 +27,6 @@
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <memory>
 #include <string>
@@ -82,16 +81,7 @@ class hf_checkpoint {
   // model.safetensors.index.json: {"weight_map": {tensor: file}}. Shard names are plain file names in the
   // same directory; each tensor is in exactly the shard the map names, and every shard tensor is mapped.
   void open_sharded(const std::filesystem::path& index) {
-    std::ifstream in(index, std::ios::binary);
-    require(static_cast<bool>(in), index.string() + ": cannot open");
-    in.seekg(0, std::ios::end);
-    const std::streamoff size = in.tellg();
-    require(size >= 0 && size <= (std::streamoff{64} << 20), index.string() + ": over 64 MiB, not an index");
-    in.seekg(0);
-    std::string text(static_cast<std::size_t>(size), '\0');
-    in.read(text.data(), size);
-    require(static_cast<bool>(in), index.string() + ": read failed");
-    const json::value root = json::parse(text, index.string());
+    const json::value root = read_json_file(index.string(), std::streamoff{64} << 20, "shard index");
     const json::value* map = root.is_object() ? root.find("weight_map") : nullptr;
     require(map != nullptr && map->is_object(), index.string() + ": no weight_map object");
     std::map<std::string, std::size_t> file_index;
@@ -143,7 +133,6 @@ inline std::string dims_text(const std::vector<std::int64_t>& dims) {
   for (std::size_t i = 0; i < dims.size(); ++i) s += (i ? ", " : "") + std::to_string(dims[i]);
   return s + "]";
 }
-inline std::string dims_text(const shape& s) { return dims_text(std::vector<std::int64_t>(s.extents, s.extents + s.rank)); }
 
 // Tensors a checkpoint may carry that the model does not read (transformers drops them too): the rotary
 // frequencies some older Llama conversions saved.
@@ -188,22 +177,22 @@ void check_checkpoint_tensors(const hf_checkpoint& ckpt) {
     if (std::find(quantized.begin(), quantized.end(), name) != quantized.end()) {
       // A bitsandbytes 4-bit weight: its JSON quant_state gives the logical shape (and is checked whole).
       const std::string where = ckpt.dir() + ": tensor '" + name + "'";
-      require(ckpt.find(name) != nullptr, where + " " + detail::dims_text(dims) + " (bitsandbytes 4-bit) is missing");
+      require(ckpt.find(name) != nullptr, where + " " + memkit::to_string(dims) + " (bitsandbytes 4-bit) is missing");
       const auto header = memkit::quant::detail::read_linear4bit_state<memkit::quant::format::nf4>(ckpt.file_of(name), name, where);
       if (header.dims != dims)
-        throw memkit::error(where + " is " + detail::dims_text(header.dims) + " (bitsandbytes quant_state), config.json implies " +
-                            detail::dims_text(dims));
+        throw memkit::error(where + " is " + memkit::to_string(header.dims) + " (bitsandbytes quant_state), config.json implies " +
+                            memkit::to_string(dims));
       continue;
     }
     const safetensors::tensor_info* t = ckpt.find(name);
     if (t == nullptr)
-      throw memkit::error(ckpt.dir() + ": tensor '" + name + "' " + detail::dims_text(dims) +
+      throw memkit::error(ckpt.dir() + ": tensor '" + name + "' " + memkit::to_string(dims) +
                           " is missing (config.json implies it" +
                           (name == "lm_head.weight" ? std::string(": tie_word_embeddings is false") : std::string()) + ")");
     const std::vector<std::int64_t> want(dims.extents, dims.extents + dims.rank);
     if (t->shape != want)
       throw memkit::error(ckpt.dir() + ": tensor '" + name + "' is " + detail::dims_text(t->shape) + " in " +
-                          ckpt.file_of(name).path() + ", config.json implies " + detail::dims_text(dims));
+                          ckpt.file_of(name).path() + ", config.json implies " + memkit::to_string(dims));
     if (t->dtype != "F32" && t->dtype != "BF16" && t->dtype != "F16")
       throw memkit::error(ckpt.dir() + ": tensor '" + name + "' is " + t->dtype + " (supported: F32, BF16, F16)");
   }
