@@ -20,6 +20,7 @@
 #include "memkit/core/execution.hpp"
 #include "memkit/core/float16.hpp"
 #include "memkit/core/host_threads.hpp"
+#include "memkit/core/protocol.hpp"
 #include "memkit/core/random.hpp"
 #include "memkit/core/rounded_math.hpp"
 #include "memkit/core/tensor_view.hpp"

@@ -72,3 +72,15 @@ TEST_CASE("host executor: refuses device memory with a clear error, accepts the 
                                            "op", "x"));
   static_assert(memkit::executor<memkit::host_executor>);
 }
+
+TEST_CASE("tensor_view::none: the one absent-tensor rule; an empty tensor is not absent") {
+  static_assert(tensor_view<float>::none().is_none());
+  static_assert(tensor_view<const float>{}.is_none());
+  float value = 0.0f;
+  CHECK_FALSE(tensor_view<float>(&value, shape{}, memory_kind::host).is_none());      // a real rank-0 tensor
+  CHECK_FALSE(tensor_view<float>(nullptr, shape{0}, memory_kind::host).is_none());    // empty, from an empty buffer
+  CHECK_FALSE(tensor_view<float>(nullptr, shape{2, 0}, memory_kind::device).is_none());
+  CHECK_FALSE(tensor_view<float>(&value, shape{1}, memory_kind::host).is_none());
+  const tensor_view<const float> converted = tensor_view<float>::none();  // survives the const conversion
+  CHECK(converted.is_none());
+}

@@ -78,7 +78,11 @@ class tensor_view {
  public:
   using element_type = T;
 
+  // A default view is none(): "no tensor here" (no gradient wanted, no bias). It is rank 0 with a null pointer,
+  // which no real tensor is (a rank-0 tensor holds one element), so an empty tensor (shape{0}) is never absent.
   constexpr tensor_view() = default;
+  MEMKIT_HOST_DEVICE static constexpr tensor_view none() noexcept { return {}; }
+  MEMKIT_HOST_DEVICE constexpr bool is_none() const noexcept { return data_ == nullptr && shape_.rank == 0; }
   MEMKIT_HOST_DEVICE constexpr tensor_view(T* data, memkit::shape dims, memory_kind where) noexcept
       : data_(data), shape_(dims), where_(where) {}
 
