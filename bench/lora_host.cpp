@@ -102,13 +102,11 @@ void BM_step(benchmark::State& state, variant which) {
     case variant::lora_dense_base:
       dense_base = memkit::buffer<float>(weights, {out, in});
       std::memcpy(dense_base.data(), w.data(), w.size() * sizeof(float));
-      lora_dense = std::make_unique<memkit::lora::lora_linear<float>>(dense_base.view(), options, weights, gradients);
-      lora_dense->set_workspace(workspace);
+      lora_dense = std::make_unique<memkit::lora::lora_linear<float>>(dense_base.view(), options, weights, gradients, workspace);
       break;
     case variant::lora_nf4_base:
       nf4 = q::quantized_tensor<q::NF4>::quantize(memkit::host, memkit::host_view(w.data(), {out, in}), {64, true}, weights);
-      lora_nf4 = std::make_unique<memkit::lora::lora_linear<q::quantized_tensor<q::NF4>>>(&nf4, options, weights, gradients);
-      lora_nf4->set_workspace(workspace);
+      lora_nf4 = std::make_unique<memkit::lora::lora_linear<q::quantized_tensor<q::NF4>>>(&nf4, options, weights, gradients, workspace);
       break;
   }
   std::size_t saved = 0;

@@ -52,7 +52,7 @@ TEST_CASE("lora_linear compiled by nvcc: the host path runs and its adapter star
   const std::vector<float> w = memkit_test::uniform_values(in * out, 1), x = memkit_test::uniform_values(M * in, 2);
   std::vector<float> base_weight = w;
   memkit::lora::lora_linear<float> layer(memkit::host_view(base_weight.data(), {out, in}), {.rank = 4, .alpha = 8.0},
-                                         memkit::default_host_resource(), memkit::default_host_resource());
+                                         memkit::default_host_resource(), memkit::default_host_resource(), memkit::default_host_resource());
   std::vector<float> y(static_cast<std::size_t>(M * out));
   activation_store store(memkit::default_host_resource());
   layer.forward(memkit::host, {}, memkit::host_view(x.data(), {M, in}), memkit::host_view(y.data(), {M, out}), store);
@@ -109,13 +109,13 @@ void compare_host_and_device(std::int64_t M, float dropout, bool training, doubl
     host_ref = memkit::host_view(host_dense.data(), {out, in});
     device_ref = device_dense.view();
   }
-  memkit::lora::lora_linear<Base, T> on_host(host_ref, options, heap, heap);
-  memkit::lora::lora_linear<Base, T> on_device(device_ref, options, tracker.category(memkit::memory_category::weights),
-                                               tracker.category(memkit::memory_category::gradients));
+  memkit::lora::lora_linear<Base, T> on_host(host_ref, options, heap, heap, heap);
   // The workspace is stream-ordered on the layer's stream (docs/cuda.md, "Workspace"), counted by its own tracker.
   memkit::device_async_resource device_async(stream);
   memkit::tracking_resource workspace_tracker(device_async, "lora-gpu-workspace");
-  on_device.set_workspace(workspace_tracker.category(memkit::memory_category::workspace));
+  memkit::lora::lora_linear<Base, T> on_device(device_ref, options, tracker.category(memkit::memory_category::weights),
+                                               tracker.category(memkit::memory_category::gradients),
+                                               workspace_tracker.category(memkit::memory_category::workspace));
   const std::vector<T> b = memkit_test::convert<T>(memkit_test::uniform_values(out * options.rank, 4));
   std::copy(b.begin(), b.end(), on_host.lora_B().begin());
   MEMKIT_CUDA_CHECK(cudaMemcpy(on_device.lora_B().data(), b.data(), b.size() * sizeof(T), cudaMemcpyHostToDevice));
@@ -137,11 +137,11 @@ void compare_host_and_device(std::int64_t M, float dropout, bool training, doubl
   on_device.forward(gpu, ctx, tensor_view<const T>(x_d.view()), y_d.view(), device_store);
   CHECK(device_store.bytes() == on_device.saved_bytes(shape{M, in}, ctx));
   CHECK(workspace_tracker.stats(memkit::memory_category::workspace).peak_bytes ==
-        on_device.forward_workspace_bytes(M, true));
+        workspace_bytes(on_device.forward_arguments(M, true)));
   workspace_tracker.reset_peak();
   on_device.backward(gpu, tensor_view<const T>(dy_d.view()), dx_d.view(), device_store);
   CHECK(workspace_tracker.stats(memkit::memory_category::workspace).peak_bytes ==
-        on_device.backward_workspace_bytes(M, dropout > 0.0f, true, true));
+        workspace_bytes(on_device.backward_arguments(M, dropout > 0.0f, true, true)));
   gpu.synchronize();
 
   CHECK(normwise_error(to_host(tensor_view<const T>(y_d.view())), y) <= tolerance);

@@ -36,7 +36,7 @@ void check_against_reference(std::int64_t M, std::int64_t in, std::int64_t out, 
   CAPTURE(ctx.training);
   base_weight<Base, T> base(in, out, with_bias, 11);
   lora_linear<Base, T> layer(base.ref(), base.bias_view(), options, memkit::default_host_resource(),
-                             memkit::default_host_resource());
+                             memkit::default_host_resource(), memkit::default_host_resource());
   randomize_b(layer, 12);
   const std::vector<T> x = memkit_test::convert<T>(memkit_test::uniform_values(M * in, 13));
   const std::vector<T> dy = memkit_test::convert<T>(memkit_test::uniform_values(M * out, 14));
@@ -146,7 +146,7 @@ void gradient_check() {
   base_weight<Base, float> base(in, out, true, 21);
   const lora_options options{.rank = 6, .alpha = 12.0, .dropout = 0.3f, .train_bias = true};
   lora_linear<Base, float> layer(base.ref(), base.bias_view(), options, memkit::default_host_resource(),
-                                 memkit::default_host_resource());
+                                 memkit::default_host_resource(), memkit::default_host_resource());
   randomize_b(layer, 22);
   std::vector<float> x = memkit_test::uniform_values(M * in, 23);
   const std::vector<float> g = memkit_test::uniform_values(M * out, 24);
@@ -192,8 +192,7 @@ void check_memory(std::int64_t M, std::int64_t in, std::int64_t out, lora_option
   tracking_resource tracker(memkit::default_host_resource(), "lora");
   base_weight<Base, T> base(in, out, options.train_bias, 31, tracker.category(memory_category::weights), quant);
   lora_linear<Base, T> layer(base.ref(), base.bias_view(), options, tracker.category(memory_category::weights),
-                             tracker.category(memory_category::gradients));
-  layer.set_workspace(tracker.category(memory_category::workspace));
+                             tracker.category(memory_category::gradients), tracker.category(memory_category::workspace));
   std::size_t base_bytes = 0;
   if constexpr (is_quantized<Base>) base_bytes = Base::bytes_required(shape{out, in}, quant);
   CHECK(tracker.stats(memory_category::weights).current_bytes ==
@@ -210,13 +209,14 @@ void check_memory(std::int64_t M, std::int64_t in, std::int64_t out, lora_option
   layer.forward(host, ctx, host_view(x.data(), {M, in}), host_view(y.data(), {M, out}), store);
   CHECK(store.bytes() == layer.saved_bytes(shape{M, in}, ctx));
   CHECK(tracker.stats(memory_category::activations).current_bytes == layer.saved_bytes(shape{M, in}, ctx));
-  CHECK(tracker.stats(memory_category::workspace).peak_bytes == layer.forward_workspace_bytes(M));
+  CHECK(tracker.stats(memory_category::workspace).peak_bytes == workspace_bytes(layer.forward_arguments(M)));
+  CHECK(store.bytes() == saved_bytes(layer.forward_arguments(M)));
   CHECK(tracker.stats(memory_category::workspace).current_bytes == 0);
   tracker.reset_peak();
   layer.backward(host, host_view(dy.data(), {M, out}),
-                 want_dx ? host_view(dx.data(), {M, in}) : memkit::tensor_view<T>{}, store);
+                 want_dx ? host_view(dx.data(), {M, in}) : memkit::tensor_view<T>::none(), store);
   CHECK(tracker.stats(memory_category::workspace).peak_bytes ==
-        layer.backward_workspace_bytes(M, layer.applies_dropout(ctx), want_dx));
+        workspace_bytes(layer.backward_arguments(M, layer.applies_dropout(ctx), want_dx)));
   CHECK(tracker.stats(memory_category::activations).current_bytes == 0);
   CHECK(tracker.stats(memory_category::workspace).current_bytes == 0);
 }
@@ -236,14 +236,17 @@ TEST_CASE("lora_linear: saved bytes, workspace and parameter memory are exactly 
       }
   // The constexpr functions are usable at compile time (memory_budget calls them).
   static_assert(memkit::lora::saved_activation_bytes(4096, 4096, 16, 2).total() == 4096 * (4096 + 16) * 2 + 32);
-  static_assert(memkit::lora::forward_workspace_bytes<float>(512, 64, 64, 8, true) == 0);
+  constexpr memkit::lora::forward_arguments<float> on_device{.tokens = 512, .in = 64, .out = 64, .rank = 8, .on_device = true};
+  static_assert(memkit::operation_arguments<decltype(on_device)>);
+  static_assert(memkit::lora::workspace_bytes(on_device) == 0);  // cuBLAS keeps its own
+  static_assert(memkit::lora::bytes_required(on_device) == memkit::lora::saved_activation_bytes(512, 64, 8, 4).total());
 }
 
 TEST_CASE("lora_linear: dropout draws its mask from the forward context only") {
   const std::int64_t M = 16, in = 64, out = 32;
   base_weight<float, float> base(in, out, false, 41);
   lora_options options{.rank = 4, .alpha = 4.0, .dropout = 0.5f};
-  lora_linear<float> layer(base.ref(), options, memkit::default_host_resource(), memkit::default_host_resource());
+  lora_linear<float> layer(base.ref(), options, memkit::default_host_resource(), memkit::default_host_resource(), memkit::default_host_resource());
   randomize_b(layer, 42);
   const std::vector<float> x = memkit_test::uniform_values(M * in, 43);
   auto run = [&](forward_context ctx) {
@@ -276,7 +279,7 @@ TEST_CASE("lora_linear: merge and unmerge a dense base") {
     base_weight<float, float> base(in, out, false, 51);
     const std::vector<float> original = base.dense;
     lora_linear<float> layer(base.ref(), lora_options{.rank = 4, .alpha = 8.0}, memkit::default_host_resource(),
-                             memkit::default_host_resource());
+                             memkit::default_host_resource(), memkit::default_host_resource());
     randomize_b(layer, 52);
     std::vector<float> expected(original.size());
     layer.merged_weight(host, host_view(expected.data(), {out, in}));
@@ -301,7 +304,7 @@ TEST_CASE("lora_linear: merge and unmerge a dense base") {
     for (std::size_t i = 0; i < w.size(); ++i) w[i] = bf16(static_cast<float>(static_cast<int>(i % 61) - 30) * 0.25f);
     const std::vector<bf16> original = w;
     lora_linear<bf16> layer(host_view(w.data(), {out, in}), lora_options{.rank = 2, .alpha = 2.0},
-                            memkit::default_host_resource(), memkit::default_host_resource());
+                            memkit::default_host_resource(), memkit::default_host_resource(), memkit::default_host_resource());
     for (std::int64_t i = 0; i < layer.lora_A().size(); ++i) layer.lora_A()[i] = bf16(i % 2 ? 0.5f : -0.25f);
     for (std::int64_t i = 0; i < layer.lora_B().size(); ++i) layer.lora_B()[i] = bf16(i % 3 ? 0.25f : 0.5f);
     layer.merge(host);
@@ -315,7 +318,7 @@ TEST_CASE("lora_linear: merged_quantized re-quantizes the merged weight of a qua
   const std::int64_t in = 128, out = 32;
   base_weight<q::quantized_tensor<q::NF4>, float> base(in, out, false, 61);
   lora_linear<q::quantized_tensor<q::NF4>> layer(base.ref(), lora_options{.rank = 4, .alpha = 8.0},
-                                                 memkit::default_host_resource(), memkit::default_host_resource());
+                                                 memkit::default_host_resource(), memkit::default_host_resource(), memkit::default_host_resource());
   randomize_b(layer, 62, 2.0f);
   std::vector<float> merged(static_cast<std::size_t>(out * in)), requantized(merged.size());
   layer.merged_weight(host, host_view(merged.data(), {out, in}));
@@ -330,7 +333,7 @@ TEST_CASE("lora_linear: PEFT's initialisation") {
   const std::int64_t in = 512, out = 64, r = 16;
   base_weight<float, float> base(in, out, false, 71);
   lora_linear<float> kaiming(base.ref(), lora_options{.rank = r, .alpha = 16.0, .init_seed = 7},
-                             memkit::default_host_resource(), memkit::default_host_resource());
+                             memkit::default_host_resource(), memkit::default_host_resource(), memkit::default_host_resource());
   const double bound = 1.0 / std::sqrt(static_cast<double>(in));
   double sum = 0, squares = 0, largest = 0;
   for (float a : kaiming.lora_A()) {
@@ -348,7 +351,7 @@ TEST_CASE("lora_linear: PEFT's initialisation") {
 
   lora_linear<float> gaussian(base.ref(), lora_options{.rank = r, .alpha = 32.0, .use_rslora = true,
                                                        .init = memkit::lora::init_method::gaussian, .init_seed = 7},
-                              memkit::default_host_resource(), memkit::default_host_resource());
+                              memkit::default_host_resource(), memkit::default_host_resource(), memkit::default_host_resource());
   sum = squares = 0;
   for (float a : gaussian.lora_A()) {
     sum += a;
@@ -359,7 +362,7 @@ TEST_CASE("lora_linear: PEFT's initialisation") {
   CHECK(gaussian.scale() == doctest::Approx(32.0 / 4.0));  // rsLoRA: alpha / sqrt(r)
 
   lora_linear<float> same(base.ref(), lora_options{.rank = r, .alpha = 16.0, .init_seed = 7},
-                          memkit::default_host_resource(), memkit::default_host_resource());
+                          memkit::default_host_resource(), memkit::default_host_resource(), memkit::default_host_resource());
   CHECK(std::equal(same.lora_A().begin(), same.lora_A().end(), kaiming.lora_A().begin()));
 }
 
@@ -367,22 +370,22 @@ TEST_CASE("lora_linear: bad input is a clear error and changes nothing") {
   const std::int64_t in = 16, out = 8;
   base_weight<float, float> base(in, out, true, 81);
   auto& heap = memkit::default_host_resource();
-  auto make = [&](lora_options o) { return lora_linear<float>(base.ref(), base.bias_view(), o, heap, heap); };
+  auto make = [&](lora_options o) { return lora_linear<float>(base.ref(), base.bias_view(), o, heap, heap, heap); };
   CHECK_THROWS_WITH_AS(make({.rank = 0}), doctest::Contains("rank must be positive"), memkit::error);
   CHECK_THROWS_WITH_AS(make({.rank = 2, .dropout = 1.0f}), doctest::Contains("dropout must be in [0, 1)"), memkit::error);
   CHECK_THROWS_WITH_AS(make({.rank = 2, .alpha = std::nan("")}), doctest::Contains("alpha must be finite"), memkit::error);
   std::vector<float> short_bias(3);
-  CHECK_THROWS_WITH_AS(lora_linear<float>(base.ref(), host_view(short_bias.data(), {3}), {}, heap, heap),
+  CHECK_THROWS_WITH_AS(lora_linear<float>(base.ref(), host_view(short_bias.data(), {3}), {}, heap, heap, heap),
                        doctest::Contains("the bias has shape [3]"), memkit::error);
-  CHECK_THROWS_WITH_AS(lora_linear<float>(base.ref(), {.train_bias = true}, heap, heap),
+  CHECK_THROWS_WITH_AS(lora_linear<float>(base.ref(), {.train_bias = true}, heap, heap, heap),
                        doctest::Contains("no bias"), memkit::error);
   std::vector<float> bad_weight(static_cast<std::size_t>(in * out), 0.5f);
   bad_weight[19] = std::nanf("");
-  CHECK_THROWS_WITH_AS(lora_linear<float>(host_view(bad_weight.data(), {out, in}), {}, heap, heap),
+  CHECK_THROWS_WITH_AS(lora_linear<float>(host_view(bad_weight.data(), {out, in}), {}, heap, heap, heap),
                        doctest::Contains("at [1, 3]"), memkit::error);
-  CHECK_THROWS_WITH_AS(lora_linear<float>(host_view(bad_weight.data(), {out * in}), {}, heap, heap),
+  CHECK_THROWS_WITH_AS(lora_linear<float>(host_view(bad_weight.data(), {out * in}), {}, heap, heap, heap),
                        doctest::Contains("[out, in]"), memkit::error);
-  CHECK_THROWS_WITH_AS(lora_linear<q::quantized_tensor<q::NF4>>(nullptr, {}, heap, heap), doctest::Contains("null"),
+  CHECK_THROWS_WITH_AS(lora_linear<q::quantized_tensor<q::NF4>>(nullptr, {}, heap, heap, heap), doctest::Contains("null"),
                        memkit::error);
 
   lora_linear<float> layer = make({.rank = 2, .alpha = 2.0, .train_bias = true});
@@ -420,7 +423,7 @@ TEST_CASE("lora_linear: a three-dimensional input [batch, sequence, in]") {
   const std::int64_t in = 24, out = 12;
   base_weight<float, float> base(in, out, false, 91);
   lora_linear<float> layer(base.ref(), lora_options{.rank = 3, .alpha = 6.0}, memkit::default_host_resource(),
-                           memkit::default_host_resource());
+                           memkit::default_host_resource(), memkit::default_host_resource());
   randomize_b(layer, 92);
   CHECK(layer.output_shape(shape{2, 5, in}) == shape{2, 5, out});
   const std::vector<float> x = memkit_test::uniform_values(2 * 5 * in, 93);

@@ -60,8 +60,8 @@ std::vector<module_layer> layers_for(const peft::adapter_file& file, const st::r
     module_layer& back = out.back();
     back.layer = std::make_unique<lora_linear<float>>(
         host_view(back.weight.data(), {m.out_features, m.in_features}),
-        back.bias.empty() ? memkit::tensor_view<float>{} : host_view(back.bias.data(), {m.out_features}),
-        peft::layer_options(file, m.path), memkit::default_host_resource(), memkit::default_host_resource());
+        back.bias.empty() ? memkit::tensor_view<float>::none() : host_view(back.bias.data(), {m.out_features}),
+        peft::layer_options(file, m.path), memkit::default_host_resource(), memkit::default_host_resource(), memkit::default_host_resource());
   }
   return out;
 }
@@ -106,9 +106,9 @@ TEST_CASE("peft + lora_linear: layers saved by memkit load back bit for bit, bia
   std::vector<float> w = memkit_test::uniform_values(in * out, 1), bias_q(out, 0.25f), bias_v(out, -0.5f);
   auto& heap = memkit::default_host_resource();
   const lora_options options{.rank = 4, .alpha = 8.0, .use_rslora = true, .dropout = 0.1f, .train_bias = true, .init_seed = 5};
-  lora_linear<float> q_proj(host_view(w.data(), {out, in}), host_view(bias_q.data(), {out}), options, heap, heap);
+  lora_linear<float> q_proj(host_view(w.data(), {out, in}), host_view(bias_q.data(), {out}), options, heap, heap, heap);
   lora_linear<float> v_proj(host_view(w.data(), {out, in}), host_view(bias_v.data(), {out}),
-                            lora_options{options.rank, options.alpha, true, 0.1f, true, {}, 6}, heap, heap);
+                            lora_options{options.rank, options.alpha, true, 0.1f, true, {}, 6}, heap, heap, heap);
   randomize_b(q_proj, 7);
   randomize_b(v_proj, 8);
   const std::string dir = temporary_directory("round_trip");
@@ -125,7 +125,7 @@ TEST_CASE("peft + lora_linear: layers saved by memkit load back bit for bit, bia
   CHECK(file.config().lora_dropout == doctest::Approx(0.1));
   std::vector<float> w2 = w, bias2(out, 0.0f);
   lora_linear<float> loaded(host_view(w2.data(), {out, in}), host_view(bias2.data(), {out}),
-                            peft::layer_options(file, "model.layers.0.self_attn.v_proj"), heap, heap);
+                            peft::layer_options(file, "model.layers.0.self_attn.v_proj"), heap, heap, heap);
   peft::load_layers<float, float>(file, {{"model.layers.0.self_attn.v_proj", &loaded}});
   CHECK(std::equal(loaded.lora_A().begin(), loaded.lora_A().end(), v_proj.lora_A().begin()));
   CHECK(std::equal(loaded.lora_B().begin(), loaded.lora_B().end(), v_proj.lora_B().begin()));
@@ -155,17 +155,17 @@ TEST_CASE("peft + lora_linear: a layer that does not match its module is refused
   lora_options scale_off = peft::layer_options(file, q1);
   scale_off.alpha = 16.0;  // the file's alpha_pattern gives this module 4
   lora_linear<float> wrong_scale(host_view(target.weight.data(), {out, in}), host_view(target.bias.data(), {out}),
-                                 scale_off, heap, heap);
+                                 scale_off, heap, heap, heap);
   check_refused(wrong_scale, q1, "the file's scale is 0.5 (lora_alpha 4) but the layer's is 2");
   lora_options rank_off = peft::layer_options(file, q1);
   rank_off.rank = 4;
   rank_off.alpha = 2.0;
   lora_linear<float> wrong_rank(host_view(target.weight.data(), {out, in}), host_view(target.bias.data(), {out}),
-                                rank_off, heap, heap);
+                                rank_off, heap, heap, heap);
   check_refused(wrong_rank, q1, "has rank 8 but the layer has rank 4");
   lora_options no_bias = peft::layer_options(file, q1);
   no_bias.train_bias = false;
-  lora_linear<float> without_bias(host_view(target.weight.data(), {out, in}), no_bias, heap, heap);
+  lora_linear<float> without_bias(host_view(target.weight.data(), {out, in}), no_bias, heap, heap, heap);
   check_refused(without_bias, q1, "trains this module's bias");
 
   // Saving: a layer whose scale the config does not give is refused by the writer.

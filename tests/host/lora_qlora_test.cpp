@@ -26,8 +26,8 @@ TEST_CASE("lora_linear: a QLoRA fine-tune (NF4 base, LoRA with dropout, 8-bit Ad
   tracking_resource tracker(memkit::default_host_resource(), "qlora");
   auto& weights = tracker.category(memory_category::weights);
   base_weight<q::quantized_tensor<q::NF4>, float> base(in, out, false, 101, weights, nf4);
-  layer_type layer(base.ref(), options, weights, tracker.category(memory_category::gradients));
-  layer.set_workspace(tracker.category(memory_category::workspace));
+  layer_type layer(base.ref(), options, weights, tracker.category(memory_category::gradients),
+                   tracker.category(memory_category::workspace));
   memkit::adam_state<std::int8_t, 256> adam(memkit::host, tracker.category(memory_category::optimizer_state),
                                             layer.parameter_sizes());
   CHECK(adam.is_quantized(0));  // A and B both have 4096 elements: 8-bit moments, as bitsandbytes keeps them
@@ -38,11 +38,13 @@ TEST_CASE("lora_linear: a QLoRA fine-tune (NF4 base, LoRA with dropout, 8-bit Ad
                                    layer_type::parameter_bytes(in, out, rank);
   const std::size_t gradient_bytes = layer_type::gradient_bytes(in, out, rank, false);
   const std::size_t optimizer_bytes = memkit::adam_state<std::int8_t, 256>::bytes_required(layer.parameter_sizes());
-  const std::size_t saved_bytes = memkit::lora::saved_activation_bytes(tokens, in, rank, sizeof(float)).total();
-  const std::size_t workspace_bytes =
-      std::max(memkit::lora::forward_workspace_bytes<q::quantized_tensor<q::NF4>>(tokens, in, out, rank, false, options, 64),
-               memkit::lora::backward_workspace_bytes<q::quantized_tensor<q::NF4>>(tokens, in, out, rank, true, false,
-                                                                                  false, options, 64));
+  // The protocol's arguments of the two passes, from the layer (NF4 blocks of 64; dropout on; no dx).
+  const auto forward = layer.forward_arguments(tokens);
+  const auto backward = layer.backward_arguments(tokens, /*dropout=*/true, /*input_grad=*/false);
+  static_assert(memkit::operation_arguments<decltype(forward)> && memkit::operation_arguments<decltype(backward)>);
+  const std::size_t saved_bytes = memkit::lora::saved_bytes(forward);
+  CHECK(saved_bytes == memkit::lora::saved_activation_bytes(tokens, in, rank, sizeof(float)).total());
+  const std::size_t workspace_bytes = std::max(memkit::lora::workspace_bytes(forward), memkit::lora::workspace_bytes(backward));
 
   // The target: the frozen base plus a rank-4 change the adapter has to find.
   std::vector<double> target_weight(base.effective.begin(), base.effective.end());
@@ -77,7 +79,7 @@ TEST_CASE("lora_linear: a QLoRA fine-tune (NF4 base, LoRA with dropout, 8-bit Ad
     }
     losses.push_back(loss);
     layer.zero_grad();
-    layer.backward(host, host_view(dy.data(), {tokens, out}), memkit::tensor_view<float>{}, store);
+    layer.backward(host, host_view(dy.data(), {tokens, out}), memkit::tensor_view<float>::none(), store);
     const std::vector<memkit::adam_param<float, float>> params{{layer.lora_A(), layer.grad_A()},
                                                                {layer.lora_B(), layer.grad_B()}};
     adam.step(host, params, groups);

@@ -55,7 +55,7 @@ struct base_weight {
     if constexpr (is_quantized<Base>) return quantized.get();
     else return host_view(dense.data(), {out, in});
   }
-  memkit::tensor_view<T> bias_view() { return bias.empty() ? memkit::tensor_view<T>{} : host_view(bias.data(), {out}); }
+  memkit::tensor_view<T> bias_view() { return bias.empty() ? memkit::tensor_view<T>::none() : host_view(bias.data(), {out}); }
 };
 
 template <class V>

@@ -81,7 +81,7 @@ concept executor = requires(memory_kind kind) {
 // Throws memkit::error unless `exec` can touch the memory behind `view`.
 template <executor E, class T>
 void require_accessible(const E&, const tensor_view<T>& view, const char* operation, const char* argument) {
-  if (view.empty() || E::can_access(view.where())) return;
+  if (view.empty() || view.is_none() || E::can_access(view.where())) return;  // nothing to touch
   throw error(std::string(operation) + ": `" + argument + "` is in " + to_string(view.where()) + " memory, which the " +
               E::name() + " executor cannot access" +
               (E::on_device ? " (use device, managed or pinned_host memory)" : " (copy it to host memory first)"));

@@ -21,8 +21,9 @@
 // Host: the dense products run on linalg::gemm (packed, cache-blocked, AVX2/AVX-512 micro-kernels, memkit's
 // host threads); the quantized base's on quant::matmul / matmul_input_grad. CUDA: cuBLAS (fp32 accumulation,
 // tensor cores for bf16/fp16) and quant's matmul, all on the executor's stream, no synchronization.
-// forward_workspace_bytes / backward_workspace_bytes say exactly what the passes take from the workspace
-// resource (cuBLAS's own workspace, kept by its handle, is not counted).
+// workspace_bytes(layer.forward_arguments(tokens)) / workspace_bytes(layer.backward_arguments(...)) say exactly
+// what the passes take from the workspace resource given to the constructor (cuBLAS's own workspace, kept by
+// its handle, is not counted).
 //
 // Merging: merge() adds scale * B A into a dense base in place and unmerge() subtracts it again. The
 // product is computed once in fp32, in the same order both times, so unmerge(merge(W)) == W bit for bit
@@ -50,6 +51,7 @@
 #include "memkit/core/random.hpp"
 #include "memkit/core/tensor_view.hpp"
 #include "memkit/core/host_threads.hpp"
+#include "memkit/core/protocol.hpp"
 #include "memkit/linalg/gemm.hpp"
 #include "memkit/lora/lora_memory.hpp"
 #include "memkit/memory/buffer.hpp"
@@ -118,33 +120,74 @@ constexpr std::size_t product_workspace(bool on_device, std::int64_t M, std::int
 
 }  // namespace detail
 
-// Exact bytes a forward takes from its workspace resource (the peak; every piece is freed before it returns).
+// --- The component protocol (docs/architecture.md): one arguments struct per pass, three byte functions. ---
+
+// One forward of a lora_linear<Base, T> over `tokens` rows (batch * sequence).
 template <class Base, float_storage T = typename base_traits<Base>::default_activation>
-constexpr std::size_t forward_workspace_bytes(std::int64_t tokens, std::int64_t in, std::int64_t out,
-                                              std::int64_t rank, bool on_device, const lora_options& options = {},
-                                              std::int64_t block_size = 64) noexcept {
-  const linalg::gemm_options g{options.host_threads};
-  std::size_t base = 0;
+struct forward_arguments {
+  std::int64_t tokens = 0, in = 0, out = 0, rank = 0;
+  bool on_device = false;
+  lora_options options{};
+  std::int64_t block_size = 64;  // a quantized base's quantization block
+};
+
+// One backward. `dropout`: on the host, the forward applied dropout (training with p > 0); on CUDA, p > 0
+// (the host cannot read the device's record of the forward without waiting, so the masked path runs
+// whenever p > 0). `input_grad`: dx is wanted (not none).
+template <class Base, float_storage T = typename base_traits<Base>::default_activation>
+struct backward_arguments : forward_arguments<Base, T> {
+  bool dropout = false;
+  bool input_grad = true;
+};
+
+// merge / unmerge / merged_weight / merged_quantized.
+template <class Base, float_storage T = typename base_traits<Base>::default_activation>
+struct merge_arguments {
+  std::int64_t in = 0, out = 0, rank = 0;
+  bool on_device = false;
+  lora_options options{};
+};
+
+namespace detail {
+template <class Base, float_storage T>
+constexpr std::size_t base_product_workspace(const forward_arguments<Base, T>& a, quant::matmul_kind kind,
+                                             const linalg::gemm_options& g) noexcept {
   if constexpr (base_traits<Base>::quantized) {
-    base = quant::matmul_workspace_bytes(quant::matmul_kind::forward, base_traits<Base>::format, block_size, tokens,
-                                         out, in, sizeof(T), on_device, options.matmul);
+    return quant::matmul_workspace_bytes(kind, base_traits<Base>::format, a.block_size, a.tokens, a.out, a.in,
+                                         sizeof(T), a.on_device, a.options.matmul);
+  } else if (kind == quant::matmul_kind::forward) {
+    return product_workspace<T, Base, T>(a.on_device, a.tokens, a.out, a.in, g);
   } else {
-    base = detail::product_workspace<T, Base, T>(on_device, tokens, out, in, g);
+    return product_workspace<T, Base, T>(a.on_device, a.tokens, a.in, a.out, g);
   }
-  const std::size_t down = detail::product_workspace<T, T, T>(on_device, tokens, rank, in, g);
-  const std::size_t up = detail::product_workspace<T, T, T>(on_device, tokens, out, rank, g);
+}
+}  // namespace detail
+
+// Exact bytes a forward takes from its workspace resource (the peak; every piece is freed before it returns).
+template <class Base, float_storage T>
+constexpr std::size_t workspace_bytes(const forward_arguments<Base, T>& a) noexcept {
+  const linalg::gemm_options g{a.options.host_threads};
+  const std::size_t base = detail::base_product_workspace(a, quant::matmul_kind::forward, g);
+  const std::size_t down = detail::product_workspace<T, T, T>(a.on_device, a.tokens, a.rank, a.in, g);
+  const std::size_t up = detail::product_workspace<T, T, T>(a.on_device, a.tokens, a.out, a.rank, g);
   return detail::max_of(base, detail::max_of(down, up));
 }
+// What a forward saves for its backward (lora_memory.hpp: the same arithmetic memory_budget uses).
+template <class Base, float_storage T>
+constexpr std::size_t saved_bytes(const forward_arguments<Base, T>& a) noexcept {
+  return saved_activation_bytes(a.tokens, a.in, a.rank, sizeof(T)).total();
+}
+template <class Base, float_storage T>
+constexpr std::size_t bytes_required(const forward_arguments<Base, T>& a) noexcept {
+  return saved_bytes(a) + workspace_bytes(a);
+}
 
-// Exact bytes a backward takes from its workspace resource. `input_grad`: dx is wanted (not empty);
-// `dropout`: on the host, the forward applied dropout (training with p > 0); on CUDA, p > 0 (the host cannot
-// read the device's record of the forward without waiting, so the masked path runs whenever p > 0).
-template <class Base, float_storage T = typename base_traits<Base>::default_activation>
-constexpr std::size_t backward_workspace_bytes(std::int64_t tokens, std::int64_t in, std::int64_t out,
-                                               std::int64_t rank, bool dropout, bool input_grad, bool on_device,
-                                               const lora_options& options = {},
-                                               std::int64_t block_size = 64) noexcept {
-  const linalg::gemm_options g{options.host_threads};
+// Exact bytes a backward takes from its workspace resource.
+template <class Base, float_storage T>
+constexpr std::size_t workspace_bytes(const backward_arguments<Base, T>& a) noexcept {
+  const linalg::gemm_options g{a.options.host_threads};
+  const bool on_device = a.on_device;
+  const std::int64_t tokens = a.tokens, in = a.in, out = a.out, rank = a.rank;
   if (tokens == 0) return 0;
   const std::size_t down_grad_bytes = on_device ? sizeof(T) : sizeof(float);
   using D = float;  // host: the down-projection gradient is fp32 (device workspace is 0 for products anyway)
@@ -152,15 +195,9 @@ constexpr std::size_t backward_workspace_bytes(std::int64_t tokens, std::int64_t
   std::size_t peak = detail::product_workspace<T, T, float>(on_device, out, rank, tokens, g);    // dB
   peak = detail::max_of(peak, detail::product_workspace<T, T, D>(on_device, tokens, rank, out, g));  // d(down)
   peak = detail::max_of(peak, detail::product_workspace<D, T, float>(on_device, rank, in, tokens, g));  // dA
-  if (input_grad) {
-    if constexpr (base_traits<Base>::quantized) {
-      peak = detail::max_of(peak, quant::matmul_workspace_bytes(quant::matmul_kind::input_grad, base_traits<Base>::format,
-                                                                 block_size, tokens, out, in, sizeof(T), on_device,
-                                                                 options.matmul));
-    } else {
-      peak = detail::max_of(peak, detail::product_workspace<T, Base, T>(on_device, tokens, in, out, g));
-    }
-    if (!dropout) {
+  if (a.input_grad) {
+    peak = detail::max_of(peak, detail::base_product_workspace(a, quant::matmul_kind::input_grad, g));
+    if (!a.dropout) {
       peak = detail::max_of(peak, detail::product_workspace<D, T, T>(on_device, tokens, in, rank, g));
     } else {
       // Row chunks: a temporary [chunk, in] (fp32 on the host, T on CUDA) and its product.
@@ -175,18 +212,34 @@ constexpr std::size_t backward_workspace_bytes(std::int64_t tokens, std::int64_t
   }
   return held + peak;
 }
+// A backward saves nothing; it frees what its forward saved.
+template <class Base, float_storage T>
+constexpr std::size_t saved_bytes(const backward_arguments<Base, T>&) noexcept {
+  return 0;
+}
+template <class Base, float_storage T>
+constexpr std::size_t bytes_required(const backward_arguments<Base, T>& a) noexcept {
+  return workspace_bytes(a);
+}
 
 // Bytes merged_weight / merged_quantized / merge take from the workspace (host: the GEMM's packing; a
-// quantized base's merge also holds the merged weight as fp32 when it re-quantizes).
-template <class Base, float_storage T = typename base_traits<Base>::default_activation>
-constexpr std::size_t merge_workspace_bytes(std::int64_t in, std::int64_t out, std::int64_t rank, bool on_device,
-                                            const lora_options& options = {}) noexcept {
-  const linalg::gemm_options g{options.host_threads};
+// quantized base's merge also holds the merged weight as fp32 when it re-quantizes: merged_quantized's staging).
+template <class Base, float_storage T>
+constexpr std::size_t workspace_bytes(const merge_arguments<Base, T>& a) noexcept {
+  const linalg::gemm_options g{a.options.host_threads};
   if constexpr (base_traits<Base>::quantized) {
-    return detail::product_workspace<T, T, float>(on_device, out, in, rank, g);
+    return detail::product_workspace<T, T, float>(a.on_device, a.out, a.in, a.rank, g);
   } else {
-    return detail::product_workspace<T, T, Base>(on_device, out, in, rank, g);
+    return detail::product_workspace<T, T, Base>(a.on_device, a.out, a.in, a.rank, g);
   }
+}
+template <class Base, float_storage T>
+constexpr std::size_t saved_bytes(const merge_arguments<Base, T>&) noexcept {
+  return 0;
+}
+template <class Base, float_storage T>
+constexpr std::size_t bytes_required(const merge_arguments<Base, T>& a) noexcept {
+  return workspace_bytes(a);
 }
 
 namespace detail {
@@ -276,12 +329,14 @@ class lora_linear {
   static constexpr bool quantized_base = traits::quantized;
 
   // `weight` [out, in] (dense: a view the layer may merge into; quantized: a tensor that must outlive the
-  // layer). `bias` [out] or empty. A, B and their gradients are allocated from `parameters` and
-  // `gradients` (e.g. a tracker's weights and gradients categories), A initialised by options.init, B
-  // zero, gradients zero.
+  // layer). `bias` [out] or tensor_view<T>::none(). A, B and their gradients are allocated from `parameters`
+  // and `gradients` (e.g. a tracker's weights and gradients categories), A initialised by options.init, B
+  // zero, gradients zero. The passes and merges take their temporaries from `workspace` (exact sizes:
+  // workspace_bytes of forward_arguments / backward_arguments / merge_arguments); it and the base weight must
+  // outlive the layer.
   lora_linear(weight_ref weight, tensor_view<T> bias, const lora_options& options, memory_resource& parameters,
-              memory_resource& gradients)
-      : weight_(weight), bias_(bias), options_(checked(options)) {
+              memory_resource& gradients, memory_resource& workspace)
+      : weight_(weight), bias_(bias), options_(checked(options)), workspace_(&workspace) {
     const shape ws = weight_shape();
     require(ws.rank == 2 && ws[0] > 0 && ws[1] > 0,
             "lora_linear: the base weight must be a non-empty matrix [out, in], has shape " + to_string(ws));
@@ -302,6 +357,9 @@ class lora_linear {
     require((parameters.kind() == memory_kind::device) == (base_where == memory_kind::device),
             std::string("lora_linear: the base weight is in ") + to_string(base_where) +
                 " memory but the adapter would be allocated in " + to_string(parameters.kind()) + " memory");
+    require((workspace.kind() == memory_kind::device) == (base_where == memory_kind::device),
+            std::string("lora_linear: the base weight is in ") + to_string(base_where) +
+                " memory but the workspace resource hands out " + to_string(workspace.kind()) + " memory");
     scale_ = static_cast<float>(detail::scale_of(options_));
     a_ = buffer<T>(parameters, shape{options_.rank, in_});
     b_ = buffer<T>(parameters, shape{out_, options_.rank});
@@ -312,8 +370,9 @@ class lora_linear {
     initialize(options_.init, options_.init_seed);
     zero_grad();
   }
-  lora_linear(weight_ref weight, const lora_options& options, memory_resource& parameters, memory_resource& gradients)
-      : lora_linear(weight, tensor_view<T>{}, options, parameters, gradients) {}
+  lora_linear(weight_ref weight, const lora_options& options, memory_resource& parameters, memory_resource& gradients,
+              memory_resource& workspace)
+      : lora_linear(weight, tensor_view<T>::none(), options, parameters, gradients, workspace) {}
 
   lora_linear(lora_linear&&) noexcept = default;
   lora_linear& operator=(lora_linear&&) noexcept = default;
@@ -335,8 +394,8 @@ class lora_linear {
   tensor_view<const T> lora_B() const noexcept { return b_.view(); }
   tensor_view<float> grad_A() noexcept { return grad_a_.view(); }
   tensor_view<float> grad_B() noexcept { return grad_b_.view(); }
-  bool has_bias() const noexcept { return bias_.data() != nullptr; }
-  tensor_view<T> bias() const noexcept { return bias_; }  // a null view without a bias
+  bool has_bias() const noexcept { return !bias_.is_none(); }
+  tensor_view<T> bias() const noexcept { return bias_; }  // none() without a bias
   tensor_view<float> grad_bias() noexcept { return grad_bias_.view(); }  // empty unless train_bias
   // Element counts of the trainable tensors in the order A, B[, bias]: what adam_state is built for.
   std::vector<std::int64_t> parameter_sizes() const {
@@ -413,23 +472,27 @@ class lora_linear {
   std::size_t saved_bytes(const shape& in, const forward_context&) const {
     return saved_activation_bytes(tokens_of(in), in_, options_.rank, sizeof(T)).total();
   }
-  std::size_t forward_workspace_bytes(std::int64_t tokens, bool on_device = false) const noexcept {
-    return lora::forward_workspace_bytes<Base, T>(tokens, in_, out_, options_.rank, on_device, options_, block_size());
+  // This layer's passes as protocol arguments: workspace_bytes(layer.forward_arguments(tokens)) etc.
+  lora::forward_arguments<Base, T> forward_arguments(std::int64_t tokens, bool on_device = false) const noexcept {
+    return {.tokens = tokens, .in = in_, .out = out_, .rank = options_.rank, .on_device = on_device,
+            .options = options_, .block_size = block_size()};
   }
-  std::size_t backward_workspace_bytes(std::int64_t tokens, bool dropout, bool input_grad = true,
-                                       bool on_device = false) const noexcept {
-    return lora::backward_workspace_bytes<Base, T>(tokens, in_, out_, options_.rank, dropout, input_grad, on_device,
-                                                   options_, block_size());
+  lora::backward_arguments<Base, T> backward_arguments(std::int64_t tokens, bool dropout, bool input_grad = true,
+                                                       bool on_device = false) const noexcept {
+    lora::backward_arguments<Base, T> a;
+    static_cast<lora::forward_arguments<Base, T>&>(a) = forward_arguments(tokens, on_device);
+    a.dropout = dropout;
+    a.input_grad = input_grad;
+    return a;
+  }
+  lora::merge_arguments<Base, T> merge_arguments(bool on_device = false) const noexcept {
+    return {.in = in_, .out = out_, .rank = options_.rank, .on_device = on_device, .options = options_};
   }
   // Whether a forward with `ctx` applies dropout.
   bool applies_dropout(const forward_context& ctx) const noexcept { return ctx.training && options_.dropout > 0.0f; }
 
-  // Workspace for the passes: by default the default host resource; set_workspace makes it e.g. a
-  // tracker's workspace category or a device_async_resource.
-  void set_workspace(memory_resource& workspace) noexcept { workspace_ = &workspace; }
-  memory_resource& workspace() const noexcept {
-    return workspace_ != nullptr ? *workspace_ : static_cast<memory_resource&>(default_host_resource());
-  }
+  // The workspace resource the passes and merges take their temporaries from (given to the constructor).
+  memory_resource& workspace() const noexcept { return *workspace_; }
 
   template <executor E>
   void forward(const E& exec, const forward_context& ctx, tensor_view<const T> x, tensor_view<T> y,
@@ -514,7 +577,7 @@ class lora_linear {
             std::string(op) + ": dy has shape " + to_string(dy.shape()) + " but the layer has " +
                 std::to_string(out_) + " output features");
     const std::int64_t M = tokens_of_output(dy.shape()), r = options_.rank;
-    const bool want_dx = dx.data() != nullptr && !dx.empty();  // a default (null) or empty view: no dx
+    const bool want_dx = !dx.is_none();  // none(): no input gradient wanted
     if (want_dx) {
       shape in_shape = dy.shape();
       in_shape.extents[in_shape.rank - 1] = in_;
@@ -761,7 +824,7 @@ class lora_linear {
   bool merged_ = false;
   buffer<T> a_, b_;
   buffer<float> grad_a_, grad_b_, grad_bias_;
-  memory_resource* workspace_ = nullptr;
+  memory_resource* workspace_;
 };
 
 static_assert(layer<lora_linear<float>, host_executor>);

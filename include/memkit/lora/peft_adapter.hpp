@@ -496,7 +496,7 @@ inline void write_lora_config(const std::string& path, const lora_config& config
 }
 
 // The tensors of one module: destinations of load() (T mutable) or sources of a save (T const).
-// A is [r, in], B is [out, r], bias [out]; a view with a null pointer (a default view) is absent: no
+// A is [r, in], B is [out, r], bias [out]; tensor_view<T>::none() (a default view) is absent: no
 // bias, or, for a module with only a bias (bias "all", a module without LoRA), no A and B.
 template <class T>
 struct lora_tensors {
@@ -655,13 +655,13 @@ class adapter_file {
         stage(staged, m.a_key(), dest.A, {m.rank, m.in_features}, options, "A");
         stage(staged, m.b_key(), dest.B, {m.out_features, m.rank}, options, "B");
       } else {
-        require(dest.A.data() == nullptr && dest.B.data() == nullptr, where() + ": module '" + dest.path +
+        require(dest.A.is_none() && dest.B.is_none(), where() + ": module '" + dest.path +
                                                       "' has only a bias in the file (bias \"all\"), no lora_A/lora_B");
       }
       if (m.has_bias) {
         stage(staged, m.bias_key(), dest.bias, {m.out_features}, options, "bias");
       } else {
-        require(dest.bias.data() == nullptr, where() + ": module '" + dest.path + "': a bias destination of shape " +
+        require(dest.bias.is_none(), where() + ": module '" + dest.path + "': a bias destination of shape " +
                                        to_string(dest.bias.shape()) + " was given, but the file has no '" + m.bias_key() +
                                        "' (config bias \"" + config_.bias + "\")");
       }
@@ -871,7 +871,7 @@ class adapter_writer {
     require(added_.count(path) == 0, op + ": the module was added twice");
     pending p;
     p.path = path;
-    if (A.data() != nullptr || B.data() != nullptr) {
+    if (!A.is_none() || !B.is_none()) {
       require(A.shape().rank == 2 && B.shape().rank == 2,
               op + ": A and B must be matrices, got shapes " + to_string(A.shape()) + " and " + to_string(B.shape()));
       require(A.shape()[0] == B.shape()[1], op + ": A has shape " + to_string(A.shape()) + " (rank " +
@@ -886,19 +886,19 @@ class adapter_writer {
                                               to_string(A.shape()) + "; set r or rank_pattern to match");
       p.tensors.push_back(take(op, ".lora_A.weight", A));
       p.tensors.push_back(take(op, ".lora_B.weight", B));
-      if (bias.data() != nullptr) {
+      if (!bias.is_none()) {
         require(bias.shape() == shape{B.shape()[0]}, op + ": bias has shape " + to_string(bias.shape()) + ", expected [" +
                                                          std::to_string(B.shape()[0]) + "] (B's output features)");
         p.tensors.push_back(take(op, ".base_layer.bias", bias));
       }
     } else {
-      require(bias.data() != nullptr, op + ": nothing to save (no A, B or bias)");
+      require(!bias.is_none(), op + ": nothing to save (no A, B or bias)");
       require(config_.bias == "all", op + ": a bias without LoRA weights is saved by PEFT only with bias \"all\"; the "
                                           "config says \"" + config_.bias + "\"");
       require(bias.shape().rank == 1, op + ": bias has shape " + to_string(bias.shape()) + "; a bias has rank 1");
       p.tensors.push_back(take(op, ".bias", bias));
     }
-    if (bias.data() != nullptr)
+    if (!bias.is_none())
       require(config_.bias != "none", op + ": a bias was given but the config says bias \"none\" (PEFT would ignore it)");
     pending_.push_back(std::move(p));
     added_.insert(path);  // only once every check passed: a refused add leaves the writer as it was
@@ -925,7 +925,7 @@ class adapter_writer {
             op + ": the layer's scale is " + format_float(layer.scale()) + " but the config gives this module " +
                 format_float(static_cast<float>(configured)) + " (lora_alpha " + detail::alpha_text(config_.alpha_for(path)) +
                 ", rank " + std::to_string(config_.rank_for(path)) + (config_.use_rslora ? ", rsLoRA)" : ")"));
-    const tensor_view<const T> bias = layer.options().train_bias ? tensor_view<const T>(layer.bias()) : tensor_view<const T>{};
+    const tensor_view<const T> bias = layer.options().train_bias ? tensor_view<const T>(layer.bias()) : tensor_view<const T>::none();
     return add<T>(path, layer.lora_A(), layer.lora_B(), bias);
   }
 
@@ -1034,7 +1034,7 @@ void load_layers(const adapter_file& file, std::span<const layer_at<lora::lora_l
                 format_float(layer->scale()) + "; build the layer with peft::layer_options(file, path)");
     require(!m.has_bias || layer->has_bias(),
             op + ": the file trains this module's bias ('" + m.bias_key() + "') but the layer has no bias view");
-    destinations.push_back({path, layer->lora_A(), layer->lora_B(), m.has_bias ? layer->bias() : tensor_view<T>{}});
+    destinations.push_back({path, layer->lora_A(), layer->lora_B(), m.has_bias ? layer->bias() : tensor_view<T>::none()});
   }
   file.load(std::span<const lora_tensors<T>>(destinations), options);
 }

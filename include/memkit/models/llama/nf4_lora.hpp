@@ -66,8 +66,8 @@ struct lora_projection {
       : path(std::move(path_)), base(std::make_unique<base_type>(std::move(base_))), bias(std::move(bias_)),
         on_device(memory.on_device()), workspace(memory.workspace), host_threads(memory.host_threads), matmul(options.matmul) {
     if (options.rank > 0) {
-      layer.emplace(base_ref(), bias ? bias->view() : tensor_view<T>{}, options, *memory.weights, *memory.gradients);
-      layer->set_workspace(*memory.workspace);
+      layer.emplace(base_ref(), bias ? bias->view() : tensor_view<T>::none(), options, *memory.weights, *memory.gradients,
+                    *memory.workspace);
     }
   }
 
@@ -109,8 +109,8 @@ struct lora_projection {
   std::size_t workspace_bytes(const shape& s) const {
     const std::int64_t tokens = rows_of(s);
     if (layer)
-      return std::max(layer->forward_workspace_bytes(tokens, on_device),
-                      layer->backward_workspace_bytes(tokens, false, true, on_device));
+      return std::max(memkit::lora::workspace_bytes(layer->forward_arguments(tokens, on_device)),
+                      memkit::lora::workspace_bytes(layer->backward_arguments(tokens, false, true, on_device)));
     const shape w = weight_shape();
     if constexpr (quantized_base) {
       namespace q = memkit::quant;
@@ -143,7 +143,7 @@ struct lora_projection {
   template <memkit::executor E>
   void backward(const E& exec, tensor_view<const T> dy, tensor_view<T> dx, activation_store& store) {
     if (layer) return layer->backward(exec, dy, dx, store);
-    if (dx.empty()) return;
+    if (dx.is_none()) return;
     const shape w = weight_shape();
     const std::int64_t rows = rows_of(dy.shape());
     if constexpr (quantized_base) {
