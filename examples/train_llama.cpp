@@ -61,12 +61,6 @@ using memkit::tensor_view;
 using memkit::memory_category;
 using act_t = memkit::bf16;
 
-// "No tensor": a null view of no elements (a default tensor_view is a rank-0 view of one element).
-template <class T>
-tensor_view<T> none() {
-  return {nullptr, shape{0}, memkit::memory_kind::host};
-}
-
 // The LoRA layer over an NF4 base (printed at start).
 using lora_linear_impl = llama::nf4_lora_linear<act_t>;
 using adapter_t = lora_linear_impl::adapter_type;  // the element type of the LoRA factors
@@ -600,14 +594,16 @@ float train_micro_batch(const E& exec, Model& model, Stack& stack, step_buffers&
   meter.set_phase("forward");
   model.embed.forward(exec, std::as_const(b.ids).view(), b.h0.view());
   stack.forward(exec, ctx, std::as_const(b.h0).view(), b.hn.view(), store);
-  const tensor_view<float> d_head = model.head_weight().trains() ? model.head_weight().grad.view() : none<float>();
+  const tensor_view<float> d_head = model.head_weight().trains() ? model.head_weight().grad.view() : tensor_view<float>::none();
   meter.set_phase("loss");
   memkit::loss::fused_linear_cross_entropy(
       exec, std::as_const(b.hn).view().reshaped(shape{tokens, h}), std::as_const(model.head_weight().value).view(),
       std::as_const(b.targets).view(), b.loss.view(), b.dhn.view().reshaped(shape{tokens, h}), d_head,
       loss_options(o), *model.memory.workspace);
   meter.set_phase("backward");
-  stack.backward(exec, std::as_const(b.dhn).view(), b.dh0.view(), store);
+  // No input gradient when the embedding is frozen: dh0 is then never allocated (tensor_view::none()).
+  stack.backward(exec, std::as_const(b.dhn).view(),
+                 model.embed.weight.trains() ? b.dh0.view() : tensor_view<act_t>::none(), store);
   if (model.embed.weight.trains()) model.embed.backward(exec, std::as_const(b.ids).view(), std::as_const(b.dh0).view());
   return b.loss_value();  // (on a device: waits for the micro-batch)
 }
@@ -640,7 +636,7 @@ double validation_loss(const E& exec, Model& model, const example::text_dataset&
     store.clear();
     memkit::loss::fused_linear_cross_entropy(
         exec, tensor_view<const act_t>(y, shape{tokens, h}, where), std::as_const(model.head_weight().value).view(),
-        std::as_const(b.targets).view(), b.loss.view(), none<act_t>(), none<float>(), loss_options(o),
+        std::as_const(b.targets).view(), b.loss.view(), tensor_view<act_t>::none(), tensor_view<float>::none(), loss_options(o),
         *model.memory.workspace);
     total += b.loss_value();
   }
@@ -735,12 +731,10 @@ std::uint64_t activation_peak(const Model& model, const Stack& stack, const opti
 template <class Model>
 std::uint64_t workspace_peak(const Model& model, const options& o) {
   const shape in{o.batch, o.seq, model.config.hidden};
-  memkit::loss::workspace_query query;
-  query.head_grad = model.head_weight().trains();
-  query.hidden_grad = true;
-  query.on_device = model.memory.on_device();
-  std::uint64_t peak = memkit::loss::workspace_bytes<act_t, memkit::bf16>(o.batch * o.seq, model.config.hidden,
-                                                                         model.config.vocab, loss_options(o), query);
+  std::uint64_t peak = memkit::loss::workspace_bytes(memkit::loss::fused_linear_cross_entropy_arguments{
+      .tokens = o.batch * o.seq, .hidden = model.config.hidden, .vocab = model.config.vocab,
+      .hidden_element_bytes = sizeof(act_t), .head_element_bytes = sizeof(memkit::bf16),
+      .head_grad = model.head_weight().trains(), .on_device = model.memory.on_device(), .options = loss_options(o)});
   for (const auto& block : model.blocks) peak = std::max<std::uint64_t>(peak, block.workspace_bytes(in));
   return peak;
 }

@@ -117,7 +117,7 @@ struct device_linear {
     memkit::saved_tensor<float> x = store.take<float>(shape{rows, in}, "device_linear");
     linear_param_grads<<<blocks_for(out * (in + 1)), threads, 0, exec.stream>>>(
         dy.data(), x.view().data(), weight_grad.data(), bias_grad.data(), rows, in, out);
-    if (!dx.empty())
+    if (!dx.is_none())
       linear_input_grad<<<blocks_for(dx.size()), threads, 0, exec.stream>>>(dy.data(), weight.data(), dx.data(), rows,
                                                                             in, out);
     MEMKIT_CUDA_CHECK(cudaGetLastError());
@@ -144,7 +144,7 @@ struct device_dropout {
   }
   void backward(const cuda_executor& exec, tensor_view<const float> dy, tensor_view<float> dx, activation_store& store) {
     memkit::saved_tensor<std::uint8_t> mask = store.take<std::uint8_t>(dy.shape(), "device_dropout");
-    if (!dx.empty())
+    if (!dx.is_none())
       dropout_backward<<<blocks_for(dy.size()), threads, 0, exec.stream>>>(dy.data(), mask.view().data(), dx.data(),
                                                                            dy.size(), p);
     MEMKIT_CUDA_CHECK(cudaGetLastError());
@@ -165,7 +165,7 @@ struct device_tanh {
   }
   void backward(const cuda_executor& exec, tensor_view<const float> dy, tensor_view<float> dx, activation_store& store) {
     memkit::saved_tensor<float> y = store.take<float>(dy.shape(), "device_tanh");
-    if (!dx.empty())
+    if (!dx.is_none())
       tanh_backward<<<blocks_for(dy.size()), threads, 0, exec.stream>>>(dy.data(), y.view().data(), dx.data(),
                                                                         dy.size());
     MEMKIT_CUDA_CHECK(cudaGetLastError());

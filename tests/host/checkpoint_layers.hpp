@@ -71,7 +71,7 @@ struct linear {
              memkit::default_host_resource());
     for (std::int64_t r = 0; r < rows; ++r)
       for (std::int64_t o = 0; o < out; ++o) bias_grad[o] += dy[r * out + o];
-    if (!dx.empty())
+    if (!dx.is_none())
       la::gemm(exec, la::transpose::no, la::transpose::no, 1.0f, la::as_matrix(dy, rows, out), weights(), 0.0f,
                la::as_matrix(dx, rows, in), memkit::default_host_resource());
   }
@@ -109,12 +109,12 @@ struct dropout {
   }
   void backward(const host_executor&, tensor_view<const float> dy, tensor_view<float> dx, activation_store& store) {
     if (!masked) {
-      if (!dx.empty()) std::memcpy(dx.data(), dy.data(), dy.bytes());
+      if (!dx.is_none()) std::memcpy(dx.data(), dy.data(), dy.bytes());
       return;
     }
     memkit::saved_tensor<std::uint8_t> mask = store.take<std::uint8_t>(dy.shape(), "dropout");
     const float scale = 1.0f / (1.0f - p);
-    if (!dx.empty())
+    if (!dx.is_none())
       for (std::int64_t i = 0; i < dy.size(); ++i) dx[i] = mask.view()[i] ? dy[i] * scale : 0.0f;
   }
 };
@@ -136,7 +136,7 @@ struct tanh_layer {
   }
   void backward(const host_executor&, tensor_view<const float> dy, tensor_view<float> dx, activation_store& store) {
     memkit::saved_tensor<float> y = store.take<float>(dy.shape(), "tanh");
-    if (!dx.empty())
+    if (!dx.is_none())
       for (std::int64_t i = 0; i < dy.size(); ++i) dx[i] = dy[i] * (1.0f - y.view()[i] * y.view()[i]);
   }
 };
@@ -156,7 +156,7 @@ struct lora_adapter {
         layer(std::make_unique<memkit::lora::lora_linear<float>>(
             memkit::host_view(weight.data(), {out, in}),
             memkit::lora::lora_options{.rank = r, .alpha = 2.0 * static_cast<double>(r), .dropout = 0.1f, .init_seed = seed},
-            memkit::default_host_resource(), memkit::default_host_resource())) {
+            memkit::default_host_resource(), memkit::default_host_resource(), memkit::default_host_resource())) {
     const std::vector<float> b = random_values(static_cast<std::size_t>(out * r), seed + 2, 0.2f);
     std::copy(b.begin(), b.end(), layer->lora_B().begin());
   }

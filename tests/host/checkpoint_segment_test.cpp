@@ -196,7 +196,7 @@ TEST_CASE("checkpoint_segment: heterogeneous layers, single and in ranges, in on
   std::vector<float> adapter_base = random_values(81, 9, 1.0f / 3.0f);
   memkit::lora::lora_linear<float> adapter(memkit::host_view(adapter_base.data(), {9, 9}),
                                            {.rank = 3, .alpha = 6.0, .dropout = 0.1f, .init_seed = 9},
-                                           memkit::default_host_resource(), memkit::default_host_resource());
+                                           memkit::default_host_resource(), memkit::default_host_resource(), memkit::default_host_resource());
   const std::vector<float> adapter_b = random_values(27, 11, 0.2f);
   std::copy(adapter_b.begin(), adapter_b.end(), adapter.lora_B().begin());
   std::vector<mixed_layer> middle;
@@ -468,8 +468,11 @@ TEST_CASE("checkpoint_segment: misuse is a clear error, never a silent wrong gra
     segment.forward(memkit::host, step_context, x_view, y_view, store);
     CHECK_THROWS_WITH_AS(segment.backward(memkit::host, dy_view, memkit::host_view(dx.data(), {8}), store),
                          doctest::Contains("dx has shape [8]"), memkit::error);
+    // An empty view is a tensor of the wrong shape, not "no gradient": only none() is absent.
+    CHECK_THROWS_WITH_AS(segment.backward(memkit::host, dy_view, memkit::host_view<float>(nullptr, {0}), store),
+                         doctest::Contains("dx has shape [0]"), memkit::error);
     CHECK(segment.pending_backwards() == 1);
-    segment.backward(memkit::host, dy_view, memkit::host_view<float>(nullptr, {0}), store);  // no input gradient
+    segment.backward(memkit::host, dy_view, memkit::tensor_view<float>::none(), store);  // no input gradient
     CHECK(store.empty());
 
     memkit::checkpoint_offload offload(memkit::default_host_resource());

@@ -229,7 +229,7 @@ class activation_store {
 //   output_shape(in)         the output's shape for an input of shape `in`
 //   saved_bytes(in, ctx)     exactly the bytes forward(…, ctx, x of shape in, …) saves in the store
 //   forward(exec, ctx, x, y, store)   writes y, saves what backward needs
-//   backward(exec, dy, dx, store)     takes it back, writes dx (skipped when dx is empty), accumulates
+//   backward(exec, dy, dx, store)     takes it back, writes dx (skipped when dx is tensor_view::none()), accumulates
 //                                     parameter gradients into the layer's own gradient tensors
 // Optional: discard_forward(store)   forgets its most recent forward, whose backward will not run, and frees
 //                                     what it keeps of it (a layer that keeps state of a forward outside the

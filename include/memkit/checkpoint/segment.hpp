@@ -261,7 +261,7 @@ class checkpoint_segment {
     passes_.push_back(std::move(p));
   }
 
-  // dx may be empty (no input gradient needed).
+  // dx may be tensor_view::none() (no input gradient needed).
   template <executor E>
     requires(List::template runs_on<E>)
   void backward(const E& exec, tensor_view<const value_type> dy, tensor_view<value_type> dx, activation_store& store) {
@@ -283,7 +283,7 @@ class checkpoint_segment {
     require(dy.shape() == shapes.shapes.back(), std::string(operation) + ": dy has shape " + to_string(dy.shape()) +
                                                     " but the forward's output has shape " +
                                                     to_string(shapes.shapes.back()));
-    require(dx.empty() || dx.shape() == shapes.shapes.front(),
+    require(dx.is_none() || dx.shape() == shapes.shapes.front(),
             std::string(operation) + ": dx has shape " + to_string(dx.shape()) + " but the forward's input has shape " +
                 to_string(shapes.shapes.front()));
     pass p = std::move(passes_.back());
@@ -501,7 +501,7 @@ class checkpoint_segment {
       if (!pass_.taped.empty() && pass_.taped.back() == step) pass_.taped.pop_back();
       segment_.layers_.visit(step, [&](auto& layer) {
         const detail::inside_segment_step nested;
-        // Step 0 writes the caller's dx as given (it may be empty: no input gradient wanted).
+        // Step 0 writes the caller's dx as given (it may be none: no input gradient wanted).
         layer.backward(exec_, const_view(grad_out, step + 1), step == 0 ? dx : view(grad_in, step), store_);
       });
       const std::uint32_t saved = pass_.tensors[step];

@@ -168,10 +168,12 @@ struct decoder_block {
     const std::size_t linears = std::max({q.workspace_bytes(in), k.workspace_bytes(in), v.workspace_bytes(in),
                                           o.workspace_bytes(qs), gate.workspace_bytes(in), up.workspace_bytes(in),
                                           down.workspace_bytes(fs)});
-    const std::size_t fwd = memkit::attention::forward_workspace_bytes(B, config.heads, config.kv_heads, S, config.head_dim,
-                                                               sizeof(T), attention(), on_device());
-    const std::size_t bwd = memkit::attention::backward_workspace_bytes(B, config.heads, config.kv_heads, S, config.head_dim,
-                                                                sizeof(T), attention(), on_device());
+    const memkit::attention::problem_arguments problem{.batch = B, .query_heads = config.heads, .kv_heads = config.kv_heads,
+                                                       .sequence = S, .head_dim = config.head_dim,
+                                                       .element_bytes = sizeof(T), .on_device = on_device(),
+                                                       .options = attention()};
+    const std::size_t fwd = memkit::attention::workspace_bytes(memkit::attention::forward_arguments{problem});
+    const std::size_t bwd = memkit::attention::workspace_bytes(memkit::attention::backward_arguments{problem});
     return std::max(forward_scratch_bytes(in) + std::max(linears, fwd), backward_scratch_bytes(in) + std::max(linears, bwd));
   }
 
@@ -285,7 +287,7 @@ struct decoder_block {
     q.backward(exec, dq, partial, store);
     detail::add_into<E, T>(exec, dn1, partial);
     attn_norm.backward(exec, dn1, dx, store);
-    if (!dx.empty()) detail::add_into<E, T>(exec, dx, dh);
+    if (!dx.is_none()) detail::add_into<E, T>(exec, dx, dh);
   }
 };
 

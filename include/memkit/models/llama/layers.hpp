@@ -193,7 +193,7 @@ struct rms_norm {
     const std::int64_t rows = rows_of(dy.shape());
     const auto rstd = store.take<float>(shape{rows}, "rms_norm");
     const auto x = store.take<T>(dy.shape(), "rms_norm");
-    if (!dx.empty())
+    if (!dx.is_none())
       for_each_index(exec, rows, rms_backward_row<T>{dy.data(), x.view().data(), rstd.view().data(), weight.value.data(), dx.data(), hidden});
     if (weight.trains())
       for_each_index(exec, hidden, rms_weight_grad_column<T>{dy.data(), x.view().data(), rstd.view().data(), weight.grad.data(), rows, hidden});
@@ -308,7 +308,7 @@ struct rotary {
   // The rotation is orthogonal: its gradient is the rotation by the opposite angle.
   template <memkit::executor E>
   void backward(const E& exec, tensor_view<const T> dy, tensor_view<T> dx, activation_store&) {
-    if (!dx.empty()) rotate(exec, dy, dx, -1.0f);
+    if (!dx.is_none()) rotate(exec, dy, dx, -1.0f);
   }
 };
 
@@ -397,7 +397,7 @@ struct dense_linear {
                la::gemm_options{memory.host_threads});
     }
     if (has_bias() && bias.trains()) for_each_index(exec, out, bias_grad_column<T>{dy.data(), bias.grad.data(), rows, out});
-    if (!dx.empty())
+    if (!dx.is_none())
       la::gemm(exec, la::transpose::no, la::transpose::no, 1.0f, cmat(dy.data(), rows, out, dy.where()),
                cmat<T>(weight.value.data(), out, in, weight.value.where()), 0.0f, mat(dx.data(), rows, in, dx.where()),
                *memory.workspace, la::gemm_options{memory.host_threads});
@@ -449,7 +449,7 @@ struct swiglu {
   void backward(const E& exec, tensor_view<const T> dy, tensor_view<T> dx, activation_store& store) {
     const std::int64_t f = dy.shape()[dy.shape().rank - 1];
     const auto x = store.take<T>(with_last(dy.shape(), 2 * f), "swiglu");
-    if (dx.empty()) return;
+    if (dx.is_none()) return;
     for_each_index(exec, dy.size(), swiglu_backward_element<T>{x.view().data(), dy.data(), dx.data(), dy.size()});
   }
 };

@@ -222,13 +222,13 @@ constexpr std::size_t reading_staging_bytes(std::int64_t elements, bool master =
 // not empty, receives the fp32 values too. A non-finite value is an error naming the key and the element.
 template <class W>
 void read_tensor_into(const hf_checkpoint& ckpt, const std::string& name, tensor_view<W> to,
-                      memkit::memory_resource& staging, tensor_view<float> master = {nullptr, shape{0}, memkit::memory_kind::host}) {
+                      memkit::memory_resource& staging, tensor_view<float> master = tensor_view<float>::none()) {
   const safetensors::tensor_info* entry = ckpt.find(name);
   require(entry != nullptr, ckpt.dir() + ": has no tensor '" + name + "'");
   const safetensors::tensor_info& t = *entry;
   const safetensors::reader& file = ckpt.file_of(name);
   require(t.numel() == to.size(), name + ": the checkpoint's size differs from the destination's");
-  const bool with_master = !master.empty();
+  const bool with_master = !master.is_none();
   const std::size_t source_size = safetensors::dtype_size(t.dtype);
   const std::int64_t piece = std::min(loading_chunk_elements, std::max<std::int64_t>(to.size(), 1));
   memkit::buffer<std::byte> raw(staging, shape{piece * static_cast<std::int64_t>(sizeof(float))});
@@ -255,7 +255,7 @@ template <class W>
 void load_parameter(const hf_checkpoint& ckpt, const std::string& name, basic_parameter<W>& p,
                     memkit::memory_resource& staging) {
   read_tensor_into(ckpt, name, p.value.view(), staging,
-                   p.has_master() ? p.master.view() : tensor_view<float>{nullptr, shape{0}, memkit::memory_kind::host});
+                   p.has_master() ? p.master.view() : tensor_view<float>::none());
 }
 
 // What a dense model of `c` allocates in all (values, fp32 master copies, gradients, the rotary table).

@@ -193,7 +193,7 @@ struct causal_lm {
     memkit::loss::fused_linear_cross_entropy(
         exec, tensor_view<const T>(state(L + 1)).reshaped(shape{N, H}), std::as_const(head_param.value).view(),
         targets.reshaped(shape{N}), loss, dy.reshaped(shape{N, H}),
-        head_param.trains() ? head_param.grad.view() : tensor_view<float>{nullptr, shape{0}, loss.where()}, loss_options,
+        head_param.trains() ? head_param.grad.view() : tensor_view<float>::none(), loss_options,
         *memory.workspace);
     final_norm.backward(exec, tensor_view<const T>(dy), dx, store);
     for (std::int64_t i = L - 1; i >= 0; --i) {
