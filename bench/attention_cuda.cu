@@ -41,7 +41,9 @@ void BM_flash_cuda(benchmark::State& state) {
         stream);
     const double flops = 3.0 * 2.0 * 2.0 * double(S) * double(S) * double(D) / 2 * heads;
     state.counters["TFLOPs"] = flops * double(state.iterations()) / seconds * 1e-12;
-    state.counters["extra_MiB"] = double(lse.bytes() + att::backward_workspace_bytes(1, heads, heads, S, D, 2, o, true)) /
+    const att::backward_arguments problem{{.batch = 1, .query_heads = heads, .kv_heads = heads, .sequence = S,
+                                            .head_dim = D, .element_bytes = 2, .on_device = true, .options = o}};
+    state.counters["extra_MiB"] = double(lse.bytes() + att::workspace_bytes(problem)) /
                                   (1 << 20);
     state.counters["materialized_MiB"] = double(att::eager_attention_bytes(1, heads, S)) / (1 << 20);
     MEMKIT_CUDA_CHECK(cudaStreamSynchronize(stream));

@@ -51,10 +51,14 @@ TEST_CASE("attention cuda build: the CUDA entry points reject bad arguments befo
                                            workspace),
                        doctest::Contains("must divide"), memkit::error);
   // The device needs no forward workspace and only delta in backward.
-  CHECK(att::forward_workspace_bytes(2, 8, 2, 1000, 64, 2, o, true) == 0);
+  const att::problem_arguments big{.batch = 2, .query_heads = 8, .kv_heads = 2, .sequence = 1000, .head_dim = 64,
+                                   .on_device = true, .options = o};
+  CHECK(att::workspace_bytes(att::forward_arguments{big}) == 0);
   // delta holds one float per row of all B * Hq * S rows, the count rounded up to 16.
-  CHECK(att::backward_workspace_bytes(2, 8, 2, 1000, 64, 2, o, true) == 2 * 8 * 1000 * sizeof(float));
-  CHECK(att::backward_workspace_bytes(1, 3, 1, 7, 64, 2, o, true) == 32 * sizeof(float));
+  CHECK(att::workspace_bytes(att::backward_arguments{big}) == 2 * 8 * 1000 * sizeof(float));
+  const att::problem_arguments small{.batch = 1, .query_heads = 3, .kv_heads = 1, .sequence = 7, .head_dim = 64,
+                                     .on_device = true, .options = o};
+  CHECK(att::workspace_bytes(att::backward_arguments{small}) == 32 * sizeof(float));
 }
 
 namespace {

@@ -108,7 +108,8 @@ void check_device_against_host(std::int64_t N, std::int64_t H, std::int64_t V, c
   exec.synchronize();
   MEMKIT_CUDA_CHECK(cudaStreamDestroy(stream));
   CHECK(workspace.peak_bytes() ==
-        ls::workspace_bytes<T>(N, H, V, o, {.on_device = true, .quantized_head = quantized, .head_grad = !quantized}));
+        ls::workspace_bytes({.tokens = N, .hidden = H, .vocab = V, .hidden_element_bytes = sizeof(T),
+                             .quantized_head = quantized, .head_grad = !quantized, .on_device = true, .options = o}));
 
   const float device_loss = to_host(d_loss.data(), 1)[0];
   // A 16-bit quantized head: the device dequantizes its tiles into T (cuBLAS takes one operand type), the host
@@ -139,7 +140,8 @@ TEST_CASE("loss (nvcc): the shared row math and the device workspace count") {
   CHECK(math.capped(100.0f) == doctest::Approx(2.0f));
   CHECK(math.token_loss(1.0f, 0.5f, 3.0f) == doctest::Approx(1.0f - 0.9f * 0.5f - 0.01f * 3.0f + 0.01f));
   const ls::cross_entropy_options o{.chunk_bytes = 10 * 1000 * 6};
-  CHECK(ls::fused_linear_cross_entropy_workspace_bytes(100, 64, 1000, 2, o, {.on_device = true}) ==
+  CHECK(ls::workspace_bytes(ls::fused_linear_cross_entropy_arguments{
+            .tokens = 100, .hidden = 64, .vocab = 1000, .hidden_element_bytes = 2, .on_device = true, .options = o}) ==
         10 * 1000 * 4 + 100 * 4 + 8 + 10 * 1000 * 2);
 }
 

@@ -302,9 +302,12 @@ TEST_CASE("attention: the workspace taken equals the prediction; at seq 8192 a s
         memkit::tracking_resource tracker(memkit::default_host_resource());
         data.run(o, tracker.category(memkit::memory_category::workspace));
         const auto& s = c.s;
-        CHECK(tracker.peak_bytes() ==
-              std::max(att::forward_workspace_bytes(s.B, s.Hq, s.Hkv, s.S, s.D, 2, o),
-                       att::backward_workspace_bytes(s.B, s.Hq, s.Hkv, s.S, s.D, 2, o)));
+        const att::problem_arguments problem{.batch = s.B, .query_heads = s.Hq, .kv_heads = s.Hkv, .sequence = s.S,
+                                             .head_dim = s.D, .element_bytes = 2, .options = o};
+        static_assert(memkit::operation_arguments<att::forward_arguments> &&
+                      memkit::operation_arguments<att::backward_arguments>);
+        CHECK(tracker.peak_bytes() == std::max(att::workspace_bytes(att::forward_arguments{problem}),
+                                               att::workspace_bytes(att::backward_arguments{problem})));
         CHECK(tracker.current_bytes() == 0);
       }
   }
@@ -328,7 +331,10 @@ TEST_CASE("attention: the workspace taken equals the prediction; at seq 8192 a s
                            dk.view(), dv.view(), o, flash);
     }
     const std::size_t tensors = 8 * s.q_elems() * sizeof(float) + s.S * sizeof(float);  // 8 x [S, D] + lse
-    CHECK(flash.peak_bytes() == tensors + att::backward_workspace_bytes(1, 1, 1, 8192, 32, 4, o));
+    const att::problem_arguments problem{.batch = 1, .query_heads = 1, .kv_heads = 1, .sequence = 8192, .head_dim = 32,
+                                         .element_bytes = 4, .options = o};
+    CHECK(tensors == 7 * s.q_elems() * sizeof(float) + att::saved_bytes(att::forward_arguments{problem}));
+    CHECK(flash.peak_bytes() == tensors + att::workspace_bytes(att::backward_arguments{problem}));
     // Materialized (fp32): the same tensors plus the probabilities and the scores' gradient.
     memkit::tracking_resource eager(memkit::default_host_resource(), "materialized");
     {

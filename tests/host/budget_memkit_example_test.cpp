@@ -74,8 +74,10 @@ TEST_CASE("budget memkit runtime: the example's block saves what memkit/models/l
   CHECK(backward_scratch == 1196032);
   CHECK(full.transients_in_workspace);
   const std::uint64_t linears = dense_linear_workspace();
-  const std::uint64_t attention_forward = memkit::attention::forward_workspace_bytes(4, 4, 2, 64, 32, 2, two_threads());
-  const std::uint64_t attention_backward = memkit::attention::backward_workspace_bytes(4, 4, 2, 64, 32, 2, two_threads());
+  const memkit::attention::problem_arguments attention{
+      .batch = 4, .query_heads = 4, .kv_heads = 2, .sequence = 64, .head_dim = 32, .options = two_threads()};
+  const std::uint64_t attention_forward = memkit::attention::workspace_bytes(memkit::attention::forward_arguments{attention});
+  const std::uint64_t attention_backward = memkit::attention::workspace_bytes(memkit::attention::backward_arguments{attention});
   CHECK(full.forward_transient == forward_scratch + std::max(linears, attention_forward));
   CHECK(full.backward_transient == backward_scratch + std::max(linears, attention_backward));
 

@@ -208,7 +208,9 @@ TEST_CASE("example llama: memkit's fused linear cross-entropy, chunked as the ex
       memkit::host, memkit::host_view(hidden.data(), shape{N, H}), memkit::host_view(std::as_const(head).data(), shape{V, H}),
       memkit::host_view(targets.data(), shape{N}), memkit::host_view(&loss, shape{1}),
       memkit::host_view(d_hidden.data(), shape{N, H}), memkit::host_view(d_head.data(), shape{V, H}), options, tracker);
-  CHECK(tracker.peak_bytes() == memkit::loss::workspace_bytes<float, llama::bf16>(N, H, V, options));
+  CHECK(tracker.peak_bytes() == memkit::loss::workspace_bytes(memkit::loss::fused_linear_cross_entropy_arguments{
+                                    .tokens = N, .hidden = H, .vocab = V, .hidden_element_bytes = sizeof(float),
+                                    .head_element_bytes = sizeof(llama::bf16), .options = options}));
   auto direct = [&](const std::vector<float>& hs) {
     double total = 0;
     int counted = 0;

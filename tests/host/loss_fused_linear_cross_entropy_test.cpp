@@ -288,7 +288,8 @@ TEST_CASE("loss: a quantized head (NF4, int8; one tile and several) matches the 
       CHECK(std::fabs(out.loss - ref.loss) <= 2e-5 * std::fabs(ref.loss));
       check_close(out.d_hidden_f, ref.d_hidden, std::is_same_v<T, float> ? 1e-4 : 1e-2, "d_hidden");
       CHECK(workspace.peak_bytes() ==
-            ls::workspace_bytes<T>(pt.N, H, V, o, {.quantized_head = true, .head_grad = false}));
+            ls::workspace_bytes({.tokens = pt.N, .hidden = H, .vocab = V, .hidden_element_bytes = sizeof(T),
+                                 .quantized_head = true, .head_grad = false, .options = o}));
       CHECK(workspace.current_bytes() == 0);
     };
     check_head(nf4, float{});
@@ -415,7 +416,6 @@ TEST_CASE("loss: the workspace a call takes is exactly the prediction") {
     CAPTURE(c.name);
     for (int threads : {1, 2}) {
       const ls::cross_entropy_options o{.chunk_bytes = c.chunk_bytes, .host_threads = threads};
-      const ls::workspace_query query{.head_grad = c.head_grad, .hidden_grad = c.hidden_grad};
       const auto measure = [&](auto hidden_type) {
         using T = decltype(hidden_type);
         problem<T> p(41, 280, 500, 2, 7);
@@ -428,9 +428,13 @@ TEST_CASE("loss: the workspace a call takes is exactly the prediction") {
                                        c.hidden_grad ? host_view(d_hidden.data(), {p.N, p.H}) : tensor_view<T>{},
                                        c.head_grad ? host_view(d_head.data(), {p.V, p.H}) : tensor_view<float>{}, o,
                                        workspace);
-        CHECK(workspace.peak_bytes() == ls::workspace_bytes<T>(p.N, p.H, p.V, o, query));
-        CHECK(workspace.peak_bytes() ==
-              ls::fused_linear_cross_entropy_workspace_bytes(p.N, p.H, p.V, sizeof(T), o, query));
+        const ls::fused_linear_cross_entropy_arguments args{.tokens = p.N, .hidden = p.H, .vocab = p.V,
+                                                            .hidden_element_bytes = sizeof(T), .head_grad = c.head_grad,
+                                                            .hidden_grad = c.hidden_grad, .options = o};
+        static_assert(memkit::operation_arguments<ls::fused_linear_cross_entropy_arguments>);
+        CHECK(workspace.peak_bytes() == ls::workspace_bytes(args));
+        CHECK(ls::bytes_required(args) == ls::workspace_bytes(args));
+        CHECK(ls::saved_bytes(args) == 0);
         CHECK(workspace.current_bytes() == 0);
       };
       if (c.bf16_hidden) measure(memkit::bf16{});
@@ -439,9 +443,10 @@ TEST_CASE("loss: the workspace a call takes is exactly the prediction") {
   }
   // The device count (cuBLAS takes no workspace from memkit): logits, row losses, counters, 16-bit gradient.
   const ls::cross_entropy_options o{.chunk_bytes = 10 * 1000 * 6};
-  CHECK(ls::fused_linear_cross_entropy_workspace_bytes(100, 64, 1000, 2, o, {.on_device = true}) ==
-        10 * 1000 * 4 + 100 * 4 + 8 + 10 * 1000 * 2);
-  static_assert(ls::fused_linear_cross_entropy_workspace_bytes(8192, 4096, 128256, 2, {}, {.on_device = true}) > 0);
+  CHECK(ls::workspace_bytes({.tokens = 100, .hidden = 64, .vocab = 1000, .hidden_element_bytes = 2, .on_device = true,
+                             .options = o}) == 10 * 1000 * 4 + 100 * 4 + 8 + 10 * 1000 * 2);
+  static_assert(ls::workspace_bytes({.tokens = 8192, .hidden = 4096, .vocab = 128256, .hidden_element_bytes = 2,
+                                     .on_device = true}) > 0);
 }
 
 TEST_CASE("loss: at a realistic vocabulary the peak is a small fraction of the materialized logits'" * doctest::test_suite("scale")) {
@@ -456,7 +461,7 @@ TEST_CASE("loss: at a realistic vocabulary the peak is a small fraction of the m
   ls::fused_linear_cross_entropy(host, host_view(p.hidden.data(), {N, H}), host_view(p.head.data(), {V, H}),
                                  host_view(p.targets.data(), {N}), host_view(&fused_loss, {1}),
                                  host_view(d_hidden.data(), {N, H}), host_view(d_head.data(), {V, H}), o, fused_workspace);
-  CHECK(fused_workspace.peak_bytes() == ls::workspace_bytes<memkit::bf16>(N, H, V, o));
+  CHECK(fused_workspace.peak_bytes() == ls::workspace_bytes({.tokens = N, .hidden = H, .vocab = V, .hidden_element_bytes = 2, .options = o}));
 
   memkit::tracking_resource materialized_workspace(memkit::default_host_resource(), "materialized");
   std::vector<memkit::bf16> d_hidden_m(static_cast<std::size_t>(N * H));

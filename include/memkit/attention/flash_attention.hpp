@@ -11,8 +11,8 @@
 // key tiles (dk, dv: a kv head's tile sums over its whole query-head group) and one over query tiles (dq).
 // dq, dk and dv are overwritten, not accumulated.
 //
-// Every byte is said before it is allocated: forward_workspace_bytes / backward_workspace_bytes are exactly
-// what forward / backward take from `workspace`, forward_saved_bytes what a layer keeps for backward, and
+// Every byte is said before it is allocated: workspace_bytes(forward_arguments / backward_arguments) is exactly
+// what forward / backward take from `workspace`, saved_bytes(forward_arguments) what a layer keeps for backward, and
 // eager_attention_bytes what a materialized attention (scores as an fp32 [B, Hq, S, S] matrix) would hold.
 //
 // Host: fp32 tiles (K and V transposed so every inner loop is a contiguous multiply-add), a vectorizable exp2,
@@ -33,6 +33,7 @@
 #include "memkit/core/float16.hpp"
 #include "memkit/core/host_simd.hpp"
 #include "memkit/core/host_threads.hpp"
+#include "memkit/core/protocol.hpp"
 #include "memkit/core/tensor_view.hpp"
 #include "memkit/memory/buffer.hpp"
 #include "memkit/memory/resource.hpp"
@@ -79,36 +80,55 @@ constexpr std::int64_t backward_part_floats(std::int64_t D) noexcept {
 
 }  // namespace detail
 
-// Bytes forward takes from `workspace` (host: per-thread tiles; CUDA: none). elem_size is q's element size.
-constexpr std::size_t forward_workspace_bytes(std::int64_t B, std::int64_t Hq, std::int64_t Hkv, std::int64_t S,
-                                              std::int64_t D, std::size_t elem_size, const attention_options& o,
-                                              bool on_device = false) noexcept {
-  (void)Hkv, (void)elem_size;
-  if (on_device || B <= 0 || Hq <= 0 || S <= 0 || D <= 0) return 0;
-  const std::int64_t items = B * Hq * detail::tiles_of(S, host_query_tile);
-  return static_cast<std::size_t>(detail::host_parts(items, o.host_threads) * detail::forward_part_floats(D)) *
+// --- The component protocol (docs/architecture.md): the problem of one call, and three byte functions. ---
+
+// q [B, Hq, S, D], k and v [B, Hkv, S, D] of element_bytes each (4: fp32, 2: bf16 / fp16).
+struct problem_arguments {
+  std::int64_t batch = 0, query_heads = 0, kv_heads = 0, sequence = 0, head_dim = 0;
+  std::size_t element_bytes = 2;
+  bool on_device = false;
+  attention_options options{};
+};
+struct forward_arguments : problem_arguments {};
+struct backward_arguments : problem_arguments {};
+
+namespace detail {
+constexpr bool no_work(const problem_arguments& a) noexcept {
+  return a.batch <= 0 || a.query_heads <= 0 || a.sequence <= 0 || a.head_dim <= 0;
+}
+constexpr std::int64_t host_items(const problem_arguments& a) noexcept {
+  return a.batch * a.query_heads * tiles_of(a.sequence, host_query_tile);
+}
+}  // namespace detail
+
+// Bytes forward takes from `workspace` (host: per-thread tiles; CUDA: none).
+constexpr std::size_t workspace_bytes(const forward_arguments& a) noexcept {
+  if (a.on_device || detail::no_work(a)) return 0;
+  return static_cast<std::size_t>(detail::host_parts(detail::host_items(a), a.options.host_threads) *
+                                  detail::forward_part_floats(a.head_dim)) *
          sizeof(float);
 }
+// What forward leaves for backward, in tensors the caller holds: out [B, Hq, S, D] and lse fp32 [B, Hq, S]
+// (plus q, k, v, which its caller owns or saves anyway).
+constexpr std::size_t saved_bytes(const forward_arguments& a) noexcept {
+  const std::int64_t rows = a.batch * a.query_heads * a.sequence;
+  return static_cast<std::size_t>(rows * a.head_dim) * a.element_bytes + static_cast<std::size_t>(rows) * sizeof(float);
+}
+// Forward allocates nothing it keeps: out and lse are the caller's.
+constexpr std::size_t bytes_required(const forward_arguments& a) noexcept { return workspace_bytes(a); }
 
 // Bytes backward takes from `workspace`: delta fp32 [B, Hq, S], plus per-thread tiles on the host.
-constexpr std::size_t backward_workspace_bytes(std::int64_t B, std::int64_t Hq, std::int64_t Hkv, std::int64_t S,
-                                               std::int64_t D, std::size_t elem_size, const attention_options& o,
-                                               bool on_device = false) noexcept {
-  (void)Hkv, (void)elem_size;
-  if (B <= 0 || Hq <= 0 || S <= 0 || D <= 0) return 0;
-  const std::size_t delta = static_cast<std::size_t>(detail::round_to_16(B * Hq * S)) * sizeof(float);
-  if (on_device) return delta;
-  const std::int64_t items = B * Hq * detail::tiles_of(S, host_query_tile);
-  return delta + static_cast<std::size_t>(detail::host_parts(items, o.host_threads) *
-                                          detail::backward_part_floats(D)) * sizeof(float);
+constexpr std::size_t workspace_bytes(const backward_arguments& a) noexcept {
+  if (detail::no_work(a)) return 0;
+  const std::size_t delta =
+      static_cast<std::size_t>(detail::round_to_16(a.batch * a.query_heads * a.sequence)) * sizeof(float);
+  if (a.on_device) return delta;
+  return delta + static_cast<std::size_t>(detail::host_parts(detail::host_items(a), a.options.host_threads) *
+                                          detail::backward_part_floats(a.head_dim)) *
+                     sizeof(float);
 }
-
-// What a layer saves from forward for backward: out [B, Hq, S, D] and lse fp32 [B, Hq, S] (plus q, k, v,
-// which its caller owns or saves anyway).
-constexpr std::size_t forward_saved_bytes(std::int64_t B, std::int64_t Hq, std::int64_t S, std::int64_t D,
-                                          std::size_t elem_size) noexcept {
-  return static_cast<std::size_t>(B * Hq * S * D) * elem_size + static_cast<std::size_t>(B * Hq * S) * sizeof(float);
-}
+constexpr std::size_t saved_bytes(const backward_arguments&) noexcept { return 0; }
+constexpr std::size_t bytes_required(const backward_arguments& a) noexcept { return workspace_bytes(a); }
 
 // What a materialized (eager) attention holds at its peak besides q, k, v, out and their gradients: the fp32
 // probabilities [B, Hq, S, S] saved by forward, and the fp32 gradient of the scores in backward.

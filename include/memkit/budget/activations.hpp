@@ -158,7 +158,11 @@ constexpr block_activations block_activation_bytes(const model_config& m, const 
   } else {
     // What memkit::attention's forward saves: out (also o_proj's input) and the fp32 log-sum-exp per row.
     add("attention.output", qkv_e * T * H * d);
-    add("attention.logsumexp", attention::forward_saved_bytes(b, H, s, d, qkv_e) - qkv_e * T * H * d);
+    add("attention.logsumexp", attention::saved_bytes(attention::forward_arguments{{
+                                   .batch = static_cast<std::int64_t>(b), .query_heads = static_cast<std::int64_t>(H),
+                                   .sequence = static_cast<std::int64_t>(s), .head_dim = static_cast<std::int64_t>(d),
+                                   .element_bytes = qkv_e}}) -
+                                   qkv_e * T * H * d);
   }
   lora_all(o);
   if (m.dropout) add("attention.residual_dropout_mask", T * h);
@@ -189,7 +193,10 @@ constexpr block_activations block_activation_bytes(const model_config& m, const 
   std::uint64_t attention_grads =
       eager ? (2 * e + (upcast ? 4 : e) + (m.dropout ? e : 0)) * scores
             : e * T * (H + 2 * m.kv_heads) * d +  // dq, dk, dv and memkit::attention's backward workspace
-                  attention::backward_workspace_bytes(b, H, m.kv_heads, s, d, e, {}, /*on_device=*/true);
+                  attention::workspace_bytes(attention::backward_arguments{{
+                      .batch = static_cast<std::int64_t>(b), .query_heads = static_cast<std::int64_t>(H),
+                      .kv_heads = static_cast<std::int64_t>(m.kv_heads), .sequence = static_cast<std::int64_t>(s),
+                      .head_dim = static_cast<std::int64_t>(d), .element_bytes = e, .on_device = true}});
   std::uint64_t mlp_grads = m.gated_mlp() ? 3 * e * T * f : 2 * e * T * f;
   if (upcast) mlp_grads = max_of(mlp_grads, 3 * 4 * T * h);
   a.backward_transient = 2 * e * T * h + max_of(attention_grads, mlp_grads);
@@ -219,7 +226,7 @@ constexpr auto with_base_type(const training_plan& plan, F&& f) noexcept {
 }  // namespace detail
 
 // memkit runtime: the most one linear layer of a block takes from the workspace — a lora_linear's forward
-// or backward (lora/lora_linear.hpp's forward_workspace_bytes / backward_workspace_bytes: the held
+// or backward (lora/lora_linear.hpp's workspace_bytes of forward_arguments / backward_arguments: the held
 // down-projection gradient and, over a quantized base, quant::matmul's dequantized tile of rows and its fp32
 // input-gradient accumulator), or a frozen quantized linear without adapter (quant::matmul_workspace_bytes).
 // On a device, dense products run on cuBLAS, whose own workspace is the overhead's `workspace_bytes`; on the
@@ -256,9 +263,12 @@ constexpr std::uint64_t memkit_linear_workspace_bytes(const model_config& m, con
         lora::lora_options options;
         options.host_threads = static_cast<int>(plan.host_threads);
         options.matmul.host_threads = static_cast<int>(plan.host_threads);  // as memkit/models/llama sets it
-        return max_of(lora::forward_workspace_bytes<Base, T>(tokens, in, out, rank, on_device, options, block),
-                      lora::backward_workspace_bytes<Base, T>(tokens, in, out, rank, plan.lora.dropout, true, on_device,
-                                                              options, block));
+        const lora::forward_arguments<Base, T> forward{.tokens = tokens, .in = in, .out = out, .rank = rank,
+                                                       .on_device = on_device, .options = options, .block_size = block};
+        lora::backward_arguments<Base, T> backward;
+        static_cast<lora::forward_arguments<Base, T>&>(backward) = forward;
+        backward.dropout = plan.lora.dropout;
+        return max_of(lora::workspace_bytes(forward), lora::workspace_bytes(backward));
       }
       if constexpr (lora::base_traits<Base>::quantized) {
         constexpr quant::format F = lora::base_traits<Base>::format;
@@ -332,7 +342,12 @@ constexpr block_activations memkit_block_activation_bytes(const model_config& m,
   add("k", e * T * kvw);
   add("v", e * T * kvw);
   add("attention.output", e * T * qw);
-  add("attention.logsumexp", attention::forward_saved_bytes(b, Hq, s, d, e) - e * T * qw);
+  const attention::problem_arguments attention_problem{
+      .batch = static_cast<std::int64_t>(b), .query_heads = static_cast<std::int64_t>(Hq),
+      .kv_heads = static_cast<std::int64_t>(Hkv), .sequence = static_cast<std::int64_t>(s),
+      .head_dim = static_cast<std::int64_t>(d), .element_bytes = e, .on_device = !plan.on_host(),
+      .options = {.host_threads = static_cast<int>(plan.host_threads)}};
+  add("attention.logsumexp", attention::saved_bytes(attention::forward_arguments{attention_problem}) - e * T * qw);
   const std::uint64_t saved_to_attention = a.saved_bytes;
   linear(linear_module::o, qw, "o_proj.input");
   const std::uint64_t saved_to_o = a.saved_bytes;
@@ -346,14 +361,9 @@ constexpr block_activations memkit_block_activation_bytes(const model_config& m,
   auto piece = [&](std::uint64_t width) { return round_up((e * T * width + 63) / 64 * 64, g); };
   const std::uint64_t forward_scratch = 5 * piece(h) + 2 * piece(qw) + 2 * piece(kvw) + piece(2 * f) + piece(f);
   const std::uint64_t backward_scratch = piece(f) + piece(2 * f) + 4 * piece(h) + 4 * piece(qw) + 4 * piece(kvw);
-  const bool on_device = !plan.on_host();
-  attention::attention_options options{};
-  options.host_threads = static_cast<int>(plan.host_threads);
-  const auto B = static_cast<std::int64_t>(b), S = static_cast<std::int64_t>(s), D = static_cast<std::int64_t>(d);
-  const auto nq = static_cast<std::int64_t>(Hq), nkv = static_cast<std::int64_t>(Hkv);
   const std::uint64_t linears = memkit_linear_workspace_bytes(m, plan);
-  const std::uint64_t attention_forward = attention::forward_workspace_bytes(B, nq, nkv, S, D, e, options, on_device);
-  const std::uint64_t attention_backward = attention::backward_workspace_bytes(B, nq, nkv, S, D, e, options, on_device);
+  const std::uint64_t attention_forward = attention::workspace_bytes(attention::forward_arguments{attention_problem});
+  const std::uint64_t attention_backward = attention::workspace_bytes(attention::backward_arguments{attention_problem});
   a.forward_transient = forward_scratch + round_up(max_of(linears, attention_forward), g);
   a.backward_transient = backward_scratch + round_up(max_of(linears, attention_backward), g);
   // The phases of memkit/models/llama/block.hpp's backward: the MLP (down, SwiGLU, up, gate, mlp_norm), o_proj,
@@ -462,10 +472,10 @@ constexpr logits_bytes logits_activation_bytes(const model_config& m, const trai
       const std::uint64_t chunk = (plan.logits_chunk_tokens < plan.tokens() ? plan.logits_chunk_tokens : plan.tokens());
       loss::cross_entropy_options options;
       options.chunk_bytes = loss::detail::chunk_row_bytes(static_cast<std::int64_t>(m.vocab), e, true) * chunk;
-      l.forward_peak = loss::fused_linear_cross_entropy_workspace_bytes(
-                           static_cast<std::int64_t>(plan.tokens()), static_cast<std::int64_t>(m.hidden),
-                           static_cast<std::int64_t>(m.vocab), e, options,
-                           {.on_device = true, .head_grad = !plan.lora_training()}) +
+      l.forward_peak = loss::workspace_bytes(loss::fused_linear_cross_entropy_arguments{
+                           .tokens = static_cast<std::int64_t>(plan.tokens()), .hidden = static_cast<std::int64_t>(m.hidden),
+                           .vocab = static_cast<std::int64_t>(m.vocab), .hidden_element_bytes = e,
+                           .head_grad = !plan.lora_training(), .on_device = true, .options = options}) +
                        e * plan.tokens() * m.hidden;
       l.saved = e * plan.tokens() * m.hidden;
       l.backward_peak = l.saved;

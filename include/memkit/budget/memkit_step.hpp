@@ -81,9 +81,10 @@ constexpr memkit_step_moments memkit_step_activations(const model_config& m, con
   loss_options.chunk_bytes = loss::detail::chunk_row_bytes(static_cast<std::int64_t>(m.vocab), e, on_device) * chunk;
   loss_options.host_threads = static_cast<int>(p.host_threads);
   const std::uint64_t loss_workspace = round_up(
-      loss::fused_linear_cross_entropy_workspace_bytes(static_cast<std::int64_t>(T), static_cast<std::int64_t>(m.hidden),
-                                                       static_cast<std::int64_t>(m.vocab), e, loss_options,
-                                                       {.on_device = on_device, .head_grad = embedding_trains}),
+      loss::workspace_bytes(loss::fused_linear_cross_entropy_arguments{
+          .tokens = static_cast<std::int64_t>(T), .hidden = static_cast<std::int64_t>(m.hidden),
+          .vocab = static_cast<std::int64_t>(m.vocab), .hidden_element_bytes = e, .head_grad = embedding_trains,
+          .on_device = on_device, .options = loss_options}),
       g);
 
   bool backward_pass = false;

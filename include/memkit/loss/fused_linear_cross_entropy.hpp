@@ -26,7 +26,7 @@
 // A batch in which every target is ignore_index counts 0 tokens: the loss is 0, d_hidden is 0 and
 // d_head is left unchanged (a micro-batch of padding contributes nothing), on the host and on CUDA.
 //
-// fused_linear_cross_entropy_workspace_bytes() says exactly what a call takes from `workspace`.
+// workspace_bytes(fused_linear_cross_entropy_arguments{...}) says exactly what a call takes from `workspace`.
 #pragma once
 
 #include <algorithm>
@@ -44,6 +44,7 @@
 #include "memkit/core/float16.hpp"
 #include "memkit/core/host_simd.hpp"
 #include "memkit/core/host_threads.hpp"
+#include "memkit/core/protocol.hpp"
 #include "memkit/core/tensor_view.hpp"
 #include "memkit/linalg/gemm.hpp"
 #include "memkit/memory/buffer.hpp"
@@ -72,12 +73,16 @@ inline constexpr std::int64_t quantized_tile_values = std::int64_t{1} << 22;
 // or the gradients could then overflow fp32.
 inline constexpr double max_logit_bound = 1e30;
 
-// What a call will do, for the workspace count: where it runs, the head's storage, which gradients it makes.
-struct workspace_query {
+// The component protocol (docs/architecture.md): one call of fused_linear_cross_entropy, as a literal struct.
+struct fused_linear_cross_entropy_arguments {
+  std::int64_t tokens = 0, hidden = 0, vocab = 0;  // N, H, V
+  std::size_t hidden_element_bytes = 4;            // 4: fp32 hidden states; 2: bf16 or fp16
+  std::size_t head_element_bytes = 0;              // a dense head's element size; 0: the hidden states'
+  bool quantized_head = false;                     // a quant::quantized_tensor head (never trains)
+  bool head_grad = true;                           // d_head given (dense heads only)
+  bool hidden_grad = true;                         // d_hidden given
   bool on_device = false;
-  bool quantized_head = false;  // a quant::quantized_tensor head (never trains)
-  bool head_grad = true;        // d_head given (dense heads only)
-  bool hidden_grad = true;      // d_hidden given
+  cross_entropy_options options{};
 };
 
 namespace detail {
@@ -105,32 +110,33 @@ constexpr std::int64_t chunk_tokens(std::int64_t N, std::int64_t V, std::size_t 
   return std::max<std::int64_t>(1, std::min(rows, N));
 }
 
+namespace detail {
 // Exact bytes one call takes from its workspace resource, for hidden of element type T and a dense head of
-// element type W (W is ignored for a quantized head). With host_threads = 0 the host count depends on the
-// machine (the GEMM's packing buffers are per thread), so it is known only at run time.
-template <float_storage T, float_storage W = T>
-constexpr std::size_t workspace_bytes(std::int64_t N, std::int64_t H, std::int64_t V,
-                                      const cross_entropy_options& options, const workspace_query& query = {}) noexcept {
+// element type W (W is ignored for a quantized head).
+template <float_storage T, float_storage W>
+constexpr std::size_t workspace_bytes_of(const fused_linear_cross_entropy_arguments& a) noexcept {
+  const std::int64_t N = a.tokens, H = a.hidden, V = a.vocab;
+  const cross_entropy_options& options = a.options;
   if (N <= 0) return 0;
   const std::size_t e = sizeof(T);
-  const std::int64_t c = chunk_tokens(N, V, e, options, query.on_device);
-  const bool head_grad = query.head_grad && !query.quantized_head;
-  const std::int64_t tile = query.quantized_head ? detail::head_tile_rows(V, H) : V;
+  const std::int64_t c = chunk_tokens(N, V, e, options, a.on_device);
+  const bool head_grad = a.head_grad && !a.quantized_head;
+  const std::int64_t tile = a.quantized_head ? head_tile_rows(V, H) : V;
   const bool tiled = tile < V;  // the hidden gradient sums over several tiles: an fp32 accumulator for 16-bit T
   std::size_t bytes = static_cast<std::size_t>(c * V) * 4 + static_cast<std::size_t>(N) * 4;  // logits, row losses
-  if (query.on_device) {
-    bytes += 2 * sizeof(int);                                                  // counted tokens, bad-target flag
-    if (e != 4) bytes += static_cast<std::size_t>(c * V) * e;                  // 16-bit gradient of the logits
-    if (query.quantized_head) bytes += static_cast<std::size_t>(tile * H) * e;  // dequantized tile
-    if (query.hidden_grad && tiled && e != 4) bytes += static_cast<std::size_t>(c * H) * 4;
+  if (a.on_device) {
+    bytes += 2 * sizeof(int);                                              // counted tokens, bad-target flag
+    if (e != 4) bytes += static_cast<std::size_t>(c * V) * e;              // 16-bit gradient of the logits
+    if (a.quantized_head) bytes += static_cast<std::size_t>(tile * H) * e;  // dequantized tile
+    if (a.hidden_grad && tiled && e != 4) bytes += static_cast<std::size_t>(c * H) * 4;
     return bytes;
   }
   const linalg::gemm_options g{options.host_threads};
   std::size_t gemm = 0;
-  if (query.quantized_head) {
+  if (a.quantized_head) {
     bytes += static_cast<std::size_t>(tile * H) * 4;  // fp32 tile
     gemm = linalg::gemm_workspace_bytes<T, float, float>(c, tile, H, g);
-    if (query.hidden_grad) {
+    if (a.hidden_grad) {
       if (tiled) {
         if (e != 4) bytes += static_cast<std::size_t>(c * H) * 4;
         gemm = std::max(gemm, linalg::gemm_workspace_bytes<float, float, float>(c, H, tile, g));
@@ -141,19 +147,25 @@ constexpr std::size_t workspace_bytes(std::int64_t N, std::int64_t H, std::int64
   } else {
     gemm = linalg::gemm_workspace_bytes<T, W, float>(c, V, H, g);
     if (head_grad) gemm = std::max(gemm, linalg::gemm_workspace_bytes<float, T, float>(V, H, c, g));
-    if (query.hidden_grad) gemm = std::max(gemm, linalg::gemm_workspace_bytes<float, W, T>(c, H, V, g));
+    if (a.hidden_grad) gemm = std::max(gemm, linalg::gemm_workspace_bytes<float, W, T>(c, H, V, g));
   }
   return bytes + gemm;
 }
+}  // namespace detail
 
-// The contract's form: hidden elements of elem_size bytes (4: fp32, 2: bf16 or fp16) and, for a dense head,
-// head elements of the same type.
-constexpr std::size_t fused_linear_cross_entropy_workspace_bytes(std::int64_t N, std::int64_t H, std::int64_t V,
-                                                                 std::size_t elem_size,
-                                                                 const cross_entropy_options& options,
-                                                                 const workspace_query& query = {}) noexcept {
-  return elem_size == 4 ? workspace_bytes<float>(N, H, V, options, query)
-                        : workspace_bytes<bf16>(N, H, V, options, query);
+// Exact bytes one call takes from its workspace resource. The host count depends only on whether each
+// operand is fp32 or 16-bit (bf16 and fp16 pack alike). With options.host_threads = 0 it depends on the
+// machine (the GEMM's packing buffers are per thread), so it is known only at run time.
+constexpr std::size_t workspace_bytes(const fused_linear_cross_entropy_arguments& a) noexcept {
+  const std::size_t head = a.head_element_bytes != 0 ? a.head_element_bytes : a.hidden_element_bytes;
+  if (a.hidden_element_bytes == 4)
+    return head == 4 ? detail::workspace_bytes_of<float, float>(a) : detail::workspace_bytes_of<float, bf16>(a);
+  return head == 4 ? detail::workspace_bytes_of<bf16, float>(a) : detail::workspace_bytes_of<bf16, bf16>(a);
+}
+// The loss saves nothing for a later pass: it computes the gradients in the same call.
+constexpr std::size_t saved_bytes(const fused_linear_cross_entropy_arguments&) noexcept { return 0; }
+constexpr std::size_t bytes_required(const fused_linear_cross_entropy_arguments& a) noexcept {
+  return workspace_bytes(a);
 }
 
 // --- The math of one token's row, shared by the host loops and the CUDA kernels. ---
@@ -190,11 +202,6 @@ inline row_math make_row_math(const cross_entropy_options& options, std::int64_t
 }
 
 // An output the caller does not want: a default-constructed view (rank 0, no data) or one with no elements.
-template <class T>
-constexpr bool absent(const tensor_view<T>& view) noexcept {
-  return view.empty() || (view.data() == nullptr && view.shape().rank == 0);
-}
-
 struct loss_dims {
   std::int64_t N, H, V;
 };
@@ -214,20 +221,20 @@ loss_dims check_arguments(const char* operation, const tensor_view<const T>& hid
   require(targets.shape() == shape{N}, op + ": `targets` has shape " + to_string(targets.shape()) + " but needs [" +
                                            std::to_string(N) + "], one id per token of `hidden`");
   require(loss.size() == 1, op + ": `loss` must hold 1 float, has shape " + to_string(loss.shape()));
-  require(absent(d_hidden) || d_hidden.shape() == hidden.shape(),
+  require(d_hidden.is_none() || d_hidden.shape() == hidden.shape(),
           op + ": `d_hidden` has shape " + to_string(d_hidden.shape()) + " but `hidden` has shape " +
-              to_string(hidden.shape()) + " (pass an empty view to skip it)");
-  require(absent(d_head) || d_head.shape() == head_shape,
+              to_string(hidden.shape()) + " (pass tensor_view::none() to skip it)");
+  require(d_head.is_none() || d_head.shape() == head_shape,
           op + ": `d_head` has shape " + to_string(d_head.shape()) + " but `head` has shape " + to_string(head_shape) +
-              " (pass an empty view for a frozen head)");
+              " (pass tensor_view::none() for a frozen head)");
   const auto has_data = [&](const void* data, std::int64_t size, const char* name) {
     require(size == 0 || data != nullptr, op + ": `" + name + "` has elements but no data pointer");
   };
   has_data(hidden.data(), hidden.size(), "hidden");
   has_data(targets.data(), targets.size(), "targets");
   has_data(loss.data(), loss.size(), "loss");
-  if (!absent(d_hidden)) has_data(d_hidden.data(), d_hidden.size(), "d_hidden");
-  if (!absent(d_head)) has_data(d_head.data(), d_head.size(), "d_head");
+  if (!d_hidden.is_none()) has_data(d_hidden.data(), d_hidden.size(), "d_hidden");
+  if (!d_head.is_none()) has_data(d_head.data(), d_head.size(), "d_head");
   require(options.label_smoothing >= 0 && options.label_smoothing <= 1,
           op + ": label_smoothing must be in [0, 1], got " + std::to_string(options.label_smoothing));
   require(options.logit_softcap >= 0 && std::isfinite(options.logit_softcap),
@@ -577,11 +584,11 @@ void host_fused(const tensor_view<const T>& hidden, const Source& source,
       }
     });
     // d_head before d_hidden: d_hidden may then alias hidden (this chunk's rows are not read again).
-    if (!absent(d_head))
+    if (!d_head.is_none())
       linalg::gemm(host, linalg::transpose::yes, linalg::transpose::no, 1.0f,
                    linalg::matrix_ref<const float>(logit_block(rows, 0, V)), x, 1.0f,
                    linalg::matrix_ref<float>(d_head.data(), V, H, H, d_head.where()), workspace, g);
-    if (absent(d_hidden)) continue;
+    if (d_hidden.is_none()) continue;
     const linalg::matrix_ref<T> dx(d_hidden.data() + first * H, rows, H, H, d_hidden.where());
     if (tile >= V) {
       linalg::gemm(host, linalg::transpose::no, linalg::transpose::no, 1.0f,
@@ -763,7 +770,7 @@ void device_fused(const cuda_executor& exec, const tensor_view<const T>& hidden,
   if constexpr (!fp32) gradient16 = buffer<T>(workspace, shape{c * V}, ordered);
   T* gradient = fp32 ? reinterpret_cast<T*>(logits.data()) : gradient16.data();
   buffer<float> accumulator;
-  if (!fp32 && !absent(d_hidden) && tile < V) accumulator = buffer<float>(workspace, shape{c * H}, ordered);
+  if (!fp32 && !d_hidden.is_none() && tile < V) accumulator = buffer<float>(workspace, shape{c * H}, ordered);
 
   count_targets_kernel<><<<1, loss_block_threads, 0, stream>>>(targets.data(), N, V, options.ignore_index,
                                                              counters.data());
@@ -784,10 +791,10 @@ void device_fused(const cuda_executor& exec, const tensor_view<const T>& hidden,
         row_loss.data() + first);
     MEMKIT_CUDA_CHECK(cudaGetLastError());
     // d_head^T [H, V] += x^T [H, rows] * gradient [rows, V]   (before d_hidden, which may alias hidden)
-    if (!absent(d_head))
+    if (!d_head.is_none())
       device_gemm(handle, CUBLAS_OP_N, CUBLAS_OP_T, H, V, rows, x, t_type, H, gradient, t_type, V, 1.0f, d_head.data(),
                   CUDA_R_32F, H);
-    if (absent(d_hidden)) continue;
+    if (d_hidden.is_none()) continue;
     T* dx = d_hidden.data() + first * H;
     if (tile >= V) {  // d_hidden^T [H, rows] = head^T [H, V] * gradient^T [V, rows]
       device_gemm(handle, CUBLAS_OP_N, CUBLAS_OP_N, H, rows, V, head_rows(0, V), t_type, H, gradient, t_type, V, 0.0f,
@@ -818,8 +825,8 @@ void check_access(const E& exec, const char* operation, const tensor_view<const 
   require_accessible(exec, hidden, operation, "hidden");
   require_accessible(exec, targets, operation, "targets");
   require_accessible(exec, loss, operation, "loss");
-  if (!absent(d_hidden)) require_accessible(exec, d_hidden, operation, "d_hidden");
-  if (!absent(d_head)) require_accessible(exec, d_head, operation, "d_head");
+  if (!d_hidden.is_none()) require_accessible(exec, d_hidden, operation, "d_hidden");
+  if (!d_head.is_none()) require_accessible(exec, d_head, operation, "d_head");
 }
 
 template <class T>
@@ -839,8 +846,8 @@ void zero_loss(const cuda_executor& exec, const tensor_view<float>& loss) {
 
 // Loss, d_hidden and d_head of the LM head `head` [V, H] (fp32, bf16 or fp16) applied to `hidden` [N, H].
 // `targets` [N] int32; `loss` one float (host or device memory, as the executor reads); `d_hidden` [N, H] of
-// hidden's type, overwritten (empty: not computed; it may alias `hidden`); `d_head` [V, H] fp32, accumulated
-// into (empty: a frozen head). CUDA: the head must have hidden's element type.
+// hidden's type, overwritten (none(): not computed; it may alias `hidden`); `d_head` [V, H] fp32, accumulated
+// into (none(): a frozen head). CUDA: the head must have hidden's element type.
 template <executor E, class Hidden, class Head>
   requires float_storage<std::remove_const_t<Hidden>> && float_storage<std::remove_const_t<Head>>
 void fused_linear_cross_entropy(const E& exec, tensor_view<Hidden> hidden, tensor_view<Head> head,
@@ -877,7 +884,7 @@ void fused_linear_cross_entropy(const E& exec, tensor_view<Hidden> hidden, tenso
 }
 
 // The same with a frozen, quantized head: it is dequantized a tile of rows at a time (head_tile_rows rows;
-// fp32 on the host, hidden's type on CUDA) and gets no gradient, so `d_head` must be empty.
+// fp32 on the host, hidden's type on CUDA) and gets no gradient, so `d_head` must be none().
 template <executor E, class Hidden, quant::format F>
   requires float_storage<std::remove_const_t<Hidden>>
 void fused_linear_cross_entropy(const E& exec, tensor_view<Hidden> hidden, const quant::quantized_tensor<F>& head,
@@ -889,7 +896,7 @@ void fused_linear_cross_entropy(const E& exec, tensor_view<Hidden> hidden, const
   const tensor_view<const T> x = hidden;
   const detail::loss_dims dims =
       detail::check_arguments(operation, x, head.logical_shape(), targets, loss, d_hidden, d_head, options);
-  require(detail::absent(d_head), std::string(operation) + ": a quantized head is frozen; pass an empty `d_head`");
+  require(d_head.is_none(), std::string(operation) + ": a quantized head is frozen; pass tensor_view<float>::none() as `d_head`");
   detail::check_access(exec, operation, x, targets, loss, d_hidden, d_head);
   require_accessible(exec, head.codes(), operation, "head");
   if (dims.N == 0) return detail::zero_loss<T>(exec, loss);
@@ -897,7 +904,7 @@ void fused_linear_cross_entropy(const E& exec, tensor_view<Hidden> hidden, const
   if constexpr (!E::on_device) {
     buffer<float> tile_buffer(workspace, shape{tile * dims.H});
     buffer<float> accumulator;
-    if (!std::is_same_v<T, float> && !detail::absent(d_hidden) && tile < dims.V)
+    if (!std::is_same_v<T, float> && !d_hidden.is_none() && tile < dims.V)
       accumulator = buffer<float>(workspace, shape{chunk_tokens(dims.N, dims.V, sizeof(T), options) * dims.H});
     const detail::quantized_head_source<F> source{&head, dims.V, dims.H, tile_buffer.data()};
     detail::host_check_values(operation, x, source, targets, options, dims);
