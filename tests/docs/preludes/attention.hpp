@@ -1,0 +1,9 @@
+// What docs/attention.md's block uses: q [B, Hq, S, D], k and v [B, Hkv, S, D], their outputs and gradients.
+#pragma once
+#include <memkit/memkit.hpp>
+using memkit::bf16;
+inline constexpr std::int64_t B = 1, Hq = 8, Hkv = 2, S = 1024, D = 64;
+inline memkit::tensor_view<const bf16> q, k, v, dout;
+inline memkit::tensor_view<bf16> out, dq, dk, dv;
+inline memkit::tensor_view<float> lse;
+inline memkit::memory_resource& workspace = memkit::default_host_resource();
