@@ -647,11 +647,17 @@ double validation_loss(const E& exec, Model& model, const example::text_dataset&
   return total / static_cast<double>(o.validation_batches);
 }
 
-float learning_rate(float peak, std::int64_t step, std::int64_t steps) {
-  const std::int64_t warmup = std::max<std::int64_t>(1, steps / 10);
-  if (step < warmup) return peak * static_cast<float>(step + 1) / static_cast<float>(warmup);
-  const float progress = static_cast<float>(step - warmup) / static_cast<float>(std::max<std::int64_t>(1, steps - warmup));
-  return peak * (0.1f + 0.9f * 0.5f * (1.0f + std::cos(3.14159265f * progress)));
+// Linear warmup over the first tenth of the steps, then a half cosine down to a tenth of the peak.
+memkit::layers::cosine_schedule learning_rate(float peak, std::int64_t steps) {
+  return {.peak = peak, .warmup_steps = std::max<std::int64_t>(1, steps / 10), .total_steps = steps, .final_fraction = 0.1f};
+}
+
+// The dense model's optimizer tensors: matrices in group 0 (weight decay `decay`), vectors (norms, biases) in
+// group 1 (none).
+using param_registry = memkit::layers::parameter_registry<act_t>;
+param_registry decay_matrices_registry(float decay) {
+  return param_registry({{.name = "matrices", .weight_decay = decay}, {.name = "vectors", .weight_decay = 0.0f}},
+                        [](const std::string&, const shape& s) { return s.rank == 2 ? 0 : 1; });
 }
 
 struct stage_result {
@@ -676,6 +682,7 @@ void run_stage(const E& exec, int stage, Model& model, Stack& stack, const examp
   std::vector<double> losses;
   const auto start = std::chrono::steady_clock::now();
   const std::clock_t cpu_start = std::clock();
+  const memkit::layers::cosine_schedule schedule = learning_rate(peak_lr, steps);
   for (std::int64_t step = 0; step < steps; ++step) {
     zero_grad();
     double step_loss = 0.0;
@@ -689,7 +696,7 @@ void run_stage(const E& exec, int stage, Model& model, Stack& stack, const examp
       accumulation.add();
     }
     step_loss /= static_cast<double>(o.accum);
-    const float lr = learning_rate(peak_lr, step, steps);
+    const float lr = schedule(step);
     r.meter.set_phase("optimizer step");
     step_optimizer(lr, accumulation.step_scale());
     accumulation.reset();
@@ -747,9 +754,12 @@ std::uint64_t workspace_peak(const Model& model, const options& o) {
 
 // ---- stage 1 ---------------------------------------------------------------------------------------------
 // A host copy of a parameter's value (the writer takes host memory; copies it on add).
+void add_value(memkit::safetensors::writer& out, const std::string& name, tensor_view<const act_t> value) {
+  const std::vector<act_t> values = memkit::layers::copy_out(value);
+  out.add(name, tensor_view<const act_t>(values.data(), value.shape(), memkit::memory_kind::host));
+}
 void add_value(memkit::safetensors::writer& out, memkit::layers::parameter& p) {
-  const std::vector<act_t> values = memkit::layers::copy_out(std::as_const(p.value).view());
-  out.add(p.name, tensor_view<const act_t>(values.data(), p.value.shape(), memkit::memory_kind::host));
+  add_value(out, p.name, std::as_const(p.value).view());
 }
 
 void save_pretrained(pretrain_model& model, const std::string& path) {
@@ -804,15 +814,14 @@ stage_result pretrain(const E& exec, const options& o, memory_meter& meter, std:
       l->weight.init_normal(l == &block.o || l == &block.down ? 0.02f / std::sqrt(2.0f * float(o.model.layers)) : 0.02f,
                             o.seed, ++stream);
 
-  // The optimizer state, in the order of `shapes`.
-  std::vector<memkit::layers::parameter*> params = model.shared_parameters();
-  for (auto* l : model.linears()) params.push_back(&l->weight);
-  AdamState adam(exec, *r.model.optimizer, sizes, adam_options);
-  std::vector<memkit::adam_param<memkit::bf16, float>> adam_params;
-  for (memkit::layers::parameter* p : params)
-    adam_params.push_back({p->value.view(), std::as_const(p->grad).view(), p->master_view(), p->value.shape().rank == 2 ? 0 : 1});
-  std::vector<memkit::adam_group> groups{{.lr = o.pretrain_lr, .beta2 = 0.99f, .weight_decay = 0.1f},
-                                         {.lr = o.pretrain_lr, .beta2 = 0.99f, .weight_decay = 0.0f}};
+  // The optimizer's tensors, registered by the model itself in the order of `shapes`: matrices decay, the
+  // norms' vectors do not.
+  param_registry params = decay_matrices_registry(0.1f);
+  model.register_parameters(params);
+  memkit::require(params.sizes() == sizes, "train_llama: the model's parameters are not the predicted ones");
+  AdamState adam(exec, *r.model.optimizer, params.sizes(), adam_options);
+  const auto adam_params = params.adam_params();
+  const memkit::adam_group adam_base{.beta2 = 0.99f};
 
   auto stack = make_stack(model, o.checkpointing);
   step_buffers buffers(r, o.batch, o.seq, o.model.hidden, true);
@@ -828,13 +837,8 @@ stage_result pretrain(const E& exec, const options& o, memory_meter& meter, std:
   std::printf("validation loss before: %.4f\n", result.validation_before);
   run_stage(
       exec, 1, model, stack, data, buffers, r, o, o.pretrain_steps, o.pretrain_lr,
-      [&](float lr, float scale) {
-        for (auto& g : groups) g.lr = lr;
-        adam.step(exec, adam_params, groups, scale);
-      },
-      [&] {
-        for (memkit::layers::parameter* p : params) p->zero_grad(exec);
-      },
+      [&](float lr, float scale) { adam.step(exec, adam_params, params.adam_groups(adam_base, lr), scale); },
+      [&] { memkit::layers::zero_grad(exec, params); },
       records, result);
   result.validation_after = validation_loss(exec, model, data, buffers, r, o);
   std::printf("validation loss after:  %.4f   (last step: %s)\n", result.validation_after,
@@ -1019,13 +1023,13 @@ finetune_outcome finetune(const E& exec, const options& o, memory_meter& meter, 
   predicted.peak[memory_category::other] = step_buffers::other_bytes(o.batch, o.seq);
 
   std::unique_ptr<finetune_model> model = load_finetune_model(exec, o, r, o.out_dir + "/pretrained.safetensors", false);
-  memkit::adam_state<std::int8_t, 256> adam(exec, *r.model.optimizer, sizes, adam_options);
-  std::vector<memkit::adam_param<adapter_t, float>> adam_params;
-  for (lora_linear_impl* l : model->linears()) {
-    adam_params.push_back({l->lora_A(), l->grad_A()});
-    adam_params.push_back({l->lora_B(), l->grad_B()});
-  }
-  std::vector<memkit::adam_group> groups{{.lr = o.finetune_lr, .beta2 = 0.99f, .weight_decay = 0.0f}};
+  // The optimizer's tensors: each adapter's A and B (the base model is frozen, so registers nothing).
+  memkit::layers::parameter_registry<adapter_t> params;
+  model->register_parameters(params);
+  memkit::require(params.sizes() == sizes, "train_llama: the model's adapters are not the predicted ones");
+  memkit::adam_state<std::int8_t, 256> adam(exec, *r.model.optimizer, params.sizes(), adam_options);
+  const auto adam_params = params.adam_params();
+  const memkit::adam_group adam_base{.beta2 = 0.99f, .weight_decay = 0.0f};
   auto stack = make_stack(*model, o.checkpointing);
   step_buffers buffers(r, o.batch, o.seq, o.model.hidden, false);
   predicted.peak[memory_category::activations] = activation_peak(*model, stack, o, false);
@@ -1040,13 +1044,8 @@ finetune_outcome finetune(const E& exec, const options& o, memory_meter& meter, 
   std::printf("validation loss before: %.4f\n", result.validation_before);
   run_stage(
       exec, 2, *model, stack, data, buffers, r, o, o.finetune_steps, o.finetune_lr,
-      [&](float lr, float scale) {
-        groups[0].lr = lr;
-        adam.step(exec, adam_params, groups, scale);
-      },
-      [&] {
-        for (lora_linear_impl* l : model->linears()) l->zero_grad(exec);
-      },
+      [&](float lr, float scale) { adam.step(exec, adam_params, params.adam_groups(adam_base, lr), scale); },
+      [&] { memkit::layers::zero_grad(exec, params); },
       records, result);
   result.validation_after = validation_loss(exec, *model, data, buffers, r, o);
   std::printf("validation loss after:  %.4f   (last step: %s)\n", result.validation_after,
@@ -1213,24 +1212,18 @@ finetune_outcome finetune_checkpoint(const E& exec, const options& o, memory_met
               o.lora_alpha, o.targets.size() == 7 ? "all 7 projections" : ("the " + std::to_string(o.targets.size()) + " projections of --targets").c_str(), memkit::format_bytes(meter.tracker.current_bytes()).c_str(),
               memkit::format_bytes(meter.tracker.peak_bytes()).c_str());
 
-  memkit::adam_state<std::int8_t, 256> adam(exec, *r.model.optimizer, sizes, adam_options);
-  std::vector<memkit::adam_param<adapter_t, float>> adam_params;
-  for (Projection* l : model->linears())
-    if (l->adapted()) {
-      adam_params.push_back({l->lora_A(), l->grad_A()});
-      adam_params.push_back({l->lora_B(), l->grad_B()});
-    }
-  std::vector<memkit::adam_group> groups{{.lr = o.finetune_lr, .beta2 = 0.99f, .weight_decay = 0.0f}};
+  // The optimizer's tensors: A and B of each adapted projection (the base model is frozen).
+  memkit::layers::parameter_registry<adapter_t> params;
+  model->register_parameters(params);
+  memkit::require(params.sizes() == sizes, "train_llama: the model's adapters are not the predicted ones");
+  memkit::adam_state<std::int8_t, 256> adam(exec, *r.model.optimizer, params.sizes(), adam_options);
+  const auto adam_params = params.adam_params();
+  const memkit::adam_group adam_base{.beta2 = 0.99f, .weight_decay = 0.0f};
   step_buffers buffers(r, o.batch, o.seq, o.model.hidden, false);
   train_checkpoint_stage(
       exec, o, "fine-tuning", *model, data, buffers, r, meter, predicted, largest_staging, true,
-      [&](float lr, float scale) {
-        groups[0].lr = lr;
-        adam.step(exec, adam_params, groups, scale);
-      },
-      [&] {
-        for (Projection* l : model->linears()) l->zero_grad(exec);
-      },
+      [&](float lr, float scale) { adam.step(exec, adam_params, params.adam_groups(adam_base, lr), scale); },
+      [&] { memkit::layers::zero_grad(exec, params); },
       records, result);
 
   if (o.trial) return outcome;
@@ -1314,29 +1307,22 @@ finetune_outcome finetune_full_checkpoint(const E& exec, const options& o, memor
       if (p->has_master()) fill(p->name, p->master.view());
     }
   }
-  // The optimizer's tensors in the order of `tensors`: shared parameters, then per projection weight and bias.
-  std::vector<memkit::layers::parameter*> params = model->shared_parameters();
-  for (auto* l : model->linears()) {
-    params.push_back(&l->weight);
-    if (l->has_bias()) params.push_back(&l->bias);
-  }
+  // The optimizer's tensors, registered by the model in the order of `tensors`: shared parameters, then per
+  // projection weight and bias (no weight decay in either group).
+  param_registry params = decay_matrices_registry(0.0f);
+  model->register_parameters(params);
   memkit::require(params.size() == tensors.size(), "train_llama: the model's parameters are not the checkpoint's tensors");
-  adam_type adam(exec, *r.model.optimizer, sizes, adam_options);
-  std::vector<memkit::adam_param<memkit::bf16, float>> adam_params;
-  for (memkit::layers::parameter* p : params)
-    adam_params.push_back({p->value.view(), std::as_const(p->grad).view(), p->master_view(), p->value.shape().rank == 2 ? 0 : 1});
-  std::vector<memkit::adam_group> groups{{.lr = o.finetune_lr, .beta2 = 0.99f, .weight_decay = 0.0f},
-                                         {.lr = o.finetune_lr, .beta2 = 0.99f, .weight_decay = 0.0f}};
+  for (std::size_t i = 0; i < tensors.size(); ++i)
+    memkit::require(params.entries()[i].name == tensors[i].first,
+                    "train_llama: parameter " + params.entries()[i].name + " is not the checkpoint's " + tensors[i].first);
+  adam_type adam(exec, *r.model.optimizer, params.sizes(), adam_options);
+  const auto adam_params = params.adam_params();
+  const memkit::adam_group adam_base{.beta2 = 0.99f};
   step_buffers buffers(r, o.batch, o.seq, o.model.hidden, true);
   train_checkpoint_stage(
       exec, o, "full fine-tuning", *model, data, buffers, r, meter, predicted, staging, false,
-      [&](float lr, float scale) {
-        for (auto& g : groups) g.lr = lr;
-        adam.step(exec, adam_params, groups, scale);
-      },
-      [&] {
-        for (memkit::layers::parameter* p : params) p->zero_grad(exec);
-      },
+      [&](float lr, float scale) { adam.step(exec, adam_params, params.adam_groups(adam_base, lr), scale); },
+      [&] { memkit::layers::zero_grad(exec, params); },
       records, result);
 
   // Saved as a checkpoint directory; reloaded, it must give the same validation loss.
@@ -1348,7 +1334,7 @@ finetune_outcome finetune_full_checkpoint(const E& exec, const options& o, memor
     fs::copy_file(fs::path(o.model_dir) / "config.json", dir / "config.json", fs::copy_options::overwrite_existing);
     memkit::safetensors::writer out;
     out.add_metadata("format", "pt");
-    for (memkit::layers::parameter* p : params) add_value(out, *p);
+    for (const auto& p : params.entries()) add_value(out, p.name, p.value);
     out.write((dir / "model.safetensors").string());
     model.reset();
     auto reloaded = llama::load_causal_lm<act_t>(llama::hf_checkpoint(dir.string(), o.seq), r.model, memkit::layers::trainability::frozen);
