@@ -12,6 +12,8 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <fstream>
+#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -407,4 +409,20 @@ TEST_CASE("layers::cosine_schedule gives the floats of examples/train_llama.cpp'
         if (std::memcmp(&a, &b, sizeof a) != 0) FAIL("step " << step << " of " << steps << ": " << a << " != " << b);
       }
     }
+}
+
+TEST_CASE("docs/layers.md's complete loop is examples/hand_written_loop.cpp") {
+  const auto read = [](const std::string& path) {
+    std::ifstream in(std::string(MEMKIT_TEST_SOURCE_DIR) + "/" + path);
+    REQUIRE(in.good());
+    std::ostringstream s;
+    s << in.rdbuf();
+    return s.str();
+  };
+  const std::string doc = read("docs/layers.md"), program = read("examples/hand_written_loop.cpp");
+  const std::size_t open = doc.rfind("```cpp\n");
+  REQUIRE(open != std::string::npos);
+  const std::size_t start = open + 7, close = doc.find("```", start);
+  REQUIRE(close != std::string::npos);
+  CHECK(doc.substr(start, close - start) == program);
 }
