@@ -65,7 +65,7 @@ using act_t = memkit::bf16;
 using lora_linear_impl = llama::nf4_lora_linear<act_t>;
 using adapter_t = lora_linear_impl::adapter_type;  // the element type of the LoRA factors
 
-using pretrain_model = llama::causal_lm<act_t, llama::dense_linear<act_t>>;
+using pretrain_model = llama::causal_lm<act_t, memkit::layers::dense_linear<act_t>>;
 using finetune_model = llama::causal_lm<act_t, lora_linear_impl>;
 
 // ---- the configuration, checked at compile time ----------------------------------------------------------
@@ -523,13 +523,13 @@ void print_memory_table(const char* title, const memory_prediction& predicted, c
 struct resources {
   memory_meter& meter;
   memkit::tracking_resource& tracker;  // read only: every allocation goes through the meter's probes
-  llama::memory_resources model;
+  memkit::layers::memory_resources model;
   memkit::memory_resource& activations;
   memkit::memory_resource& other;
 };
 
 resources make_resources(memory_meter& meter, int threads) {
-  llama::memory_resources m;
+  memkit::layers::memory_resources m;
   m.weights = &meter.category(memory_category::weights);
   m.gradients = &meter.category(memory_category::gradients);
   m.optimizer = &meter.category(memory_category::optimizer_state);
@@ -567,10 +567,10 @@ struct step_buffers {
     for (std::size_t i = 0; i < ids_staging.size(); ++i)
       memkit::require(ids_staging[i] >= 0 && ids_staging[i] < vocab && targets_staging[i] >= 0 && targets_staging[i] < vocab,
                       "train_llama: a token id outside the vocabulary");
-    llama::copy_in(ids_staging.data(), ids.view());
-    llama::copy_in(targets_staging.data(), targets.view());
+    memkit::layers::copy_in(ids_staging.data(), ids.view());
+    memkit::layers::copy_in(targets_staging.data(), targets.view());
   }
-  float loss_value() const { return llama::copy_out(loss.view())[0]; }
+  float loss_value() const { return memkit::layers::copy_out(loss.view())[0]; }
   static std::uint64_t activation_bytes(std::int64_t batch, std::int64_t seq, std::int64_t hidden, bool embedding_trains) {
     return memkit::buffer<act_t>::bytes_required(shape{batch, seq, hidden}) * (embedding_trains ? 4 : 3);
   }
@@ -582,7 +582,7 @@ struct step_buffers {
 template <class Model>
 auto make_stack(Model& model, bool checkpointing) {
   return memkit::checkpoint_segment(
-      memkit::layers(model.blocks, model.final_norm),
+      memkit::layer_sequence(model.blocks, model.final_norm),
       {.schedule = checkpointing ? memkit::checkpoint_schedule::every_layer() : memkit::checkpoint_schedule::none()});
 }
 
@@ -643,11 +643,17 @@ double validation_loss(const E& exec, Model& model, const example::text_dataset&
   return total / static_cast<double>(o.validation_batches);
 }
 
-float learning_rate(float peak, std::int64_t step, std::int64_t steps) {
-  const std::int64_t warmup = std::max<std::int64_t>(1, steps / 10);
-  if (step < warmup) return peak * static_cast<float>(step + 1) / static_cast<float>(warmup);
-  const float progress = static_cast<float>(step - warmup) / static_cast<float>(std::max<std::int64_t>(1, steps - warmup));
-  return peak * (0.1f + 0.9f * 0.5f * (1.0f + std::cos(3.14159265f * progress)));
+// Linear warmup over the first tenth of the steps, then a half cosine down to a tenth of the peak.
+memkit::layers::cosine_schedule learning_rate(float peak, std::int64_t steps) {
+  return {.peak = peak, .warmup_steps = std::max<std::int64_t>(1, steps / 10), .total_steps = steps, .final_fraction = 0.1f};
+}
+
+// The dense model's optimizer tensors: matrices in group 0 (weight decay `decay`), vectors (norms, biases) in
+// group 1 (none).
+using param_registry = memkit::layers::parameter_registry<act_t>;
+param_registry decay_matrices_registry(float decay) {
+  return param_registry({{.name = "matrices", .weight_decay = decay}, {.name = "vectors", .weight_decay = 0.0f}},
+                        [](const std::string&, const shape& s) { return s.rank == 2 ? 0 : 1; });
 }
 
 struct stage_result {
@@ -672,6 +678,7 @@ void run_stage(const E& exec, int stage, Model& model, Stack& stack, const examp
   std::vector<double> losses;
   const auto start = std::chrono::steady_clock::now();
   const std::clock_t cpu_start = std::clock();
+  const memkit::layers::cosine_schedule schedule = learning_rate(peak_lr, steps);
   for (std::int64_t step = 0; step < steps; ++step) {
     zero_grad();
     double step_loss = 0.0;
@@ -685,7 +692,7 @@ void run_stage(const E& exec, int stage, Model& model, Stack& stack, const examp
       accumulation.add();
     }
     step_loss /= static_cast<double>(o.accum);
-    const float lr = learning_rate(peak_lr, step, steps);
+    const float lr = schedule(step);
     r.meter.set_phase("optimizer step");
     step_optimizer(lr, accumulation.step_scale());
     accumulation.reset();
@@ -741,23 +748,26 @@ std::uint64_t workspace_peak(const Model& model, const options& o) {
 
 // ---- stage 1 ---------------------------------------------------------------------------------------------
 // A host copy of a parameter's value (the writer takes host memory; copies it on add).
-void add_value(memkit::safetensors::writer& out, llama::parameter& p) {
-  const std::vector<act_t> values = llama::copy_out(std::as_const(p.value).view());
-  out.add(p.name, tensor_view<const act_t>(values.data(), p.value.shape(), memkit::memory_kind::host));
+void add_value(memkit::safetensors::writer& out, const std::string& name, tensor_view<const act_t> value) {
+  const std::vector<act_t> values = memkit::layers::copy_out(value);
+  out.add(name, tensor_view<const act_t>(values.data(), value.shape(), memkit::memory_kind::host));
+}
+void add_value(memkit::safetensors::writer& out, memkit::layers::parameter& p) {
+  add_value(out, p.name, std::as_const(p.value).view());
 }
 
 void save_pretrained(pretrain_model& model, const std::string& path) {
   memkit::safetensors::writer out;
   out.add_metadata("format", "pt");
-  for (llama::parameter* p : model.shared_parameters()) add_value(out, *p);
-  for (llama::dense_linear<act_t>* l : model.linears()) add_value(out, l->weight);
+  for (memkit::layers::parameter* p : model.shared_parameters()) add_value(out, *p);
+  for (memkit::layers::dense_linear<act_t>* l : model.linears()) add_value(out, l->weight);
   out.write(path);
 }
 
 template <class AdamState, memkit::executor E>
 stage_result pretrain(const E& exec, const options& o, memory_meter& meter, std::vector<example::step_record>& records) {
   const resources r = make_resources(meter, o.threads);
-  const llama::trainability mode = o.rounding ? llama::trainability::bf16_rounding : llama::trainability::bf16_master;
+  const memkit::layers::trainability mode = o.rounding ? memkit::layers::trainability::bf16_rounding : memkit::layers::trainability::bf16_master;
   const example::text_dataset data(o.data_dir + "/shakespeare.txt", o.seq);
   meter.reset_peak();
 
@@ -772,13 +782,13 @@ stage_result pretrain(const E& exec, const options& o, memory_meter& meter, std:
   memory_prediction predicted;
   for (const shape& s : shapes) {
     sizes.push_back(s.numel());
-    predicted.peak[memory_category::gradients] += llama::parameter::grad_bytes(s, mode);
-    predicted.peak[memory_category::optimizer_state] += llama::parameter::master_bytes(s, mode);
+    predicted.peak[memory_category::gradients] += memkit::layers::parameter::grad_bytes(s, mode);
+    predicted.peak[memory_category::optimizer_state] += memkit::layers::parameter::master_bytes(s, mode);
   }
   predicted.peak[memory_category::weights] = pretrain_model::shared_weight_bytes(o.model);
   for (std::int64_t i = 0; i < o.model.layers; ++i)
     for (const llama::projection& p : llama::projections_of(o.model, i))
-      predicted.peak[memory_category::weights] += llama::parameter::value_bytes(shape{p.out, p.in});
+      predicted.peak[memory_category::weights] += memkit::layers::parameter::value_bytes(shape{p.out, p.in});
   memkit::adam_options adam_options;
   adam_options.max_grad_norm = o.max_grad_norm;
   adam_options.host_threads = o.threads;
@@ -787,26 +797,25 @@ stage_result pretrain(const E& exec, const options& o, memory_meter& meter, std:
   predicted.peak[memory_category::other] = step_buffers::other_bytes(o.batch, o.seq);
 
   pretrain_model model(o.model, r.model, mode, [&](const llama::projection& p, std::int64_t, int) {
-    return llama::dense_linear<act_t>(p.path + ".weight", p.in, p.out, r.model, mode);
+    return memkit::layers::dense_linear<act_t>(p.path + ".weight", p.in, p.out, r.model, mode);
   });
   // Initialization: N(0, 0.02), the residual outputs (o_proj, down_proj) scaled by 1/sqrt(2 layers).
   std::uint64_t stream = 0;
-  for (llama::parameter* p : model.shared_parameters())
+  for (memkit::layers::parameter* p : model.shared_parameters())
     if (p->value.shape().rank == 2) p->init_normal(0.02f, o.seed, ++stream);
   for (auto& block : model.blocks)
     for (auto* l : {&block.q, &block.k, &block.v, &block.o, &block.gate, &block.up, &block.down})
       l->weight.init_normal(l == &block.o || l == &block.down ? 0.02f / std::sqrt(2.0f * float(o.model.layers)) : 0.02f,
                             o.seed, ++stream);
 
-  // The optimizer state, in the order of `shapes`.
-  std::vector<llama::parameter*> params = model.shared_parameters();
-  for (auto* l : model.linears()) params.push_back(&l->weight);
-  AdamState adam(exec, *r.model.optimizer, sizes, adam_options);
-  std::vector<memkit::adam_param<memkit::bf16, float>> adam_params;
-  for (llama::parameter* p : params)
-    adam_params.push_back({p->value.view(), std::as_const(p->grad).view(), p->master_view(), p->value.shape().rank == 2 ? 0 : 1});
-  std::vector<memkit::adam_group> groups{{.lr = o.pretrain_lr, .beta2 = 0.99f, .weight_decay = 0.1f},
-                                         {.lr = o.pretrain_lr, .beta2 = 0.99f, .weight_decay = 0.0f}};
+  // The optimizer's tensors, registered by the model itself in the order of `shapes`: matrices decay, the
+  // norms' vectors do not.
+  param_registry params = decay_matrices_registry(0.1f);
+  model.register_parameters(params);
+  memkit::require(params.sizes() == sizes, "train_llama: the model's parameters are not the predicted ones");
+  AdamState adam(exec, *r.model.optimizer, params.sizes(), adam_options);
+  const auto adam_params = params.adam_params();
+  const memkit::adam_group adam_base{.beta2 = 0.99f};
 
   auto stack = make_stack(model, o.checkpointing);
   step_buffers buffers(r, o.batch, o.seq, o.model.hidden, true);
@@ -822,13 +831,8 @@ stage_result pretrain(const E& exec, const options& o, memory_meter& meter, std:
   std::printf("validation loss before: %.4f\n", result.validation_before);
   run_stage(
       exec, 1, model, stack, data, buffers, r, o, o.pretrain_steps, o.pretrain_lr,
-      [&](float lr, float scale) {
-        for (auto& g : groups) g.lr = lr;
-        adam.step(exec, adam_params, groups, scale);
-      },
-      [&] {
-        for (llama::parameter* p : params) p->zero_grad(exec);
-      },
+      [&](float lr, float scale) { adam.step(exec, adam_params, params.adam_groups(adam_base, lr), scale); },
+      [&] { memkit::layers::zero_grad(exec, params); },
       records, result);
   result.validation_after = validation_loss(exec, model, data, buffers, r, o);
   std::printf("validation loss after:  %.4f   (last step: %s)\n", result.validation_after,
@@ -852,7 +856,7 @@ void read_into(const memkit::safetensors::reader& in, const std::string& name, t
   if (to.where() == memkit::memory_kind::host) return in.read(name, to);
   std::vector<T> staging(static_cast<std::size_t>(to.size()));
   in.read(name, tensor_view<T>(staging.data(), to.shape(), memkit::memory_kind::host));
-  llama::copy_in(staging.data(), to);
+  memkit::layers::copy_in(staging.data(), to);
 }
 
 // Builds the QLoRA model from a checkpoint: projections quantized to NF4 as they are read (or, with
@@ -862,7 +866,7 @@ std::unique_ptr<finetune_model> load_finetune_model(const E& exec, const options
                                                     const std::string& checkpoint, bool bnb) {
   const memkit::safetensors::reader in(checkpoint);
   auto model = std::make_unique<finetune_model>(
-      o.model, r.model, llama::trainability::frozen, [&](const llama::projection& p, std::int64_t i, int k) {
+      o.model, r.model, memkit::layers::trainability::frozen, [&](const llama::projection& p, std::int64_t i, int k) {
         using base_type = lora_linear_impl::base_type;
         base_type base;
         if (bnb && !E::on_device) {
@@ -880,7 +884,7 @@ std::unique_ptr<finetune_model> load_finetune_model(const E& exec, const options
         return lora_linear_impl(p.path, std::move(base), o.lora_rank, o.lora_alpha, r.model, o.seed + 99,
                                 static_cast<std::uint64_t>(i * 7 + k));
       });
-  for (llama::parameter* p : model->shared_parameters()) read_into(in, p->name, p->value.view());
+  for (memkit::layers::parameter* p : model->shared_parameters()) read_into(in, p->name, p->value.view());
   return model;
 }
 
@@ -898,8 +902,8 @@ void save_qlora(finetune_model& model, const options& o, const std::string& adap
   memkit::safetensors::writer base;
   base.add_metadata("format", "pt");
   for (lora_linear_impl* l : model.linears()) {
-    const std::vector<adapter_t> a = llama::copy_out(tensor_view<const adapter_t>(l->lora_A()));
-    const std::vector<adapter_t> b = llama::copy_out(tensor_view<const adapter_t>(l->lora_B()));
+    const std::vector<adapter_t> a = memkit::layers::copy_out(tensor_view<const adapter_t>(l->lora_A()));
+    const std::vector<adapter_t> b = memkit::layers::copy_out(tensor_view<const adapter_t>(l->lora_B()));
     adapter.add<adapter_t>(l->path, tensor_view<const adapter_t>(a.data(), l->lora_A().shape(), memkit::memory_kind::host),
                            tensor_view<const adapter_t>(b.data(), l->lora_B().shape(), memkit::memory_kind::host));
     if (l->base_weight().where() == memkit::memory_kind::host)
@@ -908,7 +912,7 @@ void save_qlora(finetune_model& model, const options& o, const std::string& adap
       memkit::quant::save_linear4bit(base, l->path + ".weight",
                                      llama::copy_quantized(l->base_weight(), memkit::default_host_resource()), {"bfloat16"});
   }
-  for (llama::parameter* p : model.shared_parameters()) add_value(base, *p);
+  for (memkit::layers::parameter* p : model.shared_parameters()) add_value(base, *p);
   adapter.write(adapter_dir);
   base.write(base_path);
 }
@@ -931,12 +935,12 @@ std::string sample_text(const E& exec, finetune_model& model, const resources& r
   memkit::buffer<act_t> x(r.activations, shape{1, window, h}), y(r.activations, shape{1, window, h});
   memkit::buffer<std::int32_t> tokens(r.other, shape{window});
   std::vector<float> logits(static_cast<std::size_t>(V));
-  const std::vector<act_t> head = llama::copy_out(std::as_const(model.head_weight().value).view());  // the logits are made on the host
+  const std::vector<act_t> head = memkit::layers::copy_out(std::as_const(model.head_weight().value).view());  // the logits are made on the host
   const memkit::memory_kind where = x.where();
   for (std::int64_t n = 0; n < count; ++n) {
     const std::int64_t len = std::min<std::int64_t>(window, static_cast<std::int64_t>(ids.size()));
     const std::vector<std::int32_t> context(ids.end() - len, ids.end());
-    llama::copy_in(context.data(), tensor_view<std::int32_t>(tokens.data(), shape{len}, where));
+    memkit::layers::copy_in(context.data(), tensor_view<std::int32_t>(tokens.data(), shape{len}, where));
     const shape in{1, len, h};
     model.embed.forward(exec, tensor_view<const std::int32_t>(tokens.data(), shape{len}, where), tensor_view<act_t>(x.data(), in, where));
     act_t* a = x.data();
@@ -949,7 +953,7 @@ std::string sample_text(const E& exec, finetune_model& model, const resources& r
     model.final_norm.forward(exec, {o.seed, 0, false}, tensor_view<const act_t>(a, in, where), tensor_view<act_t>(b, in, where),
                              store);
     store.clear();
-    const std::vector<act_t> last_row = llama::copy_out(tensor_view<const act_t>(b + (len - 1) * h, shape{h}, where));
+    const std::vector<act_t> last_row = memkit::layers::copy_out(tensor_view<const act_t>(b + (len - 1) * h, shape{h}, where));
     const act_t* last = last_row.data();
     float m = -1e30f;
     for (std::int64_t v = 0; v < V; ++v) {
@@ -1013,13 +1017,13 @@ finetune_outcome finetune(const E& exec, const options& o, memory_meter& meter, 
   predicted.peak[memory_category::other] = step_buffers::other_bytes(o.batch, o.seq);
 
   std::unique_ptr<finetune_model> model = load_finetune_model(exec, o, r, o.out_dir + "/pretrained.safetensors", false);
-  memkit::adam_state<std::int8_t, 256> adam(exec, *r.model.optimizer, sizes, adam_options);
-  std::vector<memkit::adam_param<adapter_t, float>> adam_params;
-  for (lora_linear_impl* l : model->linears()) {
-    adam_params.push_back({l->lora_A(), l->grad_A()});
-    adam_params.push_back({l->lora_B(), l->grad_B()});
-  }
-  std::vector<memkit::adam_group> groups{{.lr = o.finetune_lr, .beta2 = 0.99f, .weight_decay = 0.0f}};
+  // The optimizer's tensors: each adapter's A and B (the base model is frozen, so registers nothing).
+  memkit::layers::parameter_registry<adapter_t> params;
+  model->register_parameters(params);
+  memkit::require(params.sizes() == sizes, "train_llama: the model's adapters are not the predicted ones");
+  memkit::adam_state<std::int8_t, 256> adam(exec, *r.model.optimizer, params.sizes(), adam_options);
+  const auto adam_params = params.adam_params();
+  const memkit::adam_group adam_base{.beta2 = 0.99f, .weight_decay = 0.0f};
   auto stack = make_stack(*model, o.checkpointing);
   step_buffers buffers(r, o.batch, o.seq, o.model.hidden, false);
   predicted.peak[memory_category::activations] = activation_peak(*model, stack, o, false);
@@ -1034,13 +1038,8 @@ finetune_outcome finetune(const E& exec, const options& o, memory_meter& meter, 
   std::printf("validation loss before: %.4f\n", result.validation_before);
   run_stage(
       exec, 2, *model, stack, data, buffers, r, o, o.finetune_steps, o.finetune_lr,
-      [&](float lr, float scale) {
-        groups[0].lr = lr;
-        adam.step(exec, adam_params, groups, scale);
-      },
-      [&] {
-        for (lora_linear_impl* l : model->linears()) l->zero_grad(exec);
-      },
+      [&](float lr, float scale) { adam.step(exec, adam_params, params.adam_groups(adam_base, lr), scale); },
+      [&] { memkit::layers::zero_grad(exec, params); },
       records, result);
   result.validation_after = validation_loss(exec, *model, data, buffers, r, o);
   std::printf("validation loss after:  %.4f   (last step: %s)\n", result.validation_after,
@@ -1207,24 +1206,18 @@ finetune_outcome finetune_checkpoint(const E& exec, const options& o, memory_met
               o.lora_alpha, o.targets.size() == 7 ? "all 7 projections" : ("the " + std::to_string(o.targets.size()) + " projections of --targets").c_str(), memkit::format_bytes(meter.tracker.current_bytes()).c_str(),
               memkit::format_bytes(meter.tracker.peak_bytes()).c_str());
 
-  memkit::adam_state<std::int8_t, 256> adam(exec, *r.model.optimizer, sizes, adam_options);
-  std::vector<memkit::adam_param<adapter_t, float>> adam_params;
-  for (Projection* l : model->linears())
-    if (l->adapted()) {
-      adam_params.push_back({l->lora_A(), l->grad_A()});
-      adam_params.push_back({l->lora_B(), l->grad_B()});
-    }
-  std::vector<memkit::adam_group> groups{{.lr = o.finetune_lr, .beta2 = 0.99f, .weight_decay = 0.0f}};
+  // The optimizer's tensors: A and B of each adapted projection (the base model is frozen).
+  memkit::layers::parameter_registry<adapter_t> params;
+  model->register_parameters(params);
+  memkit::require(params.sizes() == sizes, "train_llama: the model's adapters are not the predicted ones");
+  memkit::adam_state<std::int8_t, 256> adam(exec, *r.model.optimizer, params.sizes(), adam_options);
+  const auto adam_params = params.adam_params();
+  const memkit::adam_group adam_base{.beta2 = 0.99f, .weight_decay = 0.0f};
   step_buffers buffers(r, o.batch, o.seq, o.model.hidden, false);
   train_checkpoint_stage(
       exec, o, "fine-tuning", *model, data, buffers, r, meter, predicted, largest_staging, true,
-      [&](float lr, float scale) {
-        groups[0].lr = lr;
-        adam.step(exec, adam_params, groups, scale);
-      },
-      [&] {
-        for (Projection* l : model->linears()) l->zero_grad(exec);
-      },
+      [&](float lr, float scale) { adam.step(exec, adam_params, params.adam_groups(adam_base, lr), scale); },
+      [&] { memkit::layers::zero_grad(exec, params); },
       records, result);
 
   if (o.trial) return outcome;
@@ -1235,8 +1228,8 @@ finetune_outcome finetune_checkpoint(const E& exec, const options& o, memory_met
     memkit::peft::adapter_writer adapter(checkpoint_adapter_config(o));
     for (Projection* l : model->linears()) {
       if (!l->adapted()) continue;
-      const std::vector<adapter_t> a = llama::copy_out(tensor_view<const adapter_t>(l->lora_A()));
-      const std::vector<adapter_t> b = llama::copy_out(tensor_view<const adapter_t>(l->lora_B()));
+      const std::vector<adapter_t> a = memkit::layers::copy_out(tensor_view<const adapter_t>(l->lora_A()));
+      const std::vector<adapter_t> b = memkit::layers::copy_out(tensor_view<const adapter_t>(l->lora_B()));
       adapter.add<adapter_t>(l->path, tensor_view<const adapter_t>(a.data(), l->lora_A().shape(), memkit::memory_kind::host),
                              tensor_view<const adapter_t>(b.data(), l->lora_B().shape(), memkit::memory_kind::host));
     }
@@ -1264,7 +1257,7 @@ template <memkit::executor E>
 finetune_outcome finetune_full_checkpoint(const E& exec, const options& o, memory_meter& meter,
                                           std::vector<example::step_record>& records) {
   const resources r = make_resources(meter, o.threads);
-  const llama::trainability mode = o.rounding ? llama::trainability::bf16_rounding : llama::trainability::bf16_master;
+  const memkit::layers::trainability mode = o.rounding ? memkit::layers::trainability::bf16_rounding : memkit::layers::trainability::bf16_master;
   const example::text_dataset data = checkpoint_dataset(o);
   meter.reset_peak();
   finetune_outcome outcome;
@@ -1277,11 +1270,11 @@ finetune_outcome finetune_full_checkpoint(const E& exec, const options& o, memor
   std::uint64_t staging = 0;
   for (const auto& [name, s] : tensors) {
     sizes.push_back(s.numel());
-    predicted.peak[memory_category::weights] += llama::parameter::value_bytes(s);
-    predicted.peak[memory_category::gradients] += llama::parameter::grad_bytes(s, mode);
-    predicted.peak[memory_category::optimizer_state] += llama::parameter::master_bytes(s, mode);
+    predicted.peak[memory_category::weights] += memkit::layers::parameter::value_bytes(s);
+    predicted.peak[memory_category::gradients] += memkit::layers::parameter::grad_bytes(s, mode);
+    predicted.peak[memory_category::optimizer_state] += memkit::layers::parameter::master_bytes(s, mode);
     staging = std::max<std::uint64_t>(staging, o.model_dir.empty() ? llama::random_weights::staging_bytes<act_t>(s.numel())
-                                                                   : llama::reading_staging_bytes<act_t>(s.numel(), llama::parameter::master_bytes(s, mode) > 0));
+                                                                   : llama::reading_staging_bytes<act_t>(s.numel(), memkit::layers::parameter::master_bytes(s, mode) > 0));
   }
   predicted.peak[memory_category::weights] += llama::rotary<act_t>::table_bytes(o.model.head_dim, o.model.max_positions);
   memkit::adam_options adam_options;
@@ -1301,36 +1294,29 @@ finetune_outcome finetune_full_checkpoint(const E& exec, const options& o, memor
     });
     // The same draws (the stream is the tensor's name) rounded into the value and kept in the master copy.
     const llama::random_weights fill{o.seed, 0.02f, &llama::host_staging(r.model)};
-    std::vector<llama::parameter*> all = model->shared_parameters();
+    std::vector<memkit::layers::parameter*> all = model->shared_parameters();
     for (auto* l : model->linears()) all.push_back(&l->weight);
-    for (llama::parameter* p : all) {
+    for (memkit::layers::parameter* p : all) {
       fill(p->name, p->value.view());
       if (p->has_master()) fill(p->name, p->master.view());
     }
   }
-  // The optimizer's tensors in the order of `tensors`: shared parameters, then per projection weight and bias.
-  std::vector<llama::parameter*> params = model->shared_parameters();
-  for (auto* l : model->linears()) {
-    params.push_back(&l->weight);
-    if (l->has_bias()) params.push_back(&l->bias);
-  }
+  // The optimizer's tensors, registered by the model in the order of `tensors`: shared parameters, then per
+  // projection weight and bias (no weight decay in either group).
+  param_registry params = decay_matrices_registry(0.0f);
+  model->register_parameters(params);
   memkit::require(params.size() == tensors.size(), "train_llama: the model's parameters are not the checkpoint's tensors");
-  adam_type adam(exec, *r.model.optimizer, sizes, adam_options);
-  std::vector<memkit::adam_param<memkit::bf16, float>> adam_params;
-  for (llama::parameter* p : params)
-    adam_params.push_back({p->value.view(), std::as_const(p->grad).view(), p->master_view(), p->value.shape().rank == 2 ? 0 : 1});
-  std::vector<memkit::adam_group> groups{{.lr = o.finetune_lr, .beta2 = 0.99f, .weight_decay = 0.0f},
-                                         {.lr = o.finetune_lr, .beta2 = 0.99f, .weight_decay = 0.0f}};
+  for (std::size_t i = 0; i < tensors.size(); ++i)
+    memkit::require(params.entries()[i].name == tensors[i].first,
+                    "train_llama: parameter " + params.entries()[i].name + " is not the checkpoint's " + tensors[i].first);
+  adam_type adam(exec, *r.model.optimizer, params.sizes(), adam_options);
+  const auto adam_params = params.adam_params();
+  const memkit::adam_group adam_base{.beta2 = 0.99f};
   step_buffers buffers(r, o.batch, o.seq, o.model.hidden, true);
   train_checkpoint_stage(
       exec, o, "full fine-tuning", *model, data, buffers, r, meter, predicted, staging, false,
-      [&](float lr, float scale) {
-        for (auto& g : groups) g.lr = lr;
-        adam.step(exec, adam_params, groups, scale);
-      },
-      [&] {
-        for (llama::parameter* p : params) p->zero_grad(exec);
-      },
+      [&](float lr, float scale) { adam.step(exec, adam_params, params.adam_groups(adam_base, lr), scale); },
+      [&] { memkit::layers::zero_grad(exec, params); },
       records, result);
 
   // Saved as a checkpoint directory; reloaded, it must give the same validation loss.
@@ -1342,10 +1328,10 @@ finetune_outcome finetune_full_checkpoint(const E& exec, const options& o, memor
     fs::copy_file(fs::path(o.model_dir) / "config.json", dir / "config.json", fs::copy_options::overwrite_existing);
     memkit::safetensors::writer out;
     out.add_metadata("format", "pt");
-    for (llama::parameter* p : params) add_value(out, *p);
+    for (const auto& p : params.entries()) add_value(out, p.name, p.value);
     out.write((dir / "model.safetensors").string());
     model.reset();
-    auto reloaded = llama::load_causal_lm<act_t>(llama::hf_checkpoint(dir.string(), o.seq), r.model, llama::trainability::frozen);
+    auto reloaded = llama::load_causal_lm<act_t>(llama::hf_checkpoint(dir.string(), o.seq), r.model, memkit::layers::trainability::frozen);
     outcome.loss_after_reload = validation_loss(exec, *reloaded, data, buffers, r, o);
     std::printf("saved %s/ (config.json + model.safetensors); reloaded: validation loss %.6f (before saving %.6f)\n",
                 dir.string().c_str(), outcome.loss_after_reload, outcome.loss_before_save);

@@ -59,7 +59,7 @@ static_assert(memkit::explain_layer<no_saved_bytes, host_executor>());
 void mixed() {
   complete a;
   half_layer b;
-  auto sequence = memkit::layers(a, b);
+  auto sequence = memkit::layer_sequence(a, b);
   (void)sequence;
 }
 #endif

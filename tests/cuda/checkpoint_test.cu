@@ -223,7 +223,7 @@ MEMKIT_GPU_TEST_CASE("gpu: checkpoint_segment on a stream gives the uncheckpoint
     device_linear first(params, 64, 96, 1), middle(params, 96, 96, 2), last(params, 96, 48, 3);
     device_dropout drop_a, drop_b;
     device_tanh act_a, act_b;
-    auto sequence = memkit::layers(first, drop_a, act_a, middle, drop_b, act_b, last);
+    auto sequence = memkit::layer_sequence(first, drop_a, act_a, middle, drop_b, act_b, last);
     const int rows = 32;
     const shape in{rows, 64}, out{rows, 48};
     memkit::buffer<float> x(params, in), y(params, out), dy(params, out), dx(params, in);
@@ -311,7 +311,7 @@ MEMKIT_GPU_TEST_CASE("gpu: checkpoint offload refuses pageable host memory on a 
     device_tanh act;
     memkit::checkpoint_offload pageable(memkit::default_host_resource());
     activation_store store(device);
-    memkit::checkpoint_segment segment(memkit::layers(act), {.offload = &pageable});
+    memkit::checkpoint_segment segment(memkit::layer_sequence(act), {.offload = &pageable});
     memkit::buffer<float> x(device, {4, 4}), y(device, {4, 4});
     MEMKIT_CUDA_CHECK(cudaMemsetAsync(x.data(), 0, x.bytes(), stream));
     CHECK_THROWS_WITH_AS(segment.forward(exec, step_context, x.view(), y.view(), store),

@@ -27,7 +27,7 @@ namespace {
 using memkit::shape;
 using memkit::tensor_view;
 using bf16 = memkit::bf16;
-using dense = llama::dense_linear<bf16>;
+using dense = memkit::layers::dense_linear<bf16>;
 using block_type = llama::decoder_block<bf16, dense>;
 using model_type = llama::causal_lm<bf16, dense>;
 
@@ -58,11 +58,11 @@ double normwise_error(const std::vector<T>& a, const std::vector<T>& b) {
 // One model and its memory, on the host or (device_memory given) on the device.
 struct setup {
   memkit::tracking_resource tracker;
-  llama::memory_resources memory;
+  memkit::layers::memory_resources memory;
   model_type model;
 
-  static llama::memory_resources resources_of(memkit::tracking_resource& t) {
-    llama::memory_resources m;
+  static memkit::layers::memory_resources resources_of(memkit::tracking_resource& t) {
+    memkit::layers::memory_resources m;
     m.weights = &t.category(memkit::memory_category::weights);
     m.gradients = &t.category(memkit::memory_category::gradients);
     m.optimizer = &t.category(memkit::memory_category::optimizer_state);
@@ -72,22 +72,22 @@ struct setup {
   }
   explicit setup(memkit::memory_resource& upstream)
       : tracker(upstream, "example-llama-cuda-test"), memory(resources_of(tracker)),
-        model(tiny_config(), memory, llama::trainability::bf16_master,
+        model(tiny_config(), memory, memkit::layers::trainability::bf16_master,
               [this](const llama::projection& p, std::int64_t, int) {
-                return dense(p.path + ".weight", p.in, p.out, memory, llama::trainability::bf16_master);
+                return dense(p.path + ".weight", p.in, p.out, memory, memkit::layers::trainability::bf16_master);
               }) {
     // The same values on both sides: every parameter drawn from (seed, its index) on the host, then copied in;
     // the norm weights away from 1 so that their gradients are exercised.
     std::uint64_t stream = 0;
-    for (llama::parameter* p : parameters()) {
+    for (memkit::layers::parameter* p : parameters()) {
       std::vector<float> values = memkit_test::standard_normal(p->size(), static_cast<unsigned>(++stream));
       const bool norm = p->value.shape().rank == 1;
       for (float& v : values) v = norm ? 1.0f + 0.2f * v : 0.05f * v;
       p->assign(values.data());
     }
   }
-  std::vector<llama::parameter*> parameters() {
-    std::vector<llama::parameter*> list = model.shared_parameters();
+  std::vector<memkit::layers::parameter*> parameters() {
+    std::vector<memkit::layers::parameter*> list = model.shared_parameters();
     for (dense* l : model.linears()) list.push_back(&l->weight);
     return list;
   }
@@ -102,17 +102,17 @@ std::vector<std::vector<bf16>> block_pass(const E& exec, setup& s, const std::ve
   block_type& block = s.model.blocks[0];
   memkit::memory_resource& acts = s.tracker.category(memkit::memory_category::activations);
   memkit::buffer<bf16> xb(acts, in), yb(acts, in), dyb(acts, in), dxb(acts, in);
-  llama::copy_in(x.data(), xb.view());
-  llama::copy_in(dy.data(), dyb.view());
+  memkit::layers::copy_in(x.data(), xb.view());
+  memkit::layers::copy_in(dy.data(), dyb.view());
   memkit::activation_store store(acts);
   block.forward(exec, training(0), std::as_const(xb).view(), yb.view(), store);
   CHECK(store.bytes() == block.saved_bytes(in, training(0)));
   block.backward(exec, std::as_const(dyb).view(), dxb.view(), store);
   CHECK(store.empty());
-  std::vector<std::vector<bf16>> out{llama::copy_out(std::as_const(yb).view()), llama::copy_out(std::as_const(dxb).view())};
-  for (llama::parameter* p : {&block.attn_norm.weight, &block.q.weight, &block.k.weight, &block.v.weight, &block.o.weight,
+  std::vector<std::vector<bf16>> out{memkit::layers::copy_out(std::as_const(yb).view()), memkit::layers::copy_out(std::as_const(dxb).view())};
+  for (memkit::layers::parameter* p : {&block.attn_norm.weight, &block.q.weight, &block.k.weight, &block.v.weight, &block.o.weight,
                               &block.mlp_norm.weight, &block.gate.weight, &block.up.weight, &block.down.weight}) {
-    const std::vector<float> g = llama::copy_out(std::as_const(p->grad).view());
+    const std::vector<float> g = memkit::layers::copy_out(std::as_const(p->grad).view());
     out.push_back(memkit_test::convert<bf16>(g));
   }
   return out;
@@ -130,32 +130,32 @@ std::vector<float> train(const E& exec, setup& s, int steps, std::vector<std::ve
   memkit::buffer<float> loss(other, shape{1});
   memkit::buffer<bf16> h0(acts, shape{batch, seq, c.hidden}), hn(acts, shape{batch, seq, c.hidden}),
       dhn(acts, shape{batch, seq, c.hidden}), dh0(acts, shape{batch, seq, c.hidden});
-  std::vector<llama::parameter*> params = s.parameters();
+  std::vector<memkit::layers::parameter*> params = s.parameters();
   std::vector<std::int64_t> sizes;
-  for (llama::parameter* p : params) sizes.push_back(p->size());
+  for (memkit::layers::parameter* p : params) sizes.push_back(p->size());
   memkit::adam_options adam_options;
   adam_options.max_grad_norm = 1.0f;
   adam_options.seed = 3;
   memkit::adam_state<std::int8_t, 256> adam(exec, *s.memory.optimizer, sizes, adam_options);
   std::vector<memkit::adam_param<bf16, float>> adam_params;
-  for (llama::parameter* p : params) adam_params.push_back({p->value.view(), std::as_const(p->grad).view(), p->master_view(), 0});
+  for (memkit::layers::parameter* p : params) adam_params.push_back({p->value.view(), std::as_const(p->grad).view(), p->master_view(), 0});
   const std::vector<memkit::adam_group> groups{{.lr = 3e-3f, .beta2 = 0.99f, .weight_decay = 0.0f}};
-  auto stack = memkit::checkpoint_segment(memkit::layers(s.model.blocks, s.model.final_norm),
+  auto stack = memkit::checkpoint_segment(memkit::layer_sequence(s.model.blocks, s.model.final_norm),
                                           {.schedule = memkit::checkpoint_schedule::every_layer()});
   memkit::activation_store store(acts);
   memkit::loss::cross_entropy_options loss_options;
   loss_options.chunk_bytes = static_cast<std::size_t>(32 * c.vocab) * sizeof(float);  // two chunks
   std::vector<float> losses;
   for (int step = 0; step < steps; ++step) {
-    for (llama::parameter* p : params) p->zero_grad(exec);
+    for (memkit::layers::parameter* p : params) p->zero_grad(exec);
     // A repeating pattern the model can learn in a few steps: token t+1 follows t.
     std::vector<std::int32_t> id(static_cast<std::size_t>(tokens)), target(static_cast<std::size_t>(tokens));
     for (std::int64_t t = 0; t < tokens; ++t) {
       id[static_cast<std::size_t>(t)] = static_cast<std::int32_t>((t * 7 + step) % c.vocab);
       target[static_cast<std::size_t>(t)] = static_cast<std::int32_t>((t * 7 + step + 7) % c.vocab);
     }
-    llama::copy_in(id.data(), ids.view());
-    llama::copy_in(target.data(), targets.view());
+    memkit::layers::copy_in(id.data(), ids.view());
+    memkit::layers::copy_in(target.data(), targets.view());
     s.model.embed.forward(exec, std::as_const(ids).view(), h0.view());
     stack.forward(exec, training(static_cast<std::uint64_t>(step)), std::as_const(h0).view(), hn.view(), store);
     memkit::loss::fused_linear_cross_entropy(exec, std::as_const(hn).view().reshaped(shape{tokens, c.hidden}),
@@ -164,9 +164,9 @@ std::vector<float> train(const E& exec, setup& s, int steps, std::vector<std::ve
                                              s.model.head.grad.view(), loss_options, *s.memory.workspace);
     stack.backward(exec, std::as_const(dhn).view(), dh0.view(), store);
     s.model.embed.backward(exec, std::as_const(ids).view(), std::as_const(dh0).view());
-    losses.push_back(llama::copy_out(std::as_const(loss).view())[0]);
+    losses.push_back(memkit::layers::copy_out(std::as_const(loss).view())[0]);
     if (step == 0)
-      for (llama::parameter* p : params) first_grads.push_back(llama::copy_out(std::as_const(p->grad).view()));
+      for (memkit::layers::parameter* p : params) first_grads.push_back(memkit::layers::copy_out(std::as_const(p->grad).view()));
     adam.step(exec, adam_params, groups, 1.0f);
   }
   return losses;

@@ -42,7 +42,7 @@ struct device_memory {
   memkit::cuda_executor exec = memkit::cuda_executor::legacy_default_stream();
   memkit::device_async_resource device{exec.stream, exec.device};
   memkit::tracking_resource tracker{device, "models-cuda"};
-  llama::memory_resources memory;
+  memkit::layers::memory_resources memory;
   device_memory() {
     memory.weights = &tracker.category(memkit::memory_category::weights);
     memory.gradients = &tracker.category(memkit::memory_category::gradients);
@@ -58,7 +58,7 @@ std::vector<float> device_logits(device_memory& d, Model& model, const std::vect
   memkit::memory_resource& acts = d.tracker.category(memkit::memory_category::activations);
   memkit::buffer<std::int32_t> ids_d(acts, shape{batch, seq});
   memkit::buffer<float> hidden(acts, shape{batch, seq, H}), logits(acts, shape{N, V});
-  llama::copy_in(ids.data(), ids_d.view());
+  memkit::layers::copy_in(ids.data(), ids_d.view());
   model.forward_hidden(d.exec, std::as_const(ids_d).view(), hidden.view(), acts);
   namespace la = memkit::linalg;
   la::gemm(d.exec, la::transpose::no, la::transpose::yes, 1.0f,
@@ -66,7 +66,7 @@ std::vector<float> device_logits(device_memory& d, Model& model, const std::vect
            la::matrix_ref<const float>{model.head_weight().value.data(), V, H, H, memkit::memory_kind::device}, 0.0f,
            la::matrix_ref<float>{logits.data(), N, V, V, memkit::memory_kind::device}, *d.memory.workspace);
   d.exec.synchronize();
-  return llama::copy_out(std::as_const(logits).view());
+  return memkit::layers::copy_out(std::as_const(logits).view());
 }
 
 }  // namespace

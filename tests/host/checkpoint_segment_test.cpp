@@ -258,7 +258,7 @@ TEST_CASE("checkpoint_segment: heterogeneous layers, single and in ranges, in on
   for (const checkpoint_schedule& schedule : all_schedules(9)) {
     CAPTURE(describe(schedule, 9, false));
     reset();
-    auto sequence = memkit::layers(first, drop, middle, act, adapter, last);
+    auto sequence = memkit::layer_sequence(first, drop, middle, act, adapter, last);
     static_assert(std::is_same_v<decltype(sequence), memkit::layer_list<linear&, dropout&, std::span<mixed_layer>,
                                                                         tanh_layer&, memkit::lora::lora_linear<float>&, linear&>>);
     CHECK(sequence.size() == 9);
@@ -494,7 +494,7 @@ TEST_CASE("checkpoint_segment: moving or assigning a segment rebinds it, never t
   const tanh_layer* const a_data = a.data();
   linear x(4, 4, 1), y(4, 4, 2);
   const std::vector<float> x_weight = x.weight;
-  checkpoint_segment first(memkit::layers(x, a)), second(memkit::layers(y, b));
+  checkpoint_segment first(memkit::layer_sequence(x, a)), second(memkit::layer_sequence(y, b));
   first = std::move(second);
   CHECK(first.size() == 6);
   CHECK(x.weight == x_weight);  // x was not assigned from y

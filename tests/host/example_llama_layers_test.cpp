@@ -19,7 +19,7 @@ namespace {
 
 using memkit::shape;
 using memkit::tensor_view;
-using block_f = llama::decoder_block<float, llama::dense_linear<float>>;
+using block_f = llama::decoder_block<float, memkit::layers::dense_linear<float>>;
 
 llama::model_config small_config() {
   llama::model_config c;
@@ -45,7 +45,7 @@ std::vector<float> random_vector(std::size_t n, std::uint32_t seed, float scale)
 struct block_fixture {
   llama::model_config config = small_config();
   memkit::tracking_resource tracker{memkit::default_host_resource(), "example layers"};
-  llama::memory_resources memory;
+  memkit::layers::memory_resources memory;
   llama::rotary<float> rope;
   block_f block;
 
@@ -55,9 +55,9 @@ struct block_fixture {
     memory.optimizer = &tracker.category(memkit::memory_category::optimizer_state);
     memory.workspace = &tracker.category(memkit::memory_category::workspace);
     memory.host_threads = 2;
-    const auto mode = llama::trainability::bf16_master;
+    const auto mode = memkit::layers::trainability::bf16_master;
     auto linear = [&](const char* name, std::int64_t in, std::int64_t out, std::uint64_t stream) {
-      llama::dense_linear<float> l(name, in, out, memory, mode);
+      memkit::layers::dense_linear<float> l(name, in, out, memory, mode);
       l.weight.init_normal(0.4f, 7, stream);
       return l;
     };
@@ -126,7 +126,7 @@ TEST_CASE("example llama: a decoder block's gradients match central finite diffe
     CHECK(dx[i] == doctest::Approx(numeric).epsilon(2e-2).scale(1.0));
   }
   // Weight gradients (the block's weights are fp32, its training dtype).
-  auto check_weight = [&](llama::basic_parameter<float>& p, std::int64_t i) {
+  auto check_weight = [&](memkit::layers::basic_parameter<float>& p, std::int64_t i) {
     float& w = p.value.data()[i];
     const float saved = w;
     const float h = 1.0f / 32.0f;
@@ -142,10 +142,10 @@ TEST_CASE("example llama: a decoder block's gradients match central finite diffe
     CAPTURE(i);
     CHECK(p.grad.data()[i] == doctest::Approx(numeric).epsilon(3e-2).scale(1.0));
   };
-  for (llama::basic_parameter<float>* p : {&fx.block.q.weight, &fx.block.k.weight, &fx.block.v.weight, &fx.block.o.weight,
+  for (memkit::layers::basic_parameter<float>* p : {&fx.block.q.weight, &fx.block.k.weight, &fx.block.v.weight, &fx.block.o.weight,
                               &fx.block.gate.weight, &fx.block.up.weight, &fx.block.down.weight})
     for (std::int64_t i : {0L, 5L, p->size() - 1}) check_weight(*p, i);
-  for (llama::basic_parameter<float>* p : {&fx.block.attn_norm.weight, &fx.block.mlp_norm.weight})
+  for (memkit::layers::basic_parameter<float>* p : {&fx.block.attn_norm.weight, &fx.block.mlp_norm.weight})
     for (std::int64_t i : {0L, 9L}) check_weight(*p, i);
 }
 
@@ -180,7 +180,7 @@ TEST_CASE("example llama: checkpointed blocks give the plain stack's gradients b
   }
   {
     memkit::activation_store store(memkit::default_host_resource());
-    auto stack = memkit::checkpoint_segment(memkit::layers(b.block, b.block),
+    auto stack = memkit::checkpoint_segment(memkit::layer_sequence(b.block, b.block),
                                             {.schedule = memkit::checkpoint_schedule::every_layer()});
     std::vector<float> y2(x.size());
     stack.forward(memkit::host, {}, memkit::host_view(x.data(), in), memkit::host_view(y2.data(), in), store);
@@ -195,8 +195,8 @@ TEST_CASE("example llama: memkit's fused linear cross-entropy, chunked as the ex
   const std::int64_t N = 7, H = 5, V = 11;
   const std::vector<float> hidden = random_vector(N * H, 41, 1.0f);
   const std::vector<float> head_f = random_vector(V * H, 42, 1.0f);
-  std::vector<llama::bf16> head(head_f.size());
-  for (std::size_t i = 0; i < head.size(); ++i) head[i] = memkit::from_float<llama::bf16>(head_f[i]);
+  std::vector<memkit::bf16> head(head_f.size());
+  for (std::size_t i = 0; i < head.size(); ++i) head[i] = memkit::from_float<memkit::bf16>(head_f[i]);
   const std::vector<std::int32_t> targets{3, -100, 0, 10, 5, 5, 1};
   memkit::loss::cross_entropy_options options;
   options.chunk_bytes = 3 * V * 4;  // 3 rows per chunk
@@ -210,7 +210,7 @@ TEST_CASE("example llama: memkit's fused linear cross-entropy, chunked as the ex
       memkit::host_view(d_hidden.data(), shape{N, H}), memkit::host_view(d_head.data(), shape{V, H}), options, tracker);
   CHECK(tracker.peak_bytes() == memkit::loss::workspace_bytes(memkit::loss::fused_linear_cross_entropy_arguments{
                                     .tokens = N, .hidden = H, .vocab = V, .hidden_element_bytes = sizeof(float),
-                                    .head_element_bytes = sizeof(llama::bf16), .options = options}));
+                                    .head_element_bytes = sizeof(memkit::bf16), .options = options}));
   auto direct = [&](const std::vector<float>& hs) {
     double total = 0;
     int counted = 0;
@@ -241,11 +241,11 @@ TEST_CASE("example llama: memkit's fused linear cross-entropy, chunked as the ex
 
 TEST_CASE("example llama: the token embedding gathers rows, sums the gradient of repeated tokens, and refuses unknown ids") {
   memkit::tracking_resource tracker{memkit::default_host_resource(), "embedding"};
-  llama::memory_resources memory;
+  memkit::layers::memory_resources memory;
   memory.weights = &tracker.category(memkit::memory_category::weights);
   memory.gradients = &tracker.category(memkit::memory_category::gradients);
   const std::int64_t V = 5, H = 3;
-  llama::token_embedding<llama::bf16> embed(V, H, memory, llama::trainability::bf16_master);
+  llama::token_embedding<memkit::bf16> embed(V, H, memory, memkit::layers::trainability::bf16_master);
   embed.weight.init_normal(1.0f, 3, 4);
   const std::vector<std::int32_t> ids{4, 0, 4, 2};
   std::vector<float> y(ids.size() * H);
@@ -267,6 +267,6 @@ TEST_CASE("example llama: the token embedding gathers rows, sums the gradient of
   // The shared row function (what the device kernel runs) writes NaN for an unknown id instead of reading
   // outside the table.
   float out[H] = {};
-  llama::embedding_row<float, llama::bf16>{bad.data() + 1, embed.weight.value.data(), out, V, H}(0);
+  llama::embedding_row<float, memkit::bf16>{bad.data() + 1, embed.weight.value.data(), out, V, H}(0);
   for (float v : out) CHECK(std::isnan(v));
 }

@@ -45,7 +45,7 @@ struct reference {
 
 struct tracked_memory {
   memkit::tracking_resource tracker{memkit::default_host_resource(), "models"};
-  llama::memory_resources memory;
+  memkit::layers::memory_resources memory;
   tracked_memory() {
     memory.weights = &tracker.category(memkit::memory_category::weights);
     memory.gradients = &tracker.category(memkit::memory_category::gradients);
@@ -493,7 +493,7 @@ TEST_CASE("models: an adapter merged into the checkpoint (save_merged) loads as 
 
 TEST_CASE("models: loading streams the checkpoint: the peak is the model plus one staging piece, said in advance") {
   for (const char* name : {"llama_llama3_bias", "llama_tied_bf16"})
-    for (const auto mode : {llama::trainability::frozen, llama::trainability::bf16_master}) {
+    for (const auto mode : {memkit::layers::trainability::frozen, memkit::layers::trainability::bf16_master}) {
       CAPTURE(name);
       tracked_memory m;
       llama::hf_checkpoint ckpt(models_dir + name, seq);

@@ -1,8 +1,8 @@
 // memkit/checkpoint/segment.hpp — activation checkpointing for a sequence of hand-written layers.
 //
-// checkpoint_segment wraps layers (memkit::layers(a, b, c), or a std::vector / std::span of one layer type,
-// or both mixed: layers(embedding, std::span(blocks), norm)) and is itself a layer, so a training loop calls
-// it like any other:
+// checkpoint_segment wraps layers (memkit::layer_sequence(a, b, c), or a std::vector / std::span of one layer
+// type, or both mixed: layer_sequence(embedding, std::span(blocks), norm)) and is itself a layer, so a training
+// loop calls it like any other:
 //
 //   std::vector<decoder_block> blocks = ...;
 //   memkit::checkpoint_segment stack(blocks, {.schedule = memkit::checkpoint_schedule::binomial(4)});
@@ -73,7 +73,7 @@ struct layer_part<std::span<L, Extent>> {
   static constexpr L& at(stored layers, std::size_t i) noexcept { return layers[i]; }
 };
 
-// What memkit::layers() keeps of each argument.
+// What memkit::layer_sequence() keeps of each argument.
 template <class A>
 struct part_of {
   using type = A&;
@@ -160,9 +160,9 @@ class layer_list {
   std::tuple<typename detail::layer_part<Parts>::stored...> parts_;
 };
 
-// layers(a, b, std::span(blocks), blocks_vector, ...): a sequence of single layers and ranges of layers.
+// layer_sequence(a, b, std::span(blocks), blocks_vector, ...): a sequence of single layers and ranges of layers.
 template <class... Args>
-constexpr auto layers(Args&&... args) {
+constexpr auto layer_sequence(Args&&... args) {
   return layer_list<typename detail::part_of<std::remove_reference_t<Args>>::type...>(std::forward<Args>(args)...);
 }
 

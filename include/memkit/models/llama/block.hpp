@@ -23,6 +23,34 @@
 
 namespace memkit::models::llama {
 
+// A bump allocator over one workspace buffer: a layer takes all its temporaries from one allocation whose
+// size it can state in advance (each piece aligned to 64 bytes).
+class scratch_arena {
+ public:
+  static constexpr std::size_t align(std::size_t bytes) noexcept { return (bytes + 63) / 64 * 64; }
+  template <class T>
+  static constexpr std::size_t bytes_for(const shape& dims) noexcept {
+    return align(static_cast<std::size_t>(dims.numel()) * sizeof(T));
+  }
+
+  // On a CUDA executor the allocation is stream-ordered on exec.stream (memkit::workspace_buffer).
+  template <memkit::executor E>
+  scratch_arena(const E& exec, memkit::memory_resource& resource, std::size_t bytes)
+      : storage_(memkit::workspace_buffer<std::byte>(exec, resource, shape{static_cast<std::int64_t>(bytes)})) {}
+  template <class T>
+  tensor_view<T> take(const shape& dims) {
+    const std::size_t bytes = bytes_for<T>(dims);
+    memkit::require(used_ + bytes <= storage_.bytes(), "scratch_arena: the layer asked for more scratch than it predicted");
+    T* data = reinterpret_cast<T*>(storage_.data() + used_);
+    used_ += bytes;
+    return {data, dims, storage_.where()};
+  }
+
+ private:
+  memkit::buffer<std::byte> storage_;
+  std::size_t used_ = 0;
+};
+
 // The decoder's shape and the options in which the Llama-family models of transformers differ
 // (config.hpp reads them from a Hugging Face config.json; the defaults are the example's model).
 struct model_config {
@@ -77,11 +105,11 @@ struct heads_row {
 };
 template <memkit::executor E, class T>
 void split_heads(const E& exec, const T* in, T* out, std::int64_t B, std::int64_t S, std::int64_t H, std::int64_t D) {
-  for_each_index(exec, B * S * H, heads_row<T>{in, out, S, H, D, true});
+  layers::for_each_index(exec, B * S * H, heads_row<T>{in, out, S, H, D, true});
 }
 template <memkit::executor E, class T>
 void merge_heads(const E& exec, const T* in, T* out, std::int64_t B, std::int64_t S, std::int64_t H, std::int64_t D) {
-  for_each_index(exec, B * S * H, heads_row<T>{in, out, S, H, D, false});
+  layers::for_each_index(exec, B * S * H, heads_row<T>{in, out, S, H, D, false});
 }
 // out = a + b, one element (out may be a).
 template <class T>
@@ -93,11 +121,11 @@ struct add_element {
 };
 template <memkit::executor E, class T>
 void add_into(const E& exec, tensor_view<T> sum, tensor_view<const T> other) {
-  for_each_index(exec, sum.size(), add_element<T>{sum.data(), other.data(), sum.data()});
+  layers::for_each_index(exec, sum.size(), add_element<T>{sum.data(), other.data(), sum.data()});
 }
 template <memkit::executor E, class T>
 void add(const E& exec, tensor_view<const T> a, tensor_view<const T> b, tensor_view<T> out) {
-  for_each_index(exec, out.size(), add_element<T>{a.data(), b.data(), out.data()});
+  layers::for_each_index(exec, out.size(), add_element<T>{a.data(), b.data(), out.data()});
 }
 }  // namespace detail
 
@@ -111,7 +139,7 @@ struct decoder_block {
   Linear q, k, v, o, gate, up, down;
   swiglu<T> act;
   const rotary<T>* rope = nullptr;
-  memory_resources memory;
+  layers::memory_resources memory;
   rms_norm<T> q_norm{}, k_norm{};  // over each head (width head_dim); used when config.qk_norm
   std::int64_t window = 0;         // this layer's sliding window (model_config::window_of)
 

@@ -3,22 +3,25 @@
 //   token_embedding    token ids -> hidden states (outside the layer stack: its input is not activations)
 //   rms_norm           y = x / rms(x) * w                     saves x and the per-row 1/rms (fp32)
 //   rotary             rotates pairs (i, i + d/2) of each head by position * theta^(-2i/d)   saves nothing
-//   dense_linear       y = x W^T (+ b), W [out, in]            saves x when W trains
 //   swiglu             y = silu(gate) * up over [.., 2f] -> [.., f]   saves its input
+// The dense projection is memkit::layers::dense_linear (memkit/layers/dense_linear.hpp), its parameters
+// memkit::layers::basic_parameter (memkit/layers/parameter.hpp).
 //
 // Activations and weights are T, the training dtype (bf16 in the example, float in the gradient and parity
-// tests); every product accumulates in fp32
-// (linalg::gemm: the host kernel, or cuBLAS on a cuda_executor), elementwise math is fp32. Each layer says
-// what it saves (saved_bytes) and what workspace it takes (workspace_bytes) before it runs, from the same
+// tests); every product accumulates in fp32 (linalg::gemm: the host kernel, or cuBLAS on a cuda_executor),
+// elementwise math is fp32. Each layer says what it saves (saved_bytes) and what workspace it takes (workspace_bytes) before it runs, from the same
 // shapes it allocates with. Every layer runs on the host and, compiled by nvcc, on a cuda_executor: its math
 // is one MEMKIT_HOST_DEVICE function object per element, row or column (the *_row / *_column / *_element
-// structs below), run by for_each_index (parameters.hpp) as a loop on the host and as a kernel on exec.stream.
+// structs below), run by layers::for_each_index (memkit/layers/tensor_ops.hpp) as a loop on the host and as
+// a kernel on exec.stream. Each layer hands its trainable parameters to a layers::parameter_registry with
+// register_parameters(registry).
 #pragma once
-
-#include "parameter.hpp"
 
 #include <memkit/checkpoint/layer.hpp>
 #include <memkit/core/execution.hpp>
+#include <memkit/layers/dense_linear.hpp>
+#include <memkit/layers/parameter.hpp>
+#include <memkit/layers/tensor_ops.hpp>
 #include <memkit/linalg/gemm.hpp>
 
 #include <algorithm>
@@ -81,11 +84,16 @@ struct embedding_grad_column {
 template <class W>
 struct token_embedding {
   std::int64_t vocab = 0, hidden = 0;
-  basic_parameter<W> weight;  // [vocab, hidden]
+  layers::basic_parameter<W> weight;  // [vocab, hidden]
 
   token_embedding() = default;
-  token_embedding(std::int64_t vocab_, std::int64_t hidden_, const memory_resources& memory, trainability mode)
+  token_embedding(std::int64_t vocab_, std::int64_t hidden_, const layers::memory_resources& memory, layers::trainability mode)
       : vocab(vocab_), hidden(hidden_), weight("model.embed_tokens.weight", shape{vocab_, hidden_}, memory, mode) {}
+
+  template <class Registry>
+  void register_parameters(Registry& registry) {
+    registry.add(weight);
+  }
 
   template <memkit::executor E, class T>
   void forward(const E& exec, tensor_view<const std::int32_t> ids, tensor_view<T> y) const {
@@ -94,12 +102,12 @@ struct token_embedding {
       for (std::int64_t t = 0; t < ids.size(); ++t)
         memkit::require(ids[t] >= 0 && ids[t] < vocab,
                         "token_embedding: token id " + std::to_string(ids[t]) + " is outside the vocabulary");
-    for_each_index(exec, ids.size(), embedding_row<T, W>{ids.data(), weight.value.data(), y.data(), vocab, hidden});
+    layers::for_each_index(exec, ids.size(), embedding_row<T, W>{ids.data(), weight.value.data(), y.data(), vocab, hidden});
   }
   template <memkit::executor E, class T>
   void backward(const E& exec, tensor_view<const std::int32_t> ids, tensor_view<const T> dy) {
     if (!weight.trains()) return;
-    for_each_index(exec, hidden, embedding_grad_column<T>{ids.data(), dy.data(), weight.grad.data(), ids.size(), vocab, hidden});
+    layers::for_each_index(exec, hidden, embedding_grad_column<T>{ids.data(), dy.data(), weight.grad.data(), ids.size(), vocab, hidden});
   }
 };
 
@@ -166,37 +174,41 @@ struct rms_norm {
   using value_type = T;
   std::int64_t hidden = 0;
   float eps = 1e-5f;
-  basic_parameter<T> weight;  // [hidden], starts at 1
+  layers::basic_parameter<T> weight;  // [hidden], starts at 1
 
   rms_norm() = default;
-  rms_norm(std::string name, std::int64_t hidden_, const memory_resources& memory, trainability mode)
+  rms_norm(std::string name, std::int64_t hidden_, const layers::memory_resources& memory, layers::trainability mode)
       : hidden(hidden_), weight(std::move(name), shape{hidden_}, memory, mode) {
     weight.fill(1.0f);
   }
 
   shape output_shape(const shape& in) const { return in; }
   std::size_t saved_bytes(const shape& in, const forward_context&) const {
-    return activation_store::bytes_required<T>(in) + activation_store::bytes_required<float>(shape{rows_of(in)});
+    return activation_store::bytes_required<T>(in) + activation_store::bytes_required<float>(shape{layers::rows_of(in)});
   }
   std::size_t workspace_bytes(const shape&) const { return 0; }
+  template <class Registry>
+  void register_parameters(Registry& registry) {
+    registry.add(weight);
+  }
 
   template <memkit::executor E>
   void forward(const E& exec, const forward_context&, tensor_view<const T> x, tensor_view<T> y, activation_store& store) {
-    const std::int64_t rows = rows_of(x.shape());
+    const std::int64_t rows = layers::rows_of(x.shape());
     tensor_view<T> kept = store.save<T>(x.shape());
     tensor_view<float> rstd = store.save<float>(shape{rows});
-    for_each_index(exec, rows, rms_forward_row<T>{x.data(), weight.value.data(), y.data(), kept.data(), rstd.data(), hidden, eps});
+    layers::for_each_index(exec, rows, rms_forward_row<T>{x.data(), weight.value.data(), y.data(), kept.data(), rstd.data(), hidden, eps});
   }
 
   template <memkit::executor E>
   void backward(const E& exec, tensor_view<const T> dy, tensor_view<T> dx, activation_store& store) {
-    const std::int64_t rows = rows_of(dy.shape());
+    const std::int64_t rows = layers::rows_of(dy.shape());
     const auto rstd = store.take<float>(shape{rows}, "rms_norm");
     const auto x = store.take<T>(dy.shape(), "rms_norm");
     if (!dx.is_none())
-      for_each_index(exec, rows, rms_backward_row<T>{dy.data(), x.view().data(), rstd.view().data(), weight.value.data(), dx.data(), hidden});
+      layers::for_each_index(exec, rows, rms_backward_row<T>{dy.data(), x.view().data(), rstd.view().data(), weight.value.data(), dx.data(), hidden});
     if (weight.trains())
-      for_each_index(exec, hidden, rms_weight_grad_column<T>{dy.data(), x.view().data(), rstd.view().data(), weight.grad.data(), rows, hidden});
+      layers::for_each_index(exec, hidden, rms_weight_grad_column<T>{dy.data(), x.view().data(), rstd.view().data(), weight.grad.data(), rows, hidden});
   }
 };
 
@@ -281,7 +293,7 @@ struct rotary {
         values[static_cast<std::size_t>(p * half + i)] = static_cast<float>(std::cos(static_cast<double>(angle)));
         values[static_cast<std::size_t>((max_positions + p) * half + i)] = static_cast<float>(std::sin(static_cast<double>(angle)));
       }
-    copy_in(values.data(), table.view());
+    layers::copy_in(values.data(), table.view());
   }
   static constexpr std::size_t table_bytes(std::int64_t head_dim, std::int64_t max_positions) noexcept {
     return memkit::buffer<float>::bytes_required(shape{2 * max_positions * (head_dim / 2)});
@@ -298,7 +310,7 @@ struct rotary {
     const std::int64_t seq = s[1], width = s[2];
     memkit::require(seq <= max_positions, "rotary: sequence " + std::to_string(seq) + " is longer than the table");
     memkit::require(width % head_dim == 0, "rotary: width is not a whole number of heads");
-    for_each_index(exec, x.size() / head_dim,
+    layers::for_each_index(exec, x.size() / head_dim,
                    rotary_row<T>{x.data(), y.data(), table.data(), seq, width, head_dim, max_positions, direction});
   }
   template <memkit::executor E>
@@ -309,98 +321,6 @@ struct rotary {
   template <memkit::executor E>
   void backward(const E& exec, tensor_view<const T> dy, tensor_view<T> dx, activation_store&) {
     if (!dx.is_none()) rotate(exec, dy, dx, -1.0f);
-  }
-};
-
-// ---------------------------------------------------------------------------------------------------------
-// y[r, j] += b[j], one element.
-template <class T>
-struct bias_add_element {
-  T* y;
-  const T* bias;
-  std::int64_t out;
-  MEMKIT_HOST_DEVICE void operator()(std::int64_t i) const { y[i] = narrow<T>(f32(y[i]) + f32(bias[i % out])); }
-};
-// db[j] += sum over rows of dy[r, j], rows in order (the same sums on every executor).
-template <class T>
-struct bias_grad_column {
-  const T* dy;
-  float* grad;
-  std::int64_t rows, out;
-  MEMKIT_HOST_DEVICE void operator()(std::int64_t j) const {
-    float g = grad[j];
-    for (std::int64_t r = 0; r < rows; ++r) g += f32(dy[r * out + j]);
-    grad[j] = g;
-  }
-};
-
-// y = x W^T (+ b): W [out, in] and the optional bias [out] in the training dtype T. The bias is added after
-// the product is rounded to T (torch adds it in the GEMM's fp32 epilogue): in bf16 one more rounding, in
-// fp32 only the order of one addition differs.
-template <class T>
-struct dense_linear {
-  using value_type = T;
-  std::int64_t in = 0, out = 0;
-  basic_parameter<T> weight;  // [out, in]
-  basic_parameter<T> bias;    // [out]; unallocated unless with_bias
-  memory_resources memory;
-  bool with_bias = false;
-
-  dense_linear() = default;
-  // `name` is the weight's key ("....q_proj.weight"); the bias, when there is one, is "....q_proj.bias".
-  dense_linear(std::string name, std::int64_t in_, std::int64_t out_, const memory_resources& memory_, trainability mode,
-               bool with_bias_ = false)
-      : in(in_), out(out_), memory(memory_), with_bias(with_bias_) {
-    if (with_bias) {
-      std::string bias_name = name;
-      const std::string suffix = ".weight";
-      if (bias_name.size() > suffix.size() && bias_name.compare(bias_name.size() - suffix.size(), suffix.size(), suffix) == 0)
-        bias_name.resize(bias_name.size() - suffix.size());
-      bias = basic_parameter<T>(bias_name + ".bias", shape{out_}, memory_, mode);
-      bias.fill(0.0f);
-    }
-    weight = basic_parameter<T>(std::move(name), shape{out_, in_}, memory_, mode);
-  }
-
-  bool has_bias() const noexcept { return with_bias; }
-  shape output_shape(const shape& s) const { return with_last(s, out); }
-  std::size_t saved_bytes(const shape& s, const forward_context&) const {
-    return weight.trains() ? activation_store::bytes_required<T>(s) : 0;
-  }
-  // The host GEMM's packing buffers; cuBLAS on the device takes nothing from the workspace resource.
-  std::size_t workspace_bytes(const shape& s) const {
-    if (memory.on_device()) return 0;
-    const std::int64_t rows = rows_of(s);
-    const la::gemm_options o{memory.host_threads};
-    return std::max({la::gemm_workspace_bytes<T, T, T>(rows, out, in, o),
-                     la::gemm_workspace_bytes<T, T, float>(out, in, rows, o),
-                     la::gemm_workspace_bytes<T, T, T>(rows, in, out, o)});
-  }
-
-  template <memkit::executor E>
-  void forward(const E& exec, const forward_context&, tensor_view<const T> x, tensor_view<T> y, activation_store& store) {
-    const std::int64_t rows = rows_of(x.shape());
-    if (weight.trains()) copy_view(exec, x, store.save<T>(x.shape()));
-    la::gemm(exec, la::transpose::no, la::transpose::yes, 1.0f, cmat(x.data(), rows, in, x.where()),
-             cmat<T>(weight.value.data(), out, in, weight.value.where()), 0.0f, mat(y.data(), rows, out, y.where()),
-             *memory.workspace, la::gemm_options{memory.host_threads});
-    if (has_bias()) for_each_index(exec, rows * out, bias_add_element<T>{y.data(), bias.value.data(), out});
-  }
-  template <memkit::executor E>
-  void backward(const E& exec, tensor_view<const T> dy, tensor_view<T> dx, activation_store& store) {
-    const std::int64_t rows = rows_of(dy.shape());
-    if (weight.trains()) {
-      const auto x = store.take<T>(with_last(dy.shape(), in), "dense_linear");
-      la::gemm(exec, la::transpose::yes, la::transpose::no, 1.0f, cmat(dy.data(), rows, out, dy.where()),
-               cmat<T>(x.view().data(), rows, in, x.view().where()), 1.0f,
-               mat(weight.grad.data(), out, in, weight.grad.where()), *memory.workspace,
-               la::gemm_options{memory.host_threads});
-    }
-    if (has_bias() && bias.trains()) for_each_index(exec, out, bias_grad_column<T>{dy.data(), bias.grad.data(), rows, out});
-    if (!dx.is_none())
-      la::gemm(exec, la::transpose::no, la::transpose::no, 1.0f, cmat(dy.data(), rows, out, dy.where()),
-               cmat<T>(weight.value.data(), out, in, weight.value.where()), 0.0f, mat(dx.data(), rows, in, dx.where()),
-               *memory.workspace, la::gemm_options{memory.host_threads});
   }
 };
 
@@ -435,22 +355,22 @@ struct swiglu_backward_element {
 template <class T>
 struct swiglu {
   using value_type = T;
-  shape output_shape(const shape& s) const { return with_last(s, s[s.rank - 1] / 2); }
+  shape output_shape(const shape& s) const { return layers::with_last(s, s[s.rank - 1] / 2); }
   std::size_t saved_bytes(const shape& s, const forward_context&) const { return activation_store::bytes_required<T>(s); }
   std::size_t workspace_bytes(const shape&) const { return 0; }
 
   template <memkit::executor E>
   void forward(const E& exec, const forward_context&, tensor_view<const T> x, tensor_view<T> y, activation_store& store) {
     tensor_view<T> kept = store.save<T>(x.shape());
-    copy_view(exec, x, kept);
-    for_each_index(exec, y.size(), swiglu_forward_element<T>{kept.data(), y.data(), y.size()});
+    layers::copy_view(exec, x, kept);
+    layers::for_each_index(exec, y.size(), swiglu_forward_element<T>{kept.data(), y.data(), y.size()});
   }
   template <memkit::executor E>
   void backward(const E& exec, tensor_view<const T> dy, tensor_view<T> dx, activation_store& store) {
     const std::int64_t f = dy.shape()[dy.shape().rank - 1];
-    const auto x = store.take<T>(with_last(dy.shape(), 2 * f), "swiglu");
+    const auto x = store.take<T>(layers::with_last(dy.shape(), 2 * f), "swiglu");
     if (dx.is_none()) return;
-    for_each_index(exec, dy.size(), swiglu_backward_element<T>{x.view().data(), dy.data(), dx.data(), dy.size()});
+    layers::for_each_index(exec, dy.size(), swiglu_backward_element<T>{x.view().data(), dy.data(), dx.data(), dy.size()});
   }
 };
 

@@ -117,7 +117,7 @@ class hf_checkpoint {
 // (causal_lm::shared_parameter_shapes) and each projection's weight [out, in] and bias [out].
 template <class T>
 std::vector<std::pair<std::string, shape>> checkpoint_tensors(const model_config& c) {
-  std::vector<std::pair<std::string, shape>> list = causal_lm<T, dense_linear<T>>::shared_parameter_shapes(c);
+  std::vector<std::pair<std::string, shape>> list = causal_lm<T, layers::dense_linear<T>>::shared_parameter_shapes(c);
   for (std::int64_t i = 0; i < c.layers; ++i)
     for (const projection& p : projections_of(c, i)) {
       list.emplace_back(p.path + ".weight", shape{p.out, p.in});
@@ -245,14 +245,14 @@ void read_tensor_into(const hf_checkpoint& ckpt, const std::string& name, tensor
       converted.data()[i] = memkit::from_float<W>(v);
       if (with_master) fp32.data()[i] = v;
     }
-    copy_in(converted.data(), to.flat_slice(at, n));
-    if (with_master) copy_in(fp32.data(), master.flat_slice(at, n));
+    layers::copy_in(converted.data(), to.flat_slice(at, n));
+    if (with_master) layers::copy_in(fp32.data(), master.flat_slice(at, n));
   }
 }
 
 // Reads tensor `name` into `p`: its value, and its fp32 master copy when it has one.
 template <class W>
-void load_parameter(const hf_checkpoint& ckpt, const std::string& name, basic_parameter<W>& p,
+void load_parameter(const hf_checkpoint& ckpt, const std::string& name, layers::basic_parameter<W>& p,
                     memkit::memory_resource& staging) {
   read_tensor_into(ckpt, name, p.value.view(), staging,
                    p.has_master() ? p.master.view() : tensor_view<float>::none());
@@ -260,33 +260,33 @@ void load_parameter(const hf_checkpoint& ckpt, const std::string& name, basic_pa
 
 // What a dense model of `c` allocates in all (values, fp32 master copies, gradients, the rotary table).
 template <class T>
-std::size_t dense_model_bytes(const model_config& c, trainability mode) {
+std::size_t dense_model_bytes(const model_config& c, layers::trainability mode) {
   std::size_t bytes = rotary<T>::table_bytes(c.head_dim, c.max_positions);
   for (const auto& [name, dims] : checkpoint_tensors<T>(c))
-    bytes += basic_parameter<T>::value_bytes(dims) + basic_parameter<T>::master_bytes(dims, mode) +
-             basic_parameter<T>::grad_bytes(dims, mode);
+    bytes += layers::basic_parameter<T>::value_bytes(dims) + layers::basic_parameter<T>::master_bytes(dims, mode) +
+             layers::basic_parameter<T>::grad_bytes(dims, mode);
   return bytes;
 }
 
 // The staging load_causal_lm holds beyond the model while it loads the largest tensor (raw source piece,
 // converted piece, fp32 master piece when the parameters keep one).
 template <class T>
-std::size_t loading_staging_bytes(const model_config& c, trainability mode) {
+std::size_t loading_staging_bytes(const model_config& c, layers::trainability mode) {
   std::int64_t largest = 1;
   for (const auto& [name, dims] : checkpoint_tensors<T>(c)) largest = std::max(largest, dims.numel());
-  return reading_staging_bytes<T>(largest, basic_parameter<T>::master_bytes(shape{1}, mode) > 0);
+  return reading_staging_bytes<T>(largest, layers::basic_parameter<T>::master_bytes(shape{1}, mode) > 0);
 }
 
 // The most load_causal_lm allocates at once, said before loading: the model plus the staging.
 template <class T>
-std::size_t loading_peak_bytes(const model_config& c, trainability mode) {
+std::size_t loading_peak_bytes(const model_config& c, layers::trainability mode) {
   return dense_model_bytes<T>(c, mode) + loading_staging_bytes<T>(c, mode);
 }
 
 // Where the loaders' host staging pieces come from: the workspace resource when it is host memory (so a
 // tracker counts them); for a device model, page-locked host memory under nvcc (each piece is copied up from
 // it without the driver's extra bounce), else the default host resource.
-inline memkit::memory_resource& host_staging(const memory_resources& memory) {
+inline memkit::memory_resource& host_staging(const layers::memory_resources& memory) {
   if (memory.workspace->kind() == memkit::memory_kind::host) return *memory.workspace;
 #if MEMKIT_HAS_CUDA
   static memkit::pinned_host_resource pinned;
@@ -299,18 +299,18 @@ inline memkit::memory_resource& host_staging(const memory_resources& memory) {
 // Builds the dense model of the checkpoint's config in `memory` and loads every tensor. Staging buffers come
 // from memory.workspace when it is host memory, else from the default host resource.
 template <class T>
-std::unique_ptr<causal_lm<T, dense_linear<T>>> load_causal_lm(const hf_checkpoint& ckpt, const memory_resources& memory,
-                                                               trainability mode = trainability::frozen) {
+std::unique_ptr<causal_lm<T, layers::dense_linear<T>>> load_causal_lm(const hf_checkpoint& ckpt, const layers::memory_resources& memory,
+                                                               layers::trainability mode = layers::trainability::frozen) {
   require(!ckpt.prequantized(), ckpt.dir() + ": a bitsandbytes 4-bit checkpoint loads into a QLoRA model "
                                              "(load_lora_causal_lm with an NF4 base), not a dense one");
   check_checkpoint_tensors<T>(ckpt);
-  using model_type = causal_lm<T, dense_linear<T>>;
+  using model_type = causal_lm<T, layers::dense_linear<T>>;
   auto model = std::make_unique<model_type>(ckpt.config(), memory, mode, [&](const projection& p, std::int64_t, int) {
     return make_dense_linear<T>(p, memory, mode);
   });
   memkit::memory_resource& staging = host_staging(memory);
-  for (basic_parameter<T>* p : model->shared_parameters()) load_parameter(ckpt, p->name, *p, staging);
-  for (dense_linear<T>* l : model->linears()) {
+  for (layers::basic_parameter<T>* p : model->shared_parameters()) load_parameter(ckpt, p->name, *p, staging);
+  for (layers::dense_linear<T>* l : model->linears()) {
     load_parameter(ckpt, l->weight.name, l->weight, staging);
     if (l->has_bias()) load_parameter(ckpt, l->bias.name, l->bias, staging);
   }
@@ -378,20 +378,20 @@ inline memkit::lora::lora_options projection_lora_options(const lora_load_option
 // the largest projection in T plus quantize_into's workspace, never the whole 16-bit model.
 template <class T, class Base, memkit::executor E, class Fill>
 std::unique_ptr<causal_lm<T, lora_projection<T, Base>>> build_lora_causal_lm(const E& exec, const model_config& config,
-                                                                              const memory_resources& memory,
+                                                                              const layers::memory_resources& memory,
                                                                               const lora_load_options& options, Fill&& fill) {
   return build_lora_causal_lm<T, Base>(exec, config, memory, options, fill, nullptr);
 }
 // The same with `prequantized(key)` giving each projection's NF4 base ready-made (a bitsandbytes checkpoint).
 template <class T, class Base, memkit::executor E, class Fill, class Prequantized>
 std::unique_ptr<causal_lm<T, lora_projection<T, Base>>> build_lora_causal_lm(const E& exec, const model_config& config,
-                                                                              const memory_resources& memory,
+                                                                              const layers::memory_resources& memory,
                                                                               const lora_load_options& options, Fill&& fill,
                                                                               Prequantized&& prequantized) {
   using projection_type = lora_projection<T, Base>;
   using model_type = causal_lm<T, projection_type>;
   auto model = std::make_unique<model_type>(
-      config, memory, trainability::frozen, [&](const projection& p, std::int64_t i, int k) {
+      config, memory, layers::trainability::frozen, [&](const projection& p, std::int64_t i, int k) {
         typename projection_type::base_type base;
         const std::string key = p.path + ".weight";
         if constexpr (projection_type::quantized_base && !std::is_same_v<std::decay_t<Prequantized>, std::nullptr_t>) {
@@ -416,7 +416,7 @@ std::unique_ptr<causal_lm<T, lora_projection<T, Base>>> build_lora_causal_lm(con
         lora.matmul.host_threads = memory.host_threads;  // the quantized base's products too (their default is 1)
         return projection_type(p.path, std::move(base), lora, memory, std::move(bias));
       });
-  for (basic_parameter<T>* p : model->shared_parameters()) fill(p->name, p->value.view());
+  for (layers::basic_parameter<T>* p : model->shared_parameters()) fill(p->name, p->value.view());
   return model;
 }
 
@@ -463,7 +463,7 @@ std::size_t lora_loading_peak_bytes(const model_config& c, const lora_load_optio
 // The LoRA / QLoRA model of a checkpoint (build_lora_causal_lm filled from its tensors, checked first).
 template <class T, class Base, memkit::executor E>
 std::unique_ptr<causal_lm<T, lora_projection<T, Base>>> load_lora_causal_lm(const E& exec, const hf_checkpoint& ckpt,
-                                                                             const memory_resources& memory,
+                                                                             const layers::memory_resources& memory,
                                                                              const lora_load_options& options) {
   check_checkpoint_tensors<T>(ckpt);
   memkit::memory_resource& staging = host_staging(memory);
@@ -515,7 +515,7 @@ struct random_weights {
         }
         values.data()[i] = memkit::from_float<T>(v);
       }
-      copy_in(values.data(), to.flat_slice(at, n));
+      layers::copy_in(values.data(), to.flat_slice(at, n));
     }
   }
 };
@@ -534,15 +534,15 @@ void save_merged(const E& exec, causal_lm<T, lora_projection<T, Base>>& model, c
   safetensors::writer out;
   out.add_metadata("format", "pt");
   const auto add = [&](const std::string& name, tensor_view<const T> values) {
-    const std::vector<T> host = copy_out(values);
+    const std::vector<T> host = layers::copy_out(values);
     out.add(name, tensor_view<const T>(host.data(), values.shape(), memkit::memory_kind::host));
   };
-  for (basic_parameter<T>* p : model.shared_parameters()) add(p->name, std::as_const(p->value).view());
+  for (layers::basic_parameter<T>* p : model.shared_parameters()) add(p->name, std::as_const(p->value).view());
   for (lora_projection<T, Base>* l : model.linears()) {
     memkit::buffer<T> merged = memkit::workspace_buffer<T>(exec, *model.memory.workspace, l->weight_shape());
     if (l->adapted()) l->layer->merged_weight(exec, merged.view());
     else if constexpr (lora_projection<T, Base>::quantized_base) l->base->dequantize(exec, merged.view());
-    else copy_view(exec, std::as_const(*l->base).view(), merged.view());
+    else layers::copy_view(exec, std::as_const(*l->base).view(), merged.view());
     add(l->path + ".weight", std::as_const(merged).view());
     if (l->bias) add(l->path + ".bias", std::as_const(*l->bias).view());
   }

@@ -36,8 +36,8 @@ inline std::vector<projection> projections_of(const model_config& c, std::int64_
 
 // A dense projection as projections_of describes it (the maker a model of dense_linear layers takes).
 template <class T>
-dense_linear<T> make_dense_linear(const projection& p, const memory_resources& memory, trainability mode) {
-  return dense_linear<T>(p.path + ".weight", p.in, p.out, memory, mode, p.bias);
+layers::dense_linear<T> make_dense_linear(const projection& p, const layers::memory_resources& memory, layers::trainability mode) {
+  return layers::dense_linear<T>(p.path + ".weight", p.in, p.out, memory, mode, p.bias);
 }
 
 template <class T, class Linear>
@@ -48,18 +48,18 @@ struct causal_lm {
   using linear_maker = std::function<Linear(const projection&, std::int64_t, int)>;
 
   model_config config;
-  memory_resources memory;
+  layers::memory_resources memory;
   token_embedding<T> embed;
   std::unique_ptr<rotary<T>> rope;
   std::vector<block_type> blocks;
   rms_norm<T> final_norm;
-  basic_parameter<T> head;  // lm_head.weight [vocab, hidden]; unallocated when config.tie_embeddings
+  layers::basic_parameter<T> head;  // lm_head.weight [vocab, hidden]; unallocated when config.tie_embeddings
 
-  causal_lm(const model_config& c, const memory_resources& m, trainability mode, const linear_maker& make_linear)
+  causal_lm(const model_config& c, const layers::memory_resources& m, layers::trainability mode, const linear_maker& make_linear)
       : config(c), memory(m), embed(c.vocab, c.hidden, m, mode),
         rope(std::make_unique<rotary<T>>(c.head_dim, c.max_positions, c.rope(), *m.weights)),
         final_norm("model.norm.weight", c.hidden, m, mode) {
-    if (!c.tie_embeddings) head = basic_parameter<T>("lm_head.weight", shape{c.vocab, c.hidden}, m, mode);
+    if (!c.tie_embeddings) head = layers::basic_parameter<T>("lm_head.weight", shape{c.vocab, c.hidden}, m, mode);
     blocks.reserve(static_cast<std::size_t>(c.layers));
     for (std::int64_t i = 0; i < c.layers; ++i) {
       const std::vector<projection> p = projections_of(c, i);
@@ -93,8 +93,8 @@ struct causal_lm {
 
   // The LM head's weight [vocab, hidden]: lm_head.weight, or the embedding when they are tied (its gradient
   // then collects both uses).
-  basic_parameter<T>& head_weight() noexcept { return config.tie_embeddings ? embed.weight : head; }
-  const basic_parameter<T>& head_weight() const noexcept { return config.tie_embeddings ? embed.weight : head; }
+  layers::basic_parameter<T>& head_weight() noexcept { return config.tie_embeddings ? embed.weight : head; }
+  const layers::basic_parameter<T>& head_weight() const noexcept { return config.tie_embeddings ? embed.weight : head; }
 
   // The non-projection parameters, in a fixed order: embedding, per block the two norms (and q_norm, k_norm),
   // the final norm, the head unless tied.
@@ -115,11 +115,11 @@ struct causal_lm {
   // Bytes of the model's own constants and non-projection parameters (embedding, norms, head, rotary table).
   static std::size_t shared_weight_bytes(const model_config& c) {
     std::size_t bytes = rotary<T>::table_bytes(c.head_dim, c.max_positions);
-    for (const auto& [name, dims] : shared_parameter_shapes(c)) bytes += basic_parameter<T>::value_bytes(dims);
+    for (const auto& [name, dims] : shared_parameter_shapes(c)) bytes += layers::basic_parameter<T>::value_bytes(dims);
     return bytes;
   }
-  std::vector<basic_parameter<T>*> shared_parameters() {
-    std::vector<basic_parameter<T>*> list{&embed.weight};
+  std::vector<layers::basic_parameter<T>*> shared_parameters() {
+    std::vector<layers::basic_parameter<T>*> list{&embed.weight};
     for (block_type& b : blocks) {
       list.push_back(&b.attn_norm.weight);
       list.push_back(&b.mlp_norm.weight);
@@ -131,6 +131,14 @@ struct causal_lm {
     list.push_back(&final_norm.weight);
     if (!config.tie_embeddings) list.push_back(&head);
     return list;
+  }
+  // Every trainable tensor, in the order of shared_parameters() then linears() (each projection's own
+  // register_parameters: a dense_linear's weight then bias, a LoRA projection's A then B); frozen ones are
+  // skipped. Registry: a layers::parameter_registry<T> (memkit/layers/parameters.hpp).
+  template <class Registry>
+  void register_parameters(Registry& registry) {
+    for (layers::basic_parameter<T>* p : shared_parameters()) registry.add(*p);
+    for (Linear* l : linears()) l->register_parameters(registry);
   }
   std::vector<Linear*> linears() {
     std::vector<Linear*> list;
@@ -188,7 +196,7 @@ struct causal_lm {
     for (std::int64_t i = 0; i < L; ++i)
       blocks[static_cast<std::size_t>(i)].forward(exec, {}, tensor_view<const T>(state(i)), state(i + 1), store);
     final_norm.forward(exec, {}, tensor_view<const T>(state(L)), state(L + 1), store);
-    basic_parameter<T>& head_param = head_weight();
+    layers::basic_parameter<T>& head_param = head_weight();
     tensor_view<T> dy = state(L + 2), dx = state(L + 3);
     memkit::loss::fused_linear_cross_entropy(
         exec, tensor_view<const T>(state(L + 1)).reshaped(shape{N, H}), std::as_const(head_param.value).view(),

@@ -45,7 +45,7 @@ struct lora_projection {
   int host_threads = 1;
   memkit::quant::matmul_config matmul{};  // of the frozen base's products without an adapter
 
-  static memkit::lora::lora_options options_for(std::int64_t rank, float alpha, const memory_resources& memory,
+  static memkit::lora::lora_options options_for(std::int64_t rank, float alpha, const layers::memory_resources& memory,
                                                 std::uint64_t seed) {
     memkit::lora::lora_options o;
     o.rank = rank;
@@ -56,13 +56,13 @@ struct lora_projection {
     return o;
   }
 
-  lora_projection(std::string path_, base_type&& base_, std::int64_t rank, float alpha, const memory_resources& memory,
+  lora_projection(std::string path_, base_type&& base_, std::int64_t rank, float alpha, const layers::memory_resources& memory,
                   std::uint64_t seed, std::uint64_t stream, std::unique_ptr<memkit::buffer<T>> bias_ = nullptr)
       : lora_projection(std::move(path_), std::move(base_),
                         options_for(rank, alpha, memory, memkit::random_word(seed, stream, 0)), memory, std::move(bias_)) {}
   // With every LoRA option given (rsLoRA, dropout, init; options.host_threads is the caller's); rank 0: no adapter.
   lora_projection(std::string path_, base_type&& base_, const memkit::lora::lora_options& options,
-                  const memory_resources& memory, std::unique_ptr<memkit::buffer<T>> bias_ = nullptr)
+                  const layers::memory_resources& memory, std::unique_ptr<memkit::buffer<T>> bias_ = nullptr)
       : path(std::move(path_)), base(std::make_unique<base_type>(std::move(base_))), bias(std::move(bias_)),
         on_device(memory.on_device()), workspace(memory.workspace), host_threads(memory.host_threads), matmul(options.matmul) {
     if (options.rank > 0) {
@@ -94,6 +94,14 @@ struct lora_projection {
   tensor_view<T> lora_B() { return layer->lora_B(); }
   tensor_view<float> grad_A() { return layer->grad_A(); }
   tensor_view<float> grad_B() { return layer->grad_B(); }
+  // Hands the adapter's A and B (path + ".lora_A.weight" / ".lora_B.weight", PEFT's names without its
+  // "base_model.model." prefix) to a layers::parameter_registry; nothing without an adapter.
+  template <class Registry>
+  void register_parameters(Registry& registry) {
+    if (!layer) return;
+    registry.add(path + ".lora_A.weight", lora_A(), grad_A());
+    registry.add(path + ".lora_B.weight", lora_B(), grad_B());
+  }
   void zero_grad() {
     if (layer) layer->zero_grad();
   }
@@ -104,10 +112,10 @@ struct lora_projection {
 #endif
   void zero_grad(const memkit::host_executor&) { zero_grad(); }
 
-  shape output_shape(const shape& s) const { return with_last(s, weight_shape()[0]); }
+  shape output_shape(const shape& s) const { return layers::with_last(s, weight_shape()[0]); }
   std::size_t saved_bytes(const shape& s, const forward_context& ctx) const { return layer ? layer->saved_bytes(s, ctx) : 0; }
   std::size_t workspace_bytes(const shape& s) const {
-    const std::int64_t tokens = rows_of(s);
+    const std::int64_t tokens = layers::rows_of(s);
     if (layer)
       return std::max(memkit::lora::workspace_bytes(layer->forward_arguments(tokens, on_device)),
                       memkit::lora::workspace_bytes(layer->backward_arguments(tokens, false, true, on_device)));
@@ -130,27 +138,27 @@ struct lora_projection {
                activation_store& store) {
     if (layer) return layer->forward(exec, ctx, x, y, store);
     const shape w = weight_shape();
-    const std::int64_t rows = rows_of(x.shape());
+    const std::int64_t rows = layers::rows_of(x.shape());
     if constexpr (quantized_base) {
       memkit::quant::matmul(exec, x, *base, y, *workspace, matmul);
     } else {
-      la::gemm(exec, la::transpose::no, la::transpose::yes, 1.0f, cmat(x.data(), rows, w[1], x.where()),
-               cmat<T>(base->data(), w[0], w[1], base->where()), 0.0f, mat(y.data(), rows, w[0], y.where()), *workspace,
+      la::gemm(exec, la::transpose::no, la::transpose::yes, 1.0f, layers::cmat(x.data(), rows, w[1], x.where()),
+               layers::cmat<T>(base->data(), w[0], w[1], base->where()), 0.0f, layers::mat(y.data(), rows, w[0], y.where()), *workspace,
                la::gemm_options{host_threads});
     }
-    if (bias) for_each_index(exec, rows * w[0], bias_add_element<T>{y.data(), bias->data(), w[0]});
+    if (bias) layers::for_each_index(exec, rows * w[0], layers::bias_add_element<T>{y.data(), bias->data(), w[0]});
   }
   template <memkit::executor E>
   void backward(const E& exec, tensor_view<const T> dy, tensor_view<T> dx, activation_store& store) {
     if (layer) return layer->backward(exec, dy, dx, store);
     if (dx.is_none()) return;
     const shape w = weight_shape();
-    const std::int64_t rows = rows_of(dy.shape());
+    const std::int64_t rows = layers::rows_of(dy.shape());
     if constexpr (quantized_base) {
       memkit::quant::matmul_input_grad(exec, dy, *base, dx, *workspace, matmul);
     } else {
-      la::gemm(exec, la::transpose::no, la::transpose::no, 1.0f, cmat(dy.data(), rows, w[0], dy.where()),
-               cmat<T>(base->data(), w[0], w[1], base->where()), 0.0f, mat(dx.data(), rows, w[1], dx.where()), *workspace,
+      la::gemm(exec, la::transpose::no, la::transpose::no, 1.0f, layers::cmat(dy.data(), rows, w[0], dy.where()),
+               layers::cmat<T>(base->data(), w[0], w[1], base->where()), 0.0f, layers::mat(dx.data(), rows, w[1], dx.where()), *workspace,
                la::gemm_options{host_threads});
     }
   }
