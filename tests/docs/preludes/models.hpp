@@ -3,4 +3,4 @@
 #include <memkit/models/llama/load.hpp>
 namespace llama = memkit::models::llama;
 inline const memkit::host_executor exec;
-inline llama::memory_resources memory;
+inline memkit::layers::memory_resources memory;
