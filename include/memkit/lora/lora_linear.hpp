@@ -126,8 +126,9 @@ constexpr std::size_t forward_workspace_bytes(std::int64_t tokens, std::int64_t 
   const linalg::gemm_options g{options.host_threads};
   std::size_t base = 0;
   if constexpr (base_traits<Base>::quantized) {
-    base = quant::matmul_workspace_bytes(quant::matmul_kind::forward, base_traits<Base>::format, block_size, tokens,
-                                         out, in, sizeof(T), on_device, options.matmul);
+    base = quant::workspace_bytes(quant::matmul_arguments{quant::matmul_kind::forward, base_traits<Base>::format,
+                                                          block_size, tokens, out, in, sizeof(T), on_device,
+                                                          options.matmul});
   } else {
     base = detail::product_workspace<T, Base, T>(on_device, tokens, out, in, g);
   }
@@ -154,9 +155,9 @@ constexpr std::size_t backward_workspace_bytes(std::int64_t tokens, std::int64_t
   peak = detail::max_of(peak, detail::product_workspace<D, T, float>(on_device, rank, in, tokens, g));  // dA
   if (input_grad) {
     if constexpr (base_traits<Base>::quantized) {
-      peak = detail::max_of(peak, quant::matmul_workspace_bytes(quant::matmul_kind::input_grad, base_traits<Base>::format,
-                                                                 block_size, tokens, out, in, sizeof(T), on_device,
-                                                                 options.matmul));
+      peak = detail::max_of(peak, quant::workspace_bytes(quant::matmul_arguments{
+                                      quant::matmul_kind::input_grad, base_traits<Base>::format, block_size, tokens,
+                                      out, in, sizeof(T), on_device, options.matmul}));
     } else {
       peak = detail::max_of(peak, detail::product_workspace<T, Base, T>(on_device, tokens, in, out, g));
     }
@@ -492,7 +493,7 @@ class lora_linear {
       }
       // y = x W^T (+ b)
       if constexpr (quantized_base) {
-        quant::matmul(exec, x, *weight_, y, ws, options_.matmul);
+        quant::matmul(exec, x, *weight_, y, options_.matmul, ws);
       } else {
         product(exec, linalg::transpose::no, linalg::transpose::yes, 1.0f, x2, base_matrix(), 0.0f, y2, ws);
       }
@@ -543,7 +544,7 @@ class lora_linear {
     if (!want_dx) return;
     // dx = dy W, then the adapter's part: dropout'(d(down) A)
     if constexpr (quantized_base) {
-      quant::matmul_input_grad(exec, dy, *weight_, dx, ws, options_.matmul);
+      quant::matmul_input_grad(exec, dy, *weight_, dx, options_.matmul, ws);
     } else {
       product(exec, linalg::transpose::no, linalg::transpose::no, 1.0f, dy2, base_matrix(), 0.0f,
               detail::matrix<T>(dx.data(), M, in_, dx.where()), ws);
