@@ -170,6 +170,18 @@ void write_zeros(const E& exec, tensor_view<T> out) {
   }
 }
 
+// The tiled paths: W's rows dequantized `rows` at a time into `tile` (flat, room for rows x K values), and
+// use(n0, nt) called after each tile of nt rows from row n0.
+template <executor E, format F, class T, class Use>
+void for_each_tile(const E& exec, const quantized_tensor<F>& w, tensor_view<T> tile, std::int64_t rows, Use&& use) {
+  const std::int64_t N = w.logical_shape()[0], K = w.logical_shape()[1];
+  for (std::int64_t n0 = 0; n0 < N; n0 += rows) {
+    const std::int64_t nt = N - n0 < rows ? N - n0 : rows;
+    w.dequantize_range(exec, n0 * K, tile.flat_slice(0, nt * K));
+    use(n0, nt);
+  }
+}
+
 struct matmul_dims {
   std::int64_t M, N, K;
   bool done;  // nothing left to compute: the output is empty, or all zeros (an empty sum) and written
@@ -308,9 +320,7 @@ void matmul(const E& exec, tensor_view<const std::type_identity_t<T>> x, const q
       buffer<T> tile(workspace, shape{rows * K}, on_stream{exec.stream});
       cublasHandle_t handle = ::memkit::detail::cublas_handle_for(exec);  // on exec.stream, its own workspace
       const float one = 1.0f, zero = 0.0f;
-      for (std::int64_t n0 = 0; n0 < N; n0 += rows) {
-        const std::int64_t nt = N - n0 < rows ? N - n0 : rows;
-        w.dequantize_range(exec, n0 * K, tile.view().flat_slice(0, nt * K));
+      detail::for_each_tile(exec, w, tile.view(), rows, [&](std::int64_t n0, std::int64_t nt) {
         // Column-major view: y^T[nt, M] (ld N) = tile[nt, K] * x^T[K, M].
         ::memkit::detail::cublas_check(
             cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(nt), static_cast<int>(M), static_cast<int>(K),
@@ -318,7 +328,7 @@ void matmul(const E& exec, tensor_view<const std::type_identity_t<T>> x, const q
                          static_cast<int>(K), &zero, y.data() + n0, ::memkit::detail::cuda_type<T>(), static_cast<int>(N),
                          CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
             "cublasGemmEx");
-      }
+      });
       return 0;
     });
 #endif
@@ -349,15 +359,14 @@ void matmul_input_grad(const E& exec, tensor_view<const std::type_identity_t<T>>
       const detail::host_tiled_plan plan = detail::plan_host_input_grad(M, N, K, config);
       buffer<float> scratch(workspace, shape{plan.part_floats()});
       float* tile = scratch.data();
-      for (std::int64_t n0 = 0; n0 < N; n0 += plan.rows) {
-        const std::int64_t nt = N - n0 < plan.rows ? N - n0 : plan.rows;
-        w.dequantize_range(exec, n0 * K, tensor_view<float>(tile, shape{nt * K}, memory_kind::host));
+      const tensor_view<float> tile_view(tile, shape{plan.tile_floats}, memory_kind::host);
+      detail::for_each_tile(exec, w, tile_view, plan.rows, [&](std::int64_t n0, std::int64_t nt) {
         linalg::detail::gemm_host_on_scratch(
             linalg::transpose::no, linalg::transpose::no, 1.0f, linalg::matrix_ref<const T>(dy.data() + n0, M, nt, N, memory_kind::host),
             linalg::matrix_ref<const float>(tile, nt, K, K, memory_kind::host), n0 == 0 ? 0.0f : 1.0f,
             linalg::matrix_ref<float>(acc, M, K, K, memory_kind::host), {M, K, nt},
             plan.gemm, tile + plan.tile_floats);  // planned for a full tile: a shallower one fits its buffers
-      }
+      });
     }
     if constexpr (!std::is_same_v<T, float>)
       for (std::int64_t i = 0; i < M * K; ++i) dx[i] = from_float<T>(acc[i]);
@@ -406,9 +415,7 @@ void matmul_input_grad(const E& exec, tensor_view<const std::type_identity_t<T>>
       }
       cublasHandle_t handle = ::memkit::detail::cublas_handle_for(exec);  // on exec.stream, its own workspace
       const float one = 1.0f, zero = 0.0f;
-      for (std::int64_t n0 = 0; n0 < N; n0 += rows) {
-        const std::int64_t nt = N - n0 < rows ? N - n0 : rows;
-        w.dequantize_range(exec, n0 * K, tile.view().flat_slice(0, nt * K));
+      detail::for_each_tile(exec, w, tile.view(), rows, [&](std::int64_t n0, std::int64_t nt) {
         // Column-major: dx^T[K, M] (+)= tile^T[K, nt] * dy^T[nt, M] (dy columns n0.., ld N).
         ::memkit::detail::cublas_check(
             cublasGemmEx(handle, CUBLAS_OP_N, CUBLAS_OP_N, static_cast<int>(K), static_cast<int>(M), static_cast<int>(nt),
@@ -416,7 +423,7 @@ void matmul_input_grad(const E& exec, tensor_view<const std::type_identity_t<T>>
                          ::memkit::detail::cuda_type<T>(), static_cast<int>(N), n0 == 0 ? &zero : &one, c, c_type,
                          static_cast<int>(K), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
             "cublasGemmEx");
-      }
+      });
       if (accumulate_fp32) {
         detail::convert_kernel<T><<<detail::grid_for(M * K, threads), threads, 0, exec.stream>>>(
             accumulator.data(), dx.data(), M * K);

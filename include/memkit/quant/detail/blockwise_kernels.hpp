@@ -81,6 +81,19 @@ MEMKIT_DEVICE MEMKIT_FORCEINLINE void stage_code_values(float* table, const code
 // log2 of a block size (a power of two: require_block_size), so a block index is a shift, not a division.
 MEMKIT_DEVICE MEMKIT_FORCEINLINE int block_shift(std::int64_t block_size) { return __ffsll(block_size) - 1; }
 
+// The prologue of every kernel that decodes codes (dequantize and the fused matmul kernels): F's code values
+// and, for double-quantized scales, the nested map staged in the kernel's shared arrays, the thread block
+// waited for; returns log2 of the block size.
+template <format F>
+MEMKIT_DEVICE MEMKIT_FORCEINLINE int stage_decoding(float* table, float* nested_map, block_scales& scales,
+                                                    const code_table<256>& map_table,
+                                                    const code_table<256>& nested_table, std::int64_t block_size) {
+  stage_code_values<F>(table, map_table);
+  stage_nested_map(scales, nested_map, nested_table);
+  __syncthreads();
+  return block_shift(block_size);
+}
+
 // The code of weight j (0..7) of a group of 8 stored in words[0] (4-bit) or words[0..1] (int8); 4-bit
 // codes keep the even element in the high nibble.
 template <format F>
@@ -458,10 +471,7 @@ __global__ void __launch_bounds__(256) dequantize_kernel(const std::uint8_t* __r
   constexpr int entries = F == format::int8 ? 256 : 16;
   __shared__ float table[entries];
   __shared__ float nested_map[256];
-  stage_code_values<F>(table, map_table);
-  stage_nested_map(scales, nested_map, nested_table);
-  __syncthreads();
-  const int shift = block_shift(block_size);
+  const int shift = stage_decoding<F>(table, nested_map, scales, map_table, nested_table, block_size);
   for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < count;
        i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
     const std::int64_t element = first + i;
@@ -504,10 +514,7 @@ __global__ void __launch_bounds__(256) dequantize_vector_kernel(const std::uint8
   constexpr int entries = F == format::int8 ? 256 : 16;
   __shared__ float table[entries];
   __shared__ float nested_map[256];
-  stage_code_values<F>(table, map_table);
-  stage_nested_map(scales, nested_map, nested_table);
-  __syncthreads();
-  const int shift = block_shift(block_size);
+  const int shift = stage_decoding<F>(table, nested_map, scales, map_table, nested_table, block_size);
   const auto* packed = reinterpret_cast<const typename store::word*>(codes + (F == format::int8 ? first : first / 2));
   const bool nested = scales.nested();
   const float offset = nested ? *scales.offset : 0.0f;

@@ -269,6 +269,9 @@ __attribute__((target("avx2,fma"))) inline __m256i codes8_avx2(__m256 normalized
 
 // encode4_blocks_avx512's AVX2 + FMA sibling, 16 values (two vectors of 8) per step: the same multiply,
 // the same search, the same codes.
+// (An ISA twin: the loop repeats encode4_blocks_avx512's because each must be compiled for its own target
+// attribute, and GCC inlines an intrinsic or a target function only into a function of the same target, so
+// one template over both vector types would lose the inlining that makes them fast.)
 template <format F, class T>
 __attribute__((target("avx2,fma,f16c"))) void encode4_blocks_avx2(const T* values, std::int64_t blocks,
                                                                  std::int64_t block_size, const float* reciprocals,

@@ -193,6 +193,8 @@ __attribute__((target("avx512f,avx512bw"))) void decode4_avx512(const std::uint8
   }
 }
 
+// decode4_avx512's AVX2 + FMA twin (8-float vectors, the table in two halves). The loops repeat because each
+// is compiled for its own target attribute: GCC inlines intrinsics only into functions of the same target.
 template <format F>
 __attribute__((target("avx2,fma"))) void decode4_avx2(const std::uint8_t* codes, const block_scales& scales,
                                                       int block_shift, std::int64_t first, std::int64_t count,

@@ -64,11 +64,8 @@ __global__ void fused_gemv_kernel(const T* __restrict__ x, const std::uint8_t* _
   constexpr int words_per_8 = F == format::int8 ? 2 : 1;  // 32-bit words of codes per 8 weights
   __shared__ float table[entries];
   __shared__ float nested_map[256];
-  stage_code_values<F>(table, map_table);
-  stage_nested_map(scales, nested_map, nested_table);
-  __syncthreads();
+  const int shift = stage_decoding<F>(table, nested_map, scales, map_table, nested_table, block_size);
   const int lane = static_cast<int>(threadIdx.x) & 31;
-  const int shift = block_shift(block_size);
   const std::int64_t warps = blockDim.x >> 5;
   const bool vector = K % per_load == 0 && ::memkit::detail::vector_aligned(codes, x);
   for (std::int64_t n = blockIdx.x * warps + (threadIdx.x >> 5); n < N; n += gridDim.x * warps) {
@@ -124,10 +121,7 @@ __global__ void __launch_bounds__(256) fused_gemv_t_kernel(const T* __restrict__
   constexpr int entries = F == format::int8 ? 256 : 16;
   __shared__ float table[entries];
   __shared__ float nested_map[256];
-  stage_code_values<F>(table, map_table);
-  stage_nested_map(scales, nested_map, nested_table);
-  __syncthreads();
-  const int shift = block_shift(block_size);
+  const int shift = stage_decoding<F>(table, nested_map, scales, map_table, nested_table, block_size);
   for (std::int64_t k = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; k < K;
        k += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
     float acc[MaxRows] = {};
