@@ -129,7 +129,8 @@ TEST_CASE("CUDA workspace: matmul's tiled path and quantize_into refuse a resour
   q::quantized_tensor<q::NF4> w(fake, memkit::shape{64, 64}, {64, true});
   memkit::buffer<memkit::bf16> x(fake, memkit::shape{16, 64}), y(fake, memkit::shape{16, 64});
   // M = 16 takes the tiled cuBLAS path, whose tile would be freed with a synchronizing cudaFree.
-  CHECK_THROWS_WITH_AS(q::matmul(gpu, memkit::tensor_view<const memkit::bf16>(x.view()), w, y.view(), q::matmul_config{}, workspace),
+  CHECK_THROWS_WITH_AS(q::matmul(gpu, memkit::tensor_view<const memkit::bf16>(x.view()), w, y.view(), q::matmul_config{},
+                                 workspace),
                        doctest::Contains("quant::matmul (CUDA): the workspace resource (workspace) is not stream-ordered"),
                        memkit::error);
   CHECK_THROWS_WITH_AS(

@@ -250,8 +250,8 @@ void check_matmul_gpu(std::int64_t M, std::int64_t N, std::int64_t K, const q::m
   for (T& v : x) v = memkit::from_float<T>(uniform(rng));
   for (T& v : dy) v = memkit::from_float<T>(uniform(rng));
   std::vector<T> y_host(static_cast<std::size_t>(M * N)), dx_host(static_cast<std::size_t>(M * K));
-  q::matmul(memkit::host, memkit::host_view(x.data(), {M, K}), w_host, memkit::host_view(y_host.data(), {M, N}), q::matmul_config{},
-            memkit::default_host_resource());
+  q::matmul(memkit::host, memkit::host_view(x.data(), {M, K}), w_host, memkit::host_view(y_host.data(), {M, N}),
+            q::matmul_config{}, memkit::default_host_resource());
   q::matmul_input_grad(memkit::host, memkit::host_view(dy.data(), {M, N}), w_host,
                        memkit::host_view(dx_host.data(), {M, K}), q::matmul_config{}, memkit::default_host_resource());
   auto d_x = to_device(device, x);

@@ -149,13 +149,13 @@ TEST_CASE("quant matmul: shape errors name the operation and the shapes") {
   const auto w = q::quantized_tensor<q::NF4>::quantize(host, host_view(weights.data(), {8, 16}), {32, false},
                                                        memkit::default_host_resource());
   std::vector<float> x(2 * 15), y(2 * 8);
-  CHECK_THROWS_WITH_AS(q::matmul(host, host_view(x.data(), {2, 15}), w, host_view(y.data(), {2, 8}), q::matmul_config{},
-                                 memkit::default_host_resource()),
+  CHECK_THROWS_WITH_AS(q::matmul(host, host_view(x.data(), {2, 15}), w, host_view(y.data(), {2, 8}),
+                                 q::matmul_config{}, memkit::default_host_resource()),
                        doctest::Contains("quant::matmul: input has shape [2, 15] but the weight [8, 16] needs a last dimension of 16"),
                        memkit::error);
   std::vector<float> x2(2 * 16), y2(2 * 7);
-  CHECK_THROWS_WITH_AS(q::matmul(host, host_view(x2.data(), {2, 16}), w, host_view(y2.data(), {2, 7}), q::matmul_config{},
-                                 memkit::default_host_resource()),
+  CHECK_THROWS_WITH_AS(q::matmul(host, host_view(x2.data(), {2, 16}), w, host_view(y2.data(), {2, 7}),
+                                 q::matmul_config{}, memkit::default_host_resource()),
                        doctest::Contains("output has shape [2, 7] but needs 2 rows of 8"), memkit::error);
 }
 
