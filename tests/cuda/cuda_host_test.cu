@@ -138,7 +138,7 @@ TEST_CASE("CUDA workspace: matmul's tiled path and quantize_into refuse a resour
       doctest::Contains("quant::matmul_input_grad (CUDA): the workspace resource (workspace) is not stream-ordered"),
       memkit::error);
   memkit::buffer<float> input(fake, memkit::shape{64, 64});
-  CHECK_THROWS_WITH_AS(w.quantize_into(gpu, memkit::tensor_view<const float>(input.view()), workspace),
+  CHECK_THROWS_WITH_AS(w.quantize_into(gpu, memkit::tensor_view<const float>(input.view()), "weight", workspace),
                        doctest::Contains("quantized_tensor::quantize_into (CUDA): the workspace resource (workspace) "
                                          "is not stream-ordered"),
                        memkit::error);

@@ -326,13 +326,13 @@ MEMKIT_GPU_TEST_CASE("gpu: empty tensors: K = 0 and N = 0 products write zeros, 
   for (std::int64_t M : {1, 40}) {  // the fused kernels and the cuBLAS path
     CAPTURE(M);
     q::quantized_tensor<q::NF4> w_no_k(device, memkit::shape{8, 0}, {64, true});
-    w_no_k.quantize_into(gpu, empty_input.reshaped({8, 0}), workspace);
+    w_no_k.quantize_into(gpu, empty_input.reshaped({8, 0}), "weight", workspace);
     memkit::buffer<memkit::bf16> y(device, memkit::shape{M, 8});
     MEMKIT_CUDA_CHECK(cudaMemsetAsync(y.data(), 0xff, y.bytes(), stream));  // NaN until written
     q::matmul(gpu, memkit::tensor_view<const memkit::bf16>(nullptr, memkit::shape{M, 0}, memkit::memory_kind::device),
               w_no_k, y.view(), q::matmul_config{}, workspace);
     q::quantized_tensor<q::NF4> w_no_n(device, memkit::shape{0, 16}, {64, true});
-    w_no_n.quantize_into(gpu, empty_input.reshaped({0, 16}), workspace);
+    w_no_n.quantize_into(gpu, empty_input.reshaped({0, 16}), "weight", workspace);
     memkit::buffer<memkit::bf16> dx(device, memkit::shape{M, 16});
     MEMKIT_CUDA_CHECK(cudaMemsetAsync(dx.data(), 0xff, dx.bytes(), stream));
     q::matmul_input_grad(
@@ -345,7 +345,7 @@ MEMKIT_GPU_TEST_CASE("gpu: empty tensors: K = 0 and N = 0 products write zeros, 
   // Zero blocks: the offset starts as NaN (what the allocation may hold) and must read 0 afterwards.
   q::quantized_tensor<q::NF4> w(device, memkit::shape{0, 64}, {64, true});
   MEMKIT_CUDA_CHECK(cudaMemsetAsync(w.offset_view().data(), 0xff, sizeof(float), stream));
-  w.quantize_into(gpu, empty_input.reshaped({0, 64}), workspace);
+  w.quantize_into(gpu, empty_input.reshaped({0, 64}), "weight", workspace);
   CHECK_NOTHROW(w.require_finite(gpu, "empty"));
   CHECK(to_host(std::as_const(w).offset_view().data(), 1)[0] == 0.0f);
   MEMKIT_CUDA_CHECK(cudaStreamDestroy(stream));

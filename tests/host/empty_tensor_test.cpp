@@ -77,7 +77,7 @@ TEST_CASE("double quantization of zero blocks writes a zero offset, and the tens
   REQUIRE(w.offset_view().size() == 1);
   w.offset_view()[0] = std::numeric_limits<float>::quiet_NaN();  // what uninitialized memory may hold
   const std::vector<float> none;
-  w.quantize_into(host, host_view(none.data(), {0, 64}), heap);
+  w.quantize_into(host, host_view(none.data(), {0, 64}), "weight", heap);
   CHECK(w.offset_view()[0] == 0.0f);
   CHECK_NOTHROW(w.require_finite_scales("empty"));
 
