@@ -21,6 +21,7 @@
 #include "memkit/core/rounded_math.hpp"
 #include "memkit/core/tensor_view.hpp"
 #include "memkit/core/units.hpp"
+#include "memkit/memory/resource.hpp"
 #include "memkit/quant/detail/blockwise_x86.hpp"
 #include "memkit/quant/dynamic_index.hpp"
 #include "memkit/quant/formats.hpp"
