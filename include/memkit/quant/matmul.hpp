@@ -51,7 +51,6 @@ MEMKIT_NAMESPACE_BEGIN
 namespace quant {
 
 // Options of a product; every field has a default that suits training shapes.
-
 struct matmul_config {
   std::int64_t tile_floats = 1 << 16;   // host input gradient: dequantized values per tile (256 KiB of fp32)
   std::int64_t device_tile_floats = 1 << 26;  // CUDA large batch: values per tile (128 MiB of bf16): the whole
