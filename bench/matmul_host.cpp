@@ -75,7 +75,7 @@ void BM_matmul_vs_openblas(benchmark::State& state, std::int64_t M, memkit::host
   memkit::host_resource workspace;
   const auto run_memkit = [&] {
     q::matmul(memkit::host, memkit::host_view(std::as_const(x).data(), {M, kK}), w, memkit::host_view(y.data(), {M, kN}),
-              workspace, config);
+              config, workspace);
     benchmark::DoNotOptimize(y.data());
   };
   const auto run_openblas = [&] {

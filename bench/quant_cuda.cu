@@ -123,7 +123,7 @@ void BM_cuda_matmul_nf4(benchmark::State& state, std::int64_t tile_floats) {
   q::matmul_config config;
   if (tile_floats > 0) config.device_tile_floats = tile_floats;
   report_tflops(state, c.in.shape()[0],
-                run_timed(state, [&] { q::matmul(c.gpu, c.input(), c.w, c.out.view(), workspace, config); }, c.bytes));
+                run_timed(state, [&] { q::matmul(c.gpu, c.input(), c.w, c.out.view(), config, workspace); }, c.bytes));
 }
 
 // dx = dy * W: the fused small-batch kernels, or the dequantized tiles and cuBLAS.
@@ -133,7 +133,7 @@ void BM_cuda_matmul_input_grad_nf4(benchmark::State& state, std::int64_t tile_fl
   q::matmul_config config;
   if (tile_floats > 0) config.device_tile_floats = tile_floats;
   report_tflops(state, c.in.shape()[0],
-                run_timed(state, [&] { q::matmul_input_grad(c.gpu, c.input(), c.w, c.out.view(), workspace, config); }, c.bytes));
+                run_timed(state, [&] { q::matmul_input_grad(c.gpu, c.input(), c.w, c.out.view(), config, workspace); }, c.bytes));
 }
 
 // The dense bf16 peer of both NF4 products, cublasGemmEx on the same shapes: y = x * W^T (input_grad false)

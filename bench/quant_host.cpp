@@ -167,7 +167,7 @@ void BM_matmul_nf4(benchmark::State& state) {
   const memkit_bench::roofline_timer timer(memkit_bench::measured_host_bandwidth());
   for (auto _ : state) {
     q::matmul(memkit::host, memkit::host_view(std::as_const(x).data(), {M, kK}), w, memkit::host_view(y.data(), {M, kN}),
-              workspace);
+              q::matmul_config{}, workspace);
     benchmark::ClobberMemory();
   }
   const double bytes = static_cast<double>(w.bytes() + x.size() * 2 + y.size() * 2);

@@ -879,7 +879,7 @@ std::unique_ptr<finetune_model> load_finetune_model(const E& exec, const options
           memkit::buffer<act_t> staging = memkit::workspace_buffer<act_t>(exec, *r.model.workspace, shape{p.out, p.in});
           read_into(in, p.path + ".weight", staging.view());
           base = base_type(*r.model.weights, shape{p.out, p.in}, nf4_options);
-          base.quantize_into(exec, std::as_const(staging).view(), *r.model.workspace, p.path.c_str());
+          base.quantize_into(exec, std::as_const(staging).view(), p.path.c_str(), *r.model.workspace);
         }
         return lora_linear_impl(p.path, std::move(base), o.lora_rank, o.lora_alpha, r.model, o.seed + 99,
                                 static_cast<std::uint64_t>(i * 7 + k));
@@ -1006,7 +1006,8 @@ finetune_outcome finetune(const E& exec, const options& o, memory_meter& meter, 
       sizes.push_back(p.out * o.lora_rank);
       largest_staging = std::max<std::uint64_t>(
           largest_staging, memkit::buffer<act_t>::bytes_required(shape{p.out, p.in}) +
-                               lora_linear_impl::base_type::quantize_workspace_bytes(shape{p.out, p.in}, nf4_options));
+                               memkit::quant::workspace_bytes(memkit::quant::quantize_arguments{
+                                   lora_linear_impl::base_type::quant_format, shape{p.out, p.in}, nf4_options}));
     }
   predicted.peak[memory_category::weights] += finetune_model::shared_weight_bytes(o.model);
   memkit::adam_options adam_options;
@@ -1161,7 +1162,8 @@ finetune_outcome finetune_checkpoint(const E& exec, const options& o, memory_met
         largest_staging = std::max<std::uint64_t>(
             largest_staging, memkit::buffer<act_t>::bytes_required(w) +
                                  std::max<std::uint64_t>(pieces(w.numel()),
-                                                         Projection::base_type::quantize_workspace_bytes(w, nf4_options)));
+                                                         memkit::quant::workspace_bytes(memkit::quant::quantize_arguments{
+                                                             Projection::base_type::quant_format, w, nf4_options})));
       } else {
         predicted.peak[memory_category::weights] += memkit::buffer<act_t>::bytes_required(w);
         largest_staging = std::max<std::uint64_t>(largest_staging, pieces(w.numel()));

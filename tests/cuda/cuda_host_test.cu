@@ -129,15 +129,16 @@ TEST_CASE("CUDA workspace: matmul's tiled path and quantize_into refuse a resour
   q::quantized_tensor<q::NF4> w(fake, memkit::shape{64, 64}, {64, true});
   memkit::buffer<memkit::bf16> x(fake, memkit::shape{16, 64}), y(fake, memkit::shape{16, 64});
   // M = 16 takes the tiled cuBLAS path, whose tile would be freed with a synchronizing cudaFree.
-  CHECK_THROWS_WITH_AS(q::matmul(gpu, memkit::tensor_view<const memkit::bf16>(x.view()), w, y.view(), workspace),
+  CHECK_THROWS_WITH_AS(q::matmul(gpu, memkit::tensor_view<const memkit::bf16>(x.view()), w, y.view(), q::matmul_config{},
+                                 workspace),
                        doctest::Contains("quant::matmul (CUDA): the workspace resource (workspace) is not stream-ordered"),
                        memkit::error);
   CHECK_THROWS_WITH_AS(
-      q::matmul_input_grad(gpu, memkit::tensor_view<const memkit::bf16>(y.view()), w, x.view(), workspace),
+      q::matmul_input_grad(gpu, memkit::tensor_view<const memkit::bf16>(y.view()), w, x.view(), q::matmul_config{}, workspace),
       doctest::Contains("quant::matmul_input_grad (CUDA): the workspace resource (workspace) is not stream-ordered"),
       memkit::error);
   memkit::buffer<float> input(fake, memkit::shape{64, 64});
-  CHECK_THROWS_WITH_AS(w.quantize_into(gpu, memkit::tensor_view<const float>(input.view()), workspace),
+  CHECK_THROWS_WITH_AS(w.quantize_into(gpu, memkit::tensor_view<const float>(input.view()), "weight", workspace),
                        doctest::Contains("quantized_tensor::quantize_into (CUDA): the workspace resource (workspace) "
                                          "is not stream-ordered"),
                        memkit::error);

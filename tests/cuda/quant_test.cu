@@ -251,16 +251,16 @@ void check_matmul_gpu(std::int64_t M, std::int64_t N, std::int64_t K, const q::m
   for (T& v : dy) v = memkit::from_float<T>(uniform(rng));
   std::vector<T> y_host(static_cast<std::size_t>(M * N)), dx_host(static_cast<std::size_t>(M * K));
   q::matmul(memkit::host, memkit::host_view(x.data(), {M, K}), w_host, memkit::host_view(y_host.data(), {M, N}),
-            memkit::default_host_resource());
+            q::matmul_config{}, memkit::default_host_resource());
   q::matmul_input_grad(memkit::host, memkit::host_view(dy.data(), {M, N}), w_host,
-                       memkit::host_view(dx_host.data(), {M, K}), memkit::default_host_resource());
+                       memkit::host_view(dx_host.data(), {M, K}), q::matmul_config{}, memkit::default_host_resource());
   auto d_x = to_device(device, x);
   auto d_dy = to_device(device, dy);
   memkit::buffer<T> d_y(device, {M, N}), d_dx(device, {M, K});
   memkit::device_async_resource workspace(gpu.stream);  // the tiled path's workspace is stream-ordered
-  q::matmul(gpu, memkit::tensor_view<const T>(d_x.view().reshaped({M, K})), w_dev, d_y.view(), workspace, config);
+  q::matmul(gpu, memkit::tensor_view<const T>(d_x.view().reshaped({M, K})), w_dev, d_y.view(), config, workspace);
   q::matmul_input_grad(gpu, memkit::tensor_view<const T>(d_dy.view().reshaped({M, N})), w_dev, d_dx.view(),
-                       workspace, config);
+                       config, workspace);
   gpu.synchronize();
   const std::vector<T> y_dev = to_host(d_y.data(), y_host.size()), dx_dev = to_host(d_dx.data(), dx_host.size());
   // fp32: accumulation order only; 16-bit: a few units of 2^-9 from the rounded weights and outputs.
@@ -326,18 +326,18 @@ MEMKIT_GPU_TEST_CASE("gpu: empty tensors: K = 0 and N = 0 products write zeros, 
   for (std::int64_t M : {1, 40}) {  // the fused kernels and the cuBLAS path
     CAPTURE(M);
     q::quantized_tensor<q::NF4> w_no_k(device, memkit::shape{8, 0}, {64, true});
-    w_no_k.quantize_into(gpu, empty_input.reshaped({8, 0}), workspace);
+    w_no_k.quantize_into(gpu, empty_input.reshaped({8, 0}), "weight", workspace);
     memkit::buffer<memkit::bf16> y(device, memkit::shape{M, 8});
     MEMKIT_CUDA_CHECK(cudaMemsetAsync(y.data(), 0xff, y.bytes(), stream));  // NaN until written
     q::matmul(gpu, memkit::tensor_view<const memkit::bf16>(nullptr, memkit::shape{M, 0}, memkit::memory_kind::device),
-              w_no_k, y.view(), workspace);
+              w_no_k, y.view(), q::matmul_config{}, workspace);
     q::quantized_tensor<q::NF4> w_no_n(device, memkit::shape{0, 16}, {64, true});
-    w_no_n.quantize_into(gpu, empty_input.reshaped({0, 16}), workspace);
+    w_no_n.quantize_into(gpu, empty_input.reshaped({0, 16}), "weight", workspace);
     memkit::buffer<memkit::bf16> dx(device, memkit::shape{M, 16});
     MEMKIT_CUDA_CHECK(cudaMemsetAsync(dx.data(), 0xff, dx.bytes(), stream));
     q::matmul_input_grad(
         gpu, memkit::tensor_view<const memkit::bf16>(nullptr, memkit::shape{M, 0}, memkit::memory_kind::device), w_no_n,
-        dx.view(), workspace);
+        dx.view(), q::matmul_config{}, workspace);
     gpu.synchronize();
     CHECK(all_zero(y));
     CHECK(all_zero(dx));
@@ -345,7 +345,7 @@ MEMKIT_GPU_TEST_CASE("gpu: empty tensors: K = 0 and N = 0 products write zeros, 
   // Zero blocks: the offset starts as NaN (what the allocation may hold) and must read 0 afterwards.
   q::quantized_tensor<q::NF4> w(device, memkit::shape{0, 64}, {64, true});
   MEMKIT_CUDA_CHECK(cudaMemsetAsync(w.offset_view().data(), 0xff, sizeof(float), stream));
-  w.quantize_into(gpu, empty_input.reshaped({0, 64}), workspace);
+  w.quantize_into(gpu, empty_input.reshaped({0, 64}), "weight", workspace);
   CHECK_NOTHROW(w.require_finite(gpu, "empty"));
   CHECK(to_host(std::as_const(w).offset_view().data(), 1)[0] == 0.0f);
   MEMKIT_CUDA_CHECK(cudaStreamDestroy(stream));

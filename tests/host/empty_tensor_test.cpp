@@ -43,21 +43,22 @@ void check_empty_inner(std::int64_t M, bool double_quant) {
   const std::vector<float> none;
   const auto w_no_k = q::quantized_tensor<F>::quantize(host, host_view(none.data(), {N, 0}), {64, double_quant}, heap);
   std::vector<T> x(0), y(static_cast<std::size_t>(M * N), memkit::from_float<T>(nan));
-  q::matmul(host, host_view(std::as_const(x).data(), {M, 0}), w_no_k, host_view(y.data(), {M, N}), workspace);
+  q::matmul(host, host_view(std::as_const(x).data(), {M, 0}), w_no_k, host_view(y.data(), {M, N}),
+            q::matmul_config{}, workspace);
   CHECK(nonzero_count(y) == 0);
   CHECK(workspace.peak_bytes() == 0);
-  CHECK(q::matmul_workspace_bytes(q::matmul_kind::forward, F, 64, M, N, 0, sizeof(T), false) == 0);
-  CHECK(q::matmul_workspace_bytes(q::matmul_kind::forward, F, 64, M, N, 0, sizeof(T), true) == 0);
+  CHECK(workspace_bytes(q::matmul_arguments{q::matmul_kind::forward, F, 64, M, N, 0, sizeof(T), false}) == 0);
+  CHECK(workspace_bytes(q::matmul_arguments{q::matmul_kind::forward, F, 64, M, N, 0, sizeof(T), true}) == 0);
 
   // dx = dy W with W [0, K]: dy [M, 0], dx [M, K] all zeros.
   const auto w_no_n = q::quantized_tensor<F>::quantize(host, host_view(none.data(), {0, K}), {64, double_quant}, heap);
   std::vector<T> dy(0), dx(static_cast<std::size_t>(M * K), memkit::from_float<T>(nan));
   q::matmul_input_grad(host, host_view(std::as_const(dy).data(), {M, 0}), w_no_n, host_view(dx.data(), {M, K}),
-                       workspace);
+                       q::matmul_config{}, workspace);
   CHECK(nonzero_count(dx) == 0);
   CHECK(workspace.peak_bytes() == 0);  // (a 16-bit dx took an fp32 accumulator the query did not count)
-  CHECK(q::matmul_workspace_bytes(q::matmul_kind::input_grad, F, 64, M, 0, K, sizeof(T), false) == 0);
-  CHECK(q::matmul_workspace_bytes(q::matmul_kind::input_grad, F, 64, M, 0, K, sizeof(T), true) == 0);
+  CHECK(workspace_bytes(q::matmul_arguments{q::matmul_kind::input_grad, F, 64, M, 0, K, sizeof(T), false}) == 0);
+  CHECK(workspace_bytes(q::matmul_arguments{q::matmul_kind::input_grad, F, 64, M, 0, K, sizeof(T), true}) == 0);
 }
 }  // namespace
 
@@ -76,7 +77,7 @@ TEST_CASE("double quantization of zero blocks writes a zero offset, and the tens
   REQUIRE(w.offset_view().size() == 1);
   w.offset_view()[0] = std::numeric_limits<float>::quiet_NaN();  // what uninitialized memory may hold
   const std::vector<float> none;
-  w.quantize_into(host, host_view(none.data(), {0, 64}), heap);
+  w.quantize_into(host, host_view(none.data(), {0, 64}), "weight", heap);
   CHECK(w.offset_view()[0] == 0.0f);
   CHECK_NOTHROW(w.require_finite_scales("empty"));
 

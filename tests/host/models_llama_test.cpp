@@ -523,7 +523,9 @@ TEST_CASE("models: a QLoRA load holds the quantized model plus one projection in
         const shape w{p.out, p.in};
         beyond = std::max(beyond, memkit::buffer<memkit::bf16>::bytes_required(w) +
                                       std::max(llama::reading_staging_bytes<memkit::bf16>(w.numel()),
-                                               nf4::bytes_required(w, options.quant) + nf4::quantize_workspace_bytes(w, options.quant)));
+                                               nf4::bytes_required(w, options.quant) +
+                                                   memkit::quant::workspace_bytes(memkit::quant::quantize_arguments{
+                                                       nf4::quant_format, w, options.quant})));
       }
     CHECK(predicted - m.tracker.current_bytes() <= beyond);
   }

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "memkit/core/host_simd.hpp"
+#include "memkit/core/protocol.hpp"
 #include "memkit/linalg/gemm.hpp"
 #include "memkit/memory/tracking.hpp"
 #include "memkit/quant/matmul.hpp"
@@ -17,6 +18,14 @@ using memkit::host;
 using memkit::host_view;
 
 using memkit_test::uniform_values;
+
+// The protocol's byte functions exist, are found by argument-dependent lookup and are constant expressions.
+static_assert(memkit::operation_arguments<q::matmul_arguments>);
+static_assert(saved_bytes(q::matmul_arguments{}) == 0);
+static_assert(bytes_required(q::matmul_arguments{q::matmul_kind::input_grad, q::NF4, 64, 16, 64, 256, 2, true}) ==
+              64 * 256 * 2);  // the CUDA tiled path: one tile holding all of W, in bf16
+static_assert(workspace_bytes(q::matmul_arguments{q::matmul_kind::forward, q::NF4, 64, 4, 64, 256, 4, false}) ==
+              4 * 256 * 4);  // the host fused path: x in fp32
 
 namespace {
 // Checks out[r, c] (rows x cols) against sum over i of a[r, i] * b(i, c), summed in double, within
@@ -54,19 +63,27 @@ void check_against_dense(std::int64_t M, std::int64_t N, std::int64_t K, q::quan
   const std::vector<T> dy = memkit_test::convert<T>(uniform_values(M * N, 3));
   const double tolerance = std::is_same_v<T, float> ? 1e-5 : 1e-2;  // fp32 sums vs bf16/fp16 outputs
 
+  // The byte functions of the call's arguments against what a tracker counts (docs/architecture.md, "The
+  // component protocol"): the workspace is the peak, nothing is saved, and nothing else is allocated.
+  const q::matmul_arguments forward{q::matmul_kind::forward, F, options.block_size, M, N, K, sizeof(T), false, config};
   memkit::tracking_resource workspace(memkit::default_host_resource(), "matmul");
   std::vector<T> y(static_cast<std::size_t>(M * N));
-  q::matmul(host, host_view(x.data(), {M, K}), w, host_view(y.data(), {M, N}), workspace, config);
-  CHECK(workspace.peak_bytes() ==
-        q::matmul_workspace_bytes(q::matmul_kind::forward, F, options.block_size, M, N, K, sizeof(T), false, config));
+  q::matmul(host, host_view(x.data(), {M, K}), w, host_view(y.data(), {M, N}), config, workspace);
+  CHECK(workspace.peak_bytes() == workspace_bytes(forward));
+  CHECK(workspace.peak_bytes() == bytes_required(forward));
+  CHECK(workspace.current_bytes() == 0);
+  CHECK(saved_bytes(forward) == 0);
   check_product(y, x, M, K, N, [&](std::int64_t k, std::int64_t n) { return dense[static_cast<std::size_t>(n * K + k)]; },
                 tolerance);
 
   workspace.reset_peak();
   std::vector<T> dx(static_cast<std::size_t>(M * K));
-  q::matmul_input_grad(host, host_view(dy.data(), {M, N}), w, host_view(dx.data(), {M, K}), workspace, config);
-  CHECK(workspace.peak_bytes() ==
-        q::matmul_workspace_bytes(q::matmul_kind::input_grad, F, options.block_size, M, N, K, sizeof(T), false, config));
+  q::matmul_input_grad(host, host_view(dy.data(), {M, N}), w, host_view(dx.data(), {M, K}), config, workspace);
+  q::matmul_arguments input_grad = forward;
+  input_grad.kind = q::matmul_kind::input_grad;
+  CHECK(workspace.peak_bytes() == workspace_bytes(input_grad));
+  CHECK(workspace.peak_bytes() == bytes_required(input_grad));
+  CHECK(workspace.current_bytes() == 0);
   check_product(dx, dy, M, N, K, [&](std::int64_t n, std::int64_t k) { return dense[static_cast<std::size_t>(n * K + k)]; },
                 tolerance);
 }
@@ -133,12 +150,12 @@ TEST_CASE("quant matmul: shape errors name the operation and the shapes") {
                                                        memkit::default_host_resource());
   std::vector<float> x(2 * 15), y(2 * 8);
   CHECK_THROWS_WITH_AS(q::matmul(host, host_view(x.data(), {2, 15}), w, host_view(y.data(), {2, 8}),
-                                 memkit::default_host_resource()),
+                                 q::matmul_config{}, memkit::default_host_resource()),
                        doctest::Contains("quant::matmul: input has shape [2, 15] but the weight [8, 16] needs a last dimension of 16"),
                        memkit::error);
   std::vector<float> x2(2 * 16), y2(2 * 7);
   CHECK_THROWS_WITH_AS(q::matmul(host, host_view(x2.data(), {2, 16}), w, host_view(y2.data(), {2, 7}),
-                                 memkit::default_host_resource()),
+                                 q::matmul_config{}, memkit::default_host_resource()),
                        doctest::Contains("output has shape [2, 7] but needs 2 rows of 8"), memkit::error);
 }
 
@@ -152,20 +169,20 @@ TEST_CASE("quant matmul: the CUDA workspace prediction follows the path the CUDA
   const std::size_t tile = static_cast<std::size_t>(N * K) * 2;  // the device tile holds the whole W, in bf16
   for (std::int64_t M : {1, 8}) {
     CAPTURE(M);
-    CHECK(q::matmul_workspace_bytes(q::matmul_kind::forward, q::NF4, 64, M, N, K, 2, true, limit_16) == 0);
-    CHECK(q::matmul_workspace_bytes(q::matmul_kind::input_grad, q::NF4, 64, M, N, K, 2, true, limit_16) == 0);
+    CHECK(workspace_bytes(q::matmul_arguments{q::matmul_kind::forward, q::NF4, 64, M, N, K, 2, true, limit_16}) == 0);
+    CHECK(workspace_bytes(q::matmul_arguments{q::matmul_kind::input_grad, q::NF4, 64, M, N, K, 2, true, limit_16}) == 0);
   }
   for (std::int64_t M : {9, 12, 16, 17}) {
     CAPTURE(M);
-    CHECK(q::matmul_workspace_bytes(q::matmul_kind::forward, q::NF4, 64, M, N, K, 2, true, limit_16) == tile);
+    CHECK(workspace_bytes(q::matmul_arguments{q::matmul_kind::forward, q::NF4, 64, M, N, K, 2, true, limit_16}) == tile);
     // One tile holds all of W: cuBLAS writes the 16-bit dx itself, no fp32 accumulator.
-    CHECK(q::matmul_workspace_bytes(q::matmul_kind::input_grad, q::NF4, 64, M, N, K, 2, true, limit_16) == tile);
+    CHECK(workspace_bytes(q::matmul_arguments{q::matmul_kind::input_grad, q::NF4, 64, M, N, K, 2, true, limit_16}) == tile);
     // Several tiles: a 16-bit dx is summed over them in an fp32 accumulator; an fp32 dx is its own.
     q::matmul_config two_tiles = limit_16;
     two_tiles.device_tile_floats = (N / 2) * K;
-    CHECK(q::matmul_workspace_bytes(q::matmul_kind::input_grad, q::NF4, 64, M, N, K, 2, true, two_tiles) ==
+    CHECK(workspace_bytes(q::matmul_arguments{q::matmul_kind::input_grad, q::NF4, 64, M, N, K, 2, true, two_tiles}) ==
           tile / 2 + static_cast<std::size_t>(M * K) * 4);
-    CHECK(q::matmul_workspace_bytes(q::matmul_kind::input_grad, q::NF4, 64, M, N, K, 4, true, two_tiles) == tile);
+    CHECK(workspace_bytes(q::matmul_arguments{q::matmul_kind::input_grad, q::NF4, 64, M, N, K, 4, true, two_tiles}) == tile);
   }
   // A short K against a tall W: the tiled input-gradient kernel splits N so that 256-column blocks still
   // give about 264 blocks of threads, each range writing fp32 partial sums (K = 4096: 16 column blocks, so
@@ -173,17 +190,17 @@ TEST_CASE("quant matmul: the CUDA workspace prediction follows the path the CUDA
   // kernel, which needs nothing.
   for (std::int64_t M : {1, 8}) {
     CAPTURE(M);
-    CHECK(q::matmul_workspace_bytes(q::matmul_kind::input_grad, q::NF4, 64, M, 4096, 4096, 2, true) ==
+    CHECK(workspace_bytes(q::matmul_arguments{q::matmul_kind::input_grad, q::NF4, 64, M, 4096, 4096, 2, true}) ==
           static_cast<std::size_t>(16 * M * 4096) * 4);
-    CHECK(q::matmul_workspace_bytes(q::matmul_kind::input_grad, q::INT8, 64, M, 4096, 4096, 2, true) ==
+    CHECK(workspace_bytes(q::matmul_arguments{q::matmul_kind::input_grad, q::INT8, 64, M, 4096, 4096, 2, true}) ==
           static_cast<std::size_t>(16 * M * 4096) * 4);
-    CHECK(q::matmul_workspace_bytes(q::matmul_kind::input_grad, q::NF4, 64, M, 4096, 4100, 2, true) == 0);
-    CHECK(q::matmul_workspace_bytes(q::matmul_kind::forward, q::NF4, 64, M, 4096, 4096, 2, true) == 0);
+    CHECK(workspace_bytes(q::matmul_arguments{q::matmul_kind::input_grad, q::NF4, 64, M, 4096, 4100, 2, true}) == 0);
+    CHECK(workspace_bytes(q::matmul_arguments{q::matmul_kind::forward, q::NF4, 64, M, 4096, 4096, 2, true}) == 0);
   }
   q::matmul_config limit_4;
   limit_4.small_batch_limit = 4;
-  CHECK(q::matmul_workspace_bytes(q::matmul_kind::forward, q::NF4, 64, 4, N, K, 2, true, limit_4) == 0);
-  CHECK(q::matmul_workspace_bytes(q::matmul_kind::forward, q::NF4, 64, 5, N, K, 2, true, limit_4) == tile);
+  CHECK(workspace_bytes(q::matmul_arguments{q::matmul_kind::forward, q::NF4, 64, 4, N, K, 2, true, limit_4}) == 0);
+  CHECK(workspace_bytes(q::matmul_arguments{q::matmul_kind::forward, q::NF4, 64, 5, N, K, 2, true, limit_4}) == tile);
 }
 
 // The CUDA large-batch path dequantizes device_tile_floats values per cuBLAS call (hundreds of rows of a
@@ -195,18 +212,18 @@ TEST_CASE("quant matmul: the CUDA and host tiles are sized separately") {
   const std::size_t device_rows = static_cast<std::size_t>(config.device_tile_floats / K);
   CHECK(device_rows == 8192);  // the default device tile holds an 8192 x 8192 W whole
   CHECK(config.tile_floats / K == 8);
-  CHECK(q::matmul_workspace_bytes(q::matmul_kind::forward, q::NF4, 64, M, N, K, 2, true, config) ==
+  CHECK(workspace_bytes(q::matmul_arguments{q::matmul_kind::forward, q::NF4, 64, M, N, K, 2, true, config}) ==
         static_cast<std::size_t>(N * K) * 2);
-  CHECK(q::matmul_workspace_bytes(q::matmul_kind::forward, q::NF4, 64, M, 3 * N, K, 2, true, config) == device_rows * K * 2);
+  CHECK(workspace_bytes(q::matmul_arguments{q::matmul_kind::forward, q::NF4, 64, M, 3 * N, K, 2, true, config}) == device_rows * K * 2);
   // The host forward: x packed once (M x K), the gemm's packing buffers, and one buffer of decoded rows of W.
   q::matmul_config other_tiles = config;
   other_tiles.tile_floats = 300;
-  const std::size_t host = q::matmul_workspace_bytes(q::matmul_kind::forward, q::NF4, 64, M, N, K, 4, false, config);
-  CHECK(host == q::matmul_workspace_bytes(q::matmul_kind::forward, q::NF4, 64, M, N, K, 4, false, other_tiles));
+  const std::size_t host = workspace_bytes(q::matmul_arguments{q::matmul_kind::forward, q::NF4, 64, M, N, K, 4, false, config});
+  CHECK(host == workspace_bytes(q::matmul_arguments{q::matmul_kind::forward, q::NF4, 64, M, N, K, 4, false, other_tiles}));
   CHECK(host >= static_cast<std::size_t>(M * K) * 4);
   CHECK(host <= static_cast<std::size_t>(M * K) * 4 + memkit::linalg::gemm_workspace_bytes<float, float, float>(M, N, K) +
                     (std::size_t{64} << 10));
   // A layer narrower than the tile: the tile is the whole weight.
-  CHECK(q::matmul_workspace_bytes(q::matmul_kind::forward, q::NF4, 64, M, 512, K, 2, true, config) ==
+  CHECK(workspace_bytes(q::matmul_arguments{q::matmul_kind::forward, q::NF4, 64, M, 512, K, 2, true, config}) ==
         static_cast<std::size_t>(512 * K) * 2);
 }

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "memkit/core/protocol.hpp"
 #include "memkit/memory/tracking.hpp"
 #include "memkit/quant/quantized_tensor.hpp"
 #include "support/test_values.hpp"
@@ -25,6 +26,30 @@ static_assert(q::quantized_tensor<q::NF4>::bytes_required(memkit::shape{4096, 40
 static_assert(q::quantized_tensor<q::NF4>::bytes_required(memkit::shape{4096, 4096}, {64, true}) ==
               4096u * 4096 / 2 + 4096u * 4096 / 64 + 4u * (4096 * 4096 / 64 / 256 + 1));
 
+// quantize_into follows the component protocol: its byte functions are found by argument-dependent lookup.
+static_assert(memkit::operation_arguments<q::quantize_arguments>);
+static_assert(workspace_bytes(q::quantize_arguments{q::NF4, memkit::shape{4096, 4096}, {64, true}}) ==
+              4096u * 4096 / 64 * 4);  // the fp32 first-level scales
+static_assert(bytes_required(q::quantize_arguments{q::NF4, memkit::shape{4096, 4096}, {64, false}}) == 0);
+static_assert(saved_bytes(q::quantize_arguments{}) == 0);
+
+TEST_CASE("quant tensor: quantize_into takes from its workspace what workspace_bytes says") {
+  memkit::tracking_resource workspace(memkit::default_host_resource(), "quantize_into");
+  for (q::quant_options options : {q::quant_options{64, false}, q::quant_options{64, true}, q::quant_options{256, true}}) {
+    const memkit::shape dims{33, 77};
+    CAPTURE(options.block_size);
+    CAPTURE(options.double_quant);
+    const std::vector<float> data = standard_normal(dims.numel(), 3);
+    q::quantized_tensor<q::NF4> w(memkit::default_host_resource(), dims, options);
+    workspace.reset_peak();
+    w.quantize_into(host, host_view(data.data(), dims), "weight", workspace);
+    const q::quantize_arguments args{q::NF4, dims, options};
+    CHECK(workspace.peak_bytes() == workspace_bytes(args));
+    CHECK(workspace.peak_bytes() == bytes_required(args));
+    CHECK(workspace.current_bytes() == 0);
+  }
+}
+
 TEST_CASE("quant tensor: bytes() and bytes_required() equal what a tracking_resource counts") {
   memkit::tracking_resource tracker(memkit::default_host_resource(), "quant");
   for (q::quant_options options : {q::quant_options{64, false}, q::quant_options{64, true}, q::quant_options{32, true},
@@ -40,7 +65,7 @@ TEST_CASE("quant tensor: bytes() and bytes_required() equal what a tracking_reso
         auto nf4 = q::quantized_tensor<q::NF4>::quantize(host, host_view(data.data(), dims), options, weights);
         CHECK(nf4.bytes() == q::quantized_tensor<q::NF4>::bytes_required(dims, options));
         CHECK(tracker.current_bytes() == nf4.bytes());
-        CHECK(tracker.peak_bytes() == nf4.bytes() + q::quantized_tensor<q::NF4>::quantize_workspace_bytes(dims, options));
+        CHECK(tracker.peak_bytes() == nf4.bytes() + workspace_bytes(q::quantize_arguments{q::NF4, dims, options}));
         auto int8 = q::quantized_tensor<q::INT8>::quantize(host, host_view(data.data(), dims), options, weights);
         CHECK(int8.bytes() == q::quantized_tensor<q::INT8>::bytes_required(dims, options));
         CHECK(tracker.current_bytes() == nf4.bytes() + int8.bytes());

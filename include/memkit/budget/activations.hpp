@@ -228,7 +228,7 @@ constexpr auto with_base_type(const training_plan& plan, F&& f) noexcept {
 // memkit runtime: the most one linear layer of a block takes from the workspace — a lora_linear's forward
 // or backward (lora/lora_linear.hpp's workspace_bytes of forward_arguments / backward_arguments: the held
 // down-projection gradient and, over a quantized base, quant::matmul's dequantized tile of rows and its fp32
-// input-gradient accumulator), or a frozen quantized linear without adapter (quant::matmul_workspace_bytes).
+// input-gradient accumulator), or a frozen quantized linear without adapter (quant::workspace_bytes of its matmul_arguments).
 // On a device, dense products run on cuBLAS, whose own workspace is the overhead's `workspace_bytes`; on the
 // host (plan.host_threads > 0) every product is a linalg::gemm whose per-thread packing is workspace too, so a
 // trained dense linear takes the most of its forward (x W^T), weight gradient (dy^T x, fp32) and input
@@ -274,8 +274,11 @@ constexpr std::uint64_t memkit_linear_workspace_bytes(const model_config& m, con
         constexpr quant::format F = lora::base_traits<Base>::format;
         quant::matmul_config matmul;
         matmul.host_threads = static_cast<int>(plan.host_threads);
-        return max_of(quant::matmul_workspace_bytes(quant::matmul_kind::forward, F, block, tokens, out, in, sizeof(T), on_device, matmul),
-                      quant::matmul_workspace_bytes(quant::matmul_kind::input_grad, F, block, tokens, out, in, sizeof(T), on_device, matmul));
+        const quant::matmul_arguments forward{quant::matmul_kind::forward, F, block, tokens, out, in, sizeof(T),
+                                              on_device, matmul};
+        quant::matmul_arguments input_grad = forward;
+        input_grad.kind = quant::matmul_kind::input_grad;
+        return max_of(quant::workspace_bytes(forward), quant::workspace_bytes(input_grad));
       } else {
         if (on_device) return 0;
         return max_of(linalg::gemm_workspace_bytes<T, Base, T>(tokens, out, in, gemm),

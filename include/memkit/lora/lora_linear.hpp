@@ -153,8 +153,8 @@ template <class Base, float_storage T>
 constexpr std::size_t base_product_workspace(const forward_arguments<Base, T>& a, quant::matmul_kind kind,
                                              const linalg::gemm_options& g) noexcept {
   if constexpr (base_traits<Base>::quantized) {
-    return quant::matmul_workspace_bytes(kind, base_traits<Base>::format, a.block_size, a.tokens, a.out, a.in,
-                                         sizeof(T), a.on_device, a.options.matmul);
+    return quant::workspace_bytes(quant::matmul_arguments{kind, base_traits<Base>::format, a.block_size, a.tokens,
+                                                          a.out, a.in, sizeof(T), a.on_device, a.options.matmul});
   } else if (kind == quant::matmul_kind::forward) {
     return product_workspace<T, Base, T>(a.on_device, a.tokens, a.out, a.in, g);
   } else {
@@ -555,7 +555,7 @@ class lora_linear {
       }
       // y = x W^T (+ b)
       if constexpr (quantized_base) {
-        quant::matmul(exec, x, *weight_, y, ws, options_.matmul);
+        quant::matmul(exec, x, *weight_, y, options_.matmul, ws);
       } else {
         product(exec, linalg::transpose::no, linalg::transpose::yes, 1.0f, x2, base_matrix(), 0.0f, y2, ws);
       }
@@ -606,7 +606,7 @@ class lora_linear {
     if (!want_dx) return;
     // dx = dy W, then the adapter's part: dropout'(d(down) A)
     if constexpr (quantized_base) {
-      quant::matmul_input_grad(exec, dy, *weight_, dx, ws, options_.matmul);
+      quant::matmul_input_grad(exec, dy, *weight_, dx, options_.matmul, ws);
     } else {
       product(exec, linalg::transpose::no, linalg::transpose::no, 1.0f, dy2, base_matrix(), 0.0f,
               detail::matrix<T>(dx.data(), M, in_, dx.where()), ws);

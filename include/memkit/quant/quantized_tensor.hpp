@@ -9,8 +9,9 @@
 //   scales         fp32[blocks]                 without double quantization, or with it:
 //   nested codes   uint8[blocks]
 //   nested absmax  fp32[groups + 1]             one per 256 blocks, then the offset
-// bytes_required(shape, options) is exactly what a tensor allocates; quantize() additionally holds
-// quantize_workspace_bytes() for the first-level scales while it double-quantizes them.
+// bytes_required(shape, options) is exactly what a tensor allocates; quantize() and quantize_into()
+// additionally hold workspace_bytes(quantize_arguments{...}) for the first-level scales while they
+// double-quantize them.
 #pragma once
 
 #include <cstddef>
@@ -42,6 +43,24 @@ struct quant_options {
   bool double_quant = false;  // quantize the block scales too ("compress_statistics" in bitsandbytes)
 };
 
+// One quantize_into call (and the temporaries of quantize), for the byte functions of the component protocol
+// (docs/architecture.md): the tensor's format, shape and options.
+struct quantize_arguments {
+  format fmt = format::nf4;
+  shape dims{};
+  quant_options options{};
+};
+// What quantize_into takes from its workspace at once: the fp32 first-level scales while it double-quantizes
+// them (one float per block), else nothing. quantize() holds the same on top of the tensor it allocates.
+constexpr std::size_t workspace_bytes(const quantize_arguments& args) noexcept {
+  return args.options.double_quant ? static_cast<std::size_t>(4 * block_count(args.dims.numel(), args.options.block_size))
+                                   : 0;
+}
+// Quantizing keeps nothing for a backward pass.
+constexpr std::size_t saved_bytes(const quantize_arguments&) noexcept { return 0; }
+// What must be free when quantize_into starts: its workspace (the tensor's storage exists already).
+constexpr std::size_t bytes_required(const quantize_arguments& args) noexcept { return workspace_bytes(args); }
+
 template <format F>
 class quantized_tensor {
  public:
@@ -53,10 +72,6 @@ class quantized_tensor {
     const std::int64_t scale_bytes =
         options.double_quant ? blocks + 4 * (nested_group_count(blocks) + 1) : 4 * blocks;
     return static_cast<std::size_t>(code_bytes(F, dims.numel()) + scale_bytes);
-  }
-  // Bytes quantize() holds temporarily on top of bytes_required: the fp32 scales before double quantization.
-  static constexpr std::size_t quantize_workspace_bytes(const shape& dims, const quant_options& options) noexcept {
-    return options.double_quant ? static_cast<std::size_t>(4 * block_count(dims.numel(), options.block_size)) : 0;
   }
 
   quantized_tensor() = default;
@@ -94,12 +109,13 @@ class quantized_tensor {
     return result;
   }
 
-  // Quantizes `input` (same shape) into this tensor's storage; `workspace` serves the temporary scales
-  // (double quantization: one float per block). On CUDA they are allocated and released on exec.stream, so the
-  // workspace must be stream-ordered (device_async_resource, or a tracker over one; docs/cuda.md, "Workspace").
+  // Quantizes `input` (same shape) into this tensor's storage; `name` names the tensor in errors. `workspace`
+  // serves the temporary scales (workspace_bytes(quantize_arguments{F, shape, options})). On CUDA they are
+  // allocated and released on exec.stream, so the workspace must be stream-ordered (device_async_resource, or a
+  // tracker over one; docs/cuda.md, "Workspace").
   template <executor E, class Input>
     requires float_storage<std::remove_const_t<Input>>
-  void quantize_into(const E& exec, tensor_view<Input> input, memory_resource& workspace, const char* name = "weight") {
+  void quantize_into(const E& exec, tensor_view<Input> input, const char* name, memory_resource& workspace) {
     require(input.shape() == shape_, std::string("quantized_tensor::quantize_into: input has shape ") +
                                          to_string(input.shape()) + " but the tensor has shape " + to_string(shape_));
     quantize_checked(exec, input, workspace, name, "quantized_tensor::quantize_into", true);

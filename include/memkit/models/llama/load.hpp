@@ -400,7 +400,7 @@ std::unique_ptr<causal_lm<T, lora_projection<T, Base>>> build_lora_causal_lm(con
           memkit::buffer<T> dense = memkit::workspace_buffer<T>(exec, *memory.workspace, shape{p.out, p.in});
           fill(key, dense.view());
           base = Base(*memory.weights, shape{p.out, p.in}, options.quant);
-          base.quantize_into(exec, std::as_const(dense).view(), *memory.workspace, key.c_str());
+          base.quantize_into(exec, std::as_const(dense).view(), key.c_str(), *memory.workspace);
         } else {
           base = memkit::buffer<T>(*memory.weights, shape{p.out, p.in});
           fill(key, base.view());
@@ -440,7 +440,7 @@ std::size_t lora_loading_peak_bytes(const model_config& c, const lora_load_optio
       if constexpr (projection_type::quantized_base) {
         const std::size_t dense = value(w), base = Base::bytes_required(w, options.quant);
         at(dense + reading_staging_bytes<T>(w.numel()));
-        at(dense + base + Base::quantize_workspace_bytes(w, options.quant));
+        at(dense + base + memkit::quant::workspace_bytes(memkit::quant::quantize_arguments{Base::quant_format, w, options.quant}));
         live += base;
       } else {
         at(value(w) + reading_staging_bytes<T>(w.numel()));

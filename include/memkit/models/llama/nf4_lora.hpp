@@ -122,10 +122,11 @@ struct lora_projection {
     const shape w = weight_shape();
     if constexpr (quantized_base) {
       namespace q = memkit::quant;
-      return std::max(q::matmul_workspace_bytes(q::matmul_kind::forward, Base::quant_format, base->block_size(), tokens,
-                                                w[0], w[1], sizeof(T), on_device, matmul),
-                      q::matmul_workspace_bytes(q::matmul_kind::input_grad, Base::quant_format, base->block_size(), tokens,
-                                                w[0], w[1], sizeof(T), on_device, matmul));
+      const q::matmul_arguments forward{q::matmul_kind::forward, Base::quant_format, base->block_size(), tokens,
+                                        w[0], w[1], sizeof(T), on_device, matmul};
+      q::matmul_arguments input_grad = forward;
+      input_grad.kind = q::matmul_kind::input_grad;
+      return std::max(q::workspace_bytes(forward), q::workspace_bytes(input_grad));
     } else {
       if (on_device) return 0;
       const la::gemm_options o{host_threads};
@@ -140,7 +141,7 @@ struct lora_projection {
     const shape w = weight_shape();
     const std::int64_t rows = layers::rows_of(x.shape());
     if constexpr (quantized_base) {
-      memkit::quant::matmul(exec, x, *base, y, *workspace, matmul);
+      memkit::quant::matmul(exec, x, *base, y, matmul, *workspace);
     } else {
       la::gemm(exec, la::transpose::no, la::transpose::yes, 1.0f, layers::cmat(x.data(), rows, w[1], x.where()),
                layers::cmat<T>(base->data(), w[0], w[1], base->where()), 0.0f, layers::mat(y.data(), rows, w[0], y.where()), *workspace,
@@ -155,7 +156,7 @@ struct lora_projection {
     const shape w = weight_shape();
     const std::int64_t rows = layers::rows_of(dy.shape());
     if constexpr (quantized_base) {
-      memkit::quant::matmul_input_grad(exec, dy, *base, dx, *workspace, matmul);
+      memkit::quant::matmul_input_grad(exec, dy, *base, dx, matmul, *workspace);
     } else {
       la::gemm(exec, la::transpose::no, la::transpose::no, 1.0f, layers::cmat(dy.data(), rows, w[0], dy.where()),
                layers::cmat<T>(base->data(), w[0], w[1], base->where()), 0.0f, layers::mat(dx.data(), rows, w[1], dx.where()), *workspace,
