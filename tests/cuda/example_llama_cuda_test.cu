@@ -4,6 +4,7 @@
 // pretraining run (checkpointed stack, fused linear cross-entropy, 8-bit AdamW), compared within stated
 // tolerances. The device peak against memory_budget's memkit runtime (2%) is the example's own --check on the
 // device: CTest memkit.example.train_llama_cuda_short (memkit_example_train_llama_cuda --device cuda --short --check).
+#include <memkit/layers/parameters.hpp>
 #include <memkit/models/llama/model.hpp>
 #include <memkit/models/llama/nf4_lora.hpp>
 
@@ -130,16 +131,16 @@ std::vector<float> train(const E& exec, setup& s, int steps, std::vector<std::ve
   memkit::buffer<float> loss(other, shape{1});
   memkit::buffer<bf16> h0(acts, shape{batch, seq, c.hidden}), hn(acts, shape{batch, seq, c.hidden}),
       dhn(acts, shape{batch, seq, c.hidden}), dh0(acts, shape{batch, seq, c.hidden});
-  std::vector<memkit::layers::parameter*> params = s.parameters();
-  std::vector<std::int64_t> sizes;
-  for (memkit::layers::parameter* p : params) sizes.push_back(p->size());
+  // The optimizer's tensors, registered by the model itself (one group, no weight decay).
+  memkit::layers::parameter_registry<bf16> params;
+  s.model.register_parameters(params);
+  REQUIRE(params.size() == s.parameters().size());
   memkit::adam_options adam_options;
   adam_options.max_grad_norm = 1.0f;
   adam_options.seed = 3;
-  memkit::adam_state<std::int8_t, 256> adam(exec, *s.memory.optimizer, sizes, adam_options);
-  std::vector<memkit::adam_param<bf16, float>> adam_params;
-  for (memkit::layers::parameter* p : params) adam_params.push_back({p->value.view(), std::as_const(p->grad).view(), p->master_view(), 0});
-  const std::vector<memkit::adam_group> groups{{.lr = 3e-3f, .beta2 = 0.99f, .weight_decay = 0.0f}};
+  memkit::adam_state<std::int8_t, 256> adam(exec, *s.memory.optimizer, params.sizes(), adam_options);
+  const auto adam_params = params.adam_params();
+  const std::vector<memkit::adam_group> groups = params.adam_groups({.beta2 = 0.99f, .weight_decay = 0.0f}, 3e-3f);
   auto stack = memkit::checkpoint_segment(memkit::layer_sequence(s.model.blocks, s.model.final_norm),
                                           {.schedule = memkit::checkpoint_schedule::every_layer()});
   memkit::activation_store store(acts);
@@ -147,7 +148,7 @@ std::vector<float> train(const E& exec, setup& s, int steps, std::vector<std::ve
   loss_options.chunk_bytes = static_cast<std::size_t>(32 * c.vocab) * sizeof(float);  // two chunks
   std::vector<float> losses;
   for (int step = 0; step < steps; ++step) {
-    for (memkit::layers::parameter* p : params) p->zero_grad(exec);
+    memkit::layers::zero_grad(exec, params);
     // A repeating pattern the model can learn in a few steps: token t+1 follows t.
     std::vector<std::int32_t> id(static_cast<std::size_t>(tokens)), target(static_cast<std::size_t>(tokens));
     for (std::int64_t t = 0; t < tokens; ++t) {
@@ -166,7 +167,7 @@ std::vector<float> train(const E& exec, setup& s, int steps, std::vector<std::ve
     s.model.embed.backward(exec, std::as_const(ids).view(), std::as_const(dh0).view());
     losses.push_back(memkit::layers::copy_out(std::as_const(loss).view())[0]);
     if (step == 0)
-      for (memkit::layers::parameter* p : params) first_grads.push_back(memkit::layers::copy_out(std::as_const(p->grad).view()));
+      for (const auto& p : params.entries()) first_grads.push_back(memkit::layers::copy_out(tensor_view<const float>(p.grad)));
     adam.step(exec, adam_params, groups, 1.0f);
   }
   return losses;

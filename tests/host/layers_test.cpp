@@ -356,6 +356,15 @@ TEST_CASE("layers::parameter_registry feeds adam_state: the same step as the han
   CHECK(ml::copy_out(std::as_const(p1.grad).view()) == std::vector<float>(32, 0.0f));
   CHECK(ml::copy_out(std::as_const(q1.grad).view()) == std::vector<float>(32, 0.0f));
   CHECK(ml::copy_out(std::as_const(p2.grad).view()) == values(32, 13));  // not registered: untouched
+
+  // A gradient the executor cannot reach: refused before anything is zeroed.
+  ml::copy_in(values(32, 13).data(), p1.grad.view());
+  std::vector<float> v(4), g(4);
+  registry.add("on_device", tensor_view<float>(v.data(), shape{4}, memory_kind::device),
+               tensor_view<float>(g.data(), shape{4}, memory_kind::device));
+  CHECK_THROWS_WITH_AS(ml::zero_grad(memkit::host, registry), doctest::Contains("layers::zero_grad: `on_device` is in device memory"),
+                       memkit::error);
+  CHECK(ml::copy_out(std::as_const(p1.grad).view()) == values(32, 13));
 }
 
 TEST_CASE("layers schedules: warmup, decay and end values") {

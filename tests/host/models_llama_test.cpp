@@ -1,6 +1,7 @@
 // memkit/models/llama against transformers: Hugging Face checkpoints of every supported family load and give
 // transformers' logits and loss (tests/data/models/, written by make_model_data.py beside them), and every
 // malformed config or checkpoint is refused with a message naming the key, before anything is allocated.
+#include <memkit/layers/parameters.hpp>
 #include <memkit/models/llama/load.hpp>
 
 #include <memkit/linalg/gemm.hpp>
@@ -281,19 +282,17 @@ TEST_CASE("models: an adapter memkit trains, loaded by PEFT, gives memkit's logi
   options.lora.alpha = 8;
   options.lora.init_seed = 2026;
   auto model = llama::load_lora_causal_lm<float, float>(memkit::host, ckpt, m.memory, options);
-  std::vector<std::int64_t> sizes;
-  std::vector<memkit::adam_param<float, float>> params;
-  for (llama::lora_projection<float, float>* l : model->linears()) {
-    sizes.push_back(l->lora_A().size());
-    sizes.push_back(l->lora_B().size());
-    params.push_back({l->lora_A(), l->grad_A()});
-    params.push_back({l->lora_B(), l->grad_B()});
-  }
-  memkit::adam_state<float> adam(memkit::host, m.tracker.category(memkit::memory_category::optimizer_state), sizes);
-  const std::vector<memkit::adam_group> groups{{.lr = 1e-2f, .weight_decay = 0.0f}};
+  // The adapters' A and B, registered by the model (its frozen base registers nothing).
+  memkit::layers::parameter_registry<float> registry;
+  model->register_parameters(registry);
+  REQUIRE(registry.size() == 2 * model->linears().size());
+  CHECK(registry.entries()[0].name == "model.layers.0.self_attn.q_proj.lora_A.weight");
+  memkit::adam_state<float> adam(memkit::host, m.tracker.category(memkit::memory_category::optimizer_state), registry.sizes());
+  const std::vector<memkit::adam_param<float, float>> params = registry.adam_params();
+  const std::vector<memkit::adam_group> groups = registry.adam_groups({.weight_decay = 0.0f}, 1e-2f);
   std::vector<float> losses;
   for (int step = 0; step < 3; ++step) {
-    for (llama::lora_projection<float, float>* l : model->linears()) l->zero_grad();
+    memkit::layers::zero_grad(memkit::host, registry);
     const float loss = next_token_pass(*model, ref.ids, m.activations());
     losses.push_back(loss);
     adam.step(memkit::host, params, groups);

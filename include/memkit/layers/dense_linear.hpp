@@ -147,19 +147,29 @@ namespace detail {
 inline void require_dense(bool ok, const char* op, const char* argument, const std::string& what) {
   require(ok, std::string("layers::") + op + ": " + argument + " " + what);
 }
+struct dense_dims {
+  std::int64_t rows, in, out;
+};
+// W [out, in] and the activation that fixes the rows: x [..., in] (forward) or dy [..., out] (backward).
+inline dense_dims dense_problem(const char* op, const shape& weight, const char* name, const shape& activation, bool is_input) {
+  require_dense(weight.rank == 2, op, "weight", "must be [out, in], got " + to_string(weight));
+  const std::int64_t out = weight[0], in = weight[1], last = is_input ? in : out;
+  require_dense(activation.rank >= 1 && activation[activation.rank - 1] == last, op, name,
+                "must be [..., " + std::to_string(last) + "], got " + to_string(activation));
+  return {rows_of(activation), in, out};
+}
+inline std::string rows_text(std::int64_t rows, std::int64_t width) {
+  return std::to_string(rows) + " rows of " + std::to_string(width);
+}
 }  // namespace detail
 
 template <executor E, class T>
 void dense_linear_forward(const E& exec, tensor_view<const T> x, tensor_view<const T> weight, tensor_view<const T> bias,
                           tensor_view<T> y, const dense_linear_options& options, memory_resource& workspace) {
   constexpr const char* op = "dense_linear_forward";
-  detail::require_dense(weight.shape().rank == 2, op, "weight", "must be [out, in], got " + to_string(weight.shape()));
-  const std::int64_t out = weight.shape()[0], in = weight.shape()[1];
-  detail::require_dense(x.shape().rank >= 1 && x.shape()[x.shape().rank - 1] == in, op, "x",
-                        "must be [..., " + std::to_string(in) + "], got " + to_string(x.shape()));
-  const std::int64_t rows = rows_of(x.shape());
+  const auto [rows, in, out] = detail::dense_problem(op, weight.shape(), "x", x.shape(), true);
   detail::require_dense(y.size() == rows * out, op, "y",
-                        "must hold " + std::to_string(rows) + " rows of " + std::to_string(out) + ", got " + to_string(y.shape()));
+                        "must hold " + detail::rows_text(rows, out) + ", got " + to_string(y.shape()));
   detail::require_dense(bias.is_none() || bias.size() == out, op, "bias",
                         "must be none or [" + std::to_string(out) + "], got " + to_string(bias.shape()));
   linalg::gemm(exec, linalg::transpose::no, linalg::transpose::yes, 1.0f, cmat(x.data(), rows, in, x.where()),
@@ -173,22 +183,16 @@ void dense_linear_backward(const E& exec, tensor_view<const T> dy, tensor_view<c
                            tensor_view<T> dx, tensor_view<float> weight_grad, tensor_view<float> bias_grad,
                            const dense_linear_options& options, memory_resource& workspace) {
   constexpr const char* op = "dense_linear_backward";
-  detail::require_dense(weight.shape().rank == 2, op, "weight", "must be [out, in], got " + to_string(weight.shape()));
-  const std::int64_t out = weight.shape()[0], in = weight.shape()[1];
-  detail::require_dense(dy.shape().rank >= 1 && dy.shape()[dy.shape().rank - 1] == out, op, "dy",
-                        "must be [..., " + std::to_string(out) + "], got " + to_string(dy.shape()));
-  const std::int64_t rows = rows_of(dy.shape());
+  const auto [rows, in, out] = detail::dense_problem(op, weight.shape(), "dy", dy.shape(), false);
   detail::require_dense(weight_grad.is_none() || weight_grad.size() == out * in, op, "weight_grad",
                         "must be none or [" + std::to_string(out) + ", " + std::to_string(in) + "], got " +
                             to_string(weight_grad.shape()));
   detail::require_dense(weight_grad.is_none() || x.size() == rows * in, op, "x",
-                        "must hold " + std::to_string(rows) + " rows of " + std::to_string(in) + " (the forward's input), got " +
-                            to_string(x.shape()));
+                        "must hold " + detail::rows_text(rows, in) + " (the forward's input), got " + to_string(x.shape()));
   detail::require_dense(bias_grad.is_none() || bias_grad.size() == out, op, "bias_grad",
                         "must be none or [" + std::to_string(out) + "], got " + to_string(bias_grad.shape()));
   detail::require_dense(dx.is_none() || dx.size() == rows * in, op, "dx",
-                        "must be none or hold " + std::to_string(rows) + " rows of " + std::to_string(in) + ", got " +
-                            to_string(dx.shape()));
+                        "must be none or hold " + detail::rows_text(rows, in) + ", got " + to_string(dx.shape()));
   if (!weight_grad.is_none())
     linalg::gemm(exec, linalg::transpose::yes, linalg::transpose::no, 1.0f, cmat(dy.data(), rows, out, dy.where()),
                  cmat<T>(x.data(), rows, in, x.where()), 1.0f, mat(weight_grad.data(), out, in, weight_grad.where()),

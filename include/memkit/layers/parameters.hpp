@@ -129,9 +129,10 @@ class parameter_registry {
 };
 
 // Zeroes every registered gradient, ordered on exec's stream (a memset on the host, cudaMemsetAsync on
-// exec.stream on a CUDA executor).
+// exec.stream on a CUDA executor). Refused before any is touched when the executor cannot reach one.
 template <executor E, class P, class G>
 void zero_grad(const E& exec, const parameter_registry<P, G>& registry) {
+  for (const auto& e : registry.entries()) require_accessible(exec, e.grad, "layers::zero_grad", e.name.c_str());
   for (const auto& e : registry.entries()) zero_view(exec, e.grad);
 }
 

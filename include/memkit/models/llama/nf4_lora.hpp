@@ -18,6 +18,7 @@
 #include <optional>
 #include <string>
 #include <type_traits>
+#include <utility>
 
 namespace memkit::models::llama {
 
@@ -138,29 +139,27 @@ struct lora_projection {
   void forward(const E& exec, const forward_context& ctx, tensor_view<const T> x, tensor_view<T> y,
                activation_store& store) {
     if (layer) return layer->forward(exec, ctx, x, y, store);
-    const shape w = weight_shape();
-    const std::int64_t rows = layers::rows_of(x.shape());
     if constexpr (quantized_base) {
+      const std::int64_t out = weight_shape()[0];
       memkit::quant::matmul(exec, x, *base, y, matmul, *workspace);
+      if (bias)
+        layers::for_each_index(exec, layers::rows_of(x.shape()) * out, layers::bias_add_element<T>{y.data(), bias->data(), out});
     } else {
-      la::gemm(exec, la::transpose::no, la::transpose::yes, 1.0f, layers::cmat(x.data(), rows, w[1], x.where()),
-               layers::cmat<T>(base->data(), w[0], w[1], base->where()), 0.0f, layers::mat(y.data(), rows, w[0], y.where()), *workspace,
-               la::gemm_options{host_threads});
+      layers::dense_linear_forward(exec, x, std::as_const(*base).view(),
+                                   bias ? std::as_const(*bias).view() : tensor_view<const T>::none(), y,
+                                   layers::dense_linear_options{host_threads}, *workspace);
     }
-    if (bias) layers::for_each_index(exec, rows * w[0], layers::bias_add_element<T>{y.data(), bias->data(), w[0]});
   }
   template <memkit::executor E>
   void backward(const E& exec, tensor_view<const T> dy, tensor_view<T> dx, activation_store& store) {
     if (layer) return layer->backward(exec, dy, dx, store);
-    if (dx.is_none()) return;
-    const shape w = weight_shape();
-    const std::int64_t rows = layers::rows_of(dy.shape());
+    if (dx.is_none() || dx.empty()) return;
     if constexpr (quantized_base) {
       memkit::quant::matmul_input_grad(exec, dy, *base, dx, matmul, *workspace);
     } else {
-      la::gemm(exec, la::transpose::no, la::transpose::no, 1.0f, layers::cmat(dy.data(), rows, w[0], dy.where()),
-               layers::cmat<T>(base->data(), w[0], w[1], base->where()), 0.0f, layers::mat(dx.data(), rows, w[1], dx.where()), *workspace,
-               la::gemm_options{host_threads});
+      layers::dense_linear_backward(exec, dy, tensor_view<const T>::none(), std::as_const(*base).view(), dx,
+                                    tensor_view<float>::none(), tensor_view<float>::none(),
+                                    layers::dense_linear_options{host_threads}, *workspace);
     }
   }
 };
