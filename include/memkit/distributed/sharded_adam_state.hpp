@@ -55,6 +55,7 @@
 #include "memkit/core/float16.hpp"
 #include "memkit/core/tensor_view.hpp"
 #include "memkit/distributed/communicator.hpp"
+#include "memkit/distributed/sharded_adam_bytes.hpp"
 #include "memkit/memory/buffer.hpp"
 #include "memkit/memory/resource.hpp"
 #include "memkit/optim/adam_math.hpp"
@@ -64,26 +65,16 @@
 MEMKIT_NAMESPACE_BEGIN
 namespace distributed {
 
-// The elements [begin, end) of tensor `tensor` that a rank owns.
-struct shard_piece {
-  std::int64_t tensor = 0;
-  std::int64_t begin = 0, end = 0;  // within the tensor; begin is a multiple of the granule
-  std::int64_t flat = 0;            // flat offset of the tensor (element 0)
-  std::int64_t first_chunk = 0;     // global index of the gradient-norm chunk holding element `begin`
-  bool quantized = false;           // decided by the whole tensor's size, as adam_state decides it
-  std::size_t m_offset = 0, v_offset = 0, m_scale_offset = 0, v_scale_offset = 0;  // within the arena
-  constexpr std::int64_t count() const noexcept { return end - begin; }
-};
-
 struct sharded_step_options {
   std::span<const int> tensor_groups{};  // the group of each tensor; empty: every tensor in group 0
   float gradient_scale = 1.0f;           // multiplies every (summed) gradient, e.g. 1/ranks to average
 };
 
 template <class State, int Block = adam_state_traits<State>::default_block>
-class sharded_adam_state {
+class sharded_adam_state : public sharded_adam_layout<State, Block> {
   using traits = adam_state_traits<State>;
   using unsharded = adam_state<State, Block>;
+  using layout = sharded_adam_layout<State, Block>;
 
  public:
   using state_type = State;
@@ -91,74 +82,29 @@ class sharded_adam_state {
   static constexpr int block_size = Block;
   using moment_type = typename traits::moment_type;
   using plain_moment_type = std::conditional_t<quantized, float, moment_type>;
-  // Pieces start on multiples of this many elements of their tensor (adam_state's norm chunk).
-  static constexpr std::int64_t granule = memkit::detail::reduction_chunk;
+  using layout::granule;
 
  private:
   static constexpr std::int64_t divisor_block = Block > 0 ? Block : 1;
-  static_assert(granule % divisor_block == 0, "sharded_adam_state: a granule must hold whole blocks");
-  static constexpr std::int64_t padded(std::int64_t n) noexcept { return (n + granule - 1) / granule * granule; }
 
  public:
-  // ---- The flat layout and the memory per rank: constexpr, so a budget can use them ----
-
-  // Elements of the flat parameter / gradient buffers every rank holds.
-  static constexpr std::int64_t flat_size(std::span<const std::int64_t> sizes, int ranks) noexcept {
-    std::int64_t total = 0;
-    for (std::int64_t n : sizes) total += padded(n);
-    const std::int64_t unit = granule * (ranks > 0 ? ranks : 1);
-    return std::max<std::int64_t>(unit, (total + unit - 1) / unit * unit);
-  }
-  static constexpr std::int64_t shard_size(std::span<const std::int64_t> sizes, int ranks) noexcept {
-    return flat_size(sizes, ranks) / (ranks > 0 ? ranks : 1);
-  }
-  // Bytes of the moments of a piece of `count` elements of a tensor quantized or not.
-  static constexpr std::size_t piece_bytes(std::int64_t count, bool piece_quantized) noexcept {
-    return unsharded::segment_plan(count, piece_quantized).bytes;
-  }
-  // Lays out rank `rank`'s state, calling visit(piece) for each piece; returns the arena's bytes.
-  template <class Visit>
-  static constexpr std::size_t plan(std::span<const std::int64_t> sizes, int rank, int ranks,
-                                    std::int64_t min_quantized_size, Visit&& visit) {
-    const std::int64_t shard = shard_size(sizes, ranks);
-    const std::int64_t low = static_cast<std::int64_t>(rank) * shard, high = low + shard;
-    std::int64_t chunks = 0;
-    for (std::int64_t n : sizes) chunks += memkit::detail::reduction_chunks(n);
-    std::size_t offset = unsharded::overhead_bytes(chunks);
-    std::int64_t flat = 0, first_chunk = 0;
-    for (std::size_t i = 0; i < sizes.size(); ++i) {
-      const std::int64_t n = sizes[i];
-      const std::int64_t begin = std::clamp<std::int64_t>(low - flat, 0, n);
-      const std::int64_t end = std::clamp<std::int64_t>(high - flat, 0, n);
-      if (begin < end) {
-        shard_piece p;
-        p.tensor = static_cast<std::int64_t>(i);
-        p.begin = begin;
-        p.end = end;
-        p.flat = flat;
-        p.first_chunk = first_chunk + begin / granule;
-        p.quantized = unsharded::quantizes(n, min_quantized_size);
-        // adam_state's segment layout (m and v of a large piece half a page apart modulo 4 KiB).
-        offset = unsharded::segment_plan(end - begin, p.quantized).place(p, offset, p.quantized);
-        visit(p);
-      }
-      flat += padded(n);
-      first_chunk += memkit::detail::reduction_chunks(n);
-    }
-    return offset;
-  }
-  // Exactly what rank `rank` of `ranks` allocates for tensors of these sizes.
+  // The flat layout and the memory per rank are sharded_adam_layout's (distributed/sharded_adam_bytes.hpp):
+  // flat_size, shard_size, piece_bytes, plan, bytes_required, max_bytes_per_rank; with options:
+  using layout::bytes_required;
+  using layout::max_bytes_per_rank;
   static constexpr std::size_t bytes_required(std::span<const std::int64_t> sizes, int rank, int ranks,
                                               const adam_options& options = {}) {
-    return plan(sizes, rank, ranks, options.min_quantized_size, [](const shard_piece&) {});
+    return layout::bytes_required(sizes, rank, ranks, options.min_quantized_size);
   }
-  // The most any rank allocates (what a budget must plan for on every device).
   static constexpr std::size_t max_bytes_per_rank(std::span<const std::int64_t> sizes, int ranks,
                                                   const adam_options& options = {}) {
-    std::size_t most = 0;
-    for (int r = 0; r < ranks; ++r) most = std::max(most, bytes_required(sizes, r, ranks, options));
-    return most;
+    return layout::max_bytes_per_rank(sizes, ranks, options.min_quantized_size);
   }
+  using layout::flat_size;
+  using layout::padded;
+  using layout::piece_bytes;
+  using layout::plan;
+  using layout::shard_size;
 
   // ---- Construction ----
 

@@ -16,6 +16,7 @@
 #include "memkit/core/random.hpp"
 #include "memkit/core/rounded_math.hpp"
 #include "memkit/core/units.hpp"
+#include "memkit/optim/adam_bytes.hpp"
 
 MEMKIT_NAMESPACE_BEGIN
 
@@ -91,19 +92,6 @@ MEMKIT_HOST_DEVICE constexpr bf16 bf16_stochastic_round(float value, std::uint32
   return bf16::from_bits(static_cast<std::uint16_t>((u + (random & 0xffffu)) >> 16));
 }
 
-// What one step needs besides the per-group hyperparameters: written by the step's finalisation
-// (detail::finalize_step) into the state's control block, which lives with the state, so the device
-// can apply or skip a step without the host ever waiting for it.
-struct adam_control {
-  std::int64_t step = 0;               // steps applied so far (the t of the bias correction)
-  std::int64_t skipped_steps = 0;      // steps refused because a gradient was not finite
-  std::int64_t first_nonfinite_chunk = -1;  // of the last step; -1 when all gradients were finite
-  double grad_norm = 0.0;              // global L2 norm of the last step's unscaled gradients
-  float loss_scale = 1.0f;             // the scale the next backward pass should use
-  std::int32_t good_steps = 0;         // finite steps since the scale last changed
-  float grad_multiplier = 1.0f;        // 1/loss_scale times the clipping factor, for the step being applied
-  std::int32_t applied = 0;            // 1 when the last step updated anything
-};
 
 // The one set of checks for anything that enters an Adam state from outside: adam_state::load and
 // assign, the bitsandbytes import (bnb::load_adam_state) and sharded_adam_state::load all call these
@@ -242,17 +230,6 @@ MEMKIT_HOST_DEVICE inline void update_loss_scale(float& scale, std::int32_t& goo
     scale = grown > options.max_scale ? options.max_scale : grown;
     good_steps = 0;
   }
-}
-
-// Canonical gradient-norm reduction. A gradient is cut into chunks of reduction_chunk elements; lane l
-// of reduction_lanes sums (in double) the squares of elements l, l + lanes, ... of its chunk, and the
-// lanes are then added as a binary tree. The CUDA kernel (one block of `lanes` threads per chunk)
-// and the host loop follow exactly this order, so both produce the same bits.
-inline constexpr int reduction_lanes = 256;
-inline constexpr std::int64_t reduction_chunk = 4096;
-
-constexpr std::int64_t reduction_chunks(std::int64_t count) noexcept {
-  return (count + reduction_chunk - 1) / reduction_chunk;
 }
 
 template <float_storage G>

@@ -49,6 +49,7 @@
 #include "memkit/core/tensor_view.hpp"
 #include "memkit/memory/buffer.hpp"
 #include "memkit/memory/resource.hpp"
+#include "memkit/optim/adam_bytes.hpp"
 #include "memkit/optim/adam_math.hpp"
 #include "memkit/optim/state_codecs.hpp"
 
@@ -56,7 +57,7 @@ MEMKIT_NAMESPACE_BEGIN
 
 // Options fixed when the state is made (the first one shapes the memory layout).
 struct adam_options {
-  std::int64_t min_quantized_size = 4096;  // smaller tensors keep fp32 moments in a quantized state
+  std::int64_t min_quantized_size = default_min_quantized_size;  // smaller tensors keep fp32 moments in a quantized state
   float max_grad_norm = 0.0f;              // global-norm clipping over all tensors of the step; 0 disables
   loss_scaler_options loss_scaling{};      // dynamic loss scaling for fp16 gradients
   bool stochastic_rounding = true;         // bf16 parameters without a master copy: round stochastically
@@ -127,46 +128,6 @@ struct adam_step_report {
 };
 
 namespace detail {
-
-inline constexpr std::size_t adam_segment_alignment = 64;
-constexpr std::size_t align_segment(std::size_t bytes) noexcept {
-  return (bytes + adam_segment_alignment - 1) / adam_segment_alignment * adam_segment_alignment;
-}
-
-// The padding after a tensor's m segment (of `bytes`, a multiple of 64) that puts its v segment half a 4 KiB
-// page away from m modulo 4 KiB. Without it, m and v of a tensor of 2^k elements lie exactly 2^(k+2) bytes apart,
-// and the update's loads of one stream share their low 12 address bits with its stores to the other (4K
-// aliasing: the core then waits on a false store-to-load dependency). Measured on a Cascade Lake (one thread,
-// the fp32 update over 4M-64M elements, m and v 2^k bytes apart vs 2^k + 2048): 5-10% faster with the
-// padding, on AVX-512 and AVX2. Segments under 256 KiB get none (the padding would be a sizeable share).
-inline constexpr std::size_t adam_stagger_min_bytes = std::size_t{1} << 18;
-constexpr std::size_t stagger_after(std::size_t bytes) noexcept {
-  if (bytes < adam_stagger_min_bytes) return 0;
-  constexpr std::size_t page = 4096, half_page = page / 2;
-  return (half_page + page - bytes % page) % page;
-}
-
-// One tensor's segments, as offsets from its first byte, and the bytes it takes.
-struct adam_segment_plan {
-  std::size_t m_bytes = 0;  // m's segment (v's is as large); v starts at m_bytes + stagger_after(m_bytes)
-  std::size_t v = 0, m_scale = 0, v_scale = 0, bytes = 0;
-
-  // Sets the m/v (and, when quantized, scale) offsets of a tensor placed at `offset` of the arena (any type
-  // with adam_tensor_layout's offset fields: adam_state's and sharded_adam_state's); returns the next offset.
-  template <class Offsets>
-  constexpr std::size_t place(Offsets& t, std::size_t offset, bool quantized) const noexcept {
-    t.m_offset = offset;
-    t.v_offset = offset + v;
-    if (quantized) {
-      t.m_scale_offset = offset + m_scale;
-      t.v_scale_offset = offset + v_scale;
-    }
-    return offset + bytes;
-  }
-};
-
-// Elements per work unit of a tensor with fp32/bf16 moments (one CUDA block each).
-inline constexpr std::int64_t plain_unit = 4096;
 
 // Most tensors one kernel launch carries in its argument block.
 inline constexpr int tensors_per_launch = 16;
@@ -669,72 +630,28 @@ __global__ void __launch_bounds__(Threads, 2) adam_update_kernel(update_launch<S
 }  // namespace detail
 
 template <class State, int Block = adam_state_traits<State>::default_block>
-class adam_state {
+class adam_state : public adam_layout<State, Block> {
   using traits = adam_state_traits<State>;
-  static_assert(traits::quantized ? (Block >= 64 && Block <= 4096 && (Block & (Block - 1)) == 0)
-                                  : Block == 0,
-                "adam_state: quantized states take a power-of-two block in [64, 4096]; fp32/bf16 states take none");
+  using layout = adam_layout<State, Block>;
+  using layout::divisor_block;
 
  public:
   using state_type = State;
   static constexpr bool quantized = traits::quantized;
   static constexpr int block_size = Block;
+  using moment_type = typename layout::moment_type;  // float or bf16 for plain states, std::uint8_t codes otherwise
+  using plain_moment_type = typename layout::plain_moment_type;
 
- private:
-  static constexpr std::int64_t divisor_block = Block > 0 ? Block : 1;  // plain states never divide by it
-
- public:
-  using moment_type = typename traits::moment_type;  // float or bf16 for plain states, std::uint8_t codes otherwise
-
-  // Whether a tensor of `count` elements gets quantized moments under this threshold.
-  static constexpr bool quantizes(std::int64_t count, std::int64_t min_quantized_size) noexcept {
-    return quantized && count >= min_quantized_size;
-  }
-  // Bytes of one tensor's moments (and scales), with alignment padding.
-  static constexpr std::size_t tensor_bytes(std::int64_t count, std::int64_t min_quantized_size = 4096) noexcept {
-    return segment_plan(count, quantizes(count, min_quantized_size)).bytes;
-  }
-  // Where a tensor's segments lie: m (or m's codes) first, then v at m's size plus detail::stagger_after, then
-  // (quantized) the two absmax arrays.
-  static constexpr detail::adam_segment_plan segment_plan(std::int64_t count, bool quantized_tensor) noexcept {
-    const auto n = static_cast<std::size_t>(count);
-    detail::adam_segment_plan plan;
-    if (!quantized_tensor) {
-      const std::size_t element = quantized ? sizeof(float) : sizeof(moment_type);
-      plan.m_bytes = detail::align_segment(n * element);
-      plan.v = plan.m_bytes + detail::stagger_after(plan.m_bytes);
-      plan.bytes = plan.v + plan.m_bytes;
-      return plan;
-    }
-    const std::size_t blocks = (n + divisor_block - 1) / divisor_block;
-    plan.m_bytes = detail::align_segment(traits::bits == 8 ? n : (n + 1) / 2);
-    const std::size_t scales = detail::align_segment(blocks * sizeof(float));
-    plan.v = plan.m_bytes + detail::stagger_after(plan.m_bytes);
-    plan.m_scale = plan.v + plan.m_bytes;
-    plan.v_scale = plan.m_scale + scales;
-    plan.bytes = plan.v_scale + scales;
-    return plan;
-  }
-  // Bytes of the control block and gradient-norm scratch for tensors of these sizes.
-  static constexpr std::size_t overhead_bytes(std::int64_t total_reduction_chunks) noexcept {
-    return detail::align_segment(sizeof(adam_control)) +
-           detail::align_segment(static_cast<std::size_t>(total_reduction_chunks) * sizeof(double));
-  }
-  // Exactly what a state for one tensor of `parameter_count` elements allocates.
-  static constexpr std::size_t bytes_required(std::int64_t parameter_count,
-                                              std::int64_t min_quantized_size = 4096) noexcept {
-    return overhead_bytes(detail::reduction_chunks(parameter_count)) + tensor_bytes(parameter_count, min_quantized_size);
-  }
-  // Exactly what a state for tensors of these sizes allocates.
+  // The byte functions are adam_layout's (optim/adam_bytes.hpp): quantizes, tensor_bytes, segment_plan,
+  // overhead_bytes, bytes_required; and exactly what a state for tensors of these sizes allocates:
+  using layout::bytes_required;
   static constexpr std::size_t bytes_required(std::span<const std::int64_t> sizes, const adam_options& options = {}) noexcept {
-    std::int64_t chunks = 0;
-    std::size_t bytes = 0;
-    for (std::int64_t n : sizes) {
-      chunks += detail::reduction_chunks(n);
-      bytes += tensor_bytes(n, options.min_quantized_size);
-    }
-    return overhead_bytes(chunks) + bytes;
+    return layout::bytes_required(sizes, options.min_quantized_size);
   }
+  using layout::overhead_bytes;
+  using layout::quantizes;
+  using layout::segment_plan;
+  using layout::tensor_bytes;
 
   // The state starts zeroed (step 0) when `exec` has run the initialisation it enqueues here.
   template <executor E>
@@ -892,7 +809,6 @@ class adam_state {
   }
 
   // ---- The state as it is stored: read-only views, and wholesale replacement (interop) ----
-  using plain_moment_type = std::conditional_t<quantized, float, moment_type>;
 
   // Views of tensor `tensor`'s moments, valid while the state lives; they change with every step.
   adam_tensor_state<plain_moment_type> tensor_state(std::size_t tensor) const {
