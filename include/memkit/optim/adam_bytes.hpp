@@ -124,6 +124,15 @@ struct adam_segment_plan {
 // Elements per work unit of a tensor with fp32/bf16 moments (one CUDA block each).
 inline constexpr std::int64_t plain_unit = 4096;
 
+// One tensor of an Adam state as the step sees it (adam_state's tensors, sharded_adam_state's pieces).
+struct adam_tensor_layout {
+  std::int64_t size = 0;
+  bool quantized = false;
+  std::int64_t units = 0;  // quantization blocks, or plain units of plain_unit elements
+  std::size_t m_offset = 0, v_offset = 0, m_scale_offset = 0, v_scale_offset = 0;
+  std::int64_t first_chunk = 0, chunks = 0;  // gradient-norm chunks
+};
+
 }  // namespace detail
 
 // The layout of an Adam state of flavour State (float, bf16, std::int8_t, four_bit) and block size Block.

@@ -67,6 +67,42 @@ inline void validate(const loss_scaler_options& options, const std::string& wher
               " and max_scale " + format_float(options.max_scale));
 }
 
+// Options fixed when the state is made (the first one shapes the memory layout).
+struct adam_options {
+  std::int64_t min_quantized_size = default_min_quantized_size;  // smaller tensors keep fp32 moments in a quantized state
+  float max_grad_norm = 0.0f;              // global-norm clipping over all tensors of the step; 0 disables
+  loss_scaler_options loss_scaling{};      // dynamic loss scaling for fp16 gradients
+  bool stochastic_rounding = true;         // bf16 parameters without a master copy: round stochastically
+  std::uint64_t seed = 0;                  // of the stochastic rounding; same seed, same bits
+  int host_threads = 1;                    // threads of the host and CPU-offload steps, 0 = all hardware
+                                           // threads; the results do not depend on it
+};
+
+// What the last step did, read back from the control block.
+struct adam_step_report {
+  bool applied = false;
+  std::int64_t step = 0;            // steps applied so far
+  std::int64_t skipped_steps = 0;
+  double grad_norm = 0.0;           // global L2 norm of the unscaled gradients (Inf/NaN when not finite)
+  float loss_scale = 1.0f;          // the scale to multiply the next loss by
+  std::int64_t first_nonfinite_tensor = -1;
+
+  std::string to_string() const {
+    if (applied)
+      return "adam step " + std::to_string(step) + " applied (gradient norm " + std::to_string(grad_norm) +
+             ", loss scale " + std::to_string(loss_scale) + ")";
+    if (first_nonfinite_tensor >= 0)
+      return "adam step skipped: tensor " + std::to_string(first_nonfinite_tensor) +
+             " has a non-finite gradient; parameters and optimizer state are unchanged (" +
+             std::to_string(skipped_steps) + " steps skipped so far, loss scale now " + std::to_string(loss_scale) + ")";
+    if (skipped_steps > 0)
+      return "adam step skipped: the gradient norm " + std::to_string(grad_norm) +
+             " is too large for fp32 moments (g*g would overflow); parameters and optimizer state are unchanged (" +
+             std::to_string(skipped_steps) + " steps skipped so far, loss scale now " + std::to_string(loss_scale) + ")";
+    return "no adam step has been taken yet";
+  }
+};
+
 namespace detail {
 
 // base^exponent by repeated squaring in double: exact operation order, so host and device agree.
