@@ -671,7 +671,7 @@ void run_stage(const E& exec, int stage, Model& model, Stack& stack, const examp
                const resources& r, const options& o, std::int64_t steps, float peak_lr, StepOptimizer&& step_optimizer,
                ZeroGrad&& zero_grad, std::vector<example::step_record>& records, stage_result& result) {
   memkit::activation_store store(r.activations);
-  memkit::gradient_accumulation accumulation;
+  memkit::optim::gradient_accumulation accumulation;
   const std::int64_t tokens_per_step = o.batch * o.seq * o.accum;
   std::vector<double> losses;
   const auto start = std::chrono::steady_clock::now();
@@ -785,7 +785,7 @@ stage_result pretrain(const E& exec, const options& o, memory_meter& meter, std:
   for (std::int64_t i = 0; i < o.model.layers; ++i)
     for (const llama::projection& p : llama::projections_of(o.model, i))
       predicted.peak[memory_category::weights] += llama::parameter::value_bytes(shape{p.out, p.in});
-  memkit::adam_options adam_options;
+  memkit::optim::adam_options adam_options;
   adam_options.max_grad_norm = o.max_grad_norm;
   adam_options.host_threads = o.threads;
   adam_options.seed = o.seed;
@@ -808,10 +808,10 @@ stage_result pretrain(const E& exec, const options& o, memory_meter& meter, std:
   std::vector<llama::parameter*> params = model.shared_parameters();
   for (auto* l : model.linears()) params.push_back(&l->weight);
   AdamState adam(exec, *r.model.optimizer, sizes, adam_options);
-  std::vector<memkit::adam_param<memkit::bf16, float>> adam_params;
+  std::vector<memkit::optim::adam_param<memkit::bf16, float>> adam_params;
   for (llama::parameter* p : params)
     adam_params.push_back({p->value.view(), std::as_const(p->grad).view(), p->master_view(), p->value.shape().rank == 2 ? 0 : 1});
-  std::vector<memkit::adam_group> groups{{.lr = o.pretrain_lr, .beta2 = 0.99f, .weight_decay = 0.1f},
+  std::vector<memkit::optim::adam_group> groups{{.lr = o.pretrain_lr, .beta2 = 0.99f, .weight_decay = 0.1f},
                                          {.lr = o.pretrain_lr, .beta2 = 0.99f, .weight_decay = 0.0f}};
 
   auto stack = make_stack(model, o.checkpointing);
@@ -1011,21 +1011,21 @@ finetune_outcome finetune(const E& exec, const options& o, memory_meter& meter, 
                                lora_linear_impl::base_type::quantize_workspace_bytes(shape{p.out, p.in}, nf4_options));
     }
   predicted.peak[memory_category::weights] += finetune_model::shared_weight_bytes(o.model);
-  memkit::adam_options adam_options;
+  memkit::optim::adam_options adam_options;
   adam_options.max_grad_norm = o.max_grad_norm;
   adam_options.host_threads = o.threads;
   adam_options.seed = o.seed;  // stochastic rounding of bf16 adapters
-  predicted.peak[memory_category::optimizer_state] = memkit::adam_state<std::int8_t, 256>::bytes_required(sizes, adam_options);
+  predicted.peak[memory_category::optimizer_state] = memkit::optim::adam_state<std::int8_t, 256>::bytes_required(sizes, adam_options);
   predicted.peak[memory_category::other] = step_buffers::other_bytes(o.batch, o.seq);
 
   std::unique_ptr<finetune_model> model = load_finetune_model(exec, o, r, o.out_dir + "/pretrained.safetensors", false);
-  memkit::adam_state<std::int8_t, 256> adam(exec, *r.model.optimizer, sizes, adam_options);
-  std::vector<memkit::adam_param<adapter_t, float>> adam_params;
+  memkit::optim::adam_state<std::int8_t, 256> adam(exec, *r.model.optimizer, sizes, adam_options);
+  std::vector<memkit::optim::adam_param<adapter_t, float>> adam_params;
   for (lora_linear_impl* l : model->linears()) {
     adam_params.push_back({l->lora_A(), l->grad_A()});
     adam_params.push_back({l->lora_B(), l->grad_B()});
   }
-  std::vector<memkit::adam_group> groups{{.lr = o.finetune_lr, .beta2 = 0.99f, .weight_decay = 0.0f}};
+  std::vector<memkit::optim::adam_group> groups{{.lr = o.finetune_lr, .beta2 = 0.99f, .weight_decay = 0.0f}};
   auto stack = make_stack(*model, o.checkpointing);
   step_buffers buffers(r, o.batch, o.seq, o.model.hidden, false);
   predicted.peak[memory_category::activations] = activation_peak(*model, stack, o, false);
@@ -1184,11 +1184,11 @@ finetune_outcome finetune_checkpoint(const E& exec, const options& o, memory_met
       }
     }
   predicted.peak[memory_category::weights] += model_type::shared_weight_bytes(o.model);
-  memkit::adam_options adam_options;
+  memkit::optim::adam_options adam_options;
   adam_options.max_grad_norm = o.max_grad_norm;
   adam_options.host_threads = o.threads;
   adam_options.seed = o.seed;
-  predicted.peak[memory_category::optimizer_state] = memkit::adam_state<std::int8_t, 256>::bytes_required(sizes, adam_options);
+  predicted.peak[memory_category::optimizer_state] = memkit::optim::adam_state<std::int8_t, 256>::bytes_required(sizes, adam_options);
   predicted.peak[memory_category::other] = step_buffers::other_bytes(o.batch, o.seq);
 
   llama::lora_load_options load;
@@ -1213,14 +1213,14 @@ finetune_outcome finetune_checkpoint(const E& exec, const options& o, memory_met
               o.lora_alpha, o.targets.size() == 7 ? "all 7 projections" : ("the " + std::to_string(o.targets.size()) + " projections of --targets").c_str(), memkit::format_bytes(meter.tracker.current_bytes()).c_str(),
               memkit::format_bytes(meter.tracker.peak_bytes()).c_str());
 
-  memkit::adam_state<std::int8_t, 256> adam(exec, *r.model.optimizer, sizes, adam_options);
-  std::vector<memkit::adam_param<adapter_t, float>> adam_params;
+  memkit::optim::adam_state<std::int8_t, 256> adam(exec, *r.model.optimizer, sizes, adam_options);
+  std::vector<memkit::optim::adam_param<adapter_t, float>> adam_params;
   for (Projection* l : model->linears())
     if (l->adapted()) {
       adam_params.push_back({l->lora_A(), l->grad_A()});
       adam_params.push_back({l->lora_B(), l->grad_B()});
     }
-  std::vector<memkit::adam_group> groups{{.lr = o.finetune_lr, .beta2 = 0.99f, .weight_decay = 0.0f}};
+  std::vector<memkit::optim::adam_group> groups{{.lr = o.finetune_lr, .beta2 = 0.99f, .weight_decay = 0.0f}};
   step_buffers buffers(r, o.batch, o.seq, o.model.hidden, false);
   train_checkpoint_stage(
       exec, o, "fine-tuning", *model, data, buffers, r, meter, predicted, largest_staging, true,
@@ -1290,11 +1290,11 @@ finetune_outcome finetune_full_checkpoint(const E& exec, const options& o, memor
                                                                    : llama::reading_staging_bytes<act_t>(s.numel(), llama::parameter::master_bytes(s, mode) > 0));
   }
   predicted.peak[memory_category::weights] += llama::rotary<act_t>::table_bytes(o.model.head_dim, o.model.max_positions);
-  memkit::adam_options adam_options;
+  memkit::optim::adam_options adam_options;
   adam_options.max_grad_norm = o.max_grad_norm;
   adam_options.host_threads = o.threads;
   adam_options.seed = o.seed;
-  using adam_type = memkit::adam_state<std::int8_t, 256>;
+  using adam_type = memkit::optim::adam_state<std::int8_t, 256>;
   predicted.peak[memory_category::optimizer_state] += adam_type::bytes_required(sizes, adam_options);
   predicted.peak[memory_category::other] = step_buffers::other_bytes(o.batch, o.seq);
 
@@ -1322,10 +1322,10 @@ finetune_outcome finetune_full_checkpoint(const E& exec, const options& o, memor
   }
   memkit::require(params.size() == tensors.size(), "train_llama: the model's parameters are not the checkpoint's tensors");
   adam_type adam(exec, *r.model.optimizer, sizes, adam_options);
-  std::vector<memkit::adam_param<memkit::bf16, float>> adam_params;
+  std::vector<memkit::optim::adam_param<memkit::bf16, float>> adam_params;
   for (llama::parameter* p : params)
     adam_params.push_back({p->value.view(), std::as_const(p->grad).view(), p->master_view(), p->value.shape().rank == 2 ? 0 : 1});
-  std::vector<memkit::adam_group> groups{{.lr = o.finetune_lr, .beta2 = 0.99f, .weight_decay = 0.0f},
+  std::vector<memkit::optim::adam_group> groups{{.lr = o.finetune_lr, .beta2 = 0.99f, .weight_decay = 0.0f},
                                          {.lr = o.finetune_lr, .beta2 = 0.99f, .weight_decay = 0.0f}};
   step_buffers buffers(r, o.batch, o.seq, o.model.hidden, true);
   train_checkpoint_stage(
@@ -1532,8 +1532,8 @@ int run(const E& exec, const options& o, memkit::memory_resource& upstream, cons
 
   memory_meter meter(upstream);
   std::vector<example::step_record> records;
-  const stage_result s1 = o.adam32 ? pretrain<memkit::adam_state<float>>(exec, o, meter, records)
-                                   : pretrain<memkit::adam_state<std::int8_t, 256>>(exec, o, meter, records);
+  const stage_result s1 = o.adam32 ? pretrain<memkit::optim::adam_state<float>>(exec, o, meter, records)
+                                   : pretrain<memkit::optim::adam_state<std::int8_t, 256>>(exec, o, meter, records);
   const finetune_outcome s2 = finetune(exec, o, meter, records);
 
   std::printf("\nsample after stage 2 (temperature 0.8):\n----\n%s\n----\n", s2.sample.c_str());

@@ -133,13 +133,13 @@ std::vector<float> train(const E& exec, setup& s, int steps, std::vector<std::ve
   std::vector<llama::parameter*> params = s.parameters();
   std::vector<std::int64_t> sizes;
   for (llama::parameter* p : params) sizes.push_back(p->size());
-  memkit::adam_options adam_options;
+  memkit::optim::adam_options adam_options;
   adam_options.max_grad_norm = 1.0f;
   adam_options.seed = 3;
-  memkit::adam_state<std::int8_t, 256> adam(exec, *s.memory.optimizer, sizes, adam_options);
-  std::vector<memkit::adam_param<bf16, float>> adam_params;
+  memkit::optim::adam_state<std::int8_t, 256> adam(exec, *s.memory.optimizer, sizes, adam_options);
+  std::vector<memkit::optim::adam_param<bf16, float>> adam_params;
   for (llama::parameter* p : params) adam_params.push_back({p->value.view(), std::as_const(p->grad).view(), p->master_view(), 0});
-  const std::vector<memkit::adam_group> groups{{.lr = 3e-3f, .beta2 = 0.99f, .weight_decay = 0.0f}};
+  const std::vector<memkit::optim::adam_group> groups{{.lr = 3e-3f, .beta2 = 0.99f, .weight_decay = 0.0f}};
   auto stack = memkit::checkpoint_segment(memkit::layers(s.model.blocks, s.model.final_norm),
                                           {.schedule = memkit::checkpoint_schedule::every_layer()});
   memkit::activation_store store(acts);

@@ -282,15 +282,15 @@ TEST_CASE("models: an adapter memkit trains, loaded by PEFT, gives memkit's logi
   options.lora.init_seed = 2026;
   auto model = llama::load_lora_causal_lm<float, float>(memkit::host, ckpt, m.memory, options);
   std::vector<std::int64_t> sizes;
-  std::vector<memkit::adam_param<float, float>> params;
+  std::vector<memkit::optim::adam_param<float, float>> params;
   for (llama::lora_projection<float, float>* l : model->linears()) {
     sizes.push_back(l->lora_A().size());
     sizes.push_back(l->lora_B().size());
     params.push_back({l->lora_A(), l->grad_A()});
     params.push_back({l->lora_B(), l->grad_B()});
   }
-  memkit::adam_state<float> adam(memkit::host, m.tracker.category(memkit::memory_category::optimizer_state), sizes);
-  const std::vector<memkit::adam_group> groups{{.lr = 1e-2f, .weight_decay = 0.0f}};
+  memkit::optim::adam_state<float> adam(memkit::host, m.tracker.category(memkit::memory_category::optimizer_state), sizes);
+  const std::vector<memkit::optim::adam_group> groups{{.lr = 1e-2f, .weight_decay = 0.0f}};
   std::vector<float> losses;
   for (int step = 0; step < 3; ++step) {
     for (llama::lora_projection<float, float>* l : model->linears()) l->zero_grad();

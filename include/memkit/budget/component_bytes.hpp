@@ -51,27 +51,27 @@ constexpr std::uint64_t int8_bytes(std::uint64_t elements, std::uint64_t block_s
 
 // Adam's two moments for one tensor of `elements`, as adam_state allocates them.
 constexpr std::uint64_t adam_fp32_state_bytes(std::uint64_t elements) noexcept {
-  return adam_layout<float>::tensor_bytes(static_cast<std::int64_t>(elements));
+  return optim::adam_layout<float>::tensor_bytes(static_cast<std::int64_t>(elements));
 }
 constexpr std::uint64_t adam_bf16_state_bytes(std::uint64_t elements) noexcept {
-  return adam_layout<bf16>::tensor_bytes(static_cast<std::int64_t>(elements));
+  return optim::adam_layout<bf16>::tensor_bytes(static_cast<std::int64_t>(elements));
 }
 // Blockwise 8-bit (bitsandbytes' current block 256).
 constexpr std::uint64_t adam_8bit_state_bytes(std::uint64_t elements) noexcept {
-  return adam_layout<std::int8_t, 256>::tensor_bytes(static_cast<std::int64_t>(elements));
+  return optim::adam_layout<std::int8_t, 256>::tensor_bytes(static_cast<std::int64_t>(elements));
 }
 // Blockwise 4-bit (torchao AdamW4bit, block 128).
 constexpr std::uint64_t adam_4bit_state_bytes(std::uint64_t elements) noexcept {
-  return adam_layout<four_bit, 128>::tensor_bytes(static_cast<std::int64_t>(elements));
+  return optim::adam_layout<optim::four_bit, 128>::tensor_bytes(static_cast<std::int64_t>(elements));
 }
 
 // adam_state's fixed part, once per state: its control block and the gradient-norm scratch, which has
 // adam_reduction_chunks(n) entries per tensor of n elements.
 constexpr std::uint64_t adam_reduction_chunks(std::uint64_t elements) noexcept {
-  return static_cast<std::uint64_t>(memkit::detail::reduction_chunks(static_cast<std::int64_t>(elements)));
+  return static_cast<std::uint64_t>(optim::detail::reduction_chunks(static_cast<std::int64_t>(elements)));
 }
 constexpr std::uint64_t adam_overhead_bytes(std::uint64_t total_reduction_chunks) noexcept {
-  return adam_layout<float>::overhead_bytes(static_cast<std::int64_t>(total_reduction_chunks));
+  return optim::adam_layout<float>::overhead_bytes(static_cast<std::int64_t>(total_reduction_chunks));
 }
 
 // ZeRO stages 1/2: the most any of `ranks` ranks allocates for a distributed::sharded_adam_state over tensors of
@@ -80,7 +80,7 @@ constexpr std::uint64_t adam_overhead_bytes(std::uint64_t total_reduction_chunks
 template <class State, int Block>
 constexpr std::uint64_t sharded_adam_state_bytes(std::span<const std::int64_t> sizes, std::uint64_t ranks) {
   return distributed::sharded_adam_layout<State, Block>::max_bytes_per_rank(sizes, static_cast<int>(ranks),
-                                                                        default_min_quantized_size);
+                                                                        optim::default_min_quantized_size);
 }
 // The fp32 master shard a rank keeps next to it (sharded_adam_state's shard_size elements).
 constexpr std::uint64_t sharded_master_bytes(std::span<const std::int64_t> sizes, std::uint64_t ranks) {

@@ -32,14 +32,14 @@ struct shard_piece {
 };
 
 // The layout of a sharded_adam_state<State, Block>.
-template <class State, int Block = adam_moment_format<State>::default_block>
+template <class State, int Block = optim::adam_moment_format<State>::default_block>
 struct sharded_adam_layout {
  private:
-  using unsharded = adam_layout<State, Block>;
+  using unsharded = optim::adam_layout<State, Block>;
 
  public:
   // Pieces start on multiples of this many elements of their tensor (adam_state's norm chunk).
-  static constexpr std::int64_t granule = memkit::detail::reduction_chunk;
+  static constexpr std::int64_t granule = optim::detail::reduction_chunk;
   static_assert(granule % unsharded::divisor_block == 0, "sharded_adam_state: a granule must hold whole blocks");
   // A tensor of n elements in the flat buffers: padded to whole granules.
   static constexpr std::int64_t padded(std::int64_t n) noexcept { return (n + granule - 1) / granule * granule; }
@@ -65,7 +65,7 @@ struct sharded_adam_layout {
     const std::int64_t shard = shard_size(sizes, ranks);
     const std::int64_t low = static_cast<std::int64_t>(rank) * shard, high = low + shard;
     std::int64_t chunks = 0;
-    for (std::int64_t n : sizes) chunks += memkit::detail::reduction_chunks(n);
+    for (std::int64_t n : sizes) chunks += optim::detail::reduction_chunks(n);
     std::size_t offset = unsharded::overhead_bytes(chunks);
     std::int64_t flat = 0, first_chunk = 0;
     for (std::size_t i = 0; i < sizes.size(); ++i) {
@@ -85,7 +85,7 @@ struct sharded_adam_layout {
         visit(p);
       }
       flat += padded(n);
-      first_chunk += memkit::detail::reduction_chunks(n);
+      first_chunk += optim::detail::reduction_chunks(n);
     }
     return offset;
   }

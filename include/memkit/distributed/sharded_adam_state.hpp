@@ -70,10 +70,10 @@ struct sharded_step_options {
   float gradient_scale = 1.0f;           // multiplies every (summed) gradient, e.g. 1/ranks to average
 };
 
-template <class State, int Block = adam_state_traits<State>::default_block>
+template <class State, int Block = optim::adam_state_traits<State>::default_block>
 class sharded_adam_state : public sharded_adam_layout<State, Block> {
-  using traits = adam_state_traits<State>;
-  using unsharded = adam_state<State, Block>;
+  using traits = optim::adam_state_traits<State>;
+  using unsharded = optim::adam_state<State, Block>;
   using layout = sharded_adam_layout<State, Block>;
 
  public:
@@ -93,11 +93,11 @@ class sharded_adam_state : public sharded_adam_layout<State, Block> {
   using layout::bytes_required;
   using layout::max_bytes_per_rank;
   static constexpr std::size_t bytes_required(std::span<const std::int64_t> sizes, int rank, int ranks,
-                                              const adam_options& options = {}) {
+                                              const optim::adam_options& options = {}) {
     return layout::bytes_required(sizes, rank, ranks, options.min_quantized_size);
   }
   static constexpr std::size_t max_bytes_per_rank(std::span<const std::int64_t> sizes, int ranks,
-                                                  const adam_options& options = {}) {
+                                                  const optim::adam_options& options = {}) {
     return layout::max_bytes_per_rank(sizes, ranks, options.min_quantized_size);
   }
   using layout::flat_size;
@@ -116,9 +116,9 @@ class sharded_adam_state : public sharded_adam_layout<State, Block> {
   template <executor E, class C>
     requires communicator<C, E>
   sharded_adam_state(const E& exec, const C& comm, memory_resource& resource, std::span<const std::int64_t> sizes,
-                     adam_options options = {}, std::uint64_t run_id = 0)
+                     optim::adam_options options = {}, std::uint64_t run_id = 0)
       : rank_(comm.rank()), ranks_(comm.size()) {
-    memkit::detail::validate_adam_options(options, "sharded_adam_state");
+    optim::detail::validate_adam_options(options, "sharded_adam_state");
     require(ranks_ >= 1 && rank_ >= 0 && rank_ < ranks_, "sharded_adam_state: communicator reports rank " +
                                                              std::to_string(rank_) + " of " + std::to_string(ranks_));
     require(!sizes.empty(), "sharded_adam_state: no tensors");
@@ -129,13 +129,13 @@ class sharded_adam_state : public sharded_adam_layout<State, Block> {
     std::int64_t flat = 0, chunks = 0;
     for (std::int64_t n : sizes_) {
       flat_offsets_.push_back(flat);
-      memkit::detail::adam_tensor_layout t;  // only its chunk range: report() names a tensor by it
+      optim::detail::adam_tensor_layout t;  // only its chunk range: report() names a tensor by it
       t.size = n;
       t.first_chunk = chunks;
-      t.chunks = memkit::detail::reduction_chunks(n);
+      t.chunks = optim::detail::reduction_chunks(n);
       tensor_chunks_.push_back(t);
       flat += padded(n);
-      chunks += memkit::detail::reduction_chunks(n);
+      chunks += optim::detail::reduction_chunks(n);
     }
     flat_size_ = flat_size(sizes, ranks_);
     shard_size_ = flat_size_ / ranks_;
@@ -143,17 +143,17 @@ class sharded_adam_state : public sharded_adam_layout<State, Block> {
         plan(sizes, rank_, ranks_, options.min_quantized_size, [&](const shard_piece& p) { pieces_.push_back(p); });
     // To the state core, a piece is a tensor of its own (its chunks start at the piece's global first chunk).
     for (const shard_piece& p : pieces_) {
-      memkit::detail::adam_tensor_layout t;
+      optim::detail::adam_tensor_layout t;
       t.size = p.count();
       t.quantized = p.quantized;
       t.units = p.quantized ? (t.size + divisor_block - 1) / divisor_block
-                            : (t.size + memkit::detail::plain_unit - 1) / memkit::detail::plain_unit;
+                            : (t.size + optim::detail::plain_unit - 1) / optim::detail::plain_unit;
       t.m_offset = p.m_offset;
       t.v_offset = p.v_offset;
       t.m_scale_offset = p.m_scale_offset;
       t.v_scale_offset = p.v_scale_offset;
       t.first_chunk = p.first_chunk;
-      t.chunks = memkit::detail::reduction_chunks(t.size);
+      t.chunks = optim::detail::reduction_chunks(t.size);
       piece_layouts_.push_back(t);
     }
     core_ = core("sharded_adam_state", resource, bytes, chunks, options);
@@ -186,7 +186,7 @@ class sharded_adam_state : public sharded_adam_layout<State, Block> {
   std::size_t bytes() const noexcept { return core_.bytes(); }
   memory_kind where() const noexcept { return core_.where(); }
   tensor_view<const std::byte> arena_view() const noexcept { return core_.view(); }
-  const adam_options& options() const noexcept { return core_.options(); }
+  const optim::adam_options& options() const noexcept { return core_.options(); }
   // The run this state belongs to (never 0), saved in every rank image. load() refuses images of different
   // runs together, and images of another run than this state's once the state is bound to its run: its id
   // was given (constructor, set_run_id), or it has stepped or loaded. A fresh state with a drawn id takes
@@ -234,7 +234,7 @@ class sharded_adam_state : public sharded_adam_layout<State, Block> {
   template <executor E, class C, float_storage P, float_storage G>
     requires communicator<C, E>
   void step_full_gradients(const E& exec, const C& comm, tensor_view<P> params, tensor_view<G> grads,
-                           std::span<const adam_group> groups, const sharded_step_options& options = {},
+                           std::span<const optim::adam_group> groups, const sharded_step_options& options = {},
                            tensor_view<float> master = {}) {
     const char* op = "sharded_adam_state::step_full_gradients";
     validate_step(exec, comm, op, params, tensor_view<const G>(grads), flat_size_, groups, options, master);
@@ -246,7 +246,7 @@ class sharded_adam_state : public sharded_adam_layout<State, Block> {
   template <executor E, class C, float_storage P, float_storage G>
     requires communicator<C, E>
   void step_shard_gradients(const E& exec, const C& comm, tensor_view<P> params, tensor_view<const G> grad_shard,
-                            std::span<const adam_group> groups, const sharded_step_options& options = {},
+                            std::span<const optim::adam_group> groups, const sharded_step_options& options = {},
                             tensor_view<float> master = {}) {
     const char* op = "sharded_adam_state::step_shard_gradients";
     validate_step(exec, comm, op, params, grad_shard, shard_size_, groups, options, master);
@@ -268,11 +268,11 @@ class sharded_adam_state : public sharded_adam_layout<State, Block> {
 
   // On CUDA this waits for the executor's stream (a read-back for logging and tests).
   template <executor E>
-  adam_control control(const E& exec) const {
+  optim::adam_control control(const E& exec) const {
     return core_.control(exec);
   }
   template <executor E>
-  adam_step_report report(const E& exec) const {
+  optim::adam_step_report report(const E& exec) const {
     return core_.report(exec, tensor_chunks_);
   }
   // The dequantized moments of this rank's piece of `tensor` (elements [begin, end) of the piece;
@@ -315,7 +315,7 @@ class sharded_adam_state : public sharded_adam_layout<State, Block> {
     put(body, run_id_);
     put(body, static_cast<std::uint64_t>(sizes_.size()));
     for (std::int64_t n : sizes_) put(body, n);
-    body.append(reinterpret_cast<const char*>(image.data()), sizeof(adam_control));
+    body.append(reinterpret_cast<const char*>(image.data()), sizeof(optim::adam_control));
     put(body, static_cast<std::uint64_t>(pieces_.size()));
     for (const shard_piece& p : pieces_) {
       put(body, p.tensor);
@@ -343,7 +343,7 @@ class sharded_adam_state : public sharded_adam_layout<State, Block> {
     require(!images.empty(), op + ": no images");
     std::vector<std::byte> staging(core_.bytes(), std::byte{0});
     std::vector<char> seen;
-    adam_control first_control{};
+    optim::adam_control first_control{};
     std::uint64_t first_run = 0;
     for (std::size_t k = 0; k < images.size(); ++k) {
       require(images[k] != nullptr, op + ": image " + std::to_string(k) + " is null");
@@ -376,9 +376,9 @@ class sharded_adam_state : public sharded_adam_layout<State, Block> {
         require(in.template pod<std::uint64_t>() == sizes_.size(), where + ": tensor count differs");
         for (std::size_t i = 0; i < sizes_.size(); ++i)
           require(in.template pod<std::int64_t>() == sizes_[i], where + ": tensor " + std::to_string(i) + "'s size differs");
-        const auto control = in.template pod<adam_control>();
+        const auto control = in.template pod<optim::adam_control>();
         // The fields adam_state::load checks, with the same function (a forged image can carry a valid checksum).
-        validate_control(control, where + ": the control block has ", core_.total_chunks(), options().loss_scaling);
+        optim::validate_control(control, where + ": the control block has ", core_.total_chunks(), options().loss_scaling);
         if (k == 0) first_control = control;
         require(std::memcmp(&control, &first_control, sizeof control) == 0, where + ": holds a different step than image 0 (images from different saves)");
         // The pieces must be exactly those the layout gives that rank.
@@ -440,7 +440,7 @@ class sharded_adam_state : public sharded_adam_layout<State, Block> {
 
   template <executor E, class C, float_storage P, float_storage G>
   void step_on(const E& exec, const C& comm, tensor_view<P> params, const G* grads, std::int64_t grads_begin,
-               std::span<const adam_group> groups, const sharded_step_options& options, tensor_view<float> master) {
+               std::span<const optim::adam_group> groups, const sharded_step_options& options, tensor_view<float> master) {
     run_id_bound_ = true;  // this state now holds a step of its run
     if constexpr (!E::on_device) {
       host_step(exec, comm, params, grads, grads_begin, groups, options, master);
@@ -489,7 +489,7 @@ class sharded_adam_state : public sharded_adam_layout<State, Block> {
   // every rank takes the same decision; after the update, the parameters are all-gathered.
   template <executor E, class C, float_storage P, float_storage G>
   void host_step(const E& exec, const C& comm, tensor_view<P> params, const G* grads, std::int64_t grads_begin,
-                 std::span<const adam_group> groups, const sharded_step_options& options, tensor_view<float> master) {
+                 std::span<const optim::adam_group> groups, const sharded_step_options& options, tensor_view<float> master) {
     double* sums = core_.host_chunk_sums();
     std::fill(sums, sums + core_.total_chunks(), 0.0);
     for (std::size_t k = 0; k < pieces_.size(); ++k) core_.host_norm(piece_layouts_[k], grad_of(pieces_[k], grads, grads_begin));
@@ -512,11 +512,11 @@ class sharded_adam_state : public sharded_adam_layout<State, Block> {
   // unchanged on every rank, so the gather rewrites the same values).
   template <class C, float_storage P, float_storage G>
   void device_step(const cuda_executor& exec, const C& comm, tensor_view<P> params, const G* grads,
-                   std::int64_t grads_begin, std::span<const adam_group> groups, const sharded_step_options& options,
+                   std::int64_t grads_begin, std::span<const optim::adam_group> groups, const sharded_step_options& options,
                    tensor_view<float> master) {
     auto piece = [&](std::size_t k) {
       const shard_piece& p = pieces_[k];
-      return memkit::detail::adam_step_tensor{&piece_layouts_[k], param_of(p, params), grad_of(p, grads, grads_begin),
+      return optim::detail::adam_step_tensor{&piece_layouts_[k], param_of(p, params), grad_of(p, grads, grads_begin),
                                               master_of(p, master), p.tensor, p.begin, group_of(p, options)};
     };
     double* sums = core_.host_chunk_sums();
@@ -549,7 +549,7 @@ class sharded_adam_state : public sharded_adam_layout<State, Block> {
     return options.tensor_groups.empty() ? 0 : options.tensor_groups[static_cast<std::size_t>(p.tensor)];
   }
   // The state core's view of a piece (pieces_ and piece_layouts_ run in step).
-  const memkit::detail::adam_tensor_layout& layout_of(const shard_piece& p) const {
+  const optim::detail::adam_tensor_layout& layout_of(const shard_piece& p) const {
     return piece_layouts_[static_cast<std::size_t>(&p - pieces_.data())];
   }
 
@@ -563,8 +563,8 @@ class sharded_adam_state : public sharded_adam_layout<State, Block> {
         if constexpr (quantized) {
           const std::int64_t blocks = (p.count() + divisor_block - 1) / divisor_block;
           for (const std::size_t offset : {p.m_scale_offset, p.v_scale_offset})
-            validate_moments(
-                adam_moment_kind::block_scale, blocks,
+            optim::validate_moments(
+                optim::adam_moment_kind::block_scale, blocks,
                 [&](std::int64_t b) {
                   float a;
                   std::memcpy(&a, base + offset + static_cast<std::size_t>(b) * sizeof a, sizeof a);
@@ -576,9 +576,9 @@ class sharded_adam_state : public sharded_adam_layout<State, Block> {
         }
         continue;
       }
-      validate_moments(adam_moment_kind::first, p.count(), [&](std::int64_t i) { return core::load_moment(base, layout_of(p), i, true); },
+      optim::validate_moments(optim::adam_moment_kind::first, p.count(), [&](std::int64_t i) { return core::load_moment(base, layout_of(p), i, true); },
                        [&](std::int64_t i) { return which + ": m[" + std::to_string(i) + "]"; });
-      validate_moments(adam_moment_kind::second, p.count(), [&](std::int64_t i) { return core::load_moment(base, layout_of(p), i, false); },
+      optim::validate_moments(optim::adam_moment_kind::second, p.count(), [&](std::int64_t i) { return core::load_moment(base, layout_of(p), i, false); },
                        [&](std::int64_t i) { return which + ": v[" + std::to_string(i) + "]"; });
     }
   }
@@ -612,7 +612,7 @@ class sharded_adam_state : public sharded_adam_layout<State, Block> {
   }
   template <executor E, class C, float_storage P, float_storage G>
   void validate_step(const E& exec, const C& comm, const char* op, tensor_view<P> params, tensor_view<const G> grads,
-                     std::int64_t grads_size, std::span<const adam_group> groups, const sharded_step_options& options,
+                     std::int64_t grads_size, std::span<const optim::adam_group> groups, const sharded_step_options& options,
                      tensor_view<float> master) const {
     check_comm(op, comm);
     require_accessible(exec, arena_view(), op, "optimizer state");
@@ -779,15 +779,15 @@ class sharded_adam_state : public sharded_adam_layout<State, Block> {
     return hash;
   }
 
-  using core = memkit::detail::adam_core<State, Block>;
+  using core = optim::detail::adam_core<State, Block>;
   int rank_ = 0, ranks_ = 1;
   std::uint64_t run_id_ = 0;
   bool run_id_bound_ = false;
   std::vector<std::int64_t> sizes_, flat_offsets_;
-  std::vector<memkit::detail::adam_tensor_layout> tensor_chunks_;  // whole tensors' chunk ranges
+  std::vector<optim::detail::adam_tensor_layout> tensor_chunks_;  // whole tensors' chunk ranges
   std::int64_t flat_size_ = 0, shard_size_ = 0;
   std::vector<shard_piece> pieces_;
-  std::vector<memkit::detail::adam_tensor_layout> piece_layouts_;  // pieces_ as the state core sees them
+  std::vector<optim::detail::adam_tensor_layout> piece_layouts_;  // pieces_ as the state core sees them
   core core_;
 };
 

@@ -17,6 +17,13 @@
 #include "memkit/core/float16.hpp"
 
 MEMKIT_NAMESPACE_BEGIN
+namespace detail {}
+namespace optim {
+// The optimizer's helpers live in optim::detail; memkit's own (bit_cast, mix64, with_device, ...) are found
+// through it too, so `detail::x` names either inside optim.
+namespace detail {
+using namespace memkit::detail;
+}  // namespace detail
 
 // The flavour tag of 4-bit moments (adam_state<four_bit, 128>, torchao's AdamW4bit).
 struct four_bit {};
@@ -197,4 +204,5 @@ struct adam_layout {
   }
 };
 
+}  // namespace optim
 MEMKIT_NAMESPACE_END

@@ -19,6 +19,7 @@
 #include "memkit/optim/adam_bytes.hpp"
 
 MEMKIT_NAMESPACE_BEGIN
+namespace optim {
 
 // Hyperparameters of one parameter group, with PyTorch's AdamW defaults.
 struct adam_group {
@@ -130,7 +131,7 @@ MEMKIT_HOST_DEVICE constexpr bf16 bf16_stochastic_round(float value, std::uint32
 
 
 // The one set of checks for anything that enters an Adam state from outside: adam_state::load and
-// assign, the bitsandbytes import (bnb::load_adam_state) and sharded_adam_state::load all call these
+// assign, the bitsandbytes import (optim::load_bnb_adam_state) and sharded_adam_state::load all call these
 // functions, and no other copy of the rules exists. Each throws memkit::error naming the field and its value.
 
 // No run takes 2^62 steps; the bound leaves room to keep counting without overflow (the next step adds one).
@@ -370,4 +371,5 @@ class dynamic_loss_scaler {
   std::int32_t good_steps_ = 0;
 };
 
+}  // namespace optim
 MEMKIT_NAMESPACE_END

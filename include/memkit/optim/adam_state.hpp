@@ -55,6 +55,7 @@
 #include "memkit/optim/state_codecs.hpp"
 
 MEMKIT_NAMESPACE_BEGIN
+namespace optim {
 
 
 // One tensor's optimizer state as adam_state stores it, read-only: views into the state's own memory (of
@@ -779,5 +780,6 @@ class adam_state : public adam_layout<State, Block> {
   core core_;
 };
 
+}  // namespace optim
 MEMKIT_NAMESPACE_END
 

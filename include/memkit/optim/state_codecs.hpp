@@ -30,6 +30,7 @@
 #endif
 
 MEMKIT_NAMESPACE_BEGIN
+namespace optim {
 
 namespace detail {
 
@@ -698,4 +699,5 @@ inline void table16_codes(const float* table, const float* values, float inverse
 
 }  // namespace detail
 
+}  // namespace optim
 MEMKIT_NAMESPACE_END

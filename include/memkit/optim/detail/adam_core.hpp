@@ -27,6 +27,7 @@
 #include "memkit/optim/state_codecs.hpp"
 
 MEMKIT_NAMESPACE_BEGIN
+namespace optim {
 namespace detail {
 
 // The checks every Adam state makes of its options (`op` names the state in the message).
@@ -501,4 +502,5 @@ class adam_core {
 };
 
 }  // namespace detail
+}  // namespace optim
 MEMKIT_NAMESPACE_END

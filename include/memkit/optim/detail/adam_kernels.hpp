@@ -17,6 +17,7 @@
 #include "memkit/optim/state_codecs.hpp"
 
 MEMKIT_NAMESPACE_BEGIN
+namespace optim {
 namespace detail {
 
 // Most tensors one kernel launch carries in its argument block.
@@ -510,4 +511,5 @@ __global__ void __launch_bounds__(Threads, 2) adam_update_kernel(update_launch<S
 
 }  // namespace detail
 
+}  // namespace optim
 MEMKIT_NAMESPACE_END
