@@ -39,13 +39,13 @@ void BM_adam_step_cuda(benchmark::State& state) {
     MEMKIT_CUDA_CHECK(cudaMemcpy(g.data(), inputs.grads.data(), g.bytes(), cudaMemcpyDefault));
   }
   S adam(gpu, device, sizes);
-  std::vector<memkit::adam_param<float, float>> params;
+  std::vector<memkit::optim::adam_param<float, float>> params;
   std::int64_t offset = 0;
   for (std::int64_t n : sizes) {
     params.push_back({p.view().flat_slice(offset, n), memkit::tensor_view<const float>(g.view()).flat_slice(offset, n)});
     offset += n;
   }
-  const std::vector<memkit::adam_group> groups{memkit::adam_group{}};
+  const std::vector<memkit::optim::adam_group> groups{memkit::optim::adam_group{}};
   // Steps per timed iteration (the argument): 1 times one step from an idle device, so the host's work before
   // the first kernel (argument checks, launch set-up) counts; 4 enqueues steps back to back, as a training
   // loop does, so that work overlaps the previous step's kernels and the figure is the device's.

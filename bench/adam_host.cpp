@@ -27,11 +27,11 @@ template <class S>
 void BM_adam_step_host(benchmark::State& state) {
   const std::int64_t n = state.range(0);
   auto [p, g] = memkit_bench::make_adam_inputs(n);
-  memkit::adam_options options;
+  memkit::optim::adam_options options;
   options.host_threads = static_cast<int>(state.range(1));
   S adam(memkit::host, memkit::default_host_resource(), std::vector<std::int64_t>{n}, options);
-  const std::vector<memkit::adam_param<float, float>> params{{memkit::host_view(p), memkit::host_view(g)}};
-  const std::vector<memkit::adam_group> groups{memkit::adam_group{}};
+  const std::vector<memkit::optim::adam_param<float, float>> params{{memkit::host_view(p), memkit::host_view(g)}};
+  const std::vector<memkit::optim::adam_group> groups{memkit::optim::adam_group{}};
   adam.step(memkit::host, params, groups);  // warm-up: first touch of the state
   const double bytes = static_cast<double>(n) * memkit_bench::adam_step_bytes_per_parameter<S>();
   const memkit_bench::roofline_timer timer(memkit_bench::measured_host_bandwidth());
@@ -79,27 +79,27 @@ void run_part(benchmark::State& state, part_data& d, Body body) {
 
 void BM_adam_part_update(benchmark::State& state) {
   part_data d;
-  memkit::adam_control control;
+  memkit::optim::adam_control control;
   control.step = 10;
-  const memkit::adam_coefficients c = memkit::make_coefficients(memkit::adam_group{}, control);
+  const memkit::optim::adam_coefficients c = memkit::optim::make_coefficients(memkit::optim::adam_group{}, control);
   run_part(state, d, [&](std::int64_t b, std::int64_t count) {
-    memkit::detail::adamw_update_array(d.p.data() + b, d.m.data() + b, d.v.data() + b, d.g.data() + b, count, c);
+    memkit::optim::detail::adamw_update_array(d.p.data() + b, d.m.data() + b, d.v.data() + b, d.g.data() + b, count, c);
   });
 }
 void BM_adam_part_decode_int8(benchmark::State& state) {
   part_data d;
-  const auto& maps = memkit::detail::int8_maps;
+  const auto& maps = memkit::optim::detail::int8_maps;
   float m[256], v[256];
   run_part(state, d, [&](std::int64_t b, std::int64_t count) {
-    memkit::detail::dequantize_codes<8>(maps.m.data(), d.m_codes.data(), b, count, 0.5f, m);
-    memkit::detail::dequantize_codes<8>(maps.v.data(), d.v_codes.data(), b, count, 0.5f, v);
+    memkit::optim::detail::dequantize_codes<8>(maps.m.data(), d.m_codes.data(), b, count, 0.5f, m);
+    memkit::optim::detail::dequantize_codes<8>(maps.v.data(), d.v_codes.data(), b, count, 0.5f, v);
     benchmark::DoNotOptimize(m);
     benchmark::DoNotOptimize(v);
   });
 }
 void BM_adam_part_encode_int8(benchmark::State& state) {
   part_data d;
-  const auto coder = memkit::adam_state_traits<std::int8_t>::make_host_coder();
+  const auto coder = memkit::optim::adam_state_traits<std::int8_t>::make_host_coder();
   run_part(state, d, [&](std::int64_t b, std::int64_t count) {
     memkit::detail::dynamic_codes_indexed(*coder.m_index, d.m.data() + b, 1.0f, count, d.m_codes.data() + b);
     memkit::detail::dynamic_codes_indexed(*coder.v_index, d.v.data() + b, 1.0f, count, d.v_codes.data() + b);
@@ -107,21 +107,21 @@ void BM_adam_part_encode_int8(benchmark::State& state) {
 }
 void BM_adam_part_decode_4bit(benchmark::State& state) {
   part_data d;
-  const auto& maps = memkit::detail::int4_maps;
+  const auto& maps = memkit::optim::detail::int4_maps;
   float m[256], v[256];
   run_part(state, d, [&](std::int64_t b, std::int64_t count) {
-    memkit::detail::dequantize_codes<4>(maps.m.data(), d.m_codes.data(), b, count, 0.5f, m);
-    memkit::detail::dequantize_codes<4>(maps.v.data(), d.v_codes.data(), b, count, 0.5f, v);
+    memkit::optim::detail::dequantize_codes<4>(maps.m.data(), d.m_codes.data(), b, count, 0.5f, m);
+    memkit::optim::detail::dequantize_codes<4>(maps.v.data(), d.v_codes.data(), b, count, 0.5f, v);
     benchmark::DoNotOptimize(m);
     benchmark::DoNotOptimize(v);
   });
 }
 void BM_adam_part_encode_4bit(benchmark::State& state) {
   part_data d;
-  const auto& maps = memkit::detail::int4_maps;
+  const auto& maps = memkit::optim::detail::int4_maps;
   run_part(state, d, [&](std::int64_t b, std::int64_t count) {
-    memkit::detail::table16_codes(maps.m.data(), d.m.data() + b, 1.0f, count, d.m_codes.data() + b / 2);
-    memkit::detail::table16_codes(maps.v.data(), d.v.data() + b, 1.0f, count, d.v_codes.data() + b / 2);
+    memkit::optim::detail::table16_codes(maps.m.data(), d.m.data() + b, 1.0f, count, d.m_codes.data() + b / 2);
+    memkit::optim::detail::table16_codes(maps.v.data(), d.v.data() + b, 1.0f, count, d.v_codes.data() + b / 2);
   });
 }
 
@@ -135,13 +135,13 @@ void BM_adam_ratio_to_fp32(benchmark::State& state) {
   const std::int64_t n = state.range(0);
   auto [p, g] = memkit_bench::make_adam_inputs(n);
   auto p32 = p;
-  memkit::adam_options options;
+  memkit::optim::adam_options options;
   options.host_threads = static_cast<int>(state.range(1));
   S adam(memkit::host, memkit::default_host_resource(), std::vector<std::int64_t>{n}, options);
   fp32_state reference(memkit::host, memkit::default_host_resource(), std::vector<std::int64_t>{n}, options);
-  const std::vector<memkit::adam_param<float, float>> params{{memkit::host_view(p), memkit::host_view(g)}};
-  const std::vector<memkit::adam_param<float, float>> params32{{memkit::host_view(p32), memkit::host_view(g)}};
-  const std::vector<memkit::adam_group> groups{memkit::adam_group{}};
+  const std::vector<memkit::optim::adam_param<float, float>> params{{memkit::host_view(p), memkit::host_view(g)}};
+  const std::vector<memkit::optim::adam_param<float, float>> params32{{memkit::host_view(p32), memkit::host_view(g)}};
+  const std::vector<memkit::optim::adam_group> groups{memkit::optim::adam_group{}};
   adam.step(memkit::host, params, groups);
   reference.step(memkit::host, params32, groups);
   const memkit_bench::interleaved_seconds t = memkit_bench::time_interleaved(
@@ -161,12 +161,12 @@ void BM_adam_fp32_sizes(benchmark::State& state) {
   memkit_bench::adam_inputs inputs = memkit_bench::make_adam_inputs(n);  // no structured binding: the lambdas use g
   std::vector<float>& p = inputs.params;
   std::vector<float>& g = inputs.grads;
-  memkit::adam_options options;
+  memkit::optim::adam_options options;
   options.host_threads = static_cast<int>(state.range(1));
   memkit_bench::adam_flavours::fp32_state adam(memkit::host, memkit::default_host_resource(), std::vector<std::int64_t>{n},
                                                options);
-  const std::vector<memkit::adam_param<float, float>> params{{memkit::host_view(p), memkit::host_view(g)}};
-  const std::vector<memkit::adam_group> groups{memkit::adam_group{}};
+  const std::vector<memkit::optim::adam_param<float, float>> params{{memkit::host_view(p), memkit::host_view(g)}};
+  const std::vector<memkit::optim::adam_group> groups{memkit::optim::adam_group{}};
   adam.step(memkit::host, params, groups);
   const float last = g.back();
   const memkit_bench::interleaved_seconds t = memkit_bench::time_interleaved(

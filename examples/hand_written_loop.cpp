@@ -21,9 +21,9 @@ int main() {
   ml::parameter_registry<float> params({{.name = "decay", .weight_decay = 0.01f}, {.name = "no_decay", .weight_decay = 0.0f}},
                                        [](const std::string&, const shape& s) { return s.rank == 2 ? 0 : 1; });
   layer.register_parameters(params);
-  memkit::adam_state<float> adam(memkit::host, memkit::default_host_resource(), params.sizes());
+  memkit::optim::adam_state<float> adam(memkit::host, memkit::default_host_resource(), params.sizes());
   const auto adam_params = params.adam_params();
-  const memkit::adam_group adam_base{};  // betas and eps; lr and weight decay come from the schedule and the groups
+  const memkit::optim::adam_group adam_base{};  // betas and eps; lr and weight decay come from the schedule and the groups
   const ml::cosine_schedule lr{.peak = 3e-2f, .warmup_steps = 30, .total_steps = steps, .final_fraction = 0.1f};
 
   // The data: one batch of inputs and the targets of a fixed linear map.

@@ -673,7 +673,7 @@ void run_stage(const E& exec, int stage, Model& model, Stack& stack, const examp
                const resources& r, const options& o, std::int64_t steps, float peak_lr, StepOptimizer&& step_optimizer,
                ZeroGrad&& zero_grad, std::vector<example::step_record>& records, stage_result& result) {
   memkit::activation_store store(r.activations);
-  memkit::gradient_accumulation accumulation;
+  memkit::optim::gradient_accumulation accumulation;
   const std::int64_t tokens_per_step = o.batch * o.seq * o.accum;
   std::vector<double> losses;
   const auto start = std::chrono::steady_clock::now();
@@ -789,7 +789,7 @@ stage_result pretrain(const E& exec, const options& o, memory_meter& meter, std:
   for (std::int64_t i = 0; i < o.model.layers; ++i)
     for (const llama::projection& p : llama::projections_of(o.model, i))
       predicted.peak[memory_category::weights] += memkit::layers::parameter::value_bytes(shape{p.out, p.in});
-  memkit::adam_options adam_options;
+  memkit::optim::adam_options adam_options;
   adam_options.max_grad_norm = o.max_grad_norm;
   adam_options.host_threads = o.threads;
   adam_options.seed = o.seed;
@@ -815,7 +815,7 @@ stage_result pretrain(const E& exec, const options& o, memory_meter& meter, std:
   memkit::require(params.sizes() == sizes, "train_llama: the model's parameters are not the predicted ones");
   AdamState adam(exec, *r.model.optimizer, params.sizes(), adam_options);
   const auto adam_params = params.adam_params();
-  const memkit::adam_group adam_base{.beta2 = 0.99f};
+  const memkit::optim::adam_group adam_base{.beta2 = 0.99f};
 
   auto stack = make_stack(model, o.checkpointing);
   step_buffers buffers(r, o.batch, o.seq, o.model.hidden, true);
@@ -1010,11 +1010,11 @@ finetune_outcome finetune(const E& exec, const options& o, memory_meter& meter, 
                                    lora_linear_impl::base_type::quant_format, shape{p.out, p.in}, nf4_options}));
     }
   predicted.peak[memory_category::weights] += finetune_model::shared_weight_bytes(o.model);
-  memkit::adam_options adam_options;
+  memkit::optim::adam_options adam_options;
   adam_options.max_grad_norm = o.max_grad_norm;
   adam_options.host_threads = o.threads;
   adam_options.seed = o.seed;  // stochastic rounding of bf16 adapters
-  predicted.peak[memory_category::optimizer_state] = memkit::adam_state<std::int8_t, 256>::bytes_required(sizes, adam_options);
+  predicted.peak[memory_category::optimizer_state] = memkit::optim::adam_state<std::int8_t, 256>::bytes_required(sizes, adam_options);
   predicted.peak[memory_category::other] = step_buffers::other_bytes(o.batch, o.seq);
 
   std::unique_ptr<finetune_model> model = load_finetune_model(exec, o, r, o.out_dir + "/pretrained.safetensors", false);
@@ -1022,9 +1022,9 @@ finetune_outcome finetune(const E& exec, const options& o, memory_meter& meter, 
   memkit::layers::parameter_registry<adapter_t> params;
   model->register_parameters(params);
   memkit::require(params.sizes() == sizes, "train_llama: the model's adapters are not the predicted ones");
-  memkit::adam_state<std::int8_t, 256> adam(exec, *r.model.optimizer, params.sizes(), adam_options);
+  memkit::optim::adam_state<std::int8_t, 256> adam(exec, *r.model.optimizer, params.sizes(), adam_options);
   const auto adam_params = params.adam_params();
-  const memkit::adam_group adam_base{.beta2 = 0.99f, .weight_decay = 0.0f};
+  const memkit::optim::adam_group adam_base{.beta2 = 0.99f, .weight_decay = 0.0f};
   auto stack = make_stack(*model, o.checkpointing);
   step_buffers buffers(r, o.batch, o.seq, o.model.hidden, false);
   predicted.peak[memory_category::activations] = activation_peak(*model, stack, o, false);
@@ -1179,11 +1179,11 @@ finetune_outcome finetune_checkpoint(const E& exec, const options& o, memory_met
       }
     }
   predicted.peak[memory_category::weights] += model_type::shared_weight_bytes(o.model);
-  memkit::adam_options adam_options;
+  memkit::optim::adam_options adam_options;
   adam_options.max_grad_norm = o.max_grad_norm;
   adam_options.host_threads = o.threads;
   adam_options.seed = o.seed;
-  predicted.peak[memory_category::optimizer_state] = memkit::adam_state<std::int8_t, 256>::bytes_required(sizes, adam_options);
+  predicted.peak[memory_category::optimizer_state] = memkit::optim::adam_state<std::int8_t, 256>::bytes_required(sizes, adam_options);
   predicted.peak[memory_category::other] = step_buffers::other_bytes(o.batch, o.seq);
 
   llama::lora_load_options load;
@@ -1212,9 +1212,9 @@ finetune_outcome finetune_checkpoint(const E& exec, const options& o, memory_met
   memkit::layers::parameter_registry<adapter_t> params;
   model->register_parameters(params);
   memkit::require(params.sizes() == sizes, "train_llama: the model's adapters are not the predicted ones");
-  memkit::adam_state<std::int8_t, 256> adam(exec, *r.model.optimizer, params.sizes(), adam_options);
+  memkit::optim::adam_state<std::int8_t, 256> adam(exec, *r.model.optimizer, params.sizes(), adam_options);
   const auto adam_params = params.adam_params();
-  const memkit::adam_group adam_base{.beta2 = 0.99f, .weight_decay = 0.0f};
+  const memkit::optim::adam_group adam_base{.beta2 = 0.99f, .weight_decay = 0.0f};
   step_buffers buffers(r, o.batch, o.seq, o.model.hidden, false);
   train_checkpoint_stage(
       exec, o, "fine-tuning", *model, data, buffers, r, meter, predicted, largest_staging, true,
@@ -1279,11 +1279,11 @@ finetune_outcome finetune_full_checkpoint(const E& exec, const options& o, memor
                                                                    : llama::reading_staging_bytes<act_t>(s.numel(), memkit::layers::parameter::master_bytes(s, mode) > 0));
   }
   predicted.peak[memory_category::weights] += llama::rotary<act_t>::table_bytes(o.model.head_dim, o.model.max_positions);
-  memkit::adam_options adam_options;
+  memkit::optim::adam_options adam_options;
   adam_options.max_grad_norm = o.max_grad_norm;
   adam_options.host_threads = o.threads;
   adam_options.seed = o.seed;
-  using adam_type = memkit::adam_state<std::int8_t, 256>;
+  using adam_type = memkit::optim::adam_state<std::int8_t, 256>;
   predicted.peak[memory_category::optimizer_state] += adam_type::bytes_required(sizes, adam_options);
   predicted.peak[memory_category::other] = step_buffers::other_bytes(o.batch, o.seq);
 
@@ -1313,7 +1313,7 @@ finetune_outcome finetune_full_checkpoint(const E& exec, const options& o, memor
                     "train_llama: parameter " + params.entries()[i].name + " is not the checkpoint's " + tensors[i].first);
   adam_type adam(exec, *r.model.optimizer, params.sizes(), adam_options);
   const auto adam_params = params.adam_params();
-  const memkit::adam_group adam_base{.beta2 = 0.99f};
+  const memkit::optim::adam_group adam_base{.beta2 = 0.99f};
   step_buffers buffers(r, o.batch, o.seq, o.model.hidden, true);
   train_checkpoint_stage(
       exec, o, "full fine-tuning", *model, data, buffers, r, meter, predicted, staging, false,
@@ -1514,8 +1514,8 @@ int run(const E& exec, const options& o, memkit::memory_resource& upstream, cons
 
   memory_meter meter(upstream);
   std::vector<example::step_record> records;
-  const stage_result s1 = o.adam32 ? pretrain<memkit::adam_state<float>>(exec, o, meter, records)
-                                   : pretrain<memkit::adam_state<std::int8_t, 256>>(exec, o, meter, records);
+  const stage_result s1 = o.adam32 ? pretrain<memkit::optim::adam_state<float>>(exec, o, meter, records)
+                                   : pretrain<memkit::optim::adam_state<std::int8_t, 256>>(exec, o, meter, records);
   const finetune_outcome s2 = finetune(exec, o, meter, records);
 
   std::printf("\nsample after stage 2 (temperature 0.8):\n----\n%s\n----\n", s2.sample.c_str());

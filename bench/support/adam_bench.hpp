@@ -34,7 +34,7 @@ inline adam_inputs make_adam_inputs(std::int64_t count) {
 
 template <class AdamState>
 double adam_moment_bytes_per_parameter() {
-  using traits = memkit::adam_state_traits<typename AdamState::state_type>;
+  using traits = memkit::optim::adam_state_traits<typename AdamState::state_type>;
   if constexpr (!traits::quantized) return 2.0 * 2.0 * sizeof(typename traits::moment_type);
   else return 2.0 * 2.0 * traits::bits / 8.0 + 2.0 * 2.0 * sizeof(float) / AdamState::block_size;
 }
@@ -54,11 +54,11 @@ void report_adam_state_counters(benchmark::State& state, double bytes_per_step, 
 
 // The state flavours both benchmarks compare (their names appear in the benchmark names).
 namespace adam_flavours {
-using fp32_state = memkit::adam_state<float>;
-using bf16_state = memkit::adam_state<memkit::bf16>;
-using int8_256_state = memkit::adam_state<std::int8_t, 256>;
-using int8_2048_state = memkit::adam_state<std::int8_t, 2048>;
-using int4_state = memkit::adam_state<memkit::four_bit, 128>;
+using fp32_state = memkit::optim::adam_state<float>;
+using bf16_state = memkit::optim::adam_state<memkit::bf16>;
+using int8_256_state = memkit::optim::adam_state<std::int8_t, 256>;
+using int8_2048_state = memkit::optim::adam_state<std::int8_t, 2048>;
+using int4_state = memkit::optim::adam_state<memkit::optim::four_bit, 128>;
 }  // namespace adam_flavours
 
 }  // namespace memkit_bench

@@ -17,9 +17,9 @@
 
 namespace {
 
-using memkit::adam_group;
-using memkit::adam_param;
-using memkit::adam_state;
+using memkit::optim::adam_group;
+using memkit::optim::adam_param;
+using memkit::optim::adam_state;
 using memkit::bf16;
 using memkit::fp16;
 
@@ -59,7 +59,7 @@ std::vector<std::byte> state_bytes(const S& state) {
 // 20 tensors: two launches of the multi-tensor kernels; sizes straddle blocks and the threshold.
 template <class S, class P, class G>
 void check_host_device_agreement(memkit::memory_resource& state_resource, memkit::memory_resource& tensor_resource,
-                                 bool with_master, memkit::adam_options options = {}) {
+                                 bool with_master, memkit::optim::adam_options options = {}) {
   const memkit::cuda_executor gpu = memkit::cuda_executor::legacy_default_stream();
   std::vector<std::int64_t> sizes;
   for (int i = 0; i < 20; ++i) sizes.push_back(i % 3 == 0 ? 4096 * (i + 1) + 77 : 100 + 333 * i);
@@ -96,7 +96,7 @@ void check_host_device_agreement(memkit::memory_resource& state_resource, memkit
     if (with_master) differing += !masters[i].same();
   }
   CHECK(differing == 0);
-  const memkit::adam_control host_control = host_state.control(memkit::host), device_control = device_state.control(gpu);
+  const memkit::optim::adam_control host_control = host_state.control(memkit::host), device_control = device_state.control(gpu);
   CHECK(device_control.step == host_control.step);
   CHECK(device_control.skipped_steps == host_control.skipped_steps);
   CHECK(device_control.first_nonfinite_chunk == host_control.first_nonfinite_chunk);
@@ -134,7 +134,7 @@ MEMKIT_GPU_TEST_CASE("gpu: adam host and CUDA steps agree bit for bit, every sta
   check_host_device_agreement<adam_state<std::int8_t, 256>, float, fp16>(device, device, false,
                                                                         {.max_grad_norm = 0.5f});
   check_host_device_agreement<adam_state<std::int8_t, 2048>, bf16, bf16>(device, device, true);
-  check_host_device_agreement<adam_state<memkit::four_bit, 128>, fp16, float>(
+  check_host_device_agreement<adam_state<memkit::optim::four_bit, 128>, fp16, float>(
       device, device, true, {.loss_scaling = {.enabled = true, .initial_scale = 4.0f}});
 }
 
@@ -179,8 +179,8 @@ MEMKIT_GPU_TEST_CASE("gpu: a NaN gradient on the device skips the step without t
   CHECK_FALSE(report.applied);
   CHECK(report.first_nonfinite_tensor == 1);
   CHECK(p1.device_copy() == p1_before);
-  const std::size_t moments = adam_state<std::int8_t>::overhead_bytes(memkit::detail::reduction_chunks(5000) +
-                                                                        memkit::detail::reduction_chunks(9000));
+  const std::size_t moments = adam_state<std::int8_t>::overhead_bytes(memkit::optim::detail::reduction_chunks(5000) +
+                                                                        memkit::optim::detail::reduction_chunks(9000));
   const auto after = state_bytes(state);
   CHECK(std::equal(after.begin() + static_cast<std::ptrdiff_t>(moments), after.end(),
                    before.begin() + static_cast<std::ptrdiff_t>(moments)));
@@ -235,7 +235,7 @@ void check_offload_matches_host() {
   for (int step = 0; step < 3; ++step) {
     std::vector<mirrored<G>> grads;
     std::vector<adam_param<P, G>> on_host;
-    std::vector<memkit::adam_offload_param<P, G>> on_device;
+    std::vector<memkit::optim::adam_offload_param<P, G>> on_device;
     for (std::size_t i = 0; i < sizes.size(); ++i) {
       grads.emplace_back(device, convert<G>(normal(static_cast<std::size_t>(sizes[i]), 0.01f, 500u * step + i)));
       on_host.push_back({memkit::host_view(host_params[i]), memkit::host_view(grads[i].host),
@@ -263,7 +263,7 @@ void check_offload_matches_host() {
 MEMKIT_GPU_TEST_CASE("gpu: CPU-offloaded steps (state and master in pinned memory) equal the host step bit for bit") {
   check_offload_matches_host<adam_state<std::int8_t>, bf16, bf16>();
   check_offload_matches_host<adam_state<float>, float, float>();
-  check_offload_matches_host<adam_state<memkit::four_bit>, fp16, fp16>();
+  check_offload_matches_host<adam_state<memkit::optim::four_bit>, fp16, fp16>();
 }
 
 MEMKIT_GPU_TEST_CASE("gpu: CPU offload refuses pageable staging buffers and device-resident state") {
@@ -274,7 +274,7 @@ MEMKIT_GPU_TEST_CASE("gpu: CPU offload refuses pageable staging buffers and devi
   mirrored<bf16> p(device, convert<bf16>(normal(5000, 0.1f, 1))), g(device, convert<bf16>(normal(5000, 0.01f, 2)));
   std::vector<float> master(5000);
   std::vector<bf16> grad_staging(5000), param_staging(5000);
-  const std::vector<memkit::adam_offload_param<bf16, bf16>> params{
+  const std::vector<memkit::optim::adam_offload_param<bf16, bf16>> params{
       {p.device.view(), g.device.view(), memkit::host_view(master), memkit::host_view(grad_staging),
        memkit::host_view(param_staging)}};
   const std::vector<adam_group> groups{adam_group{}};
@@ -316,8 +316,8 @@ MEMKIT_GPU_TEST_CASE("gpu: accumulate_gradient on the device equals the host bit
     mirrored<bf16> sum(device, std::vector<bf16>(n));
     for (std::uint32_t k = 0; k < 3; ++k) {
       const mirrored<float> micro(device, normal(n, 0.01f, 700 + k));
-      memkit::accumulate_gradient(memkit::host, memkit::host_view(sum.host), memkit::host_view(micro.host), k == 0);
-      memkit::accumulate_gradient(gpu, sum.device.view(), micro.device.view(), k == 0);
+      memkit::optim::accumulate_gradient(memkit::host, memkit::host_view(sum.host), memkit::host_view(micro.host), k == 0);
+      memkit::optim::accumulate_gradient(gpu, sum.device.view(), micro.device.view(), k == 0);
     }
     gpu.synchronize();
     CHECK(sum.same());

@@ -135,12 +135,12 @@ std::vector<float> train(const E& exec, setup& s, int steps, std::vector<std::ve
   memkit::layers::parameter_registry<bf16> params;
   s.model.register_parameters(params);
   REQUIRE(params.size() == s.parameters().size());
-  memkit::adam_options adam_options;
+  memkit::optim::adam_options adam_options;
   adam_options.max_grad_norm = 1.0f;
   adam_options.seed = 3;
-  memkit::adam_state<std::int8_t, 256> adam(exec, *s.memory.optimizer, params.sizes(), adam_options);
+  memkit::optim::adam_state<std::int8_t, 256> adam(exec, *s.memory.optimizer, params.sizes(), adam_options);
   const auto adam_params = params.adam_params();
-  const std::vector<memkit::adam_group> groups = params.adam_groups({.beta2 = 0.99f, .weight_decay = 0.0f}, 3e-3f);
+  const std::vector<memkit::optim::adam_group> groups = params.adam_groups({.beta2 = 0.99f, .weight_decay = 0.0f}, 3e-3f);
   auto stack = memkit::checkpoint_segment(memkit::layer_sequence(s.model.blocks, s.model.final_norm),
                                           {.schedule = memkit::checkpoint_schedule::every_layer()});
   memkit::activation_store store(acts);

@@ -45,10 +45,10 @@ MEMKIT_GPU_TEST_CASE("gpu: an AdamW8bit state imported into device memory steps 
   const memkit::safetensors::reader in(file);
   for (int i = 0; in.find("state." + std::to_string(i) + ".state1"); ++i)
     sizes.push_back(in.info("state." + std::to_string(i) + ".state1").numel());
-  memkit::adam_state<std::int8_t, 256> host_state(memkit::host, memkit::default_host_resource(), sizes);
-  memkit::adam_state<std::int8_t, 256> device_state(gpu, device, sizes);
-  const auto info = memkit::bnb::load_adam_state(memkit::host, host_state, file);
-  const auto device_info = memkit::bnb::load_adam_state(gpu, device_state, file);
+  memkit::optim::adam_state<std::int8_t, 256> host_state(memkit::host, memkit::default_host_resource(), sizes);
+  memkit::optim::adam_state<std::int8_t, 256> device_state(gpu, device, sizes);
+  const auto info = memkit::optim::load_bnb_adam_state(memkit::host, host_state, file);
+  const auto device_info = memkit::optim::load_bnb_adam_state(gpu, device_state, file);
   CHECK(device_info.step == 5);
   CHECK(device_state.control(gpu).step == 5);
   CHECK(device_state.tensor_state(1).m_codes.where() == memkit::memory_kind::device);
@@ -66,7 +66,7 @@ MEMKIT_GPU_TEST_CASE("gpu: an AdamW8bit state imported into device memory steps 
     device_grads.push_back(to_device(device, grads[t]));
   }
   for (int step = 0; step < 3; ++step) {
-    std::vector<memkit::adam_param<float, float>> on_host, on_device;
+    std::vector<memkit::optim::adam_param<float, float>> on_host, on_device;
     for (std::size_t t = 0; t < sizes.size(); ++t) {
       on_host.push_back({memkit::host_view(params[t]), memkit::host_view(static_cast<const std::vector<float>&>(grads[t])), {},
                          info.group_of_tensor[t]});
@@ -83,9 +83,9 @@ MEMKIT_GPU_TEST_CASE("gpu: an AdamW8bit state imported into device memory steps 
     CHECK(std::memcmp(to_host(device_params[t].data(), params[t].size()).data(), params[t].data(), params[t].size() * 4) == 0);
 
   const std::string exported = "/tmp/memkit_test_gpu_bnb_" + std::to_string(::getpid()) + ".safetensors";
-  memkit::bnb::save_adam_state(gpu, device_state, exported, info);
-  memkit::adam_state<std::int8_t, 256> back(memkit::host, memkit::default_host_resource(), sizes);
-  CHECK(memkit::bnb::load_adam_state(memkit::host, back, exported).step == 8);
+  memkit::optim::save_bnb_adam_state(gpu, device_state, exported, info);
+  memkit::optim::adam_state<std::int8_t, 256> back(memkit::host, memkit::default_host_resource(), sizes);
+  CHECK(memkit::optim::load_bnb_adam_state(memkit::host, back, exported).step == 8);
   for (std::size_t t = 0; t < sizes.size(); ++t) {
     std::vector<float> m_a, v_a, m_b, v_b;
     host_state.read_moments(memkit::host, t, m_a, v_a);

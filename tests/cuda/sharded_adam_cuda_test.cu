@@ -23,11 +23,11 @@ template <class State, int Block, class C>
 int device_mismatches(const C& comm, const memkit::cuda_executor& exec) {
   using S = memkit::distributed::sharded_adam_state<State, Block>;
   const auto& sizes = sharded_test::sizes;
-  memkit::adam_options options;
+  memkit::optim::adam_options options;
   options.max_grad_norm = 0.02f;
   memkit::device_resource device;
   S state(exec, comm, device, sizes, options);
-  memkit::adam_state<State, Block> reference(memkit::host, memkit::default_host_resource(), sizes, options);
+  memkit::optim::adam_state<State, Block> reference(memkit::host, memkit::default_host_resource(), sizes, options);
   std::vector<float> flat(static_cast<std::size_t>(state.flat_size()), 0.0f), grads(flat.size());
   std::vector<std::vector<float>> ref_params(sizes.size()), ref_grads(sizes.size());
   for (std::size_t i = 0; i < sizes.size(); ++i)
@@ -40,7 +40,7 @@ int device_mismatches(const C& comm, const memkit::cuda_executor& exec) {
   const memkit::distributed::sharded_step_options step_options{.tensor_groups = sharded_test::tensor_groups};
   for (int s = 0; s < 5; ++s) {
     std::fill(grads.begin(), grads.end(), 0.0f);
-    std::vector<memkit::adam_param<float, float>> params;
+    std::vector<memkit::optim::adam_param<float, float>> params;
     for (std::size_t i = 0; i < sizes.size(); ++i) {
       ref_grads[i].resize(static_cast<std::size_t>(sizes[i]));
       for (std::int64_t j = 0; j < sizes[i]; ++j) {
@@ -73,7 +73,7 @@ void every_flavour(const C& comm, const memkit::cuda_executor& exec) {
   CHECK(device_mismatches<float, 0>(comm, exec) == 0);
   CHECK(device_mismatches<memkit::bf16, 0>(comm, exec) == 0);
   CHECK(device_mismatches<std::int8_t, 256>(comm, exec) == 0);
-  CHECK(device_mismatches<memkit::four_bit, 128>(comm, exec) == 0);
+  CHECK(device_mismatches<memkit::optim::four_bit, 128>(comm, exec) == 0);
 }
 
 }  // namespace

@@ -19,8 +19,9 @@ namespace {
 
 template <class State>
 void load_and_step(const std::uint8_t* data, std::size_t size, const std::vector<std::int64_t>& sizes,
-                   memkit::adam_options options) {
+                   memkit::optim::adam_options options) {
   using namespace memkit;
+  using namespace memkit::optim;
   State state(host, default_host_resource(), sizes, options);
   std::string image(reinterpret_cast<const char*>(data), size);
   memkit_test::fix_adam_image_checksum(image, state.bytes());
@@ -56,6 +57,7 @@ void load_and_step(const std::uint8_t* data, std::size_t size, const std::vector
 
 MEMKIT_FUZZ_TARGET(adam_state) {
   using namespace memkit;
+  using namespace memkit::optim;
   load_and_step<adam_state<float>>(data, size, {7, 3}, {});
   load_and_step<adam_state<float>>(data, size, {7, 3}, {.loss_scaling = {.enabled = true, .initial_scale = 256.0f}});
   load_and_step<adam_state<std::int8_t, 256>>(data, size, {300, 5}, {.min_quantized_size = 256});

@@ -1,4 +1,4 @@
-// Fuzz target: bnb::load_adam_state (the bitsandbytes AdamW8bit / 32-bit optimizer-state import) on an
+// Fuzz target: optim::load_bnb_adam_state (the bitsandbytes AdamW8bit / 32-bit optimizer-state import) on an
 // arbitrary safetensors file, into an 8-bit state (tensors of 300 and 5 elements, min_quantized_size 256: the
 // first 8-bit, the second fp32, as bitsandbytes' min_8bit_size splits them) and into an fp32 state (7, 3).
 // Invariants: a refused file leaves the state as it was, byte for byte; an accepted one has a step count
@@ -23,13 +23,14 @@ std::vector<std::byte> arena_bytes(const S& state) {
 }
 
 template <class S>
-void import_and_step(const std::string& path, const std::vector<std::int64_t>& sizes, memkit::adam_options options) {
+void import_and_step(const std::string& path, const std::vector<std::int64_t>& sizes, memkit::optim::adam_options options) {
   using namespace memkit;
+  using namespace memkit::optim;
   S state(host, default_host_resource(), sizes, options);
   const std::vector<std::byte> before = arena_bytes(state);
-  bnb::adam_state_info info;
+  optim::bnb_adam_state_info info;
   try {
-    info = bnb::load_adam_state(host, state, path);
+    info = optim::load_bnb_adam_state(host, state, path);
   } catch (const memkit::error&) {
     MEMKIT_FUZZ_CHECK(arena_bytes(state) == before);  // nothing half-loaded
     return;
@@ -43,9 +44,9 @@ void import_and_step(const std::string& path, const std::vector<std::int64_t>& s
   const std::string exported =
       (std::filesystem::temp_directory_path() / ("memkit_fuzz_bnb_adam_state_" + std::to_string(::getpid()) + ".safetensors"))
           .string();
-  bnb::save_adam_state(host, state, exported, info);
+  optim::save_bnb_adam_state(host, state, exported, info);
   S again(host, default_host_resource(), sizes, options);
-  const bnb::adam_state_info info_again = bnb::load_adam_state(host, again, exported);
+  const optim::bnb_adam_state_info info_again = optim::load_bnb_adam_state(host, again, exported);
   std::filesystem::remove(exported);
   MEMKIT_FUZZ_CHECK(info_again.step == info.step && info_again.group_of_tensor == info.group_of_tensor);
   for (std::size_t t = 0; t < sizes.size(); ++t) {
@@ -74,6 +75,7 @@ void import_and_step(const std::string& path, const std::vector<std::int64_t>& s
 
 MEMKIT_FUZZ_TARGET(bnb_adam_state) {
   using namespace memkit;
+  using namespace memkit::optim;
   const memory_file file(data, size);
   import_and_step<adam_state<std::int8_t, 256>>(file.path(), {300, 5}, {.min_quantized_size = 256});
   import_and_step<adam_state<float>>(file.path(), {7, 3}, {});

@@ -28,8 +28,9 @@ std::vector<std::byte> arena_bytes(const S& state) {
 
 template <class S>
 void load_and_step(const std::uint8_t* data, std::size_t size, const std::vector<std::int64_t>& sizes,
-                   memkit::adam_options options) {
+                   memkit::optim::adam_options options) {
   using namespace memkit;
+  using namespace memkit::optim;
   using distributed::single_communicator;
   S state(host, single_communicator{}, default_host_resource(), sizes, options);
   // Split into images (each with its checksum fixed); what does not parse as one stays a last image as is.

@@ -25,6 +25,7 @@
 #include "sharded_image.hpp"
 
 using namespace memkit;
+using namespace memkit::optim;
 namespace fs = std::filesystem;
 
 namespace {
@@ -181,7 +182,7 @@ void adam_seed(const std::string& name, const std::vector<std::int64_t>& sizes, 
   regression("adam_state", "issue15_loss_scale_nan.bin", forged);
 }
 
-// ---- bitsandbytes optimizer state (bnb::load_adam_state) ----
+// ---- bitsandbytes optimizer state (load_bnb_adam_state) ----
 template <class State>
 State stepped_state(const std::vector<std::int64_t>& sizes, adam_options options, int steps, const std::vector<int>& group_of) {
   State state(host, default_host_resource(), sizes, options);
@@ -199,14 +200,14 @@ State stepped_state(const std::vector<std::int64_t>& sizes, adam_options options
 
 template <class State>
 std::string bnb_state_file(const State& state, const std::vector<int>& group_of, bool names) {
-  bnb::adam_state_info info;
+  bnb_adam_state_info info;
   info.groups = {adam_group{.lr = 2e-3f}, adam_group{.lr = 1e-3f, .weight_decay = 0.0f}};
   info.group_of_tensor = group_of;
   if (group_of == std::vector<int>(group_of.size(), 0)) info.groups.resize(1);
   if (names)
     for (std::size_t i = 0; i < state.tensor_count(); ++i) info.names.push_back("model.layer" + std::to_string(i) + ".weight");
   const std::string path = (fs::temp_directory_path() / "memkit_seed_bnb.safetensors").string();
-  bnb::save_adam_state(host, state, path, info);
+  save_bnb_adam_state(host, state, path, info);
   std::string bytes = slurp(path);
   fs::remove(path);
   return bytes;

@@ -15,7 +15,7 @@
 #include "memkit/optim/state_codecs.hpp"
 
 namespace {
-using memkit::detail::max_abs;
+using memkit::optim::detail::max_abs;
 using memkit::detail::max_magnitude;
 using memkit::detail::max_magnitude_bits;
 

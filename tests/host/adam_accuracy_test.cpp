@@ -14,11 +14,11 @@
 
 #include "host/adam_support.hpp"
 
-using memkit::adam_group;
-using memkit::adam_param;
-using memkit::adam_state;
+using memkit::optim::adam_group;
+using memkit::optim::adam_param;
+using memkit::optim::adam_state;
 using memkit::bf16;
-using memkit::four_bit;
+using memkit::optim::four_bit;
 using memkit::host;
 using memkit::host_view;
 

@@ -89,14 +89,14 @@ TEST_CASE("adam codes: odd thresholds sit one float below the midpoint (a tie go
 }
 
 TEST_CASE("adam codes: the 4-bit maps are torchao's and round to the nearest entry, ties down") {
-  const auto& maps = memkit::detail::int4_maps;
+  const auto& maps = memkit::optim::detail::int4_maps;
   const float expected_m[16] = {-0.8875f, -0.6625f, -0.4375f, -0.2125f, -0.0775f, -0.0325f, -0.0055f, 0.0f,
                                 0.0055f,  0.0325f,  0.0775f,  0.2125f,  0.4375f,  0.6625f,  0.8875f,  1.0f};
   for (int i = 0; i < 16; ++i) {
     CHECK(maps.m[static_cast<std::size_t>(i)] == doctest::Approx(expected_m[i]).epsilon(1e-6));
     CHECK(maps.v[static_cast<std::size_t>(i)] == static_cast<float>(i + 1) / 16.0f);
   }
-  using traits = memkit::adam_state_traits<memkit::four_bit>;
+  using traits = memkit::optim::adam_state_traits<memkit::optim::four_bit>;
   for (int i = 0; i < 16; ++i) CHECK(traits::m_code(maps.m.data(), maps.m[static_cast<std::size_t>(i)]) == static_cast<unsigned>(i));
   for (int i = 0; i + 1 < 16; ++i) {
     const float middle = (maps.v[static_cast<std::size_t>(i)] + maps.v[static_cast<std::size_t>(i + 1)]) * 0.5f;

@@ -15,12 +15,12 @@
 #include "host/adam_support.hpp"
 #include "support/host_isa_scope.hpp"
 
-using memkit::adam_group;
-using memkit::adam_options;
-using memkit::adam_param;
-using memkit::adam_state;
+using memkit::optim::adam_group;
+using memkit::optim::adam_options;
+using memkit::optim::adam_param;
+using memkit::optim::adam_state;
 using memkit::bf16;
-using memkit::four_bit;
+using memkit::optim::four_bit;
 using memkit::host;
 using memkit::host_view;
 
@@ -66,18 +66,18 @@ void check_update_array() {
   int mismatches = 0, compared = 0;
   for (int g = 0; g < 3; ++g)
     for (std::int64_t step : {1, 7, 5000}) {
-      memkit::adam_control control;
+      memkit::optim::adam_control control;
       control.step = step;
       control.grad_multiplier = g == 1 ? 0.37f : 1.0f;
-      const memkit::adam_coefficients c = memkit::make_coefficients(groups[g], control);
+      const memkit::optim::adam_coefficients c = memkit::optim::make_coefficients(groups[g], control);
       const auto seed = static_cast<std::uint32_t>(g * 100 + step);
       auto p = mixed_values(n, 0.1f, seed, false), m = mixed_values(n, 1e-3f, seed + 1, false);
       auto v = mixed_values(n, 1e-6f, seed + 2, true);
       const auto grad = mixed_values(n, 1e-2f, seed + 3, false);
       auto p_ref = p, m_ref = m, v_ref = v;
-      memkit::detail::adamw_update_array(p.data(), m.data(), v.data(), grad.data(), static_cast<std::int64_t>(n), c);
+      memkit::optim::detail::adamw_update_array(p.data(), m.data(), v.data(), grad.data(), static_cast<std::int64_t>(n), c);
       for (std::size_t i = 0; i < n; ++i) {
-        memkit::adamw_update(p_ref[i], m_ref[i], v_ref[i], grad[i], c);
+        memkit::optim::adamw_update(p_ref[i], m_ref[i], v_ref[i], grad[i], c);
         mismatches += !same(p[i], p_ref[i]) || !same(m[i], m_ref[i]) || !same(v[i], v_ref[i]);
         ++compared;
       }
@@ -102,12 +102,12 @@ void check_update_block() {
   std::vector<std::uint8_t> m_codes(2100), v_codes(2100);
   for (auto& c : m_codes) c = static_cast<std::uint8_t>(byte(rng));
   for (auto& c : v_codes) c = static_cast<std::uint8_t>(byte(rng));
-  const auto& maps8 = memkit::detail::int8_maps;
-  const auto& maps4 = memkit::detail::int4_maps;
-  memkit::adam_control control;
+  const auto& maps8 = memkit::optim::detail::int8_maps;
+  const auto& maps4 = memkit::optim::detail::int4_maps;
+  memkit::optim::adam_control control;
   control.step = 7;
   control.grad_multiplier = 0.37f;
-  const memkit::adam_coefficients c = memkit::make_coefficients(adam_group{}, control);
+  const memkit::optim::adam_coefficients c = memkit::optim::make_coefficients(adam_group{}, control);
   int mismatches = 0, compared = 0;
   for (int bits8 = 0; bits8 < 2; ++bits8)
     for (std::int64_t first : {0, 256, 1024})
@@ -120,20 +120,20 @@ void check_update_block() {
         std::vector<float> m(n), v(n), m_ref(n), v_ref(n);
         auto p_ref = p;
         if (bits8) {
-          memkit::detail::lookup_codes<8>(maps8.m.data(), m_codes.data(), first, count, m.data());
-          memkit::detail::lookup_codes<8>(maps8.v.data(), v_codes.data(), first, count, v.data());
-          memkit::detail::dequantize_codes<8>(maps8.m.data(), m_codes.data(), first, count, m_absmax, m_ref.data());
-          memkit::detail::dequantize_codes<8>(maps8.v.data(), v_codes.data(), first, count, v_absmax, v_ref.data());
+          memkit::optim::detail::lookup_codes<8>(maps8.m.data(), m_codes.data(), first, count, m.data());
+          memkit::optim::detail::lookup_codes<8>(maps8.v.data(), v_codes.data(), first, count, v.data());
+          memkit::optim::detail::dequantize_codes<8>(maps8.m.data(), m_codes.data(), first, count, m_absmax, m_ref.data());
+          memkit::optim::detail::dequantize_codes<8>(maps8.v.data(), v_codes.data(), first, count, v_absmax, v_ref.data());
         } else {
-          memkit::detail::lookup_codes<4>(maps4.m.data(), m_codes.data(), first, count, m.data());
-          memkit::detail::lookup_codes<4>(maps4.v.data(), v_codes.data(), first, count, v.data());
-          memkit::detail::dequantize_codes<4>(maps4.m.data(), m_codes.data(), first, count, m_absmax, m_ref.data());
-          memkit::detail::dequantize_codes<4>(maps4.v.data(), v_codes.data(), first, count, v_absmax, v_ref.data());
+          memkit::optim::detail::lookup_codes<4>(maps4.m.data(), m_codes.data(), first, count, m.data());
+          memkit::optim::detail::lookup_codes<4>(maps4.v.data(), v_codes.data(), first, count, v.data());
+          memkit::optim::detail::dequantize_codes<4>(maps4.m.data(), m_codes.data(), first, count, m_absmax, m_ref.data());
+          memkit::optim::detail::dequantize_codes<4>(maps4.v.data(), v_codes.data(), first, count, v_absmax, v_ref.data());
         }
-        const memkit::detail::moment_maxima maxima =
-            memkit::detail::adamw_update_block(p.data(), m.data(), v.data(), grad.data(), count, c, m_absmax, v_absmax);
+        const memkit::optim::detail::moment_maxima maxima =
+            memkit::optim::detail::adamw_update_block(p.data(), m.data(), v.data(), grad.data(), count, c, m_absmax, v_absmax);
         for (std::size_t i = 0; i < n; ++i) {
-          memkit::adamw_update(p_ref[i], m_ref[i], v_ref[i], grad[i], c);
+          memkit::optim::adamw_update(p_ref[i], m_ref[i], v_ref[i], grad[i], c);
           mismatches += !same(p[i], p_ref[i]) || !same(m[i], m_ref[i]) || !same(v[i], v_ref[i]);
           ++compared;
         }
@@ -157,14 +157,14 @@ void check_block_codes() {
   std::uniform_int_distribution<int> byte(0, 255);
   std::vector<std::uint8_t> codes(4096);
   for (auto& c : codes) c = static_cast<std::uint8_t>(byte(rng));
-  const auto& maps8 = memkit::detail::int8_maps;
-  const auto& maps4 = memkit::detail::int4_maps;
+  const auto& maps8 = memkit::optim::detail::int8_maps;
+  const auto& maps4 = memkit::optim::detail::int4_maps;
   int mismatches = 0;
   for (std::int64_t first : {0, 2, 64, 1000}) {
     for (std::int64_t count : {1, 15, 16, 17, 256, 2047}) {
       std::vector<float> out8(static_cast<std::size_t>(count)), out4(static_cast<std::size_t>(count));
-      memkit::detail::dequantize_codes<8>(maps8.v.data(), codes.data(), first, count, 0.0371f, out8.data());
-      memkit::detail::dequantize_codes<4>(maps4.m.data(), codes.data(), first, count, 2.5e-3f, out4.data());
+      memkit::optim::detail::dequantize_codes<8>(maps8.v.data(), codes.data(), first, count, 0.0371f, out8.data());
+      memkit::optim::detail::dequantize_codes<4>(maps4.m.data(), codes.data(), first, count, 2.5e-3f, out4.data());
       for (std::int64_t e = 0; e < count; ++e) {
         const float expected8 = maps8.v[codes[static_cast<std::size_t>(first + e)]] * 0.0371f;
         const unsigned packed = codes[static_cast<std::size_t>((first + e) / 2)];
@@ -210,18 +210,18 @@ void check_block_codes() {
     std::vector<std::uint8_t> m4(static_cast<std::size_t>(n / 2)), v4(static_cast<std::size_t>(n / 2));
     memkit::detail::dynamic_codes_indexed(signed_index, values.data(), inverse, n, signed_codes.data());
     memkit::detail::dynamic_codes_indexed(unsigned_index, values.data(), inverse, n, unsigned_codes.data());
-    memkit::detail::table16_codes(maps4.m.data(), values.data(), inverse, n, m4.data());
-    memkit::detail::table16_codes(maps4.v.data(), values.data(), inverse, n - 1, v4.data());  // odd count: a last half byte
+    memkit::optim::detail::table16_codes(maps4.m.data(), values.data(), inverse, n, m4.data());
+    memkit::optim::detail::table16_codes(maps4.v.data(), values.data(), inverse, n - 1, v4.data());  // odd count: a last half byte
     for (std::int64_t e = 0; e < n; ++e) {
       const float x = values[static_cast<std::size_t>(e)] * inverse;
       const auto i = static_cast<std::size_t>(e);
       wrong8 += signed_codes[i] != memkit::quant::nearest_dynamic(memkit::quant::dynamic_map_signed.data(), x);
       wrong8 += unsigned_codes[i] != memkit::quant::nearest_dynamic(memkit::quant::dynamic_map_unsigned.data(), x);
       const unsigned m_code = e % 2 ? m4[i / 2] & 0x0fu : m4[i / 2] >> 4;
-      wrong4 += m_code != memkit::detail::nearest_in_table<16>(maps4.m.data(), x);
+      wrong4 += m_code != memkit::optim::detail::nearest_in_table<16>(maps4.m.data(), x);
       if (e < n - 1) {
         const unsigned v_code = e % 2 ? v4[i / 2] & 0x0fu : v4[i / 2] >> 4;
-        wrong4 += v_code != memkit::detail::nearest_in_table<16>(maps4.v.data(), x);
+        wrong4 += v_code != memkit::optim::detail::nearest_in_table<16>(maps4.v.data(), x);
       }
     }
     wrong4 += (v4.back() & 0x0fu) != 0u;  // the missing last element packs as 0
@@ -241,21 +241,21 @@ namespace {
 
 // The step's decision as the shared functions define it: canonical chunk sums over all tensors, then finalize_step.
 template <class G>
-memkit::adam_control reference_decision(memkit::adam_control control, const std::vector<std::vector<G>>& grads,
+memkit::optim::adam_control reference_decision(memkit::optim::adam_control control, const std::vector<std::vector<G>>& grads,
                                         const adam_options& options) {
   std::vector<double> sums;
-  double lanes[memkit::detail::reduction_lanes];
+  double lanes[memkit::optim::detail::reduction_lanes];
   for (const auto& grad : grads) {
     const auto n = static_cast<std::int64_t>(grad.size());
-    for (std::int64_t c = 0; c < memkit::detail::reduction_chunks(n); ++c) {
-      const std::int64_t begin = c * memkit::detail::reduction_chunk;
-      const std::int64_t count = std::min(memkit::detail::reduction_chunk, n - begin);
-      for (int lane = 0; lane < memkit::detail::reduction_lanes; ++lane)
-        lanes[lane] = memkit::detail::lane_sum_of_squares(grad.data() + begin, count, lane);
-      sums.push_back(memkit::detail::tree_sum(lanes));
+    for (std::int64_t c = 0; c < memkit::optim::detail::reduction_chunks(n); ++c) {
+      const std::int64_t begin = c * memkit::optim::detail::reduction_chunk;
+      const std::int64_t count = std::min(memkit::optim::detail::reduction_chunk, n - begin);
+      for (int lane = 0; lane < memkit::optim::detail::reduction_lanes; ++lane)
+        lanes[lane] = memkit::optim::detail::lane_sum_of_squares(grad.data() + begin, count, lane);
+      sums.push_back(memkit::optim::detail::tree_sum(lanes));
     }
   }
-  memkit::detail::finalize_step(control, sums.data(), static_cast<std::int64_t>(sums.size()), options.max_grad_norm,
+  memkit::optim::detail::finalize_step(control, sums.data(), static_cast<std::int64_t>(sums.size()), options.max_grad_norm,
                                 options.loss_scaling, 1.0f);
   return control;
 }
@@ -266,16 +266,16 @@ memkit::adam_control reference_decision(memkit::adam_control control, const std:
 template <class S, class P, class G>
 void reference_update(const S& state, std::vector<P>& param, std::vector<float>* master, const std::vector<G>& grad,
                       std::size_t tensor, const adam_group& group, const adam_options& options,
-                      const memkit::adam_control& decided, std::vector<float>& m, std::vector<float>& v) {
-  using traits = memkit::adam_state_traits<typename S::state_type>;
+                      const memkit::optim::adam_control& decided, std::vector<float>& m, std::vector<float>& v) {
+  using traits = memkit::optim::adam_state_traits<typename S::state_type>;
   const auto n = static_cast<std::int64_t>(param.size());
   state.read_moments(host, tensor, m, v);
-  const memkit::adam_coefficients c = memkit::make_coefficients(group, decided);
-  const memkit::detail::param_access<P, G> access{param.data(), grad.data(), master ? master->data() : nullptr,
+  const memkit::optim::adam_coefficients c = memkit::optim::make_coefficients(group, decided);
+  const memkit::optim::detail::param_access<P, G> access{param.data(), grad.data(), master ? master->data() : nullptr,
                                                   options.stochastic_rounding, options.seed, decided.step,
                                                   static_cast<std::int64_t>(tensor)};
   for (std::int64_t i = 0; i < n; ++i)
-    memkit::detail::update_element(access, m[static_cast<std::size_t>(i)], v[static_cast<std::size_t>(i)], i, c);
+    memkit::optim::detail::update_element(access, m[static_cast<std::size_t>(i)], v[static_cast<std::size_t>(i)], i, c);
   if (!state.is_quantized(tensor)) {
     if constexpr (!traits::quantized) {  // bf16 moments are stored rounded
       for (float& x : m) x = memkit::to_float(memkit::from_float<typename traits::moment_type>(x));
@@ -289,10 +289,10 @@ void reference_update(const S& state, std::vector<P>& param, std::vector<float>*
       const std::int64_t end = std::min<std::int64_t>(begin + S::block_size, n);
       float m_max = 0.0f, v_max = 0.0f;
       for (std::int64_t i = begin; i < end; ++i) {
-        m_max = memkit::detail::max_abs(m_max, m[static_cast<std::size_t>(i)]);
-        v_max = memkit::detail::max_abs(v_max, v[static_cast<std::size_t>(i)]);
+        m_max = memkit::optim::detail::max_abs(m_max, m[static_cast<std::size_t>(i)]);
+        v_max = memkit::optim::detail::max_abs(v_max, v[static_cast<std::size_t>(i)]);
       }
-      const float m_inverse = memkit::detail::inverse_scale(m_max), v_inverse = memkit::detail::inverse_scale(v_max);
+      const float m_inverse = memkit::optim::detail::inverse_scale(m_max), v_inverse = memkit::optim::detail::inverse_scale(v_max);
       for (std::int64_t i = begin; i < end; ++i) {
         float& mi = m[static_cast<std::size_t>(i)];
         float& vi = v[static_cast<std::size_t>(i)];
@@ -332,7 +332,7 @@ void check_steps_match_reference(bool with_master) {
     for (std::size_t t = 0; t < sizes.size(); ++t)
       grads.push_back(adam_test::convert<G>(adam_test::normal(static_cast<std::size_t>(sizes[t]), step == 0 ? 1e-3f : 0.05f,
                                                               static_cast<std::uint32_t>(100 * step + t))));
-    const memkit::adam_control decided = reference_decision(state.control(host), grads, options);
+    const memkit::optim::adam_control decided = reference_decision(state.control(host), grads, options);
     std::vector<std::vector<float>> m_expected(sizes.size()), v_expected(sizes.size());
     for (std::size_t t = 0; t < sizes.size(); ++t)
       reference_update(state, params_ref[t], with_master ? &masters_ref[t] : nullptr, grads[t], t, group, options, decided,
@@ -342,7 +342,7 @@ void check_steps_match_reference(bool with_master) {
       views.push_back({host_view(params[t]), host_view(grads[t]),
                        with_master ? host_view(masters[t]) : memkit::tensor_view<float>{}, 0});
     state.step(host, views, std::vector<adam_group>{group});
-    const memkit::adam_control after = state.control(host);
+    const memkit::optim::adam_control after = state.control(host);
     CHECK(after.applied == 1);
     CHECK(after.step == decided.step);
     CHECK(bits(after.grad_multiplier) == bits(decided.grad_multiplier));

@@ -13,12 +13,12 @@ TEST_CASE("adam_param: the two-member aggregate form beside a shape{0} view comp
   memkit::tensor_view<float> param(p, memkit::shape{4}, memkit::memory_kind::host);
   memkit::tensor_view<const float> grad(g, memkit::shape{4}, memkit::memory_kind::host);
   memkit::tensor_view<float> empty(nullptr, memkit::shape{0}, memkit::memory_kind::host);
-  memkit::adam_param<float, float> one{param, grad};
-  std::vector<memkit::adam_param<float, float>> list{{param, grad}, {param, grad, empty, 1}};
+  memkit::optim::adam_param<float, float> one{param, grad};
+  std::vector<memkit::optim::adam_param<float, float>> list{{param, grad}, {param, grad, empty, 1}};
   CHECK(one.master.data() == nullptr);
   CHECK(one.group == 0);
   CHECK(list[0].master.data() == nullptr);
   CHECK(list[1].group == 1);
   CHECK(empty.empty());
-  static_assert(std::is_aggregate_v<memkit::adam_param<float, float>>);
+  static_assert(std::is_aggregate_v<memkit::optim::adam_param<float, float>>);
 }

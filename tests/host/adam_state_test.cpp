@@ -16,13 +16,13 @@
 
 #include "host/adam_support.hpp"
 
-using memkit::adam_group;
-using memkit::adam_options;
-using memkit::adam_param;
-using memkit::adam_state;
+using memkit::optim::adam_group;
+using memkit::optim::adam_options;
+using memkit::optim::adam_param;
+using memkit::optim::adam_state;
 using memkit::bf16;
 using memkit::fp16;
-using memkit::four_bit;
+using memkit::optim::four_bit;
 using memkit::host;
 using memkit::host_view;
 
@@ -41,7 +41,7 @@ S make_state(const std::vector<std::int64_t>& sizes, adam_options options = {}) 
 template <class S>
 std::vector<std::byte> moment_bytes(const S& state, const std::vector<std::int64_t>& sizes) {
   std::int64_t chunks = 0;
-  for (std::int64_t n : sizes) chunks += memkit::detail::reduction_chunks(n);
+  for (std::int64_t n : sizes) chunks += memkit::optim::detail::reduction_chunks(n);
   const auto all = adam_test::snapshot(state);
   return std::vector<std::byte>(all.begin() + static_cast<std::ptrdiff_t>(S::overhead_bytes(chunks)), all.end());
 }
@@ -294,7 +294,7 @@ TEST_CASE("adam: dynamic loss scaling unscales fp16 gradients exactly, backs off
   CHECK(state.loss_scale(host) == 1024.0f);
   CHECK(state.report(host).skipped_steps == 1);
 
-  memkit::dynamic_loss_scaler scaler({.enabled = true, .initial_scale = 8.0f, .growth_interval = 2});
+  memkit::optim::dynamic_loss_scaler scaler({.enabled = true, .initial_scale = 8.0f, .growth_interval = 2});
   CHECK_FALSE(scaler.update(false));
   CHECK(scaler.scale() == 4.0f);
   CHECK(scaler.update(true));
@@ -383,11 +383,11 @@ TEST_CASE("adam: accumulated micro-batches scaled once by the step equal a step 
   auto state = make_state<adam_state<std::int8_t>>(sizes);
   auto reference = make_state<adam_state<std::int8_t>>(sizes);
   const std::vector<adam_group> groups{adam_group{}};
-  memkit::gradient_accumulation accumulation;
+  memkit::optim::gradient_accumulation accumulation;
   std::vector<std::vector<float>> micro;
   for (int k = 0; k < 4; ++k) micro.push_back(adam_test::normal(5000, 0.01f, 400 + k));
   for (const auto& g : micro) {
-    memkit::accumulate_gradient(host, host_view(sum), memkit::tensor_view<const float>(host_view(g)), accumulation.first());
+    memkit::optim::accumulate_gradient(host, host_view(sum), memkit::tensor_view<const float>(host_view(g)), accumulation.first());
     accumulation.add();
   }
   for (std::size_t i = 0; i < mean.size(); ++i) mean[i] = (((micro[0][i] + micro[1][i]) + micro[2][i]) + micro[3][i]) * 0.25f;
@@ -446,7 +446,7 @@ TEST_CASE_TEMPLATE("adam: m and v of a large tensor are half a page apart modulo
   std::vector<std::byte> unpadded = adam_test::snapshot(state);
   unpadded.resize(S::overhead_bytes([&] {
     std::int64_t chunks = 0;
-    for (std::int64_t n : sizes) chunks += memkit::detail::reduction_chunks(n);
+    for (std::int64_t n : sizes) chunks += memkit::optim::detail::reduction_chunks(n);
     return chunks;
   }()));
   std::size_t padding = 0;
@@ -457,16 +457,16 @@ TEST_CASE_TEMPLATE("adam: m and v of a large tensor are half a page apart modulo
     const std::size_t m_bytes = s.quantized ? s.m_codes.size() : s.m.size() * sizeof(*s.m.data());
     const auto distance = static_cast<std::size_t>(v - m);
     INFO("tensor " << i << " of " << sizes[i] << " elements, m segment " << m_bytes << " bytes");
-    if (m_bytes >= memkit::detail::adam_stagger_min_bytes) CHECK(distance % 4096 == 2048);
-    else CHECK(distance == memkit::detail::align_segment(m_bytes));
-    padding += distance - memkit::detail::align_segment(m_bytes);
+    if (m_bytes >= memkit::optim::detail::adam_stagger_min_bytes) CHECK(distance % 4096 == 2048);
+    else CHECK(distance == memkit::optim::detail::align_segment(m_bytes));
+    padding += distance - memkit::optim::detail::align_segment(m_bytes);
     // The unpadded image of this tensor: m's segment, then everything from v to the next tensor.
     const std::byte* end = i + 1 < sizes.size()
                                ? reinterpret_cast<const std::byte*>(state.tensor_state(i + 1).quantized
                                                                         ? static_cast<const void*>(state.tensor_state(i + 1).m_codes.data())
                                                                         : state.tensor_state(i + 1).m.data())
                                : base + state.bytes();
-    unpadded.insert(unpadded.end(), m, m + memkit::detail::align_segment(m_bytes));
+    unpadded.insert(unpadded.end(), m, m + memkit::optim::detail::align_segment(m_bytes));
     unpadded.insert(unpadded.end(), v, end);
   }
   CHECK(padding > 0);
@@ -495,12 +495,12 @@ TEST_CASE("adam: the gradient norm has the bits of the canonical chunk/lane/tree
   double total = 0.0;
   for (const auto& grad : g) {
     const auto n = static_cast<std::int64_t>(grad.size());
-    for (std::int64_t begin = 0; begin < n; begin += memkit::detail::reduction_chunk) {
-      const std::int64_t count = std::min(memkit::detail::reduction_chunk, n - begin);
-      double lanes[memkit::detail::reduction_lanes];
-      for (int lane = 0; lane < memkit::detail::reduction_lanes; ++lane)
-        lanes[lane] = memkit::detail::lane_sum_of_squares(grad.data() + begin, count, lane);
-      total = memkit::detail::dadd_rn(total, memkit::detail::tree_sum(lanes));
+    for (std::int64_t begin = 0; begin < n; begin += memkit::optim::detail::reduction_chunk) {
+      const std::int64_t count = std::min(memkit::optim::detail::reduction_chunk, n - begin);
+      double lanes[memkit::optim::detail::reduction_lanes];
+      for (int lane = 0; lane < memkit::optim::detail::reduction_lanes; ++lane)
+        lanes[lane] = memkit::optim::detail::lane_sum_of_squares(grad.data() + begin, count, lane);
+      total = memkit::detail::dadd_rn(total, memkit::optim::detail::tree_sum(lanes));
     }
   }
   const double expected = memkit::detail::dmul_rn(memkit::detail::dsqrt_rn(total), 1.0);
@@ -596,7 +596,7 @@ TEST_CASE("adam: the chunk-sum chain gives the total and the first non-finite ch
         double total = 0.0;
         std::int64_t first_bad = -1;
         for (std::int64_t first = 0; first < 1000; first += tile)
-          memkit::detail::add_chunk_sums(s.data() + first, std::min<std::int64_t>(tile, 1000 - first), first, total, first_bad);
+          memkit::optim::detail::add_chunk_sums(s.data() + first, std::min<std::int64_t>(tile, 1000 - first), first, total, first_bad);
         CHECK(first_bad == expected_bad);
         CHECK(std::memcmp(&total, &expected_total, sizeof total) == 0);
       }

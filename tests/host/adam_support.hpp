@@ -42,7 +42,7 @@ struct reference_adamw {
   explicit reference_adamw(const std::vector<float>& params)
       : p(params.begin(), params.end()), m(params.size(), 0.0), v(params.size(), 0.0) {}
 
-  void step(const std::vector<float>& grad, const memkit::adam_group& g) {
+  void step(const std::vector<float>& grad, const memkit::optim::adam_group& g) {
     ++t;
     const double lr = g.lr, b1 = g.beta1, b2 = g.beta2, eps = g.eps, wd = g.weight_decay;
     const double bias1 = 1.0 - std::pow(b1, static_cast<double>(t));

@@ -27,7 +27,7 @@ namespace st = memkit::safetensors;
 using memkit::host;
 using memkit::host_view;
 using memkit::shape;
-using state8 = memkit::adam_state<std::int8_t, 256>;
+using state8 = memkit::optim::adam_state<std::int8_t, 256>;
 
 namespace {
 
@@ -114,7 +114,7 @@ TEST_CASE("bnb: an AdamW8bit state imported from bitsandbytes continues its traj
   const std::vector<std::int64_t> sizes = sizes_of(file);
   REQUIRE(sizes.size() == 8);
   state8 state(host, memkit::default_host_resource(), sizes);
-  const memkit::bnb::adam_state_info info = memkit::bnb::load_adam_state(host, state, step5_state);
+  const memkit::optim::bnb_adam_state_info info = memkit::optim::load_bnb_adam_state(host, state, step5_state);
   CHECK(info.step == 5);
   CHECK(state.control(host).step == 5);
   REQUIRE(info.groups.size() == 1);
@@ -160,7 +160,7 @@ TEST_CASE("bnb: an AdamW8bit state imported from bitsandbytes continues its traj
   std::vector<std::vector<float>> params = read_params(adapter, info.names);
   std::vector<std::vector<float>> grads(params.size());
   for (int step = 6; step <= 15; ++step) {
-    std::vector<memkit::adam_param<float, float>> views;
+    std::vector<memkit::optim::adam_param<float, float>> views;
     for (std::size_t t = 0; t < params.size(); ++t) {
       const float scale = info.names[t].find("lora_A") != std::string::npos ? 1e-2f : 3e-3f;
       grads[t].resize(params[t].size());
@@ -238,9 +238,9 @@ TEST_CASE("bnb: an AdamW8bit state imported from bitsandbytes continues its traj
 
   // Hand it back: export, and the export imports to the same state.
   const std::string exported = "/tmp/memkit_test_bnb_export_" + std::to_string(::getpid()) + ".safetensors";
-  memkit::bnb::save_adam_state(host, state, exported, info);
+  memkit::optim::save_bnb_adam_state(host, state, exported, info);
   state8 again(host, memkit::default_host_resource(), sizes);
-  const memkit::bnb::adam_state_info info2 = memkit::bnb::load_adam_state(host, again, exported);
+  const memkit::optim::bnb_adam_state_info info2 = memkit::optim::load_bnb_adam_state(host, again, exported);
   CHECK(info2.step == 15);
   CHECK(info2.names == info.names);
   CHECK(info2.shapes == info.shapes);
@@ -284,10 +284,10 @@ TEST_CASE("bnb: a file that does not match the state is refused, naming the key,
   const std::vector<std::int64_t> sizes = sizes_of(st::reader(step5_state));
   state8 state(host, memkit::default_host_resource(), sizes);
   // A recognisable state to compare against after each refusal.
-  (void)memkit::bnb::load_adam_state(host, state, step5_state);
+  (void)memkit::optim::load_bnb_adam_state(host, state, step5_state);
   const std::vector<std::byte> before(state.arena_view().begin(), state.arena_view().end());
   auto refused = [&](const std::string& path) {
-    const std::string message = error_of([&] { (void)memkit::bnb::load_adam_state(host, state, path); });
+    const std::string message = error_of([&] { (void)memkit::optim::load_bnb_adam_state(host, state, path); });
     CHECK(std::equal(before.begin(), before.end(), state.arena_view().begin()));
     if (path != step5_state) std::remove(path.c_str());
     return message;
@@ -393,23 +393,23 @@ TEST_CASE("bnb: a file that does not match the state is refused, naming the key,
 
   // A state whose threshold differs from bitsandbytes' min_8bit_size: tensor 1 (4096 elements) is 8-bit
   // in the file, fp32 here.
-  memkit::adam_options options;
+  memkit::optim::adam_options options;
   options.min_quantized_size = 8192;
   state8 other(host, memkit::default_host_resource(), sizes, options);
-  CHECK(error_of([&] { (void)memkit::bnb::load_adam_state(host, other, step5_state); })
+  CHECK(error_of([&] { (void)memkit::optim::load_bnb_adam_state(host, other, step5_state); })
             .find("'state.1.state1' is U8 (8-bit state), but this adam_state keeps fp32 moments for tensor 1 (4096 elements, "
                   "min_quantized_size 8192; bitsandbytes' min_8bit_size must equal it)") != std::string::npos);
   std::vector<std::int64_t> wrong_sizes = sizes;
   wrong_sizes[6] = 8192;
   state8 wrong(host, memkit::default_host_resource(), wrong_sizes);
-  CHECK(error_of([&] { (void)memkit::bnb::load_adam_state(host, wrong, step5_state); })
+  CHECK(error_of([&] { (void)memkit::optim::load_bnb_adam_state(host, wrong, step5_state); })
             .find("'state.6.state1' has 8320 elements (shape [16, 520]), tensor 6 of the adam_state has 8192") != std::string::npos);
   wrong_sizes.pop_back();
   state8 fewer(host, memkit::default_host_resource(), wrong_sizes);
-  CHECK(error_of([&] { (void)memkit::bnb::load_adam_state(host, fewer, step5_state); }).find("lists parameter 7, but the adam_state has 7 tensors") !=
+  CHECK(error_of([&] { (void)memkit::optim::load_bnb_adam_state(host, fewer, step5_state); }).find("lists parameter 7, but the adam_state has 7 tensors") !=
         std::string::npos);
-  memkit::adam_state<float> plain(host, memkit::default_host_resource(), sizes);
-  CHECK(error_of([&] { (void)memkit::bnb::load_adam_state(host, plain, step5_state); })
+  memkit::optim::adam_state<float> plain(host, memkit::default_host_resource(), sizes);
+  CHECK(error_of([&] { (void)memkit::optim::load_bnb_adam_state(host, plain, step5_state); })
             .find("'state.1.state1' is U8 (8-bit state), but this adam_state keeps fp32 moments") != std::string::npos);
 }
 
@@ -424,22 +424,22 @@ TEST_CASE("bnb: read-only views and assign() round-trip any state; fp32 states u
     p1[i] = -0.02f * float(i % 5);
     g1[i] = synthetic_gradient(1, 1, std::int64_t(i), 1e-2f);
   }
-  const std::vector<memkit::adam_group> groups(1);
+  const std::vector<memkit::optim::adam_group> groups(1);
   auto step_once = [&](auto& state) {
-    std::vector<memkit::adam_param<float, float>> views = {{host_view(p0), host_view(static_cast<const std::vector<float>&>(g0))},
+    std::vector<memkit::optim::adam_param<float, float>> views = {{host_view(p0), host_view(static_cast<const std::vector<float>&>(g0))},
                                                           {host_view(p1), host_view(static_cast<const std::vector<float>&>(g1))}};
     state.step(host, views, groups);
   };
-  memkit::adam_state<float> plain(host, memkit::default_host_resource(), sizes);
+  memkit::optim::adam_state<float> plain(host, memkit::default_host_resource(), sizes);
   step_once(plain);
   step_once(plain);
   CHECK(plain.step_view()[0] == 2);
   const std::string path = "/tmp/memkit_test_bnb_fp32_" + std::to_string(::getpid()) + ".safetensors";
-  memkit::bnb::adam_state_info info;
+  memkit::optim::bnb_adam_state_info info;
   info.groups = groups;
   info.group_of_tensor = {0, 0};
   info.shapes = {{300}, {50, 100}};
-  memkit::bnb::save_adam_state(host, plain, path, info);
+  memkit::optim::save_bnb_adam_state(host, plain, path, info);
   {
     const st::reader in(path);
     CHECK(in.info("state.1.state1").dtype == "F32");
@@ -450,8 +450,8 @@ TEST_CASE("bnb: read-only views and assign() round-trip any state; fp32 states u
       if (k == "param_groups") groups_text = v;
     CHECK(groups_text == R"([{"lr": 0.001, "betas": [0.9, 0.999], "eps": 1e-08, "weight_decay": 0.01, "params": [0, 1]}])");
   }
-  memkit::adam_state<float> back(host, memkit::default_host_resource(), sizes);
-  const auto back_info = memkit::bnb::load_adam_state(host, back, path);
+  memkit::optim::adam_state<float> back(host, memkit::default_host_resource(), sizes);
+  const auto back_info = memkit::optim::load_bnb_adam_state(host, back, path);
   CHECK(back_info.step == 2);
   CHECK(std::equal(plain.arena_view().begin(), plain.arena_view().begin() + 8, back.arena_view().begin()));
   for (std::size_t t = 0; t < 2; ++t) {
@@ -470,7 +470,7 @@ TEST_CASE("bnb: read-only views and assign() round-trip any state; fp32 states u
   CHECK(t1.m_absmax.size() == 20);
   CHECK(state8::m_map().size() == 256);
   CHECK(state8::m_map()[127] == 0.0f);
-  std::vector<memkit::adam_tensor_state<float>> copy = {q.tensor_state(0), q.tensor_state(1)};
+  std::vector<memkit::optim::adam_tensor_state<float>> copy = {q.tensor_state(0), q.tensor_state(1)};
   state8 q2(host, memkit::default_host_resource(), sizes);
   q2.assign(host, copy, q.control(host).step);
   // A step past 2^62 is refused by assign() as by load() (#35: INT64_MAX overflowed the next step).

@@ -2,6 +2,7 @@
 
 #include <memkit/budget/fits.hpp>
 #include <memkit/budget/planner.hpp>
+#include <memkit/distributed/sharded_adam_state.hpp>
 
 using namespace memkit::budget;
 

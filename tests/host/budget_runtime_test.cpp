@@ -74,10 +74,10 @@ TEST_CASE("budget runtime: memkit's parameters keep fp32 gradients and adam_stat
     for (std::uint64_t c = 0; c < p.count; ++c) sizes.push_back(static_cast<std::int64_t>(p.elements()));
   });
   REQUIRE(sizes.size() == tiny_tensors);
-  const std::uint64_t adam = memkit::adam_state<std::int8_t, 256>::bytes_required(sizes);
+  const std::uint64_t adam = memkit::optim::adam_state<std::int8_t, 256>::bytes_required(sizes);
   CHECK(ks[category::optimizer_state] == adam);
   std::uint64_t moments = 0;
-  for (std::int64_t n : sizes) moments += memkit::adam_state<std::int8_t, 256>::tensor_bytes(n);
+  for (std::int64_t n : sizes) moments += memkit::optim::adam_state<std::int8_t, 256>::tensor_bytes(n);
   CHECK(ts[category::optimizer_state] == moments);
   CHECK(adam > moments);
 }

@@ -85,7 +85,7 @@ TEST_CASE("budget vs tracking_resource: QLoRA with NF4 base, bf16 adapters and 8
   dense.emplace_back(weights, memkit::shape{hidden});         // final norm
   dense.emplace_back(weights, memkit::shape{vocab, hidden});  // token embedding
   dense.emplace_back(weights, memkit::shape{vocab, hidden});  // LM head (untied)
-  memkit::adam_state<std::int8_t, 256> adam(memkit::host, tracker.category(memory_category::optimizer_state),
+  memkit::optim::adam_state<std::int8_t, 256> adam(memkit::host, tracker.category(memory_category::optimizer_state),
                                             adapter_sizes);
 
   const auto& step = step_phase_of(predicted);
@@ -127,7 +127,7 @@ TEST_CASE("budget vs tracking_resource: full bf16-mixed training with fp32 AdamW
     masters.emplace_back(tracker.category(memory_category::other), dims);
     sizes.push_back(dims.numel());
   }
-  memkit::adam_state<float> adam(memkit::host, tracker.category(memory_category::optimizer_state), sizes);
+  memkit::optim::adam_state<float> adam(memkit::host, tracker.category(memory_category::optimizer_state), sizes);
 
   const auto& step = step_phase_of(predicted);
   CHECK(predicted.parameters == tracker.stats(memory_category::weights).current_bytes / 2);

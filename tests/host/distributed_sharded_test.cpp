@@ -16,7 +16,7 @@
 #include "support/sharded_scenario.hpp"
 
 using memkit::bf16;
-using memkit::four_bit;
+using memkit::optim::four_bit;
 using memkit::host;
 using memkit::distributed::sharded_adam_state;
 using memkit::distributed::single_communicator;
@@ -53,8 +53,8 @@ void check_layout(const std::vector<std::int64_t>& sizes, int ranks) {
   CAPTURE(ranks);
   std::vector<std::int64_t> covered(sizes.size(), 0);
   std::int64_t chunks = 0;
-  for (std::int64_t n : sizes) chunks += memkit::detail::reduction_chunks(n);
-  const std::size_t overhead = memkit::adam_state<State, Block>::overhead_bytes(chunks);
+  for (std::int64_t n : sizes) chunks += memkit::optim::detail::reduction_chunks(n);
+  const std::size_t overhead = memkit::optim::adam_state<State, Block>::overhead_bytes(chunks);
   std::size_t moments = 0;
   for (int r = 0; r < ranks; ++r) {
     std::int64_t real = 0;
@@ -71,7 +71,7 @@ void check_layout(const std::vector<std::int64_t>& sizes, int ranks) {
   CHECK(covered == sizes);
   CHECK(S::flat_size(sizes, ranks) % (S::granule * ranks) == 0);
   // One rank holds exactly adam_state's bytes.
-  if (ranks == 1) CHECK(moments + overhead == memkit::adam_state<State, Block>::bytes_required(sizes));
+  if (ranks == 1) CHECK(moments + overhead == memkit::optim::adam_state<State, Block>::bytes_required(sizes));
 }
 
 }  // namespace
@@ -99,7 +99,7 @@ TEST_CASE("sharded_adam: the tracker measures bytes_required; save and load rest
   using S = sharded_adam_state<std::int8_t, 256>;
   S state(host, single_communicator{}, tracker.category(memkit::memory_category::optimizer_state), sizes);
   CHECK(tracker.stats(memkit::memory_category::optimizer_state).current_bytes == S::bytes_required(sizes, 0, 1));
-  CHECK(state.bytes() == memkit::adam_state<std::int8_t, 256>::bytes_required(sizes));
+  CHECK(state.bytes() == memkit::optim::adam_state<std::int8_t, 256>::bytes_required(sizes));
 
   std::vector<float> params(static_cast<std::size_t>(state.flat_size()), 0.5f), grads(params.size(), 0.01f);
   for (int s = 0; s < 3; ++s)
@@ -204,7 +204,7 @@ TEST_CASE("sharded_adam: forged images are refused by the checks adam_state::loa
   };
   auto with_control = [&](auto change) {
     image_parts p = parts;
-    memkit::adam_control c{};
+    memkit::optim::adam_control c{};
     std::memcpy(&c, p.body.data() + p.control_at, sizeof c);
     change(c);
     std::memcpy(p.body.data() + p.control_at, &c, sizeof c);
@@ -220,18 +220,18 @@ TEST_CASE("sharded_adam: forged images are refused by the checks adam_state::loa
     CHECK_THROWS_WITH_AS(fresh.load(host, in), doctest::Contains(message), memkit::error);
     CHECK(fresh.control(host).step == 0);  // nothing half-loaded
   };
-  refused(with_control([](memkit::adam_control& c) { c.step = std::numeric_limits<std::int64_t>::max(); }),
+  refused(with_control([](memkit::optim::adam_control& c) { c.step = std::numeric_limits<std::int64_t>::max(); }),
           "step 9223372036854775807 (must be 0 .. 2^62)");
-  refused(with_control([](memkit::adam_control& c) { c.step = -5; }), "step -5");
-  refused(with_control([](memkit::adam_control& c) {
+  refused(with_control([](memkit::optim::adam_control& c) { c.step = -5; }), "step -5");
+  refused(with_control([](memkit::optim::adam_control& c) {
             c.loss_scale = std::numeric_limits<float>::quiet_NaN();
             c.grad_norm = -1.0;
           }),
           "grad_norm");
-  refused(with_control([](memkit::adam_control& c) { c.loss_scale = std::numeric_limits<float>::quiet_NaN(); }),
+  refused(with_control([](memkit::optim::adam_control& c) { c.loss_scale = std::numeric_limits<float>::quiet_NaN(); }),
           "loss_scale");
   // Moments: a NaN first moment, a negative second moment (the first piece's m then v, fp32).
-  const std::size_t moments_at = parts.control_at + sizeof(memkit::adam_control) + 8 + 3 * 8;
+  const std::size_t moments_at = parts.control_at + sizeof(memkit::optim::adam_control) + 8 + 3 * 8;
   {
     image_parts p = parts;
     const float nan = std::numeric_limits<float>::quiet_NaN();
@@ -257,7 +257,7 @@ TEST_CASE("sharded_adam: a short image claiming a huge body allocates nothing fo
   std::memcpy(&magic_length, image.data(), 4);
   // Keep the header, claim the largest body the bound allows (the whole unsharded state), end the stream.
   std::string head = image.substr(0, 4 + magic_length + 4 + 8);
-  const std::uint64_t claimed = memkit::adam_state<float>::bytes_required(sizes) + (1u << 20);
+  const std::uint64_t claimed = memkit::optim::adam_state<float>::bytes_required(sizes) + (1u << 20);
   std::memcpy(head.data() + 4 + magic_length + 4, &claimed, 8);
   head += "0123456789abcdef0123456789";
   std::stringstream in(head);
@@ -410,7 +410,7 @@ namespace {
 // A one-rank save after two steps, loaded by each rank of four: every rank keeps exactly its shard's moments
 // (the body streams through; only this rank's part is kept).
 template <class State, int Block>
-void check_one_to_four(const memkit::adam_options& options) {
+void check_one_to_four(const memkit::optim::adam_options& options) {
   using S = sharded_adam_state<State, Block>;
   const std::vector<std::int64_t> sizes{5000, 300, 70000};
   S source(host, single_communicator{}, memkit::default_host_resource(), sizes, options);
@@ -449,6 +449,6 @@ void check_one_to_four(const memkit::adam_options& options) {
 }  // namespace
 
 TEST_CASE("sharded_adam: a one-rank save streams into four ranks, each keeping its shard bit for bit") {
-  check_one_to_four<float, memkit::adam_state_traits<float>::default_block>({});
+  check_one_to_four<float, memkit::optim::adam_state_traits<float>::default_block>({});
   check_one_to_four<std::int8_t, 256>({.min_quantized_size = 4096});
 }

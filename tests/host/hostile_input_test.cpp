@@ -170,12 +170,12 @@ std::string forged_image(const std::string& image, std::size_t state_bytes, std:
 }  // namespace
 
 TEST_CASE("hostile adam_state images: every control-block field and moment is validated, naming the field") {
-  using memkit::adam_control;
-  using memkit::adam_group;
-  using memkit::adam_param;
+  using memkit::optim::adam_control;
+  using memkit::optim::adam_group;
+  using memkit::optim::adam_param;
   const std::vector<std::int64_t> sizes{5, 3};
-  const memkit::adam_options options{.loss_scaling = {.enabled = true, .initial_scale = 256.0f}};
-  memkit::adam_state<float> state(host, memkit::default_host_resource(), sizes, options);
+  const memkit::optim::adam_options options{.loss_scaling = {.enabled = true, .initial_scale = 256.0f}};
+  memkit::optim::adam_state<float> state(host, memkit::default_host_resource(), sizes, options);
   std::vector<float> p0(5, 1.0f), p1(3, 1.0f), g0(5, 0.5f), g1(3, -0.5f);
   const std::vector<adam_param<float, float>> params{{host_view(p0), host_view(g0), {}, 0},
                                                      {host_view(p1), host_view(g1), {}, 0}};
@@ -186,7 +186,7 @@ TEST_CASE("hostile adam_state images: every control-block field and moment is va
   const std::string image = saved.str();
   const std::size_t n = state.bytes();
 
-  memkit::adam_state<float> target(host, memkit::default_host_resource(), sizes, options);
+  memkit::optim::adam_state<float> target(host, memkit::default_host_resource(), sizes, options);
   std::stringstream before_image;
   target.save(host, before_image);
   auto refused = [&](const std::string& forged, const std::string& expected) {

@@ -276,8 +276,8 @@ TEST_CASE("layers::parameter_registry: names, order, sizes and groups from the l
   CHECK(params[3].grad.data() == norm.grad.data());
   CHECK(std::vector<int>{params[0].group, params[1].group, params[2].group, params[3].group} == std::vector<int>{0, 1, 0, 1});
 
-  const memkit::adam_group base{.lr = 99.0f, .beta1 = 0.8f, .beta2 = 0.99f, .eps = 1e-6f, .weight_decay = 0.3f};
-  const std::vector<memkit::adam_group> groups = registry.adam_groups(base, 0.25f);
+  const memkit::optim::adam_group base{.lr = 99.0f, .beta1 = 0.8f, .beta2 = 0.99f, .eps = 1e-6f, .weight_decay = 0.3f};
+  const std::vector<memkit::optim::adam_group> groups = registry.adam_groups(base, 0.25f);
   REQUIRE(groups.size() == 2);
   CHECK(groups[0].lr == 0.25f);
   CHECK(groups[1].lr == 0.125f);
@@ -333,20 +333,20 @@ TEST_CASE("layers::parameter_registry feeds adam_state: the same step as the han
   ml::basic_parameter<float> p1, q1, p2, q2;
   make(p1, q1);
   make(p2, q2);
-  const memkit::adam_group base{.lr = 1e-2f, .weight_decay = 0.0f};
+  const memkit::optim::adam_group base{.lr = 1e-2f, .weight_decay = 0.0f};
 
   ml::parameter_registry<float> registry({{.name = "decay", .weight_decay = 0.1f}, {.name = "no_decay"}},
                                          [](const std::string&, const shape& s) { return s.rank >= 2 ? 0 : 1; });
   registry.add(p1);
   registry.add(q1);
-  memkit::adam_state<float> from_registry(memkit::host, memkit::default_host_resource(), registry.sizes());
+  memkit::optim::adam_state<float> from_registry(memkit::host, memkit::default_host_resource(), registry.sizes());
   from_registry.step(memkit::host, registry.adam_params(), registry.adam_groups(base, 1e-2f));
 
   const std::vector<std::int64_t> sizes{32, 32};
-  memkit::adam_state<float> by_hand(memkit::host, memkit::default_host_resource(), sizes);
-  const std::vector<memkit::adam_param<float, float>> params{{p2.value.view(), std::as_const(p2.grad).view(), p2.master_view(), 0},
+  memkit::optim::adam_state<float> by_hand(memkit::host, memkit::default_host_resource(), sizes);
+  const std::vector<memkit::optim::adam_param<float, float>> params{{p2.value.view(), std::as_const(p2.grad).view(), p2.master_view(), 0},
                                                              {q2.value.view(), std::as_const(q2.grad).view(), q2.master_view(), 1}};
-  const std::vector<memkit::adam_group> groups{{.lr = 1e-2f, .weight_decay = 0.1f}, {.lr = 1e-2f, .weight_decay = 0.0f}};
+  const std::vector<memkit::optim::adam_group> groups{{.lr = 1e-2f, .weight_decay = 0.1f}, {.lr = 1e-2f, .weight_decay = 0.0f}};
   by_hand.step(memkit::host, params, groups);
   CHECK(ml::copy_out(std::as_const(p1.value).view()) == ml::copy_out(std::as_const(p2.value).view()));
   CHECK(ml::copy_out(std::as_const(q1.value).view()) == ml::copy_out(std::as_const(q2.value).view()));

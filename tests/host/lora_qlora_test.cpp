@@ -28,7 +28,7 @@ TEST_CASE("lora_linear: a QLoRA fine-tune (NF4 base, LoRA with dropout, 8-bit Ad
   base_weight<q::quantized_tensor<q::NF4>, float> base(in, out, false, 101, weights, nf4);
   layer_type layer(base.ref(), options, weights, tracker.category(memory_category::gradients),
                    tracker.category(memory_category::workspace));
-  memkit::adam_state<std::int8_t, 256> adam(memkit::host, tracker.category(memory_category::optimizer_state),
+  memkit::optim::adam_state<std::int8_t, 256> adam(memkit::host, tracker.category(memory_category::optimizer_state),
                                             layer.parameter_sizes());
   CHECK(adam.is_quantized(0));  // A and B both have 4096 elements: 8-bit moments, as bitsandbytes keeps them
   CHECK(adam.is_quantized(1));
@@ -37,7 +37,7 @@ TEST_CASE("lora_linear: a QLoRA fine-tune (NF4 base, LoRA with dropout, 8-bit Ad
   const std::size_t weight_bytes = q::quantized_tensor<q::NF4>::bytes_required(shape{out, in}, nf4) +
                                    layer_type::parameter_bytes(in, out, rank);
   const std::size_t gradient_bytes = layer_type::gradient_bytes(in, out, rank, false);
-  const std::size_t optimizer_bytes = memkit::adam_state<std::int8_t, 256>::bytes_required(layer.parameter_sizes());
+  const std::size_t optimizer_bytes = memkit::optim::adam_state<std::int8_t, 256>::bytes_required(layer.parameter_sizes());
   // The protocol's arguments of the two passes, from the layer (NF4 blocks of 64; dropout on; no dx).
   const auto forward = layer.forward_arguments(tokens);
   const auto backward = layer.backward_arguments(tokens, /*dropout=*/true, /*input_grad=*/false);
@@ -55,7 +55,7 @@ TEST_CASE("lora_linear: a QLoRA fine-tune (NF4 base, LoRA with dropout, 8-bit Ad
         target_weight[static_cast<std::size_t>(o * in + i)] +=
             0.1 * u[static_cast<std::size_t>(o * 4 + k)] * v[static_cast<std::size_t>(k * in + i)];
 
-  const std::vector<memkit::adam_group> groups{{.lr = 5e-3f, .weight_decay = 0.0f}};
+  const std::vector<memkit::optim::adam_group> groups{{.lr = 5e-3f, .weight_decay = 0.0f}};
   std::vector<float> y(static_cast<std::size_t>(tokens * out)), dy(y.size()), target(y.size());
   std::vector<double> losses;
   activation_store store(tracker.category(memory_category::activations));
@@ -80,7 +80,7 @@ TEST_CASE("lora_linear: a QLoRA fine-tune (NF4 base, LoRA with dropout, 8-bit Ad
     losses.push_back(loss);
     layer.zero_grad();
     layer.backward(host, host_view(dy.data(), {tokens, out}), memkit::tensor_view<float>::none(), store);
-    const std::vector<memkit::adam_param<float, float>> params{{layer.lora_A(), layer.grad_A()},
+    const std::vector<memkit::optim::adam_param<float, float>> params{{layer.lora_A(), layer.grad_A()},
                                                                {layer.lora_B(), layer.grad_B()}};
     adam.step(host, params, groups);
     REQUIRE(adam.report(host).applied);

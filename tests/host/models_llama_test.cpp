@@ -287,9 +287,9 @@ TEST_CASE("models: an adapter memkit trains, loaded by PEFT, gives memkit's logi
   model->register_parameters(registry);
   REQUIRE(registry.size() == 2 * model->linears().size());
   CHECK(registry.entries()[0].name == "model.layers.0.self_attn.q_proj.lora_A.weight");
-  memkit::adam_state<float> adam(memkit::host, m.tracker.category(memkit::memory_category::optimizer_state), registry.sizes());
-  const std::vector<memkit::adam_param<float, float>> params = registry.adam_params();
-  const std::vector<memkit::adam_group> groups = registry.adam_groups({.weight_decay = 0.0f}, 1e-2f);
+  memkit::optim::adam_state<float> adam(memkit::host, m.tracker.category(memkit::memory_category::optimizer_state), registry.sizes());
+  const std::vector<memkit::optim::adam_param<float, float>> params = registry.adam_params();
+  const std::vector<memkit::optim::adam_group> groups = registry.adam_groups({.weight_decay = 0.0f}, 1e-2f);
   std::vector<float> losses;
   for (int step = 0; step < 3; ++step) {
     memkit::layers::zero_grad(memkit::host, registry);

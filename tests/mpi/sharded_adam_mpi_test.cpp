@@ -19,7 +19,7 @@
 #include "support/sharded_scenario.hpp"
 
 using memkit::bf16;
-using memkit::four_bit;
+using memkit::optim::four_bit;
 using memkit::host;
 using memkit::distributed::mpi_communicator;
 using memkit::distributed::sharded_adam_state;
@@ -82,14 +82,14 @@ void check_resharding(int old_ranks, int new_ranks) {
   world().broadcast(host, dir, static_cast<std::int64_t>(sizeof dir), 0);
   auto image_path = [&](int r) { return std::string(dir) + "/rank-" + std::to_string(r) + ".img"; };
 
-  memkit::adam_options options;
+  memkit::optim::adam_options options;
   options.max_grad_norm = 0.02f;
-  memkit::adam_state<State, Block> reference(host, memkit::default_host_resource(), sizes, options);
+  memkit::optim::adam_state<State, Block> reference(host, memkit::default_host_resource(), sizes, options);
   std::vector<std::vector<float>> ref_params(sizes.size()), ref_grads(sizes.size());
   for (std::size_t i = 0; i < sizes.size(); ++i)
     for (float x : memkit_test::standard_normal(sizes[i], 2000 + static_cast<unsigned>(i))) ref_params[i].push_back(0.1f * x);
   auto reference_step = [&](int s, int ranks) {
-    std::vector<memkit::adam_param<float, float>> params;
+    std::vector<memkit::optim::adam_param<float, float>> params;
     for (std::size_t i = 0; i < sizes.size(); ++i) {
       ref_grads[i].assign(static_cast<std::size_t>(sizes[i]), 0.0f);
       for (std::int64_t j = 0; j < sizes[i]; ++j)
@@ -200,7 +200,7 @@ void check_resharding_both_ways() {
 template <class State, int Block>
 void check_memory(const char* name) {
   using S = sharded_adam_state<State, Block>;
-  using A = memkit::adam_state<State, Block>;
+  using A = memkit::optim::adam_state<State, Block>;
   const std::vector<std::int64_t> sizes{4096 * 300 + 11, 1000, 4096 * 200, 777, 4096 * 100 + 5, 4096 * 64};
   const int rank = world().rank(), ranks = world().size();
   memkit::tracking_resource tracker(memkit::default_host_resource());
@@ -210,7 +210,7 @@ void check_memory(const char* name) {
   CHECK(measured <= S::max_bytes_per_rank(sizes, ranks));
 
   std::int64_t chunks = 0;
-  for (std::int64_t n : sizes) chunks += memkit::detail::reduction_chunks(n);
+  for (std::int64_t n : sizes) chunks += memkit::optim::detail::reduction_chunks(n);
   const std::size_t overhead = A::overhead_bytes(chunks), whole = A::bytes_required(sizes);
   const double moments = static_cast<double>(measured - overhead);
   double all_moments = 0, local = moments;

@@ -27,7 +27,7 @@ namespace sharded_test {
 // cut inside tensors.
 inline const std::vector<std::int64_t> sizes{5000, 300, 12365, 4096, 9000, 70};
 inline const std::vector<int> tensor_groups{0, 1, 0, 1, 0, 1};
-inline const std::vector<memkit::adam_group> groups{{.lr = 2e-3f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .weight_decay = 0.01f},
+inline const std::vector<memkit::optim::adam_group> groups{{.lr = 2e-3f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .weight_decay = 0.01f},
                                                     {.lr = 5e-3f, .beta1 = 0.8f, .beta2 = 0.99f, .eps = 1e-6f, .weight_decay = 0.0f}};
 
 // Rank `rank`'s gradient of element j of tensor i at step `step`: a multiple of 2^-17 in (-2^-7, 2^-7).
@@ -54,9 +54,9 @@ bool same_bits(const T& a, const T& b) {
 // One run: `steps` steps of stage `stage` (1 or 2) with parameters of type P, optionally with master
 // weights (16-bit P), and a NaN gradient injected by the last rank at step `nan_step` (-1: none).
 template <class State, int Block, class P, class C>
-outcome run(const C& comm, int stage, int steps, bool with_master, int nan_step, memkit::adam_options options = {}) {
+outcome run(const C& comm, int stage, int steps, bool with_master, int nan_step, memkit::optim::adam_options options = {}) {
   using sharded = memkit::distributed::sharded_adam_state<State, Block>;
-  using reference_state = memkit::adam_state<State, Block>;
+  using reference_state = memkit::optim::adam_state<State, Block>;
   const int N = comm.size(), rank = comm.rank();
   options.max_grad_norm = 0.02f;  // the summed gradients' norm is ~0.05-0.15: clipping acts
   options.host_threads = 1;
@@ -109,7 +109,7 @@ outcome run(const C& comm, int stage, int steps, bool with_master, int nan_step,
       state.step_shard_gradients(memkit::host, comm, memkit::host_view(flat), memkit::host_view(std::as_const(grad_shard)),
                                  groups, step_options, with_master ? memkit::host_view(master) : memkit::tensor_view<float>{});
     }
-    std::vector<memkit::adam_param<P, float>> params;
+    std::vector<memkit::optim::adam_param<P, float>> params;
     for (std::size_t i = 0; i < sizes.size(); ++i)
       params.push_back({memkit::host_view(ref_params[i]), memkit::host_view(std::as_const(ref_grads[i])),
                         with_master ? memkit::host_view(ref_master[i]) : memkit::tensor_view<float>{}, tensor_groups[i]});

@@ -3,7 +3,7 @@
 //
 // memory_budget predicts what memkit itself allocates, so these are not formulas of their own: each
 // forwards to the component's constexpr bytes_required / tensor_bytes (quant/quantized_tensor.hpp,
-// optim/adam_state.hpp). A change in a component's layout changes the budget with it, and the tests
+// optim/adam_bytes.hpp, distributed/sharded_adam_bytes.hpp). A change in a component's layout changes the budget with it, and the tests
 // that compare the budget with a tracking_resource keep the two honest.
 //   NF4/FP4 weight: ceil(n/2) packed bytes, and per block of `block_size` one fp32 absmax, or with double
 //     quantization one uint8 code per block plus one fp32 absmax per 256 blocks and an fp32 offset.
@@ -11,7 +11,7 @@
 //   int8 weight: one byte per element and one fp32 absmax per block.
 //   Adam state: two moments per tensor (fp32, bf16, or codes plus one fp32 absmax per block per moment),
 //     each segment aligned to 64 bytes; tensors with fewer than 4096 elements keep fp32 moments.
-//   Sharded Adam state (ZeRO 1/2): distributed/sharded_adam_state.hpp's max_bytes_per_rank.
+//   Sharded Adam state (ZeRO 1/2): distributed/sharded_adam_bytes.hpp's max_bytes_per_rank.
 #pragma once
 
 #include <cstdint>
@@ -19,8 +19,8 @@
 
 #include "memkit/config.hpp"
 #include "memkit/core/tensor_view.hpp"
-#include "memkit/distributed/sharded_adam_state.hpp"
-#include "memkit/optim/adam_state.hpp"
+#include "memkit/distributed/sharded_adam_bytes.hpp"
+#include "memkit/optim/adam_bytes.hpp"
 #include "memkit/quant/quantized_tensor.hpp"
 
 MEMKIT_NAMESPACE_BEGIN
@@ -51,27 +51,27 @@ constexpr std::uint64_t int8_bytes(std::uint64_t elements, std::uint64_t block_s
 
 // Adam's two moments for one tensor of `elements`, as adam_state allocates them.
 constexpr std::uint64_t adam_fp32_state_bytes(std::uint64_t elements) noexcept {
-  return adam_state<float>::tensor_bytes(static_cast<std::int64_t>(elements));
+  return optim::adam_layout<float>::tensor_bytes(static_cast<std::int64_t>(elements));
 }
 constexpr std::uint64_t adam_bf16_state_bytes(std::uint64_t elements) noexcept {
-  return adam_state<bf16>::tensor_bytes(static_cast<std::int64_t>(elements));
+  return optim::adam_layout<bf16>::tensor_bytes(static_cast<std::int64_t>(elements));
 }
 // Blockwise 8-bit (bitsandbytes' current block 256).
 constexpr std::uint64_t adam_8bit_state_bytes(std::uint64_t elements) noexcept {
-  return adam_state<std::int8_t, 256>::tensor_bytes(static_cast<std::int64_t>(elements));
+  return optim::adam_layout<std::int8_t, 256>::tensor_bytes(static_cast<std::int64_t>(elements));
 }
 // Blockwise 4-bit (torchao AdamW4bit, block 128).
 constexpr std::uint64_t adam_4bit_state_bytes(std::uint64_t elements) noexcept {
-  return adam_state<four_bit, 128>::tensor_bytes(static_cast<std::int64_t>(elements));
+  return optim::adam_layout<optim::four_bit, 128>::tensor_bytes(static_cast<std::int64_t>(elements));
 }
 
 // adam_state's fixed part, once per state: its control block and the gradient-norm scratch, which has
 // adam_reduction_chunks(n) entries per tensor of n elements.
 constexpr std::uint64_t adam_reduction_chunks(std::uint64_t elements) noexcept {
-  return static_cast<std::uint64_t>(memkit::detail::reduction_chunks(static_cast<std::int64_t>(elements)));
+  return static_cast<std::uint64_t>(optim::detail::reduction_chunks(static_cast<std::int64_t>(elements)));
 }
 constexpr std::uint64_t adam_overhead_bytes(std::uint64_t total_reduction_chunks) noexcept {
-  return adam_state<float>::overhead_bytes(static_cast<std::int64_t>(total_reduction_chunks));
+  return optim::adam_layout<float>::overhead_bytes(static_cast<std::int64_t>(total_reduction_chunks));
 }
 
 // ZeRO stages 1/2: the most any of `ranks` ranks allocates for a distributed::sharded_adam_state over tensors of
@@ -79,11 +79,12 @@ constexpr std::uint64_t adam_overhead_bytes(std::uint64_t total_reduction_chunks
 // chunks), for each flavour as above.
 template <class State, int Block>
 constexpr std::uint64_t sharded_adam_state_bytes(std::span<const std::int64_t> sizes, std::uint64_t ranks) {
-  return distributed::sharded_adam_state<State, Block>::max_bytes_per_rank(sizes, static_cast<int>(ranks));
+  return distributed::sharded_adam_layout<State, Block>::max_bytes_per_rank(sizes, static_cast<int>(ranks),
+                                                                        optim::default_min_quantized_size);
 }
 // The fp32 master shard a rank keeps next to it (sharded_adam_state's shard_size elements).
 constexpr std::uint64_t sharded_master_bytes(std::span<const std::int64_t> sizes, std::uint64_t ranks) {
-  return 4 * static_cast<std::uint64_t>(distributed::sharded_adam_state<float>::shard_size(sizes, static_cast<int>(ranks)));
+  return 4 * static_cast<std::uint64_t>(distributed::sharded_adam_layout<float>::shard_size(sizes, static_cast<int>(ranks)));
 }
 
 }  // namespace budget

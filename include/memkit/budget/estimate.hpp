@@ -260,7 +260,7 @@ constexpr sharded_totals sharded_adam_bytes(const model_config& m, const trainin
     case optimizer_kind::adamw: r.optimizer = sharded_adam_state_bytes<float, 0>(sizes, p.gpus); break;
     case optimizer_kind::adamw_bf16: r.optimizer = sharded_adam_state_bytes<bf16, 0>(sizes, p.gpus); break;
     case optimizer_kind::adamw_8bit: r.optimizer = sharded_adam_state_bytes<std::int8_t, 256>(sizes, p.gpus); break;
-    case optimizer_kind::adamw_4bit: r.optimizer = sharded_adam_state_bytes<four_bit, 128>(sizes, p.gpus); break;
+    case optimizer_kind::adamw_4bit: r.optimizer = sharded_adam_state_bytes<optim::four_bit, 128>(sizes, p.gpus); break;
     default: break;
   }
   if (p.has_master_weights()) r.master = sharded_master_bytes(sizes, p.gpus);

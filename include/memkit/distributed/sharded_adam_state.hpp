@@ -55,6 +55,7 @@
 #include "memkit/core/float16.hpp"
 #include "memkit/core/tensor_view.hpp"
 #include "memkit/distributed/communicator.hpp"
+#include "memkit/distributed/sharded_adam_bytes.hpp"
 #include "memkit/memory/buffer.hpp"
 #include "memkit/memory/resource.hpp"
 #include "memkit/optim/adam_math.hpp"
@@ -64,26 +65,16 @@
 MEMKIT_NAMESPACE_BEGIN
 namespace distributed {
 
-// The elements [begin, end) of tensor `tensor` that a rank owns.
-struct shard_piece {
-  std::int64_t tensor = 0;
-  std::int64_t begin = 0, end = 0;  // within the tensor; begin is a multiple of the granule
-  std::int64_t flat = 0;            // flat offset of the tensor (element 0)
-  std::int64_t first_chunk = 0;     // global index of the gradient-norm chunk holding element `begin`
-  bool quantized = false;           // decided by the whole tensor's size, as adam_state decides it
-  std::size_t m_offset = 0, v_offset = 0, m_scale_offset = 0, v_scale_offset = 0;  // within the arena
-  constexpr std::int64_t count() const noexcept { return end - begin; }
-};
-
 struct sharded_step_options {
   std::span<const int> tensor_groups{};  // the group of each tensor; empty: every tensor in group 0
   float gradient_scale = 1.0f;           // multiplies every (summed) gradient, e.g. 1/ranks to average
 };
 
-template <class State, int Block = adam_state_traits<State>::default_block>
-class sharded_adam_state {
-  using traits = adam_state_traits<State>;
-  using unsharded = adam_state<State, Block>;
+template <class State, int Block = optim::adam_state_traits<State>::default_block>
+class sharded_adam_state : public sharded_adam_layout<State, Block> {
+  using traits = optim::adam_state_traits<State>;
+  using unsharded = optim::adam_state<State, Block>;
+  using layout = sharded_adam_layout<State, Block>;
 
  public:
   using state_type = State;
@@ -91,74 +82,29 @@ class sharded_adam_state {
   static constexpr int block_size = Block;
   using moment_type = typename traits::moment_type;
   using plain_moment_type = std::conditional_t<quantized, float, moment_type>;
-  // Pieces start on multiples of this many elements of their tensor (adam_state's norm chunk).
-  static constexpr std::int64_t granule = memkit::detail::reduction_chunk;
+  using layout::granule;
 
  private:
   static constexpr std::int64_t divisor_block = Block > 0 ? Block : 1;
-  static_assert(granule % divisor_block == 0, "sharded_adam_state: a granule must hold whole blocks");
-  static constexpr std::int64_t padded(std::int64_t n) noexcept { return (n + granule - 1) / granule * granule; }
 
  public:
-  // ---- The flat layout and the memory per rank: constexpr, so a budget can use them ----
-
-  // Elements of the flat parameter / gradient buffers every rank holds.
-  static constexpr std::int64_t flat_size(std::span<const std::int64_t> sizes, int ranks) noexcept {
-    std::int64_t total = 0;
-    for (std::int64_t n : sizes) total += padded(n);
-    const std::int64_t unit = granule * (ranks > 0 ? ranks : 1);
-    return std::max<std::int64_t>(unit, (total + unit - 1) / unit * unit);
-  }
-  static constexpr std::int64_t shard_size(std::span<const std::int64_t> sizes, int ranks) noexcept {
-    return flat_size(sizes, ranks) / (ranks > 0 ? ranks : 1);
-  }
-  // Bytes of the moments of a piece of `count` elements of a tensor quantized or not.
-  static constexpr std::size_t piece_bytes(std::int64_t count, bool piece_quantized) noexcept {
-    return unsharded::segment_plan(count, piece_quantized).bytes;
-  }
-  // Lays out rank `rank`'s state, calling visit(piece) for each piece; returns the arena's bytes.
-  template <class Visit>
-  static constexpr std::size_t plan(std::span<const std::int64_t> sizes, int rank, int ranks,
-                                    std::int64_t min_quantized_size, Visit&& visit) {
-    const std::int64_t shard = shard_size(sizes, ranks);
-    const std::int64_t low = static_cast<std::int64_t>(rank) * shard, high = low + shard;
-    std::int64_t chunks = 0;
-    for (std::int64_t n : sizes) chunks += memkit::detail::reduction_chunks(n);
-    std::size_t offset = unsharded::overhead_bytes(chunks);
-    std::int64_t flat = 0, first_chunk = 0;
-    for (std::size_t i = 0; i < sizes.size(); ++i) {
-      const std::int64_t n = sizes[i];
-      const std::int64_t begin = std::clamp<std::int64_t>(low - flat, 0, n);
-      const std::int64_t end = std::clamp<std::int64_t>(high - flat, 0, n);
-      if (begin < end) {
-        shard_piece p;
-        p.tensor = static_cast<std::int64_t>(i);
-        p.begin = begin;
-        p.end = end;
-        p.flat = flat;
-        p.first_chunk = first_chunk + begin / granule;
-        p.quantized = unsharded::quantizes(n, min_quantized_size);
-        // adam_state's segment layout (m and v of a large piece half a page apart modulo 4 KiB).
-        offset = unsharded::segment_plan(end - begin, p.quantized).place(p, offset, p.quantized);
-        visit(p);
-      }
-      flat += padded(n);
-      first_chunk += memkit::detail::reduction_chunks(n);
-    }
-    return offset;
-  }
-  // Exactly what rank `rank` of `ranks` allocates for tensors of these sizes.
+  // The flat layout and the memory per rank are sharded_adam_layout's (distributed/sharded_adam_bytes.hpp):
+  // flat_size, shard_size, piece_bytes, plan, bytes_required, max_bytes_per_rank; with options:
+  using layout::bytes_required;
+  using layout::max_bytes_per_rank;
   static constexpr std::size_t bytes_required(std::span<const std::int64_t> sizes, int rank, int ranks,
-                                              const adam_options& options = {}) {
-    return plan(sizes, rank, ranks, options.min_quantized_size, [](const shard_piece&) {});
+                                              const optim::adam_options& options = {}) {
+    return layout::bytes_required(sizes, rank, ranks, options.min_quantized_size);
   }
-  // The most any rank allocates (what a budget must plan for on every device).
   static constexpr std::size_t max_bytes_per_rank(std::span<const std::int64_t> sizes, int ranks,
-                                                  const adam_options& options = {}) {
-    std::size_t most = 0;
-    for (int r = 0; r < ranks; ++r) most = std::max(most, bytes_required(sizes, r, ranks, options));
-    return most;
+                                                  const optim::adam_options& options = {}) {
+    return layout::max_bytes_per_rank(sizes, ranks, options.min_quantized_size);
   }
+  using layout::flat_size;
+  using layout::padded;
+  using layout::piece_bytes;
+  using layout::plan;
+  using layout::shard_size;
 
   // ---- Construction ----
 
@@ -170,11 +116,9 @@ class sharded_adam_state {
   template <executor E, class C>
     requires communicator<C, E>
   sharded_adam_state(const E& exec, const C& comm, memory_resource& resource, std::span<const std::int64_t> sizes,
-                     adam_options options = {}, std::uint64_t run_id = 0)
-      : options_(options), rank_(comm.rank()), ranks_(comm.size()) {
-    validate(options_.loss_scaling, "sharded_adam_state");
-    require(options_.min_quantized_size >= 0, "sharded_adam_state: min_quantized_size must be >= 0");
-    require(options_.max_grad_norm >= 0.0f, "sharded_adam_state: max_grad_norm must be >= 0");
+                     optim::adam_options options = {}, std::uint64_t run_id = 0)
+      : rank_(comm.rank()), ranks_(comm.size()) {
+    optim::detail::validate_adam_options(options, "sharded_adam_state");
     require(ranks_ >= 1 && rank_ >= 0 && rank_ < ranks_, "sharded_adam_state: communicator reports rank " +
                                                              std::to_string(rank_) + " of " + std::to_string(ranks_));
     require(!sizes.empty(), "sharded_adam_state: no tensors");
@@ -185,16 +129,34 @@ class sharded_adam_state {
     std::int64_t flat = 0, chunks = 0;
     for (std::int64_t n : sizes_) {
       flat_offsets_.push_back(flat);
-      first_chunks_.push_back(chunks);
+      optim::detail::adam_tensor_layout t;  // only its chunk range: report() names a tensor by it
+      t.size = n;
+      t.first_chunk = chunks;
+      t.chunks = optim::detail::reduction_chunks(n);
+      tensor_chunks_.push_back(t);
       flat += padded(n);
-      chunks += memkit::detail::reduction_chunks(n);
+      chunks += optim::detail::reduction_chunks(n);
     }
-    total_chunks_ = chunks;
     flat_size_ = flat_size(sizes, ranks_);
     shard_size_ = flat_size_ / ranks_;
     const std::size_t bytes =
-        plan(sizes, rank_, ranks_, options_.min_quantized_size, [&](const shard_piece& p) { pieces_.push_back(p); });
-    arena_ = buffer<std::byte>(resource, shape{static_cast<std::int64_t>(bytes)});
+        plan(sizes, rank_, ranks_, options.min_quantized_size, [&](const shard_piece& p) { pieces_.push_back(p); });
+    // To the state core, a piece is a tensor of its own (its chunks start at the piece's global first chunk).
+    for (const shard_piece& p : pieces_) {
+      optim::detail::adam_tensor_layout t;
+      t.size = p.count();
+      t.quantized = p.quantized;
+      t.units = p.quantized ? (t.size + divisor_block - 1) / divisor_block
+                            : (t.size + optim::detail::plain_unit - 1) / optim::detail::plain_unit;
+      t.m_offset = p.m_offset;
+      t.v_offset = p.v_offset;
+      t.m_scale_offset = p.m_scale_offset;
+      t.v_scale_offset = p.v_scale_offset;
+      t.first_chunk = p.first_chunk;
+      t.chunks = optim::detail::reduction_chunks(t.size);
+      piece_layouts_.push_back(t);
+    }
+    core_ = core("sharded_adam_state", resource, bytes, chunks, options);
     require_accessible(exec, arena_view(), "sharded_adam_state", "optimizer state");
     run_id_ = run_id != 0 ? run_id : shared_fresh_run_id(exec, comm);
     run_id_bound_ = run_id != 0;
@@ -208,24 +170,8 @@ class sharded_adam_state {
 
   // Zeroes the moments and the control block (step 0, initial loss scale).
   template <executor E>
-  void reset([[maybe_unused]] const E& exec) {
-    require_accessible(exec, arena_view(), "sharded_adam_state::reset", "optimizer state");
-    adam_control control{};
-    control.loss_scale = options_.loss_scaling.enabled ? options_.loss_scaling.initial_scale : 1.0f;
-    if constexpr (!E::on_device) {
-      std::memset(arena_.data(), 0, arena_.bytes());
-      std::memcpy(arena_.data(), &control, sizeof control);
-    } else {
-#if MEMKIT_HAS_CUDA
-      memkit::detail::with_device(exec.device, [&] {
-        MEMKIT_CUDA_CHECK(cudaMemsetAsync(arena_.data(), 0, arena_.bytes(), exec.stream));
-        memkit::detail::adam_set_control_kernel<adam_control>
-            <<<1, 1, 0, exec.stream>>>(reinterpret_cast<adam_control*>(arena_.data()), control);
-        MEMKIT_CUDA_CHECK(cudaGetLastError());
-        return 0;
-      });
-#endif
-    }
+  void reset(const E& exec) {
+    core_.reset(exec);
   }
 
   int rank() const noexcept { return rank_; }
@@ -237,10 +183,10 @@ class sharded_adam_state {
   std::int64_t shard_begin() const noexcept { return static_cast<std::int64_t>(rank_) * shard_size_; }
   std::int64_t flat_offset(std::size_t tensor) const { return flat_offsets_.at(tensor); }
   std::span<const shard_piece> pieces() const noexcept { return pieces_; }
-  std::size_t bytes() const noexcept { return arena_.bytes(); }
-  memory_kind where() const noexcept { return arena_.where(); }
-  tensor_view<const std::byte> arena_view() const noexcept { return arena_.view(); }
-  const adam_options& options() const noexcept { return options_; }
+  std::size_t bytes() const noexcept { return core_.bytes(); }
+  memory_kind where() const noexcept { return core_.where(); }
+  tensor_view<const std::byte> arena_view() const noexcept { return core_.view(); }
+  const optim::adam_options& options() const noexcept { return core_.options(); }
   // The run this state belongs to (never 0), saved in every rank image. load() refuses images of different
   // runs together, and images of another run than this state's once the state is bound to its run: its id
   // was given (constructor, set_run_id), or it has stepped or loaded. A fresh state with a drawn id takes
@@ -252,11 +198,7 @@ class sharded_adam_state {
     run_id_ = id;
     run_id_bound_ = true;
   }
-  void set_max_grad_norm(float max_norm) {
-    require(max_norm >= 0.0f && memkit::detail::is_finite(max_norm),
-            "sharded_adam_state::set_max_grad_norm: need a finite value >= 0");
-    options_.max_grad_norm = max_norm;
-  }
+  void set_max_grad_norm(float max_norm) { core_.set_max_grad_norm(max_norm); }
 
   // A view of tensor `tensor` inside a flat buffer (parameters or gradients).
   template <class T>
@@ -292,7 +234,7 @@ class sharded_adam_state {
   template <executor E, class C, float_storage P, float_storage G>
     requires communicator<C, E>
   void step_full_gradients(const E& exec, const C& comm, tensor_view<P> params, tensor_view<G> grads,
-                           std::span<const adam_group> groups, const sharded_step_options& options = {},
+                           std::span<const optim::adam_group> groups, const sharded_step_options& options = {},
                            tensor_view<float> master = {}) {
     const char* op = "sharded_adam_state::step_full_gradients";
     validate_step(exec, comm, op, params, tensor_view<const G>(grads), flat_size_, groups, options, master);
@@ -304,7 +246,7 @@ class sharded_adam_state {
   template <executor E, class C, float_storage P, float_storage G>
     requires communicator<C, E>
   void step_shard_gradients(const E& exec, const C& comm, tensor_view<P> params, tensor_view<const G> grad_shard,
-                            std::span<const adam_group> groups, const sharded_step_options& options = {},
+                            std::span<const optim::adam_group> groups, const sharded_step_options& options = {},
                             tensor_view<float> master = {}) {
     const char* op = "sharded_adam_state::step_shard_gradients";
     validate_step(exec, comm, op, params, grad_shard, shard_size_, groups, options, master);
@@ -326,26 +268,12 @@ class sharded_adam_state {
 
   // On CUDA this waits for the executor's stream (a read-back for logging and tests).
   template <executor E>
-  adam_control control(const E& exec) const {
-    adam_control c{};
-    copy_out(exec, &c, sizeof c);
-    return c;
+  optim::adam_control control(const E& exec) const {
+    return core_.control(exec);
   }
   template <executor E>
-  adam_step_report report(const E& exec) const {
-    const adam_control c = control(exec);
-    adam_step_report r;
-    r.applied = c.applied != 0;
-    r.step = c.step;
-    r.skipped_steps = c.skipped_steps;
-    r.grad_norm = c.grad_norm;
-    r.loss_scale = c.loss_scale;
-    if (c.first_nonfinite_chunk >= 0)
-      for (std::size_t i = 0; i < sizes_.size(); ++i)
-        if (c.first_nonfinite_chunk >= first_chunks_[i] &&
-            c.first_nonfinite_chunk < first_chunks_[i] + memkit::detail::reduction_chunks(sizes_[i]))
-          r.first_nonfinite_tensor = static_cast<std::int64_t>(i);
-    return r;
+  optim::adam_step_report report(const E& exec) const {
+    return core_.report(exec, tensor_chunks_);
   }
   // The dequantized moments of this rank's piece of `tensor` (elements [begin, end) of the piece;
   // empty when this rank owns none of it).
@@ -358,8 +286,8 @@ class sharded_adam_state {
     for (const shard_piece& p : pieces_) {
       if (p.tensor != static_cast<std::int64_t>(tensor)) continue;
       for (std::int64_t i = 0; i < p.count(); ++i) {
-        m.push_back(load_moment(image.data(), p, i, true));
-        v.push_back(load_moment(image.data(), p, i, false));
+        m.push_back(core::load_moment(image.data(), layout_of(p), i, true));
+        v.push_back(core::load_moment(image.data(), layout_of(p), i, false));
       }
     }
   }
@@ -381,13 +309,13 @@ class sharded_adam_state {
     put(body, static_cast<std::uint32_t>(traits::bits));
     put(body, static_cast<std::uint32_t>(Block));
     put(body, traits::map_fingerprint());
-    put(body, options_.min_quantized_size);
+    put(body, options().min_quantized_size);
     put(body, static_cast<std::uint32_t>(ranks_));
     put(body, static_cast<std::uint32_t>(rank_));
     put(body, run_id_);
     put(body, static_cast<std::uint64_t>(sizes_.size()));
     for (std::int64_t n : sizes_) put(body, n);
-    body.append(reinterpret_cast<const char*>(image.data()), sizeof(adam_control));
+    body.append(reinterpret_cast<const char*>(image.data()), sizeof(optim::adam_control));
     put(body, static_cast<std::uint64_t>(pieces_.size()));
     for (const shard_piece& p : pieces_) {
       put(body, p.tensor);
@@ -413,9 +341,9 @@ class sharded_adam_state {
   void load(const E& exec, std::span<std::istream* const> images) {
     const std::string op = "sharded_adam_state::load";
     require(!images.empty(), op + ": no images");
-    std::vector<std::byte> staging(arena_.bytes(), std::byte{0});
+    std::vector<std::byte> staging(core_.bytes(), std::byte{0});
     std::vector<char> seen;
-    adam_control first_control{};
+    optim::adam_control first_control{};
     std::uint64_t first_run = 0;
     for (std::size_t k = 0; k < images.size(); ++k) {
       require(images[k] != nullptr, op + ": image " + std::to_string(k) + " is null");
@@ -426,7 +354,7 @@ class sharded_adam_state {
         require(in.template pod<std::uint32_t>() == static_cast<std::uint32_t>(traits::bits), where + ": moment bits differ");
         require(in.template pod<std::uint32_t>() == static_cast<std::uint32_t>(Block), where + ": block size differs");
         require(in.template pod<std::uint64_t>() == traits::map_fingerprint(), where + ": quantization maps differ");
-        require(in.template pod<std::int64_t>() == options_.min_quantized_size, where + ": min_quantized_size differs");
+        require(in.template pod<std::int64_t>() == options().min_quantized_size, where + ": min_quantized_size differs");
         const auto saved_ranks = static_cast<int>(in.template pod<std::uint32_t>());
         const auto saved_rank = static_cast<int>(in.template pod<std::uint32_t>());
         require(saved_ranks >= 1 && saved_rank >= 0 && saved_rank < saved_ranks,
@@ -448,14 +376,14 @@ class sharded_adam_state {
         require(in.template pod<std::uint64_t>() == sizes_.size(), where + ": tensor count differs");
         for (std::size_t i = 0; i < sizes_.size(); ++i)
           require(in.template pod<std::int64_t>() == sizes_[i], where + ": tensor " + std::to_string(i) + "'s size differs");
-        const auto control = in.template pod<adam_control>();
+        const auto control = in.template pod<optim::adam_control>();
         // The fields adam_state::load checks, with the same function (a forged image can carry a valid checksum).
-        validate_control(control, where + ": the control block has ", total_chunks_, options_.loss_scaling);
+        optim::validate_control(control, where + ": the control block has ", core_.total_chunks(), options().loss_scaling);
         if (k == 0) first_control = control;
         require(std::memcmp(&control, &first_control, sizeof control) == 0, where + ": holds a different step than image 0 (images from different saves)");
         // The pieces must be exactly those the layout gives that rank.
         std::vector<shard_piece> expected;
-        plan(sizes_, saved_rank, saved_ranks, options_.min_quantized_size,
+        plan(sizes_, saved_rank, saved_ranks, options().min_quantized_size,
              [&](const shard_piece& p) { expected.push_back(p); });
         require(in.template pod<std::uint64_t>() == expected.size(), where + ": piece count does not match its layout");
         for (const shard_piece& old : expected) {
@@ -497,7 +425,7 @@ class sharded_adam_state {
     std::memcpy(staging.data(), &first_control, sizeof first_control);
     validate_pieces(op, staging.data());
     require_accessible(exec, arena_view(), "sharded_adam_state::load", "optimizer state");
-    copy_in(exec, staging.data(), staging.size());  // every image checked: now replace
+    core_.copy_in(exec, staging.data(), staging.size());  // every image checked: now replace
     run_id_ = first_run;
     run_id_bound_ = true;
   }
@@ -512,7 +440,7 @@ class sharded_adam_state {
 
   template <executor E, class C, float_storage P, float_storage G>
   void step_on(const E& exec, const C& comm, tensor_view<P> params, const G* grads, std::int64_t grads_begin,
-               std::span<const adam_group> groups, const sharded_step_options& options, tensor_view<float> master) {
+               std::span<const optim::adam_group> groups, const sharded_step_options& options, tensor_view<float> master) {
     run_id_bound_ = true;  // this state now holds a step of its run
     if constexpr (!E::on_device) {
       host_step(exec, comm, params, grads, grads_begin, groups, options, master);
@@ -539,9 +467,9 @@ class sharded_adam_state {
       if constexpr (!E::on_device) {
         comm.broadcast(exec, reinterpret_cast<std::byte*>(&id), static_cast<std::int64_t>(sizeof id), 0);
       } else {
-        copy_in(exec, &id, sizeof id);
-        comm.broadcast(exec, arena_.data(), static_cast<std::int64_t>(sizeof id), 0);
-        copy_out(exec, &id, sizeof id);
+        core_.copy_in(exec, &id, sizeof id);
+        comm.broadcast(exec, core_.data(), static_cast<std::int64_t>(sizeof id), 0);
+        core_.copy_out(exec, &id, 0, sizeof id);
       }
     }
     require(id != 0, "sharded_adam_state: the run id broadcast from rank 0 arrived as 0");
@@ -551,248 +479,78 @@ class sharded_adam_state {
   // The whole arena on the host: the arena itself, or a copy (waits for the stream) of device memory.
   template <executor E>
   std::vector<std::byte> host_copy(const E& exec) const {
-    std::vector<std::byte> bytes(arena_.bytes());
-    copy_out(exec, bytes.data(), bytes.size());
+    std::vector<std::byte> bytes(core_.bytes());
+    core_.copy_out(exec, bytes.data(), 0, bytes.size());
     return bytes;
   }
-  template <executor E>
-  void copy_out([[maybe_unused]] const E& exec, void* destination, std::size_t bytes) const {
-    if constexpr (!E::on_device) {
-      require(host_executor::can_access(where()), "sharded_adam_state: the state is in device memory; read it with a cuda_executor");
-      std::memcpy(destination, arena_.data(), bytes);
-    } else {
-#if MEMKIT_HAS_CUDA
-      MEMKIT_CUDA_CHECK(cudaMemcpyAsync(destination, arena_.data(), bytes, cudaMemcpyDefault, exec.stream));
-      exec.synchronize();
-#endif
-    }
-  }
-  template <executor E>
-  void copy_in([[maybe_unused]] const E& exec, const void* source, std::size_t bytes) {
-    if constexpr (!E::on_device) {
-      std::memcpy(arena_.data(), source, bytes);
-    } else {
-#if MEMKIT_HAS_CUDA
-      MEMKIT_CUDA_CHECK(cudaMemcpyAsync(arena_.data(), source, bytes, cudaMemcpyDefault, exec.stream));
-      exec.synchronize();  // `source` is the caller's temporary
-#endif
-    }
-  }
-
-#if MEMKIT_HAS_CUDA
-  // The device step: adam_state's kernels over the pieces (a piece is a tensor to them, with its
-  // element offset for the stochastic-rounding stream), the collectives on the same stream.
-  template <class C, float_storage P, float_storage G>
-  void device_step(const cuda_executor& exec, const C& comm, tensor_view<P> params, const G* grads,
-                   std::int64_t grads_begin, std::span<const adam_group> groups, const sharded_step_options& options,
-                   tensor_view<float> master) {
-    namespace md = memkit::detail;
-    std::byte* base = arena_.data();
-    auto* control = reinterpret_cast<adam_control*>(base);
-    double* sums = reinterpret_cast<double*>(base + md::align_segment(sizeof(adam_control)));
-    auto grad_of = [&](const shard_piece& p) { return grads + (p.flat + p.begin - grads_begin); };
-    constexpr int K = md::tensors_per_launch;
-    md::with_device(exec.device, [&] {
-      MEMKIT_CUDA_CHECK(cudaMemsetAsync(sums, 0, static_cast<std::size_t>(total_chunks_) * sizeof(double), exec.stream));
-      for (std::size_t first = 0; first < pieces_.size(); first += K) {
-        md::norm_launch<G> batch{};
-        std::int64_t units = 0;
-        for (std::size_t j = 0; j < K && first + j < pieces_.size(); ++j) {
-          const shard_piece& p = pieces_[first + j];
-          batch.grad[j] = grad_of(p);
-          batch.sums[j] = sums + p.first_chunk;
-          batch.size[j] = p.count();
-          batch.chunk_begin[j] = units;
-          units += md::reduction_chunks(p.count());
-          batch.count = static_cast<int>(j + 1);
-        }
-        batch.chunk_begin[batch.count] = units;
-        md::adam_norm_kernel<G><<<static_cast<unsigned>(units), md::reduction_lanes, 0, exec.stream>>>(batch);
-        MEMKIT_CUDA_CHECK(cudaGetLastError());
-      }
-      return 0;
-    });
-    comm.all_reduce(exec, sums, sums, total_chunks_);
-    md::with_device(exec.device, [&] {
-      md::adam_finalize_kernel<adam_control><<<1, md::finalize_threads, 0, exec.stream>>>(control, sums, total_chunks_, options_.max_grad_norm,
-                                                                        options_.loss_scaling, options.gradient_scale);
-      MEMKIT_CUDA_CHECK(cudaGetLastError());
-      // The norm scratch is free once the finalisation has read it: it takes the step's per-group terms.
-      auto* terms = reinterpret_cast<adam_step_terms*>(sums);
-      const std::vector<std::int32_t> slots =
-          md::enqueue_step_terms(exec.stream, control, terms, total_chunks_, groups, pieces_.size(), [&](std::size_t i) {
-            return options.tensor_groups.empty() ? 0 : options.tensor_groups[static_cast<std::size_t>(pieces_[i].tensor)];
-          });
-      constexpr int threads = md::update_threads<State, Block>();
-      for (std::size_t first = 0; first < pieces_.size(); first += K) {
-        md::update_launch<State> batch{};
-        if constexpr (quantized) {
-          const auto& tables = traits::tables();
-          for (int i = 0; i < traits::entries; ++i) {
-            batch.tables.m[i] = tables.m[static_cast<std::size_t>(i)];
-            batch.tables.v[i] = tables.v[static_cast<std::size_t>(i)];
-          }
-        }
-        batch.control = control;
-        batch.terms = terms;
-        batch.seed = options_.seed;
-        batch.stochastic_rounding = options_.stochastic_rounding;
-        std::int64_t units = 0;
-        for (std::size_t j = 0; j < K && first + j < pieces_.size(); ++j) {
-          const shard_piece& p = pieces_[first + j];
-          const int group = options.tensor_groups.empty() ? 0 : options.tensor_groups[static_cast<std::size_t>(p.tensor)];
-          md::adam_tensor_args& a = batch.tensors[j];
-          a.param = params.data() + p.flat + p.begin;
-          a.grad = grad_of(p);
-          a.master = master.data() == nullptr ? nullptr : master.data() + (p.flat + p.begin - shard_begin());
-          a.m = base + p.m_offset;
-          a.v = base + p.v_offset;
-          a.m_scale = p.quantized ? reinterpret_cast<float*>(base + p.m_scale_offset) : nullptr;
-          a.v_scale = p.quantized ? reinterpret_cast<float*>(base + p.v_scale_offset) : nullptr;
-          a.size = p.count();
-          a.unit_begin = units;
-          a.index = p.tensor;
-          a.first = p.begin;
-          a.group = groups[static_cast<std::size_t>(group)];
-          a.quantized = p.quantized ? 1 : 0;
-          a.terms_slot = slots[first + j];
-          a.vector = md::vector_aligned(a.param, a.grad, a.master, a.m, a.v) ? 1 : 0;
-          units += p.quantized ? (p.count() + divisor_block - 1) / divisor_block
-                               : (p.count() + md::plain_unit - 1) / md::plain_unit;
-          batch.count = static_cast<int>(j + 1);
-        }
-        md::adam_update_kernel<State, Block, threads, P, G>
-            <<<md::update_blocks<State, Block>(units), threads, 0, exec.stream>>>(batch);
-        MEMKIT_CUDA_CHECK(cudaGetLastError());
-      }
-      return 0;
-    });
-    P* flat = params.data();
-    comm.all_gather(exec, flat + shard_begin(), flat, shard_size_);
-  }
-#endif
-
-  // ---- one step on the host ----
+  // The step over this rank's pieces, by the state core both optimizers share (optim/detail/adam_core.hpp): a
+  // piece is a tensor to it, with its element offset for the stochastic-rounding stream. Between the norm pass
+  // and the decision, the chunk sums are all-reduced (exact: one rank contributes each chunk, the rest 0.0), so
+  // every rank takes the same decision; after the update, the parameters are all-gathered.
   template <executor E, class C, float_storage P, float_storage G>
   void host_step(const E& exec, const C& comm, tensor_view<P> params, const G* grads, std::int64_t grads_begin,
-                 std::span<const adam_group> groups, const sharded_step_options& options, tensor_view<float> master) {
-    std::byte* base = arena_.data();
-    auto& control = *reinterpret_cast<adam_control*>(base);
-    double* sums = reinterpret_cast<double*>(base + memkit::detail::align_segment(sizeof(adam_control)));
-    // The grads/master pointer of element `begin` of a piece (grads start at flat index grads_begin).
-    auto grad_of = [&](const shard_piece& p) { return grads + (p.flat + p.begin - grads_begin); };
-    std::fill(sums, sums + total_chunks_, 0.0);
-    for (const shard_piece& p : pieces_) norm_piece(p, grad_of(p), sums + p.first_chunk);
-    comm.all_reduce(exec, sums, sums, total_chunks_);  // exact: one rank contributes each chunk, the rest 0.0
-    memkit::detail::finalize_step(control, sums, total_chunks_, options_.max_grad_norm, options_.loss_scaling,
-                                  options.gradient_scale);
-    if (control.applied == 0) return;  // the same decision on every rank: nothing changes anywhere
-    for (const shard_piece& p : pieces_) {
-      const int group = options.tensor_groups.empty() ? 0 : options.tensor_groups[static_cast<std::size_t>(p.tensor)];
-      const memkit::detail::param_access<P, G> access{
-          params.data() + p.flat + p.begin,
-          grad_of(p),
-          master.data() == nullptr ? nullptr : master.data() + (p.flat + p.begin - shard_begin()),
-          options_.stochastic_rounding,
-          options_.seed,
-          control.step,
-          p.tensor,
-          p.begin};
-      update_piece(p, access, make_coefficients(groups[static_cast<std::size_t>(group)], control));
+                 std::span<const optim::adam_group> groups, const sharded_step_options& options, tensor_view<float> master) {
+    double* sums = core_.host_chunk_sums();
+    std::fill(sums, sums + core_.total_chunks(), 0.0);
+    for (std::size_t k = 0; k < pieces_.size(); ++k) core_.host_norm(piece_layouts_[k], grad_of(pieces_[k], grads, grads_begin));
+    comm.all_reduce(exec, sums, sums, core_.total_chunks());
+    if (core_.host_finalize(options.gradient_scale)) {  // the same decision on every rank
+      for (std::size_t k = 0; k < pieces_.size(); ++k) {
+        const shard_piece& p = pieces_[k];
+        core_.host_update(piece_layouts_[k],
+                          core_.host_access(p.tensor, param_of(p, params), grad_of(p, grads, grads_begin),
+                                            master_of(p, master), p.begin),
+                          groups[static_cast<std::size_t>(group_of(p, options))]);
+      }
+      P* flat = params.data();
+      comm.all_gather(exec, flat + shard_begin(), flat, shard_size_);
     }
+  }
+
+#if MEMKIT_HAS_CUDA
+  // On the device a skipped step still all-gathers (the decision stays on the device; the parameters are
+  // unchanged on every rank, so the gather rewrites the same values).
+  template <class C, float_storage P, float_storage G>
+  void device_step(const cuda_executor& exec, const C& comm, tensor_view<P> params, const G* grads,
+                   std::int64_t grads_begin, std::span<const optim::adam_group> groups, const sharded_step_options& options,
+                   tensor_view<float> master) {
+    auto piece = [&](std::size_t k) {
+      const shard_piece& p = pieces_[k];
+      return optim::detail::adam_step_tensor{&piece_layouts_[k], param_of(p, params), grad_of(p, grads, grads_begin),
+                                              master_of(p, master), p.tensor, p.begin, group_of(p, options)};
+    };
+    double* sums = core_.host_chunk_sums();
+    memkit::detail::with_device(exec.device, [&] {
+      MEMKIT_CUDA_CHECK(cudaMemsetAsync(sums, 0, static_cast<std::size_t>(core_.total_chunks()) * sizeof(double), exec.stream));
+      core_.template device_norm<G>(exec, pieces_.size(), piece);
+      return 0;
+    });
+    comm.all_reduce(exec, sums, sums, core_.total_chunks());
+    memkit::detail::with_device(exec.device, [&] {
+      core_.template device_finalize_and_update<P, G>(exec, options.gradient_scale, groups, pieces_.size(), piece);
+      return 0;
+    });
     P* flat = params.data();
     comm.all_gather(exec, flat + shard_begin(), flat, shard_size_);
   }
+#endif
 
-  // adam_state's norm pass over one piece: chunks of `granule` elements, in the canonical lane/tree order.
+  // Where a piece's parameters, gradients (which start at flat index grads_begin) and master values are.
+  template <float_storage P>
+  static P* param_of(const shard_piece& p, tensor_view<P> params) noexcept { return params.data() + p.flat + p.begin; }
   template <float_storage G>
-  static void norm_piece(const shard_piece& p, const G* grad, double* sums) {
-    double lanes[memkit::detail::reduction_lanes];
-    for (std::int64_t c = 0, begin = 0; begin < p.count(); ++c, begin += granule) {
-      const std::int64_t count = std::min(granule, p.count() - begin);
-      for (int lane = 0; lane < memkit::detail::reduction_lanes; ++lane)
-        lanes[lane] = memkit::detail::lane_sum_of_squares(grad + begin, count, lane);
-      sums[c] = memkit::detail::tree_sum(lanes);
-    }
+  static const G* grad_of(const shard_piece& p, const G* grads, std::int64_t grads_begin) noexcept {
+    return grads + (p.flat + p.begin - grads_begin);
   }
-
-  static constexpr std::int64_t tile_size = Block > 0 ? Block : 256;
-  struct tile {
-    float p[tile_size], g[tile_size], m[tile_size], v[tile_size];
-  };
-
-  // adam_state's fused update of elements [0, count) of a piece (indices relative to the piece).
-  template <float_storage P, float_storage G>
-  void update_piece(const shard_piece& p, const memkit::detail::param_access<P, G>& access,
-                    const adam_coefficients& c) {
-    std::byte* base = arena_.data();
-    tile t;
-    if (!p.quantized) {
-      auto* m = reinterpret_cast<plain_moment_type*>(base + p.m_offset);
-      auto* v = reinterpret_cast<plain_moment_type*>(base + p.v_offset);
-      for (std::int64_t begin = 0; begin < p.count(); begin += tile_size) {
-        const std::int64_t count = std::min(tile_size, p.count() - begin);
-        for (std::int64_t e = 0; e < count; ++e) t.m[e] = to_float(m[begin + e]);
-        for (std::int64_t e = 0; e < count; ++e) t.v[e] = to_float(v[begin + e]);
-        update_tile(access, t, begin, count, c);
-        for (std::int64_t e = 0; e < count; ++e) m[begin + e] = from_float<plain_moment_type>(t.m[e]);
-        for (std::int64_t e = 0; e < count; ++e) v[begin + e] = from_float<plain_moment_type>(t.v[e]);
-      }
-      return;
-    }
-    if constexpr (quantized) {
-      const auto& tables = traits::tables();
-      auto* m_codes = reinterpret_cast<std::uint8_t*>(base + p.m_offset);
-      auto* v_codes = reinterpret_cast<std::uint8_t*>(base + p.v_offset);
-      auto* m_scale = reinterpret_cast<float*>(base + p.m_scale_offset);
-      auto* v_scale = reinterpret_cast<float*>(base + p.v_scale_offset);
-      for (std::int64_t b = 0, begin = 0; begin < p.count(); ++b, begin += Block) {
-        const std::int64_t count = std::min<std::int64_t>(Block, p.count() - begin);
-        memkit::detail::dequantize_codes<traits::bits>(tables.m.data(), m_codes, begin, count, m_scale[b], t.m);
-        memkit::detail::dequantize_codes<traits::bits>(tables.v.data(), v_codes, begin, count, v_scale[b], t.v);
-        update_tile(access, t, begin, count, c);
-        m_scale[b] = block_absmax(t.m, count);
-        v_scale[b] = block_absmax(t.v, count);
-        encode(t.m, memkit::detail::inverse_scale(m_scale[b]), count, m_codes, begin, true);
-        encode(t.v, memkit::detail::inverse_scale(v_scale[b]), count, v_codes, begin, false);
-      }
-    }
+  float* master_of(const shard_piece& p, tensor_view<float> master) const noexcept {
+    return master.data() == nullptr ? nullptr : master.data() + (p.flat + p.begin - shard_begin());
   }
-  // The parameters and gradients of [begin, begin + count) into the tile, the update, and back.
-  template <float_storage P, float_storage G>
-  static void update_tile(const memkit::detail::param_access<P, G>& access, tile& t, std::int64_t begin,
-                          std::int64_t count, const adam_coefficients& c) {
-    for (std::int64_t e = 0; e < count; ++e) t.p[e] = access.load(begin + e);
-    for (std::int64_t e = 0; e < count; ++e) t.g[e] = to_float(access.grad[begin + e]);
-    memkit::detail::adamw_update_array(t.p, t.m, t.v, t.g, count, c);
-    for (std::int64_t e = 0; e < count; ++e) access.store(begin + e, t.p[e]);
+  static int group_of(const shard_piece& p, const sharded_step_options& options) noexcept {
+    return options.tensor_groups.empty() ? 0 : options.tensor_groups[static_cast<std::size_t>(p.tensor)];
   }
-  static float block_absmax(const float* values, std::int64_t count) noexcept {
-    return memkit::detail::bit_cast<float>(memkit::detail::max_magnitude_bits(values, count));
-  }
-  // adam_state's requantization of one block's moments (codes at element `begin` of the piece).
-  static void encode(const float* values, float inverse, std::int64_t count, std::uint8_t* codes, std::int64_t begin,
-                     bool first_moment) {
-    if constexpr (traits::bits == 8) {
-      const auto coder = traits::make_host_coder();
-      memkit::detail::dynamic_codes_indexed(first_moment ? *coder.m_index : *coder.v_index, values, inverse, count,
-                                            codes + begin);
-    } else if constexpr (traits::bits == 4) {
-      const auto& tables = traits::tables();
-      memkit::detail::table16_codes(first_moment ? tables.m.data() : tables.v.data(), values, inverse, count,
-                                    codes + begin / 2);
-    }
-  }
-
-  float load_moment(const std::byte* base, const shard_piece& p, std::int64_t i, bool first) const {
-    const std::size_t offset = first ? p.m_offset : p.v_offset;
-    if (!p.quantized) return to_float(reinterpret_cast<const plain_moment_type*>(base + offset)[i]);
-    if constexpr (quantized) {
-      const float scale = reinterpret_cast<const float*>(base + (first ? p.m_scale_offset : p.v_scale_offset))[i / Block];
-      const unsigned code = memkit::detail::load_code<traits::bits>(reinterpret_cast<const std::uint8_t*>(base + offset), i);
-      return memkit::detail::mul_rn(first ? traits::tables().m[code] : traits::tables().v[code], scale);
-    }
-    return 0.0f;
+  // The state core's view of a piece (pieces_ and piece_layouts_ run in step).
+  const optim::detail::adam_tensor_layout& layout_of(const shard_piece& p) const {
+    return piece_layouts_[static_cast<std::size_t>(&p - pieces_.data())];
   }
 
   // This rank's moments as load() assembled them, checked by the function adam_state checks a loaded image
@@ -805,8 +563,8 @@ class sharded_adam_state {
         if constexpr (quantized) {
           const std::int64_t blocks = (p.count() + divisor_block - 1) / divisor_block;
           for (const std::size_t offset : {p.m_scale_offset, p.v_scale_offset})
-            validate_moments(
-                adam_moment_kind::block_scale, blocks,
+            optim::validate_moments(
+                optim::adam_moment_kind::block_scale, blocks,
                 [&](std::int64_t b) {
                   float a;
                   std::memcpy(&a, base + offset + static_cast<std::size_t>(b) * sizeof a, sizeof a);
@@ -818,9 +576,9 @@ class sharded_adam_state {
         }
         continue;
       }
-      validate_moments(adam_moment_kind::first, p.count(), [&](std::int64_t i) { return load_moment(base, p, i, true); },
+      optim::validate_moments(optim::adam_moment_kind::first, p.count(), [&](std::int64_t i) { return core::load_moment(base, layout_of(p), i, true); },
                        [&](std::int64_t i) { return which + ": m[" + std::to_string(i) + "]"; });
-      validate_moments(adam_moment_kind::second, p.count(), [&](std::int64_t i) { return load_moment(base, p, i, false); },
+      optim::validate_moments(optim::adam_moment_kind::second, p.count(), [&](std::int64_t i) { return core::load_moment(base, layout_of(p), i, false); },
                        [&](std::int64_t i) { return which + ": v[" + std::to_string(i) + "]"; });
     }
   }
@@ -854,7 +612,7 @@ class sharded_adam_state {
   }
   template <executor E, class C, float_storage P, float_storage G>
   void validate_step(const E& exec, const C& comm, const char* op, tensor_view<P> params, tensor_view<const G> grads,
-                     std::int64_t grads_size, std::span<const adam_group> groups, const sharded_step_options& options,
+                     std::int64_t grads_size, std::span<const optim::adam_group> groups, const sharded_step_options& options,
                      tensor_view<float> master) const {
     check_comm(op, comm);
     require_accessible(exec, arena_view(), op, "optimizer state");
@@ -922,7 +680,7 @@ class sharded_adam_state {
                 (version == 1 ? " (version 1 images name no run, so they cannot be told from another run's; not read)" : ""));
     const auto length = read_raw<std::uint64_t>(in, where);
     // No image of these tensors is larger than the whole unsharded state plus its headers.
-    const std::uint64_t bound = (1u << 20) + 64 * sizes_.size() + unsharded::bytes_required(sizes_, options_);
+    const std::uint64_t bound = (1u << 20) + 64 * sizes_.size() + unsharded::bytes_required(sizes_, options());
     require(length <= bound, where + ": image header is corrupt (body of " + std::to_string(length) + " bytes)");
     return length;
   }
@@ -1021,14 +779,16 @@ class sharded_adam_state {
     return hash;
   }
 
-  adam_options options_;
+  using core = optim::detail::adam_core<State, Block>;
   int rank_ = 0, ranks_ = 1;
   std::uint64_t run_id_ = 0;
   bool run_id_bound_ = false;
-  std::vector<std::int64_t> sizes_, flat_offsets_, first_chunks_;
-  std::int64_t total_chunks_ = 0, flat_size_ = 0, shard_size_ = 0;
+  std::vector<std::int64_t> sizes_, flat_offsets_;
+  std::vector<optim::detail::adam_tensor_layout> tensor_chunks_;  // whole tensors' chunk ranges
+  std::int64_t flat_size_ = 0, shard_size_ = 0;
   std::vector<shard_piece> pieces_;
-  buffer<std::byte> arena_;
+  std::vector<optim::detail::adam_tensor_layout> piece_layouts_;  // pieces_ as the state core sees them
+  core core_;
 };
 
 }  // namespace distributed

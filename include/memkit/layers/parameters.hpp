@@ -4,7 +4,7 @@
 //   layers::parameter_registry<bf16> params({{.name = "decay", .weight_decay = 0.1f}, {.name = "no_decay", .weight_decay = 0.0f}},
 //                                           [](const std::string&, const shape& s) { return s.rank >= 2 ? 0 : 1; });
 //   model.register_parameters(params);       // each layer: params.add(weight); ... (frozen ones are skipped)
-//   adam_state<float> adam(exec, resource, params.sizes(), options);   // sizes in registration order
+//   optim::adam_state<float> adam(exec, resource, params.sizes(), options);   // sizes in registration order
 //   const auto adam_params = params.adam_params();                     // the same order, with their groups
 //   ... layers::zero_grad(exec, params); forward; backward;
 //   adam.step(exec, adam_params, params.adam_groups(base, lr));        // lr * each group's lr_scale
@@ -105,15 +105,15 @@ class parameter_registry {
   }
 
   // ---- the optimizer: adam_state's tensors and groups, in the order of sizes() ----
-  std::vector<adam_param<P, G>> adam_params() const {
-    std::vector<adam_param<P, G>> list;
+  std::vector<optim::adam_param<P, G>> adam_params() const {
+    std::vector<optim::adam_param<P, G>> list;
     list.reserve(entries_.size());
     for (const entry& e : entries_) list.push_back({e.value, tensor_view<const G>(e.grad), e.master, e.group});
     return list;
   }
   // One adam_group per registry group: `base` with lr = lr * lr_scale and the group's weight decay (when set).
-  std::vector<adam_group> adam_groups(const adam_group& base, float lr) const {
-    std::vector<adam_group> list(groups_.size(), base);
+  std::vector<optim::adam_group> adam_groups(const optim::adam_group& base, float lr) const {
+    std::vector<optim::adam_group> list(groups_.size(), base);
     for (std::size_t g = 0; g < groups_.size(); ++g) {
       list[g].lr = lr * groups_[g].lr_scale;
       if (groups_[g].weight_decay) list[g].weight_decay = *groups_[g].weight_decay;

@@ -16,8 +16,10 @@
 #include "memkit/core/random.hpp"
 #include "memkit/core/rounded_math.hpp"
 #include "memkit/core/units.hpp"
+#include "memkit/optim/adam_bytes.hpp"
 
 MEMKIT_NAMESPACE_BEGIN
+namespace optim {
 
 // Hyperparameters of one parameter group, with PyTorch's AdamW defaults.
 struct adam_group {
@@ -66,6 +68,42 @@ inline void validate(const loss_scaler_options& options, const std::string& wher
               " and max_scale " + format_float(options.max_scale));
 }
 
+// Options fixed when the state is made (the first one shapes the memory layout).
+struct adam_options {
+  std::int64_t min_quantized_size = default_min_quantized_size;  // smaller tensors keep fp32 moments in a quantized state
+  float max_grad_norm = 0.0f;              // global-norm clipping over all tensors of the step; 0 disables
+  loss_scaler_options loss_scaling{};      // dynamic loss scaling for fp16 gradients
+  bool stochastic_rounding = true;         // bf16 parameters without a master copy: round stochastically
+  std::uint64_t seed = 0;                  // of the stochastic rounding; same seed, same bits
+  int host_threads = 1;                    // threads of the host and CPU-offload steps, 0 = all hardware
+                                           // threads; the results do not depend on it
+};
+
+// What the last step did, read back from the control block.
+struct adam_step_report {
+  bool applied = false;
+  std::int64_t step = 0;            // steps applied so far
+  std::int64_t skipped_steps = 0;
+  double grad_norm = 0.0;           // global L2 norm of the unscaled gradients (Inf/NaN when not finite)
+  float loss_scale = 1.0f;          // the scale to multiply the next loss by
+  std::int64_t first_nonfinite_tensor = -1;
+
+  std::string to_string() const {
+    if (applied)
+      return "adam step " + std::to_string(step) + " applied (gradient norm " + std::to_string(grad_norm) +
+             ", loss scale " + std::to_string(loss_scale) + ")";
+    if (first_nonfinite_tensor >= 0)
+      return "adam step skipped: tensor " + std::to_string(first_nonfinite_tensor) +
+             " has a non-finite gradient; parameters and optimizer state are unchanged (" +
+             std::to_string(skipped_steps) + " steps skipped so far, loss scale now " + std::to_string(loss_scale) + ")";
+    if (skipped_steps > 0)
+      return "adam step skipped: the gradient norm " + std::to_string(grad_norm) +
+             " is too large for fp32 moments (g*g would overflow); parameters and optimizer state are unchanged (" +
+             std::to_string(skipped_steps) + " steps skipped so far, loss scale now " + std::to_string(loss_scale) + ")";
+    return "no adam step has been taken yet";
+  }
+};
+
 namespace detail {
 
 // base^exponent by repeated squaring in double: exact operation order, so host and device agree.
@@ -91,22 +129,9 @@ MEMKIT_HOST_DEVICE constexpr bf16 bf16_stochastic_round(float value, std::uint32
   return bf16::from_bits(static_cast<std::uint16_t>((u + (random & 0xffffu)) >> 16));
 }
 
-// What one step needs besides the per-group hyperparameters: written by the step's finalisation
-// (detail::finalize_step) into the state's control block, which lives with the state, so the device
-// can apply or skip a step without the host ever waiting for it.
-struct adam_control {
-  std::int64_t step = 0;               // steps applied so far (the t of the bias correction)
-  std::int64_t skipped_steps = 0;      // steps refused because a gradient was not finite
-  std::int64_t first_nonfinite_chunk = -1;  // of the last step; -1 when all gradients were finite
-  double grad_norm = 0.0;              // global L2 norm of the last step's unscaled gradients
-  float loss_scale = 1.0f;             // the scale the next backward pass should use
-  std::int32_t good_steps = 0;         // finite steps since the scale last changed
-  float grad_multiplier = 1.0f;        // 1/loss_scale times the clipping factor, for the step being applied
-  std::int32_t applied = 0;            // 1 when the last step updated anything
-};
 
 // The one set of checks for anything that enters an Adam state from outside: adam_state::load and
-// assign, the bitsandbytes import (bnb::load_adam_state) and sharded_adam_state::load all call these
+// assign, the bitsandbytes import (optim::load_bnb_adam_state) and sharded_adam_state::load all call these
 // functions, and no other copy of the rules exists. Each throws memkit::error naming the field and its value.
 
 // No run takes 2^62 steps; the bound leaves room to keep counting without overflow (the next step adds one).
@@ -244,17 +269,6 @@ MEMKIT_HOST_DEVICE inline void update_loss_scale(float& scale, std::int32_t& goo
   }
 }
 
-// Canonical gradient-norm reduction. A gradient is cut into chunks of reduction_chunk elements; lane l
-// of reduction_lanes sums (in double) the squares of elements l, l + lanes, ... of its chunk, and the
-// lanes are then added as a binary tree. The CUDA kernel (one block of `lanes` threads per chunk)
-// and the host loop follow exactly this order, so both produce the same bits.
-inline constexpr int reduction_lanes = 256;
-inline constexpr std::int64_t reduction_chunk = 4096;
-
-constexpr std::int64_t reduction_chunks(std::int64_t count) noexcept {
-  return (count + reduction_chunk - 1) / reduction_chunk;
-}
-
 template <float_storage G>
 MEMKIT_HOST_DEVICE MEMKIT_FORCEINLINE double lane_sum_of_squares(const G* chunk, std::int64_t count, int lane) noexcept {
   double sum = 0.0;
@@ -357,4 +371,5 @@ class dynamic_loss_scaler {
   std::int32_t good_steps_ = 0;
 };
 
+}  // namespace optim
 MEMKIT_NAMESPACE_END

@@ -4,7 +4,7 @@
 // the signed dynamic map qmap1, state2 (v) as codes of the unsigned map qmap2, one fp32 absmax per block
 // in absmax1/absmax2 — and fp32 state1/state2 for parameters below min_8bit_size (4096). That is
 // adam_state<std::int8_t, 256> with min_quantized_size 4096, code for code: memkit's maps are
-// bitsandbytes' maps (checked on every import, up to torch's rounding: see map_tolerance), so a state
+// bitsandbytes' maps (checked on every import, up to torch's rounding: see bnb_map_tolerance), so a state
 // moves across without requantization.
 // tools/bnb_optimizer_state.py converts a torch optimizer state_dict into this safetensors layout and back:
 //
@@ -44,20 +44,20 @@
 
 MEMKIT_NAMESPACE_BEGIN
 
-namespace bnb {
+namespace optim {
 
-inline constexpr const char* optimizer_state_format = "memkit.bnb_optimizer_state";
-inline constexpr const char* optimizer_state_version = "1";
-inline constexpr std::int64_t optimizer_block_size = 256;  // bitsandbytes' blockwise optimizers, fixed
+inline constexpr const char* bnb_optimizer_state_format = "memkit.bnb_optimizer_state";
+inline constexpr const char* bnb_optimizer_state_version = "1";
+inline constexpr std::int64_t bnb_optimizer_block_size = 256;  // bitsandbytes' blockwise optimizers, fixed
 // How far a file's qmap entry may be from memkit's and still count as the same map. bitsandbytes builds
 // its maps with torch.linspace, whose vectorized path rounds some entries differently on some CPUs (42
 // signed and 31 unsigned entries 1-2 ulps off memkit's on an AVX-512 EPYC); the codes then mean values
 // that differ by that much, far below the 8-bit quantization step, and are taken over unchanged.
-inline constexpr float map_tolerance = 1e-6f;
+inline constexpr float bnb_map_tolerance = 1e-6f;
 
 // What a file says besides the moments: the groups' hyperparameters, which group each tensor is in,
 // names, shapes and the step. Export takes it back (edit groups to hand back a changed learning rate).
-struct adam_state_info {
+struct bnb_adam_state_info {
   std::vector<adam_group> groups;                   // lr, betas, eps, weight_decay of each param_group
   std::vector<int> group_of_tensor;                 // the group of each tensor
   std::vector<std::string> names;                   // param_names, or empty
@@ -70,7 +70,7 @@ namespace detail {
 
 template <class State, int Block>
 constexpr bool bnb_compatible() noexcept {
-  return (std::is_same_v<State, std::int8_t> && Block == optimizer_block_size) || std::is_same_v<State, float>;
+  return (std::is_same_v<State, std::int8_t> && Block == bnb_optimizer_block_size) || std::is_same_v<State, float>;
 }
 
 // The shortest decimal that reads back as the same float, in Python's float spelling ("0.002", "1e-08").
@@ -139,34 +139,34 @@ inline std::string dims_text(const std::vector<std::int64_t>& dims) {
 
 // Reads a file of the layout above into `state` (all or nothing) and returns what else it says.
 template <executor E, class State, int Block>
-adam_state_info load_adam_state(const E& exec, adam_state<State, Block>& state, const std::string& path) {
+bnb_adam_state_info load_bnb_adam_state(const E& exec, adam_state<State, Block>& state, const std::string& path) {
   static_assert(detail::bnb_compatible<State, Block>(),
                 "bitsandbytes' AdamW8bit layout is adam_state<std::int8_t, 256> (or adam_state<float> for 32-bit state)");
   using state_type = adam_state<State, Block>;
   using plain = typename state_type::plain_moment_type;
   const safetensors::reader in(path);
-  const std::string where = "bnb::load_adam_state: '" + path + "'";
+  const std::string where = "load_bnb_adam_state: '" + path + "'";
   auto meta = [&](const char* key) -> const std::string* {
     for (const auto& [k, v] : in.metadata())
       if (k == key) return &v;
     return nullptr;
   };
   const std::string* format = meta("format");
-  require(format != nullptr && *format == optimizer_state_format,
+  require(format != nullptr && *format == bnb_optimizer_state_format,
           where + ": metadata format is " + (format ? "\"" + *format + "\"" : std::string("missing")) + ", expected \"" +
-              optimizer_state_format + "\" (convert a torch state_dict with tools/bnb_optimizer_state.py)");
+              bnb_optimizer_state_format + "\" (convert a torch state_dict with tools/bnb_optimizer_state.py)");
   const std::string* version = meta("version");
-  require(version != nullptr && *version == optimizer_state_version,
+  require(version != nullptr && *version == bnb_optimizer_state_version,
           where + ": metadata version is " + (version ? "\"" + *version + "\"" : std::string("missing")) +
-              ", this build reads \"" + optimizer_state_version + "\"");
+              ", this build reads \"" + bnb_optimizer_state_version + "\"");
   const std::string* block = meta("block_size");
-  require(block != nullptr && *block == std::to_string(optimizer_block_size),
+  require(block != nullptr && *block == std::to_string(bnb_optimizer_block_size),
           where + ": metadata block_size is " + (block ? "\"" + *block + "\"" : std::string("missing")) +
               "; bitsandbytes' blockwise optimizers use 256");
   const std::string* groups_text = meta("param_groups");
   require(groups_text != nullptr, where + ": metadata lacks param_groups");
 
-  adam_state_info info;
+  bnb_adam_state_info info;
   info.param_groups_json = *groups_text;
   const std::size_t count = state.tensor_count();
   info.group_of_tensor.assign(count, -1);
@@ -313,7 +313,7 @@ adam_state_info load_adam_state(const E& exec, adam_state<State, Block>& state, 
       continue;
     }
     if constexpr (state_type::quantized) {
-      const std::int64_t blocks = (size + optimizer_block_size - 1) / optimizer_block_size;
+      const std::int64_t blocks = (size + bnb_optimizer_block_size - 1) / bnb_optimizer_block_size;
       const std::string per_block = "one per block of 256 of " + std::to_string(size) + " elements";
       t.m_absmax = detail::read_exactly<float>(in, prefix + "absmax1", "F32", blocks, where, per_block);
       t.v_absmax = detail::read_exactly<float>(in, prefix + "absmax2", "F32", blocks, where, per_block);
@@ -322,7 +322,7 @@ adam_state_info load_adam_state(const E& exec, adam_state<State, Block>& state, 
         const std::vector<float> map = detail::read_exactly<float>(in, prefix + field, "F32", 256, where, "a 256-entry map");
         const std::span<const float> mine = first ? state_type::m_map() : state_type::v_map();
         for (std::size_t c = 0; c < 256; ++c)
-          if (!(std::fabs(map[c] - mine[c]) <= map_tolerance * std::fabs(mine[c])))
+          if (!(std::fabs(map[c] - mine[c]) <= bnb_map_tolerance * std::fabs(mine[c])))
             throw error(where + ": '" + prefix + field + "' entry " + std::to_string(c) + " is " + format_float(map[c], 9) +
                         ", memkit's " + (first ? "signed" : "unsigned") + " dynamic map has " + format_float(mine[c], 9) +
                         " (more than a rounding apart: a custom map cannot be taken over code for code)");
@@ -373,7 +373,7 @@ std::vector<T> host_copy([[maybe_unused]] const E& exec, tensor_view<const T> vi
   if constexpr (E::on_device) exec.synchronize();
   MEMKIT_CUDA_CHECK(cudaMemcpy(out.data(), view.data(), view.bytes(), cudaMemcpyDeviceToHost));
 #else
-  throw error("bnb::save_adam_state: the state is in device memory, but this translation unit is built without CUDA");
+  throw error("save_bnb_adam_state: the state is in device memory, but this translation unit is built without CUDA");
 #endif
   return out;
 }
@@ -383,12 +383,12 @@ std::vector<T> host_copy([[maybe_unused]] const E& exec, tensor_view<const T> vi
 // tensor, and optionally names, shapes (each tensor's parameter shape, which bitsandbytes' CPU update
 // needs; 1-D when empty) and the original param_groups JSON, whose other fields are kept.
 template <executor E, class State, int Block>
-void save_adam_state(const E& exec, const adam_state<State, Block>& state, const std::string& path,
-                     const adam_state_info& info) {
+void save_bnb_adam_state(const E& exec, const adam_state<State, Block>& state, const std::string& path,
+                     const bnb_adam_state_info& info) {
   static_assert(detail::bnb_compatible<State, Block>(),
                 "bitsandbytes' AdamW8bit layout is adam_state<std::int8_t, 256> (or adam_state<float> for 32-bit state)");
   using state_type = adam_state<State, Block>;
-  const std::string op = "bnb::save_adam_state('" + path + "')";
+  const std::string op = "save_bnb_adam_state('" + path + "')";
   const std::size_t count = state.tensor_count();
   require(info.group_of_tensor.size() == count, op + ": group_of_tensor has " + std::to_string(info.group_of_tensor.size()) +
                                                     " entries, the state has " + std::to_string(count) + " tensors");
@@ -434,9 +434,9 @@ void save_adam_state(const E& exec, const adam_state<State, Block>& state, const
   }
 
   safetensors::writer out;
-  out.add_metadata("format", optimizer_state_format);
-  out.add_metadata("version", optimizer_state_version);
-  out.add_metadata("block_size", std::to_string(optimizer_block_size));
+  out.add_metadata("format", bnb_optimizer_state_format);
+  out.add_metadata("version", bnb_optimizer_state_version);
+  out.add_metadata("block_size", std::to_string(bnb_optimizer_block_size));
   std::string groups_text;
   detail::dump_compact(json::value::make_array(std::move(groups)), groups_text);
   out.add_metadata("param_groups", groups_text);
@@ -488,6 +488,6 @@ void save_adam_state(const E& exec, const adam_state<State, Block>& state, const
   }
 }
 
-}  // namespace bnb
+}  // namespace optim
 
 MEMKIT_NAMESPACE_END

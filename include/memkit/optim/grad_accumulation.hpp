@@ -15,6 +15,7 @@
 #include "memkit/memory/resource.hpp"
 
 MEMKIT_NAMESPACE_BEGIN
+namespace optim {
 
 namespace detail {
 template <float_storage A, float_storage G>
@@ -76,4 +77,5 @@ class gradient_accumulation {
   int micro_batches_ = 0;
 };
 
+}  // namespace optim
 MEMKIT_NAMESPACE_END

@@ -30,9 +30,7 @@
 #endif
 
 MEMKIT_NAMESPACE_BEGIN
-
-// Tag type: adam_state<four_bit, Block> keeps 4-bit moments.
-struct four_bit {};
+namespace optim {
 
 namespace detail {
 
@@ -118,36 +116,25 @@ constexpr std::uint64_t table_fingerprint(const std::array<float, N>& m, const s
 
 }  // namespace detail
 
+// A flavour of moments: its storage (adam_moment_format, optim/adam_bytes.hpp), name, code tables and coders.
 template <class State>
 struct adam_state_traits;
 
 template <>
-struct adam_state_traits<float> {
-  static constexpr bool quantized = false;
-  static constexpr int bits = 32;
-  static constexpr int default_block = 0;
-  using moment_type = float;
+struct adam_state_traits<float> : adam_moment_format<float> {
   static constexpr const char* name = "fp32";
   static constexpr std::uint64_t map_fingerprint() noexcept { return 0; }
 };
 
 template <>
-struct adam_state_traits<bf16> {
-  static constexpr bool quantized = false;
-  static constexpr int bits = 16;
-  static constexpr int default_block = 0;
-  using moment_type = bf16;
+struct adam_state_traits<bf16> : adam_moment_format<bf16> {
   static constexpr const char* name = "bf16";
   static constexpr std::uint64_t map_fingerprint() noexcept { return 0; }
 };
 
 template <>
-struct adam_state_traits<four_bit> {
-  static constexpr bool quantized = true;
-  static constexpr int bits = 4;
+struct adam_state_traits<four_bit> : adam_moment_format<four_bit> {
   static constexpr int entries = 16;
-  static constexpr int default_block = 128;
-  using moment_type = std::uint8_t;
   static constexpr const char* name = "int4.dynamic3-m.linear-v";
   static constexpr const detail::int4_tables& tables() noexcept { return detail::int4_maps; }
   static constexpr std::uint64_t map_fingerprint() noexcept {
@@ -172,12 +159,8 @@ struct adam_state_traits<four_bit> {
 // quant::nearest_dynamic, in the branch-free form detail::dynamic_code). The maps contain
 // an exact zero, so a moment never quantizes to a code of the opposite sign (no sign fix-up needed).
 template <>
-struct adam_state_traits<std::int8_t> {
-  static constexpr bool quantized = true;
-  static constexpr int bits = 8;
+struct adam_state_traits<std::int8_t> : adam_moment_format<std::int8_t> {
   static constexpr int entries = 256;
-  static constexpr int default_block = 256;
-  using moment_type = std::uint8_t;
   static constexpr const char* name = "int8.dynamic-signed-m.dynamic-unsigned-v";
   static constexpr const detail::int8_tables& tables() noexcept { return detail::int8_maps; }
   static constexpr std::uint64_t map_fingerprint() noexcept {
@@ -716,4 +699,5 @@ inline void table16_codes(const float* table, const float* values, float inverse
 
 }  // namespace detail
 
+}  // namespace optim
 MEMKIT_NAMESPACE_END

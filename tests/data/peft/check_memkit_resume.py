@@ -6,7 +6,7 @@
 
 The memkit test imports bitsandbytes' AdamW8bit state after step 5 (qlora_resume/), takes steps 6-15 in
 memkit, and (with MEMKIT_PEFT_EXPORT_DIR set) writes the adapter with memkit's peft::adapter_writer and the
-optimizer state with bnb::save_adam_state. This script
+optimizer state with optim::save_bnb_adam_state. This script
   1. loads that adapter with PeftModel.from_pretrained (is_trainable) onto the same NF4 base, checks every
      LoRA parameter arrived exactly, and runs a forward pass;
   2. converts the optimizer state with tools/bnb_optimizer_state.py and loads it into a fresh

@@ -5,4 +5,4 @@ inline memkit::tensor_view<const float> weight_view, x, dy;
 inline memkit::tensor_view<float> y, dx;
 extern memkit::activation_store& store;
 inline std::uint64_t seed = 1, counter = 0;
-inline std::vector<memkit::adam_group> groups{{.lr = 2e-4f}};
+inline std::vector<memkit::optim::adam_group> groups{{.lr = 2e-4f}};
