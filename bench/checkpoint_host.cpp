@@ -93,15 +93,15 @@ struct mlp_block {
 };
 static_assert(memkit::layer<mlp_block, memkit::host_executor>);
 
-void BM_checkpointed_step(benchmark::State& state, memkit::checkpoint_schedule schedule, bool offload) {
+void BM_checkpointed_step(benchmark::State& state, memkit::checkpoint::schedule schedule, bool offload) {
   const std::int64_t layers = state.range(0), tokens = state.range(1), width = state.range(2);
   std::vector<mlp_block> blocks;
   for (std::int64_t i = 0; i < layers; ++i) blocks.emplace_back(width, static_cast<std::uint32_t>(i));
   memkit::tracking_resource device(memkit::default_host_resource(), "activations");
   memkit::tracking_resource host(memkit::default_host_resource(), "offloaded");
-  memkit::checkpoint_offload offloaded(host.category(memkit::memory_category::activations));
+  memkit::checkpoint::offload offloaded(host.category(memkit::memory_category::activations));
   activation_store store(device.category(memkit::memory_category::activations));
-  memkit::checkpoint_segment stack(blocks, {.schedule = schedule, .offload = offload ? &offloaded : nullptr});
+  memkit::checkpoint::segment stack(blocks, {.schedule = schedule, .offload = offload ? &offloaded : nullptr});
   const shape in{tokens, width};
   std::vector<float> x(in.numel()), y(in.numel()), dy(in.numel()), dx(in.numel());
   std::mt19937 rng(1);
@@ -116,7 +116,7 @@ void BM_checkpointed_step(benchmark::State& state, memkit::checkpoint_schedule s
                    store);
     benchmark::DoNotOptimize(dx.data());
   }
-  const memkit::checkpoint_cost cost = stack.cost(in, ctx);
+  const memkit::checkpoint::checkpoint_cost cost = stack.cost(in, ctx);
   if (device.peak_bytes() != cost.peak_bytes || host.peak_bytes() != cost.host_bytes)
     state.SkipWithError("measured activation bytes differ from the prediction");
   state.counters["peak_MiB"] = static_cast<double>(device.peak_bytes()) / (1 << 20);
@@ -127,22 +127,21 @@ void BM_checkpointed_step(benchmark::State& state, memkit::checkpoint_schedule s
       static_cast<double>(layers + static_cast<std::int64_t>(cost.recomputed_forwards)) / static_cast<double>(layers);
 }
 
-using memkit::checkpoint_schedule;
 const auto shapes = [](benchmark::internal::Benchmark* b) {
   b->Args({16, 256, 128})->Args({2, 16, 16})->Unit(benchmark::kMillisecond)->UseRealTime();
 };
-BENCHMARK_CAPTURE(BM_checkpointed_step, none, checkpoint_schedule::none(), false)->Apply(shapes);
-BENCHMARK_CAPTURE(BM_checkpointed_step, every_layer, checkpoint_schedule::every_layer(), false)->Apply(shapes);
-BENCHMARK_CAPTURE(BM_checkpointed_step, every_layer_offload, checkpoint_schedule::every_layer(), true)->Apply(shapes);
-BENCHMARK_CAPTURE(BM_checkpointed_step, every_4, checkpoint_schedule::every_k_layers(4), false)->Apply(shapes);
-BENCHMARK_CAPTURE(BM_checkpointed_step, sqrt, checkpoint_schedule::sqrt(), false)->Apply(shapes);
-BENCHMARK_CAPTURE(BM_checkpointed_step, sqrt_offload, checkpoint_schedule::sqrt(), true)->Apply(shapes);
-BENCHMARK_CAPTURE(BM_checkpointed_step, single_segment, checkpoint_schedule::single_segment(), false)->Apply(shapes);
-BENCHMARK_CAPTURE(BM_checkpointed_step, binomial_1, checkpoint_schedule::binomial(1), false)->Apply(shapes);
-BENCHMARK_CAPTURE(BM_checkpointed_step, binomial_2, checkpoint_schedule::binomial(2), false)->Apply(shapes);
-BENCHMARK_CAPTURE(BM_checkpointed_step, binomial_4, checkpoint_schedule::binomial(4), false)->Apply(shapes);
-BENCHMARK_CAPTURE(BM_checkpointed_step, binomial_8, checkpoint_schedule::binomial(8), false)->Apply(shapes);
-BENCHMARK_CAPTURE(BM_checkpointed_step, binomial_16, checkpoint_schedule::binomial(16), false)->Apply(shapes);
+BENCHMARK_CAPTURE(BM_checkpointed_step, none, memkit::checkpoint::schedule::none(), false)->Apply(shapes);
+BENCHMARK_CAPTURE(BM_checkpointed_step, every_layer, memkit::checkpoint::schedule::every_layer(), false)->Apply(shapes);
+BENCHMARK_CAPTURE(BM_checkpointed_step, every_layer_offload, memkit::checkpoint::schedule::every_layer(), true)->Apply(shapes);
+BENCHMARK_CAPTURE(BM_checkpointed_step, every_4, memkit::checkpoint::schedule::every_k_layers(4), false)->Apply(shapes);
+BENCHMARK_CAPTURE(BM_checkpointed_step, sqrt, memkit::checkpoint::schedule::sqrt(), false)->Apply(shapes);
+BENCHMARK_CAPTURE(BM_checkpointed_step, sqrt_offload, memkit::checkpoint::schedule::sqrt(), true)->Apply(shapes);
+BENCHMARK_CAPTURE(BM_checkpointed_step, single_segment, memkit::checkpoint::schedule::single_segment(), false)->Apply(shapes);
+BENCHMARK_CAPTURE(BM_checkpointed_step, binomial_1, memkit::checkpoint::schedule::binomial(1), false)->Apply(shapes);
+BENCHMARK_CAPTURE(BM_checkpointed_step, binomial_2, memkit::checkpoint::schedule::binomial(2), false)->Apply(shapes);
+BENCHMARK_CAPTURE(BM_checkpointed_step, binomial_4, memkit::checkpoint::schedule::binomial(4), false)->Apply(shapes);
+BENCHMARK_CAPTURE(BM_checkpointed_step, binomial_8, memkit::checkpoint::schedule::binomial(8), false)->Apply(shapes);
+BENCHMARK_CAPTURE(BM_checkpointed_step, binomial_16, memkit::checkpoint::schedule::binomial(16), false)->Apply(shapes);
 
 }  // namespace
 

@@ -2,7 +2,7 @@
 //
 //   stage 1  pretraining from scratch on Shakespeare (examples/data/shakespeare.txt): bf16 weights with
 //            fp32 master weights (or bf16 with stochastic rounding, --rounding), blockwise 8-bit AdamW,
-//            activation checkpointing (checkpoint_segment, one checkpoint per block), gradient
+//            activation checkpointing (memkit::checkpoint::segment, one checkpoint per block), gradient
 //            accumulation, global gradient-norm clipping. The pretrained model is saved as safetensors.
 //   stage 2  QLoRA on Jane Austen (examples/data/austen.txt): the projections are loaded into NF4 with
 //            double quantization, LoRA adapters train on all seven projections with 8-bit AdamW; the
@@ -11,7 +11,7 @@
 //
 // Every byte goes through one tracking_resource. Before a stage allocates, the example predicts what each
 // memory category will hold at its peak from the components' own size functions (bytes_required, saved
-// and workspace bytes, checkpoint_segment::cost) and prints that next to what the tracker measured.
+// and workspace bytes, memkit::checkpoint::segment::cost) and prints that next to what the tracker measured.
 // At compile time, memory_budget checks the configuration against a GPU (static_assert(memkit::fits(...))).
 //
 // Where it runs (--device): on the host (the default), or on a CUDA device: the same model, optimizer state,
@@ -127,7 +127,7 @@ struct options {
   bool rounding = false;       // bf16 weights with stochastic rounding instead of fp32 master weights
   std::int64_t loss_chunk_tokens = 256;  // tokens whose fp32 logits exist at once (0: all of a micro-batch)
   bool adam32 = false;         // stage 1 with fp32 AdamW moments instead of 8-bit (to measure what 8-bit saves)
-  bool checkpointing = true;   // one checkpoint per block (memkit::checkpoint_schedule::every_layer)
+  bool checkpointing = true;   // one checkpoint per block (memkit::checkpoint::schedule::every_layer)
   bool check = false;          // exit non-zero unless loss falls, memory agrees within 2%, reloads agree
   std::int64_t sample_bytes = 300;
   std::int64_t log_every = 10;
@@ -581,9 +581,9 @@ struct step_buffers {
 
 template <class Model>
 auto make_stack(Model& model, bool checkpointing) {
-  return memkit::checkpoint_segment(
-      memkit::layer_sequence(model.blocks, model.final_norm),
-      {.schedule = checkpointing ? memkit::checkpoint_schedule::every_layer() : memkit::checkpoint_schedule::none()});
+  return memkit::checkpoint::segment(
+      memkit::checkpoint::layer_sequence(model.blocks, model.final_norm),
+      {.schedule = checkpointing ? memkit::checkpoint::schedule::every_layer() : memkit::checkpoint::schedule::none()});
 }
 
 // Forward, loss, backward of one micro-batch through the checkpointed stack; returns the loss.
@@ -1494,7 +1494,7 @@ int run(const E& exec, const options& o, memkit::memory_resource& upstream, cons
               static_cast<long long>(o.model.heads), static_cast<long long>(o.model.kv_heads),
               static_cast<long long>(o.model.head_dim), static_cast<long long>(o.model.intermediate),
               static_cast<long long>(o.batch), static_cast<long long>(o.seq), static_cast<long long>(o.accum), o.threads);
-  std::printf("components: memkit checkpoint_segment (%s), adam_state<%s> (AdamW, clipping at %.1f), "
+  std::printf("components: memkit memkit::checkpoint::segment (%s), adam_state<%s> (AdamW, clipping at %.1f), "
               "gradient_accumulation, quantized_tensor<NF4>, quant::matmul, linalg::gemm, peft::adapter_writer, "
               "quant::save_linear4bit, tracking_resource\n",
               o.checkpointing ? "a checkpoint per block" : "no checkpointing",

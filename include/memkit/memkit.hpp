@@ -10,7 +10,7 @@
 #include "memkit/budget/plan.hpp"
 #include "memkit/budget/planner.hpp"
 #include "memkit/budget/presets.hpp"
-#include "memkit/checkpoint/layer.hpp"
+#include "memkit/core/layer.hpp"
 #include "memkit/checkpoint/offload.hpp"
 #include "memkit/checkpoint/schedule.hpp"
 #include "memkit/checkpoint/segment.hpp"

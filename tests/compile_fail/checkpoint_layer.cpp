@@ -1,6 +1,6 @@
 // Misuse of the layer concept must not compile, and the error must say what is missing. Built by
 // tests/compile_fail/check_compile_error.cmake with one -DMEMKIT_CASE_... at a time:
-//   GOOD                   compiles: a complete layer, wrapped in a checkpoint_segment
+//   GOOD                   compiles: a complete layer, wrapped in a memkit::checkpoint::segment
 //   MISSING_BACKWARD       explain_layer names the backward a layer lacks
 //   MISSING_SAVED_BYTES    explain_layer names saved_bytes
 //   MIXED_VALUE_TYPES      memkit::layers refuses layers whose activations differ in type
@@ -47,7 +47,7 @@ struct half_layer : complete {
 static_assert(memkit::explain_layer<complete, host_executor>());
 int main() {
   std::vector<complete> layers(3);
-  memkit::checkpoint_segment segment(layers, {.schedule = memkit::checkpoint_schedule::binomial(2)});
+  memkit::checkpoint::segment segment(layers, {.schedule = memkit::checkpoint::schedule::binomial(2)});
   static_assert(memkit::layer<decltype(segment), host_executor>);
   return 0;
 }
@@ -59,7 +59,7 @@ static_assert(memkit::explain_layer<no_saved_bytes, host_executor>());
 void mixed() {
   complete a;
   half_layer b;
-  auto sequence = memkit::layer_sequence(a, b);
+  auto sequence = memkit::checkpoint::layer_sequence(a, b);
   (void)sequence;
 }
 #endif

@@ -1,4 +1,4 @@
-// checkpoint_segment on CUDA streams: gradients bit-identical to running the layers without checkpointing,
+// memkit::checkpoint::segment on CUDA streams: gradients bit-identical to running the layers without checkpointing,
 // every schedule, with and without offload to pinned memory; the tracked device and pinned bytes equal the
 // prediction. Device cases are in the "gpu" suite; the first case runs the host path as nvcc compiles it.
 #include <doctest/doctest.h>
@@ -14,7 +14,6 @@
 namespace {
 
 using memkit::activation_store;
-using memkit::checkpoint_schedule;
 using memkit::cuda_executor;
 using memkit::forward_context;
 using memkit::shape;
@@ -22,11 +21,11 @@ using memkit::tensor_view;
 
 constexpr forward_context step_context{0xc0ffee, 0, true};
 
-std::vector<checkpoint_schedule> schedules() {
-  return {checkpoint_schedule::none(),       checkpoint_schedule::single_segment(),
-          checkpoint_schedule::every_layer(), checkpoint_schedule::every_k_layers(2),
-          checkpoint_schedule::sqrt(),        checkpoint_schedule::binomial(1),
-          checkpoint_schedule::binomial(2),   checkpoint_schedule::binomial(16)};
+std::vector<memkit::checkpoint::schedule> schedules() {
+  return {memkit::checkpoint::schedule::none(),       memkit::checkpoint::schedule::single_segment(),
+          memkit::checkpoint::schedule::every_layer(), memkit::checkpoint::schedule::every_k_layers(2),
+          memkit::checkpoint::schedule::sqrt(),        memkit::checkpoint::schedule::binomial(1),
+          memkit::checkpoint::schedule::binomial(2),   memkit::checkpoint::schedule::binomial(16)};
 }
 
 bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
@@ -183,20 +182,20 @@ std::vector<float> to_host(const float* device, std::size_t n) {
 
 }  // namespace
 
-TEST_CASE("checkpoint_segment compiled by nvcc: host schedules give the uncheckpointed gradients") {
+TEST_CASE("checkpoint::segment compiled by nvcc: host schedules give the uncheckpointed gradients") {
   std::vector<checkpoint_test::mixed_layer> stack = checkpoint_test::mixed_stack(7, 5, 3);
   const shape in{3, 5};
   const std::vector<float> x = checkpoint_test::random_values(in.numel(), 2), dy = checkpoint_test::random_values(15, 4);
   std::vector<float> reference;
-  for (const checkpoint_schedule& schedule : schedules())
+  for (const memkit::checkpoint::schedule& schedule : schedules())
     for (bool offload : {false, true}) {
       for (auto& l : stack) {
         std::fill(l.lin.weight_grad.begin(), l.lin.weight_grad.end(), 0.0f);
         l.adapter.zero_grad();
       }
-      memkit::checkpoint_offload offloaded(memkit::default_host_resource());
+      memkit::checkpoint::offload offloaded(memkit::default_host_resource());
       activation_store store(memkit::default_host_resource());
-      memkit::checkpoint_segment segment(stack, {.schedule = schedule, .offload = offload ? &offloaded : nullptr});
+      memkit::checkpoint::segment segment(stack, {.schedule = schedule, .offload = offload ? &offloaded : nullptr});
       std::vector<float> y(15), dx(in.numel());
       segment.forward(memkit::host, step_context, memkit::host_view<const float>(x.data(), in),
                       memkit::host_view(y.data(), {3, 5}), store);
@@ -211,7 +210,7 @@ TEST_CASE("checkpoint_segment compiled by nvcc: host schedules give the uncheckp
     }
 }
 
-MEMKIT_GPU_TEST_CASE("gpu: checkpoint_segment on a stream gives the uncheckpointed gradients bit for bit, every "
+MEMKIT_GPU_TEST_CASE("gpu: memkit::checkpoint::segment on a stream gives the uncheckpointed gradients bit for bit, every "
                      "schedule, with and without offload to pinned memory, and allocates what it predicts") {
   cudaStream_t stream;
   MEMKIT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
@@ -223,7 +222,7 @@ MEMKIT_GPU_TEST_CASE("gpu: checkpoint_segment on a stream gives the uncheckpoint
     device_linear first(params, 64, 96, 1), middle(params, 96, 96, 2), last(params, 96, 48, 3);
     device_dropout drop_a, drop_b;
     device_tanh act_a, act_b;
-    auto sequence = memkit::layer_sequence(first, drop_a, act_a, middle, drop_b, act_b, last);
+    auto sequence = memkit::checkpoint::layer_sequence(first, drop_a, act_a, middle, drop_b, act_b, last);
     const int rows = 32;
     const shape in{rows, 64}, out{rows, 48};
     memkit::buffer<float> x(params, in), y(params, out), dy(params, out), dx(params, in);
@@ -278,21 +277,21 @@ MEMKIT_GPU_TEST_CASE("gpu: checkpoint_segment on a stream gives the uncheckpoint
     }
     const std::vector<float> reference = results();
 
-    for (const checkpoint_schedule& schedule : schedules())
+    for (const memkit::checkpoint::schedule& schedule : schedules())
       for (bool offload : {false, true}) {
-        CAPTURE(memkit::to_string(schedule.kind));
+        CAPTURE(memkit::checkpoint::to_string(schedule.kind));
         CAPTURE(schedule.slots);
         CAPTURE(offload);
         zero();
         memkit::tracking_resource activations(device, "activations");
         memkit::tracking_resource host(pinned, "offloaded");
-        memkit::checkpoint_offload offloaded(host.category(memkit::memory_category::activations));
+        memkit::checkpoint::offload offloaded(host.category(memkit::memory_category::activations));
         activation_store store(activations.category(memkit::memory_category::activations));
-        memkit::checkpoint_segment segment(sequence, {.schedule = schedule, .offload = offload ? &offloaded : nullptr});
+        memkit::checkpoint::segment segment(sequence, {.schedule = schedule, .offload = offload ? &offloaded : nullptr});
         segment.forward(exec, step_context, x.view(), y.view(), store);
         segment.backward(exec, dy.view(), dx.view(), store);
         CHECK(same_bits(results(), reference));
-        const memkit::checkpoint_cost cost = segment.cost(in, step_context);
+        const memkit::checkpoint::checkpoint_cost cost = segment.cost(in, step_context);
         CHECK(activations.peak_bytes() == cost.peak_bytes);
         CHECK(host.peak_bytes() == cost.host_bytes);
         CHECK(activations.current_bytes() == 0);
@@ -309,9 +308,9 @@ MEMKIT_GPU_TEST_CASE("gpu: checkpoint offload refuses pageable host memory on a 
     const cuda_executor exec{0, stream};
     memkit::device_resource device;
     device_tanh act;
-    memkit::checkpoint_offload pageable(memkit::default_host_resource());
+    memkit::checkpoint::offload pageable(memkit::default_host_resource());
     activation_store store(device);
-    memkit::checkpoint_segment segment(memkit::layer_sequence(act), {.offload = &pageable});
+    memkit::checkpoint::segment segment(memkit::checkpoint::layer_sequence(act), {.offload = &pageable});
     memkit::buffer<float> x(device, {4, 4}), y(device, {4, 4});
     MEMKIT_CUDA_CHECK(cudaMemsetAsync(x.data(), 0, x.bytes(), stream));
     CHECK_THROWS_WITH_AS(segment.forward(exec, step_context, x.view(), y.view(), store),

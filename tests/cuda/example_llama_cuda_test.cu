@@ -141,8 +141,8 @@ std::vector<float> train(const E& exec, setup& s, int steps, std::vector<std::ve
   memkit::optim::adam_state<std::int8_t, 256> adam(exec, *s.memory.optimizer, params.sizes(), adam_options);
   const auto adam_params = params.adam_params();
   const std::vector<memkit::optim::adam_group> groups = params.adam_groups({.beta2 = 0.99f, .weight_decay = 0.0f}, 3e-3f);
-  auto stack = memkit::checkpoint_segment(memkit::layer_sequence(s.model.blocks, s.model.final_norm),
-                                          {.schedule = memkit::checkpoint_schedule::every_layer()});
+  auto stack = memkit::checkpoint::segment(memkit::checkpoint::layer_sequence(s.model.blocks, s.model.final_norm),
+                                          {.schedule = memkit::checkpoint::schedule::every_layer()});
   memkit::activation_store store(acts);
   memkit::loss::cross_entropy_options loss_options;
   loss_options.chunk_bytes = static_cast<std::size_t>(32 * c.vocab) * sizeof(float);  // two chunks

@@ -230,8 +230,8 @@ TEST_CASE("budget: checkpoint terms come from the schedule's plan; offloaded che
   CHECK(offloaded.host_bytes == kept.host_bytes + m.layers * checkpoint);
   // Forward keeps no checkpoint on the device; backward holds the checkpoint it fetched (freed once the
   // layer is recomputed) and the next one, prefetched: at most the recomputed block and one checkpoint.
-  const memkit::checkpoint_trace trace =
-      memkit::trace_checkpointing(plan.checkpoint_schedule_of(), m.layers, checkpoint, block.saved_bytes, true);
+  const memkit::checkpoint::checkpoint_trace trace =
+      memkit::checkpoint::trace_checkpointing(plan.checkpoint_schedule_of(), m.layers, checkpoint, block.saved_bytes, true);
   CHECK(trace.after_forward == 0);
   for (std::uint64_t i = 0; i < m.layers; ++i)
     CHECK(trace.at_backward(i) == block.saved_bytes + (i > 0 ? checkpoint : 0));

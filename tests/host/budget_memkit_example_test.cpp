@@ -98,7 +98,7 @@ TEST_CASE("budget memkit runtime: the example's shortened pretraining peak, hand
   CHECK(est.device[category::gradients] == 4 * parameters);
   CHECK(est.device[category::master_weights] == 4 * parameters);
   // The peak: block 1's backward. The loop's 4 buffers (embedding output, stack output, loss gradient,
-  // embedding gradient); checkpoint_segment's copies of blocks 0 and 1's inputs and the incoming gradient
+  // embedding gradient); memkit::checkpoint::segment's copies of blocks 0 and 1's inputs and the incoming gradient
   // dy, its dx; block 1's recomputed saved tensors; the backward scratch plus the largest operation workspace.
   CHECK(est.peak_phase == step_phase::backward);
   const block_activations block = block_activation_bytes(example, short_run(false));

@@ -3,7 +3,7 @@
 // saved bytes). Each counts its forward calls so tests can check the recomputations a schedule predicts.
 #pragma once
 
-#include <memkit/checkpoint/layer.hpp>
+#include <memkit/core/layer.hpp>
 #include <memkit/core/random.hpp>
 #include <memkit/linalg/gemm.hpp>
 #include <memkit/lora/lora_linear.hpp>

@@ -1,4 +1,4 @@
-// checkpoint_segment on the host: gradients bit-identical to running the layers without checkpointing under
+// memkit::checkpoint::segment on the host: gradients bit-identical to running the layers without checkpointing under
 // every schedule, with and without offload; the activation bytes a tracking_resource measures equal the
 // prediction exactly; recomputed forwards counted on the layers equal the plan's; misuse is an error.
 #include <doctest/doctest.h>
@@ -15,9 +15,6 @@
 namespace {
 
 using namespace checkpoint_test;
-using memkit::checkpoint_options;
-using memkit::checkpoint_schedule;
-using memkit::checkpoint_segment;
 using memkit::memory_category;
 
 constexpr forward_context step_context{0x5eed, 0, true};
@@ -82,16 +79,16 @@ struct measured {
   std::size_t host_peak = 0;
 };
 
-// One training step through a checkpoint_segment; activations charged to a tracker, offloaded checkpoints
+// One training step through a memkit::checkpoint::segment; activations charged to a tracker, offloaded checkpoints
 // to another.
 measured run_checkpointed(std::vector<mixed_layer>& stack, const std::vector<float>& x, shape in,
-                          checkpoint_schedule schedule, bool offload) {
+                          memkit::checkpoint::schedule schedule, bool offload) {
   zero_grads(stack);
   memkit::tracking_resource device(memkit::default_host_resource(), "activations");
   memkit::tracking_resource host(memkit::default_host_resource(), "offloaded");
-  memkit::checkpoint_offload offloaded(host.category(memory_category::activations));
+  memkit::checkpoint::offload offloaded(host.category(memory_category::activations));
   activation_store store(device.category(memory_category::activations));
-  checkpoint_segment segment(stack, {.schedule = schedule, .offload = offload ? &offloaded : nullptr});
+  memkit::checkpoint::segment segment(stack, {.schedule = schedule, .offload = offload ? &offloaded : nullptr});
   const shape out = segment.output_shape(in);
   measured m;
   m.result.y.resize(out.numel());
@@ -112,23 +109,23 @@ measured run_checkpointed(std::vector<mixed_layer>& stack, const std::vector<flo
   return m;
 }
 
-std::vector<checkpoint_schedule> all_schedules(std::size_t layers) {
-  std::vector<checkpoint_schedule> s{checkpoint_schedule::none(), checkpoint_schedule::single_segment(),
-                                     checkpoint_schedule::every_layer(), checkpoint_schedule::every_k_layers(2),
-                                     checkpoint_schedule::every_k_layers(3), checkpoint_schedule::sqrt()};
-  for (std::uint64_t c : {1, 2, 3, 5}) s.push_back(checkpoint_schedule::binomial(c));
-  s.push_back(checkpoint_schedule::binomial(layers + 2));
+std::vector<memkit::checkpoint::schedule> all_schedules(std::size_t layers) {
+  std::vector<memkit::checkpoint::schedule> s{memkit::checkpoint::schedule::none(), memkit::checkpoint::schedule::single_segment(),
+                                     memkit::checkpoint::schedule::every_layer(), memkit::checkpoint::schedule::every_k_layers(2),
+                                     memkit::checkpoint::schedule::every_k_layers(3), memkit::checkpoint::schedule::sqrt()};
+  for (std::uint64_t c : {1, 2, 3, 5}) s.push_back(memkit::checkpoint::schedule::binomial(c));
+  s.push_back(memkit::checkpoint::schedule::binomial(layers + 2));
   return s;
 }
 
-std::string describe(const checkpoint_schedule& s, std::size_t layers, bool offload) {
-  return std::string(memkit::to_string(s.kind)) + " every=" + std::to_string(s.every) +
+std::string describe(const memkit::checkpoint::schedule& s, std::size_t layers, bool offload) {
+  return std::string(memkit::checkpoint::to_string(s.kind)) + " every=" + std::to_string(s.every) +
          " slots=" + std::to_string(s.slots) + " layers=" + std::to_string(layers) + (offload ? " offload" : "");
 }
 
 }  // namespace
 
-TEST_CASE("checkpoint_segment: every schedule, with and without offload, gives the uncheckpointed gradients bit for "
+TEST_CASE("checkpoint::segment: every schedule, with and without offload, gives the uncheckpointed gradients bit for "
           "bit, and the tracker sees exactly the predicted bytes") {
   for (std::size_t layers : {1, 2, 3, 5, 8, 13}) {
     std::vector<mixed_layer> stack = mixed_stack(layers, 6, 17);
@@ -136,7 +133,7 @@ TEST_CASE("checkpoint_segment: every schedule, with and without offload, gives t
     const std::vector<float> x = random_values(in.numel(), 3);
     const step_result reference = run_plain(stack, x, in);
     REQUIRE(reference.forwards == layers);
-    for (const checkpoint_schedule& schedule : all_schedules(layers))
+    for (const memkit::checkpoint::schedule& schedule : all_schedules(layers))
       for (bool offload : {false, true}) {
         CAPTURE(describe(schedule, layers, offload));
         const measured m = run_checkpointed(stack, x, in, schedule, offload);
@@ -144,11 +141,11 @@ TEST_CASE("checkpoint_segment: every schedule, with and without offload, gives t
         CHECK(same_bits(m.result.dx, reference.dx));
         CHECK(same_bits(m.result.grads, reference.grads));
 
-        memkit::checkpoint_offload unused(memkit::default_host_resource());
-        const checkpoint_segment segment(stack, {.schedule = schedule, .offload = offload ? &unused : nullptr});
-        const memkit::checkpoint_cost cost = segment.cost(in, step_context);
+        memkit::checkpoint::offload unused(memkit::default_host_resource());
+        const memkit::checkpoint::segment segment(stack, {.schedule = schedule, .offload = offload ? &unused : nullptr});
+        const memkit::checkpoint::checkpoint_cost cost = segment.cost(in, step_context);
         CHECK(m.result.forwards == layers + cost.recomputed_forwards);
-        CHECK(cost.recomputed_forwards == memkit::recomputed_forwards(schedule, layers));
+        CHECK(cost.recomputed_forwards == memkit::checkpoint::recomputed_forwards(schedule, layers));
         CHECK(m.saved_after_forward == cost.saved_bytes);
         CHECK(m.device_after_forward == cost.saved_bytes);
         CHECK(segment.saved_bytes(in, step_context) == cost.saved_bytes);
@@ -159,36 +156,36 @@ TEST_CASE("checkpoint_segment: every schedule, with and without offload, gives t
   }
 }
 
-TEST_CASE("checkpoint_segment: predictions of a uniform stack match the closed forms") {
+TEST_CASE("checkpoint::segment: predictions of a uniform stack match the closed forms") {
   // N tanh layers of [4, 8] floats: every hidden state and every layer's saved tensor is 128 bytes.
   constexpr std::size_t layers = 9;
   constexpr std::uint64_t bytes = 4 * 8 * sizeof(float);
   std::vector<tanh_layer> stack(layers);
   const shape in{4, 8};
-  using memkit::checkpoint_cost_of;
-  using memkit::uniform_layer_bytes;
+  using memkit::checkpoint::checkpoint_cost_of;
+  using memkit::checkpoint::uniform_layer_bytes;
   const uniform_layer_bytes uniform{bytes, bytes};
   // none: every layer's saved tensor plus the hidden state between two of them.
-  CHECK(checkpoint_cost_of(checkpoint_schedule::none(), layers, uniform).peak_bytes == layers * bytes + bytes);
+  CHECK(checkpoint_cost_of(memkit::checkpoint::schedule::none(), layers, uniform).peak_bytes == layers * bytes + bytes);
   // every layer: N checkpoints; backward of the last layer adds its recomputed output and saved tensor.
-  CHECK(checkpoint_cost_of(checkpoint_schedule::every_layer(), layers, uniform).peak_bytes ==
+  CHECK(checkpoint_cost_of(memkit::checkpoint::schedule::every_layer(), layers, uniform).peak_bytes ==
         (layers + 1) * bytes + bytes);
-  CHECK(checkpoint_cost_of(checkpoint_schedule::every_layer(), layers, uniform).saved_bytes == layers * bytes);
+  CHECK(checkpoint_cost_of(memkit::checkpoint::schedule::every_layer(), layers, uniform).saved_bytes == layers * bytes);
   // binomial with 2 slots over 9 layers: C(2+r, 2) >= 9 at r = 3, so 3*9 - C(5, 3) = 17 recomputations.
-  CHECK(checkpoint_cost_of(checkpoint_schedule::binomial(2), layers, uniform).recomputed_forwards == 17);
-  for (const checkpoint_schedule& schedule : all_schedules(layers)) {
+  CHECK(checkpoint_cost_of(memkit::checkpoint::schedule::binomial(2), layers, uniform).recomputed_forwards == 17);
+  for (const memkit::checkpoint::schedule& schedule : all_schedules(layers)) {
     CAPTURE(describe(schedule, layers, false));
-    checkpoint_segment segment(stack, {.schedule = schedule});
+    memkit::checkpoint::segment segment(stack, {.schedule = schedule});
     CHECK(segment.cost(in, step_context).peak_bytes == checkpoint_cost_of(schedule, layers, uniform).peak_bytes);
   }
   // Compile-time: a budget can be checked in a static_assert.
-  static_assert(checkpoint_cost_of(checkpoint_schedule::binomial(3), 32, uniform_layer_bytes{1024, 4096}).checkpoints ==
+  static_assert(checkpoint_cost_of(memkit::checkpoint::schedule::binomial(3), 32, uniform_layer_bytes{1024, 4096}).checkpoints ==
                 3);
-  static_assert(checkpoint_cost_of(checkpoint_schedule::every_layer(), 32, uniform_layer_bytes{1024, 4096})
+  static_assert(checkpoint_cost_of(memkit::checkpoint::schedule::every_layer(), 32, uniform_layer_bytes{1024, 4096})
                     .recomputed_forwards == 32);
 }
 
-TEST_CASE("checkpoint_segment: heterogeneous layers, single and in ranges, in one sequence") {
+TEST_CASE("checkpoint::segment: heterogeneous layers, single and in ranges, in one sequence") {
   linear first(6, 9, 1), last(9, 4, 2);
   dropout drop{0.2f};
   tanh_layer act;
@@ -255,14 +252,14 @@ TEST_CASE("checkpoint_segment: heterogeneous layers, single and in ranges, in on
   const std::vector<float> dx_reference = run_by_hand();
   const std::vector<float> grads_reference = grads();
 
-  for (const checkpoint_schedule& schedule : all_schedules(9)) {
+  for (const memkit::checkpoint::schedule& schedule : all_schedules(9)) {
     CAPTURE(describe(schedule, 9, false));
     reset();
-    auto sequence = memkit::layer_sequence(first, drop, middle, act, adapter, last);
-    static_assert(std::is_same_v<decltype(sequence), memkit::layer_list<linear&, dropout&, std::span<mixed_layer>,
+    auto sequence = memkit::checkpoint::layer_sequence(first, drop, middle, act, adapter, last);
+    static_assert(std::is_same_v<decltype(sequence), memkit::checkpoint::layer_list<linear&, dropout&, std::span<mixed_layer>,
                                                                         tanh_layer&, memkit::lora::lora_linear<float>&, linear&>>);
     CHECK(sequence.size() == 9);
-    checkpoint_segment segment(sequence, {.schedule = schedule});
+    memkit::checkpoint::segment segment(sequence, {.schedule = schedule});
     static_assert(memkit::layer<decltype(segment), memkit::host_executor>);
     activation_store store(memkit::default_host_resource());
     std::vector<float> y(3 * 4), dx(in.numel());
@@ -275,7 +272,7 @@ TEST_CASE("checkpoint_segment: heterogeneous layers, single and in ranges, in on
   }
 }
 
-TEST_CASE("checkpoint_segment: segments in a hand-written loop share one offload, prefetching across segments") {
+TEST_CASE("checkpoint::segment: segments in a hand-written loop share one offload, prefetching across segments") {
   // Four segments of three layers each, the way a loop over decoder blocks would use them.
   std::vector<mixed_layer> stack = mixed_stack(12, 6, 23);
   const shape in{4, 6};
@@ -283,11 +280,11 @@ TEST_CASE("checkpoint_segment: segments in a hand-written loop share one offload
   const step_result reference = run_plain(stack, x, in);
 
   memkit::tracking_resource host(memkit::default_host_resource(), "offloaded");
-  memkit::checkpoint_offload offload(host.category(memory_category::activations));
-  std::vector<checkpoint_segment<memkit::layer_list<std::span<mixed_layer>>>> segments;
+  memkit::checkpoint::offload offload(host.category(memory_category::activations));
+  std::vector<memkit::checkpoint::segment<memkit::checkpoint::layer_list<std::span<mixed_layer>>>> segments;
   segments.reserve(4);
   for (std::size_t s = 0; s < 4; ++s)
-    segments.emplace_back(std::span(stack).subspan(3 * s, 3), checkpoint_options{.first_layer = 3 * s, .offload = &offload});
+    segments.emplace_back(std::span(stack).subspan(3 * s, 3), memkit::checkpoint::segment_options{.first_layer = 3 * s, .offload = &offload});
 
   for (int step = 0; step < 2; ++step) {
     zero_grads(stack);
@@ -323,7 +320,7 @@ TEST_CASE("checkpoint_segment: segments in a hand-written loop share one offload
   CHECK(host.current_bytes() == 0);
 }
 
-TEST_CASE("checkpoint_segment: two forward passes in flight (two micro-batches), backward in reverse order") {
+TEST_CASE("checkpoint::segment: two forward passes in flight (two micro-batches), backward in reverse order") {
   std::vector<mixed_layer> stack = mixed_stack(9, 5, 41);
   const shape in{3, 5};
   const std::vector<float> x1 = random_values(in.numel(), 11), x2 = random_values(in.numel(), 12);
@@ -332,13 +329,13 @@ TEST_CASE("checkpoint_segment: two forward passes in flight (two micro-batches),
   // in which the checkpointed backwards below run).
   const step_result second = run_plain(stack, x2, in, ctx2);
   const step_result first = run_plain(stack, x1, in, ctx1, false);
-  for (const checkpoint_schedule& schedule : all_schedules(9))
+  for (const memkit::checkpoint::schedule& schedule : all_schedules(9))
     for (bool offload : {false, true}) {
       CAPTURE(describe(schedule, 9, offload));
       zero_grads(stack);
-      memkit::checkpoint_offload offloaded(memkit::default_host_resource());
+      memkit::checkpoint::offload offloaded(memkit::default_host_resource());
       activation_store store(memkit::default_host_resource());
-      checkpoint_segment segment(stack, {.schedule = schedule, .offload = offload ? &offloaded : nullptr});
+      memkit::checkpoint::segment segment(stack, {.schedule = schedule, .offload = offload ? &offloaded : nullptr});
       const shape out = segment.output_shape(in);
       std::vector<float> y1(out.numel()), y2(out.numel()), dx1(in.numel()), dx2(in.numel());
       segment.forward(memkit::host, ctx1, memkit::host_view<const float>(x1.data(), in), memkit::host_view(y1.data(), out),
@@ -362,7 +359,7 @@ TEST_CASE("checkpoint_segment: two forward passes in flight (two micro-batches),
     }
 }
 
-TEST_CASE("checkpoint_segment: misuse is a clear error, never a silent wrong gradient") {
+TEST_CASE("checkpoint::segment: misuse is a clear error, never a silent wrong gradient") {
   std::vector<mixed_layer> stack = mixed_stack(6, 4, 31);
   const shape in{2, 4};
   const std::vector<float> x = random_values(in.numel(), 1);
@@ -373,9 +370,9 @@ TEST_CASE("checkpoint_segment: misuse is a clear error, never a silent wrong gra
   auto dx_view = memkit::host_view(dx.data(), in);
 
   SUBCASE("backward before forward, and backward twice") {
-    for (const checkpoint_schedule& schedule : all_schedules(6)) {
+    for (const memkit::checkpoint::schedule& schedule : all_schedules(6)) {
       activation_store store(memkit::default_host_resource());
-      checkpoint_segment segment(stack, {.schedule = schedule});
+      memkit::checkpoint::segment segment(stack, {.schedule = schedule});
       CHECK_THROWS_WITH_AS(segment.backward(memkit::host, dy_view, dx_view, store),
                            doctest::Contains("backward before forward, or twice"), memkit::error);
       segment.forward(memkit::host, step_context, x_view, y_view, store);
@@ -387,11 +384,11 @@ TEST_CASE("checkpoint_segment: misuse is a clear error, never a silent wrong gra
 
   SUBCASE("a layer whose recomputed forward saves something else") {
     // A layer that changes between forward and backward: its recomputation saves other bytes.
-    for (const checkpoint_schedule& schedule : {checkpoint_schedule::single_segment(), checkpoint_schedule::sqrt(),
-                                                checkpoint_schedule::binomial(2)}) {
+    for (const memkit::checkpoint::schedule& schedule : {memkit::checkpoint::schedule::single_segment(), memkit::checkpoint::schedule::sqrt(),
+                                                memkit::checkpoint::schedule::binomial(2)}) {
       std::vector<mixed_layer> changing = mixed_stack(6, 4, 31);
       activation_store store(memkit::default_host_resource());
-      checkpoint_segment segment(changing, {.schedule = schedule});
+      memkit::checkpoint::segment segment(changing, {.schedule = schedule});
       segment.forward(memkit::host, step_context, x_view, y_view, store);
       changing[1].what = mixed_layer::kind::tanh;  // layer 1 now saves a float output, not a byte mask
       CHECK_THROWS_WITH_AS(segment.backward(memkit::host, dy_view, dx_view, store),
@@ -406,7 +403,7 @@ TEST_CASE("checkpoint_segment: misuse is a clear error, never a silent wrong gra
     };
     std::vector<lying> liars(3);
     activation_store store(memkit::default_host_resource());
-    checkpoint_segment segment(liars, {.schedule = checkpoint_schedule::none()});
+    memkit::checkpoint::segment segment(liars, {.schedule = memkit::checkpoint::schedule::none()});
     CHECK_THROWS_WITH_AS(segment.forward(memkit::host, step_context, x_view, memkit::host_view(y.data(), in), store),
                          doctest::Contains("saved_bytes() says 8"), memkit::error);
     CHECK(store.empty());
@@ -421,7 +418,7 @@ TEST_CASE("checkpoint_segment: misuse is a clear error, never a silent wrong gra
     };
     std::vector<forgetful> layers(2);
     activation_store store(memkit::default_host_resource());
-    checkpoint_segment segment(layers, {.schedule = checkpoint_schedule::every_layer()});
+    memkit::checkpoint::segment segment(layers, {.schedule = memkit::checkpoint::schedule::every_layer()});
     segment.forward(memkit::host, step_context, x_view, memkit::host_view(y.data(), in), store);
     CHECK_THROWS_WITH_AS(
         segment.backward(memkit::host, memkit::host_view<const float>(dy.data(), in), dx_view, store),
@@ -439,12 +436,12 @@ TEST_CASE("checkpoint_segment: misuse is a clear error, never a silent wrong gra
     };
     std::vector<failing> layers(5);
     layers[3].fail = true;
-    for (const checkpoint_schedule& schedule : all_schedules(5))
+    for (const memkit::checkpoint::schedule& schedule : all_schedules(5))
       for (bool offload : {false, true}) {
         memkit::tracking_resource device(memkit::default_host_resource(), "activations");
-        memkit::checkpoint_offload offloaded(memkit::default_host_resource());
+        memkit::checkpoint::offload offloaded(memkit::default_host_resource());
         activation_store store(device.category(memory_category::activations));
-        checkpoint_segment segment(layers, {.schedule = schedule, .offload = offload ? &offloaded : nullptr});
+        memkit::checkpoint::segment segment(layers, {.schedule = schedule, .offload = offload ? &offloaded : nullptr});
         CHECK_THROWS_WITH_AS(segment.forward(memkit::host, step_context, x_view, memkit::host_view(y.data(), in), store),
                              "failing layer", memkit::error);
         CHECK(store.empty());
@@ -456,13 +453,13 @@ TEST_CASE("checkpoint_segment: misuse is a clear error, never a silent wrong gra
 
   SUBCASE("shapes, schedules and offload order") {
     activation_store store(memkit::default_host_resource());
-    CHECK_THROWS_WITH_AS(checkpoint_segment(stack, {.schedule = checkpoint_schedule::binomial(0)}),
+    CHECK_THROWS_WITH_AS(memkit::checkpoint::segment(stack, {.schedule = memkit::checkpoint::schedule::binomial(0)}),
                          doctest::Contains("at least 1 checkpoint slot"), memkit::error);
-    CHECK_THROWS_WITH_AS(checkpoint_segment(stack, {.schedule = checkpoint_schedule::every_k_layers(0)}),
+    CHECK_THROWS_WITH_AS(memkit::checkpoint::segment(stack, {.schedule = memkit::checkpoint::schedule::every_k_layers(0)}),
                          doctest::Contains("at least 1 layer per segment"), memkit::error);
     std::vector<mixed_layer> none;
-    CHECK_THROWS_WITH_AS(checkpoint_segment(none, {}), doctest::Contains("no layers"), memkit::error);
-    checkpoint_segment segment(stack);
+    CHECK_THROWS_WITH_AS(memkit::checkpoint::segment(none, {}), doctest::Contains("no layers"), memkit::error);
+    memkit::checkpoint::segment segment(stack);
     CHECK_THROWS_WITH_AS(segment.forward(memkit::host, step_context, x_view, memkit::host_view(y.data(), {4, 2}), store),
                          doctest::Contains("y has shape [4, 2] but the layers output [2, 4]"), memkit::error);
     segment.forward(memkit::host, step_context, x_view, y_view, store);
@@ -475,10 +472,10 @@ TEST_CASE("checkpoint_segment: misuse is a clear error, never a silent wrong gra
     segment.backward(memkit::host, dy_view, memkit::tensor_view<float>::none(), store);  // no input gradient
     CHECK(store.empty());
 
-    memkit::checkpoint_offload offload(memkit::default_host_resource());
+    memkit::checkpoint::offload offload(memkit::default_host_resource());
     const std::span<mixed_layer> all(stack);
-    checkpoint_segment a(all.first(3), {.offload = &offload});
-    checkpoint_segment b(all.subspan(3), {.first_layer = 3, .offload = &offload});
+    memkit::checkpoint::segment a(all.first(3), {.offload = &offload});
+    memkit::checkpoint::segment b(all.subspan(3), {.first_layer = 3, .offload = &offload});
     std::vector<float> h(a.output_shape(in).numel());
     a.forward(memkit::host, step_context, x_view, memkit::host_view(h.data(), a.output_shape(in)), store);
     b.forward(memkit::host, step_context, memkit::host_view<const float>(h.data(), a.output_shape(in)), y_view, store);
@@ -489,17 +486,17 @@ TEST_CASE("checkpoint_segment: misuse is a clear error, never a silent wrong gra
   }
 }
 
-TEST_CASE("checkpoint_segment: moving or assigning a segment rebinds it, never touching the layers") {
+TEST_CASE("checkpoint::segment: moving or assigning a segment rebinds it, never touching the layers") {
   std::vector<tanh_layer> a(3), b(5);
   const tanh_layer* const a_data = a.data();
   linear x(4, 4, 1), y(4, 4, 2);
   const std::vector<float> x_weight = x.weight;
-  checkpoint_segment first(memkit::layer_sequence(x, a)), second(memkit::layer_sequence(y, b));
+  memkit::checkpoint::segment first(memkit::checkpoint::layer_sequence(x, a)), second(memkit::checkpoint::layer_sequence(y, b));
   first = std::move(second);
   CHECK(first.size() == 6);
   CHECK(x.weight == x_weight);  // x was not assigned from y
   CHECK(a.data() == a_data);
-  checkpoint_segment moved(std::move(first));
+  memkit::checkpoint::segment moved(std::move(first));
   CHECK(moved.size() == 6);
   // The moved-to segment runs the second sequence's layers.
   activation_store store(memkit::default_host_resource());
@@ -522,12 +519,12 @@ TEST_CASE("checkpoint_segment: moving or assigning a segment rebinds it, never t
 
 TEST_CASE("explain_layer names the requirement a type misses") {
   static_assert(memkit::explain_layer<linear, host_executor>());
-  static_assert(memkit::explain_layer<memkit::checkpoint_segment<memkit::layer_list<std::span<tanh_layer>>>,
+  static_assert(memkit::explain_layer<memkit::checkpoint::segment<memkit::checkpoint::layer_list<std::span<tanh_layer>>>,
                                       host_executor>());
 }
 
-TEST_CASE("checkpoint_segment: destroying a segment with backwards pending frees what their forwards kept") {
-  static_assert(std::is_nothrow_destructible_v<checkpoint_segment<memkit::layer_list<std::span<mixed_layer>>>>);
+TEST_CASE("checkpoint::segment: destroying a segment with backwards pending frees what their forwards kept") {
+  static_assert(std::is_nothrow_destructible_v<memkit::checkpoint::segment<memkit::checkpoint::layer_list<std::span<mixed_layer>>>>);
   std::vector<mixed_layer> stack = mixed_stack(6, 4, 31);
   const shape in{2, 4};
   const std::vector<float> x = random_values(in.numel(), 1);
@@ -535,16 +532,16 @@ TEST_CASE("checkpoint_segment: destroying a segment with backwards pending frees
   auto x_view = memkit::host_view<const float>(x.data(), in);
   auto y_view = memkit::host_view(y.data(), {2, 4});
 
-  for (const checkpoint_schedule& schedule : all_schedules(6))
+  for (const memkit::checkpoint::schedule& schedule : all_schedules(6))
     for (bool offload : {false, true}) {
       CAPTURE(describe(schedule, 6, offload));
       memkit::tracking_resource device(memkit::default_host_resource(), "activations");
-      memkit::checkpoint_offload offloaded(memkit::default_host_resource());
+      memkit::checkpoint::offload offloaded(memkit::default_host_resource());
       activation_store store(device.category(memory_category::activations));
       // Tensors of other owners below and above the segment's passes stay.
       store.save<float>(shape{3});
       {
-        checkpoint_segment segment(stack, {.schedule = schedule, .offload = offload ? &offloaded : nullptr});
+        memkit::checkpoint::segment segment(stack, {.schedule = schedule, .offload = offload ? &offloaded : nullptr});
         segment.forward(memkit::host, step_context, x_view, y_view, store);
         segment.forward(memkit::host, forward_context{7, 0, true}, x_view, y_view, store);
         store.save<double>(shape{5});
@@ -559,12 +556,12 @@ TEST_CASE("checkpoint_segment: destroying a segment with backwards pending frees
     }
 
   SUBCASE("the store was moved, or destroyed first") {
-    checkpoint_segment segment(stack, {.schedule = checkpoint_schedule::every_layer()});
+    memkit::checkpoint::segment segment(stack, {.schedule = memkit::checkpoint::schedule::every_layer()});
     {
       activation_store store(memkit::default_host_resource());
       segment.forward(memkit::host, step_context, x_view, y_view, store);
       activation_store moved(std::move(store));
-      checkpoint_segment<memkit::layer_list<std::span<mixed_layer>>> other(std::move(segment));
+      memkit::checkpoint::segment<memkit::checkpoint::layer_list<std::span<mixed_layer>>> other(std::move(segment));
       CHECK(!moved.empty());
       other.discard_forward(moved);  // the pass follows its store
       CHECK(moved.empty());
@@ -586,15 +583,15 @@ TEST_CASE("checkpoint_segment: destroying a segment with backwards pending frees
   }
 }
 
-TEST_CASE("checkpoint_segment: backward given another store than its forward says so") {
+TEST_CASE("checkpoint::segment: backward given another store than its forward says so") {
   std::vector<mixed_layer> stack = mixed_stack(6, 4, 31);
   const shape in{2, 4};
   const std::vector<float> x = random_values(in.numel(), 1);
   std::vector<float> y(2 * 4), dy(2 * 4, 1.0f), dx(in.numel());
   for (bool offload : {false, true}) {
-    memkit::checkpoint_offload offloaded(memkit::default_host_resource());
+    memkit::checkpoint::offload offloaded(memkit::default_host_resource());
     activation_store store(memkit::default_host_resource()), other(memkit::default_host_resource());
-    checkpoint_segment segment(stack, {.schedule = checkpoint_schedule::sqrt(), .offload = offload ? &offloaded : nullptr});
+    memkit::checkpoint::segment segment(stack, {.schedule = memkit::checkpoint::schedule::sqrt(), .offload = offload ? &offloaded : nullptr});
     segment.forward(memkit::host, step_context, memkit::host_view<const float>(x.data(), in),
                     memkit::host_view(y.data(), {2, 4}), store);
     CHECK_THROWS_WITH_AS(segment.backward(memkit::host, memkit::host_view<const float>(dy.data(), {2, 4}),
@@ -611,7 +608,7 @@ TEST_CASE("checkpoint_segment: backward given another store than its forward say
 
 namespace {
 
-using inner_segment = checkpoint_segment<memkit::layer_list<std::span<mixed_layer>>>;
+using inner_segment = memkit::checkpoint::segment<memkit::checkpoint::layer_list<std::span<mixed_layer>>>;
 
 enum class nested_offload { none, inner, shared };
 
@@ -622,7 +619,7 @@ struct nested_step {
 
 }  // namespace
 
-TEST_CASE("checkpoint_segment: segments nest (a segment of segments): gradients bit-identical, peaks as predicted, "
+TEST_CASE("checkpoint::segment: segments nest (a segment of segments): gradients bit-identical, peaks as predicted, "
           "no stale passes, no offloaded checkpoints piling up") {
   // 12 layers in 4 inner segments of 3; inner segment k runs at outer step k, so it gets the context
   // ctx.for_layer(k), and counters add: first_layer 2k makes its layer i draw from ctx.for_layer(3k + i),
@@ -631,28 +628,28 @@ TEST_CASE("checkpoint_segment: segments nest (a segment of segments): gradients 
   const shape in{4, 6};
   const std::vector<float> x = random_values(in.numel(), 8);
   const step_result reference = run_plain(stack, x, in);
-  const std::vector<checkpoint_schedule> outer_schedules{checkpoint_schedule::single_segment(), checkpoint_schedule::none(),
-                                                         checkpoint_schedule::every_layer(), checkpoint_schedule::binomial(2),
-                                                         checkpoint_schedule::binomial(1)};
-  const std::vector<checkpoint_schedule> inner_schedules{checkpoint_schedule::single_segment(), checkpoint_schedule::none(),
-                                                         checkpoint_schedule::every_layer(), checkpoint_schedule::binomial(1)};
-  for (const checkpoint_schedule& outer_schedule : outer_schedules)
-    for (const checkpoint_schedule& inner_schedule : inner_schedules)
+  const std::vector<memkit::checkpoint::schedule> outer_schedules{memkit::checkpoint::schedule::single_segment(), memkit::checkpoint::schedule::none(),
+                                                         memkit::checkpoint::schedule::every_layer(), memkit::checkpoint::schedule::binomial(2),
+                                                         memkit::checkpoint::schedule::binomial(1)};
+  const std::vector<memkit::checkpoint::schedule> inner_schedules{memkit::checkpoint::schedule::single_segment(), memkit::checkpoint::schedule::none(),
+                                                         memkit::checkpoint::schedule::every_layer(), memkit::checkpoint::schedule::binomial(1)};
+  for (const memkit::checkpoint::schedule& outer_schedule : outer_schedules)
+    for (const memkit::checkpoint::schedule& inner_schedule : inner_schedules)
       for (nested_offload mode : {nested_offload::none, nested_offload::inner, nested_offload::shared}) {
         CAPTURE(describe(outer_schedule, 4, mode == nested_offload::shared));
         CAPTURE(describe(inner_schedule, 3, mode != nested_offload::none));
         memkit::tracking_resource host(memkit::default_host_resource(), "offloaded");
-        memkit::checkpoint_offload offload(host.category(memory_category::activations));
+        memkit::checkpoint::offload offload(host.category(memory_category::activations));
         std::vector<inner_segment> inners;
         inners.reserve(4);
         for (std::size_t k = 0; k < 4; ++k)
           inners.emplace_back(std::span(stack).subspan(3 * k, 3),
-                              checkpoint_options{.schedule = inner_schedule, .first_layer = 2 * k,
+                              memkit::checkpoint::segment_options{.schedule = inner_schedule, .first_layer = 2 * k,
                                                  .offload = mode == nested_offload::none ? nullptr : &offload});
-        checkpoint_segment outer(inners, {.schedule = outer_schedule,
+        memkit::checkpoint::segment outer(inners, {.schedule = outer_schedule,
                                           .offload = mode == nested_offload::shared ? &offload : nullptr});
         static_assert(memkit::layer<decltype(outer), memkit::host_executor>);
-        const memkit::checkpoint_cost cost = outer.cost(in, step_context);
+        const memkit::checkpoint::checkpoint_cost cost = outer.cost(in, step_context);
         const shape out = outer.output_shape(in);
         const std::size_t largest_hidden = activation_store::bytes_required<float>(shape{4, 9});
         std::size_t host_after_first_step = 0;

@@ -1,5 +1,5 @@
 #include <doctest/doctest.h>
-#include <memkit/checkpoint/layer.hpp>
+#include <memkit/core/layer.hpp>
 #include <memkit/memory/tracking.hpp>
 
 #include <cstdint>

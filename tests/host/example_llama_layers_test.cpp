@@ -180,8 +180,8 @@ TEST_CASE("example llama: checkpointed blocks give the plain stack's gradients b
   }
   {
     memkit::activation_store store(memkit::default_host_resource());
-    auto stack = memkit::checkpoint_segment(memkit::layer_sequence(b.block, b.block),
-                                            {.schedule = memkit::checkpoint_schedule::every_layer()});
+    auto stack = memkit::checkpoint::segment(memkit::checkpoint::layer_sequence(b.block, b.block),
+                                            {.schedule = memkit::checkpoint::schedule::every_layer()});
     std::vector<float> y2(x.size());
     stack.forward(memkit::host, {}, memkit::host_view(x.data(), in), memkit::host_view(y2.data(), in), store);
     CHECK(y2 == y);

@@ -295,7 +295,7 @@ constexpr std::uint64_t memkit_linear_workspace_bytes(const model_config& m, con
   return peak;
 }
 
-// memkit runtime: one Llama-style block as memkit's layers run it (checkpoint/layer.hpp's layer concept;
+// memkit runtime: one Llama-style block as memkit's layers run it (core/layer.hpp's layer concept;
 // memkit/models/llama/block.hpp is this block, built from memkit::attention, lora_linear and the example's
 // RMSNorm / rotary / SwiGLU layers). Every layer saves its own tensors into the activation store, none
 // shares another's:

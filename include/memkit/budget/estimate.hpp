@@ -462,8 +462,8 @@ constexpr memory_estimate estimate_memory(const model_config& m, const training_
   const std::uint64_t L = m.layers;
   const std::uint64_t layer_input = round_up(p.stream_bytes() * p.tokens() * m.hidden, g);
   // The blocks' saved tensors and checkpoints at every moment of the schedule (checkpoint/schedule.hpp).
-  const checkpoint_trace blocks =
-      trace_checkpointing(p.checkpoint_schedule_of(), L, layer_input, block.saved_bytes, p.offload_checkpoints);
+  const ::memkit::checkpoint::checkpoint_trace blocks =
+      ::memkit::checkpoint::trace_checkpointing(p.checkpoint_schedule_of(), L, layer_input, block.saved_bytes, p.offload_checkpoints);
   host[category::activations] = blocks.host_bytes;  // offloaded checkpoints
   out.host_bytes = host.total();
   const std::uint64_t saved_blocks = blocks.after_forward;

@@ -5,8 +5,8 @@
 // The loop owns four hidden-state buffers for the whole run: the embedding's output (the layer stack's
 // input), the stack's output (the loss's input), the loss's gradient of it (loss::fused_linear_cross_entropy
 // computes it during forward) and, when the embedding trains, the gradient into the embedding. The stack is
-// checkpoint_segment over the blocks and the final RMSNorm; what it holds at every moment is checkpoint/
-// schedule.hpp's exact byte model (checkpoint_segment::cost), run here on memkit_block_activation_bytes's
+// memkit::checkpoint::segment over the blocks and the final RMSNorm; what it holds at every moment is checkpoint/
+// schedule.hpp's exact byte model (memkit::checkpoint::segment::cost), run here on memkit_block_activation_bytes's
 // saved tensors. The block's temporaries and its operations' workspace, and the loss's chunk buffers, come
 // from the workspace resource. Gradients (fp32) and the optimizer state are allocated up front.
 //
@@ -32,12 +32,12 @@ namespace detail {
 // checkpoint_byte_model that also reports, at each layer's forward, the bytes alive once that layer has
 // saved everything it saves (the model frees them again at once when the layer's tensors are not kept).
 template <class Hidden, class Saved, class OnBackward, class OnForward>
-class memkit_stack_model : public ::memkit::detail::checkpoint_byte_model<Hidden, Saved, OnBackward> {
-  using base = ::memkit::detail::checkpoint_byte_model<Hidden, Saved, OnBackward>;
+class memkit_stack_model : public ::memkit::checkpoint::detail::checkpoint_byte_model<Hidden, Saved, OnBackward> {
+  using base = ::memkit::checkpoint::detail::checkpoint_byte_model<Hidden, Saved, OnBackward>;
 
  public:
   constexpr memkit_stack_model(Hidden hidden, Saved saved, OnBackward on_backward, OnForward on_forward, bool offload)
-      : base(hidden, saved, on_backward, ::memkit::detail::checkpoint_bytes_options{offload, true}),
+      : base(hidden, saved, on_backward, ::memkit::checkpoint::detail::checkpoint_bytes_options{offload, true}),
         saved_(saved), on_forward_(on_forward) {}
   constexpr void forward(std::uint64_t step, const typename base::hidden& in, typename base::hidden& out, bool keep) {
     on_forward_(step, base::device_bytes() + saved_(step));
@@ -108,10 +108,10 @@ constexpr memkit_step_moments memkit_step_activations(const model_config& m, con
     for (int i = 0; i < block_activations::backward_phase_count; ++i)
       moment(backward_phase, bytes - block.backward_released[i], block.backward_phase_transient[i]);
   };
-  const checkpoint_plan plan = make_checkpoint_plan(p.checkpoint_schedule_of(), L + 1);
+  const ::memkit::checkpoint::checkpoint_plan plan = ::memkit::checkpoint::make_checkpoint_plan(p.checkpoint_schedule_of(), L + 1);
   detail::memkit_stack_model model([hidden](std::uint64_t) { return hidden; }, saved, on_backward, on_forward,
                                   p.offload_checkpoints);
-  ::memkit::detail::checkpoint_interpreter run(plan, model);
+  ::memkit::checkpoint::detail::checkpoint_interpreter run(plan, model);
   run.forward();
   moment(forward_phase, model.kept_after_forward(), loss_workspace);
   backward_pass = true;

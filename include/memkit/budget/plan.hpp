@@ -55,7 +55,7 @@ enum class optimizer_placement : std::uint8_t {
 // Activation checkpointing (memkit/checkpoint/schedule.hpp): none; every layer; every k layers (one
 // checkpoint per segment of k); sqrt (segments of ceil(sqrt(L)) layers); binomial (Griewank's Revolve with
 // `checkpoint_slots` checkpoints, each layer taped from the nearest one and run backward alone).
-using ::memkit::checkpointing;
+using ::memkit::checkpoint::checkpointing;
 enum class attention_impl : std::uint8_t { eager, memory_efficient };
 // The loss over the LM head (docs/memory_budget.md, "The loss"):
 //   fp32     16-bit logits, their fp32 copy and fp32 log-softmax (transformers' default path)
@@ -73,7 +73,7 @@ enum class logits_mode : std::uint8_t { fp32, half, chunked, fused, cut };
 //            masks, torch AdamW's foreach temporaries, ...)
 //   memkit   memkit's own components: every term from the bytes_required / workspace / saved-bytes
 //            functions the components allocate by (lora_linear, quantized_tensor, adam_state,
-//            attention, loss::fused_linear_cross_entropy, checkpoint_segment)
+//            attention, loss::fused_linear_cross_entropy, memkit::checkpoint::segment)
 enum class runtime_kind : std::uint8_t { pytorch, memkit };
 
 struct overhead_settings {
@@ -152,7 +152,7 @@ struct training_plan {
   // over micro-batches loses nothing); PyTorch's have the weight's dtype.
   constexpr std::uint64_t gradient_bytes() const noexcept { return memkit_runtime() ? 4 : activation_bytes(); }
   constexpr std::uint64_t tokens() const noexcept { return micro_batch * sequence; }
-  constexpr checkpoint_schedule checkpoint_schedule_of() const noexcept {
+  constexpr memkit::checkpoint::schedule checkpoint_schedule_of() const noexcept {
     return {checkpoint, checkpoint_every, checkpoint_slots};
   }
 };

@@ -1,7 +1,7 @@
 // memkit/checkpoint/offload.hpp — checkpoints kept in host memory between a forward pass and its backward
 // pass, and brought back to the device just before they are needed.
 //
-// One checkpoint_offload serves every checkpoint_segment of a model (checkpoint_options::offload). Its
+// One offload serves every segment of a model (segment_options::offload). Its
 // checkpoints form one last-in, first-out stack, so while a segment runs backward the checkpoint the next
 // restore needs — of this segment or of the segment before it — is already on its way back.
 //
@@ -28,10 +28,11 @@
 #include "memkit/memory/resource.hpp"
 
 MEMKIT_NAMESPACE_BEGIN
+namespace checkpoint {
 
 namespace detail {
 
-// A process-wide id for each checkpoint_segment (its checkpoints' owner in an offload; it survives moves).
+// A process-wide id for each segment (its checkpoints' owner in an offload; it survives moves).
 inline std::uint64_t next_checkpoint_owner() noexcept {
   static std::atomic<std::uint64_t> next{1};
   return next.fetch_add(1, std::memory_order_relaxed);
@@ -57,14 +58,14 @@ struct checkpoint_key {
   friend constexpr bool operator==(const checkpoint_key&, const checkpoint_key&) = default;
 };
 
-class checkpoint_offload {
+class offload {
  public:
   // `host_memory`: where checkpoints are kept (pinned_host_resource, or a tracking category over one, for
   // CUDA executors; any host-accessible resource for the host executor).
-  explicit checkpoint_offload(memory_resource& host_memory) : host_(&host_memory) {}
-  checkpoint_offload(const checkpoint_offload&) = delete;
-  checkpoint_offload& operator=(const checkpoint_offload&) = delete;
-  ~checkpoint_offload() {
+  explicit offload(memory_resource& host_memory) : host_(&host_memory) {}
+  offload(const offload&) = delete;
+  offload& operator=(const offload&) = delete;
+  ~offload() {
 #if MEMKIT_HAS_CUDA
     // Copies may still read the pooled buffers: let them finish before the buffers go.
     if (side_.stream != nullptr) {
@@ -108,7 +109,7 @@ class checkpoint_offload {
     pool_ = std::move(in_use);
   }
 
-  // --- used by checkpoint_segment ---
+  // --- used by segment ---
 
   // Starts copying `bytes` at `source` (stream-ordered on `exec`) into a host checkpoint. The source may be
   // overwritten or freed only after wait_for_copies(exec).
@@ -123,11 +124,11 @@ class checkpoint_offload {
     if (index == pool_.size()) {
       if constexpr (E::on_device)
         require(host_->kind() == memory_kind::pinned_host,
-                std::string("checkpoint_offload: device checkpoints are copied to host memory asynchronously, which "
+                std::string("checkpoint::offload: device checkpoints are copied to host memory asynchronously, which "
                             "needs pinned host memory; its resource gives ") +
                     to_string(host_->kind()) + " memory (use a pinned_host_resource)");
       else
-        require(E::can_access(host_->kind()), std::string("checkpoint_offload: the host executor cannot reach ") +
+        require(E::can_access(host_->kind()), std::string("checkpoint::offload: the host executor cannot reach ") +
                                                   to_string(host_->kind()) + " memory");
       pool_.push_back({buffer<std::byte>(*host_, shape{static_cast<std::int64_t>(bytes)}), false});
     }
@@ -152,7 +153,7 @@ class checkpoint_offload {
   buffer<std::byte> fetch(const E& exec, memory_resource& device, const checkpoint_key& key, bool last) {
     const std::size_t index = find(key);
     require(!last || index + 1 == kept_.size(),
-            "checkpoint_offload: a checkpoint was brought back out of order: segments must run backward in the "
+            "checkpoint::offload: a checkpoint was brought back out of order: segments must run backward in the "
             "reverse order of their forward passes");
     buffer<std::byte> copy;
     if (prefetched_.storage.data() != nullptr && prefetched_.key == key) {
@@ -231,7 +232,7 @@ class checkpoint_offload {
   std::size_t find(const checkpoint_key& key) const {
     for (std::size_t i = kept_.size(); i-- > 0;)
       if (kept_[i].key == key) return i;
-    throw error("checkpoint_offload: no checkpoint is kept for hidden state " + std::to_string(key.position) +
+    throw error("checkpoint::offload: no checkpoint is kept for hidden state " + std::to_string(key.position) +
                 " of this segment (its backward ran twice, or its forward used another offload)");
   }
 
@@ -289,12 +290,12 @@ class checkpoint_offload {
 #if MEMKIT_HAS_CUDA
   void ensure_side_stream(const cuda_executor& exec) {
     if (side_.stream != nullptr) {
-      require(side_.device == exec.device, "checkpoint_offload: used on device " + std::to_string(exec.device) +
+      require(side_.device == exec.device, "checkpoint::offload: used on device " + std::to_string(exec.device) +
                                                " after device " + std::to_string(side_.device) +
                                                "; use one offload per device");
       return;
     }
-    detail::with_device(exec.device, [&] {
+    ::memkit::detail::with_device(exec.device, [&] {
       MEMKIT_CUDA_CHECK(cudaStreamCreateWithFlags(&side_.stream, cudaStreamNonBlocking));
       for (cudaEvent_t* event : {&side_.ready, &side_.copied, &side_.allocated, &side_.arrived})
         MEMKIT_CUDA_CHECK(cudaEventCreateWithFlags(event, cudaEventDisableTiming));
@@ -316,4 +317,5 @@ class checkpoint_offload {
   prefetched_copy prefetched_;
 };
 
+}  // namespace checkpoint
 MEMKIT_NAMESPACE_END

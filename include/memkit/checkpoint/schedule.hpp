@@ -9,7 +9,7 @@
 //   tape j          run step j forward, keeping what it saves for its backward
 //   backward j      run step j backward
 // The first forward_actions actions are the forward pass (they end with the stack's output); the rest are
-// the backward pass. checkpoint_segment (checkpoint/segment.hpp) runs a plan on real layers; this header
+// the backward pass. segment (checkpoint/segment.hpp) runs a plan on real layers; this header
 // runs the same plan on byte counts, which is how the predictions below are exact.
 //
 // Schedules (the closed forms are in docs/checkpointing.md):
@@ -28,6 +28,7 @@
 #include "memkit/config.hpp"
 
 MEMKIT_NAMESPACE_BEGIN
+namespace checkpoint {
 
 enum class checkpointing : std::uint8_t { none, every_layer, every_k_layers, sqrt, binomial };
 
@@ -42,19 +43,19 @@ constexpr std::string_view to_string(checkpointing kind) noexcept {
   return "?";
 }
 
-struct checkpoint_schedule {
+struct schedule {
   checkpointing kind = checkpointing::every_k_layers;
   std::uint64_t every = ~std::uint64_t{0};  // layers per segment (every_k_layers); the default is one segment
   std::uint64_t slots = 4;                  // checkpoints the binomial schedule may keep at once
 
-  static constexpr checkpoint_schedule none() noexcept { return {checkpointing::none, 1, 1}; }
-  static constexpr checkpoint_schedule single_segment() noexcept { return {}; }
-  static constexpr checkpoint_schedule every_layer() noexcept { return {checkpointing::every_layer, 1, 1}; }
-  static constexpr checkpoint_schedule every_k_layers(std::uint64_t k) noexcept {
+  static constexpr schedule none() noexcept { return {checkpointing::none, 1, 1}; }
+  static constexpr schedule single_segment() noexcept { return {}; }
+  static constexpr schedule every_layer() noexcept { return {checkpointing::every_layer, 1, 1}; }
+  static constexpr schedule every_k_layers(std::uint64_t k) noexcept {
     return {checkpointing::every_k_layers, k, 1};
   }
-  static constexpr checkpoint_schedule sqrt() noexcept { return {checkpointing::sqrt, 1, 1}; }
-  static constexpr checkpoint_schedule binomial(std::uint64_t slots) noexcept {
+  static constexpr schedule sqrt() noexcept { return {checkpointing::sqrt, 1, 1}; }
+  static constexpr schedule binomial(std::uint64_t slots) noexcept {
     return {checkpointing::binomial, 1, slots};
   }
 
@@ -130,7 +131,7 @@ constexpr std::uint64_t revolve_split(std::uint64_t n, std::uint64_t slots) noex
 }
 
 // Layers per segment of a segment schedule over n layers (0 for none and binomial).
-constexpr std::uint64_t segment_length(const checkpoint_schedule& s, std::uint64_t n) noexcept {
+constexpr std::uint64_t segment_length(const schedule& s, std::uint64_t n) noexcept {
   switch (s.kind) {
     case checkpointing::every_layer: return n == 0 ? 0 : 1;
     case checkpointing::every_k_layers: return s.every < n ? s.every : n;
@@ -144,7 +145,7 @@ constexpr std::uint64_t segment_length(const checkpoint_schedule& s, std::uint64
 }
 
 // Layer forwards a training step runs beyond the N of an uncheckpointed one.
-constexpr std::uint64_t recomputed_forwards(const checkpoint_schedule& s, std::uint64_t n) noexcept {
+constexpr std::uint64_t recomputed_forwards(const schedule& s, std::uint64_t n) noexcept {
   switch (s.kind) {
     case checkpointing::none: return 0;
     case checkpointing::binomial: return revolve_forwards(n, s.slots);
@@ -262,7 +263,7 @@ constexpr void plan_prefetches(checkpoint_plan& plan) {
 
 // The plan of `schedule` over `layers` steps. An invalid schedule or more than max_checkpointed_layers
 // layers gives an empty plan (check schedule.problem() first).
-constexpr checkpoint_plan make_checkpoint_plan(const checkpoint_schedule& schedule, std::uint64_t layers) {
+constexpr checkpoint_plan make_checkpoint_plan(const schedule& schedule, std::uint64_t layers) {
   checkpoint_plan plan;
   plan.layers = layers;
   if (layers == 0 || layers > max_checkpointed_layers || !schedule.problem().empty()) return plan;
@@ -397,7 +398,7 @@ class checkpoint_interpreter {
 }  // namespace detail
 
 // What step j of a stack costs beyond the hidden states around it, for a step that allocates more while it
-// runs than what it keeps (a nested checkpoint_segment: its own cost()): `saved` stays from its forward to
+// runs than what it keeps (a nested segment: its own cost()): `saved` stays from its forward to
 // its backward; forward_peak is the most bytes alive while its forward runs, backward_peak while its
 // backward runs (its saved bytes included). A plain layer is {saved, saved, saved}.
 struct checkpoint_step_bytes {
@@ -410,7 +411,7 @@ namespace detail {
 
 // The byte model: runs a plan on byte counts. `hidden_bytes(p)` is the size of the hidden state at
 // position p, `saved_bytes(j)` what step j's forward saves (a byte count, or a checkpoint_step_bytes).
-//   exact (what checkpoint_segment allocates): hidden states between layers and gradients are buffers of
+//   exact (what segment allocates): hidden states between layers and gradients are buffers of
 //     their own, and an advance allocates its saved tensors before throwing them away;
 //   autograd-like (memory_budget, PyTorch): hidden states are the saved tensors themselves and a forward
 //     without grad saves nothing, so only checkpoints and taped layers count.
@@ -571,10 +572,10 @@ struct checkpoint_cost {
 
 // The cost of `schedule` over `layers` layers whose hidden state at position p (0..layers) takes
 // hidden_bytes(p) bytes and whose step j saves saved_bytes(j) bytes (or returns a checkpoint_step_bytes), as
-// checkpoint_segment runs it: peak_bytes is exactly what a tracking_resource sees. Invalid input gives a zero
+// segment runs it: peak_bytes is exactly what a tracking_resource sees. Invalid input gives a zero
 // cost.
 template <class HiddenBytes, class SavedBytes>
-constexpr checkpoint_cost checkpoint_cost_of(const checkpoint_schedule& schedule, std::uint64_t layers,
+constexpr checkpoint_cost checkpoint_cost_of(const schedule& schedule, std::uint64_t layers,
                                              HiddenBytes hidden_bytes, SavedBytes saved_bytes,
                                              bool offload = false) {
   const checkpoint_plan plan = make_checkpoint_plan(schedule, layers);
@@ -595,7 +596,7 @@ struct uniform_layer_bytes {
   std::uint64_t saved = 0;
 };
 
-constexpr checkpoint_cost checkpoint_cost_of(const checkpoint_schedule& schedule, std::uint64_t layers,
+constexpr checkpoint_cost checkpoint_cost_of(const schedule& schedule, std::uint64_t layers,
                                              uniform_layer_bytes bytes, bool offload = false) {
   return checkpoint_cost_of(
       schedule, layers, [bytes](std::uint64_t) { return bytes.hidden; },
@@ -612,7 +613,7 @@ struct checkpoint_trace {
   constexpr std::uint64_t at_backward(std::uint64_t layer) const { return backward_bytes[layer]; }
 };
 
-constexpr checkpoint_trace trace_checkpointing(const checkpoint_schedule& schedule, std::uint64_t layers,
+constexpr checkpoint_trace trace_checkpointing(const schedule& schedule, std::uint64_t layers,
                                                std::uint64_t checkpoint_bytes, std::uint64_t layer_bytes,
                                                bool offload = false) {
   checkpoint_trace trace;
@@ -631,4 +632,5 @@ constexpr checkpoint_trace trace_checkpointing(const checkpoint_schedule& schedu
   return trace;
 }
 
+}  // namespace checkpoint
 MEMKIT_NAMESPACE_END

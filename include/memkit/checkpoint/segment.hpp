@@ -1,11 +1,11 @@
 // memkit/checkpoint/segment.hpp — activation checkpointing for a sequence of hand-written layers.
 //
-// checkpoint_segment wraps layers (memkit::layer_sequence(a, b, c), or a std::vector / std::span of one layer
+// segment wraps layers (memkit::layer_sequence(a, b, c), or a std::vector / std::span of one layer
 // type, or both mixed: layer_sequence(embedding, std::span(blocks), norm)) and is itself a layer, so a training
 // loop calls it like any other:
 //
 //   std::vector<decoder_block> blocks = ...;
-//   memkit::checkpoint_segment stack(blocks, {.schedule = memkit::checkpoint_schedule::binomial(4)});
+//   memkit::segment stack(blocks, {.schedule = memkit::schedule::binomial(4)});
 //   stack.forward(exec, ctx, x, y, store);    // keeps checkpoints, not every block's activations
 //   ...loss...
 //   stack.backward(exec, dy, dx, store);      // recomputes from the checkpoints, then runs each backward
@@ -17,7 +17,7 @@
 // stack's context, and it reproduces the uncheckpointed loop exactly.
 //
 // Memory: checkpoints are saved in the activation store (charged to its resource) or, with
-// checkpoint_options::offload, kept in host memory. Hidden states between the layers and the gradients
+// segment_options::offload, kept in host memory. Hidden states between the layers and the gradients
 // between their backwards are buffers from the store's resource, freed as soon as they are consumed.
 // cost(in, ctx) predicts, before anything runs, exactly what that resource will see (checkpoint/schedule.hpp).
 //
@@ -41,7 +41,7 @@
 #include <utility>
 #include <vector>
 
-#include "memkit/checkpoint/layer.hpp"
+#include "memkit/core/layer.hpp"
 #include "memkit/checkpoint/offload.hpp"
 #include "memkit/checkpoint/schedule.hpp"
 #include "memkit/config.hpp"
@@ -49,6 +49,7 @@
 #include "memkit/memory/buffer.hpp"
 
 MEMKIT_NAMESPACE_BEGIN
+namespace checkpoint {
 
 namespace detail {
 
@@ -94,7 +95,7 @@ struct part_of<std::array<L, N>> {
 template <class Part>
 using part_layer = typename layer_part<Part>::layer_type;
 
-// How many checkpoint_segment steps this thread is inside: a segment run as a step of another one is nested.
+// How many segment steps this thread is inside: a segment run as a step of another one is nested.
 inline thread_local int segment_steps_running = 0;
 struct inside_segment_step {
   inside_segment_step() noexcept { ++segment_steps_running; }
@@ -109,18 +110,18 @@ struct inside_segment_step {
 // it). Parts are single layers (L&) or spans of layers of one type.
 template <class... Parts>
 class layer_list {
-  static_assert(sizeof...(Parts) > 0, "memkit::layers: give at least one layer");
+  static_assert(sizeof...(Parts) > 0, "memkit::checkpoint::layer_sequence: give at least one layer");
   using first_part = std::tuple_element_t<0, std::tuple<Parts...>>;
 
  public:
   static_assert(requires { typename detail::part_layer<first_part>::value_type; },
-                "memkit::layers: a layer needs `using value_type = ...;` (see memkit::explain_layer)");
+                "memkit::checkpoint::layer_sequence: a layer needs `using value_type = ...;` (see memkit::explain_layer)");
   using value_type = typename detail::part_layer<first_part>::value_type;
   static_assert((std::is_same_v<typename detail::part_layer<Parts>::value_type, value_type> && ...),
-                "memkit::layers: every layer of a sequence must have the same value_type (each one's output is the "
+                "memkit::checkpoint::layer_sequence: every layer of a sequence must have the same value_type (each one's output is the "
                 "next one's input)");
   static_assert((!std::is_const_v<detail::part_layer<Parts>> && ...),
-                "memkit::layers: layers are run forward and backward, so they cannot be const");
+                "memkit::checkpoint::layer_sequence: layers are run forward and backward, so they cannot be const");
 
   // Whether every layer runs on executor E (memkit::explain_layer<L, E>() says what a layer misses).
   template <class E>
@@ -166,34 +167,34 @@ constexpr auto layer_sequence(Args&&... args) {
   return layer_list<typename detail::part_of<std::remove_reference_t<Args>>::type...>(std::forward<Args>(args)...);
 }
 
-struct checkpoint_options {
-  checkpoint_schedule schedule = checkpoint_schedule::single_segment();
+struct segment_options {
+  checkpoint::schedule schedule = checkpoint::schedule::single_segment();
   std::uint64_t first_layer = 0;           // inner layer i uses ctx.for_layer(first_layer + i)
-  checkpoint_offload* offload = nullptr;   // keep checkpoints in host memory instead of the store
+  checkpoint::offload* offload = nullptr;  // keep checkpoints in host memory instead of the store
 };
 
 template <class List>
-class checkpoint_segment {
+class segment {
  public:
   using value_type = typename List::value_type;
 
-  explicit checkpoint_segment(List layers, checkpoint_options options = {})
+  explicit segment(List layers, segment_options options = {})
       : layers_(std::move(layers)), options_(options) {
     const std::string_view problem = options_.schedule.problem();
-    require(problem.empty(), "checkpoint_segment: " + std::string(problem));
-    require(layers_.size() > 0, "checkpoint_segment: no layers to run");
+    require(problem.empty(), "checkpoint::segment: " + std::string(problem));
+    require(layers_.size() > 0, "checkpoint::segment: no layers to run");
     require(layers_.size() <= max_checkpointed_layers,
-            "checkpoint_segment: " + std::to_string(layers_.size()) + " layers is more than a plan indexes");
+            "checkpoint::segment: " + std::to_string(layers_.size()) + " layers is more than a plan indexes");
     plan_ = make_checkpoint_plan(options_.schedule, layers_.size());
   }
   // A moved-from segment keeps its layers and plan (it still works) but no pending passes, and takes a new
   // id, so checkpoints it offloads later cannot be mistaken for the moved passes'.
-  checkpoint_segment(checkpoint_segment&& other)
+  segment(segment&& other)
       : layers_(other.layers_), options_(other.options_), plan_(other.plan_), passes_(std::move(other.passes_)),
         next_pass_(other.next_pass_), id_(std::exchange(other.id_, detail::next_checkpoint_owner())) {
     other.passes_.clear();
   }
-  checkpoint_segment& operator=(checkpoint_segment&& other) {
+  segment& operator=(segment&& other) {
     if (this != &other) {
       drop_pending();
       layers_ = other.layers_;
@@ -208,10 +209,10 @@ class checkpoint_segment {
   }
   // A segment destroyed with backwards pending frees what their forwards kept: their tensors in the store
   // (if it still exists) and their offloaded checkpoints (the offload must outlive the segment).
-  ~checkpoint_segment() { drop_pending(); }
+  ~segment() { drop_pending(); }
 
   std::size_t size() const noexcept { return layers_.size(); }
-  const checkpoint_options& options() const noexcept { return options_; }
+  const segment_options& options() const noexcept { return options_; }
   const checkpoint_plan& plan() const noexcept { return plan_; }
   std::size_t pending_backwards() const noexcept { return passes_.size(); }
 
@@ -239,7 +240,7 @@ class checkpoint_segment {
     requires(List::template runs_on<E>)
   void forward(const E& exec, const forward_context& ctx, tensor_view<const value_type> x, tensor_view<value_type> y,
                activation_store& store) {
-    const char* operation = "checkpoint_segment::forward";
+    const char* operation = "checkpoint::segment::forward";
     require_accessible(exec, x, operation, "x");
     require_accessible(exec, y, operation, "y");
     pass p{.id = next_pass_++, .ctx = ctx, .shapes = sizes_for(x.shape(), ctx), .store = store.ref(),
@@ -265,7 +266,7 @@ class checkpoint_segment {
   template <executor E>
     requires(List::template runs_on<E>)
   void backward(const E& exec, tensor_view<const value_type> dy, tensor_view<value_type> dx, activation_store& store) {
-    const char* operation = "checkpoint_segment::backward";
+    const char* operation = "checkpoint::segment::backward";
     require(!passes_.empty(), std::string(operation) +
                                   ": no forward pass to go back through (backward before forward, or twice?)");
     const activation_store* const saved_in = passes_.back().store.get();
@@ -305,7 +306,7 @@ class checkpoint_segment {
   // an outer segment runs without keeping it): frees its tensors in `store` and its offloaded checkpoints.
   // Callers that run layers generically use memkit::discard_forward(layer, store, entries).
   void discard_forward(activation_store& store) {
-    const char* operation = "checkpoint_segment::discard_forward";
+    const char* operation = "checkpoint::segment::discard_forward";
     require(!passes_.empty(), std::string(operation) + ": no forward pass to discard");
     require(passes_.back().store.get() == &store,
             std::string(operation) + ": given another activation_store than the one its forward saved its tensors in");
@@ -424,7 +425,7 @@ class checkpoint_segment {
       bool owned = false;
       // An offload copy reads this memory: the compute stream waits for it before the memory is freed or
       // given back, also when a failure unwinds the pass.
-      checkpoint_offload* copy_pending = nullptr;
+      checkpoint::offload* copy_pending = nullptr;
       const E* exec = nullptr;
 
       hidden() = default;
@@ -460,7 +461,7 @@ class checkpoint_segment {
       }
     };
 
-    runner(checkpoint_segment& segment, const E& exec, activation_store& store, pass& p)
+    runner(segment& segment, const E& exec, activation_store& store, pass& p)
         : segment_(segment), exec_(exec), store_(store), pass_(p) {}
 
     tensor_view<const T> x{}, dy{};
@@ -487,7 +488,7 @@ class checkpoint_segment {
         const detail::inside_segment_step nested;
         layer.forward(exec_, segment_.context_of(pass_.ctx, step), const_view(in, step), view(out, step + 1), store_);
       });
-      require(store_.size() >= entries, "checkpoint_segment: layer " + std::to_string(step) +
+      require(store_.size() >= entries, "checkpoint::segment: layer " + std::to_string(step) +
                                             "'s forward took tensors out of the store it was given");
       check_saved(step, store_.size() - entries, store_.bytes() - held);
       if (keep)
@@ -506,7 +507,7 @@ class checkpoint_segment {
       });
       const std::uint32_t saved = pass_.tensors[step];
       require(store_.size() + saved == entries,
-              "checkpoint_segment: layer " + std::to_string(step) + "'s backward took " +
+              "checkpoint::segment: layer " + std::to_string(step) + "'s backward took " +
                   std::to_string(entries >= store_.size() ? entries - store_.size() : 0) +
                   " tensors from the store but its forward saved " + std::to_string(saved));
     }
@@ -524,11 +525,11 @@ class checkpoint_segment {
       return view_of(kept);
     }
     hidden peek(std::uint64_t p) {
-      return view_of(store_.peek<T>(pass_.shapes.shapes[p], "checkpoint_segment (a checkpoint)"));
+      return view_of(store_.peek<T>(pass_.shapes.shapes[p], "checkpoint::segment (a checkpoint)"));
     }
     hidden take(std::uint64_t p) {
       hidden h;
-      h.slot = store_.take<T>(pass_.shapes.shapes[p], "checkpoint_segment (a checkpoint)");
+      h.slot = store_.take<T>(pass_.shapes.shapes[p], "checkpoint::segment (a checkpoint)");
       h.data = h.slot.view().data();
       h.where = h.slot.view().where();
       h.owned = true;
@@ -574,7 +575,7 @@ class checkpoint_segment {
     }
 
     void check_saved(std::uint64_t step, std::size_t tensors, std::size_t saved_bytes) {
-      const std::string layer = "checkpoint_segment: layer " + std::to_string(step);
+      const std::string layer = "checkpoint::segment: layer " + std::to_string(step);
       std::uint32_t& first = pass_.tensors[step];
       if (first == unevaluated) {
         require(saved_bytes == pass_.shapes.saved[step],
@@ -591,14 +592,14 @@ class checkpoint_segment {
                   "state changed between forward and backward)");
     }
 
-    checkpoint_segment& segment_;
+    segment& segment_;
     const E& exec_;
     activation_store& store_;
     pass& pass_;
   };
 
   List layers_;
-  checkpoint_options options_;
+  segment_options options_;
   checkpoint_plan plan_;
   std::vector<pass> passes_;
   std::uint64_t next_pass_ = 0;
@@ -606,10 +607,11 @@ class checkpoint_segment {
 };
 
 template <class... Parts>
-checkpoint_segment(layer_list<Parts...>, checkpoint_options = {}) -> checkpoint_segment<layer_list<Parts...>>;
+segment(layer_list<Parts...>, segment_options = {}) -> segment<layer_list<Parts...>>;
 template <class L, class Allocator>
-checkpoint_segment(std::vector<L, Allocator>&, checkpoint_options = {}) -> checkpoint_segment<layer_list<std::span<L>>>;
+segment(std::vector<L, Allocator>&, segment_options = {}) -> segment<layer_list<std::span<L>>>;
 template <class L, std::size_t Extent>
-checkpoint_segment(std::span<L, Extent>, checkpoint_options = {}) -> checkpoint_segment<layer_list<std::span<L, Extent>>>;
+segment(std::span<L, Extent>, segment_options = {}) -> segment<layer_list<std::span<L, Extent>>>;
 
+}  // namespace checkpoint
 MEMKIT_NAMESPACE_END

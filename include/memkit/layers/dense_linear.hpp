@@ -5,7 +5,7 @@
 //   workspace_bytes(args) / saved_bytes(args) / bytes_required(args)      constexpr, found by ADL
 //   dense_linear_forward(exec, x, weight, bias, y, options, workspace)
 //   dense_linear_backward(exec, dy, x, weight, dx, weight_grad, bias_grad, options, workspace)
-//   dense_linear<T>    the layer (checkpoint/layer.hpp): owns W [out, in] and the optional b [out] as
+//   dense_linear<T>    the layer (core/layer.hpp): owns W [out, in] and the optional b [out] as
 //                      basic_parameter<T>, saves x when W trains, register_parameters(registry)
 //
 // W, b, x and y are T, the training dtype (bf16, or float); the gradients of W and b are fp32 and
@@ -22,7 +22,7 @@
 #include <string>
 #include <utility>
 
-#include "memkit/checkpoint/layer.hpp"
+#include "memkit/core/layer.hpp"
 #include "memkit/config.hpp"
 #include "memkit/core/execution.hpp"
 #include "memkit/core/float16.hpp"

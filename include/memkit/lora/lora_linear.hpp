@@ -44,7 +44,7 @@
 #include <utility>
 #include <vector>
 
-#include "memkit/checkpoint/layer.hpp"
+#include "memkit/core/layer.hpp"
 #include "memkit/config.hpp"
 #include "memkit/core/execution.hpp"
 #include "memkit/core/float16.hpp"

@@ -2,7 +2,7 @@
 // a head written by the model's author, the executor, a tracker and the step's tensors.
 #pragma once
 #include <memkit/memkit.hpp>
-struct decoder_block {  // a layer (checkpoint/layer.hpp): y = x, saving nothing
+struct decoder_block {  // a layer (core/layer.hpp): y = x, saving nothing
   using value_type = float;
   memkit::shape output_shape(const memkit::shape& in) const { return in; }
   std::size_t saved_bytes(const memkit::shape&, const memkit::forward_context&) const { return 0; }

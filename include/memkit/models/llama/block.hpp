@@ -5,7 +5,7 @@
 //
 // Linear is the projection (dense_linear in pretraining, a LoRA layer over an NF4 base in fine-tuning);
 // Attention is memkit's (memkit/attention/flash_attention.hpp): causal, grouped-query, on [B, H, S, D].
-// The block is a memkit::layer, so checkpoint_segment can drop its activations and recompute them. Its
+// The block is a memkit::layer, so memkit::checkpoint::segment can drop its activations and recompute them. Its
 // sub-layers save into the same activation store in forward order and take back in reverse order; the
 // block itself saves q, k, v, the attention output and log-sum-exp in the [B, H, S, D] layout attention
 // works in. Its temporaries (normalized inputs, projections, residual sums, their gradients) come from one

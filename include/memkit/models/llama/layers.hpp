@@ -1,4 +1,4 @@
-// memkit/models/llama/layers.hpp — the pieces of a Llama-style decoder as memkit layers (checkpoint/layer.hpp).
+// memkit/models/llama/layers.hpp — the pieces of a Llama-style decoder as memkit layers (core/layer.hpp).
 //
 //   token_embedding    token ids -> hidden states (outside the layer stack: its input is not activations)
 //   rms_norm           y = x / rms(x) * w                     saves x and the per-row 1/rms (fp32)
@@ -17,7 +17,7 @@
 // register_parameters(registry).
 #pragma once
 
-#include <memkit/checkpoint/layer.hpp>
+#include <memkit/core/layer.hpp>
 #include <memkit/core/execution.hpp>
 #include <memkit/layers/dense_linear.hpp>
 #include <memkit/layers/parameter.hpp>

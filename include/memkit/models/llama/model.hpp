@@ -2,7 +2,7 @@
 //
 // causal_lm<T, Linear> owns its parameters (module paths as Hugging Face's LlamaForCausalLM
 // names them, so the saved files read like a transformers checkpoint) and hands out what a training loop
-// needs: the layer stack for checkpoint_segment (blocks, then the final norm), the head, the embedding.
+// needs: the layer stack for memkit::checkpoint::segment (blocks, then the final norm), the head, the embedding.
 // The rotary table is a constant of the model and lives with the weights.
 #pragma once
 
@@ -172,7 +172,7 @@ struct causal_lm {
     store.clear();
   }
 
-  // One training pass without activation checkpointing (checkpoint_segment over the blocks is the
+  // One training pass without activation checkpointing (memkit::checkpoint::segment over the blocks is the
   // memory-saving loop: see examples/train_llama.cpp): the mean next-token loss of `targets` [B, S]
   // (ignore_index -100) through the fused linear cross-entropy into loss [1], and the gradients of every
   // trainable parameter and adapter accumulated. Saved tensors come from `saved`, the per-layer hidden

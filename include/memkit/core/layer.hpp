@@ -1,5 +1,5 @@
-// memkit/checkpoint/layer.hpp — what a hand-written layer offers so that a C++ training loop (and
-// checkpoint_segment) can run its forward and backward, and where it keeps what its backward needs.
+// memkit/core/layer.hpp — what a hand-written layer offers so that a C++ training loop (and
+// memkit::checkpoint::segment) can run its forward and backward, and where it keeps what its backward needs.
 //
 // There is no autograd: a layer's forward writes its output and saves, into an activation_store, exactly
 // the tensors its backward will need; its backward takes them back (last saved, first taken), writes the
@@ -67,7 +67,7 @@ class saved_tensor {
 class activation_store;
 
 // Refers to an activation_store that may be moved or destroyed meanwhile (what an owner of saved tensors
-// that can outlive the store keeps, e.g. a checkpoint_segment with a pending backward).
+// that can outlive the store keeps, e.g. a memkit::checkpoint::segment with a pending backward).
 class activation_store_ref {
  public:
   activation_store_ref() = default;
@@ -233,7 +233,7 @@ class activation_store {
 //                                     parameter gradients into the layer's own gradient tensors
 // Optional: discard_forward(store)   forgets its most recent forward, whose backward will not run, and frees
 //                                     what it keeps of it (a layer that keeps state of a forward outside the
-//                                     store has it: checkpoint_segment's pending pass and offloaded
+//                                     store has it: memkit::checkpoint::segment's pending pass and offloaded
 //                                     checkpoints). Callers use memkit::discard_forward below.
 template <class L, class E>
 concept layer = executor<E> && requires(L& l, const L& cl, const E& exec, const forward_context& ctx,
@@ -248,7 +248,7 @@ concept layer = executor<E> && requires(L& l, const L& cl, const E& exec, const 
 };
 
 // Undoes `layer`'s most recent forward, whose backward will not run (a forward without gradients, the
-// forward an outer checkpoint_segment runs without keeping it): frees what it saved (every tensor after the
+// forward an outer memkit::checkpoint::segment runs without keeping it): frees what it saved (every tensor after the
 // first `entries`, the store's size() before that forward) and lets the layer drop what it keeps of it
 // elsewhere (layer.discard_forward(store), when it has one).
 template <class L>
