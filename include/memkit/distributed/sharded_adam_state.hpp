@@ -60,6 +60,8 @@
 #include "memkit/memory/resource.hpp"
 #include "memkit/optim/adam_math.hpp"
 #include "memkit/optim/adam_state.hpp"
+#include "memkit/optim/detail/adam_checks.hpp"
+#include "memkit/optim/detail/adam_image.hpp"
 #include "memkit/optim/state_codecs.hpp"
 
 MEMKIT_NAMESPACE_BEGIN
@@ -294,7 +296,9 @@ class sharded_adam_state : public sharded_adam_layout<State, Block> {
 
   // ---- Save / load per rank, with re-sharding ----
   // The checksum an image carries after its body (tests forge images with it: it catches accidents, not forgery).
-  static std::uint64_t image_checksum(const char* data, std::size_t size) noexcept { return checksum(data, size); }
+  static std::uint64_t image_checksum(const char* data, std::size_t size) noexcept {
+    return optim::detail::image_checksum(data, size);
+  }
 
   // Version 2 added the run identity; version 1 images are refused (they cannot say which run they are from).
   static constexpr std::uint32_t format_version = 2;
@@ -324,11 +328,11 @@ class sharded_adam_state : public sharded_adam_layout<State, Block> {
       for (const segment& s : segments(p, 0, p.count()))
         body.append(reinterpret_cast<const char*>(image.data() + s.offset), s.bytes);
     }
-    put_string_raw(out, magic);
-    write_raw(out, format_version);
-    write_raw(out, static_cast<std::uint64_t>(body.size()));
+    optim::detail::write_string(out, magic);
+    optim::detail::write_pod(out, format_version);
+    optim::detail::write_pod(out, static_cast<std::uint64_t>(body.size()));
     out.write(body.data(), static_cast<std::streamsize>(body.size()));
-    write_raw(out, checksum(body.data(), body.size()));
+    optim::detail::write_pod(out, optim::detail::image_checksum(body.data(), body.size()));
     require(static_cast<bool>(out), "sharded_adam_state::save: writing the stream failed");
   }
 
@@ -628,10 +632,7 @@ class sharded_adam_state : public sharded_adam_layout<State, Block> {
                                                 " elements, a shard " + std::to_string(shard_size_));
       require_accessible(exec, master, op, "master");
     }
-    require(!groups.empty(), o + ": no parameter groups given");
-    for (std::size_t g = 0; g < groups.size(); ++g) validate(groups[g], o + ": group " + std::to_string(g));
-    require(options.gradient_scale > 0.0f && memkit::detail::is_finite(options.gradient_scale),
-            o + ": gradient_scale must be finite and > 0, got " + format_float(options.gradient_scale));
+    optim::detail::validate_groups_and_scale(o, groups, options.gradient_scale);
     require(options.tensor_groups.empty() || options.tensor_groups.size() == sizes_.size(),
             o + ": tensor_groups has " + std::to_string(options.tensor_groups.size()) + " entries, the state " +
                 std::to_string(sizes_.size()) + " tensors");
@@ -652,33 +653,18 @@ class sharded_adam_state : public sharded_adam_layout<State, Block> {
     put(out, static_cast<std::uint32_t>(text.size()));
     out.append(text);
   }
-  template <class T>
-  static void write_raw(std::ostream& out, const T& value) {
-    out.write(reinterpret_cast<const char*>(&value), sizeof value);
-  }
-  static void put_string_raw(std::ostream& out, const std::string& text) {
-    write_raw(out, static_cast<std::uint32_t>(text.size()));
-    out.write(text.data(), static_cast<std::streamsize>(text.size()));
-  }
-  template <class T>
-  static T read_raw(std::istream& in, const std::string& where) {
-    T value{};
-    in.read(reinterpret_cast<char*>(&value), sizeof value);
-    require(static_cast<std::size_t>(in.gcount()) == sizeof value, where + ": image is truncated");
-    return value;
-  }
   // Reads and checks one image's framing (magic, version, body length); returns the body length.
   std::uint64_t read_framing(std::istream& in, const std::string& where) const {
-    const auto magic_length = read_raw<std::uint32_t>(in, where);
+    const auto magic_length = optim::detail::read_pod<std::uint32_t>(in, where);
     require(magic_length == std::strlen(magic), where + ": not a memkit sharded_adam_state image");
     std::string file_magic(magic_length, '\0');
     in.read(file_magic.data(), magic_length);
     require(file_magic == magic, where + ": not a memkit sharded_adam_state image");
-    const auto version = read_raw<std::uint32_t>(in, where);
+    const auto version = optim::detail::read_pod<std::uint32_t>(in, where);
     require(version == format_version,
             where + ": format version " + std::to_string(version) + ", this build reads " + std::to_string(format_version) +
                 (version == 1 ? " (version 1 images name no run, so they cannot be told from another run's; not read)" : ""));
-    const auto length = read_raw<std::uint64_t>(in, where);
+    const auto length = optim::detail::read_pod<std::uint64_t>(in, where);
     // No image of these tensors is larger than the whole unsharded state plus its headers.
     const std::uint64_t bound = (1u << 20) + 64 * sizes_.size() + unsharded::bytes_required(sizes_, options());
     require(length <= bound, where + ": image header is corrupt (body of " + std::to_string(length) + " bytes)");
@@ -759,7 +745,7 @@ class sharded_adam_state : public sharded_adam_layout<State, Block> {
     void verify() {
       std::uint64_t sum = hash;
       for (std::size_t i = 0; i < carried; ++i) sum = (sum ^ carry[i]) * 0x100000001b3ull;
-      require(read_raw<std::uint64_t>(stream, where) == sum, where + ": image checksum does not match (corrupt)");
+      require(optim::detail::read_pod<std::uint64_t>(stream, where) == sum, where + ": image checksum does not match (corrupt)");
     }
     // After a field was refused: the rest of the body and the checksum, so a damaged image says so.
     void drain_and_verify() {
@@ -767,18 +753,6 @@ class sharded_adam_state : public sharded_adam_layout<State, Block> {
       verify();
     }
   };
-  static std::uint64_t checksum(const char* data, std::size_t size) noexcept {
-    std::uint64_t hash = 0xcbf29ce484222325ull;
-    std::size_t i = 0;
-    for (; i + 8 <= size; i += 8) {
-      std::uint64_t word;
-      std::memcpy(&word, data + i, 8);
-      hash = memkit::detail::mix64(hash ^ word);
-    }
-    for (; i < size; ++i) hash = (hash ^ static_cast<unsigned char>(data[i])) * 0x100000001b3ull;
-    return hash;
-  }
-
   using core = optim::detail::adam_core<State, Block>;
   int rank_ = 0, ranks_ = 1;
   std::uint64_t run_id_ = 0;
