@@ -27,6 +27,12 @@
 // skipped_steps is incremented, the loss scale (when enabled) backs off, and report() names the first
 // tensor with a non-finite gradient. bitsandbytes instead zeroes the moments of the offending elements;
 // memkit refuses the step, because a half-applied step cannot be undone and fp16 overflow is routine.
+//
+// This header is the state and its API (namespace memkit::optim). adam_options, adam_group and
+// adam_step_report are in optim/adam_math.hpp with the per-element math; the constexpr layout
+// (adam_layout, which adam_state derives its byte functions from) in optim/adam_bytes.hpp; the step itself in
+// optim/detail/adam_core.hpp (host loop and kernel launches), detail/adam_kernels.hpp (CUDA) and
+// detail/adam_simd.hpp (host vector loops).
 #pragma once
 
 #include <algorithm>
@@ -58,7 +64,6 @@
 
 MEMKIT_NAMESPACE_BEGIN
 namespace optim {
-
 
 // One tensor's optimizer state as adam_state stores it, read-only: views into the state's own memory (of
 // its memory kind). A quantized tensor has codes and one absmax per block for each moment (value =
@@ -95,7 +100,6 @@ struct adam_offload_param {
   tensor_view<P> param_staging{};
   int group = 0;
 };
-
 
 
 template <class State, int Block = adam_state_traits<State>::default_block>
