@@ -48,10 +48,8 @@
 #include <vector>
 
 #include "memkit/config.hpp"
-#include "memkit/core/device_vector.hpp"
 #include "memkit/core/execution.hpp"
 #include "memkit/core/float16.hpp"
-#include "memkit/core/host_threads.hpp"
 #include "memkit/core/tensor_view.hpp"
 #include "memkit/memory/buffer.hpp"
 #include "memkit/memory/resource.hpp"

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "memkit/config.hpp"
+#include "memkit/core/device_vector.hpp"
 #include "memkit/core/execution.hpp"
 #include "memkit/core/float16.hpp"
 #include "memkit/core/host_threads.hpp"
