@@ -132,16 +132,14 @@ struct adam_state_traits<four_bit> : adam_moment_format<four_bit> {
   static constexpr std::uint64_t map_fingerprint() noexcept {
     return detail::table_fingerprint(detail::int4_maps.m, detail::int4_maps.v);
   }
-  MEMKIT_HOST_DEVICE static MEMKIT_FORCEINLINE unsigned m_code(const float* m_table, float x) noexcept {
-    return detail::nearest_in_table<16>(m_table, x);
+  // The code of x in `table` (m's or v's map: one rule for both).
+  MEMKIT_HOST_DEVICE static MEMKIT_FORCEINLINE unsigned code(const float* table, float x) noexcept {
+    return detail::nearest_in_table<16>(table, x);
   }
-  MEMKIT_HOST_DEVICE static MEMKIT_FORCEINLINE unsigned v_code(const float* v_table, float x) noexcept {
-    return detail::nearest_in_table<16>(v_table, x);
-  }
-  // The host loop's lookups (the same codes as m_code / v_code).
+  // The host loop's lookups (the same codes as code()).
   struct host_coder {
-    unsigned m(float x) const noexcept { return m_code(detail::int4_maps.m.data(), x); }
-    unsigned v(float x) const noexcept { return v_code(detail::int4_maps.v.data(), x); }
+    unsigned m(float x) const noexcept { return code(detail::int4_maps.m.data(), x); }
+    unsigned v(float x) const noexcept { return code(detail::int4_maps.v.data(), x); }
   };
   static host_coder make_host_coder() { return {}; }
 };
@@ -158,13 +156,11 @@ struct adam_state_traits<std::int8_t> : adam_moment_format<std::int8_t> {
   static constexpr std::uint64_t map_fingerprint() noexcept {
     return detail::table_fingerprint(detail::int8_maps.m, detail::int8_maps.v);
   }
-  MEMKIT_HOST_DEVICE static MEMKIT_FORCEINLINE unsigned m_code(const float* m_table, float x) noexcept {
-    return detail::dynamic_code(m_table, x);
+  // The code of x in `table` (m's or v's map: one rule for both).
+  MEMKIT_HOST_DEVICE static MEMKIT_FORCEINLINE unsigned code(const float* table, float x) noexcept {
+    return detail::dynamic_code(table, x);
   }
-  MEMKIT_HOST_DEVICE static MEMKIT_FORCEINLINE unsigned v_code(const float* v_table, float x) noexcept {
-    return detail::dynamic_code(v_table, x);
-  }
-  // The host loop's lookups: indexed, the same codes as m_code / v_code.
+  // The host loop's lookups: indexed, the same codes as code().
   struct host_coder {
     const detail::dynamic_code_index* m_index;
     const detail::dynamic_code_index* v_index;
