@@ -97,19 +97,19 @@ TEST_CASE("adam codes: the 4-bit maps are torchao's and round to the nearest ent
     CHECK(maps.v[static_cast<std::size_t>(i)] == static_cast<float>(i + 1) / 16.0f);
   }
   using traits = memkit::optim::adam_state_traits<memkit::optim::four_bit>;
-  for (int i = 0; i < 16; ++i) CHECK(traits::m_code(maps.m.data(), maps.m[static_cast<std::size_t>(i)]) == static_cast<unsigned>(i));
+  for (int i = 0; i < 16; ++i) CHECK(traits::code(maps.m.data(), maps.m[static_cast<std::size_t>(i)]) == static_cast<unsigned>(i));
   for (int i = 0; i + 1 < 16; ++i) {
     const float middle = (maps.v[static_cast<std::size_t>(i)] + maps.v[static_cast<std::size_t>(i + 1)]) * 0.5f;
-    CHECK(traits::v_code(maps.v.data(), middle) == static_cast<unsigned>(i));  // a tie goes down
-    CHECK(traits::v_code(maps.v.data(), std::nextafter(middle, 2.0f)) == static_cast<unsigned>(i + 1));
+    CHECK(traits::code(maps.v.data(), middle) == static_cast<unsigned>(i));  // a tie goes down
+    CHECK(traits::code(maps.v.data(), std::nextafter(middle, 2.0f)) == static_cast<unsigned>(i + 1));
   }
-  CHECK(traits::v_code(maps.v.data(), 0.0f) == 0u);  // no zero level: 0 maps to 1/16 (times absmax 0 -> 0)
+  CHECK(traits::code(maps.v.data(), 0.0f) == 0u);  // no zero level: 0 maps to 1/16 (times absmax 0 -> 0)
   std::mt19937 rng(3);
   std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
   int not_nearest = 0;
   for (int n = 0; n < 20000; ++n) {
     const float x = uniform(rng);
-    const unsigned code = traits::m_code(maps.m.data(), x);
+    const unsigned code = traits::code(maps.m.data(), x);
     for (int j = 0; j < 16; ++j)
       not_nearest += std::abs(maps.m[code] - x) > std::abs(maps.m[static_cast<std::size_t>(j)] - x) + 1e-7f;
   }

@@ -296,8 +296,8 @@ void reference_update(const S& state, std::vector<P>& param, std::vector<float>*
       for (std::int64_t i = begin; i < end; ++i) {
         float& mi = m[static_cast<std::size_t>(i)];
         float& vi = v[static_cast<std::size_t>(i)];
-        mi = tables.m[traits::m_code(tables.m.data(), mi * m_inverse)] * m_max;
-        vi = tables.v[traits::v_code(tables.v.data(), vi * v_inverse)] * v_max;
+        mi = tables.m[traits::code(tables.m.data(), mi * m_inverse)] * m_max;
+        vi = tables.v[traits::code(tables.v.data(), vi * v_inverse)] * v_max;
       }
     }
   }

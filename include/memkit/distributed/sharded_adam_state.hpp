@@ -55,11 +55,14 @@
 #include "memkit/core/float16.hpp"
 #include "memkit/core/tensor_view.hpp"
 #include "memkit/distributed/communicator.hpp"
+#include "memkit/distributed/detail/sharded_image.hpp"
 #include "memkit/distributed/sharded_adam_bytes.hpp"
 #include "memkit/memory/buffer.hpp"
 #include "memkit/memory/resource.hpp"
 #include "memkit/optim/adam_math.hpp"
 #include "memkit/optim/adam_state.hpp"
+#include "memkit/optim/detail/adam_checks.hpp"
+#include "memkit/optim/detail/adam_image.hpp"
 #include "memkit/optim/state_codecs.hpp"
 
 MEMKIT_NAMESPACE_BEGIN
@@ -294,7 +297,9 @@ class sharded_adam_state : public sharded_adam_layout<State, Block> {
 
   // ---- Save / load per rank, with re-sharding ----
   // The checksum an image carries after its body (tests forge images with it: it catches accidents, not forgery).
-  static std::uint64_t image_checksum(const char* data, std::size_t size) noexcept { return checksum(data, size); }
+  static std::uint64_t image_checksum(const char* data, std::size_t size) noexcept {
+    return optim::detail::image_checksum(data, size);
+  }
 
   // Version 2 added the run identity; version 1 images are refused (they cannot say which run they are from).
   static constexpr std::uint32_t format_version = 2;
@@ -305,30 +310,30 @@ class sharded_adam_state : public sharded_adam_layout<State, Block> {
   void save(const E& exec, std::ostream& out) const {
     const std::vector<std::byte> image = host_copy(exec);
     std::string body;
-    put_string(body, format_name());
-    put(body, static_cast<std::uint32_t>(traits::bits));
-    put(body, static_cast<std::uint32_t>(Block));
-    put(body, traits::map_fingerprint());
-    put(body, options().min_quantized_size);
-    put(body, static_cast<std::uint32_t>(ranks_));
-    put(body, static_cast<std::uint32_t>(rank_));
-    put(body, run_id_);
-    put(body, static_cast<std::uint64_t>(sizes_.size()));
-    for (std::int64_t n : sizes_) put(body, n);
+    detail::put_string(body, format_name());
+    detail::put(body, static_cast<std::uint32_t>(traits::bits));
+    detail::put(body, static_cast<std::uint32_t>(Block));
+    detail::put(body, traits::map_fingerprint());
+    detail::put(body, options().min_quantized_size);
+    detail::put(body, static_cast<std::uint32_t>(ranks_));
+    detail::put(body, static_cast<std::uint32_t>(rank_));
+    detail::put(body, run_id_);
+    detail::put(body, static_cast<std::uint64_t>(sizes_.size()));
+    for (std::int64_t n : sizes_) detail::put(body, n);
     body.append(reinterpret_cast<const char*>(image.data()), sizeof(optim::adam_control));
-    put(body, static_cast<std::uint64_t>(pieces_.size()));
+    detail::put(body, static_cast<std::uint64_t>(pieces_.size()));
     for (const shard_piece& p : pieces_) {
-      put(body, p.tensor);
-      put(body, p.begin);
-      put(body, p.end);
+      detail::put(body, p.tensor);
+      detail::put(body, p.begin);
+      detail::put(body, p.end);
       for (const segment& s : segments(p, 0, p.count()))
         body.append(reinterpret_cast<const char*>(image.data() + s.offset), s.bytes);
     }
-    put_string_raw(out, magic);
-    write_raw(out, format_version);
-    write_raw(out, static_cast<std::uint64_t>(body.size()));
+    optim::detail::write_string(out, magic);
+    optim::detail::write_pod(out, format_version);
+    optim::detail::write_pod(out, static_cast<std::uint64_t>(body.size()));
     out.write(body.data(), static_cast<std::streamsize>(body.size()));
-    write_raw(out, checksum(body.data(), body.size()));
+    optim::detail::write_pod(out, optim::detail::image_checksum(body.data(), body.size()));
     require(static_cast<bool>(out), "sharded_adam_state::save: writing the stream failed");
   }
 
@@ -348,7 +353,7 @@ class sharded_adam_state : public sharded_adam_layout<State, Block> {
     for (std::size_t k = 0; k < images.size(); ++k) {
       require(images[k] != nullptr, op + ": image " + std::to_string(k) + " is null");
       const std::string where = op + ": image " + std::to_string(k);
-      body_stream in{*images[k], read_framing(*images[k], where), where};
+      detail::body_stream in{*images[k], read_framing(*images[k], where), where};
       try {
         require(in.string() == format_name(), where + ": holds another flavour of state, this is '" + format_name() + "'");
         require(in.template pod<std::uint32_t>() == static_cast<std::uint32_t>(traits::bits), where + ": moment bits differ");
@@ -628,10 +633,7 @@ class sharded_adam_state : public sharded_adam_layout<State, Block> {
                                                 " elements, a shard " + std::to_string(shard_size_));
       require_accessible(exec, master, op, "master");
     }
-    require(!groups.empty(), o + ": no parameter groups given");
-    for (std::size_t g = 0; g < groups.size(); ++g) validate(groups[g], o + ": group " + std::to_string(g));
-    require(options.gradient_scale > 0.0f && memkit::detail::is_finite(options.gradient_scale),
-            o + ": gradient_scale must be finite and > 0, got " + format_float(options.gradient_scale));
+    optim::detail::validate_groups_and_scale(o, groups, options.gradient_scale);
     require(options.tensor_groups.empty() || options.tensor_groups.size() == sizes_.size(),
             o + ": tensor_groups has " + std::to_string(options.tensor_groups.size()) + " entries, the state " +
                 std::to_string(sizes_.size()) + " tensors");
@@ -643,142 +645,24 @@ class sharded_adam_state : public sharded_adam_layout<State, Block> {
     require_accessible(exec, grads, op, "gradients");
   }
 
-  // ---- image encoding ----
-  template <class T>
-  static void put(std::string& out, const T& value) {
-    out.append(reinterpret_cast<const char*>(&value), sizeof value);
-  }
-  static void put_string(std::string& out, const std::string& text) {
-    put(out, static_cast<std::uint32_t>(text.size()));
-    out.append(text);
-  }
-  template <class T>
-  static void write_raw(std::ostream& out, const T& value) {
-    out.write(reinterpret_cast<const char*>(&value), sizeof value);
-  }
-  static void put_string_raw(std::ostream& out, const std::string& text) {
-    write_raw(out, static_cast<std::uint32_t>(text.size()));
-    out.write(text.data(), static_cast<std::streamsize>(text.size()));
-  }
-  template <class T>
-  static T read_raw(std::istream& in, const std::string& where) {
-    T value{};
-    in.read(reinterpret_cast<char*>(&value), sizeof value);
-    require(static_cast<std::size_t>(in.gcount()) == sizeof value, where + ": image is truncated");
-    return value;
-  }
+  // ---- images ----
   // Reads and checks one image's framing (magic, version, body length); returns the body length.
   std::uint64_t read_framing(std::istream& in, const std::string& where) const {
-    const auto magic_length = read_raw<std::uint32_t>(in, where);
+    const auto magic_length = optim::detail::read_pod<std::uint32_t>(in, where);
     require(magic_length == std::strlen(magic), where + ": not a memkit sharded_adam_state image");
     std::string file_magic(magic_length, '\0');
     in.read(file_magic.data(), magic_length);
     require(file_magic == magic, where + ": not a memkit sharded_adam_state image");
-    const auto version = read_raw<std::uint32_t>(in, where);
+    const auto version = optim::detail::read_pod<std::uint32_t>(in, where);
     require(version == format_version,
             where + ": format version " + std::to_string(version) + ", this build reads " + std::to_string(format_version) +
                 (version == 1 ? " (version 1 images name no run, so they cannot be told from another run's; not read)" : ""));
-    const auto length = read_raw<std::uint64_t>(in, where);
+    const auto length = optim::detail::read_pod<std::uint64_t>(in, where);
     // No image of these tensors is larger than the whole unsharded state plus its headers.
     const std::uint64_t bound = (1u << 20) + 64 * sizes_.size() + unsharded::bytes_required(sizes_, options());
     require(length <= bound, where + ": image header is corrupt (body of " + std::to_string(length) + " bytes)");
     return length;
   }
-  // An image's body read from its stream in order, hashed as it goes (the checksum after it is compared at
-  // the end). Nothing is allocated from the length the header claims: fields are read one by one, moments
-  // stream through a buffer of at most 1 MiB and only this rank's part is kept (in load()'s staging), so
-  // loading a whole unsharded save on one of many ranks needs no more memory than that rank's state, and a
-  // 41-byte image claiming gigabytes fails after 41 bytes.
-  struct body_stream {
-    body_stream(std::istream& in, std::uint64_t body_length, const std::string& name)
-        : stream(in), length(body_length), where(name) {}
-    std::istream& stream;
-    std::uint64_t length;
-    const std::string& where;
-    std::uint64_t at = 0;
-    std::uint64_t hash = 0xcbf29ce484222325ull;
-    unsigned char carry[8] = {};
-    std::size_t carried = 0;
-    std::vector<char> buffer;
-
-    void take(char* destination, std::size_t n) {
-      require(n <= length - at, where + ": image body is truncated");
-      stream.read(destination, static_cast<std::streamsize>(n));
-      const auto got = static_cast<std::size_t>(stream.gcount());
-      require(got == n, where + ": image is truncated (the header says " + std::to_string(length) +
-                            " bytes, the stream ends after " + std::to_string(at + got) + ")");
-      at += n;
-      // checksum() over the body, one piece at a time: whole 8-byte words through mix64, the tail bytewise.
-      const auto* p = reinterpret_cast<const unsigned char*>(destination);
-      while (n > 0) {
-        if (carried == 0 && n >= 8) {
-          std::uint64_t word;
-          std::memcpy(&word, p, 8);
-          hash = memkit::detail::mix64(hash ^ word);
-          p += 8;
-          n -= 8;
-          continue;
-        }
-        carry[carried++] = *p++;
-        --n;
-        if (carried == 8) {
-          std::uint64_t word;
-          std::memcpy(&word, carry, 8);
-          hash = memkit::detail::mix64(hash ^ word);
-          carried = 0;
-        }
-      }
-    }
-    // `n` bytes through the buffer: see(offset in these n, data, count) for each piece.
-    template <class See>
-    void stream_through(std::uint64_t n, See see) {
-      require(n <= length - at, where + ": image body is truncated");
-      constexpr std::uint64_t piece = std::uint64_t{1} << 20;
-      if (n > 0 && buffer.empty()) buffer.resize(static_cast<std::size_t>(std::min(piece, length)));
-      for (std::uint64_t done = 0; done < n;) {
-        const auto want = static_cast<std::size_t>(std::min<std::uint64_t>(buffer.size(), n - done));
-        take(buffer.data(), want);
-        see(static_cast<std::size_t>(done), buffer.data(), want);
-        done += want;
-      }
-    }
-    template <class T>
-    T pod() {
-      T value{};
-      take(reinterpret_cast<char*>(&value), sizeof value);
-      return value;
-    }
-    std::string string() {
-      const auto n = pod<std::uint32_t>();
-      require(n < 4096, where + ": image header is corrupt");
-      std::string text(n, '\0');
-      take(text.data(), n);
-      return text;
-    }
-    // After the body: the checksum must match.
-    void verify() {
-      std::uint64_t sum = hash;
-      for (std::size_t i = 0; i < carried; ++i) sum = (sum ^ carry[i]) * 0x100000001b3ull;
-      require(read_raw<std::uint64_t>(stream, where) == sum, where + ": image checksum does not match (corrupt)");
-    }
-    // After a field was refused: the rest of the body and the checksum, so a damaged image says so.
-    void drain_and_verify() {
-      stream_through(length - at, [](std::size_t, const char*, std::size_t) {});
-      verify();
-    }
-  };
-  static std::uint64_t checksum(const char* data, std::size_t size) noexcept {
-    std::uint64_t hash = 0xcbf29ce484222325ull;
-    std::size_t i = 0;
-    for (; i + 8 <= size; i += 8) {
-      std::uint64_t word;
-      std::memcpy(&word, data + i, 8);
-      hash = memkit::detail::mix64(hash ^ word);
-    }
-    for (; i < size; ++i) hash = (hash ^ static_cast<unsigned char>(data[i])) * 0x100000001b3ull;
-    return hash;
-  }
-
   using core = optim::detail::adam_core<State, Block>;
   int rank_ = 0, ranks_ = 1;
   std::uint64_t run_id_ = 0;

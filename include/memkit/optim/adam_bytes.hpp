@@ -34,34 +34,23 @@ inline constexpr std::int64_t default_min_quantized_size = 4096;
 // How a flavour stores its moments: the part of adam_state_traits (optim/state_codecs.hpp) the layout needs.
 template <class State>
 struct adam_moment_format;
-template <>
-struct adam_moment_format<float> {
-  static constexpr bool quantized = false;
-  static constexpr int bits = 32;
-  static constexpr int default_block = 0;
-  using moment_type = float;
+namespace detail {
+template <bool Quantized, int Bits, int DefaultBlock, class Moment>
+struct moment_format {
+  static constexpr bool quantized = Quantized;
+  static constexpr int bits = Bits;
+  static constexpr int default_block = DefaultBlock;  // 0: plain moments take no block
+  using moment_type = Moment;                         // quantized: std::uint8_t codes (4-bit: two per byte)
 };
+}  // namespace detail
 template <>
-struct adam_moment_format<bf16> {
-  static constexpr bool quantized = false;
-  static constexpr int bits = 16;
-  static constexpr int default_block = 0;
-  using moment_type = bf16;
-};
+struct adam_moment_format<float> : detail::moment_format<false, 32, 0, float> {};
 template <>
-struct adam_moment_format<std::int8_t> {
-  static constexpr bool quantized = true;
-  static constexpr int bits = 8;
-  static constexpr int default_block = 256;
-  using moment_type = std::uint8_t;  // codes
-};
+struct adam_moment_format<bf16> : detail::moment_format<false, 16, 0, bf16> {};
 template <>
-struct adam_moment_format<four_bit> {
-  static constexpr bool quantized = true;
-  static constexpr int bits = 4;
-  static constexpr int default_block = 128;
-  using moment_type = std::uint8_t;  // codes, two per byte
-};
+struct adam_moment_format<std::int8_t> : detail::moment_format<true, 8, 256, std::uint8_t> {};
+template <>
+struct adam_moment_format<four_bit> : detail::moment_format<true, 4, 128, std::uint8_t> {};
 
 // What one step needs besides the per-group hyperparameters: written by the step's finalisation
 // (detail::finalize_step) into the state's control block, which lives with the state, so the device

@@ -27,6 +27,12 @@
 // skipped_steps is incremented, the loss scale (when enabled) backs off, and report() names the first
 // tensor with a non-finite gradient. bitsandbytes instead zeroes the moments of the offending elements;
 // memkit refuses the step, because a half-applied step cannot be undone and fp16 overflow is routine.
+//
+// This header is the state and its API (namespace memkit::optim). adam_options, adam_group and
+// adam_step_report are in optim/adam_math.hpp with the per-element math; the constexpr layout
+// (adam_layout, which adam_state derives its byte functions from) in optim/adam_bytes.hpp; the step itself in
+// optim/detail/adam_core.hpp (host loop and kernel launches), detail/adam_kernels.hpp (CUDA) and
+// detail/adam_simd.hpp (host vector loops).
 #pragma once
 
 #include <algorithm>
@@ -42,21 +48,20 @@
 #include <vector>
 
 #include "memkit/config.hpp"
-#include "memkit/core/device_vector.hpp"
 #include "memkit/core/execution.hpp"
 #include "memkit/core/float16.hpp"
-#include "memkit/core/host_threads.hpp"
 #include "memkit/core/tensor_view.hpp"
 #include "memkit/memory/buffer.hpp"
 #include "memkit/memory/resource.hpp"
 #include "memkit/optim/adam_bytes.hpp"
 #include "memkit/optim/adam_math.hpp"
+#include "memkit/optim/detail/adam_checks.hpp"
 #include "memkit/optim/detail/adam_core.hpp"
+#include "memkit/optim/detail/adam_image.hpp"
 #include "memkit/optim/state_codecs.hpp"
 
 MEMKIT_NAMESPACE_BEGIN
 namespace optim {
-
 
 // One tensor's optimizer state as adam_state stores it, read-only: views into the state's own memory (of
 // its memory kind). A quantized tensor has codes and one absmax per block for each moment (value =
@@ -93,7 +98,6 @@ struct adam_offload_param {
   tensor_view<P> param_staging{};
   int group = 0;
 };
-
 
 
 template <class State, int Block = adam_state_traits<State>::default_block>
@@ -173,7 +177,8 @@ class adam_state : public adam_layout<State, Block> {
   template <executor E, float_storage P, float_storage G>
   void step(const E& exec, std::span<const adam_param<P, G>> params, std::span<const adam_group> groups,
             float gradient_scale = 1.0f) {
-    validate_step(exec, params, groups, gradient_scale);
+    detail::validate_step<P, G>(exec, params, std::span<const detail::adam_tensor_layout>(layout_), groups, gradient_scale,
+                                arena_view());
     if constexpr (!E::on_device) host_step(params, groups, gradient_scale);
     else {
 #if MEMKIT_HAS_CUDA
@@ -299,7 +304,7 @@ class adam_state : public adam_layout<State, Block> {
     require(tensors.size() == layout_.size(), op + ": got " + std::to_string(tensors.size()) + " tensors, the state has " +
                                                   std::to_string(layout_.size()));
     validate_step_count(step, op + ": ");
-    for (std::size_t i = 0; i < tensors.size(); ++i) validate_source(op + ": tensor " + std::to_string(i), layout_[i], tensors[i]);
+    for (std::size_t i = 0; i < tensors.size(); ++i) detail::validate_source<traits::bits>(op + ": tensor " + std::to_string(i), layout_[i], tensors[i], options().min_quantized_size);
     std::vector<std::byte> image(core_.bytes(), std::byte{0});
     adam_control control{};
     control.step = step;
@@ -342,18 +347,18 @@ class adam_state : public adam_layout<State, Block> {
               arena.begin() + static_cast<std::ptrdiff_t>(scratch_end), std::byte{0});
     const std::vector<std::byte> bytes = image_of(arena);
     header h = make_header();
-    write_string(out, magic);
-    write_pod(out, format_version);
-    write_string(out, h.name);
-    write_pod(out, h.bits);
-    write_pod(out, h.block);
-    write_pod(out, h.map_fingerprint);
-    write_pod(out, h.min_quantized_size);
-    write_pod(out, static_cast<std::uint64_t>(layout_.size()));
-    for (const auto& t : layout_) write_pod(out, t.size);
-    write_pod(out, static_cast<std::uint64_t>(bytes.size()));
+    detail::write_string(out, magic);
+    detail::write_pod(out, format_version);
+    detail::write_string(out, h.name);
+    detail::write_pod(out, h.bits);
+    detail::write_pod(out, h.block);
+    detail::write_pod(out, h.map_fingerprint);
+    detail::write_pod(out, h.min_quantized_size);
+    detail::write_pod(out, static_cast<std::uint64_t>(layout_.size()));
+    for (const auto& t : layout_) detail::write_pod(out, t.size);
+    detail::write_pod(out, static_cast<std::uint64_t>(bytes.size()));
     out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
-    write_pod(out, checksum(bytes.data(), bytes.size()));
+    detail::write_pod(out, detail::image_checksum(bytes.data(), bytes.size()));
     require(static_cast<bool>(out), "adam_state::save: writing the stream failed");
   }
 
@@ -372,43 +377,43 @@ class adam_state : public adam_layout<State, Block> {
     std::string file_magic(magic_length, '\0');
     in.read(file_magic.data(), magic_length);
     require(file_magic == magic, not_an_image);
-    const auto version = read_pod<std::uint32_t>(in, op);
+    const auto version = detail::read_pod<std::uint32_t>(in, op);
     require(version == format_version, std::string(op) + ": image has format version " + std::to_string(version) +
                                            ", this build reads version " + std::to_string(format_version));
     const header mine = make_header();
-    const std::string name = read_string(in, op);
+    const std::string name = detail::read_string(in, op);
     require(name == mine.name, std::string(op) + ": image holds '" + name + "' state, this is '" + mine.name + "'");
-    const auto bits = read_pod<std::uint32_t>(in, op);
+    const auto bits = detail::read_pod<std::uint32_t>(in, op);
     require(bits == mine.bits, std::string(op) + ": image has " + std::to_string(bits) + "-bit moments, this state " +
                                    std::to_string(mine.bits) + "-bit");
-    const auto block = read_pod<std::uint32_t>(in, op);
+    const auto block = detail::read_pod<std::uint32_t>(in, op);
     require(block == mine.block, std::string(op) + ": image was saved with block size " + std::to_string(block) +
                                      ", this state uses " + std::to_string(mine.block));
-    const auto fingerprint = read_pod<std::uint64_t>(in, op);
+    const auto fingerprint = detail::read_pod<std::uint64_t>(in, op);
     require(fingerprint == mine.map_fingerprint,
             std::string(op) + ": the image's quantization maps differ from this build's (fingerprint " +
                 std::to_string(fingerprint) + " vs " + std::to_string(mine.map_fingerprint) + ")");
-    const auto threshold = read_pod<std::int64_t>(in, op);
+    const auto threshold = detail::read_pod<std::int64_t>(in, op);
     require(threshold == mine.min_quantized_size,
             std::string(op) + ": image was saved with min_quantized_size " + std::to_string(threshold) +
                 ", this state uses " + std::to_string(mine.min_quantized_size));
-    const auto count = read_pod<std::uint64_t>(in, op);
+    const auto count = detail::read_pod<std::uint64_t>(in, op);
     require(count == layout_.size(), std::string(op) + ": image has " + std::to_string(count) + " tensors, this state " +
                                          std::to_string(layout_.size()));
     for (std::size_t i = 0; i < layout_.size(); ++i) {
-      const auto n = read_pod<std::int64_t>(in, op);
+      const auto n = detail::read_pod<std::int64_t>(in, op);
       require(n == layout_[i].size, std::string(op) + ": tensor " + std::to_string(i) + " has " + std::to_string(n) +
                                         " elements in the image, " + std::to_string(layout_[i].size) + " here");
     }
-    const auto length = read_pod<std::uint64_t>(in, op);
+    const auto length = detail::read_pod<std::uint64_t>(in, op);
     const std::size_t expected = image_bytes();
     require(length == expected, std::string(op) + ": image holds " + std::to_string(length) +
                                     " bytes of state, this state has " + std::to_string(expected));
     std::vector<std::byte> bytes(expected);
     in.read(reinterpret_cast<char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
     require(static_cast<std::size_t>(in.gcount()) == bytes.size(), std::string(op) + ": image is truncated");
-    const auto sum = read_pod<std::uint64_t>(in, op);
-    require(sum == checksum(bytes.data(), bytes.size()), std::string(op) + ": image checksum does not match (corrupt)");
+    const auto sum = detail::read_pod<std::uint64_t>(in, op);
+    require(sum == detail::image_checksum(bytes.data(), bytes.size()), std::string(op) + ": image checksum does not match (corrupt)");
     const std::vector<std::byte> arena = arena_of(bytes);
     validate_image(op, arena.data());
     core_.copy_in(exec, arena.data(), arena.size());
@@ -420,7 +425,7 @@ class adam_state : public adam_layout<State, Block> {
   void prefetch(const cuda_executor& exec) const {
     if (where() != memory_kind::managed || core_.bytes() == 0) return;
     detail::with_device(exec.device, [&] {
-      prefetch_to(exec, exec.device);
+      core_.prefetch_to(exec, exec.device);
       return 0;
     });
   }
@@ -429,7 +434,7 @@ class adam_state : public adam_layout<State, Block> {
   void release(const cuda_executor& exec) const {
     if (where() != memory_kind::managed || core_.bytes() == 0) return;
     detail::with_device(exec.device, [&] {  // exec.stream belongs to exec.device
-      prefetch_to(exec, cudaCpuDeviceId);
+      core_.prefetch_to(exec, cudaCpuDeviceId);
       return 0;
     });
   }
@@ -447,7 +452,8 @@ class adam_state : public adam_layout<State, Block> {
   template <float_storage P, float_storage G>
   void offload_step(const cuda_executor& exec, std::span<const adam_offload_param<P, G>> params,
                     std::span<const adam_group> groups, float gradient_scale = 1.0f) {
-    validate_offload(exec, params, groups, gradient_scale);
+    detail::validate_offload<P, G>(exec, params, std::span<const detail::adam_tensor_layout>(layout_), groups, gradient_scale,
+                                   where());
     detail::with_device(exec.device, [&] {
       std::vector<cudaEvent_t> arrived(params.size());
       struct event_guard {
@@ -514,116 +520,20 @@ class adam_state : public adam_layout<State, Block> {
     return {format_name(), static_cast<std::uint32_t>(traits::bits), static_cast<std::uint32_t>(Block),
             traits::map_fingerprint(), options().min_quantized_size};
   }
-  static void write_string(std::ostream& out, const std::string& text) {
-    write_pod(out, static_cast<std::uint32_t>(text.size()));
-    out.write(text.data(), static_cast<std::streamsize>(text.size()));
-  }
-  template <class T>
-  static void write_pod(std::ostream& out, const T& value) {
-    out.write(reinterpret_cast<const char*>(&value), sizeof value);
-  }
-  static std::string read_string(std::istream& in, const char* op) {
-    const auto length = read_pod<std::uint32_t>(in, op);
-    require(length < 4096, std::string(op) + ": image header is corrupt (string of " + std::to_string(length) + " bytes)");
-    std::string text(length, '\0');
-    in.read(text.data(), length);
-    require(static_cast<std::uint32_t>(in.gcount()) == length, std::string(op) + ": image is truncated");
-    return text;
-  }
-  template <class T>
-  static T read_pod(std::istream& in, const char* op) {
-    T value{};
-    in.read(reinterpret_cast<char*>(&value), sizeof value);
-    require(static_cast<std::size_t>(in.gcount()) == sizeof value, std::string(op) + ": image is truncated");
-    return value;
-  }
-  static std::uint64_t checksum(const std::byte* data, std::size_t size) noexcept {
-    std::uint64_t hash = 0xcbf29ce484222325ull;  // FNV-1a, 8 bytes at a time through mix64
-    std::size_t i = 0;
-    for (; i + 8 <= size; i += 8) {
-      std::uint64_t word;
-      std::memcpy(&word, data + i, 8);
-      hash = detail::mix64(hash ^ word);
-    }
-    for (; i < size; ++i) hash = (hash ^ static_cast<std::uint64_t>(data[i])) * 0x100000001b3ull;
-    return hash;
-  }
-
-  // A saved image holds the arena without the padding between m and v (detail::stagger_after): the layout of
-  // format version 1, written before that padding existed, so those images still load. Per tensor, the image
-  // has m's segment, then v's segment and the scales, contiguous.
-  std::size_t image_bytes() const noexcept {
-    std::size_t bytes = core_.bytes();
-    for (const detail::adam_tensor_layout& t : layout_) bytes -= stagger_of(t);
-    return bytes;
-  }
-  std::size_t stagger_of(const detail::adam_tensor_layout& t) const noexcept {
-    const detail::adam_segment_plan plan = segment_plan(t.size, t.quantized);
-    return plan.v - plan.m_bytes;
-  }
-  // Copies the arena's bytes to the image's (to_image) or back, skipping each tensor's padding.
-  void relayout(const std::byte* from, std::byte* to, bool to_image) const {
-    const std::size_t overhead = overhead_bytes(core_.total_chunks());
-    std::memcpy(to, from, overhead);
-    std::size_t packed = overhead;
-    for (std::size_t i = 0; i < layout_.size(); ++i) {
-      const detail::adam_tensor_layout& t = layout_[i];
-      const std::size_t end = i + 1 < layout_.size() ? layout_[i + 1].m_offset : core_.bytes();
-      const std::size_t pad = stagger_of(t), m_bytes = t.v_offset - t.m_offset - pad, rest = end - t.v_offset;
-      const std::size_t m_arena = t.m_offset, v_arena = t.v_offset, m_image = packed, v_image = packed + m_bytes;
-      std::memcpy(to + (to_image ? m_image : m_arena), from + (to_image ? m_arena : m_image), m_bytes);
-      std::memcpy(to + (to_image ? v_image : v_arena), from + (to_image ? v_arena : v_image), rest);
-      packed += m_bytes + rest;
-    }
-  }
+  using image_layout = detail::adam_image_layout<State, Block>;
+  std::size_t image_bytes() const noexcept { return image_layout::image_bytes(layout_, core_.bytes()); }
   std::vector<std::byte> image_of(const std::vector<std::byte>& arena) const {
     std::vector<std::byte> image(image_bytes());
-    relayout(arena.data(), image.data(), true);
+    image_layout::relayout(layout_, overhead_bytes(core_.total_chunks()), core_.bytes(), arena.data(), image.data(), true);
     return image;
   }
   std::vector<std::byte> arena_of(const std::vector<std::byte>& image) const {
     std::vector<std::byte> arena(core_.bytes());  // the padding stays zero, as reset() leaves it
-    relayout(image.data(), arena.data(), false);
+    image_layout::relayout(layout_, overhead_bytes(core_.total_chunks()), core_.bytes(), image.data(), arena.data(), false);
     return arena;
   }
 
   // ---- validation: every check happens before anything is written ----
-  // One source tensor of assign() against its layout.
-  void validate_source(const std::string& which, const detail::adam_tensor_layout& t,
-                       const adam_tensor_state<plain_moment_type>& s) const {
-    auto expect = [&](const auto& view, std::int64_t count, const char* name) {
-      require(view.data() != nullptr || count == 0, which + ": `" + name + "` is null");
-      require(view.where() != memory_kind::device, which + ": `" + name + "` is in device memory; give host views");
-      require(view.size() == count, which + ": `" + name + "` has " + std::to_string(view.size()) + " elements, expected " +
-                                        std::to_string(count));
-    };
-    if (!t.quantized) {
-      require(!s.quantized, which + ": the source is quantized, but this state keeps plain moments for a tensor of " +
-                                std::to_string(t.size) + " elements (min_quantized_size " +
-                                std::to_string(options().min_quantized_size) + ")");
-      expect(s.m, t.size, "m");
-      expect(s.v, t.size, "v");
-      validate_moments(adam_moment_kind::first, t.size, [&](std::int64_t i) { return to_float(s.m[i]); },
-                       [&](std::int64_t i) { return which + ": m[" + std::to_string(i) + "]"; });
-      validate_moments(adam_moment_kind::second, t.size, [&](std::int64_t i) { return to_float(s.v[i]); },
-                       [&](std::int64_t i) { return which + ": v[" + std::to_string(i) + "]"; });
-      return;
-    }
-    require(s.quantized, which + ": the source has plain moments, but this state quantizes a tensor of " +
-                             std::to_string(t.size) + " elements (min_quantized_size " +
-                             std::to_string(options().min_quantized_size) + ")");
-    const std::int64_t codes = traits::bits == 8 ? t.size : (t.size + 1) / 2;
-    expect(s.m_codes, codes, "m_codes");
-    expect(s.v_codes, codes, "v_codes");
-    expect(s.m_absmax, t.units, "m_absmax");
-    expect(s.v_absmax, t.units, "v_absmax");
-    for (const auto* absmax : {&s.m_absmax, &s.v_absmax})
-      validate_moments(adam_moment_kind::block_scale, t.units, [&](std::int64_t b) { return (*absmax)[b]; },
-                       [&](std::int64_t b) {
-                         return which + ": " + (absmax == &s.m_absmax ? "m" : "v") + "_absmax[" + std::to_string(b) + "]";
-                       });
-  }
-
   // The values of a loaded image (host bytes laid out as this state's arena): the control block field by
   // field, then each tensor's moments and scales.
   void validate_image(const char* op, const std::byte* image) const {
@@ -631,89 +541,9 @@ class adam_state : public adam_layout<State, Block> {
     std::memcpy(&c, image, sizeof c);
     validate_control(c, std::string(op) + ": the image's control block has ", core_.total_chunks(), options().loss_scaling);
     for (std::size_t i = 0; i < layout_.size(); ++i)
-      validate_source(std::string(op) + ": the image's tensor " + std::to_string(i), layout_[i],
-                      tensor_state_at(image, layout_[i], memory_kind::host));
+      detail::validate_source<traits::bits>(std::string(op) + ": the image's tensor " + std::to_string(i), layout_[i],
+                                            tensor_state_at(image, layout_[i], memory_kind::host), options().min_quantized_size);
   }
-
-  // The checks step and offload_step share: tensor count, groups and gradient scale.
-  void validate_arguments(const char* op, std::size_t param_count, std::span<const adam_group> groups,
-                          float gradient_scale) const {
-    require(param_count == layout_.size(), std::string(op) + ": got " + std::to_string(param_count) +
-                                               " parameter tensors, the state was made for " +
-                                               std::to_string(layout_.size()));
-    require(!groups.empty(), std::string(op) + ": no parameter groups given");
-    require(gradient_scale > 0.0f && detail::is_finite(gradient_scale),
-            std::string(op) + ": gradient_scale must be finite and > 0, got " + format_float(gradient_scale));
-    for (std::size_t g = 0; g < groups.size(); ++g) validate(groups[g], std::string(op) + ": group " + std::to_string(g));
-  }
-  static void require_known_group(const char* op, const std::string& which, int group, std::size_t group_count) {
-    require(group >= 0 && static_cast<std::size_t>(group) < group_count,
-            std::string(op) + ": " + which + " names group " + std::to_string(group) + " but only " +
-                std::to_string(group_count) + " groups were given");
-  }
-  template <executor E, float_storage P, float_storage G>
-  void validate_step(const E& exec, std::span<const adam_param<P, G>> params, std::span<const adam_group> groups,
-                     float gradient_scale) const {
-    const char* op = "adam_state::step";
-    validate_arguments(op, params.size(), groups, gradient_scale);
-    require_accessible(exec, arena_view(), op, "optimizer state");
-    for (std::size_t i = 0; i < params.size(); ++i) {
-      const adam_param<P, G>& p = params[i];
-      const std::string which = "tensor " + std::to_string(i);
-      require(p.param.size() == layout_[i].size,
-              std::string(op) + ": " + which + " has " + std::to_string(p.param.size()) + " elements (shape " +
-                  to_string(p.param.shape()) + "), the state was made for " + std::to_string(layout_[i].size));
-      require_same_shape(p.param, p.grad, op, (which + " param").c_str(), (which + " grad").c_str());
-      require(p.param.data() != nullptr && p.grad.data() != nullptr, std::string(op) + ": " + which + " has a null pointer");
-      if (p.master.data() != nullptr) {  // a default view (no master) has a null pointer
-        require(!std::is_same_v<P, float>, std::string(op) + ": " + which +
-                                               " has fp32 parameters, which are their own master copy; pass no master");
-        require_same_shape(p.param, tensor_view<const float>(p.master), op, (which + " param").c_str(),
-                           (which + " master").c_str());
-      }
-      require_known_group(op, which, p.group, groups.size());
-      require_accessible(exec, p.param, op, (which + " param").c_str());
-      require_accessible(exec, p.grad, op, (which + " grad").c_str());
-      if (p.master.data() != nullptr) require_accessible(exec, p.master, op, (which + " master").c_str());
-    }
-  }
-
-#if MEMKIT_HAS_CUDA
-  template <float_storage P, float_storage G>
-  void validate_offload(const cuda_executor& exec, std::span<const adam_offload_param<P, G>> params,
-                        std::span<const adam_group> groups, float gradient_scale) const {
-    const char* op = "adam_state::offload_step";
-    require(host_executor::can_access(where()),
-            std::string(op) + ": the state is in " + to_string(where()) + " memory; CPU offload keeps it in host memory");
-    validate_arguments(op, params.size(), groups, gradient_scale);
-    for (std::size_t i = 0; i < params.size(); ++i) {
-      const adam_offload_param<P, G>& p = params[i];
-      const std::string which = "tensor " + std::to_string(i);
-      require(p.param.size() == layout_[i].size, std::string(op) + ": " + which + " has " +
-                                                     std::to_string(p.param.size()) + " elements, the state was made for " +
-                                                     std::to_string(layout_[i].size));
-      require_same_shape(p.param, p.grad, op, (which + " param").c_str(), (which + " grad").c_str());
-      require_same_shape(p.param, tensor_view<const float>(p.master), op, (which + " param").c_str(),
-                         (which + " master").c_str());
-      require_same_shape(p.param, tensor_view<const G>(p.grad_staging), op, (which + " param").c_str(),
-                         (which + " grad_staging").c_str());
-      if constexpr (!std::is_same_v<P, float>)
-        require_same_shape(p.param, tensor_view<const P>(p.param_staging), op, (which + " param").c_str(),
-                           (which + " param_staging").c_str());
-      require_known_group(op, which, p.group, groups.size());
-      require_accessible(exec, p.param, op, (which + " param").c_str());
-      require_accessible(exec, p.grad, op, (which + " grad").c_str());
-      auto pinned = [&](memory_kind kind, const char* name) {
-        require(kind == memory_kind::pinned_host, std::string(op) + ": `" + which + " " + name + "` is in " +
-                                                      to_string(kind) +
-                                                      " memory; offload buffers must be pinned_host so copies overlap");
-      };
-      pinned(p.master.where(), "master");
-      pinned(p.grad_staging.where(), "grad_staging");
-      if constexpr (!std::is_same_v<P, float>) pinned(p.param_staging.where(), "param_staging");
-    }
-  }
-#endif
 
   // ---- host step ----
   template <float_storage P, float_storage G>
@@ -734,7 +564,7 @@ class adam_state : public adam_layout<State, Block> {
   void device_step(const cuda_executor& exec, std::span<const adam_param<P, G>> params,
                    std::span<const adam_group> groups, float gradient_scale) {
     detail::with_device(exec.device, [&] {
-      if (where() == memory_kind::managed) migrate(exec, exec.device);  // paged state: bring it in ahead of the kernels
+      if (where() == memory_kind::managed) core_.migrate(exec, exec.device);  // paged state: bring it in ahead of the kernels
       auto tensor = [&](std::size_t i) {
         const adam_param<P, G>& p = params[i];
         return detail::adam_step_tensor{&layout_[i], p.param.data(), p.grad.data(), p.master.data(), index(i), 0, p.group};
@@ -745,35 +575,6 @@ class adam_state : public adam_layout<State, Block> {
     });
   }
 
-  // Advises the pages' preferred location (the host after release, none after prefetch), then migrates.
-  void prefetch_to(const cuda_executor& exec, int destination) const {
-#if CUDART_VERSION >= 13000
-    cudaMemLocation location{};
-    location.type = destination == cudaCpuDeviceId ? cudaMemLocationTypeHost : cudaMemLocationTypeDevice;
-    location.id = destination == cudaCpuDeviceId ? 0 : destination;
-    MEMKIT_CUDA_CHECK(cudaMemAdvise(core_.data(), core_.bytes(),
-                                    destination == cudaCpuDeviceId ? cudaMemAdviseSetPreferredLocation
-                                                                   : cudaMemAdviseUnsetPreferredLocation,
-                                    location));
-#else
-    MEMKIT_CUDA_CHECK(cudaMemAdvise(core_.data(), core_.bytes(),
-                                    destination == cudaCpuDeviceId ? cudaMemAdviseSetPreferredLocation
-                                                                   : cudaMemAdviseUnsetPreferredLocation,
-                                    destination));
-#endif
-    migrate(exec, destination);
-  }
-  // Enqueues the migration of every page of the state on the executor's stream.
-  void migrate(const cuda_executor& exec, int destination) const {
-#if CUDART_VERSION >= 13000
-    cudaMemLocation location{};
-    location.type = destination == cudaCpuDeviceId ? cudaMemLocationTypeHost : cudaMemLocationTypeDevice;
-    location.id = destination == cudaCpuDeviceId ? 0 : destination;
-    MEMKIT_CUDA_CHECK(cudaMemPrefetchAsync(core_.data(), core_.bytes(), location, 0, exec.stream));
-#else
-    MEMKIT_CUDA_CHECK(cudaMemPrefetchAsync(core_.data(), core_.bytes(), destination, exec.stream));
-#endif
-  }
 #endif
 
   std::vector<detail::adam_tensor_layout> layout_;

@@ -47,8 +47,8 @@ void accumulate_gradient([[maybe_unused]] const E& exec, tensor_view<A> sum, ten
   } else {
 #if MEMKIT_HAS_CUDA
     constexpr int threads = 256;
-    detail::with_device(exec.device, [&] {  // the kernel runs on the current device: make it exec's
-      detail::accumulate_kernel<<<detail::grid_for(sum.size(), threads), threads, 0, exec.stream>>>(
+    memkit::detail::with_device(exec.device, [&] {  // the kernel runs on the current device: make it exec's
+      detail::accumulate_kernel<<<memkit::detail::grid_for(sum.size(), threads), threads, 0, exec.stream>>>(
           sum.data(), micro.data(), sum.size(), first);
       MEMKIT_CUDA_CHECK(cudaGetLastError());
       return 0;

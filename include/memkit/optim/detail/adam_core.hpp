@@ -24,20 +24,14 @@
 #include "memkit/memory/resource.hpp"
 #include "memkit/optim/adam_bytes.hpp"
 #include "memkit/optim/adam_math.hpp"
+#include "memkit/optim/detail/adam_checks.hpp"
 #include "memkit/optim/detail/adam_kernels.hpp"
+#include "memkit/optim/detail/adam_simd.hpp"
 #include "memkit/optim/state_codecs.hpp"
 
 MEMKIT_NAMESPACE_BEGIN
 namespace optim {
 namespace detail {
-
-// The checks every Adam state makes of its options (`op` names the state in the message).
-inline void validate_adam_options(const adam_options& options, const char* op) {
-  validate(options.loss_scaling, op);
-  require(options.min_quantized_size >= 0, std::string(op) + ": min_quantized_size must be >= 0");
-  require(options.max_grad_norm >= 0.0f, std::string(op) + ": max_grad_norm must be >= 0");
-  require_host_threads(op, options.host_threads);
-}
 
 // One tensor of a device step: its layout in the arena, its parameter, gradient and (optional) master pointers,
 // its stochastic-rounding stream (index, and the element of the tensor at param[0]) and its group.
@@ -410,6 +404,35 @@ class adam_core {
     });
   }
 
+  // Managed (paged) arena: advises the pages' preferred location (the host after release, none after prefetch), then migrates.
+  void prefetch_to(const cuda_executor& exec, int destination) const {
+#if CUDART_VERSION >= 13000
+    cudaMemLocation location{};
+    location.type = destination == cudaCpuDeviceId ? cudaMemLocationTypeHost : cudaMemLocationTypeDevice;
+    location.id = destination == cudaCpuDeviceId ? 0 : destination;
+    MEMKIT_CUDA_CHECK(cudaMemAdvise(arena_.data(), arena_.bytes(),
+                                    destination == cudaCpuDeviceId ? cudaMemAdviseSetPreferredLocation
+                                                                   : cudaMemAdviseUnsetPreferredLocation,
+                                    location));
+#else
+    MEMKIT_CUDA_CHECK(cudaMemAdvise(arena_.data(), arena_.bytes(),
+                                    destination == cudaCpuDeviceId ? cudaMemAdviseSetPreferredLocation
+                                                                   : cudaMemAdviseUnsetPreferredLocation,
+                                    destination));
+#endif
+    migrate(exec, destination);
+  }
+  // Enqueues the migration of every page of the state on the executor's stream.
+  void migrate(const cuda_executor& exec, int destination) const {
+#if CUDART_VERSION >= 13000
+    cudaMemLocation location{};
+    location.type = destination == cudaCpuDeviceId ? cudaMemLocationTypeHost : cudaMemLocationTypeDevice;
+    location.id = destination == cudaCpuDeviceId ? 0 : destination;
+    MEMKIT_CUDA_CHECK(cudaMemPrefetchAsync(arena_.data(), arena_.bytes(), location, 0, exec.stream));
+#else
+    MEMKIT_CUDA_CHECK(cudaMemPrefetchAsync(arena_.data(), arena_.bytes(), destination, exec.stream));
+#endif
+  }
   adam_control* device_control() noexcept { return reinterpret_cast<adam_control*>(arena_.data()); }
   double* device_chunk_sums() noexcept { return host_chunk_sums(); }
 

@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <type_traits>
 #include <vector>
 
 #include "memkit/config.hpp"
@@ -312,7 +313,7 @@ __global__ void __launch_bounds__(Threads, 2) adam_update_kernel(update_launch<S
   constexpr std::int64_t divisor_block = Block > 0 ? Block : 1;
   if (!batch.control->applied) return;  // the finalisation refused the step: touch nothing (the whole grid)
   constexpr int entries = traits::quantized ? launch_tables<State>::entries : 1;
-  // 8-bit codes come from the maps' buckets (dynamic_code_bucketed: traits::m_code / v_code's codes in two
+  // 8-bit codes come from the maps' buckets (dynamic_code_bucketed: traits::code's codes in two
   // probes each), staged in shared memory; 4-bit ones from searching the 16-entry tables.
   constexpr bool bucketed = traits::quantized && traits::bits == 8;
   constexpr int m_buckets = bucketed ? static_cast<int>(int8_m_buckets_host.bucket_count) : 4;
@@ -339,20 +340,18 @@ __global__ void __launch_bounds__(Threads, 2) adam_update_kernel(update_launch<S
     }
     __syncthreads();
   }
-  auto m_code_of = [&]([[maybe_unused]] float x) -> unsigned {
+  // The code of x in m's map (first = std::true_type) or v's (std::false_type).
+  auto code_of = [&]([[maybe_unused]] auto first, [[maybe_unused]] float x) -> unsigned {
+    [[maybe_unused]] constexpr bool m = decltype(first)::value;
     if constexpr (bucketed)
-      return dynamic_code_bucketed(m_thresholds, reinterpret_cast<const std::uint8_t*>(m_low), int8_m_buckets_host.first_key,
-                                   int8_m_buckets_host.positive, x);
-    else if constexpr (traits::quantized) return traits::m_code(m_table, x);
+      return dynamic_code_bucketed(m ? m_thresholds : v_thresholds, reinterpret_cast<const std::uint8_t*>(m ? m_low : v_low),
+                                   m ? int8_m_buckets_host.first_key : int8_v_buckets_host.first_key,
+                                   m ? int8_m_buckets_host.positive : int8_v_buckets_host.positive, x);
+    else if constexpr (traits::quantized) return traits::code(m ? m_table : v_table, x);
     else return 0u;  // plain moments are not coded
   };
-  auto v_code_of = [&]([[maybe_unused]] float x) -> unsigned {
-    if constexpr (bucketed)
-      return dynamic_code_bucketed(v_thresholds, reinterpret_cast<const std::uint8_t*>(v_low), int8_v_buckets_host.first_key,
-                                   int8_v_buckets_host.positive, x);
-    else if constexpr (traits::quantized) return traits::v_code(v_table, x);
-    else return 0u;  // plain moments are not coded
-  };
+  auto m_code_of = [&](float x) { return code_of(std::true_type{}, x); };
+  auto v_code_of = [&](float x) { return code_of(std::false_type{}, x); };
   const int lane = static_cast<int>(threadIdx.x) % L;
   const std::int64_t unit = static_cast<std::int64_t>(blockIdx.x) * geometry::units_per_block + threadIdx.x / L;
   int t = 0;
