@@ -8,7 +8,7 @@
 #include "memkit/quant/matmul.hpp"
 
 MEMKIT_NAMESPACE_BEGIN
-namespace detail {
+namespace optim::detail {
 // Adam: the norm pass, and the update kernel of each state flavour (fp32 parameters and gradients, and
 // bf16 parameters with bf16 gradients, the mixed-precision case).
 template __global__ void adam_norm_kernel<float>(norm_launch<float>);
@@ -24,7 +24,7 @@ template __global__ void adam_update_kernel<four_bit, 128, update_threads<four_b
 template __global__ void adam_update_kernel<float, 0, update_threads<float, 0>(), float, float>(update_launch<float>);
 template __global__ void adam_update_kernel<bf16, 0, update_threads<bf16, 0>(), bf16, bf16>(update_launch<bf16>);
 template __global__ void accumulate_kernel<float, bf16>(float*, const bf16*, std::int64_t, bool);
-}  // namespace detail
+}  // namespace optim::detail
 
 namespace quant::detail {
 template __global__ void quantize_kernel<format::nf4, bf16>(const bf16*, std::int64_t, std::int64_t, std::uint8_t*,

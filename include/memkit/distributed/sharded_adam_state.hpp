@@ -524,7 +524,7 @@ class sharded_adam_state : public sharded_adam_layout<State, Block> {
       return optim::detail::adam_step_tensor{&piece_layouts_[k], param_of(p, params), grad_of(p, grads, grads_begin),
                                               master_of(p, master), p.tensor, p.begin, group_of(p, options)};
     };
-    double* sums = core_.host_chunk_sums();
+    double* sums = core_.device_chunk_sums();
     memkit::detail::with_device(exec.device, [&] {
       MEMKIT_CUDA_CHECK(cudaMemsetAsync(sums, 0, static_cast<std::size_t>(core_.total_chunks()) * sizeof(double), exec.stream));
       core_.template device_norm<G>(exec, pieces_.size(), piece);

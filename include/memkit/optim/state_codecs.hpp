@@ -106,6 +106,14 @@ constexpr std::uint64_t table_fingerprint(const std::array<float, N>& m, const s
   return hash;
 }
 
+// What a quantized flavour's traits take from its pair of maps (m's and v's, of equal size).
+template <const auto& Maps>
+struct coded_maps {
+  static constexpr int entries = static_cast<int>(Maps.m.size());
+  static constexpr const auto& tables() noexcept { return Maps; }
+  static constexpr std::uint64_t map_fingerprint() noexcept { return table_fingerprint(Maps.m, Maps.v); }
+};
+
 }  // namespace detail
 
 // A flavour of moments: its storage (adam_moment_format, optim/adam_bytes.hpp), name, code tables and coders.
@@ -125,13 +133,8 @@ struct adam_state_traits<bf16> : adam_moment_format<bf16> {
 };
 
 template <>
-struct adam_state_traits<four_bit> : adam_moment_format<four_bit> {
-  static constexpr int entries = 16;
+struct adam_state_traits<four_bit> : adam_moment_format<four_bit>, detail::coded_maps<detail::int4_maps> {
   static constexpr const char* name = "int4.dynamic3-m.linear-v";
-  static constexpr const detail::int4_tables& tables() noexcept { return detail::int4_maps; }
-  static constexpr std::uint64_t map_fingerprint() noexcept {
-    return detail::table_fingerprint(detail::int4_maps.m, detail::int4_maps.v);
-  }
   // The code of x in `table` (m's or v's map: one rule for both).
   MEMKIT_HOST_DEVICE static MEMKIT_FORCEINLINE unsigned code(const float* table, float x) noexcept {
     return detail::nearest_in_table<16>(table, x);
@@ -149,13 +152,8 @@ struct adam_state_traits<four_bit> : adam_moment_format<four_bit> {
 // quant::nearest_dynamic, in the branch-free form detail::dynamic_code). The maps contain
 // an exact zero, so a moment never quantizes to a code of the opposite sign (no sign fix-up needed).
 template <>
-struct adam_state_traits<std::int8_t> : adam_moment_format<std::int8_t> {
-  static constexpr int entries = 256;
+struct adam_state_traits<std::int8_t> : adam_moment_format<std::int8_t>, detail::coded_maps<detail::int8_maps> {
   static constexpr const char* name = "int8.dynamic-signed-m.dynamic-unsigned-v";
-  static constexpr const detail::int8_tables& tables() noexcept { return detail::int8_maps; }
-  static constexpr std::uint64_t map_fingerprint() noexcept {
-    return detail::table_fingerprint(detail::int8_maps.m, detail::int8_maps.v);
-  }
   // The code of x in `table` (m's or v's map: one rule for both).
   MEMKIT_HOST_DEVICE static MEMKIT_FORCEINLINE unsigned code(const float* table, float x) noexcept {
     return detail::dynamic_code(table, x);
