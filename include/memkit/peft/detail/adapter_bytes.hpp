@@ -62,7 +62,6 @@ inline std::string shape_text(const std::vector<std::int64_t>& dims) {
   return text + "]";
 }
 
-
 // Copies `bytes` bytes between host memory and memory of kind `where`: into it (to_where, from a host
 // temporary) or out of it (into a host temporary).
 inline void copy_bytes(void* destination, const void* source, std::size_t bytes, memory_kind where, bool to_where) {
