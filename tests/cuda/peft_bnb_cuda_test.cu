@@ -3,7 +3,7 @@
 // same file; a PEFT adapter loads into device buffers.
 #include <memkit/core/random.hpp>
 #include <memkit/io/safetensors.hpp>
-#include <memkit/lora/peft_adapter.hpp>
+#include <memkit/peft/peft.hpp>
 #include <memkit/memory/buffer.hpp>
 #include <memkit/memory/resource.hpp>
 #include <memkit/optim/bnb_adam_state.hpp>

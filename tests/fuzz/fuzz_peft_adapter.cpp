@@ -3,7 +3,7 @@
 // Invariants: a bad config or file ends in memkit::error, in bounded time (its regexes go through
 // module_pattern: no backtracking) and memory; an accepted adapter loads every module into buffers of the
 // shapes it reports, with finite values, and its config written back parses to the same selection.
-#include <memkit/lora/peft_adapter.hpp>
+#include <memkit/peft/peft.hpp>
 
 #include <cmath>
 #include <cstdint>

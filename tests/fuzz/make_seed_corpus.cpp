@@ -5,7 +5,7 @@
 //   g++ -std=c++20 -O1 -Iinclude -Itests/fuzz tests/fuzz/make_seed_corpus.cpp -o /tmp/make_seed_corpus && /tmp/make_seed_corpus
 // (HF config seeds are copies of tests/data/budget/*.json; see ./dev.sh fuzz.)
 #include <memkit/io/safetensors.hpp>
-#include <memkit/lora/peft_adapter.hpp>
+#include <memkit/peft/peft.hpp>
 #include <memkit/distributed/sharded_adam_state.hpp>
 #include <memkit/optim/adam_state.hpp>
 #include <memkit/optim/bnb_adam_state.hpp>

@@ -19,7 +19,7 @@
 
 #include "memkit/core/random.hpp"
 #include "memkit/io/safetensors.hpp"
-#include "memkit/lora/peft_adapter.hpp"
+#include "memkit/peft/peft.hpp"
 #include "memkit/memory/resource.hpp"
 #include "memkit/optim/bnb_adam_state.hpp"
 

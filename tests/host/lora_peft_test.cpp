@@ -3,7 +3,7 @@
 // not match its module is refused before anything is written.
 #include <doctest/doctest.h>
 
-#include <memkit/lora/peft_adapter.hpp>
+#include <memkit/peft/peft.hpp>
 #include <memkit/quant/bnb_checkpoint.hpp>
 
 #include <cmath>

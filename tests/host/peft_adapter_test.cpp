@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "memkit/io/safetensors.hpp"
-#include "memkit/lora/peft_adapter.hpp"
+#include "memkit/peft/peft.hpp"
 #include "memkit/memory/resource.hpp"
 #include "memkit/quant/bnb_checkpoint.hpp"
 

@@ -23,7 +23,6 @@
 // Loading checks everything before the state changes; every error names the key and both values.
 #pragma once
 
-#include <cerrno>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -32,12 +31,12 @@
 #include <span>
 #include <string>
 #include <type_traits>
-#include <unistd.h>
 #include <vector>
 
 #include "memkit/config.hpp"
 #include "memkit/core/execution.hpp"
 #include "memkit/core/units.hpp"
+#include "memkit/io/files.hpp"
 #include "memkit/io/json.hpp"
 #include "memkit/io/safetensors.hpp"
 #include "memkit/optim/adam_state.hpp"
@@ -474,18 +473,7 @@ void save_bnb_adam_state(const E& exec, const adam_state<State, Block>& state, c
       out.add(prefix + "qmap2", tensor_view<const float>(state_type::v_map().data(), shape{256}, memory_kind::host));
     }
   }
-  const std::string temporary = path + ".tmp-" + std::to_string(::getpid());
-  try {
-    out.write(temporary);
-  } catch (...) {
-    std::remove(temporary.c_str());
-    throw;
-  }
-  if (std::rename(temporary.c_str(), path.c_str()) != 0) {
-    const std::string reason = std::strerror(errno);
-    std::remove(temporary.c_str());
-    throw error(op + ": cannot move '" + temporary + "' into place: " + reason);
-  }
+  io::write_via_temporary(path, op, [&](const std::string& temporary) { out.write(temporary); });
 }
 
 }  // namespace optim

@@ -19,7 +19,7 @@
 
 #include <memkit/io/json.hpp>
 #include <memkit/io/safetensors.hpp>
-#include <memkit/lora/peft_adapter.hpp>
+#include <memkit/peft/layers.hpp>
 #include <memkit/quant/bnb_checkpoint.hpp>
 
 #include <algorithm>

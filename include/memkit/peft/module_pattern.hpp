@@ -1,4 +1,4 @@
-// memkit/lora/module_pattern.hpp — the regular expressions of PEFT's adapter_config.json, matched without
+// memkit/peft/module_pattern.hpp — the regular expressions of PEFT's adapter_config.json, matched without
 // backtracking.
 //
 // adapter_config.json may give target_modules / exclude_modules as a Python regular expression (matched
