@@ -103,6 +103,18 @@ inline void backward_key_item(const problem& p, const T* q, const T* k, const T*
 MEMKIT_ATTENTION_ISA_VARIANTS(backward_key_item)
 
 #if MEMKIT_HAS_CUDA
+// The key pass's shared memory: its key rows K, V, a query tile Q, dO, the transposed scores St, dPt (fp32) and
+// Pt, dSt (T), the fp32 dK, dV, and the query tile's lse and delta (2 N floats).
+template <class T>
+struct key_pass_smem {
+  static constexpr int R = cuda_tiles<T>::rows, N = cuda_tiles<T>::backward_cols;
+  T* K; T* V; T* Q; T* dO; float* St; float* dPt; T* Pt; T* dSt; float* dK; float* dV; float* lse_tile;
+  MEMKIT_HOST_DEVICE key_pass_smem(smem_carver& c, int D)
+      : K(c.take<T>(R * D)), V(c.take<T>(R * D)), Q(c.take<T>(N * D)), dO(c.take<T>(N * D)), St(c.take<float>(R * N)),
+        dPt(c.take<float>(R * N)), Pt(c.take<T>(R * N)), dSt(c.take<T>(R * N)), dK(c.take<float>(R * D)),
+        dV(c.take<float>(R * D)), lse_tile(c.take<float>(2 * N)) {}
+};
+
 // dK, dV of one key tile, summed over the kv head's query-head group.
 template <class T>
 __global__ void flash_key_pass_kernel(cuda_problem p, const T* q, const T* k, const T* v, const T* dout,
@@ -115,17 +127,7 @@ __global__ void flash_key_pass_kernel(cuda_problem p, const T* q, const T* k, co
   const std::int64_t bkv = place.head, b = bkv / p.Hkv;
   const int j0 = place.first, kvh = static_cast<int>(bkv % p.Hkv);
   smem_carver carve{smem};
-  T* K = carve.take<T>(R * D);
-  T* V = carve.take<T>(R * D);
-  T* Q = carve.take<T>(N * D);
-  T* dO = carve.take<T>(N * D);
-  float* St = carve.take<float>(R * N);
-  float* dPt = carve.take<float>(R * N);
-  T* Pt = carve.take<T>(R * N);
-  T* dSt = carve.take<T>(R * N);
-  float* dK = carve.take<float>(R * D);
-  float* dV = carve.take<float>(R * D);
-  float* lse_tile = carve.take<float>(2 * N);
+  const auto [K, V, Q, dO, St, dPt, Pt, dSt, dK, dV, lse_tile] = key_pass_smem<T>(carve, D);
   float* delta_tile = lse_tile + N;
   const int warp = static_cast<int>(threadIdx.x / 32), lane = static_cast<int>(threadIdx.x % 32);
   const int w0 = warp * 16;
@@ -226,6 +228,17 @@ inline void backward_query_item(const problem& p, const T* q, const T* k, const 
 MEMKIT_ATTENTION_ISA_VARIANTS(backward_query_item)
 
 #if MEMKIT_HAS_CUDA
+// The query pass's shared memory: its query rows Q, dO, a key tile K, V, the scores Sc, dP (fp32) and dS (T), the
+// fp32 dQ, and the rows' lse and delta (2 R floats).
+template <class T>
+struct query_pass_smem {
+  static constexpr int R = cuda_tiles<T>::rows, N = cuda_tiles<T>::backward_cols;
+  T* Q; T* dO; T* K; T* V; float* Sc; float* dP; T* dS; float* dQ; float* lse_tile;
+  MEMKIT_HOST_DEVICE query_pass_smem(smem_carver& c, int D)
+      : Q(c.take<T>(R * D)), dO(c.take<T>(R * D)), K(c.take<T>(N * D)), V(c.take<T>(N * D)), Sc(c.take<float>(R * N)),
+        dP(c.take<float>(R * N)), dS(c.take<T>(R * N)), dQ(c.take<float>(R * D)), lse_tile(c.take<float>(2 * R)) {}
+};
+
 // dQ of one query tile.
 template <class T>
 __global__ void flash_query_pass_kernel(cuda_problem p, const T* q, const T* k, const T* v, const T* dout,
@@ -238,15 +251,7 @@ __global__ void flash_query_pass_kernel(cuda_problem p, const T* q, const T* k, 
   const std::int64_t bh = place.head, bkv = kv_head_of(p, bh);
   const int i0 = place.first;
   smem_carver carve{smem};
-  T* Q = carve.take<T>(R * D);
-  T* dO = carve.take<T>(R * D);
-  T* K = carve.take<T>(N * D);
-  T* V = carve.take<T>(N * D);
-  float* Sc = carve.take<float>(R * N);
-  float* dP = carve.take<float>(R * N);
-  T* dS = carve.take<T>(R * N);
-  float* dQ = carve.take<float>(R * D);
-  float* lse_tile = carve.take<float>(2 * R);
+  const auto [Q, dO, K, V, Sc, dP, dS, dQ, lse_tile] = query_pass_smem<T>(carve, D);
   float* delta_tile = lse_tile + R;
   const int warp = static_cast<int>(threadIdx.x / 32), lane = static_cast<int>(threadIdx.x % 32);
   const int w0 = warp * 16;
@@ -334,18 +339,18 @@ void run_backward(const cuda_executor& exec, const tensor_view<const T>& q, cons
   require(cuda_executor::can_access(delta.where()), "attention::backward (CUDA): the workspace resource gives " +
                                                         std::string(to_string(delta.where())) + " memory");
   ::memkit::detail::with_device(exec.device, [&] {
-    prepare_smem(exec, flash_key_pass_kernel<T>, cuda_key_pass_smem<T>(p.D), "backward");
-    prepare_smem(exec, flash_query_pass_kernel<T>, cuda_query_pass_smem<T>(p.D), "backward");
+    prepare_smem(exec, flash_key_pass_kernel<T>, smem_bytes<key_pass_smem<T>>(p.D), "backward");
+    prepare_smem(exec, flash_query_pass_kernel<T>, smem_bytes<query_pass_smem<T>>(p.D), "backward");
     flash_delta_kernel<T><<<static_cast<unsigned>((rows * 32 + 255) / 256), 256, 0, exec.stream>>>(
         dout.data(), out.data(), delta.data(), rows, p.D);
     MEMKIT_CUDA_CHECK(cudaGetLastError());
     const std::int64_t row_tiles = (p.S + C::rows - 1) / C::rows;
     flash_key_pass_kernel<T><<<static_cast<unsigned>(std::int64_t{p.B} * p.Hkv * row_tiles), C::threads,
-                                       static_cast<std::size_t>(cuda_key_pass_smem<T>(p.D)), exec.stream>>>(
+                                       static_cast<std::size_t>(smem_bytes<key_pass_smem<T>>(p.D)), exec.stream>>>(
         p, q.data(), k.data(), v.data(), dout.data(), lse.data(), delta.data(), dk.data(), dv.data());
     MEMKIT_CUDA_CHECK(cudaGetLastError());
     flash_query_pass_kernel<T><<<static_cast<unsigned>(std::int64_t{p.B} * p.Hq * row_tiles), C::threads,
-                                         static_cast<std::size_t>(cuda_query_pass_smem<T>(p.D)), exec.stream>>>(
+                                         static_cast<std::size_t>(smem_bytes<query_pass_smem<T>>(p.D)), exec.stream>>>(
         p, q.data(), k.data(), v.data(), dout.data(), lse.data(), delta.data(), dq.data());
     MEMKIT_CUDA_CHECK(cudaGetLastError());
     return 0;

@@ -223,26 +223,6 @@ template <class T> struct cuda_tiles {
 };
 MEMKIT_HOST_DEVICE constexpr std::int64_t align32(std::int64_t bytes) noexcept { return (bytes + 31) / 32 * 32; }
 
-// Shared-memory bytes of each kernel (checked against the device's opt-in limit before launching).
-template <class T> constexpr std::int64_t cuda_forward_smem(std::int64_t D) noexcept {
-  using C = cuda_tiles<T>;
-  const std::int64_t e = sizeof(T), R = C::rows, N = C::forward_cols;
-  return align32(R * D * e) + 2 * align32(N * D * e) + align32(R * N * 4) + align32(R * N * e) + align32(R * D * 4) +
-         align32(3 * R * 4);
-}
-template <class T> constexpr std::int64_t cuda_key_pass_smem(std::int64_t D) noexcept {
-  using C = cuda_tiles<T>;
-  const std::int64_t e = sizeof(T), R = C::rows, N = C::backward_cols;
-  return 2 * align32(R * D * e) + 2 * align32(N * D * e) + 2 * align32(R * N * 4) + 2 * align32(R * N * e) +
-         2 * align32(R * D * 4) + align32(2 * N * 4);
-}
-template <class T> constexpr std::int64_t cuda_query_pass_smem(std::int64_t D) noexcept {
-  using C = cuda_tiles<T>;
-  const std::int64_t e = sizeof(T), R = C::rows, N = C::backward_cols;
-  return 2 * align32(R * D * e) + 2 * align32(N * D * e) + 2 * align32(R * N * 4) + align32(R * N * e) +
-         align32(R * D * 4) + align32(2 * R * 4);
-}
-
 template <class T> struct mma_type { using type = T; };
 template <> struct mma_type<bf16> { using type = __nv_bfloat16; };
 template <> struct mma_type<fp16> { using type = __half; };
@@ -312,16 +292,25 @@ __device__ inline std::int64_t kv_head_of(const cuda_problem& p, std::int64_t bh
   const int kvh = static_cast<int>(bh % p.Hq) / p.group;
   return bh / p.Hq * p.Hkv + kvh;
 }
-// Carves dynamic shared memory into 32-byte-aligned arrays, in the order of the cuda_*_smem sums.
+// Carves a CTA's dynamic shared memory into 32-byte-aligned arrays. With no base it only counts: each kernel's
+// layout (the *_smem struct beside it) is written once and gives both the kernel's arrays and the launch's bytes.
 struct smem_carver {
-  unsigned char* cursor;
+  unsigned char* base = nullptr;
+  std::int64_t used = 0;
   template <class E>
-  __device__ E* take(std::int64_t count) {
-    E* at = reinterpret_cast<E*>(cursor);
-    cursor += align32(count * static_cast<std::int64_t>(sizeof(E)));
+  MEMKIT_HOST_DEVICE E* take(std::int64_t count) {
+    E* at = base != nullptr ? reinterpret_cast<E*>(base + used) : nullptr;
+    used += align32(count * static_cast<std::int64_t>(sizeof(E)));
     return at;
   }
 };
+// Shared-memory bytes of layout L for head_dim D (checked against the device's opt-in limit before launching).
+template <class L>
+std::int64_t smem_bytes(int D) {
+  smem_carver count;
+  (void)L(count, D);
+  return count.used;
+}
 
 template <class T>
 cuda_problem make_cuda_problem(const shape& qs, std::int64_t Hkv, const attention_options& o, const char* op) {

@@ -78,6 +78,18 @@ inline void forward_item(const problem& p, const T* q, const T* k, const T* v, T
 MEMKIT_ATTENTION_ISA_VARIANTS(forward_item)
 
 #if MEMKIT_HAS_CUDA
+// The forward kernel's shared memory: its query rows Q, a key tile K and V, the scores Sc and their weights P,
+// the fp32 output O, and m, l, correction (3 R floats).
+template <class T>
+struct forward_smem {
+  static constexpr int R = cuda_tiles<T>::rows, N = cuda_tiles<T>::forward_cols;
+  T* Q; T* K; T* V; float* Sc; T* P; float* O; float* m;
+  MEMKIT_HOST_DEVICE forward_smem(smem_carver& c, int D)
+      : Q(c.take<T>(R * D)), K(c.take<T>(N * D)), V(c.take<T>(N * D)), Sc(c.take<float>(R * N)), P(c.take<T>(R * N)),
+        O(c.take<float>(R * D)), m(c.take<float>(3 * R)) {}
+};
+
+// Forward of one CTA: R query rows of one head against the key tiles, one warp per 16 rows.
 template <class T>
 __global__ void flash_forward_kernel(cuda_problem p, const T* q, const T* k, const T* v, T* out, float* lse) {
   using C = cuda_tiles<T>;
@@ -88,13 +100,7 @@ __global__ void flash_forward_kernel(cuda_problem p, const T* q, const T* k, con
   const std::int64_t bh = place.head, bkv = kv_head_of(p, bh);
   const int i0 = place.first;
   smem_carver carve{smem};
-  T* Q = carve.take<T>(R * D);
-  T* K = carve.take<T>(N * D);
-  T* V = carve.take<T>(N * D);
-  float* Sc = carve.take<float>(R * N);
-  T* P = carve.take<T>(R * N);
-  float* O = carve.take<float>(R * D);
-  float* m = carve.take<float>(3 * R);
+  const auto [Q, K, V, Sc, P, O, m] = forward_smem<T>(carve, D);
   float* l = m + R;
   float* correction = l + R;
   const int warp = static_cast<int>(threadIdx.x / 32), lane = static_cast<int>(threadIdx.x % 32);
@@ -179,7 +185,7 @@ void run_forward(const cuda_executor& exec, const tensor_view<const T>& q, const
                  const attention_options& options, memory_resource&) {
   const cuda_problem p = make_cuda_problem<T>(q.shape(), k.shape()[1], options, "forward");
   using C = cuda_tiles<T>;
-  const std::int64_t smem = cuda_forward_smem<T>(p.D);
+  const std::int64_t smem = smem_bytes<forward_smem<T>>(p.D);
   ::memkit::detail::with_device(exec.device, [&] {
     prepare_smem(exec, flash_forward_kernel<T>, smem, "forward");
     const std::int64_t blocks = std::int64_t{p.B} * p.Hq * ((p.S + C::rows - 1) / C::rows);
