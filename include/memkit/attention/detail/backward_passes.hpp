@@ -62,12 +62,7 @@ inline void backward_key_item(const problem& p, const T* q, const T* k, const T*
   load_transposed(v + (bkv * S + j0) * D, cols, D, BK, Vt);
   for (std::int64_t e = 0; e < BK * D; ++e) dK[e] = 0.0f, dV[e] = 0.0f;
   // Queries that can see a key of this tile.
-  std::int64_t i_begin = 0, i_end = S;
-  if (p.o.causal) i_begin = j0;
-  if (p.o.window > 0) {
-    i_end = std::min(S, j0 + cols - 1 + p.o.window);
-    if (!p.o.causal) i_begin = std::max<std::int64_t>(0, j0 - p.o.window + 1);
-  }
+  const std::int64_t i_begin = first_query(j0, p.o), i_end = last_query(j0 + cols - 1, S, p.o);
   for (std::int64_t h = kvh * p.group; h < (kvh + 1) * p.group; ++h) {
     const std::int64_t bh = b * p.Hq + h;
     for (std::int64_t i0 = i_begin / BQ * BQ; i0 < i_end; i0 += BQ) {
@@ -76,8 +71,7 @@ inline void backward_key_item(const problem& p, const T* q, const T* k, const T*
       load_rows(dout + (bh * S + i0) * D, rows, D, dO);
       for (std::int64_t r = 0; r < rows; ++r) {
         const std::int64_t i = i0 + r;
-        const std::int64_t lo = std::max<std::int64_t>(first_key(i, p.o) - j0, 0);
-        const std::int64_t hi = std::min<std::int64_t>(last_key(i, S, p.o) - j0, cols);
+        const auto [lo, hi] = key_columns_of(p, i, j0, cols);
         if (lo >= hi) continue;
         const float lse2 = lse[bh * S + i] * log2e, di = delta[bh * S + i];
         row_times_transposed(Q + r * D, Kt, D, BK, cols, prob);
@@ -135,12 +129,8 @@ __global__ void flash_key_pass_kernel(cuda_problem p, const T* q, const T* k, co
   load_tile(V, v + (bkv * S + j0) * D, S - j0, R, D);
   for (int e = static_cast<int>(threadIdx.x); e < R * D; e += static_cast<int>(blockDim.x)) dK[e] = dV[e] = 0.0f;
   const int cols = S - j0 < R ? S - j0 : R;
-  int i_begin = 0, i_end = S;
-  if (p.o.causal) i_begin = j0;
-  if (p.o.window > 0) {
-    i_end = static_cast<int>(j0 + cols - 1 + p.o.window < S ? j0 + cols - 1 + p.o.window : S);
-    if (!p.o.causal) i_begin = static_cast<int>(j0 - p.o.window + 1 > 0 ? j0 - p.o.window + 1 : 0);
-  }
+  const int i_begin = static_cast<int>(first_query(j0, p.o));
+  const int i_end = static_cast<int>(last_query(j0 + cols - 1, S, p.o));
   for (int h = kvh * p.group; h < (kvh + 1) * p.group; ++h) {
     const std::int64_t bh = b * p.Hq + h;
     for (int i0 = i_begin / N * N; i0 < i_end; i0 += N) {
@@ -184,10 +174,7 @@ inline void backward_query_item(const problem& p, const T* q, const T* k, const 
                                 const float* lse, const float* delta, T* dq, std::int64_t item,
                                 float* scratch) noexcept {
   const std::int64_t D = p.D, S = p.S, BQ = host_query_tile, BK = host_key_tile;
-  const std::int64_t query_tiles = tiles_of(S, BQ);
-  const std::int64_t bh = item / query_tiles, i0 = (item % query_tiles) * BQ;
-  const std::int64_t rows = std::min(BQ, S - i0);
-  const std::int64_t b = bh / p.Hq, kvh = (bh % p.Hq) / p.group;
+  const auto [bh, i0, rows, bkv] = query_tile_at(p, item);
   float* Kt = scratch;
   float* Vt = Kt + BK * D;
   float* K = Vt + BK * D;
@@ -199,8 +186,8 @@ inline void backward_query_item(const problem& p, const T* q, const T* k, const 
   load_rows(q + (bh * S + i0) * D, rows, D, Q);
   load_rows(dout + (bh * S + i0) * D, rows, D, dO);
   for (std::int64_t e = 0; e < rows * D; ++e) dQ[e] = 0.0f;
-  const T* kh = k + (b * p.Hkv + kvh) * S * D;
-  const T* vh = v + (b * p.Hkv + kvh) * S * D;
+  const T* kh = k + bkv * S * D;
+  const T* vh = v + bkv * S * D;
   const std::int64_t j_begin = first_key(i0, p.o), j_end = last_key(i0 + rows - 1, S, p.o);
   for (std::int64_t j0 = j_begin / BK * BK; j0 < j_end; j0 += BK) {
     const std::int64_t cols = std::min(BK, S - j0);
@@ -209,8 +196,7 @@ inline void backward_query_item(const problem& p, const T* q, const T* k, const 
     load_rows(kh + j0 * D, cols, D, K);
     for (std::int64_t r = 0; r < rows; ++r) {
       const std::int64_t i = i0 + r;
-      const std::int64_t lo = std::max<std::int64_t>(first_key(i, p.o) - j0, 0);
-      const std::int64_t hi = std::min<std::int64_t>(last_key(i, S, p.o) - j0, cols);
+      const auto [lo, hi] = key_columns_of(p, i, j0, cols);
       if (lo >= hi) continue;
       const float lse2 = lse[bh * S + i] * log2e, di = delta[bh * S + i];
       row_times_transposed(Q + r * D, Kt, D, BK, cols, prob);

@@ -56,6 +56,14 @@ MEMKIT_HOST_DEVICE constexpr std::int64_t last_key(std::int64_t i, std::int64_t 
   if (o.window > 0 && !o.causal) last = i + o.window < S ? i + o.window : S;
   return last;
 }
+// The queries that may see key j, as [first, last): the mirror of first_key / last_key.
+MEMKIT_HOST_DEVICE constexpr std::int64_t first_query(std::int64_t j, const attention_options& o) noexcept {
+  if (o.causal) return j;
+  return o.window > 0 ? (j - o.window + 1 > 0 ? j - o.window + 1 : 0) : 0;
+}
+MEMKIT_HOST_DEVICE constexpr std::int64_t last_query(std::int64_t j, std::int64_t S, const attention_options& o) noexcept {
+  return o.window > 0 ? (j + o.window < S ? j + o.window : S) : S;
+}
 
 template <class T>
 void validate(const char* op, const tensor_view<const T>& q, const tensor_view<const T>& k,
@@ -173,6 +181,24 @@ inline void row_times_transposed(const float* __restrict a, const float* __restr
     const float* __restrict b = bt + d * tile;
     for (std::int64_t j = 0; j < n; ++j) row[j] += ad * b[j];
   }
+}
+// The host's query tile `item` of the (batch, query head, query tile) items: its head row bh = b * Hq + h, first
+// query i0 and row count, and the kv head row it reads (b * Hkv + kv head).
+struct query_tile_place {
+  std::int64_t bh, i0, rows, bkv;
+};
+inline query_tile_place query_tile_at(const problem& p, std::int64_t item) noexcept {
+  const std::int64_t query_tiles = tiles_of(p.S, host_query_tile);
+  const std::int64_t bh = item / query_tiles, i0 = (item % query_tiles) * host_query_tile;
+  const std::int64_t b = bh / p.Hq, kvh = (bh % p.Hq) / p.group;
+  return {bh, i0, std::min(host_query_tile, p.S - i0), b * p.Hkv + kvh};
+}
+// The columns [lo, hi) of the key tile starting at j0 (cols keys) that query i sees; empty when lo >= hi.
+struct key_columns {
+  std::int64_t lo, hi;
+};
+inline key_columns key_columns_of(const problem& p, std::int64_t i, std::int64_t j0, std::int64_t cols) noexcept {
+  return {std::max<std::int64_t>(first_key(i, p.o) - j0, 0), std::min<std::int64_t>(last_key(i, p.S, p.o) - j0, cols)};
 }
 // acc[0..D) += w * x[0..D)
 inline void axpy(float w, const float* __restrict x, std::int64_t D, float* __restrict acc) noexcept {

@@ -21,10 +21,7 @@ template <class T>
 inline void forward_item(const problem& p, const T* q, const T* k, const T* v, T* out, float* lse, std::int64_t item,
                          float* scratch) noexcept {
   const std::int64_t D = p.D, S = p.S, BQ = host_query_tile, BK = host_key_tile;
-  const std::int64_t query_tiles = tiles_of(S, BQ);
-  const std::int64_t bh = item / query_tiles, i0 = (item % query_tiles) * BQ;
-  const std::int64_t rows = std::min(BQ, S - i0);
-  const std::int64_t b = bh / p.Hq, kvh = (bh % p.Hq) / p.group;
+  const auto [bh, i0, rows, bkv] = query_tile_at(p, item);
   float* Q = scratch;
   float* O = Q + BQ * D;
   float* Kt = O + BQ * D;
@@ -38,8 +35,8 @@ inline void forward_item(const problem& p, const T* q, const T* k, const T* v, T
     O[e] = 0.0f;
   }
   for (std::int64_t r = 0; r < rows; ++r) m[r] = minus_infinity, l[r] = 0.0f;
-  const T* kh = k + (b * p.Hkv + kvh) * S * D;
-  const T* vh = v + (b * p.Hkv + kvh) * S * D;
+  const T* kh = k + bkv * S * D;
+  const T* vh = v + bkv * S * D;
   const std::int64_t j_begin = first_key(i0, p.o), j_end = last_key(i0 + rows - 1, S, p.o);
   for (std::int64_t j0 = j_begin / BK * BK; j0 < j_end; j0 += BK) {
     const std::int64_t cols = std::min(BK, S - j0);
@@ -47,8 +44,7 @@ inline void forward_item(const problem& p, const T* q, const T* k, const T* v, T
     load_rows(vh + j0 * D, cols, D, V);
     for (std::int64_t r = 0; r < rows; ++r) {
       const std::int64_t i = i0 + r;
-      const std::int64_t lo = std::max<std::int64_t>(first_key(i, p.o) - j0, 0);
-      const std::int64_t hi = std::min<std::int64_t>(last_key(i, S, p.o) - j0, cols);
+      const auto [lo, hi] = key_columns_of(p, i, j0, cols);
       if (lo >= hi) continue;
       row_times_transposed(Q + r * D, Kt, D, BK, cols, row);
       float tile_max = minus_infinity;
