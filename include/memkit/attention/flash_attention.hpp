@@ -51,18 +51,31 @@ void forward(const E& exec, tensor_view<const std::type_identity_t<T>> q, tensor
   detail::run_forward<T>(exec, q, k, v, out, lse, options, workspace);
 }
 
-// Gradients of forward's out with respect to q, k and v, given dout. out and lse are forward's; dq, dk, dv are
-// overwritten (dk, dv hold the sum over each kv head's query-head group). Takes
+// What backward reads of the forward pass: its inputs q, k, v and its outputs out, lse.
+template <class T>
+struct forward_tensors {
+  tensor_view<const T> q, k, v, out;
+  tensor_view<const float> lse;
+};
+// What backward writes: the gradients of q, k and v (overwritten, never accumulated).
+template <class T>
+struct gradients {
+  tensor_view<T> dq, dk, dv;
+};
+
+// Gradients of forward's out with respect to q, k and v, given dout: grads.dq, grads.dk, grads.dv are overwritten
+// (dk, dv hold the sum over each kv head's query-head group). `saved` is forward's q, k, v, out and lse. Takes
 // workspace_bytes(backward_arguments{...}) from `workspace`: delta fp32 [B, Hq, S], plus per-thread tiles on the
-// host; on CUDA it is allocated stream-ordered on exec.stream.
+// host; on CUDA it is allocated stream-ordered on exec.stream. Called as
+//   attention::backward<T>(exec, {q, k, v, out, lse}, dout, {dq, dk, dv}, options, workspace);
 template <float_storage T, executor E>
-void backward(const E& exec, tensor_view<const std::type_identity_t<T>> q,
-              tensor_view<const std::type_identity_t<T>> k, tensor_view<const std::type_identity_t<T>> v,
-              tensor_view<const std::type_identity_t<T>> out, tensor_view<const float> lse,
-              tensor_view<const std::type_identity_t<T>> dout, tensor_view<T> dq, tensor_view<T> dk,
-              tensor_view<T> dv, const attention_options& options, memory_resource& workspace) {
-  detail::validate_backward<T>(exec, q, k, v, out, lse, dout, dq, dk, dv, options);
-  detail::run_backward<T>(exec, q, k, v, out, lse, dout, dq, dk, dv, options, workspace);
+void backward(const E& exec, const forward_tensors<std::type_identity_t<T>>& saved,
+              tensor_view<const std::type_identity_t<T>> dout, const gradients<std::type_identity_t<T>>& grads,
+              const attention_options& options, memory_resource& workspace) {
+  detail::validate_backward<T>(exec, saved.q, saved.k, saved.v, saved.out, saved.lse, dout, grads.dq, grads.dk,
+                               grads.dv, options);
+  detail::run_backward<T>(exec, saved.q, saved.k, saved.v, saved.out, saved.lse, dout, grads.dq, grads.dk, grads.dv,
+                          options, workspace);
 }
 
 }  // namespace attention
