@@ -35,8 +35,8 @@ void BM_flash_cuda(benchmark::State& state) {
         state,
         [&] {
           att::forward<memkit::bf16>(exec, q.view(), k.view(), v.view(), out.view(), lse.view(), o, device);
-          att::backward<memkit::bf16>(exec, q.view(), k.view(), v.view(), out.view(), lse.view(), dout.view(),
-                                      dq.view(), dk.view(), dv.view(), o, device);
+          att::backward<memkit::bf16>(exec, {q.view(), k.view(), v.view(), out.view(), lse.view()}, dout.view(),
+                                      {dq.view(), dk.view(), dv.view()}, o, device);
         },
         stream);
     const double flops = 3.0 * 2.0 * 2.0 * double(S) * double(S) * double(D) / 2 * heads;

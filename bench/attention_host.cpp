@@ -52,9 +52,10 @@ void BM_flash(benchmark::State& state) {
   for (auto _ : state) {
     att::forward<float>(memkit::host, in.t(in.q), in.t(in.k), in.t(in.v), in.t(in.out),
                         memkit::host_view(in.lse.data(), memkit::shape{1, heads, in.S}), o, tracker);
-    att::backward<float>(memkit::host, in.t(in.q), in.t(in.k), in.t(in.v), in.t(in.out),
-                         memkit::host_view(in.lse.data(), memkit::shape{1, heads, in.S}), in.t(in.dout), in.t(in.dq),
-                         in.t(in.dk), in.t(in.dv), o, tracker);
+    att::backward<float>(memkit::host,
+                         {in.t(in.q), in.t(in.k), in.t(in.v), in.t(in.out),
+                          memkit::host_view(in.lse.data(), memkit::shape{1, heads, in.S})},
+                         in.t(in.dout), {in.t(in.dq), in.t(in.dk), in.t(in.dv)}, o, tracker);
     benchmark::DoNotOptimize(in.dq.data());
   }
   const double held = double(tracker.peak_bytes() + in.lse.size() * sizeof(float));

@@ -82,8 +82,8 @@ void gpu_matches_host(std::int64_t B, std::int64_t Hq, std::int64_t Hkv, std::in
   auto hv = [](auto& x, memkit::shape s) { return memkit::host_view(x.data(), s); };
   att::forward<T>(memkit::host, hv(q, qs), hv(k, ks), hv(v, ks), hv(out, qs), hv(lse, ls), o,
                   memkit::default_host_resource());
-  att::backward<T>(memkit::host, hv(q, qs), hv(k, ks), hv(v, ks), hv(out, qs), hv(lse, ls), hv(dout, qs), hv(dq, qs),
-                   hv(dk, ks), hv(dv, ks), o, memkit::default_host_resource());
+  att::backward<T>(memkit::host, {hv(q, qs), hv(k, ks), hv(v, ks), hv(out, qs), hv(lse, ls)}, hv(dout, qs),
+                   {hv(dq, qs), hv(dk, ks), hv(dv, ks)}, o, memkit::default_host_resource());
   // Device.
   cudaStream_t stream{};
   MEMKIT_CUDA_CHECK(cudaStreamCreate(&stream));
@@ -97,8 +97,8 @@ void gpu_matches_host(std::int64_t B, std::int64_t Hq, std::int64_t Hkv, std::in
   };
   up(q_, q), up(k_, k), up(v_, v), up(dout_, dout);
   att::forward<T>(exec, q_.view(), k_.view(), v_.view(), out_.view(), lse_.view(), o, device);
-  att::backward<T>(exec, q_.view(), k_.view(), v_.view(), out_.view(), lse_.view(), dout_.view(), dq_.view(),
-                   dk_.view(), dv_.view(), o, device);
+  att::backward<T>(exec, {q_.view(), k_.view(), v_.view(), out_.view(), lse_.view()}, dout_.view(),
+                   {dq_.view(), dk_.view(), dv_.view()}, o, device);
   auto down = [&](const auto& src) {
     std::vector<std::remove_cv_t<std::remove_reference_t<decltype(*src.data())>>> host(src.size());
     MEMKIT_CUDA_CHECK(cudaMemcpyAsync(host.data(), src.data(), src.bytes(), cudaMemcpyDeviceToHost, stream));

@@ -72,8 +72,10 @@ struct problem_data {
     const auto ov = view(r.out, s.B, s.Hq, s.S, s.D);
     const auto lv = memkit::host_view(r.lse.data(), memkit::shape{s.B, s.Hq, s.S});
     att::forward<T>(memkit::host, qv, kv, vv, ov, lv, o, workspace);
-    att::backward<T>(memkit::host, qv, kv, vv, ov, lv, view(dout, s.B, s.Hq, s.S, s.D), view(r.dq, s.B, s.Hq, s.S, s.D),
-                     view(r.dk, s.B, s.Hkv, s.S, s.D), view(r.dv, s.B, s.Hkv, s.S, s.D), o, workspace);
+    att::backward<T>(memkit::host, {qv, kv, vv, ov, lv}, view(dout, s.B, s.Hq, s.S, s.D),
+                     {view(r.dq, s.B, s.Hq, s.S, s.D), view(r.dk, s.B, s.Hkv, s.S, s.D),
+                      view(r.dv, s.B, s.Hkv, s.S, s.D)},
+                     o, workspace);
     return r;
   }
 };
@@ -282,9 +284,11 @@ TEST_CASE("attention: bad input is a clear memkit::error and writes nothing") {
                        doctest::Contains("cannot access"), memkit::error);
   // Backward: dk of the wrong shape.
   std::vector<float> dq(q.size()), dk(k.size()), dv(v.size());
-  CHECK_THROWS_WITH_AS(att::backward<float>(memkit::host, view(q, 2, 3, 8, 4), view(k, 2, 1, 8, 4), view(v, 2, 1, 8, 4),
-                                            view(out, 2, 3, 8, 4), lv, view(q, 2, 3, 8, 4), view(dq, 2, 3, 8, 4),
-                                            view(dk, 2, 2, 8, 2), view(dv, 2, 1, 8, 4), o, ws),
+  CHECK_THROWS_WITH_AS(att::backward<float>(memkit::host,
+                                            {view(q, 2, 3, 8, 4), view(k, 2, 1, 8, 4), view(v, 2, 1, 8, 4),
+                                             view(out, 2, 3, 8, 4), lv},
+                                            view(q, 2, 3, 8, 4),
+                                            {view(dq, 2, 3, 8, 4), view(dk, 2, 2, 8, 2), view(dv, 2, 1, 8, 4)}, o, ws),
                        doctest::Contains("`dk`"), memkit::error);
   CHECK(std::all_of(out.begin(), out.end(), [](float x) { return x == 7.0f; }));
   CHECK(std::all_of(lse.begin(), lse.end(), [](float x) { return x == 7.0f; }));
@@ -327,8 +331,8 @@ TEST_CASE("attention: the workspace taken equals the prediction; at seq 8192 a s
       std::copy(data.v.begin(), data.v.end(), v.data());
       std::copy(data.dout.begin(), data.dout.end(), dout.data());
       att::forward<float>(memkit::host, q.view(), k.view(), v.view(), out.view(), lse.view(), o, flash);
-      att::backward<float>(memkit::host, q.view(), k.view(), v.view(), out.view(), lse.view(), dout.view(), dq.view(),
-                           dk.view(), dv.view(), o, flash);
+      att::backward<float>(memkit::host, {q.view(), k.view(), v.view(), out.view(), lse.view()}, dout.view(),
+                           {dq.view(), dk.view(), dv.view()}, o, flash);
     }
     const std::size_t tensors = 8 * s.q_elems() * sizeof(float) + s.S * sizeof(float);  // 8 x [S, D] + lse
     const att::problem_arguments problem{.batch = 1, .query_heads = 1, .kv_heads = 1, .sequence = 8192, .head_dim = 32,

@@ -290,8 +290,8 @@ struct decoder_block {
     tensor_view<T> dqh = scratch.take<T>(shape{B, Hq, S, D});
     tensor_view<T> dkh = scratch.take<T>(shape{B, Hkv, S, D});
     tensor_view<T> dvh = scratch.take<T>(shape{B, Hkv, S, D});
-    memkit::attention::backward<T>(exec, qh.view(), kh.view(), vh.view(), out.view(), lse.view(), tensor_view<const T>(dout), dqh,
-                        dkh, dvh, attention(), *memory.workspace);
+    memkit::attention::backward<T>(exec, {qh.view(), kh.view(), vh.view(), out.view(), lse.view()},
+                                   tensor_view<const T>(dout), {dqh, dkh, dvh}, attention(), *memory.workspace);
     tensor_view<T> dq = scratch.take<T>(shape{B, S, q_width()});
     tensor_view<T> dk = scratch.take<T>(shape{B, S, kv_width()});
     tensor_view<T> dv = scratch.take<T>(shape{B, S, kv_width()});

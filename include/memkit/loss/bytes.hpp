@@ -1,0 +1,134 @@
+// memkit/loss/bytes.hpp — the loss's options, the protocol's arguments struct, chunk_tokens and the constexpr
+// byte functions (docs/architecture.md, "The component protocol"), without the kernels: memory_budget includes
+// this header alone. fused_linear_cross_entropy.hpp (the operation) includes it.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+
+#include "memkit/config.hpp"
+#include "memkit/core/float16.hpp"
+#include "memkit/core/protocol.hpp"
+// For gemm_workspace_bytes (the host products' packing buffers); to become memkit/linalg/gemm_bytes.hpp.
+#include "memkit/linalg/gemm.hpp"
+
+MEMKIT_NAMESPACE_BEGIN
+namespace loss {
+
+struct cross_entropy_options {
+  std::int64_t ignore_index = -100;  // tokens with this target add nothing to the loss or the gradients
+  float label_smoothing = 0;         // eps in [0, 1]: the target distribution is (1 - eps) one-hot + eps uniform
+  float logit_softcap = 0;           // > 0: logits pass through cap * tanh(logit / cap) (Gemma 2); 0: off
+  float z_loss = 0;                  // >= 0: adds z_loss * lse^2 per token (PaLM), keeping lse near 0
+  std::size_t chunk_bytes = 0;       // budget of one chunk's logits buffers; 0: default_chunk_bytes
+  int host_threads = 0;              // host: 0 = every hardware thread
+};
+
+// 32 MiB: a few hundred tokens of a 32K-128K vocabulary per chunk, big enough for efficient products.
+inline constexpr std::size_t default_chunk_bytes = std::size_t{32} << 20;
+// Values of a dequantized tile of a quantized head (16 MiB of fp32 on the host, 8 MiB of bf16 on a device).
+inline constexpr std::int64_t quantized_tile_values = std::int64_t{1} << 22;
+// Host: inputs are rejected when H * max|hidden| * max|head| exceeds this, as the logits, lse^2 (z-loss)
+// or the gradients could then overflow fp32.
+inline constexpr double max_logit_bound = 1e30;
+
+// The component protocol (docs/architecture.md): one call of fused_linear_cross_entropy, as a literal struct.
+struct fused_linear_cross_entropy_arguments {
+  std::int64_t tokens = 0, hidden = 0, vocab = 0;  // N, H, V
+  std::size_t hidden_element_bytes = 4;            // 4: fp32 hidden states; 2: bf16 or fp16
+  std::size_t head_element_bytes = 0;              // a dense head's element size; 0: the hidden states'
+  bool quantized_head = false;                     // a quant::quantized_tensor head (never trains)
+  bool head_grad = true;                           // d_head given (dense heads only)
+  bool hidden_grad = true;                         // d_hidden given
+  bool on_device = false;
+  cross_entropy_options options{};
+};
+
+namespace detail {
+
+// Bytes per token of a chunk: the fp32 logits, and on a device with 16-bit hidden also their 16-bit gradient
+// (cuBLAS multiplies operands of one type).
+constexpr std::size_t chunk_row_bytes(std::int64_t V, std::size_t elem_size, bool on_device) noexcept {
+  return static_cast<std::size_t>(V) * (4 + (on_device && elem_size != 4 ? elem_size : 0));
+}
+
+// Rows of a quantized head dequantized per tile: at least one, at most V.
+constexpr std::int64_t head_tile_rows(std::int64_t V, std::int64_t H) noexcept {
+  const std::int64_t rows = H > 0 ? quantized_tile_values / H : V;
+  return std::max<std::int64_t>(1, std::min(rows, V));
+}
+
+}  // namespace detail
+
+// Tokens per chunk: as many as options.chunk_bytes holds (at least one, at most N).
+constexpr std::int64_t chunk_tokens(std::int64_t N, std::int64_t V, std::size_t elem_size,
+                                    const cross_entropy_options& options, bool on_device = false) noexcept {
+  const std::size_t budget = options.chunk_bytes != 0 ? options.chunk_bytes : default_chunk_bytes;
+  const std::size_t row = detail::chunk_row_bytes(V, elem_size, on_device);
+  const std::int64_t rows = row > 0 ? static_cast<std::int64_t>(budget / row) : N;
+  return std::max<std::int64_t>(1, std::min(rows, N));
+}
+
+namespace detail {
+// Exact bytes one call takes from its workspace resource, for hidden of element type T and a dense head of
+// element type W (W is ignored for a quantized head).
+template <float_storage T, float_storage W>
+constexpr std::size_t workspace_bytes_of(const fused_linear_cross_entropy_arguments& a) noexcept {
+  const std::int64_t N = a.tokens, H = a.hidden, V = a.vocab;
+  const cross_entropy_options& options = a.options;
+  if (N <= 0) return 0;
+  const std::size_t e = sizeof(T);
+  const std::int64_t c = chunk_tokens(N, V, e, options, a.on_device);
+  const bool head_grad = a.head_grad && !a.quantized_head;
+  const std::int64_t tile = a.quantized_head ? head_tile_rows(V, H) : V;
+  const bool tiled = tile < V;  // the hidden gradient sums over several tiles: an fp32 accumulator for 16-bit T
+  std::size_t bytes = static_cast<std::size_t>(c * V) * 4 + static_cast<std::size_t>(N) * 4;  // logits, row losses
+  if (a.on_device) {
+    bytes += 2 * sizeof(int);                                              // counted tokens, bad-target flag
+    if (e != 4) bytes += static_cast<std::size_t>(c * V) * e;              // 16-bit gradient of the logits
+    if (a.quantized_head) bytes += static_cast<std::size_t>(tile * H) * e;  // dequantized tile
+    if (a.hidden_grad && tiled && e != 4) bytes += static_cast<std::size_t>(c * H) * 4;
+    return bytes;
+  }
+  const linalg::gemm_options g{options.host_threads};
+  std::size_t gemm = 0;
+  if (a.quantized_head) {
+    bytes += static_cast<std::size_t>(tile * H) * 4;  // fp32 tile
+    gemm = linalg::gemm_workspace_bytes<T, float, float>(c, tile, H, g);
+    if (a.hidden_grad) {
+      if (tiled) {
+        if (e != 4) bytes += static_cast<std::size_t>(c * H) * 4;
+        gemm = std::max(gemm, linalg::gemm_workspace_bytes<float, float, float>(c, H, tile, g));
+      } else {
+        gemm = std::max(gemm, linalg::gemm_workspace_bytes<float, float, T>(c, H, V, g));
+      }
+    }
+  } else {
+    gemm = linalg::gemm_workspace_bytes<T, W, float>(c, V, H, g);
+    if (head_grad) gemm = std::max(gemm, linalg::gemm_workspace_bytes<float, T, float>(V, H, c, g));
+    if (a.hidden_grad) gemm = std::max(gemm, linalg::gemm_workspace_bytes<float, W, T>(c, H, V, g));
+  }
+  return bytes + gemm;
+}
+}  // namespace detail
+
+// Exact bytes one call takes from its workspace resource. The host count depends only on whether each
+// operand is fp32 or 16-bit (bf16 and fp16 pack alike). With options.host_threads = 0 it depends on the
+// machine (the GEMM's packing buffers are per thread), so it is known only at run time.
+constexpr std::size_t workspace_bytes(const fused_linear_cross_entropy_arguments& a) noexcept {
+  const std::size_t head = a.head_element_bytes != 0 ? a.head_element_bytes : a.hidden_element_bytes;
+  if (a.hidden_element_bytes == 4)
+    return head == 4 ? detail::workspace_bytes_of<float, float>(a) : detail::workspace_bytes_of<float, bf16>(a);
+  return head == 4 ? detail::workspace_bytes_of<bf16, float>(a) : detail::workspace_bytes_of<bf16, bf16>(a);
+}
+// The loss saves nothing for a later pass: it computes the gradients in the same call.
+constexpr std::size_t saved_bytes(const fused_linear_cross_entropy_arguments&) noexcept { return 0; }
+constexpr std::size_t bytes_required(const fused_linear_cross_entropy_arguments& a) noexcept {
+  return workspace_bytes(a);
+}
+
+static_assert(operation_arguments<fused_linear_cross_entropy_arguments>);
+
+}  // namespace loss
+MEMKIT_NAMESPACE_END

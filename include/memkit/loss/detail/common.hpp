@@ -1,0 +1,120 @@
+// memkit/loss/detail/common.hpp — what the loss's host and CUDA paths share: the math of one token's row
+// (MEMKIT_HOST_DEVICE), the argument and access checks, and the empty batch's zero loss.
+// Not a public header: fused_linear_cross_entropy.hpp includes it.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+
+#include "memkit/config.hpp"
+#include "memkit/core/execution.hpp"
+#include "memkit/core/host_threads.hpp"
+#include "memkit/core/tensor_view.hpp"
+#include "memkit/loss/bytes.hpp"
+
+MEMKIT_NAMESPACE_BEGIN
+namespace loss::detail {
+
+// The math of one token's row, shared by the host loops and the CUDA kernels.
+struct row_math {
+  float softcap = 0, z_loss = 0, smoothing = 0;
+  std::int64_t vocab = 1;
+
+  // The logit the softmax sees.
+  MEMKIT_HOST_DEVICE float capped(float raw) const noexcept { return softcap > 0 ? softcap * tanhf(raw / softcap) : raw; }
+  // loss_i from lse = log sum exp z, the target's z and the row's sum of z.
+  MEMKIT_HOST_DEVICE float token_loss(float lse, float z_target, float z_sum) const noexcept {
+    float loss = lse - (1.0f - smoothing) * z_target;
+    if (smoothing > 0) loss -= smoothing / static_cast<float>(vocab) * z_sum;
+    if (z_loss > 0) loss += z_loss * lse * lse;
+    return loss;
+  }
+  // d loss_i / d raw logit j, times `scale` (1 / counted tokens). z is the capped logit.
+  MEMKIT_HOST_DEVICE float gradient(float z, float lse, bool is_target, float scale) const noexcept {
+    const float p = expf(z - lse);
+    float g = p * (1.0f + 2.0f * z_loss * lse) - (is_target ? 1.0f - smoothing : 0.0f) -
+              smoothing / static_cast<float>(vocab);
+    if (softcap > 0) {
+      const float t = z / softcap;  // tanh(raw / cap): d z / d raw = 1 - tanh^2
+      g *= 1.0f - t * t;
+    }
+    return g * scale;
+  }
+};
+
+inline row_math make_row_math(const cross_entropy_options& options, std::int64_t V) {
+  return {options.logit_softcap, options.z_loss, options.label_smoothing, V};
+}
+
+// An output the caller does not want: a default-constructed view (rank 0, no data) or one with no elements.
+struct loss_dims {
+  std::int64_t N, H, V;
+};
+
+template <class T, class Td>
+loss_dims check_arguments(const char* operation, const tensor_view<const T>& hidden, const shape& head_shape,
+                          const tensor_view<const std::int32_t>& targets, const tensor_view<float>& loss,
+                          const tensor_view<Td>& d_hidden, const tensor_view<float>& d_head,
+                          const cross_entropy_options& options) {
+  const std::string op(operation);
+  require(hidden.shape().rank == 2, op + ": `hidden` must be [tokens, hidden], has shape " + to_string(hidden.shape()));
+  require(head_shape.rank == 2, op + ": `head` must be [vocab, hidden], has shape " + to_string(head_shape));
+  const std::int64_t N = hidden.shape()[0], H = hidden.shape()[1], V = head_shape[0];
+  require(head_shape[1] == H, op + ": `head` has shape " + to_string(head_shape) + " but `hidden` " +
+                                  to_string(hidden.shape()) + " needs [vocab, " + std::to_string(H) + "]");
+  require(V > 0, op + ": the vocabulary is empty (`head` has shape " + to_string(head_shape) + ")");
+  require(targets.shape() == shape{N}, op + ": `targets` has shape " + to_string(targets.shape()) + " but needs [" +
+                                           std::to_string(N) + "], one id per token of `hidden`");
+  require(loss.size() == 1, op + ": `loss` must hold 1 float, has shape " + to_string(loss.shape()));
+  require(d_hidden.is_none() || d_hidden.shape() == hidden.shape(),
+          op + ": `d_hidden` has shape " + to_string(d_hidden.shape()) + " but `hidden` has shape " +
+              to_string(hidden.shape()) + " (pass tensor_view::none() to skip it)");
+  require(d_head.is_none() || d_head.shape() == head_shape,
+          op + ": `d_head` has shape " + to_string(d_head.shape()) + " but `head` has shape " + to_string(head_shape) +
+              " (pass tensor_view::none() for a frozen head)");
+  const auto has_data = [&](const void* data, std::int64_t size, const char* name) {
+    require(size == 0 || data != nullptr, op + ": `" + name + "` has elements but no data pointer");
+  };
+  has_data(hidden.data(), hidden.size(), "hidden");
+  has_data(targets.data(), targets.size(), "targets");
+  has_data(loss.data(), loss.size(), "loss");
+  if (!d_hidden.is_none()) has_data(d_hidden.data(), d_hidden.size(), "d_hidden");
+  if (!d_head.is_none()) has_data(d_head.data(), d_head.size(), "d_head");
+  require(options.label_smoothing >= 0 && options.label_smoothing <= 1,
+          op + ": label_smoothing must be in [0, 1], got " + std::to_string(options.label_smoothing));
+  require(options.logit_softcap >= 0 && std::isfinite(options.logit_softcap),
+          op + ": logit_softcap must be >= 0 and finite, got " + std::to_string(options.logit_softcap));
+  require(options.z_loss >= 0 && std::isfinite(options.z_loss),
+          op + ": z_loss must be >= 0 and finite, got " + std::to_string(options.z_loss));
+  require_host_threads(op, options.host_threads);
+  return {N, H, V};
+}
+
+template <executor E, class T>
+void check_access(const E& exec, const char* operation, const tensor_view<const T>& hidden,
+                  const tensor_view<const std::int32_t>& targets, const tensor_view<float>& loss,
+                  const tensor_view<T>& d_hidden, const tensor_view<float>& d_head) {
+  require_accessible(exec, hidden, operation, "hidden");
+  require_accessible(exec, targets, operation, "targets");
+  require_accessible(exec, loss, operation, "loss");
+  if (!d_hidden.is_none()) require_accessible(exec, d_hidden, operation, "d_hidden");
+  if (!d_head.is_none()) require_accessible(exec, d_head, operation, "d_head");
+}
+
+template <class T>
+void zero_loss(const host_executor&, const tensor_view<float>& loss) {
+  loss[0] = 0.0f;
+}
+#if MEMKIT_HAS_CUDA
+template <class T>
+void zero_loss(const cuda_executor& exec, const tensor_view<float>& loss) {
+  ::memkit::detail::with_device(exec.device, [&] {
+    MEMKIT_CUDA_CHECK(cudaMemsetAsync(loss.data(), 0, sizeof(float), exec.stream));
+    return 0;
+  });
+}
+#endif
+
+}  // namespace loss::detail
+MEMKIT_NAMESPACE_END
