@@ -86,7 +86,7 @@ class nccl_communicator {
   }
   template <class Call>
   static void on(const cuda_executor& exec, Call&& call, const char* name) {
-    detail::with_device(exec.device, [&] {
+    ::memkit::detail::with_device(exec.device, [&] {
       check(call(), name);
       return 0;
     });
