@@ -3,9 +3,11 @@
 
 #include "memkit/attention/flash_attention.hpp"
 #include "memkit/budget/activations.hpp"
+#include "memkit/budget/breakdown.hpp"
 #include "memkit/budget/component_bytes.hpp"
 #include "memkit/budget/estimate.hpp"
 #include "memkit/budget/fits.hpp"
+#include "memkit/budget/layer_list.hpp"
 #include "memkit/budget/model.hpp"
 #include "memkit/budget/plan.hpp"
 #include "memkit/budget/planner.hpp"
