@@ -95,7 +95,7 @@ TEST_CASE("budget runtime: memkit's lora_linear saves its own input copy and no 
   // PyTorch without dropout: each adapter reads x, which the block keeps once per input (qkv, gate/up: T x h;
   // down: T x f; o's input is the attention output, saved anyway). memkit: every lora_linear keeps its own
   // dropout(x) — q, k, v, o, gate, up read T x h, down T x f — plus a 32-byte record of the dropout stream
-  // (lora/lora_memory.hpp). Both keep the [T, r] down-projections.
+  // (lora/bytes.hpp). Both keep the [T, r] down-projections.
   // memkit's SwiGLU keeps only its [T, 2f] input (the gate and up outputs: memkit/models/llama/layers.hpp's swiglu);
   // PyTorch's autograd also keeps silu(gate) [T, f] for the product's backward.
   const std::uint64_t torch_inputs = 2 * (T * h + T * h + T * f);

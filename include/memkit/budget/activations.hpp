@@ -10,12 +10,14 @@
 #include <cstdint>
 #include <string_view>
 
-#include "memkit/attention/flash_attention.hpp"
+#include "memkit/attention/flash_attention.hpp"  // attention/bytes.hpp once that header exists
 #include "memkit/budget/model.hpp"
 #include "memkit/budget/plan.hpp"
-#include "memkit/lora/lora_linear.hpp"
-#include "memkit/lora/lora_memory.hpp"
-#include "memkit/loss/fused_linear_cross_entropy.hpp"
+#include "memkit/core/float16.hpp"
+#include "memkit/linalg/gemm_bytes.hpp"
+#include "memkit/lora/bytes.hpp"
+#include "memkit/loss/fused_linear_cross_entropy.hpp"  // loss/bytes.hpp once that header exists
+#include "memkit/quant/bytes.hpp"
 
 MEMKIT_NAMESPACE_BEGIN
 namespace budget {
@@ -99,7 +101,7 @@ constexpr block_activations block_activation_bytes(const model_config& m, const 
     if (upcast && norms_train) add(normalized, e * T * h);  // bf16 normalized value, for the weight's gradient
   };
   // LoRA on the linears of this block: the A output (read by B) and, with dropout, a mask and dropped input.
-  // The dropped input and the A output are lora_linear's own saved tensors (lora/lora_memory.hpp); the 1-byte
+  // The dropped input and the A output are lora_linear's own saved tensors (lora/bytes.hpp); the 1-byte
   // mask is PEFT's (nn.Dropout keeps it; lora_linear draws it again in backward instead).
   auto lora = [&](module_set modules, std::uint64_t in, std::string_view dropped, std::string_view mask,
                   std::string_view down_projection) {

@@ -2,7 +2,7 @@
 // components that allocate them.
 //
 // memory_budget predicts what memkit itself allocates, so these are not formulas of their own: each
-// forwards to the component's constexpr bytes_required / tensor_bytes (quant/quantized_tensor.hpp,
+// forwards to the component's constexpr byte functions (quant/bytes.hpp's quantized_tensor_bytes,
 // optim/adam_bytes.hpp, distributed/sharded_adam_bytes.hpp). A change in a component's layout changes the budget with it, and the tests
 // that compare the budget with a tracking_resource keep the two honest.
 //   NF4/FP4 weight: ceil(n/2) packed bytes, and per block of `block_size` one fp32 absmax, or with double
@@ -21,7 +21,7 @@
 #include "memkit/core/tensor_view.hpp"
 #include "memkit/distributed/sharded_adam_bytes.hpp"
 #include "memkit/optim/adam_bytes.hpp"
-#include "memkit/quant/quantized_tensor.hpp"
+#include "memkit/quant/bytes.hpp"
 
 MEMKIT_NAMESPACE_BEGIN
 namespace budget {
@@ -31,8 +31,8 @@ constexpr std::uint64_t ceil_div(std::uint64_t a, std::uint64_t b) noexcept { re
 namespace detail {
 template <quant::format F>
 constexpr std::uint64_t quantized_weight_bytes(std::uint64_t elements, std::uint64_t block_size, bool double_quant) noexcept {
-  return quant::quantized_tensor<F>::bytes_required(
-      shape{static_cast<std::int64_t>(elements)},
+  return quant::quantized_tensor_bytes(
+      F, shape{static_cast<std::int64_t>(elements)},
       quant::quant_options{static_cast<std::int64_t>(block_size), double_quant});
 }
 }  // namespace detail

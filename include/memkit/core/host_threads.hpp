@@ -16,19 +16,9 @@
 #include <vector>
 
 #include "memkit/config.hpp"
+#include "memkit/core/hardware_threads.hpp"
 
 MEMKIT_NAMESPACE_BEGIN
-
-inline std::int64_t hardware_threads() noexcept {
-  const unsigned n = std::thread::hardware_concurrency();
-  return n > 0 ? n : 1;
-}
-
-// The thread count a `host_threads` option asks for: 0 means every hardware thread; never below 1.
-inline int resolve_host_threads(int host_threads) noexcept {
-  const std::int64_t wanted = host_threads > 0 ? host_threads : hardware_threads();
-  return static_cast<int>(std::max<std::int64_t>(wanted, 1));
-}
 
 // The one check of a `host_threads` option, which every component that takes one applies: 0 (every hardware
 // thread) or a positive count.

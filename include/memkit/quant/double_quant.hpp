@@ -23,11 +23,6 @@ MEMKIT_NAMESPACE_BEGIN
 
 namespace quant {
 
-// Number of fp32 second-level absmax values for `blocks` first-level scales.
-MEMKIT_HOST_DEVICE constexpr std::int64_t nested_group_count(std::int64_t blocks) noexcept {
-  return block_count(blocks, nested_block_size);
-}
-
 namespace detail {
 
 inline constexpr int mean_lanes = 256;

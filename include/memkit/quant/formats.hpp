@@ -10,7 +10,9 @@
 //
 // The per-element math (encode, decode, reciprocal, nested scale) is written here once, MEMKIT_HOST_DEVICE:
 // the host loops and the CUDA kernels (quant/detail/) call the same functions, so both produce identical bytes.
-// The operations themselves are in quant/blockwise.hpp (quantize / dequantize) and quant/matmul.hpp.
+// The operations themselves are in quant/blockwise.hpp (quantize / dequantize) and quant/matmul.hpp; the format
+// enum, block sizes and the counts of codes and scales (block_count, code_bytes, nested_group_count) in
+// quant/bytes.hpp, which memory_budget includes without the per-element math.
 #pragma once
 
 #include <array>
@@ -19,6 +21,7 @@
 
 #include "memkit/config.hpp"
 #include "memkit/core/rounded_math.hpp"
+#include "memkit/quant/bytes.hpp"
 #include "memkit/quant/codebooks.hpp"
 
 // Full unrolling of the small fixed loops, in each compiler's spelling (nvcc's host pass accepts neither).
@@ -34,43 +37,9 @@ MEMKIT_NAMESPACE_BEGIN
 
 namespace quant {
 
-enum class format : std::uint8_t {
-  nf4,   // 4-bit normal float (QLoRA)
-  fp4,   // 4-bit float, bitsandbytes' e2m1 variant
-  int8,  // 8-bit index into the signed dynamic map ("blockwise int8" of bitsandbytes' quantize_blockwise)
-};
-
-constexpr const char* to_string(format f) noexcept {
-  switch (f) {
-    case format::nf4: return "nf4";
-    case format::fp4: return "fp4";
-    case format::int8: return "int8";
-  }
-  return "unknown";
-}
-
-MEMKIT_HOST_DEVICE constexpr bool is_four_bit(format f) noexcept { return f != format::int8; }
-
-inline constexpr std::int64_t min_block_size = 32;
-inline constexpr std::int64_t max_block_size = 4096;
-
-constexpr bool is_valid_block_size(std::int64_t block_size) noexcept {
-  return block_size >= min_block_size && block_size <= max_block_size && (block_size & (block_size - 1)) == 0;
-}
-
 inline void require_block_size(std::int64_t block_size, const char* operation) {
   require(is_valid_block_size(block_size), std::string(operation) + ": block size " + std::to_string(block_size) +
                                                " is not supported (use a power of two from 32 to 4096)");
-}
-
-// Number of blocks (and so of absmax values) for `numel` elements.
-MEMKIT_HOST_DEVICE constexpr std::int64_t block_count(std::int64_t numel, std::int64_t block_size) noexcept {
-  return (numel + block_size - 1) / block_size;
-}
-
-// Bytes of codes for `numel` elements.
-MEMKIT_HOST_DEVICE constexpr std::int64_t code_bytes(format f, std::int64_t numel) noexcept {
-  return is_four_bit(f) ? (numel + 1) / 2 : numel;
 }
 
 // --- per-element math, shared by host and device ---
@@ -180,15 +149,6 @@ MEMKIT_HOST_DEVICE MEMKIT_FORCEINLINE std::uint8_t code_at(const std::uint8_t* c
 
 // The default map of the int8 format, as a by-value table for kernels.
 inline constexpr code_table<256> signed_dynamic_table = make_code_table(dynamic_map_signed);
-
-namespace detail {
-// Weights per 16 bytes of codes.
-template <format F>
-inline constexpr int codes_per_16_bytes = F == format::int8 ? 16 : 32;
-}  // namespace detail
-
-// Block size of the second quantization level of double-quantized scales (bitsandbytes' "nested" state).
-inline constexpr std::int64_t nested_block_size = 256;
 
 // A double-quantized scale: the nested code's map value times its group's fp32 absmax, rounded, plus the
 // offset, rounded (bitsandbytes dequantizes the nested codes, then adds the offset as a second operation).

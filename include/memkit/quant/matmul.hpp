@@ -41,6 +41,7 @@
 #include "memkit/memory/buffer.hpp"
 #include "memkit/memory/resource.hpp"
 #include "memkit/quant/blockwise.hpp"
+#include "memkit/quant/bytes.hpp"
 #include "memkit/quant/detail/matmul_host.hpp"
 #include "memkit/quant/detail/matmul_kernels.hpp"
 #include "memkit/quant/formats.hpp"
@@ -49,42 +50,6 @@
 MEMKIT_NAMESPACE_BEGIN
 
 namespace quant {
-
-// Options of a product; every field has a default that suits training shapes.
-struct matmul_config {
-  std::int64_t tile_floats = 1 << 16;   // host input gradient: dequantized values per tile (256 KiB of fp32)
-  std::int64_t device_tile_floats = 1 << 26;  // CUDA large batch: values per tile (128 MiB of bf16): the whole
-                                              // W of layers up to 8192 x 8192, so a training-shape product is one
-                                              // dequantize and one cuBLAS call (4 tiles of 2^24 took 1.5-2.2x
-                                              // dense bf16 at M = 1024 on an H200; docs/cuda.md)
-  std::int64_t small_batch_limit = 8;   // CUDA: M up to this (and up to 8) uses the fused kernels
-  int host_simd = 2;                    // host fused path: 2 best available, 1 at most AVX2, 0 portable C++
-  int host_threads = 1;                 // host: threads over output columns, 0 = every hardware thread
-};
-
-// Which product: the forward y = x * dequant(W)^T, or the input gradient dx = dy * dequant(W).
-enum class matmul_kind : std::uint8_t { forward, input_grad };
-
-// One product's shape, for the byte functions (docs/architecture.md, "The component protocol"): M, N, K as in
-// the header (W is [N, K]); `fmt` and `block_size` those of W; `element_bytes` is sizeof the activation type
-// (4, or 2 for bf16 / fp16); `on_device` selects the CUDA plan; `config` the options the call will get.
-struct matmul_arguments {
-  matmul_kind kind = matmul_kind::forward;
-  format fmt = format::nf4;
-  std::int64_t block_size = 64;
-  std::int64_t M = 0, N = 0, K = 0;
-  std::size_t element_bytes = 4;
-  bool on_device = false;
-  matmul_config config{};
-};
-
-// Exactly the most a call takes from its workspace resource at once (all of it is returned by the end of the
-// call, or on the CUDA path before work queued after it on the stream can run).
-constexpr std::size_t workspace_bytes(const matmul_arguments& args) noexcept;
-// A product keeps nothing for a backward pass: W gets no gradient, and the input gradient needs only dy.
-constexpr std::size_t saved_bytes(const matmul_arguments&) noexcept { return 0; }
-// What must be free when a call starts: its workspace (it allocates nothing else).
-constexpr std::size_t bytes_required(const matmul_arguments& args) noexcept { return workspace_bytes(args); }
 
 // y = x * dequant(w)^T. x: [..., K] (T = float, bf16 or fp16), y: [..., N] of the same T. `workspace` serves
 // the call's temporary buffers (workspace_bytes); the CUDA tiled path needs a stream-ordered one.
@@ -97,60 +62,9 @@ template <executor E, format F, float_storage T>
 void matmul_input_grad(const E& exec, tensor_view<const std::type_identity_t<T>> dy, const quantized_tensor<F>& w,
                        tensor_view<T> dx, const matmul_config& config, memory_resource& workspace);
 
-// --- implementation: the plans behind workspace_bytes, then the two products ---
+// --- implementation: the two products (their plans and workspace_bytes are in quant/bytes.hpp) ---
 
 namespace detail {
-
-// Rows of W dequantized per tile: at least one, at most N.
-constexpr std::int64_t tile_rows(std::int64_t N, std::int64_t K, const matmul_config& config, bool on_device) noexcept {
-  const std::int64_t floats = on_device ? config.device_tile_floats : config.tile_floats;
-  const std::int64_t rows = K > 0 ? floats / K : 1;
-  return rows < 1 ? 1 : rows < N ? rows : N;
-}
-
-// The host forward's fused path (detail/matmul_host.hpp): 4-bit W, rows of whole blocks, M up to host_fused_limit.
-constexpr bool host_fused(matmul_kind kind, format fmt, std::int64_t block_size, std::int64_t M,
-                          std::int64_t K) noexcept {
-  return kind == matmul_kind::forward && is_four_bit(fmt) && M <= host_fused_limit && block_size > 0 &&
-         K % block_size == 0;
-}
-
-// The host's threads (0 = every hardware thread, known only at run time).
-constexpr std::int64_t host_matmul_threads(const matmul_config& config) noexcept {
-  if (config.host_threads > 0) return config.host_threads;
-  return config.host_threads == 0 ? resolve_host_threads(0) : 1;
-}
-
-constexpr host_forward_plan plan_host_forward(std::int64_t M, std::int64_t N, std::int64_t K, bool y_is_16_bit,
-                                              const matmul_config& config) noexcept {
-  using blocking = linalg::detail::gemm_blocking;
-  host_forward_plan plan;
-  plan.rows = M < host_forward_rows ? M : host_forward_rows;
-  plan.gemm = linalg::detail::plan_gemm(plan.rows, N, K, host_matmul_threads(config), y_is_16_bit);
-  plan.gemm.a_floats = 0;
-  plan.depth = K;
-  plan.x_rows = linalg::detail::round_up(plan.rows, blocking::row_unit);
-  plan.decode_floats = linalg::detail::round_up(blocking::column_unit * (K < blocking::kc ? K : blocking::kc), 16);
-  return plan;
-}
-
-// The input gradient: one tile of `rows` rows of W, multiplied into the fp32 dx (or its fp32 accumulator)
-// by a gemm whose threads split dx's columns.
-constexpr host_tiled_plan plan_host_input_grad(std::int64_t M, std::int64_t N, std::int64_t K,
-                                               const matmul_config& config) noexcept {
-  host_tiled_plan plan;
-  const std::int64_t cache_rows = tile_rows(N, K, config, false);
-  const std::int64_t rows = cache_rows > host_gemm_min_rows ? cache_rows : host_gemm_min_rows;
-  plan.rows = rows < N ? rows : N;
-  plan.tile_floats = linalg::detail::round_up(plan.rows * K, 16);
-  plan.gemm = linalg::detail::plan_gemm(M, K, plan.rows, host_matmul_threads(config), false);
-  return plan;
-}
-
-// The CUDA fused kernels (detail/matmul_kernels.hpp) serve M up to device_fused_rows when config allows.
-constexpr bool device_fused(std::int64_t M, const matmul_config& config) noexcept {
-  return M <= config.small_batch_limit && M <= device_fused_rows;
-}
 
 // An empty sum is zero: the output of a product whose inner dimension (K for y, N for dx) is 0.
 template <executor E, class T>
@@ -219,35 +133,6 @@ matmul_dims begin_matmul(const E& exec, const char* operation, const quantized_t
 }
 
 }  // namespace detail
-
-constexpr std::size_t workspace_bytes(const matmul_arguments& args) noexcept {
-  const matmul_kind kind = args.kind;
-  const format fmt = args.fmt;
-  const std::int64_t block_size = args.block_size, M = args.M, N = args.N, K = args.K;
-  const std::size_t element_bytes = args.element_bytes;
-  const bool on_device = args.on_device;
-  const matmul_config& config = args.config;
-  if (M == 0 || N == 0 || K == 0) return 0;  // an empty product only writes zeros (or nothing)
-  const std::int64_t rows = detail::tile_rows(N, K, config, on_device);
-  const bool fp32 = element_bytes == 4;
-  if (!on_device) {
-    if (detail::host_fused(kind, fmt, block_size, M, K)) return static_cast<std::size_t>(M * K) * 4;
-    if (kind == matmul_kind::forward)
-      return static_cast<std::size_t>(detail::plan_host_forward(M, N, K, !fp32, config).floats()) * 4;
-    const detail::host_tiled_plan plan = detail::plan_host_input_grad(M, N, K, config);
-    return static_cast<std::size_t>(plan.part_floats()) * 4 + (fp32 ? 0 : static_cast<std::size_t>(M * K) * 4);
-  }
-  if (detail::device_fused(M, config)) {
-    // The tiled input-gradient kernel's partial sums, when it splits N (a function of the shape alone).
-    if (kind != matmul_kind::input_grad || M == 0 || N == 0 || K == 0) return 0;
-    const bool tiled = fmt == format::int8 ? detail::gemv_t_vector<format::int8>(K) : detail::gemv_t_vector<format::nf4>(K);
-    const std::int64_t splits = tiled ? detail::gemv_t_splits(N, K) : 1;
-    return splits > 1 ? static_cast<std::size_t>(splits * M * K) * 4 : 0;
-  }
-  const std::size_t tile = static_cast<std::size_t>(rows * K) * element_bytes;
-  // A 16-bit dx summed over several tiles is accumulated in fp32; one tile writes dx directly.
-  return tile + (kind == matmul_kind::input_grad && !fp32 && rows < N ? static_cast<std::size_t>(M * K) * 4 : 0);
-}
 
 template <executor E, format F, float_storage T>
 void matmul(const E& exec, tensor_view<const std::type_identity_t<T>> x, const quantized_tensor<F>& w, tensor_view<T> y,

@@ -28,38 +28,12 @@
 #include "memkit/memory/buffer.hpp"
 #include "memkit/memory/resource.hpp"
 #include "memkit/quant/blockwise.hpp"
+#include "memkit/quant/bytes.hpp"
 #include "memkit/quant/double_quant.hpp"
 
 MEMKIT_NAMESPACE_BEGIN
 
 namespace quant {
-
-inline constexpr format NF4 = format::nf4;
-inline constexpr format FP4 = format::fp4;
-inline constexpr format INT8 = format::int8;
-
-struct quant_options {
-  std::int64_t block_size = 64;
-  bool double_quant = false;  // quantize the block scales too ("compress_statistics" in bitsandbytes)
-};
-
-// One quantize_into call (and the temporaries of quantize), for the byte functions of the component protocol
-// (docs/architecture.md): the tensor's format, shape and options.
-struct quantize_arguments {
-  format fmt = format::nf4;
-  shape dims{};
-  quant_options options{};
-};
-// What quantize_into takes from its workspace at once: the fp32 first-level scales while it double-quantizes
-// them (one float per block), else nothing. quantize() holds the same on top of the tensor it allocates.
-constexpr std::size_t workspace_bytes(const quantize_arguments& args) noexcept {
-  return args.options.double_quant ? static_cast<std::size_t>(4 * block_count(args.dims.numel(), args.options.block_size))
-                                   : 0;
-}
-// Quantizing keeps nothing for a backward pass.
-constexpr std::size_t saved_bytes(const quantize_arguments&) noexcept { return 0; }
-// What must be free when quantize_into starts: its workspace (the tensor's storage exists already).
-constexpr std::size_t bytes_required(const quantize_arguments& args) noexcept { return workspace_bytes(args); }
 
 template <format F>
 class quantized_tensor {
@@ -68,10 +42,7 @@ class quantized_tensor {
 
   // Exact bytes a tensor of `dims` allocates (codes and scales).
   static constexpr std::size_t bytes_required(const shape& dims, const quant_options& options) noexcept {
-    const std::int64_t blocks = block_count(dims.numel(), options.block_size);
-    const std::int64_t scale_bytes =
-        options.double_quant ? blocks + 4 * (nested_group_count(blocks) + 1) : 4 * blocks;
-    return static_cast<std::size_t>(code_bytes(F, dims.numel()) + scale_bytes);
+    return quantized_tensor_bytes(F, dims, options);
   }
 
   quantized_tensor() = default;

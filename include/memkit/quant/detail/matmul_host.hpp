@@ -13,6 +13,7 @@
 #include "memkit/core/host_simd.hpp"
 #include "memkit/linalg/gemm.hpp"
 #include "memkit/quant/blockwise.hpp"
+#include "memkit/quant/bytes.hpp"
 
 MEMKIT_NAMESPACE_BEGIN
 
@@ -26,7 +27,6 @@ namespace quant::detail {
 // panels, so the time grows smoothly with M instead of jumping at M = 9 (4096 x 4096, one thread:
 // docs/performance.md, "Dequantizing matmul at batch 1-8").
 inline constexpr std::int64_t host_fused_rows = 8;
-inline constexpr std::int64_t host_fused_limit = 32;
 
 // Host paths split the output columns (rows of W) into `parts` ranges of whole 32-column units.
 inline constexpr std::int64_t host_column_unit = 32;
@@ -45,31 +45,8 @@ constexpr std::int64_t host_part_begin(std::int64_t N, std::int64_t parts, std::
 // micro-kernel's row panels; each depth block x column block of W^T is decoded from the codes (up to 32
 // rows of W at a time, into a per-part buffer of decode_floats) and transposed in registers straight into
 // the packed column panels: no dequantized tile, no second packing pass, and x is not packed again for
-// every tile of W.
-// x is packed host_forward_rows rows at a time (so the workspace does not grow with the batch: 4.5 MiB of
-// packed x for K = 4096), W decoded again for each such slice of rows.
-inline constexpr std::int64_t host_forward_rows = 288;
-struct host_forward_plan {
-  linalg::detail::gemm_plan gemm{};  // one slice's product; its a_floats are 0: the A panels are the packed x
-  std::int64_t rows = 0;             // rows of x per slice
-  std::int64_t x_rows = 0;           // rows rounded up to linalg's row unit: packed x holds x_rows x K
-  std::int64_t depth = 0;            // K
-  std::int64_t decode_floats = 0;    // one part's decoded rows of W
-  constexpr std::int64_t x_floats() const noexcept { return linalg::detail::round_up(x_rows * depth, 16); }
-  constexpr std::int64_t floats() const noexcept {
-    return x_floats() + gemm.parts() * (gemm.part_floats() + decode_floats);
-  }
-};
-
-// The tiles of matmul_input_grad: each holds `rows` rows of W dequantized (at least host_gemm_min_rows, so
-// packing dy for each tile stays small against the tile's products), multiplied into dx by linalg's gemm.
-inline constexpr std::int64_t host_gemm_min_rows = 128;
-struct host_tiled_plan {
-  std::int64_t rows = 0;
-  std::int64_t tile_floats = 0;      // the tile, rounded up to 64 bytes
-  linalg::detail::gemm_plan gemm{};  // the product with a full tile
-  constexpr std::int64_t part_floats() const noexcept { return tile_floats + gemm.parts() * gemm.part_floats(); }
-};
+// every tile of W. Its plan (host_forward_plan) and that of matmul_input_grad's tiles (host_tiled_plan) are in
+// quant/bytes.hpp, with host_fused_limit.
 
 // --- the fused small-batch forward ---
 

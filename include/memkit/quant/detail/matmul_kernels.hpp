@@ -10,38 +10,14 @@
 #include "memkit/core/device_vector.hpp"
 #include "memkit/core/float16.hpp"
 #include "memkit/quant/blockwise.hpp"
+#include "memkit/quant/bytes.hpp"
 
 MEMKIT_NAMESPACE_BEGIN
 
 namespace quant::detail {
 
-
-// The CUDA fused kernels keep one accumulator per row of the batch: they serve M up to this many rows,
-// and only when matmul_config::small_batch_limit allows; larger batches take the tiled cuBLAS path.
-inline constexpr int device_fused_rows = 8;
-
-// The tiled input-gradient kernel's geometry: a block of 256 threads owns 256 columns of dx; W is read in
-// tiles of 8 KiB of codes (64 rows of 4-bit or 32 rows of int8 codes), 16 bytes per load.
-inline constexpr int gemv_t_columns = 256;
-inline constexpr int gemv_t_tile_bytes = 8192;
-
-// Whether W's rows start 16-byte aligned, as the tiled kernel loads them (the codes pointer is checked too).
-template <format F>
-constexpr bool gemv_t_vector(std::int64_t K) noexcept {
-  return K % codes_per_16_bytes<F> == 0;
-}
-
-// Ranges of W's rows the tiled kernel splits N into, so that small K still gives enough blocks: about 264
-// blocks (two per SM of a 132-SM H100), at least 256 rows per range. A function of the shape alone, so
-// the sums (and their bits) do not depend on the GPU.
-constexpr std::int64_t gemv_t_splits(std::int64_t N, std::int64_t K) noexcept {
-  constexpr std::int64_t target_blocks = 264, min_rows = 256;
-  const std::int64_t column_blocks = (K + gemv_t_columns - 1) / gemv_t_columns;
-  const std::int64_t wanted = (target_blocks + column_blocks - 1) / column_blocks;
-  const std::int64_t most = (N + min_rows - 1) / min_rows;
-  const std::int64_t splits = wanted < most ? wanted : most;
-  return splits > 1 ? splits : 1;
-}
+// The kernels' geometry (device_fused_rows, gemv_t_columns, gemv_t_tile_bytes, gemv_t_vector, gemv_t_splits) is
+// in quant/bytes.hpp, beside the workspace_bytes that depends on it.
 
 #if MEMKIT_HAS_CUDA
 MEMKIT_DEVICE MEMKIT_FORCEINLINE float warp_sum(float value) {
