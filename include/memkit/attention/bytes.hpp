@@ -8,7 +8,7 @@
 #include <cstdint>
 
 #include "memkit/config.hpp"
-#include "memkit/core/host_threads.hpp"
+#include "memkit/core/hardware_threads.hpp"
 #include "memkit/core/protocol.hpp"
 
 MEMKIT_NAMESPACE_BEGIN

@@ -10,13 +10,13 @@
 #include <cstdint>
 #include <string_view>
 
-#include "memkit/attention/flash_attention.hpp"  // attention/bytes.hpp once that header exists
+#include "memkit/attention/bytes.hpp"
 #include "memkit/budget/model.hpp"
 #include "memkit/budget/plan.hpp"
 #include "memkit/core/float16.hpp"
 #include "memkit/linalg/gemm_bytes.hpp"
 #include "memkit/lora/bytes.hpp"
-#include "memkit/loss/fused_linear_cross_entropy.hpp"  // loss/bytes.hpp once that header exists
+#include "memkit/loss/bytes.hpp"
 #include "memkit/quant/bytes.hpp"
 
 MEMKIT_NAMESPACE_BEGIN

@@ -22,7 +22,7 @@
 #include "memkit/budget/activations.hpp"
 #include "memkit/budget/plan.hpp"
 #include "memkit/checkpoint/schedule.hpp"
-#include "memkit/loss/fused_linear_cross_entropy.hpp"
+#include "memkit/loss/bytes.hpp"
 
 MEMKIT_NAMESPACE_BEGIN
 namespace budget {

@@ -10,8 +10,8 @@
 #include "memkit/config.hpp"
 #include "memkit/core/float16.hpp"
 #include "memkit/core/protocol.hpp"
-// For gemm_workspace_bytes (the host products' packing buffers); to become memkit/linalg/gemm_bytes.hpp.
-#include "memkit/linalg/gemm.hpp"
+// For gemm_workspace_bytes (the host products' packing buffers), without the GEMM kernels.
+#include "memkit/linalg/gemm_bytes.hpp"
 
 MEMKIT_NAMESPACE_BEGIN
 namespace loss {

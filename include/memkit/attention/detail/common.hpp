@@ -15,6 +15,7 @@
 #include "memkit/config.hpp"
 #include "memkit/core/execution.hpp"
 #include "memkit/core/float16.hpp"
+#include "memkit/core/host_threads.hpp"
 #include "memkit/core/host_simd.hpp"
 #include "memkit/core/tensor_view.hpp"
 
