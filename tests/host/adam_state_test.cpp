@@ -99,6 +99,12 @@ TEST_CASE_TEMPLATE("adam: bytes_required is exactly what the tracking resource s
             S::bytes_required(std::span<const std::int64_t>(sizes)));
       CHECK(state.bytes() == S::bytes_required(std::span<const std::int64_t>(sizes)));
       if (sizes.size() == 1) CHECK(S::bytes_required(sizes[0]) == state.bytes());
+      // The protocol's form: the same number, and nothing from a workspace.
+      const typename S::arguments args{std::span<const std::int64_t>(sizes)};
+      static_assert(memkit::operation_arguments<typename S::arguments>);
+      CHECK(bytes_required(args) == state.bytes());
+      CHECK(workspace_bytes(args) == 0);
+      CHECK(saved_bytes(args) == 0);
     }
     CHECK(tracker.current_bytes() == 0);
   }

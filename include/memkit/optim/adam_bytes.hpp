@@ -15,6 +15,7 @@
 
 #include "memkit/config.hpp"
 #include "memkit/core/float16.hpp"
+#include "memkit/core/protocol.hpp"
 
 MEMKIT_NAMESPACE_BEGIN
 namespace detail {}
@@ -131,9 +132,14 @@ struct adam_tensor_layout {
 
 }  // namespace detail
 
+// The component protocol (docs/architecture.md) for the optimizer: a state for tensors of these sizes.
+template <class State, int Block = adam_moment_format<State>::default_block>
+struct state_arguments;
+
 // The layout of an Adam state of flavour State (float, bf16, std::int8_t, four_bit) and block size Block.
 template <class State, int Block = adam_moment_format<State>::default_block>
 struct adam_layout {
+  using arguments = state_arguments<State, Block>;
   using format = adam_moment_format<State>;
   static constexpr bool quantized = format::quantized;
   static_assert(quantized ? (Block >= 64 && Block <= 4096 && (Block & (Block - 1)) == 0) : Block == 0,
@@ -192,6 +198,29 @@ struct adam_layout {
     return overhead_bytes(chunks) + bytes;
   }
 };
+
+// `sizes` views the caller's list (one entry per parameter tensor, in the optimizer's order): a constexpr
+// array keeps the whole computation in a constant expression.
+template <class State, int Block>
+struct state_arguments {
+  std::span<const std::int64_t> sizes;
+  std::int64_t min_quantized_size = default_min_quantized_size;
+};
+// A step takes nothing from a workspace: its scratch (the gradient norm's partial sums, the control block) is
+// part of the state, allocated once by the constructor.
+template <class State, int Block>
+constexpr std::size_t workspace_bytes(const state_arguments<State, Block>&) noexcept {
+  return 0;
+}
+template <class State, int Block>
+constexpr std::size_t saved_bytes(const state_arguments<State, Block>&) noexcept {
+  return 0;
+}
+// What the constructor allocates: the moments (and scales) of every tensor, the control block, the scratch.
+template <class State, int Block>
+constexpr std::size_t bytes_required(const state_arguments<State, Block>& a) noexcept {
+  return adam_layout<State, Block>::bytes_required(a.sizes, a.min_quantized_size);
+}
 
 }  // namespace optim
 MEMKIT_NAMESPACE_END
