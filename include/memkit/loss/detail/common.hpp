@@ -12,6 +12,7 @@
 #include "memkit/core/host_threads.hpp"
 #include "memkit/core/tensor_view.hpp"
 #include "memkit/loss/bytes.hpp"
+#include "memkit/memory/resource.hpp"
 
 MEMKIT_NAMESPACE_BEGIN
 namespace loss::detail {
