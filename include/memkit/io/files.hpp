@@ -14,6 +14,7 @@
 #include <sstream>
 #include <string>
 #include <string_view>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <vector>
 
@@ -22,6 +23,26 @@
 MEMKIT_NAMESPACE_BEGIN
 
 namespace io {
+
+// Whether `path` names an existing file or directory. (POSIX stat, not std::filesystem: <filesystem> alone
+// adds ~50 MB and ~0.4 s to every translation unit that includes memkit.hpp.)
+inline bool path_exists(const std::string& path) noexcept {
+  struct stat info;
+  return ::stat(path.c_str(), &info) == 0;
+}
+
+// `mkdir -p directory`: creates it and its missing parents. Returns "" on success, else why it failed.
+inline std::string create_directories(const std::string& directory) {
+  if (directory.empty()) return "empty path";
+  for (std::size_t end = directory.find('/', 1);; end = directory.find('/', end + 1)) {
+    const std::string prefix = directory.substr(0, end);
+    if (::mkdir(prefix.c_str(), 0777) != 0 && errno != EEXIST) return std::strerror(errno);
+    if (end == std::string::npos) break;
+  }
+  struct stat info;
+  if (::stat(directory.c_str(), &info) != 0 || !S_ISDIR(info.st_mode)) return "exists and is not a directory";
+  return {};
+}
 
 // The whole of the file at `path` as bytes; `what` names the reader in errors (cannot open, read failed).
 inline std::string read_text_file(const std::string& path, std::string_view what) {

@@ -19,7 +19,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <filesystem>
 #include <span>
 #include <string>
 #include <string_view>
@@ -126,8 +125,7 @@ class adapter_file {
   // is named as such, since memkit reads safetensors only.
   static std::string weights_in(const std::string& directory) {
     const std::string path = directory + "/" + weights_file_name;
-    std::error_code ec;
-    if (!std::filesystem::exists(path, ec) && std::filesystem::exists(directory + "/adapter_model.bin", ec))
+    if (!io::path_exists(path) && io::path_exists(directory + "/adapter_model.bin"))
       throw error("peft adapter '" + directory + "': has adapter_model.bin (a pickle) but no " + weights_file_name +
                   "; memkit reads safetensors: save with save_pretrained(..., safe_serialization=True)");
     return path;

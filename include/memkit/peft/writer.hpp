@@ -9,9 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
-#include <filesystem>
 #include <string>
-#include <system_error>
 #include <type_traits>
 #include <unordered_set>
 #include <utility>
@@ -155,9 +153,8 @@ adapter_writer& adapter_writer::add(const std::string& path, tensor_view<const T
 
 inline void adapter_writer::write(const std::string& directory) const {
   require(!pending_.empty(), "peft::adapter_writer::write: no modules were added");
-  std::error_code ec;
-  std::filesystem::create_directories(directory, ec);
-  require(!ec, "peft::adapter_writer::write: cannot create '" + directory + "': " + ec.message());
+  const std::string failed = io::create_directories(directory);
+  require(failed.empty(), "peft::adapter_writer::write: cannot create '" + directory + "': " + failed);
   safetensors::writer out;
   out.add_metadata("format", "pt");  // what PEFT's save_pretrained writes
   std::vector<const pending*> order;
