@@ -13,6 +13,7 @@
 #include "memkit/budget/planner.hpp"
 #include "memkit/budget/presets.hpp"
 #include "memkit/core/layer.hpp"
+#include "memkit/checkpoint/cost.hpp"
 #include "memkit/checkpoint/offload.hpp"
 #include "memkit/checkpoint/schedule.hpp"
 #include "memkit/checkpoint/segment.hpp"

@@ -1,6 +1,7 @@
 // The schedule math of checkpoint/schedule.hpp: Revolve's closed forms against a dynamic program and against
 // the plans themselves, for N up to 1000 layers and c up to 64 slots.
 #include <doctest/doctest.h>
+#include <memkit/checkpoint/cost.hpp>
 #include <memkit/checkpoint/schedule.hpp>
 
 #include <algorithm>

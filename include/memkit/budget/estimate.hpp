@@ -30,6 +30,7 @@
 #include "memkit/budget/model.hpp"
 #include "memkit/budget/plan.hpp"
 #include "memkit/budget/presets.hpp"
+#include "memkit/checkpoint/cost.hpp"
 #include "memkit/core/checked_math.hpp"
 
 MEMKIT_NAMESPACE_BEGIN

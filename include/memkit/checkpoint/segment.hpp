@@ -43,6 +43,7 @@
 
 #include "memkit/core/layer.hpp"
 #include "memkit/checkpoint/offload.hpp"
+#include "memkit/checkpoint/cost.hpp"
 #include "memkit/checkpoint/schedule.hpp"
 #include "memkit/config.hpp"
 #include "memkit/core/execution.hpp"
