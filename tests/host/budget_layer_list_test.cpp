@@ -46,9 +46,8 @@ constexpr budget::layer_list mlp_budget(std::int64_t rows, bool on_device, int h
                                               .options = dense});
   const memkit::lora::forward_arguments<float> forward{.tokens = rows, .in = hidden, .out = mid, .rank = rank,
                                                        .on_device = on_device, .options = options};
-  memkit::lora::backward_arguments<float> backward;
-  static_cast<memkit::lora::forward_arguments<float>&>(backward) = forward;
-  backward.dropout = true;  // a training forward with p > 0 applied dropout
+  // A training forward with p > 0 applied dropout; dx is wanted.
+  const memkit::lora::backward_arguments<float> backward{forward, /*dropout=*/true, /*input_grad=*/true};
   model.add({.weights = memkit::buffer<float>::bytes_required(shape{mid, hidden}) + lora_layer::parameter_bytes(hidden, mid, rank),
              .gradients = lora_layer::gradient_bytes(hidden, mid, rank, false)},
             forward, backward);

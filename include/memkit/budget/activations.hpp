@@ -267,9 +267,7 @@ constexpr std::uint64_t memkit_linear_workspace_bytes(const model_config& m, con
         options.matmul.host_threads = static_cast<int>(plan.host_threads);  // as memkit/models/llama sets it
         const lora::forward_arguments<Base, T> forward{.tokens = tokens, .in = in, .out = out, .rank = rank,
                                                        .on_device = on_device, .options = options, .block_size = block};
-        lora::backward_arguments<Base, T> backward;
-        static_cast<lora::forward_arguments<Base, T>&>(backward) = forward;
-        backward.dropout = plan.lora.dropout;
+        const lora::backward_arguments<Base, T> backward{forward, plan.lora.dropout, /*input_grad=*/true};
         return max_of(lora::workspace_bytes(forward), lora::workspace_bytes(backward));
       }
       if constexpr (lora::base_traits<Base>::quantized) {

@@ -225,11 +225,7 @@ class lora_linear {
   }
   lora::backward_arguments<Base, T> backward_arguments(std::int64_t tokens, bool dropout, bool input_grad = true,
                                                        bool on_device = false) const noexcept {
-    lora::backward_arguments<Base, T> a;
-    static_cast<lora::forward_arguments<Base, T>&>(a) = forward_arguments(tokens, on_device);
-    a.dropout = dropout;
-    a.input_grad = input_grad;
-    return a;
+    return {forward_arguments(tokens, on_device), dropout, input_grad};
   }
   lora::merge_arguments<Base, T> merge_arguments(bool on_device = false) const noexcept {
     return {.in = in_, .out = out_, .rank = options_.rank, .on_device = on_device, .options = options_};
