@@ -165,6 +165,22 @@ std::string load_error(const std::string& dir, std::int64_t max_sequence = seq) 
   return "(no error)";
 }
 
+// LoRA options of the reference adapters tests/data/models/make_model_data.py wrote (r = 4, lora_alpha = 8).
+llama::lora_load_options reference_lora_options() {
+  llama::lora_load_options options;
+  options.lora.rank = 4;
+  options.lora.alpha = 8;
+  return options;
+}
+
+// The fp32 LoRA model of `name` with its reference PEFT adapter loaded, allocated from `memory`.
+auto load_reference_adapter(const std::string& name, const memkit::layers::memory_resources& memory) {
+  llama::hf_checkpoint ckpt(models_dir + name, seq);
+  auto model = llama::load_lora_causal_lm<float, float>(memkit::host, ckpt, memory, reference_lora_options());
+  llama::load_peft_adapter(*model, models_dir + name + "/adapter");
+  return model;
+}
+
 }  // namespace
 
 TEST_CASE("models: each family's config.json is read with the options its math needs") {
@@ -237,12 +253,7 @@ TEST_CASE("models: a PEFT adapter loads onto the checkpoint and gives PEFT's log
     const std::vector<float> logits_ref = r.read_vector<float>("logits_lora_fp32");
     const float loss_ref = r.read_vector<float>("loss_lora_fp32")[0];
     tracked_memory m;
-    llama::hf_checkpoint ckpt(models_dir + name, seq);
-    llama::lora_load_options options;
-    options.lora.rank = 4;
-    options.lora.alpha = 8;
-    auto model = llama::load_lora_causal_lm<float, float>(memkit::host, ckpt, m.memory, options);
-    llama::load_peft_adapter(*model, models_dir + name + "/adapter");
+    auto model = load_reference_adapter(name, m.memory);
 
     const std::vector<float> logits = logits_of(*model, final_hidden<float>(*model, ref.ids, m.activations()));
     const double err = max_diff(logits, logits_ref);
@@ -277,9 +288,7 @@ TEST_CASE("models: an adapter memkit trains, loaded by PEFT, gives memkit's logi
   const reference ref(name);
   tracked_memory m;
   llama::hf_checkpoint ckpt(models_dir + name, seq);
-  llama::lora_load_options options;
-  options.lora.rank = 4;
-  options.lora.alpha = 8;
+  llama::lora_load_options options = reference_lora_options();
   options.lora.init_seed = 2026;
   auto model = llama::load_lora_causal_lm<float, float>(memkit::host, ckpt, m.memory, options);
   // The adapters' A and B, registered by the model (its frozen base registers nothing).
@@ -349,9 +358,7 @@ TEST_CASE("models: QLoRA from a 16-bit checkpoint and from bitsandbytes' 4-bit o
     memkit::safetensors::reader r(models_dir + name + "/reference.safetensors");
     const std::vector<float> bnb_base = r.read_vector<float>("logits_bnb4_fp32");
     const std::vector<float> bnb_qlora = r.read_vector<float>("logits_qlora_fp32");
-    llama::lora_load_options options;
-    options.lora.rank = 4;
-    options.lora.alpha = 8;
+    const llama::lora_load_options options = reference_lora_options();
     for (const std::string& dir : {models_dir + name, models_dir + name + "/bnb4"}) {
       CAPTURE(dir);
       tracked_memory m;
@@ -473,12 +480,7 @@ TEST_CASE("models: an adapter merged into the checkpoint (save_merged) loads as 
     const fs::path dir = fs::temp_directory_path() / ("memkit_merged_" + std::string(name) + "_" + std::to_string(::getpid()));
     tracked_memory m;
     {
-      llama::hf_checkpoint ckpt(models_dir + name, seq);
-      llama::lora_load_options options;
-      options.lora.rank = 4;
-      options.lora.alpha = 8;
-      auto model = llama::load_lora_causal_lm<float, float>(memkit::host, ckpt, m.memory, options);
-      llama::load_peft_adapter(*model, models_dir + name + "/adapter");
+      auto model = load_reference_adapter(name, m.memory);
       llama::save_merged(memkit::host, *model, models_dir + name + "/config.json", dir.string());
     }
     llama::hf_checkpoint merged(dir.string(), seq);
