@@ -985,6 +985,16 @@ struct finetune_outcome {
   std::string sample;
 };
 
+// The optimizer's tensors of a LoRA / QLoRA stage: A and B of each adapted projection (the frozen base
+// registers nothing), checked against the sizes the memory prediction was made for.
+template <class Model>
+memkit::layers::parameter_registry<adapter_t> adapter_parameters(Model& model, const std::vector<std::int64_t>& sizes) {
+  memkit::layers::parameter_registry<adapter_t> params;
+  model.register_parameters(params);
+  memkit::require(params.sizes() == sizes, "train_llama: the model's adapters are not the predicted ones");
+  return params;
+}
+
 template <memkit::executor E>
 finetune_outcome finetune(const E& exec, const options& o, memory_meter& meter, std::vector<example::step_record>& records) {
   const resources r = make_resources(meter, o.threads);
@@ -1018,10 +1028,7 @@ finetune_outcome finetune(const E& exec, const options& o, memory_meter& meter, 
   predicted.peak[memory_category::other] = step_buffers::other_bytes(o.batch, o.seq);
 
   std::unique_ptr<finetune_model> model = load_finetune_model(exec, o, r, o.out_dir + "/pretrained.safetensors", false);
-  // The optimizer's tensors: each adapter's A and B (the base model is frozen, so registers nothing).
-  memkit::layers::parameter_registry<adapter_t> params;
-  model->register_parameters(params);
-  memkit::require(params.sizes() == sizes, "train_llama: the model's adapters are not the predicted ones");
+  const auto params = adapter_parameters(*model, sizes);
   memkit::optim::adam_state<std::int8_t, 256> adam(exec, *r.model.optimizer, params.sizes(), adam_options);
   const auto adam_params = params.adam_params();
   const memkit::optim::adam_group adam_base{.beta2 = 0.99f, .weight_decay = 0.0f};
@@ -1208,10 +1215,7 @@ finetune_outcome finetune_checkpoint(const E& exec, const options& o, memory_met
               o.lora_alpha, o.targets.size() == 7 ? "all 7 projections" : ("the " + std::to_string(o.targets.size()) + " projections of --targets").c_str(), memkit::format_bytes(meter.tracker.current_bytes()).c_str(),
               memkit::format_bytes(meter.tracker.peak_bytes()).c_str());
 
-  // The optimizer's tensors: A and B of each adapted projection (the base model is frozen).
-  memkit::layers::parameter_registry<adapter_t> params;
-  model->register_parameters(params);
-  memkit::require(params.sizes() == sizes, "train_llama: the model's adapters are not the predicted ones");
+  const auto params = adapter_parameters(*model, sizes);
   memkit::optim::adam_state<std::int8_t, 256> adam(exec, *r.model.optimizer, params.sizes(), adam_options);
   const auto adam_params = params.adam_params();
   const memkit::optim::adam_group adam_base{.beta2 = 0.99f, .weight_decay = 0.0f};
