@@ -34,6 +34,7 @@
 #include "memkit/core/execution.hpp"
 #include "memkit/core/tensor_view.hpp"
 #include "memkit/distributed/communicator.hpp"
+#include "memkit/distributed/sharded_parameters_bytes.hpp"
 #include "memkit/memory/buffer.hpp"
 #include "memkit/memory/resource.hpp"
 #include "memkit/io/json.hpp"
@@ -46,25 +47,6 @@
 
 MEMKIT_NAMESPACE_BEGIN
 namespace distributed {
-
-struct shard_layout {
-  std::int64_t elements = 0;        // of the whole tensor
-  std::int64_t unit = 1;            // elements that stay together
-  std::int64_t units_per_rank = 0;  // the same on every rank
-  int ranks = 1;
-
-  constexpr std::int64_t shard_elements() const noexcept { return units_per_rank * unit; }
-  // Rank r's elements [first(r), first(r) + count(r)); count may be less than shard_elements (padding) or 0.
-  constexpr std::int64_t first(int rank) const noexcept { return std::min(elements, rank * shard_elements()); }
-  constexpr std::int64_t count(int rank) const noexcept {
-    return std::min(elements, first(rank) + shard_elements()) - first(rank);
-  }
-};
-
-constexpr shard_layout make_shard_layout(std::int64_t elements, std::int64_t unit, int ranks) noexcept {
-  const std::int64_t units = (elements + unit - 1) / unit;
-  return {elements, unit, ranks > 0 ? (units + ranks - 1) / ranks : 0, ranks};
-}
 
 namespace detail {
 
@@ -197,14 +179,13 @@ inline void reshard_pieces(std::span<const safetensors::reader* const> old_image
 template <class T>
 class sharded_dense {
  public:
-  static constexpr shard_layout layout_of(const shape& dims, int ranks) noexcept {
-    return make_shard_layout(dims.numel(), 1, ranks);
-  }
+  // (sharded_parameters_bytes.hpp: the same numbers without this class, for memory_budget)
+  static constexpr shard_layout layout_of(const shape& dims, int ranks) noexcept { return dense_shard_layout(dims, ranks); }
   static constexpr std::size_t shard_bytes(const shape& dims, int ranks) noexcept {
-    return buffer<T>::bytes_required(shape{layout_of(dims, ranks).shard_elements()});
+    return dense_shard_bytes(dims, sizeof(T), ranks);
   }
   static constexpr std::size_t gather_workspace_bytes(const shape& dims, int ranks) noexcept {
-    return buffer<T>::bytes_required(shape{layout_of(dims, ranks).shard_elements() * ranks});
+    return dense_gather_workspace_bytes(dims, sizeof(T), ranks);
   }
 
   sharded_dense() = default;
@@ -298,37 +279,24 @@ template <quant::format F>
 class sharded_quantized {
  public:
   using tensor_type = quant::quantized_tensor<F>;
-  static constexpr std::int64_t groups_per_unit = 256;  // blocks per nested group (quantized_tensor's)
+  static constexpr std::int64_t groups_per_unit = blocks_per_nested_group;  // blocks per nested group
 
+  // (sharded_parameters_bytes.hpp: the same numbers without this class, for memory_budget)
   static constexpr shard_layout layout_of(const shape& dims, const quant::quant_options& o, int ranks) noexcept {
-    return make_shard_layout(dims.numel(), o.double_quant ? o.block_size * groups_per_unit : o.block_size, ranks);
+    return quantized_shard_layout(dims, o, ranks);
   }
-  // The pieces of one rank's shard, in bytes: codes, then the block scales (fp32, or uint8 nested codes),
-  // then with double quantization one fp32 group scale per unit.
-  struct pieces {
-    std::size_t codes = 0, scales = 0, groups = 0;
-    constexpr std::size_t total() const noexcept { return codes + scales + groups; }
-  };
+  // The pieces of one rank's shard, in bytes: codes, block scales, group scales (one buffer each).
+  using pieces = quantized_shard_pieces;
   static constexpr pieces shard_pieces(const shape& dims, const quant::quant_options& o, int ranks) noexcept {
-    const shard_layout l = layout_of(dims, o, ranks);
-    const std::int64_t blocks = l.shard_elements() / o.block_size;
-    pieces p;
-    p.codes = static_cast<std::size_t>(quant::code_bytes(F, l.shard_elements()));
-    p.scales = static_cast<std::size_t>(o.double_quant ? blocks : 4 * blocks);
-    p.groups = static_cast<std::size_t>(o.double_quant ? 4 * l.units_per_rank : 0);
-    return p;
+    return quantized_shard_pieces_of(F, dims, o, ranks);
   }
-  // What a rank keeps (one buffer per piece).
+  // What a rank keeps.
   static constexpr std::size_t shard_bytes(const shape& dims, const quant::quant_options& o, int ranks) noexcept {
-    const pieces p = shard_pieces(dims, o, ranks);
-    return buffer<std::uint8_t>::bytes_required(shape{static_cast<std::int64_t>(p.codes)}) +
-           buffer<std::uint8_t>::bytes_required(shape{static_cast<std::int64_t>(p.scales)}) +
-           buffer<std::uint8_t>::bytes_required(shape{static_cast<std::int64_t>(p.groups)});
+    return quantized_shard_bytes(F, dims, o, ranks);
   }
   // The staging of one gather: every rank's largest piece.
   static constexpr std::size_t gather_workspace_bytes(const shape& dims, const quant::quant_options& o, int ranks) noexcept {
-    const pieces p = shard_pieces(dims, o, ranks);
-    return buffer<std::byte>::bytes_required(shape{static_cast<std::int64_t>(std::max({p.codes, p.scales, p.groups}) * ranks)});
+    return quantized_gather_workspace_bytes(F, dims, o, ranks);
   }
 
   sharded_quantized() = default;
