@@ -207,10 +207,7 @@ inline consolidate_report export_consolidated(std::span<const safetensors::reade
       require(detail::layout_without_rank(*image, name) == agreed,
               what + ": '" + image->path() + "' and '" + p.by_rank[0]->path() + "' hold different layouts of '" + name +
                   "' (files of different models or saves?)");
-    std::string text;
-    for (const auto& entry : p.by_rank[0]->metadata())
-      if (entry.first == name) text = entry.second;
-    p.tensor = detail::parse_saved_layout(*p.by_rank[0], name, text, what);
+    p.tensor = detail::parse_saved_layout(*p.by_rank[0], name, *p.by_rank[0]->find_metadata(name), what);  // present: order_images
     const int ranks = static_cast<int>(p.by_rank.size());
     std::vector<std::pair<const char*, std::uint64_t>> pieces;
     if (!p.tensor.quantized) {

@@ -120,9 +120,7 @@ inline std::vector<const safetensors::reader*> order_images(std::span<const safe
   std::vector<const safetensors::reader*> by_rank(images.size(), nullptr);
   for (const safetensors::reader* image : images) {
     require(image != nullptr, what + ": a null image");
-    const std::string* text = nullptr;
-    for (const auto& [key, value] : image->metadata())
-      if (key == name) text = &value;
+    const std::string* text = image->find_metadata(name);
     require(text != nullptr, what + ": '" + image->path() + "' holds no shard of '" + name + "'");
     const json::value layout = json::parse(*text, image->path());
     const json::value* ranks = layout.is_object() ? layout.find("ranks") : nullptr;
@@ -142,12 +140,10 @@ inline std::vector<const safetensors::reader*> order_images(std::span<const safe
 
 // The layout JSON of a shard less its rank: what every rank of one save must agree on.
 inline std::string layout_without_rank(const safetensors::reader& image, const std::string& name) {
-  for (const auto& [key, value] : image.metadata())
-    if (key == name) {
-      const std::size_t at = value.find(",\"rank\":");
-      return at == std::string::npos ? value : value.substr(0, at);
-    }
-  return {};
+  const std::string* value = image.find_metadata(name);
+  if (value == nullptr) return {};
+  const std::size_t at = value->find(",\"rank\":");
+  return at == std::string::npos ? *value : value->substr(0, at);
 }
 
 // Rebuilds rank `rank` of `ranks` from the old shards (in rank order, each `old_units` units), piece by
@@ -392,10 +388,7 @@ class sharded_quantized {
     for (const safetensors::reader* image : old)
       require(detail::layout_without_rank(*image, name) == agreed,
               what + ": '" + image->path() + "' holds a different tensor or save than '" + old[0]->path() + "'");
-    std::string json_text;
-    for (const auto& [key, value] : old[0]->metadata())
-      if (key == name) json_text = value;
-    const json::value layout = json::parse(json_text, old[0]->path());
+    const json::value layout = json::parse(*old[0]->find_metadata(name), old[0]->path());  // present: order_images
     const auto field = [&](const char* key) -> const json::value& {
       const json::value* v = layout.find(key);
       require(v != nullptr, what + ": the saved layout has no '" + key + "'");
