@@ -156,6 +156,34 @@ inline void stream_piece(const safetensors::reader& image, const std::string& pi
   }
 }
 
+// Declares the output keys of `t` (see the header): for a 4-bit tensor bitsandbytes' keys, in
+// save_linear4bit's order; returns the quant_state JSON to write last ("" for a dense tensor).
+inline std::string declare_output(safetensors::stream_writer& out, const saved_tensor& t, const consolidate_options& options) {
+  std::vector<std::int64_t> dims(t.dims.extents, t.dims.extents + t.dims.rank);
+  if (!t.quantized) {
+    out.declare(t.name, t.dtype, dims);
+    return {};
+  }
+  const std::int64_t blocks = quant::block_count(t.dims.numel(), t.options.block_size);
+  out.declare(t.name, "U8", {quant::code_bytes(t.format, t.dims.numel()), 1});
+  out.declare(t.name + ".absmax", t.options.double_quant ? "U8" : "F32", {blocks});
+  out.declare(t.name + ".quant_map", "F32", {16});
+  if (t.options.double_quant) {
+    out.declare(t.name + ".nested_absmax", "F32", {quant::nested_group_count(blocks)});
+    out.declare(t.name + ".nested_quant_map", "F32", {256});
+  }
+  const quant::linear4bit_state state{options.original_dtype};
+  const bool nf4 = t.format == quant::format::nf4;
+  std::string json = nf4 ? quant::detail::linear4bit_state_json<quant::NF4>(t.dims, t.options, state, t.offset)
+                         : quant::detail::linear4bit_state_json<quant::FP4>(t.dims, t.options, state, t.offset);
+  out.declare(t.name + ".quant_state.bitsandbytes__" + (nf4 ? "nf4" : "fp4"), "U8", {static_cast<std::int64_t>(json.size())});
+  return json;
+}
+
+inline const std::array<float, 16>& four_bit_table(quant::format f) noexcept {
+  return f == quant::format::nf4 ? quant::detail::four_bit_table<quant::NF4>() : quant::detail::four_bit_table<quant::FP4>();
+}
+
 }  // namespace detail
 
 // Writes `path` from the shard files of every rank of one save (any order). See the header.
@@ -241,35 +269,15 @@ inline consolidate_report export_consolidated(std::span<const safetensors::reade
   const int ranks = static_cast<int>(rank_files.size());
   safetensors::stream_writer out;
   for (const auto& [key, value] : options.metadata) out.add_metadata(key, value);
-  std::vector<std::string> states;  // each 4-bit tensor's quant_state JSON
-  for (const planned& p : plan) {
-    const detail::saved_tensor& t = p.tensor;
-    std::vector<std::int64_t> dims(t.dims.extents, t.dims.extents + t.dims.rank);
-    if (!t.quantized) {
-      out.declare(t.name, t.dtype, dims);
-      continue;
-    }
-    const std::int64_t blocks = quant::block_count(t.dims.numel(), t.options.block_size);
-    out.declare(t.name, "U8", {quant::code_bytes(t.format, t.dims.numel()), 1});
-    out.declare(t.name + ".absmax", t.options.double_quant ? "U8" : "F32", {blocks});
-    out.declare(t.name + ".quant_map", "F32", {16});
-    if (t.options.double_quant) {
-      out.declare(t.name + ".nested_absmax", "F32", {quant::nested_group_count(blocks)});
-      out.declare(t.name + ".nested_quant_map", "F32", {256});
-    }
-    const quant::linear4bit_state state{options.original_dtype};
-    states.push_back(t.format == quant::format::nf4 ? quant::detail::linear4bit_state_json<quant::NF4>(t.dims, t.options, state, t.offset)
-                                                    : quant::detail::linear4bit_state_json<quant::FP4>(t.dims, t.options, state, t.offset));
-    const std::string type = t.format == quant::format::nf4 ? "nf4" : "fp4";
-    out.declare(t.name + ".quant_state.bitsandbytes__" + type, "U8", {static_cast<std::int64_t>(states.back().size())});
-  }
+  std::vector<std::string> states;  // each tensor's quant_state JSON ("" when dense)
+  for (const planned& p : plan) states.push_back(detail::declare_output(out, p.tensor, options));
 
   buffer<std::byte> chunk(workspace, shape{static_cast<std::int64_t>(options.chunk_bytes)});
   const std::span<std::byte> copy(chunk.data(), static_cast<std::size_t>(options.chunk_bytes));
   io::write_via_temporary(path, what, [&](const std::string& temporary) {
     out.open(temporary);
-    std::size_t state = 0;
-    for (const planned& p : plan) {
+    for (std::size_t i = 0; i < plan.size(); ++i) {
+      const planned& p = plan[i];
       const detail::saved_tensor& t = p.tensor;
       if (!t.quantized) {
         const shard_layout l = dense_shard_layout(t.dims, ranks);
@@ -290,9 +298,7 @@ inline consolidate_report export_consolidated(std::span<const safetensors::reade
       each_rank(".codes", false, [&](std::int64_t count) { return quant::code_bytes(t.format, count); });
       if (t.options.double_quant) each_rank(".scales", false, [&](std::int64_t count) { return quant::block_count(count, B); });
       else each_rank(".scales", true, [&](std::int64_t count) { return 4 * quant::block_count(count, B); });
-      const std::array<float, 16>& table = t.format == quant::format::nf4 ? quant::detail::four_bit_table<quant::NF4>()
-                                                                          : quant::detail::four_bit_table<quant::FP4>();
-      out.write(table.data(), sizeof table);
+      out.write(detail::four_bit_table(t.format).data(), sizeof(float) * 16);
       if (t.options.double_quant) {
         each_rank(".groups", true, [&](std::int64_t count) {
           return 4 * quant::nested_group_count(quant::block_count(count, B));
@@ -301,8 +307,7 @@ inline consolidate_report export_consolidated(std::span<const safetensors::reade
         p.by_rank[0]->read_bytes(t.name + ".nested_map", map, sizeof map);
         out.write(map, sizeof map);
       }
-      out.write(states[state].data(), states[state].size());
-      ++state;
+      out.write(states[i].data(), states[i].size());
     }
     out.close();
   });

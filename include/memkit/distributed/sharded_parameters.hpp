@@ -327,6 +327,8 @@ class sharded_quantized {
   const shard_layout& layout() const noexcept { return layout_; }
   int rank() const noexcept { return rank_; }
   std::size_t bytes() const noexcept { return codes_.bytes() + scales_.bytes() + groups_.bytes(); }
+  // With double quantization: the tensor's offset (replicated on every rank; 0 without).
+  float nested_offset() const noexcept { return offset_; }
 
   // Every rank's slice into `whole` (a tensor of the same shape and options), bit for bit the tensor the
   // shards were made from; staging from `workspace` (gather_workspace_bytes), released before returning.
