@@ -2,12 +2,18 @@
 // with and without double quantization) become one safetensors file byte for byte equal to the unsharded
 // tensors written by safetensors::writer and quant::save_linear4bit, on 1, 2, 3 and 5 ranks, through one copy
 // buffer (the tracked peak); missing, mixed, forged and non-finite rank files are refused with no output left.
+// distributed::consolidated_export writes the same file from live shards gathered tensor by tensor (ranks as
+// threads over an in-process communicator), each rank's tracked peak its bytes_required.
 #include <memkit/distributed/consolidate.hpp>
 #include <memkit/memory/tracking.hpp>
 
 #include <doctest/doctest.h>
 
+#include <barrier>
 #include <cmath>
+#include <cstring>
+#include <functional>
+#include <thread>
 #include <cstdio>
 #include <fstream>
 #include <iterator>
@@ -113,6 +119,50 @@ struct saved {
     return out;
   }
 };
+
+// `size` threads, one per rank, exchanging through shared slots: all_gather copies every rank's send buffer.
+// (The same in-process communicator as sharded_parameters_test.cpp.)
+class thread_group {
+ public:
+  explicit thread_group(int size) : size_(size), slots_(static_cast<std::size_t>(size)), barrier_(size) {}
+
+  class communicator {
+   public:
+    communicator(thread_group& g, int rank) : group_(&g), rank_(rank) {}
+    int rank() const noexcept { return rank_; }
+    int size() const noexcept { return group_->size_; }
+    template <class T>
+    void all_gather(const memkit::host_executor&, const T* send, T* recv, std::int64_t count) const {
+      group_->slots_[static_cast<std::size_t>(rank_)] = send;
+      group_->barrier_.arrive_and_wait();
+      for (int r = 0; r < size(); ++r)
+        std::memcpy(recv + r * count, group_->slots_[static_cast<std::size_t>(r)], static_cast<std::size_t>(count) * sizeof(T));
+      group_->barrier_.arrive_and_wait();
+    }
+    template <class T>
+    void all_reduce(const memkit::host_executor&, const T*, T*, std::int64_t) const {}
+    template <class T>
+    void reduce_scatter(const memkit::host_executor&, const T*, T*, std::int64_t) const {}
+    template <class T>
+    void broadcast(const memkit::host_executor&, T*, std::int64_t, int) const {}
+
+   private:
+    thread_group* group_;
+    int rank_;
+  };
+
+  void run(const std::function<void(const communicator&)>& body) {
+    std::vector<std::thread> threads;
+    for (int r = 0; r < size_; ++r) threads.emplace_back([&, r] { body(communicator(*this, r)); });
+    for (std::thread& t : threads) t.join();
+  }
+
+ private:
+  int size_;
+  std::vector<const void*> slots_;
+  std::barrier<> barrier_;
+};
+static_assert(dist::communicator<thread_group::communicator, memkit::host_executor>);
 
 // Runs the export and returns its error, or "" when it succeeded.
 std::string export_error(std::span<const st::reader* const> files, const std::string& path,
@@ -248,4 +298,69 @@ TEST_CASE("export_consolidated: a non-finite scale found while writing leaves no
   CHECK(export_error(all, out).find("'model.layers.0.mlp.down_proj.weight.scales' holds a non-finite scale") != std::string::npos);
   CHECK_FALSE(exists(out));
   CHECK_FALSE(exists(out + ".tmp-" + std::to_string(::getpid())));
+}
+
+TEST_CASE("consolidated_export: live shards gathered tensor by tensor write the same file; each rank's peak is bytes_required") {
+  const model m;
+  const std::string reference = temp_path("live_reference");
+  m.write_reference(reference);
+  const std::string expected = file_bytes(reference);
+  for (const int ranks : {1, 2, 3}) {
+    CAPTURE(ranks);
+    const std::string out = temp_path("live_out");
+    thread_group group(ranks);
+    std::vector<int> ok(static_cast<std::size_t>(ranks), 0);
+    group.run([&](const thread_group::communicator& comm) {
+      memkit::memory_resource& r = memkit::default_host_resource();
+      const int rank = comm.rank();
+      const dist::sharded_dense<memkit::bf16> embedding(
+          memkit::tensor_view<const memkit::bf16>(m.embedding.data(), shape{50, 24}, memkit::memory_kind::host), rank, ranks, r);
+      const dist::sharded_quantized<q::NF4> q_proj(m.q_proj, rank, ranks, r);
+      const dist::sharded_quantized<q::FP4> down(m.down, rank, ranks, r);
+      const dist::sharded_quantized<q::NF4> tiny(m.tiny, rank, ranks, r);
+      const dist::sharded_dense<float> norm(memkit::host_view(m.norm.data(), shape{37}), rank, ranks, r);
+      dist::consolidate_options o;
+      o.chunk_bytes = 1000;
+      dist::consolidated_export<memkit::host_executor, thread_group::communicator> exporter(memkit::host, comm, o);
+      exporter.add("model.embed_tokens.weight", embedding);
+      exporter.add("model.layers.0.self_attn.q_proj.weight", q_proj);
+      exporter.add("model.layers.0.mlp.down_proj.weight", down);
+      exporter.add("model.layers.0.tiny.weight", tiny);
+      exporter.add("model.norm.weight", norm);
+      memkit::tracking_resource tracker(memkit::default_host_resource(), "live export");
+      const dist::consolidate_report report = exporter.write(out, tracker.category(memkit::memory_category::weights),
+                                                             tracker.category(memkit::memory_category::workspace),
+                                                             tracker.category(memkit::memory_category::other));
+      // The largest tensor whole (q_proj) and its gather's staging, and on the writer the copy buffer.
+      const std::size_t largest = q::quantized_tensor<q::NF4>::bytes_required(shape{1000, 700}, {64, true}) +
+                                  dist::sharded_quantized<q::NF4>::gather_workspace_bytes(shape{1000, 700}, {64, true}, ranks);
+      const bool peak = exporter.bytes_required() == largest &&
+                        tracker.peak_bytes() == largest + (rank == 0 ? dist::consolidate_workspace_bytes(o) : 0);
+      ok[static_cast<std::size_t>(rank)] = peak && report.tensors == 5 && tracker.current_bytes() == 0 ? 1 : 0;
+    });
+    CHECK(ok == std::vector<int>(static_cast<std::size_t>(ranks), 1));
+    CHECK(file_bytes(out) == expected);
+    std::remove(out.c_str());
+  }
+  std::remove(reference.c_str());
+}
+
+TEST_CASE("consolidated_export: a non-finite gathered scale stops every rank and leaves no file") {
+  model m;
+  m.down.absmax()[3] = std::numeric_limits<float>::infinity();
+  const std::string out = temp_path("live_nan");
+  thread_group group(2);
+  std::vector<std::string> errors(2);
+  group.run([&](const thread_group::communicator& comm) {
+    const dist::sharded_quantized<q::FP4> down(m.down, comm.rank(), 2, memkit::default_host_resource());
+    dist::consolidated_export<memkit::host_executor, thread_group::communicator> exporter(memkit::host, comm);
+    exporter.add("down", down);
+    try {
+      exporter.write(out, memkit::default_host_resource(), memkit::default_host_resource(), memkit::default_host_resource());
+    } catch (const memkit::error& e) {
+      errors[static_cast<std::size_t>(comm.rank())] = e.what();
+    }
+  });
+  for (const std::string& e : errors) CHECK(e.find("tensor 'down' has a non-finite value in block 3") != std::string::npos);
+  CHECK_FALSE(exists(out));
 }

@@ -1,5 +1,6 @@
 // memkit/distributed/consolidate.hpp — one checkpoint that a peer reads, made offline from the per-rank shard
-// files of a sharded model (sharded_dense<T>::save / sharded_quantized<F>::save on every rank).
+// files of a sharded model (sharded_dense<T>::save / sharded_quantized<F>::save on every rank), or from the
+// live shards (consolidated_export, at the end of this file: gathered tensor by tensor, one written at a time).
 //
 //   export_consolidated(rank_files, path, options, workspace)
 //     a dense tensor    -> safetensors: its dtype and shape under its name;
@@ -28,6 +29,7 @@
 #include <bit>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <iterator>
 #include <span>
 #include <string>
@@ -194,6 +196,7 @@ inline consolidate_report export_consolidated(std::span<const safetensors::reade
   require(options.chunk_bytes > 0 && options.chunk_bytes % 4 == 0 && options.chunk_bytes <= (std::uint64_t{1} << 40),
           what + ": chunk_bytes must be a positive multiple of 4");
   require(!rank_files.empty(), what + ": no rank files");
+  require(workspace.kind() != memory_kind::device, what + ": the copy buffer (workspace) must be host memory");
   for (const safetensors::reader* image : rank_files) require(image != nullptr, what + ": a null rank file");
 
   // The tensors, in the order the first file lists them; every file must list the same ones.
@@ -313,6 +316,147 @@ inline consolidate_report export_consolidated(std::span<const safetensors::reade
   });
   return {plan.size(), out.data_bytes(), ranks};
 }
+
+
+// ---- live: from a sharded model in memory ---------------------------------------------------------------
+
+// The same file from the shards themselves, without rank files: every rank makes one consolidated_export,
+// add()s the same tensors in the same order and calls write(); each tensor in turn is gathered on every rank
+// (the all_gather is collective) into a buffer from `gathered`, and rank `writer_rank` streams it into `path`
+// through its copy buffer, then the buffer is released. So no rank ever holds more than one whole tensor:
+// per rank, write() takes at most bytes_required() = the largest tensor whole (quantized_tensor_bytes or
+// numel x element size) plus its gather's staging (gather_workspace_bytes), and on the writer the copy
+// buffer (consolidate_workspace_bytes). Device memory works too (the writer copies it out a chunk at a
+// time; compiled under nvcc, tested on the host). The shards must outlive write().
+template <executor E, class C>
+class consolidated_export {
+ public:
+  consolidated_export(const E& exec, const C& comm, consolidate_options options = {}, int writer_rank = 0)
+      : exec_(exec), comm_(&comm), options_(std::move(options)), writer_rank_(writer_rank) {
+    detail::check_rank("consolidated_export: writer", writer_rank, comm.size());
+  }
+
+  template <class T>
+  void add(const std::string& name, const sharded_dense<T>& shard) {
+    detail::saved_tensor t;
+    t.name = name;
+    t.dtype = safetensors::dtype_of<T>();
+    t.element_bytes = sizeof(T);
+    t.dims = shard.logical_shape();
+    const std::size_t whole = static_cast<std::size_t>(t.dims.numel()) * sizeof(T);
+    note(whole + sharded_dense<T>::gather_workspace_bytes(t.dims, comm_->size()));
+    tensors_.push_back(std::move(t));
+    gathers_.push_back([this, &shard](safetensors::stream_writer* out, std::span<std::byte> chunk, memory_resource& gathered,
+                                      memory_resource& workspace) {
+      buffer<T> whole_tensor(gathered, shard.logical_shape());
+      shard.gather(exec_, *comm_, whole_tensor.view(), workspace);
+      if constexpr (E::on_device) exec_.synchronize();
+      if (out != nullptr) emit(*out, whole_tensor.data(), whole_tensor.bytes(), chunk);
+    });
+  }
+
+  template <quant::format F>
+  void add(const std::string& name, const sharded_quantized<F>& shard) {
+    static_assert(F != quant::format::int8, "bitsandbytes' 4-bit layout holds NF4 or FP4");
+    detail::saved_tensor t;
+    t.name = name;
+    t.quantized = true;
+    t.format = F;
+    t.dims = shard.logical_shape();
+    t.options = shard.options();
+    t.offset = shard.nested_offset();
+    require(quant::is_valid_block_size(t.options.block_size) && t.dims.rank <= 4,
+            "consolidated_export: '" + name + "': bitsandbytes reads blocks of 32..4096 and shapes of rank 1 to 4");
+    require(!t.options.double_quant || ::memkit::detail::is_finite(t.offset),
+            "consolidated_export: '" + name + "': the double-quantization offset is not finite");
+    note(quant::quantized_tensor_bytes(F, t.dims, t.options) +
+         sharded_quantized<F>::gather_workspace_bytes(t.dims, t.options, comm_->size()));
+    tensors_.push_back(std::move(t));
+    gathers_.push_back([this, &shard, name](safetensors::stream_writer* out, std::span<std::byte> chunk,
+                                            memory_resource& gathered, memory_resource& workspace) {
+      quant::quantized_tensor<F> whole(gathered, shard.logical_shape(), shard.options());
+      shard.gather(exec_, *comm_, whole, workspace);
+      // Every rank checks the same gathered scales, so a non-finite one stops all ranks together.
+      if constexpr (E::on_device) {
+#if MEMKIT_HAS_CUDA
+        whole.require_finite(exec_, name.c_str());
+#endif
+      } else {
+        whole.require_finite_scales(name.c_str());
+      }
+      if (out == nullptr) return;
+      const bool nested = shard.options().double_quant;
+      emit(*out, whole.codes().data(), whole.codes().bytes(), chunk);
+      if (nested) emit(*out, whole.nested_codes().data(), whole.nested_codes().bytes(), chunk);
+      else emit(*out, whole.absmax().data(), whole.absmax().bytes(), chunk);
+      out->write(detail::four_bit_table(F).data(), sizeof(float) * 16);
+      if (nested) {
+        emit(*out, whole.nested_group_absmax().data(), whole.nested_group_absmax().bytes(), chunk);
+        out->write(whole.nested_map().value, sizeof(whole.nested_map().value));
+      }
+    });
+  }
+
+  // The most write() takes at once on any rank from `gathered` and `staging` together (the largest tensor
+  // whole and its gather's staging); the writer takes its copy buffer (consolidate_workspace_bytes) from
+  // `host` besides.
+  std::size_t bytes_required() const noexcept { return largest_; }
+
+  // Every rank calls it (the gathers are collective): whole tensors from `gathered`, the gathers' staging
+  // from `staging` (both memory the executor and the communicator use), the writer's copy buffer from
+  // `host` (host memory; on the host executor it may be the same resource). A failure on one rank alone
+  // (the writer's disk) leaves the others waiting in the next gather, as any collective does; a non-finite
+  // scale is seen by every rank, which all throw.
+  consolidate_report write(const std::string& path, memory_resource& gathered, memory_resource& staging,
+                           memory_resource& host) {
+    const std::string what = "consolidated_export::write('" + path + "')";
+    require(options_.chunk_bytes > 0 && options_.chunk_bytes % 4 == 0 && options_.chunk_bytes <= (std::uint64_t{1} << 40),
+            what + ": chunk_bytes must be a positive multiple of 4");
+    require(!tensors_.empty(), what + ": no tensors added");
+    require(host.kind() != memory_kind::device, what + ": the copy buffer must be host memory");
+    const bool writer = comm_->rank() == writer_rank_;
+    safetensors::stream_writer out;
+    for (const auto& [key, value] : options_.metadata) out.add_metadata(key, value);
+    std::vector<std::string> states;
+    for (const detail::saved_tensor& t : tensors_) states.push_back(detail::declare_output(out, t, options_));
+    if (!writer) {
+      for (auto& gather : gathers_) gather(nullptr, {}, gathered, staging);
+      return {tensors_.size(), out.data_bytes(), comm_->size()};
+    }
+    buffer<std::byte> chunk(host, shape{static_cast<std::int64_t>(options_.chunk_bytes)});
+    const std::span<std::byte> copy(chunk.data(), static_cast<std::size_t>(options_.chunk_bytes));
+    io::write_via_temporary(path, what, [&](const std::string& temporary) {
+      out.open(temporary);
+      for (std::size_t i = 0; i < gathers_.size(); ++i) {
+        gathers_[i](&out, copy, gathered, staging);
+        out.write(states[i].data(), states[i].size());  // "" for a dense tensor
+      }
+      out.close();
+    });
+    return {tensors_.size(), out.data_bytes(), comm_->size()};
+  }
+
+ private:
+  void note(std::size_t bytes) noexcept { largest_ = std::max(largest_, bytes); }
+  // Host or device bytes to the file through the (host) copy buffer.
+  static void emit(safetensors::stream_writer& out, const void* data, std::size_t bytes, std::span<std::byte> chunk) {
+    const std::byte* from = static_cast<const std::byte*>(data);
+    for (std::size_t done = 0; done < bytes;) {
+      const std::size_t n = std::min(chunk.size(), bytes - done);
+      detail::copy_setup(chunk.data(), from + done, n);
+      out.write(chunk.data(), n);
+      done += n;
+    }
+  }
+
+  E exec_;
+  const C* comm_;
+  consolidate_options options_;
+  int writer_rank_;
+  std::vector<detail::saved_tensor> tensors_;
+  std::vector<std::function<void(safetensors::stream_writer*, std::span<std::byte>, memory_resource&, memory_resource&)>> gathers_;
+  std::size_t largest_ = 0;
+};
 
 }  // namespace distributed
 MEMKIT_NAMESPACE_END
