@@ -137,6 +137,14 @@ TEST_CASE("budget ZeRO-3: per-rank weight shards are sharded_parameters' shard_b
     }
 }
 
+// The stage-3 terms are constexpr like the rest of the estimate (static_assert(memkit::fits(...)) works with them).
+static_assert(estimate_memory(presets::llama_3_1_70b, {.training = method::lora, .weights = {weight_format::nf4, 64, true},
+                                                       .gpus = 4, .zero_stage = 3})
+                  .valid());
+static_assert(detail::stage3_weight_bytes(presets::llama_3_1_70b, {.training = method::lora, .weights = {weight_format::nf4, 64, true},
+                                                                   .gpus = 4, .zero_stage = 3})
+                  .shards > 0);
+
 TEST_CASE("budget ZeRO-3: a tracker holding every real shard of a small Llama counts the budget's shard bytes") {
   // Small enough to quantize and shard in milliseconds; untied, so the head is its own tensor.
   const std::string json = R"({"model_type": "llama", "hidden_size": 128, "num_hidden_layers": 2,
