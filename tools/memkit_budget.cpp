@@ -29,6 +29,7 @@ constexpr const char* usage_text =
     "  --batch B  --seq S  --grad-accum N  --checkpointing none|layer|sqrt|every:K|binomial:SLOTS\n"
     "  --attention eager|flash\n"
     "  --logits fp32|bf16|chunked|fused|cut  --offload none|optimizer|optimizer+params  --gpus N  --zero 0|1|2|3\n"
+    "  --no-prefetch   (ZeRO-3: gather each layer's weights when it starts, not during the layer before)\n"
     "  --runtime pytorch|memkit (memkit: memkit's own components, every term from their byte functions)\n"
     "  --optimizer-impl foreach|fused (torch AdamW: foreach allocates a parameter-sized temporary in the step)\n"
     "  --paged          (bitsandbytes paged optimizer: state in CUDA managed memory)\n"
@@ -214,6 +215,8 @@ options parse_arguments(int argc, char** argv) {
       const std::uint64_t stage = parse_count(flag, value(), true);
       if (stage > 3) throw usage_error("--zero must be 0, 1, 2 or 3, got " + std::to_string(stage));
       p.zero_stage = static_cast<int>(stage);
+    } else if (flag == "--no-prefetch") {
+      p.gather_prefetch = false;
     } else if (flag == "--gpu") {
       o.gpu_name = value();
     } else if (flag == "--plan") {
@@ -337,6 +340,7 @@ std::string describe(const training_plan& p) {
   text += p.attention == attention_impl::eager ? ", eager attention" : ", flash attention";
   text += ", " + std::string(to_string(p.logits)) + " logits";
   if (p.gpus > 1) text += ", " + std::to_string(p.gpus) + " GPUs ZeRO-" + std::to_string(p.zero_stage);
+  if (p.gpus > 1 && p.zero_stage == 3 && !p.gather_prefetch) text += " (no prefetch)";
   return text;
 }
 

@@ -150,8 +150,8 @@ constexpr std::string_view plan_problem(const model_config& m, const training_pl
     if (p.optimizer_in_backward)
       return "memkit's adam_state steps every tensor once after backward (one step counter, global-norm clipping)";
     if (p.gpus > 1 && p.zero_stage == 3)
-      return "memkit shards optimizer state and gradients (ZeRO stages 1 and 2, distributed::sharded_adam_state), "
-             "not yet the weights: ZeRO-3 is not available with the memkit runtime";
+      return "memkit shards the weights (distributed::sharded_dense / sharded_quantized, whose bytes ZeRO-3 is "
+             "modelled with) but has no stage-3 training loop yet: ZeRO-3 is not available with the memkit runtime";
   }
   if (p.host_threads > 0 && !p.memkit_runtime()) return "host execution (host_threads) is modelled for the memkit runtime only";
   return {};
@@ -159,19 +159,41 @@ constexpr std::string_view plan_problem(const model_config& m, const training_pl
 
 namespace detail {
 
-constexpr std::uint64_t frozen_weight_bytes(const parameter_tensor& t, const weight_storage& w, bool kbit_prepared) noexcept {
-  const std::uint64_t n = t.elements();
+// How a frozen tensor is stored: a quantized_tensor of `format` in blocks of `block` (int8: one scale per
+// row), or dense with `element_bytes` per element.
+struct frozen_storage {
+  bool quantized = false;
+  quant::format format = quant::format::nf4;
+  quant::quant_options options{};
+  std::uint64_t element_bytes = 2;
+};
+constexpr frozen_storage frozen_storage_of(const parameter_tensor& t, const weight_storage& w, bool kbit_prepared) noexcept {
+  frozen_storage s;
   if (t.role == tensor_role::linear_weight) {
     switch (w.format) {
-      case weight_format::nf4: return nf4_bytes(n, w.block_size, w.double_quant);
-      case weight_format::fp4: return fp4_bytes(n, w.block_size, w.double_quant);
-      case weight_format::int8: return int8_bytes(n, t.cols);
-      case weight_format::fp32: return 4 * n;
-      default: return 2 * n;
+      case weight_format::nf4:
+      case weight_format::fp4:
+        s.quantized = true;
+        s.format = w.format == weight_format::nf4 ? quant::format::nf4 : quant::format::fp4;
+        s.options = {static_cast<std::int64_t>(w.block_size), w.double_quant};
+        return s;
+      case weight_format::int8:
+        s.quantized = true;
+        s.format = quant::format::int8;
+        s.options = {static_cast<std::int64_t>(t.cols), false};
+        return s;
+      case weight_format::fp32: s.element_bytes = 4; return s;
+      default: s.element_bytes = 2; return s;
     }
   }
-  if (w.format == weight_format::fp32 || kbit_prepared) return 4 * n;
-  return 2 * n;  // quantized models keep the rest in 16-bit
+  s.element_bytes = w.format == weight_format::fp32 || kbit_prepared ? 4 : 2;  // quantized models keep the rest in 16-bit
+  return s;
+}
+
+constexpr std::uint64_t frozen_weight_bytes(const parameter_tensor& t, const weight_storage& w, bool kbit_prepared) noexcept {
+  const frozen_storage s = frozen_storage_of(t, w, kbit_prepared);
+  if (!s.quantized) return s.element_bytes * t.elements();
+  return quant::quantized_tensor_bytes(s.format, shape{static_cast<std::int64_t>(t.elements())}, s.options);
 }
 
 constexpr std::uint64_t optimizer_state_bytes(const parameter_tensor& t, optimizer_kind o, bool pure_16bit) noexcept {
@@ -222,6 +244,66 @@ constexpr sharded_totals sharded_adam_bytes(const model_config& m, const trainin
     default: break;
   }
   if (p.has_master_weights()) r.master = sharded_master_bytes(sizes, p.gpus);
+  return r;
+}
+
+// ZeRO-3: what a rank keeps and stages for the weights, from distributed/sharded_parameters_bytes.hpp (the
+// byte functions of sharded_dense / sharded_quantized), tensor by tensor, each piece one allocation:
+//   shards     every tensor's shard: whole elements of a dense tensor, whole quantization blocks (with double
+//              quantization whole nested groups of 256 blocks) of a quantized one, padded to the same count
+//              on every rank;
+//   gathered   the whole weights gathered for the units in flight. Units run in order: the embeddings, each
+//              block, then the final norm and the head (the tied embedding gathered again); with prefetch
+//              the next unit is gathered while one runs, so the largest two neighbours, else the largest one;
+//   staging    the all_gather receive buffer of one tensor's gather (every rank's shard), the largest over
+//              the model: gathers run one at a time and release it before returning.
+// Frozen tensors keep their storage (NF4 / FP4 / int8 or 16-bit); trainable ones (all, or the LoRA adapters)
+// are dense in the weights' dtype.
+struct stage3_totals {
+  std::uint64_t shards = 0, gathered = 0, staging = 0;
+};
+constexpr stage3_totals stage3_weight_bytes(const model_config& m, const training_plan& p) noexcept {
+  const std::uint64_t g = p.overhead.allocation_granularity;
+  const int ranks = static_cast<int>(p.gpus);
+  stage3_totals r;
+  // Whole bytes per unit: before the first block tensor, one block, after the blocks.
+  std::uint64_t first = 0, block = 0, last = 0, tied_embedding = 0;
+  bool seen_block = false;
+  auto add = [&](const parameter_tensor& t, const frozen_storage& s) {
+    const shape dims{static_cast<std::int64_t>(t.elements())};
+    std::uint64_t shard = 0, whole = 0, staging = 0;
+    if (s.quantized) {
+      const distributed::quantized_shard_pieces pieces = distributed::quantized_shard_pieces_of(s.format, dims, s.options, ranks);
+      shard = round_up(pieces.codes, g) + round_up(pieces.scales, g) + round_up(pieces.groups, g);
+      whole = round_up(quant::quantized_tensor_bytes(s.format, dims, s.options), g);
+      staging = distributed::quantized_gather_workspace_bytes(s.format, dims, s.options, ranks);
+    } else {
+      shard = round_up(distributed::dense_shard_bytes(dims, s.element_bytes, ranks), g);
+      whole = round_up(s.element_bytes * t.elements(), g);
+      staging = distributed::dense_gather_workspace_bytes(dims, s.element_bytes, ranks);
+    }
+    r.shards += shard * t.count;
+    r.staging = max_of(r.staging, round_up(staging, g));
+    if (t.per_block) {
+      seen_block = true;
+      block += whole * (t.count / m.layers);
+    } else {
+      (seen_block ? last : first) += whole * t.count;
+      if (t.role == tensor_role::token_embedding && m.tied_embeddings) tied_embedding = whole;
+    }
+  };
+  frozen_storage dense;
+  dense.element_bytes = p.precision == precision_mode::fp32 ? 4 : 2;
+  if (!p.lora_training()) {
+    for_each_parameter(m, [&](const parameter_tensor& t) { add(t, dense); });
+  } else {
+    for_each_parameter(m, [&](const parameter_tensor& t) { add(t, frozen_storage_of(t, p.weights, p.kbit_prepared)); });
+    for_each_lora_parameter(m, p.lora.rank, p.lora.targets, [&](const parameter_tensor& t) { add(t, dense); });
+  }
+  last += tied_embedding;
+  if (!p.gather_prefetch) r.gathered = max_of(first, max_of(block, last));
+  else if (m.layers == 0) r.gathered = first + last;
+  else r.gathered = max_of(first + block, max_of(m.layers > 1 ? 2 * block : 0, block + last));
   return r;
 }
 
@@ -355,6 +437,7 @@ constexpr memory_estimate estimate_memory(const model_config& m, const training_
   const detail::parameter_totals params = detail::parameter_bytes(m, p);
   const std::uint64_t N = p.gpus;
   const int zero = N > 1 ? p.zero_stage : 0;
+  const detail::stage3_totals stage3 = zero == 3 ? detail::stage3_weight_bytes(m, p) : detail::stage3_totals{};
   const bool host_optimizer = p.placement == optimizer_placement::host;
 
   // --- persistent device and host state ---
@@ -364,12 +447,13 @@ constexpr memory_estimate estimate_memory(const model_config& m, const training_
     host[category::weights] = params.weights;
     persistent[category::weights] = 2 * params.layer_weights;  // the layer in use and the one prefetched
   } else if (zero == 3) {
-    persistent[category::weights] = ceil_div(params.weights, N) + 2 * params.layer_weights;
+    persistent[category::weights] = stage3.shards + stage3.gathered;
+    persistent[category::workspace] = stage3.staging;  // the all_gather's receive buffer
   } else {
     persistent[category::weights] = params.weights;
   }
-  // ZeRO 1/2 with Adam: sharded_adam_state's per-rank bytes (ZeRO-3 and other optimizers: an even split).
-  const bool sharded_adam = (zero == 1 || zero == 2) && detail::is_adam(p.optimizer);
+  // ZeRO 1/2/3 with Adam: sharded_adam_state's per-rank bytes (other optimizers: an even split).
+  const bool sharded_adam = zero >= 1 && detail::is_adam(p.optimizer);
   const detail::sharded_totals sharded = sharded_adam ? detail::sharded_adam_bytes(m, p) : detail::sharded_totals{};
   const std::uint64_t granularity = p.overhead.allocation_granularity;
   const std::uint64_t master = !(zero >= 1)     ? params.master
@@ -402,7 +486,7 @@ constexpr memory_estimate estimate_memory(const model_config& m, const training_
   const std::uint64_t g = p.overhead.allocation_granularity;
   // PyTorch: bitsandbytes dequantizes a quantized base one linear at a time into a 16-bit copy of the
   // whole weight. memkit: the largest workspace one of its linears takes (lora_linear / quant::matmul).
-  persistent[category::workspace] =
+  persistent[category::workspace] +=
       p.overhead.workspace_bytes + (p.memkit_runtime() ? round_up(memkit_linear_workspace_bytes(m, p), g)
                                                        : round_up(2 * params.largest_frozen_linear, g));
   // Outside any allocator: the CUDA context, NCCL's buffers when there is more than one GPU, and with the

@@ -138,6 +138,9 @@ struct training_plan {
   std::uint64_t gpus = 1;
   int zero_stage = 0;
   overhead_settings overhead{};
+  // ZeRO-3: the next layer's weights are gathered while one layer runs (two layers' whole weights in
+  // flight); false gathers each layer when it starts (one).
+  bool gather_prefetch = true;
 
   constexpr bool lora_training() const noexcept { return training == method::lora; }
   constexpr bool memkit_runtime() const noexcept { return runtime == runtime_kind::memkit; }
