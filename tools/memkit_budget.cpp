@@ -42,6 +42,7 @@ constexpr const char* usage_text =
     "  --kbit-prepared  (PEFT prepare_model_for_kbit_training: fp32 non-quantized weights and activations)\n"
     "  --fused-norms    (norm and softmax kernels that keep no fp32 copies)\n"
     "  --lora-dropout   (lora_dropout > 0: each adapter keeps a dropped copy of its input and a mask)\n"
+    "  --fp32-adapters  (PEFT's default autocast_adapter_dtype: fp32 adapters, each keeps an fp32 copy of its input)\n"
     "  --offload-checkpoints (activation checkpoints wait in pinned host memory until backward)\n"
     "  --no-double-quant (QLoRA NF4 with one fp32 absmax per block, as bitsandbytes without double quantization)\n"
     "  --bnb-keeps-input (bitsandbytes < 0.43.2: every 4-bit linear keeps its input for backward)\n";
@@ -140,6 +141,8 @@ options parse_arguments(int argc, char** argv) {
       o.double_quant = false;
     } else if (flag == "--lora-dropout") {
       p.lora.dropout = true;
+    } else if (flag == "--fp32-adapters") {
+      p.lora.fp32_adapters = true;
     } else if (flag == "--precision") {
       static constexpr std::pair<const char*, precision_mode> choices[] = {
           {"fp32", precision_mode::fp32}, {"bf16-mixed", precision_mode::bf16_mixed},
@@ -324,6 +327,7 @@ std::string describe(const training_plan& p) {
   text += p.lora_training() ? "LoRA r=" + std::to_string(p.lora.rank) + " on " +
                                              std::string(to_string(p.weights.format)) + " base"
                                        : std::string("full");
+  if (p.lora_training() && p.lora.fp32_adapters) text += " (fp32 adapters)";
   text += ", " + std::string(to_string(p.precision)) + ", " + std::string(to_string(p.optimizer));
   if (!p.memkit_runtime() && (p.optimizer == optimizer_kind::adamw || p.optimizer == optimizer_kind::adamw_bf16))
     text += p.fused_optimizer ? " (fused)" : " (foreach)";

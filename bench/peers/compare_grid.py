@@ -22,7 +22,8 @@ def flags(row):
     f = ["--config", str(ROOT / row["config"]), "--batch", str(row["batch"]), "--checkpointing", row["checkpointing"],
          "--attention", "flash", "--logits", "fp32", "--precision", "bf16"]
     if row["method"] == "lora":
-        f += ["--method", "lora", "--lora-rank", "16", "--lora-targets", "q,k,v,o,gate,up,down", "--optimizer", "adamw"]
+        f += ["--method", "lora", "--lora-rank", "16", "--lora-targets", "q,k,v,o,gate,up,down", "--optimizer", "adamw",
+              "--fp32-adapters"]
     else:
         f += ["--method", "full", "--optimizer", "adamw-bf16"]
     f += ["--optimizer-impl", "foreach" if "foreach" in row["optimizer"] else "fused"]

@@ -127,6 +127,7 @@ constexpr std::string_view plan_problem(const model_config& m, const training_pl
     return "full training needs fp32/bf16/fp16 weights; quantized weights train with LoRA";
   if (p.lora_training() && (p.lora.rank == 0 || p.lora.targets == 0))
     return "LoRA needs a positive rank and at least one target module";
+  if (p.lora.fp32_adapters && !p.lora_training()) return "fp32 adapters are PEFT's LoRA adapters: they need method lora";
   // The rule quantized_tensor enforces (a block size past int64 converts negative and is refused too).
   if ((p.weights.format == weight_format::nf4 || p.weights.format == weight_format::fp4) &&
       !quant::is_valid_block_size(static_cast<std::int64_t>(p.weights.block_size)))
@@ -144,8 +145,8 @@ constexpr std::string_view plan_problem(const model_config& m, const training_pl
       return "memkit's loss is loss::fused_linear_cross_entropy: use logits chunked or fused with the memkit runtime";
     if (!(detail_is_adam(p.optimizer) || p.optimizer == optimizer_kind::none))
       return "memkit's optimizers are adam_state flavours (adamw, adamw-bf16, adamw8bit, adamw4bit) or none";
-    if (p.kbit_prepared || p.quantized_matmul_keeps_input)
-      return "kbit-prepared and bnb-keeps-input describe PEFT / bitsandbytes, not the memkit runtime";
+    if (p.kbit_prepared || p.quantized_matmul_keeps_input || p.lora.fp32_adapters)
+      return "kbit-prepared, bnb-keeps-input and fp32-adapters describe PEFT / bitsandbytes, not the memkit runtime";
     if (p.placement == optimizer_placement::paged) return "paged optimizer state is bitsandbytes': not with the memkit runtime";
     if (p.optimizer_in_backward)
       return "memkit's adam_state steps every tensor once after backward (one step counter, global-norm clipping)";
@@ -255,16 +256,21 @@ constexpr parameter_totals parameter_bytes(const model_config& m, const training
   const std::uint64_t step_counter = torch_adam && p.fused_optimizer ? round_up(4, g) : 0;
   std::uint64_t largest_trainable = 0;
   std::uint64_t trainable_tensors = 0;
+  std::uint64_t trainable_elements = 0;
   std::uint64_t adam_chunks = 0;
+  // PEFT's fp32 adapters: fp32 weights and gradients, stepped directly (no master copy).
+  const bool fp32_adapters = p.lora_training() && p.lora.fp32_adapters;
   auto trainable = [&](const parameter_tensor& t) {
     const std::uint64_t n = t.elements();
     adam_chunks += adam_reduction_chunks(n) * t.count;
     trainable_tensors += t.count;
-    const std::uint64_t w = round_up(weight_bytes * n, g), grad = round_up(gradient_bytes * n, g);
+    trainable_elements += n * t.count;
+    const std::uint64_t w = round_up((fp32_adapters ? 4 : weight_bytes) * n, g);
+    const std::uint64_t grad = round_up((fp32_adapters ? 4 : gradient_bytes) * n, g);
     r.weights += w * t.count;
     r.gradients += grad * t.count;
     r.largest_gradient = max_of(r.largest_gradient, grad);
-    if (p.has_master_weights()) r.master += round_up(4 * n, g) * t.count;
+    if (p.has_master_weights() && !fp32_adapters) r.master += round_up(4 * n, g) * t.count;
     const std::uint64_t state = optimizer_state_bytes(t, p.optimizer, pure_16bit);
     r.optimizer += round_up(state, g) * t.count;
     r.weights_pool.add(w, t.count);
@@ -328,7 +334,7 @@ constexpr parameter_totals parameter_bytes(const model_config& m, const training
   // Adafactor builds fp32 temporaries per tensor.
   if (torch_adam && !p.fused_optimizer) {
     const std::uint64_t state_bytes = p.optimizer == optimizer_kind::adamw ? 4 : 2;
-    r.step_temporary = state_bytes * (r.gradients / gradient_bytes);
+    r.step_temporary = state_bytes * trainable_elements;
     r.largest_step_temporary = round_up(state_bytes * largest_trainable, g);
   }
   if (p.optimizer == optimizer_kind::adafactor) r.largest_step_temporary = r.step_temporary = 3 * 4 * largest_trainable;
@@ -448,8 +454,9 @@ constexpr memory_estimate estimate_memory(const model_config& m, const training_
     return produced < gradients ? produced : gradients;
   };
   const std::uint64_t backward_workspace = step_in_backward ? params.largest_step_temporary : 0;
-  breakdown backward = with(persistent, grads_so_far(params.head_gradients), saved_blocks + extras,
-                            logits.backward_peak, backward_workspace);
+  const breakdown at_loss = with(persistent, grads_so_far(params.head_gradients), saved_blocks + extras,
+                                 logits.backward_peak, backward_workspace);
+  breakdown backward = at_loss;
   for (std::uint64_t i = L; i-- > 0;) {
     // Layer i runs backward: what blocks 0..i (or their checkpoints) still keep, plus its temporaries.
     const std::uint64_t activations = extras + block.backward_transient + blocks.at_backward(i);
@@ -480,6 +487,28 @@ constexpr memory_estimate estimate_memory(const model_config& m, const training_
   pool_usage activation_pool;
   for (int i = 0; i < block.count; ++i) activation_pool.add(block.items[i].bytes);
   const allocator_kind allocator = allocator_of(p);
+  // The caching allocator's segments for a moment's live tensors: its allocated figure (unsplit blocks count
+  // whole) and its reserved figure, before the cache's memory of earlier phases.
+  auto caching_figures = [&](const breakdown& b) {
+    memory_figures f;
+    const std::uint64_t counted = b.total() - out.managed_bytes;
+    f.allocated = counted;
+    f.reserved = counted + counted * p.overhead.fragmentation_percent / 100;
+    pool_usage live;
+    live.add_as(params.weights_pool, b[category::weights]);
+    live.add_as(params.gradients_pool, b[category::gradients]);
+    live.add_as(params.master_pool, b[category::master_weights]);
+    live.add_as(params.optimizer_pool, b[category::optimizer_state] - out.managed_bytes);
+    live.add_as(activation_pool, b[category::activations]);
+    live.add(b[category::logits]);
+    live.add(p.overhead.workspace_bytes);
+    live.add(2 * params.largest_frozen_linear);
+    live.add_as(params.temporary_pool, b[category::workspace] - persistent[category::workspace]);
+    // An unsplit block is handed out whole and counted as allocated (allocated_bytes adds its size).
+    f.allocated += live.unsplit_tails();
+    f.reserved += live.slack();
+    return f;
+  };
   std::uint64_t reserved_so_far = 0;
   for (int i = 0; i < step_phase_count; ++i) {
     breakdown& b = out.phases[i];
@@ -490,19 +519,12 @@ constexpr memory_estimate estimate_memory(const model_config& m, const training_
     f.allocated = counted;
     f.reserved = counted + counted * p.overhead.fragmentation_percent / 100;
     if (allocator == allocator_kind::pytorch_caching) {
-      pool_usage live;
-      live.add_as(params.weights_pool, b[category::weights]);
-      live.add_as(params.gradients_pool, b[category::gradients]);
-      live.add_as(params.master_pool, b[category::master_weights]);
-      live.add_as(params.optimizer_pool, b[category::optimizer_state] - out.managed_bytes);
-      live.add_as(activation_pool, b[category::activations]);
-      live.add(b[category::logits]);
-      live.add(p.overhead.workspace_bytes);
-      live.add(2 * params.largest_frozen_linear);
-      live.add_as(params.temporary_pool, b[category::workspace] - persistent[category::workspace]);
-      // An unsplit block is handed out whole and counted as allocated (allocated_bytes adds its size).
-      f.allocated += live.unsplit_tails();
-      f.reserved += live.slack();
+      f = caching_figures(b);
+      // Backward starts at the loss, whose freed forward segments the cache keeps (logits_bytes): whatever
+      // moment sets the phase's tensors, the phase holds at least the segments of that one.
+      if (i == static_cast<int>(step_phase::backward) && !memkit_block_modelled(m, p))
+        f.reserved = max_of(f.reserved, caching_figures(at_loss).reserved + logits.reserved_at_backward_peak -
+                                            logits.backward_peak);
       // The cache keeps what it reserved: a later phase holds at least an earlier one's segments.
       f.reserved = max_of(f.reserved, reserved_so_far);
       reserved_so_far = f.reserved;

@@ -35,6 +35,11 @@ struct lora_settings {
   std::uint64_t rank = 16;
   module_set targets = all_linear_modules;
   bool dropout = false;  // lora_dropout > 0: each adapter keeps its own dropped copy of its input and a mask
+  // PEFT's get_peft_model(autocast_adapter_dtype=True), its default: adapters of a 16-bit model are created in
+  // fp32 (fp32 weights and gradients, no master copy), and each adapter casts its 16-bit input to fp32
+  // (LoraLayer._cast_input_dtype) before lora_A, which keeps that fp32 copy for its weight gradient; the
+  // down-projection lora_B keeps is fp32 too. PyTorch runtime only.
+  bool fp32_adapters = false;
 };
 
 enum class precision_mode : std::uint8_t {
