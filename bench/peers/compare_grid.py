@@ -7,6 +7,11 @@ measured, with the relative errors and their medians; the longest rows compare m
 the cap with the bisected length. Standard library only.
 
     python3 bench/peers/compare_grid.py tests/data/budget_measured/h200-2026-11-28.json --budget build/tools/memkit-budget
+
+--check DOC (CTest memkit.budget_measured.grid) fails unless DOC holds this table as printed (a model change that
+moves a prediction must regenerate it), the medians meet #33's targets (allocated <= 2%, reserved <= 8%), and
+every row outside the per-row targets (allocated within 5%, reserved within 8%) is named by its id
+(model/method/optimizer/sequence/checkpointing, e.g. qwen3-0.6b/lora/fused/512/none) in DOC outside the table.
 """
 import argparse
 import json
@@ -41,13 +46,17 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("grid")
     parser.add_argument("--budget", default=str(ROOT / "build/tools/memkit-budget"))
+    parser.add_argument("--check", metavar="DOC", help="fail unless DOC is current and every miss is named there")
     args = parser.parse_args()
+    lines = []
+    print = lambda line="": lines.append(line)  # noqa: E731 -- collected, then printed or checked
     grid = json.loads(pathlib.Path(args.grid).read_text())
     print(f"Measured: {grid['device']}, torch {grid['versions']['torch']}, transformers {grid['versions']['transformers']}, "
           f"peft {grid['versions']['peft']}, {grid['date']} ({args.grid}).\n")
     print("| model | method | optimizer | seq | ckpt | allocated GiB measured / predicted | error | reserved error | device error |")
     print("|---|---|---|---|---|---|---|---|---|")
     errors = {"allocated": [], "reserved": [], "device": []}
+    outside = []  # rows outside the per-row targets
     for row in grid["rows"]:
         if "oom" in row or not row.get("allocated"):
             continue
@@ -55,6 +64,8 @@ def main():
         err = {m: peak[m] / row[m] - 1 for m in errors}
         for m in errors:
             errors[m].append(err[m])
+        if abs(err["allocated"]) > 0.05 or abs(err["reserved"]) > 0.08:
+            outside.append((row_id(row), err["allocated"], err["reserved"]))
         note = "" if trainable == row["trainable_parameters"] else f" (trainable {trainable:,} vs {row['trainable_parameters']:,})"
         print(f"| {row['model']} | {row['method']}{note} | {row['optimizer'].split()[-1]} | {row['sequence']} | {row['checkpointing']} | "
               f"{row['allocated'] / 2**30:.2f} / {peak['allocated'] / 2**30:.2f} | {err['allocated']:+.1%} | "
@@ -75,7 +86,34 @@ def main():
                 high = mid
         print(f"- longest sequence, {row['model']} {row['method']} (checkpointing) under {cap_gib} GiB: measured "
               f"{row['longest_tokens']} (granularity {row['granularity']}), memkit-budget {low} ({low / row['longest_tokens'] - 1:+.0%})")
-    return 0
+    text = "\n".join(lines)
+    if not args.check:
+        sys.stdout.write(text + "\n")
+        return 0
+    doc = pathlib.Path(args.check).read_text()
+    problems = []
+    table = text.split("\n\n", 1)[1]  # after the "Measured: ..." line, whose path argument may differ
+    if table not in doc:
+        problems.append(f"the measured-grid table is not current; regenerate it with\n  python3 bench/peers/compare_grid.py "
+                        f"{args.grid} --budget build/tools/memkit-budget\nexpected:\n{table}")
+    outside_table = doc.replace(table, "")
+    for metric, target in (("allocated", 0.02), ("reserved", 0.08)):
+        median = statistics.median(abs(x) for x in errors[metric])
+        if median > target:
+            problems.append(f"{metric}: median |error| {median:.1%} is over #33's {target:.0%}")
+    for rid, alloc, res in outside:
+        if rid not in outside_table:
+            problems.append(f"{rid}: allocated {alloc:+.1%}, reserved {res:+.1%} is outside the targets (5% / 8%) and "
+                            f"not named in {args.check}")
+    for p in problems:
+        sys.stderr.write(p + "\n")
+    sys.stdout.write(f"{args.check}: measured grid {'NOT ' if problems else ''}current: {len(errors['allocated'])} rows, "
+                     f"{len(outside)} outside the per-row targets, all named\n" if not problems else "")
+    return 1 if problems else 0
+
+
+def row_id(row):
+    return "/".join([row["model"], row["method"], row["optimizer"].split()[-1], str(row["sequence"]), row["checkpointing"]])
 
 
 if __name__ == "__main__":
