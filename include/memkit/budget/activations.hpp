@@ -28,7 +28,7 @@ struct saved_tensor {
 };
 
 struct block_activations {
-  saved_tensor items[40]{};
+  saved_tensor items[48]{};
   int count = 0;
   std::uint64_t saved_bytes = 0;         // kept from the block's forward to its backward
   std::uint64_t forward_transient = 0;   // largest temporary alive inside the block's forward
@@ -152,6 +152,22 @@ constexpr block_activations block_activation_bytes(const model_config& m, const 
        "attn_norm.normalized");
   if (detail::keeps_linear_input(plan, qkv)) add("qkv_proj.input", e * T * h);
   lora_all(qkv);
+  // q/k norms (Qwen3, Gemma 3, OLMo-2: RMSNorm; StableLM-2: LayerNorm) on the projections' outputs, per head or
+  // over all heads: like the block's norms, an RMSNorm in Hugging Face's code keeps its fp32 upcast input and
+  // fp32 1/rms per row (and its bf16 normalized output when its weight trains); a LayerNorm its input, mean and
+  // rstd. Measured on an H200 (tests/data/budget_measured): Qwen3-0.6B's LoRA rows were 7% low without them.
+  if (m.qk_norm != qk_norm_kind::none) {
+    const bool rms = !m.layer_norm();
+    const bool per_head = m.qk_norm == qk_norm_kind::per_head;
+    auto qk_norm = [&](std::string_view input, std::string_view stats, std::string_view normalized,
+                       std::uint64_t heads) {
+      add(input, (rms && upcast ? 4 : e) * T * heads * d);
+      add(stats, (rms ? 4 : 8) * T * (per_head ? heads : 1));
+      if (rms && upcast && norms_train) add(normalized, e * T * heads * d);
+    };
+    qk_norm("q_norm.input", "q_norm.rstd", "q_norm.normalized", H);
+    qk_norm("k_norm.input", "k_norm.rstd", "k_norm.normalized", m.kv_heads);
+  }
   const std::uint64_t kv_kept = eager ? H : m.kv_heads;  // eager attention repeats k and v to every head
   add("q", qkv_e * T * H * d);
   add("k", qkv_e * T * kv_kept * d);

@@ -463,7 +463,15 @@ constexpr memory_estimate estimate_memory(const model_config& m, const training_
     const std::uint64_t produced = params.head_gradients + (L - i) * params.layer_gradients;
     backward = larger(backward, with(persistent, grads_so_far(produced), activations, 0, backward_workspace));
   }
-  backward = larger(backward, with(persistent, grads_so_far(gradients), extras, 0, backward_workspace));
+  // A tied embedding's gradient arrives twice: the LM head's first, then embedding_dense_backward's, a new
+  // [vocab, hidden] tensor (at::zeros in aten/src/ATen/native/cuda/Embedding.cu) added into the first. Untied,
+  // that tensor is the embedding's gradient itself (counted above).
+  const std::uint64_t tied_embedding_grad =
+      m.tied_embeddings && !p.lora_training() && !p.memkit_runtime() && !step_in_backward && !host_optimizer
+          ? params.head_gradients
+          : 0;
+  backward = larger(backward, with(persistent, grads_so_far(gradients) + tied_embedding_grad, extras, 0,
+                                   backward_workspace));
   out.phases[1] = backward;
 
   breakdown step = step_in_backward ? with(persistent, 0, 0, 0, 0) : with(persistent, gradients, 0, 0, step_temporary);
@@ -489,14 +497,16 @@ constexpr memory_estimate estimate_memory(const model_config& m, const training_
   const allocator_kind allocator = allocator_of(p);
   // The caching allocator's segments for a moment's live tensors: its allocated figure (unsplit blocks count
   // whole) and its reserved figure, before the cache's memory of earlier phases.
-  auto caching_figures = [&](const breakdown& b) {
+  // `single_gradient`: bytes of b's gradients that are one tensor of their own (a tied embedding's second one).
+  auto caching_figures = [&](const breakdown& b, std::uint64_t single_gradient = 0) {
     memory_figures f;
     const std::uint64_t counted = b.total() - out.managed_bytes;
     f.allocated = counted;
     f.reserved = counted + counted * p.overhead.fragmentation_percent / 100;
     pool_usage live;
     live.add_as(params.weights_pool, b[category::weights]);
-    live.add_as(params.gradients_pool, b[category::gradients]);
+    live.add_as(params.gradients_pool, b[category::gradients] - single_gradient);
+    live.add(single_gradient);
     live.add_as(params.master_pool, b[category::master_weights]);
     live.add_as(params.optimizer_pool, b[category::optimizer_state] - out.managed_bytes);
     live.add_as(activation_pool, b[category::activations]);
@@ -519,7 +529,9 @@ constexpr memory_estimate estimate_memory(const model_config& m, const training_
     f.allocated = counted;
     f.reserved = counted + counted * p.overhead.fragmentation_percent / 100;
     if (allocator == allocator_kind::pytorch_caching) {
-      f = caching_figures(b);
+      const bool tied_moment = i == static_cast<int>(step_phase::backward) && tied_embedding_grad != 0 &&
+                               b[category::gradients] == gradients + tied_embedding_grad;
+      f = caching_figures(b, tied_moment ? tied_embedding_grad : 0);
       // Backward starts at the loss, whose freed forward segments the cache keeps (logits_bytes): whatever
       // moment sets the phase's tensors, the phase holds at least the segments of that one.
       if (i == static_cast<int>(step_phase::backward) && !memkit_block_modelled(m, p))
