@@ -4,7 +4,8 @@ For each measured row it runs memkit-budget with the flags that describe the run
 weights; LoRA adapters and their AdamW state in fp32, as PEFT makes them; transformers' fp32 upcast of the
 logits; SDPA's flash kernel) and prints a Markdown table of allocated / reserved / device, predicted against
 measured, with the relative errors and their medians; the longest rows compare memkit-budget --max-seq under
-the cap with the bisected length. Standard library only.
+the cap (its reserved figure: the per-process memory fraction caps what the caching allocator reserves) with
+the bisected length. Standard library only.
 
     python3 bench/peers/compare_grid.py tests/data/budget_measured/h200-2026-11-28.json --budget build/tools/memkit-budget
 
@@ -24,13 +25,16 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 def flags(row):
+    fp32 = row.get("dtype", "bf16") == "fp32"
     f = ["--config", str(ROOT / row["config"]), "--batch", str(row["batch"]), "--checkpointing", row["checkpointing"],
-         "--attention", "flash", "--logits", "fp32", "--precision", "bf16"]
-    if row["method"] == "lora":
-        f += ["--method", "lora", "--lora-rank", "16", "--lora-targets", "q,k,v,o,gate,up,down", "--optimizer", "adamw",
-              "--fp32-adapters"]
+         "--attention", "flash", "--logits", "fp32", "--precision", "fp32" if fp32 else "bf16"]
+    if row["method"] in ("lora", "qlora"):  # PEFT's fp32 adapters; QLoRA: bitsandbytes NF4, double quantization
+        f += ["--method", row["method"], "--lora-rank", "16", "--lora-targets", "q,k,v,o,gate,up,down",
+              "--optimizer", "adamw", "--fp32-adapters"]
+    elif "8bit" in row["optimizer"].lower():
+        f += ["--method", "full", "--optimizer", "adamw8bit"]
     else:
-        f += ["--method", "full", "--optimizer", "adamw-bf16"]
+        f += ["--method", "full", "--optimizer", "adamw" if fp32 else "adamw-bf16"]
     f += ["--optimizer-impl", "foreach" if "foreach" in row["optimizer"] else "fused"]
     return f
 
@@ -67,7 +71,8 @@ def main():
         if abs(err["allocated"]) > 0.05 or abs(err["reserved"]) > 0.08:
             outside.append((row_id(row), err["allocated"], err["reserved"]))
         note = "" if trainable == row["trainable_parameters"] else f" (trainable {trainable:,} vs {row['trainable_parameters']:,})"
-        print(f"| {row['model']} | {row['method']}{note} | {row['optimizer'].split()[-1]} | {row['sequence']} | {row['checkpointing']} | "
+        precision = "" if row.get("dtype", "bf16") == "bf16" else f" {row['dtype']}"
+        print(f"| {row['model']} | {row['method']}{precision}{note} | {row['optimizer'].split()[-1]} | {row['sequence']} | {row['checkpointing']} | "
               f"{row['allocated'] / 2**30:.2f} / {peak['allocated'] / 2**30:.2f} | {err['allocated']:+.1%} | "
               f"{err['reserved']:+.1%} | {err['device']:+.1%} |")
     print()
@@ -77,15 +82,21 @@ def main():
     for row in grid.get("longest", []):
         cap_gib = row["cap_gib"]
         low, high = 256, 262144
-        while high - low > 256:  # memkit-budget's prediction: the longest sequence whose device peak fits the cap
+        # memkit-budget's prediction: the longest sequence whose reserved peak fits the cap.
+        # torch.cuda.set_per_process_memory_fraction caps what the caching allocator reserves (an allocation
+        # that would take reserved past fraction x total fails); the CUDA context is outside it.
+        while high - low > 256:
             mid = (low + high) // 2
             peak, _ = predict(args.budget, dict(row, batch=1), mid)
-            if peak["device"] <= cap_gib * 2**30:
+            if peak["reserved"] <= cap_gib * 2**30:
                 low = mid
             else:
                 high = mid
+        # The bisection says the longest lies in [longest, longest + granularity): the error is against that range.
+        first, last = row["longest_tokens"], row["longest_tokens"] + row["granularity"] - 1
+        error = 0.0 if first <= low <= last else (low / first - 1 if low < first else low / last - 1)
         print(f"- longest sequence, {row['model']} {row['method']} (checkpointing) under {cap_gib} GiB: measured "
-              f"{row['longest_tokens']} (granularity {row['granularity']}), memkit-budget {low} ({low / row['longest_tokens'] - 1:+.0%})")
+              f"{first}-{last} tokens, memkit-budget {low} ({error:+.0%})")
     text = "\n".join(lines)
     if not args.check:
         sys.stdout.write(text + "\n")
@@ -113,7 +124,8 @@ def main():
 
 
 def row_id(row):
-    return "/".join([row["model"], row["method"], row["optimizer"].split()[-1], str(row["sequence"]), row["checkpointing"]])
+    method = row["method"] + ("" if row.get("dtype", "bf16") == "bf16" else "-" + row["dtype"])
+    return "/".join([row["model"], method, row["optimizer"].split()[-1], str(row["sequence"]), row["checkpointing"]])
 
 
 if __name__ == "__main__":
