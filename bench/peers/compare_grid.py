@@ -9,7 +9,8 @@ the bisected length. Standard library only.
 
     python3 bench/peers/compare_grid.py tests/data/budget_measured/h200-2026-11-28.json --budget build/tools/memkit-budget
 
---check DOC (CTest memkit.budget_measured.grid) fails unless DOC holds this table as printed (a model change that
+--annotate (once, after a GPU visit) writes each row's id and memkit_flags into the grid file, for memkit-budget's
+"nearest measured run" line. --check DOC (CTest memkit.budget_measured.grid) fails unless DOC holds this table as printed (a model change that
 moves a prediction must regenerate it), the medians meet #33's targets (allocated <= 2%, reserved <= 8%), and
 every row outside the per-row targets (allocated within 5%, reserved within 8%) is named by its id
 (model/method/optimizer/sequence/checkpointing, e.g. qwen3-0.6b/lora/fused/512/none) in DOC outside the table.
@@ -25,8 +26,9 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 def flags(row):
+    """The memkit-budget flags that describe a grid row, less --config and --seq."""
     fp32 = row.get("dtype", "bf16") == "fp32"
-    f = ["--config", str(ROOT / row["config"]), "--batch", str(row["batch"]), "--checkpointing", row["checkpointing"],
+    f = ["--batch", str(row["batch"]), "--checkpointing", row["checkpointing"],
          "--attention", "flash", "--logits", "fp32", "--precision", "fp32" if fp32 else "bf16"]
     if row["method"] in ("lora", "qlora"):  # PEFT's fp32 adapters; QLoRA: bitsandbytes NF4, double quantization
         f += ["--method", row["method"], "--lora-rank", "16", "--lora-targets", "q,k,v,o,gate,up,down",
@@ -40,7 +42,8 @@ def flags(row):
 
 
 def predict(budget, row, seq):
-    out = subprocess.run([budget] + flags(row) + ["--seq", str(seq), "--json"], capture_output=True, text=True, check=True)
+    command = [budget, "--config", str(ROOT / row["config"])] + flags(row) + ["--seq", str(seq), "--json", "--measured", "none"]
+    out = subprocess.run(command, capture_output=True, text=True, check=True)
     d = json.loads(out.stdout)
     peak = {m: max(phase[m] for phase in d["figures"].values()) for m in ("allocated", "reserved", "device")}
     return peak, d["trainable_parameters"]
@@ -51,10 +54,19 @@ def main():
     parser.add_argument("grid")
     parser.add_argument("--budget", default=str(ROOT / "build/tools/memkit-budget"))
     parser.add_argument("--check", metavar="DOC", help="fail unless DOC is current and every miss is named there")
+    parser.add_argument("--annotate", action="store_true",
+                        help="write each measured row's id and memkit_flags into the grid file (what memkit-budget's "
+                             "nearest-measured-run line reads), then compare")
     args = parser.parse_args()
     lines = []
     print = lambda line="": lines.append(line)  # noqa: E731 -- collected, then printed or checked
     grid = json.loads(pathlib.Path(args.grid).read_text())
+    if args.annotate:
+        for row in grid["rows"]:
+            if "oom" not in row and row.get("allocated"):
+                row["id"] = row_id(row)
+                row["memkit_flags"] = flags(row) + ["--seq", str(row["sequence"])]
+        pathlib.Path(args.grid).write_text(json.dumps(grid, indent=1) + "\n")
     print(f"Measured: {grid['device']}, torch {grid['versions']['torch']}, transformers {grid['versions']['transformers']}, "
           f"peft {grid['versions']['peft']}, {grid['date']} ({args.grid}).\n")
     print("| model | method | optimizer | seq | ckpt | allocated GiB measured / predicted | error | reserved error | device error |")
