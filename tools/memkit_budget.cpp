@@ -48,6 +48,8 @@ constexpr const char* usage_text =
     "  --offload-checkpoints (activation checkpoints wait in pinned host memory until backward)\n"
     "  --no-double-quant (QLoRA NF4 with one fp32 absmax per block, as bitsandbytes without double quantization)\n"
     "  --bnb-keeps-input (bitsandbytes < 0.43.2: every 4-bit linear keeps its input for backward)\n"
+    "  --lightning-bnb  (Lightning's bitsandbytes plugin, LitGPT's --quantize: the LM head quantized too; weights\n"
+    "                   quantized from fp16, so each dequantization makes an fp16 and a bf16 copy)\n"
     "  --measured PATH  (measured runs to compare with: a bench/peers/memory_grid.py grid annotated by\n"
     "                   compare_grid.py --annotate, or tests/data/budget_validation/measurements.json; repeatable;\n"
     "                   default: the source tree's when this build has them; --measured none: no comparison)\n";
@@ -144,6 +146,8 @@ options parse_arguments(int argc, char** argv) {
       p.lora.targets = parse_targets(value());
     } else if (flag == "--bnb-keeps-input") {
       p.quantized_matmul_keeps_input = true;
+    } else if (flag == "--lightning-bnb") {
+      p.lightning_bnb = true;
     } else if (flag == "--no-double-quant") {
       o.double_quant = false;
     } else if (flag == "--lora-dropout") {

@@ -428,6 +428,8 @@ constexpr std::uint64_t model_level_activation_bytes(const model_config& m, cons
   if (!plan.lora_training()) {
     if (upcast) total += round_up(e * T * h, g);
     if (!detail::loss_grad_in_forward(plan)) total += round_up(e * T * h, g);  // lm_head input
+  } else if (plan.lightning_bnb && plan.quantized_matmul_keeps_input && !m.tied_embeddings) {
+    total += round_up(e * T * h, g);  // the quantized LM head's MatMul4Bit keeps its input (bitsandbytes < 0.43.2)
   }
   return total;
 }

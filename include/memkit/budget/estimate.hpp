@@ -128,6 +128,7 @@ constexpr std::string_view plan_problem(const model_config& m, const training_pl
   if (p.lora_training() && (p.lora.rank == 0 || p.lora.targets == 0))
     return "LoRA needs a positive rank and at least one target module";
   if (p.lora.fp32_adapters && !p.lora_training()) return "fp32 adapters are PEFT's LoRA adapters: they need method lora";
+  if (p.lightning_bnb && !p.weights.quantized()) return "lightning-bnb describes quantized (bitsandbytes) weights: use qlora";
   // The rule quantized_tensor enforces (a block size past int64 converts negative and is refused too).
   if ((p.weights.format == weight_format::nf4 || p.weights.format == weight_format::fp4) &&
       !quant::is_valid_block_size(static_cast<std::int64_t>(p.weights.block_size)))
@@ -145,8 +146,9 @@ constexpr std::string_view plan_problem(const model_config& m, const training_pl
       return "memkit's loss is loss::fused_linear_cross_entropy: use logits chunked or fused with the memkit runtime";
     if (!(detail_is_adam(p.optimizer) || p.optimizer == optimizer_kind::none))
       return "memkit's optimizers are adam_state flavours (adamw, adamw-bf16, adamw8bit, adamw4bit) or none";
-    if (p.kbit_prepared || p.quantized_matmul_keeps_input || p.lora.fp32_adapters)
-      return "kbit-prepared, bnb-keeps-input and fp32-adapters describe PEFT / bitsandbytes, not the memkit runtime";
+    if (p.kbit_prepared || p.quantized_matmul_keeps_input || p.lora.fp32_adapters || p.lightning_bnb)
+      return "kbit-prepared, bnb-keeps-input, fp32-adapters and lightning-bnb describe PEFT / bitsandbytes / Lightning, "
+             "not the memkit runtime";
     if (p.placement == optimizer_placement::paged) return "paged optimizer state is bitsandbytes': not with the memkit runtime";
     if (p.optimizer_in_backward)
       return "memkit's adam_state steps every tensor once after backward (one step counter, global-norm clipping)";
@@ -305,7 +307,10 @@ constexpr parameter_totals parameter_bytes(const model_config& m, const training
   if (!p.lora_training()) {
     for_each_parameter(m, trainable);
   } else {
-    for_each_parameter(m, [&](const parameter_tensor& t) {
+    for_each_parameter(m, [&](const parameter_tensor& in) {
+      // Lightning's bitsandbytes plugin quantizes the (untied) LM head like any other linear.
+      parameter_tensor t = in;
+      if (p.lightning_bnb && t.role == tensor_role::lm_head && t.cols != 1) t.role = tensor_role::linear_weight;
       const std::uint64_t w = round_up(frozen_weight_bytes(t, p.weights, p.kbit_prepared), g);
       r.weights += w * t.count;
       // bitsandbytes keeps a quantized weight's packed data and its scales as separate tensors.
@@ -408,9 +413,12 @@ constexpr memory_estimate estimate_memory(const model_config& m, const training_
   const std::uint64_t g = p.overhead.allocation_granularity;
   // PyTorch: bitsandbytes dequantizes a quantized base one linear at a time into a 16-bit copy of the
   // whole weight. memkit: the largest workspace one of its linears takes (lora_linear / quant::matmul).
+  // Lightning's plugin quantized from fp16: an fp16 dequantized weight, then its bf16 copy (plan.lightning_bnb).
+  const std::uint64_t dequantized_copies = p.lightning_bnb ? 2 : 1;
   persistent[category::workspace] =
-      p.overhead.workspace_bytes + (p.memkit_runtime() ? round_up(memkit_linear_workspace_bytes(m, p), g)
-                                                       : round_up(2 * params.largest_frozen_linear, g));
+      p.overhead.workspace_bytes +
+      (p.memkit_runtime() ? round_up(memkit_linear_workspace_bytes(m, p), g)
+                          : dequantized_copies * round_up(2 * params.largest_frozen_linear, g));
   // Outside any allocator: the CUDA context, NCCL's buffers when there is more than one GPU, and with the
   // memkit runtime the cuBLAS workspace (memkit never calls cublasSetWorkspace: cuBLAS allocates its own;
   // PyTorch hands cuBLAS one from its caching allocator, so there it is a tensor of `workspace`).
@@ -512,7 +520,7 @@ constexpr memory_estimate estimate_memory(const model_config& m, const training_
     live.add_as(activation_pool, b[category::activations]);
     live.add(b[category::logits]);
     live.add(p.overhead.workspace_bytes);
-    live.add(2 * params.largest_frozen_linear);
+    for (std::uint64_t i = 0; i < dequantized_copies; ++i) live.add(2 * params.largest_frozen_linear);
     live.add_as(params.temporary_pool, b[category::workspace] - persistent[category::workspace]);
     // An unsplit block is handed out whole and counted as allocated (allocated_bytes adds its size).
     f.allocated += live.unsplit_tails();

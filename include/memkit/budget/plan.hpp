@@ -132,6 +132,11 @@ struct training_plan {
   bool kbit_prepared = false;
   // bitsandbytes < 0.43.2: MatMul4Bit saved its input for backward (fixed by bitsandbytes PR #1270).
   bool quantized_matmul_keeps_input = false;
+  // Lightning's BitsandbytesPrecision (LitGPT's --quantize bnb.nf4 ...; lightning/fabric/plugins/precision/
+  // bitsandbytes.py): it replaces every nn.Linear, the LM head included (when not tied), and quantizes each weight
+  // from fp16 (`weight.to(torch.half)` before quantize_4bit), so bitsandbytes dequantizes to an fp16 weight and
+  // MatMul4Bit then casts it to the bf16 compute dtype: two whole-weight transients per 4-bit matmul, not one.
+  bool lightning_bnb = false;
 
   // memkit runtime: where the step runs. 0: on a CUDA device (cuBLAS and the components' device kernels).
   // N > 0: on the host with N threads, as examples/train_llama.cpp runs: every workspace term is then the
