@@ -335,8 +335,11 @@ TEST_CASE("budget metrics: the reserved slack of a hand-countable plan") {
     for (std::uint64_t bytes : order) replay.allocate(bytes);
   CHECK(replay.allocated_bytes() == step.allocated);
   // The end of backward: GPT-2's tied embedding gets embedding_dense_backward's [V, h] gradient on top of the
-  // LM head's, added into it and freed; its segment stays cached.
-  replay.free(replay.allocate(4 * 50257 * 768));
+  // LM head's and autograd sums the two into a third; both freed, their segments stay cached.
+  const auto embedding_grad = replay.allocate(4 * 50257 * 768);
+  const auto sum = replay.allocate(4 * 50257 * 768);
+  replay.free(embedding_grad);
+  replay.free(sum);
   CAPTURE(step.reserved);
   CAPTURE(replay.reserved_bytes());
   // The cache keeps the backward's segments; at one token its activations are a few KiB and fit the

@@ -472,11 +472,13 @@ constexpr memory_estimate estimate_memory(const model_config& m, const training_
     backward = larger(backward, with(persistent, grads_so_far(produced), activations, 0, backward_workspace));
   }
   // A tied embedding's gradient arrives twice: the LM head's first, then embedding_dense_backward's, a new
-  // [vocab, hidden] tensor (at::zeros in aten/src/ATen/native/cuda/Embedding.cu) added into the first. Untied,
-  // that tensor is the embedding's gradient itself (counted above).
+  // [vocab, hidden] tensor (at::zeros in aten/src/ATen/native/cuda/Embedding.cu), and autograd sums the two out of
+  // place (an aten::add of two [vocab, hidden] tensors in torch's profiler, torch 2.15 on the CPU): the
+  // embedding's gradient and the sum are alive next to the head's. Untied, the embedding's gradient is its own
+  // (counted above).
   const std::uint64_t tied_embedding_grad =
       m.tied_embeddings && !p.lora_training() && !p.memkit_runtime() && !step_in_backward && !host_optimizer
-          ? params.head_gradients
+          ? 2 * params.head_gradients
           : 0;
   backward = larger(backward, with(persistent, grads_so_far(gradients) + tied_embedding_grad, extras, 0,
                                    backward_workspace));
@@ -505,16 +507,17 @@ constexpr memory_estimate estimate_memory(const model_config& m, const training_
   const allocator_kind allocator = allocator_of(p);
   // The caching allocator's segments for a moment's live tensors: its allocated figure (unsplit blocks count
   // whole) and its reserved figure, before the cache's memory of earlier phases.
-  // `single_gradient`: bytes of b's gradients that are one tensor of their own (a tied embedding's second one).
-  auto caching_figures = [&](const breakdown& b, std::uint64_t single_gradient = 0) {
+  // `tied_pair`: bytes of b's gradients that are two tensors of their own (a tied embedding's second gradient
+  // and the sum).
+  auto caching_figures = [&](const breakdown& b, std::uint64_t tied_pair = 0) {
     memory_figures f;
     const std::uint64_t counted = b.total() - out.managed_bytes;
     f.allocated = counted;
     f.reserved = counted + counted * p.overhead.fragmentation_percent / 100;
     pool_usage live;
     live.add_as(params.weights_pool, b[category::weights]);
-    live.add_as(params.gradients_pool, b[category::gradients] - single_gradient);
-    live.add(single_gradient);
+    live.add_as(params.gradients_pool, b[category::gradients] - tied_pair);
+    if (tied_pair != 0) live.add(tied_pair / 2, 2);
     live.add_as(params.master_pool, b[category::master_weights]);
     live.add_as(params.optimizer_pool, b[category::optimizer_state] - out.managed_bytes);
     live.add_as(activation_pool, b[category::activations]);
