@@ -572,9 +572,15 @@ std::optional<nearest_result> nearest_measured(const std::vector<std::string>& f
       argv_text.insert(argv_text.end(), run.args.begin(), run.args.end());
       std::vector<char*> argv;
       for (std::string& a : argv_text) argv.push_back(a.data());
-      options ro = parse_arguments(static_cast<int>(argv.size()), argv.data());
-      std::string name;
-      const model_config m = load_model(ro, name);
+      options ro;
+      model_config m;
+      try {
+        ro = parse_arguments(static_cast<int>(argv.size()), argv.data());
+        std::string name;
+        m = load_model(ro, name);
+      } catch (const memkit::error& failure) {
+        throw memkit::error("measured run " + run.id + " in " + file + ": " + failure.what());
+      }
       const training_plan& rp = ro.plan;
       if (method_class(rp) != method_class(plan) || rp.runtime != plan.runtime) continue;
       const memory_estimate e = estimate_memory(m, rp);

@@ -261,6 +261,13 @@ elseif(MODE STREQUAL "measured")
   execute_process(COMMAND ${TOOL} --preset gpt2-124m --measured ${DATA}/does_not_exist.json RESULT_VARIABLE result
                   ERROR_VARIABLE errors)
   expect("exit code 2 for a missing measured file, got ${result}" result EQUAL 2)
+  # A run whose flags do not parse: exit 2, naming the run and the file.
+  file(WRITE ${WORK}/bad_measured.json [=[{"rows": [{"id": "bad-run", "gpu": "x", "memkit_model": {"preset": "gpt2-124m"},
+    "memkit_flags": ["--batch", "0"], "unit": "GB", "metric": "allocated", "measured": 1.0}]}]=])
+  execute_process(COMMAND ${TOOL} --preset gpt2-124m --measured ${WORK}/bad_measured.json RESULT_VARIABLE result
+                  ERROR_VARIABLE errors)
+  expect("exit code 2 for a bad measured run, got ${result}" result EQUAL 2)
+  expect("the bad run named: ${errors}" errors MATCHES "^memkit-budget: error: measured run bad-run in [^\n]*bad_measured.json: ")
   message(STATUS "measured: the nearest run and its error")
 else()
   message(FATAL_ERROR "unknown MODE ${MODE}")
