@@ -28,7 +28,7 @@ struct saved_tensor {
 };
 
 struct block_activations {
-  saved_tensor items[40]{};
+  saved_tensor items[48]{};
   int count = 0;
   std::uint64_t saved_bytes = 0;         // kept from the block's forward to its backward
   std::uint64_t forward_transient = 0;   // largest temporary alive inside the block's forward
@@ -62,12 +62,13 @@ namespace detail {
 // the backward only uses the weight: with `quantized_matmul_keeps_input` a frozen NF4/FP4 linear
 // keeps its input too.
 // memkit's lora_linear keeps its own copy of the adapter's input and its frozen base keeps nothing.
+// PEFT's fp32 adapters (lora_settings::fp32_adapters) keep their own fp32 copies, not the 16-bit input.
 constexpr bool keeps_linear_input(const training_plan& plan, module_set modules) noexcept {
   if (!plan.lora_training()) return true;
   if (plan.memkit_runtime()) return false;
   const bool four_bit = plan.weights.format == weight_format::nf4 || plan.weights.format == weight_format::fp4;
   if (four_bit && plan.quantized_matmul_keeps_input) return true;
-  return contains(plan.lora.targets, modules) && !plan.lora.dropout;
+  return contains(plan.lora.targets, modules) && !plan.lora.dropout && !plan.lora.fp32_adapters;
 }
 }  // namespace detail
 
@@ -116,6 +117,17 @@ constexpr block_activations block_activation_bytes(const model_config& m, const 
       add("lora.dropout_record", adapter.record);
       return;
     }
+    if (plan.lora.fp32_adapters) {
+      // PEFT with fp32 adapters (peft/tuners/lora/layer.py, Linear.forward): x = x.to(lora_A.weight.dtype)
+      // for each adapter on its own, so q, k and v each keep an fp32 copy of the same input; lora_A keeps
+      // dropout(x) in fp32 (with dropout nn.Dropout keeps its mask too), lora_B the fp32 [T, r] A output.
+      const lora::saved_bytes_parts fp32 = lora::saved_activation_bytes(
+          static_cast<std::int64_t>(T), static_cast<std::int64_t>(in), static_cast<std::int64_t>(plan.lora.rank), 4);
+      add(plan.lora.dropout ? dropped : std::string_view{"lora.input_fp32"}, fp32.adapter_input);
+      if (plan.lora.dropout) add(mask, T * in);
+      add(down_projection, fp32.adapter_output);
+      return;
+    }
     if (plan.lora.dropout) {
       add(dropped, adapter.adapter_input);
       add(mask, T * in);
@@ -140,6 +152,22 @@ constexpr block_activations block_activation_bytes(const model_config& m, const 
        "attn_norm.normalized");
   if (detail::keeps_linear_input(plan, qkv)) add("qkv_proj.input", e * T * h);
   lora_all(qkv);
+  // q/k norms (Qwen3, Gemma 3, OLMo-2: RMSNorm; StableLM-2: LayerNorm) on the projections' outputs, per head or
+  // over all heads: like the block's norms, an RMSNorm in Hugging Face's code keeps its fp32 upcast input and
+  // fp32 1/rms per row (and its bf16 normalized output when its weight trains); a LayerNorm its input, mean and
+  // rstd. Measured on an H200 (tests/data/budget_measured): Qwen3-0.6B's LoRA rows were 7% low without them.
+  if (m.qk_norm != qk_norm_kind::none) {
+    const bool rms = !m.layer_norm();
+    const bool per_head = m.qk_norm == qk_norm_kind::per_head;
+    auto qk_norm = [&](std::string_view input, std::string_view stats, std::string_view normalized,
+                       std::uint64_t heads) {
+      add(input, (rms && upcast ? 4 : e) * T * heads * d);
+      add(stats, (rms ? 4 : 8) * T * (per_head ? heads : 1));
+      if (rms && upcast && norms_train) add(normalized, e * T * heads * d);
+    };
+    qk_norm("q_norm.input", "q_norm.rstd", "q_norm.normalized", H);
+    qk_norm("k_norm.input", "k_norm.rstd", "k_norm.normalized", m.kv_heads);
+  }
   const std::uint64_t kv_kept = eager ? H : m.kv_heads;  // eager attention repeats k and v to every head
   add("q", qkv_e * T * H * d);
   add("k", qkv_e * T * kv_kept * d);
@@ -400,6 +428,8 @@ constexpr std::uint64_t model_level_activation_bytes(const model_config& m, cons
   if (!plan.lora_training()) {
     if (upcast) total += round_up(e * T * h, g);
     if (!detail::loss_grad_in_forward(plan)) total += round_up(e * T * h, g);  // lm_head input
+  } else if (plan.lightning_bnb && plan.quantized_matmul_keeps_input && !m.tied_embeddings) {
+    total += round_up(e * T * h, g);  // the quantized LM head's MatMul4Bit keeps its input (bitsandbytes < 0.43.2)
   }
   return total;
 }
@@ -410,6 +440,11 @@ struct logits_bytes {
   std::uint64_t forward_peak = 0;
   std::uint64_t saved = 0;
   std::uint64_t backward_peak = 0;
+  // PyTorch's caching allocator at the loss's backward peak: the segments it holds for the loss, live or
+  // cached. A [tokens, vocab] tensor of 10 MiB or more gets a segment of its own, and a freed one serves a
+  // later request of another size only if it is larger; the difference to backward_peak is reserved, not
+  // allocated.
+  std::uint64_t reserved_at_backward_peak = 0;
 };
 
 constexpr logits_bytes logits_activation_bytes(const model_config& m, const training_plan& plan) noexcept {
@@ -419,13 +454,25 @@ constexpr logits_bytes logits_activation_bytes(const model_config& m, const trai
   switch (plan.logits) {
     case logits_mode::fp32:
       if (e == 4) {
-        l.forward_peak = TV * (4 + 4);   // logits, log-softmax
-        l.saved = TV * (4 + 4);
+        l.forward_peak = TV * (4 + 4);  // logits (`.float()` returns them), log-softmax
+        l.saved = TV * 4;               // the log-softmax (below: nothing keeps the logits)
         l.backward_peak = TV * (4 + 4 + 4);
+        // The logits' freed segment takes nll_loss's gradient; log_softmax's gradient needs a new one.
+        l.reserved_at_backward_peak = l.backward_peak;
       } else {
+        // transformers' ForCausalLMLoss: `logits.float()`, then cross_entropy (log_softmax + nll_loss).
         l.forward_peak = TV * (e + 4 + 4);  // 16-bit logits, their fp32 copy, fp32 log-softmax
-        l.saved = TV * (e + 4);             // the 16-bit logits stay in the output; log-softmax for backward
-        l.backward_peak = TV * (e + 4 + 4 + 4);  // + gradient of the log-probabilities and of the fp32 logits
+        // Only the log-softmax (saved by log_softmax and nll_loss) outlives forward: nothing saves the 16-bit
+        // logits (the frozen or trained head's backward needs its input, not its output; the upcast's backward
+        // saves nothing), and the loop keeps the loss, not the model's output (the Trainer's compute_loss
+        // returns `outputs["loss"]`; torchtune `del logits` before backward), so the 16-bit logits and the fp32
+        // copy are freed when the loss returns. Measured on an H200 (tests/data/budget_measured): counting the
+        // 16-bit logits into backward predicted Qwen2.5-0.5B (vocabulary 151,936) 2 x T x V bytes too high.
+        l.saved = TV * 4;
+        l.backward_peak = TV * (4 + 4 + 4);  // + nll_loss's gradient and log_softmax's gradient, both fp32
+        // The fp32 copy's freed segment takes nll_loss's gradient, log_softmax's gradient a new one; the 16-bit
+        // logits' freed segment is too small for either and stays cached (it takes their 16-bit gradient).
+        l.reserved_at_backward_peak = TV * (e + 4 + 4 + 4);
       }
       break;
     case logits_mode::half:
@@ -501,6 +548,7 @@ constexpr logits_bytes logits_activation_bytes(const model_config& m, const trai
   l.forward_peak = round_up(l.forward_peak, g);
   l.saved = round_up(l.saved, g);
   l.backward_peak = round_up(l.backward_peak, g);
+  l.reserved_at_backward_peak = max_of(round_up(l.reserved_at_backward_peak, g), l.backward_peak);
   return l;
 }
 

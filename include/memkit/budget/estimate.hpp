@@ -127,6 +127,8 @@ constexpr std::string_view plan_problem(const model_config& m, const training_pl
     return "full training needs fp32/bf16/fp16 weights; quantized weights train with LoRA";
   if (p.lora_training() && (p.lora.rank == 0 || p.lora.targets == 0))
     return "LoRA needs a positive rank and at least one target module";
+  if (p.lora.fp32_adapters && !p.lora_training()) return "fp32 adapters are PEFT's LoRA adapters: they need method lora";
+  if (p.lightning_bnb && !p.weights.quantized()) return "lightning-bnb describes quantized (bitsandbytes) weights: use qlora";
   // The rule quantized_tensor enforces (a block size past int64 converts negative and is refused too).
   if ((p.weights.format == weight_format::nf4 || p.weights.format == weight_format::fp4) &&
       !quant::is_valid_block_size(static_cast<std::int64_t>(p.weights.block_size)))
@@ -144,8 +146,9 @@ constexpr std::string_view plan_problem(const model_config& m, const training_pl
       return "memkit's loss is loss::fused_linear_cross_entropy: use logits chunked or fused with the memkit runtime";
     if (!(detail_is_adam(p.optimizer) || p.optimizer == optimizer_kind::none))
       return "memkit's optimizers are adam_state flavours (adamw, adamw-bf16, adamw8bit, adamw4bit) or none";
-    if (p.kbit_prepared || p.quantized_matmul_keeps_input)
-      return "kbit-prepared and bnb-keeps-input describe PEFT / bitsandbytes, not the memkit runtime";
+    if (p.kbit_prepared || p.quantized_matmul_keeps_input || p.lora.fp32_adapters || p.lightning_bnb)
+      return "kbit-prepared, bnb-keeps-input, fp32-adapters and lightning-bnb describe PEFT / bitsandbytes / Lightning, "
+             "not the memkit runtime";
     if (p.placement == optimizer_placement::paged) return "paged optimizer state is bitsandbytes': not with the memkit runtime";
     if (p.optimizer_in_backward)
       return "memkit's adam_state steps every tensor once after backward (one step counter, global-norm clipping)";
@@ -337,16 +340,21 @@ constexpr parameter_totals parameter_bytes(const model_config& m, const training
   const std::uint64_t step_counter = torch_adam && p.fused_optimizer ? round_up(4, g) : 0;
   std::uint64_t largest_trainable = 0;
   std::uint64_t trainable_tensors = 0;
+  std::uint64_t trainable_elements = 0;
   std::uint64_t adam_chunks = 0;
+  // PEFT's fp32 adapters: fp32 weights and gradients, stepped directly (no master copy).
+  const bool fp32_adapters = p.lora_training() && p.lora.fp32_adapters;
   auto trainable = [&](const parameter_tensor& t) {
     const std::uint64_t n = t.elements();
     adam_chunks += adam_reduction_chunks(n) * t.count;
     trainable_tensors += t.count;
-    const std::uint64_t w = round_up(weight_bytes * n, g), grad = round_up(gradient_bytes * n, g);
+    trainable_elements += n * t.count;
+    const std::uint64_t w = round_up((fp32_adapters ? 4 : weight_bytes) * n, g);
+    const std::uint64_t grad = round_up((fp32_adapters ? 4 : gradient_bytes) * n, g);
     r.weights += w * t.count;
     r.gradients += grad * t.count;
     r.largest_gradient = max_of(r.largest_gradient, grad);
-    if (p.has_master_weights()) r.master += round_up(4 * n, g) * t.count;
+    if (p.has_master_weights() && !fp32_adapters) r.master += round_up(4 * n, g) * t.count;
     const std::uint64_t state = optimizer_state_bytes(t, p.optimizer, pure_16bit);
     r.optimizer += round_up(state, g) * t.count;
     r.weights_pool.add(w, t.count);
@@ -381,7 +389,10 @@ constexpr parameter_totals parameter_bytes(const model_config& m, const training
   if (!p.lora_training()) {
     for_each_parameter(m, trainable);
   } else {
-    for_each_parameter(m, [&](const parameter_tensor& t) {
+    for_each_parameter(m, [&](const parameter_tensor& in) {
+      // Lightning's bitsandbytes plugin quantizes the (untied) LM head like any other linear.
+      parameter_tensor t = in;
+      if (p.lightning_bnb && t.role == tensor_role::lm_head && t.cols != 1) t.role = tensor_role::linear_weight;
       const std::uint64_t w = round_up(frozen_weight_bytes(t, p.weights, p.kbit_prepared), g);
       r.weights += w * t.count;
       // bitsandbytes keeps a quantized weight's packed data and its scales as separate tensors.
@@ -410,7 +421,7 @@ constexpr parameter_totals parameter_bytes(const model_config& m, const training
   // Adafactor builds fp32 temporaries per tensor.
   if (torch_adam && !p.fused_optimizer) {
     const std::uint64_t state_bytes = p.optimizer == optimizer_kind::adamw ? 4 : 2;
-    r.step_temporary = state_bytes * (r.gradients / gradient_bytes);
+    r.step_temporary = state_bytes * trainable_elements;
     r.largest_step_temporary = round_up(state_bytes * largest_trainable, g);
   }
   if (p.optimizer == optimizer_kind::adafactor) r.largest_step_temporary = r.step_temporary = 3 * 4 * largest_trainable;
@@ -486,9 +497,12 @@ constexpr memory_estimate estimate_memory(const model_config& m, const training_
   const std::uint64_t g = p.overhead.allocation_granularity;
   // PyTorch: bitsandbytes dequantizes a quantized base one linear at a time into a 16-bit copy of the
   // whole weight. memkit: the largest workspace one of its linears takes (lora_linear / quant::matmul).
+  // Lightning's plugin quantized from fp16: an fp16 dequantized weight, then its bf16 copy (plan.lightning_bnb).
+  const std::uint64_t dequantized_copies = p.lightning_bnb ? 2 : 1;
   persistent[category::workspace] +=
-      p.overhead.workspace_bytes + (p.memkit_runtime() ? round_up(memkit_linear_workspace_bytes(m, p), g)
-                                                       : round_up(2 * params.largest_frozen_linear, g));
+      p.overhead.workspace_bytes +
+      (p.memkit_runtime() ? round_up(memkit_linear_workspace_bytes(m, p), g)
+                          : dequantized_copies * round_up(2 * params.largest_frozen_linear, g));
   // Outside any allocator: the CUDA context, NCCL's buffers when there is more than one GPU, and with the
   // memkit runtime the cuBLAS workspace (memkit never calls cublasSetWorkspace: cuBLAS allocates its own;
   // PyTorch hands cuBLAS one from its caching allocator, so there it is a tensor of `workspace`).
@@ -532,15 +546,26 @@ constexpr memory_estimate estimate_memory(const model_config& m, const training_
     return produced < gradients ? produced : gradients;
   };
   const std::uint64_t backward_workspace = step_in_backward ? params.largest_step_temporary : 0;
-  breakdown backward = with(persistent, grads_so_far(params.head_gradients), saved_blocks + extras,
-                            logits.backward_peak, backward_workspace);
+  const breakdown at_loss = with(persistent, grads_so_far(params.head_gradients), saved_blocks + extras,
+                                 logits.backward_peak, backward_workspace);
+  breakdown backward = at_loss;
   for (std::uint64_t i = L; i-- > 0;) {
     // Layer i runs backward: what blocks 0..i (or their checkpoints) still keep, plus its temporaries.
     const std::uint64_t activations = extras + block.backward_transient + blocks.at_backward(i);
     const std::uint64_t produced = params.head_gradients + (L - i) * params.layer_gradients;
     backward = larger(backward, with(persistent, grads_so_far(produced), activations, 0, backward_workspace));
   }
-  backward = larger(backward, with(persistent, grads_so_far(gradients), extras, 0, backward_workspace));
+  // A tied embedding's gradient arrives twice: the LM head's first, then embedding_dense_backward's, a new
+  // [vocab, hidden] tensor (at::zeros in aten/src/ATen/native/cuda/Embedding.cu), and autograd sums the two out of
+  // place (an aten::add of two [vocab, hidden] tensors in torch's profiler, torch 2.15 on the CPU): the
+  // embedding's gradient and the sum are alive next to the head's. Untied, the embedding's gradient is its own
+  // (counted above).
+  const std::uint64_t tied_embedding_grad =
+      m.tied_embeddings && !p.lora_training() && !p.memkit_runtime() && !step_in_backward && !host_optimizer
+          ? 2 * params.head_gradients
+          : 0;
+  backward = larger(backward, with(persistent, grads_so_far(gradients) + tied_embedding_grad, extras, 0,
+                                   backward_workspace));
   out.phases[1] = backward;
 
   breakdown step = step_in_backward ? with(persistent, 0, 0, 0, 0) : with(persistent, gradients, 0, 0, step_temporary);
@@ -564,6 +589,31 @@ constexpr memory_estimate estimate_memory(const model_config& m, const training_
   pool_usage activation_pool;
   for (int i = 0; i < block.count; ++i) activation_pool.add(block.items[i].bytes);
   const allocator_kind allocator = allocator_of(p);
+  // The caching allocator's segments for a moment's live tensors: its allocated figure (unsplit blocks count
+  // whole) and its reserved figure, before the cache's memory of earlier phases.
+  // `tied_pair`: bytes of b's gradients that are two tensors of their own (a tied embedding's second gradient
+  // and the sum).
+  auto caching_figures = [&](const breakdown& b, std::uint64_t tied_pair = 0) {
+    memory_figures f;
+    const std::uint64_t counted = b.total() - out.managed_bytes;
+    f.allocated = counted;
+    f.reserved = counted + counted * p.overhead.fragmentation_percent / 100;
+    pool_usage live;
+    live.add_as(params.weights_pool, b[category::weights]);
+    live.add_as(params.gradients_pool, b[category::gradients] - tied_pair);
+    if (tied_pair != 0) live.add(tied_pair / 2, 2);
+    live.add_as(params.master_pool, b[category::master_weights]);
+    live.add_as(params.optimizer_pool, b[category::optimizer_state] - out.managed_bytes);
+    live.add_as(activation_pool, b[category::activations]);
+    live.add(b[category::logits]);
+    live.add(p.overhead.workspace_bytes);
+    for (std::uint64_t i = 0; i < dequantized_copies; ++i) live.add(2 * params.largest_frozen_linear);
+    live.add_as(params.temporary_pool, b[category::workspace] - persistent[category::workspace]);
+    // An unsplit block is handed out whole and counted as allocated (allocated_bytes adds its size).
+    f.allocated += live.unsplit_tails();
+    f.reserved += live.slack();
+    return f;
+  };
   std::uint64_t reserved_so_far = 0;
   for (int i = 0; i < step_phase_count; ++i) {
     breakdown& b = out.phases[i];
@@ -574,19 +624,14 @@ constexpr memory_estimate estimate_memory(const model_config& m, const training_
     f.allocated = counted;
     f.reserved = counted + counted * p.overhead.fragmentation_percent / 100;
     if (allocator == allocator_kind::pytorch_caching) {
-      pool_usage live;
-      live.add_as(params.weights_pool, b[category::weights]);
-      live.add_as(params.gradients_pool, b[category::gradients]);
-      live.add_as(params.master_pool, b[category::master_weights]);
-      live.add_as(params.optimizer_pool, b[category::optimizer_state] - out.managed_bytes);
-      live.add_as(activation_pool, b[category::activations]);
-      live.add(b[category::logits]);
-      live.add(p.overhead.workspace_bytes);
-      live.add(2 * params.largest_frozen_linear);
-      live.add_as(params.temporary_pool, b[category::workspace] - persistent[category::workspace]);
-      // An unsplit block is handed out whole and counted as allocated (allocated_bytes adds its size).
-      f.allocated += live.unsplit_tails();
-      f.reserved += live.slack();
+      const bool tied_moment = i == static_cast<int>(step_phase::backward) && tied_embedding_grad != 0 &&
+                               b[category::gradients] == gradients + tied_embedding_grad;
+      f = caching_figures(b, tied_moment ? tied_embedding_grad : 0);
+      // Backward starts at the loss, whose freed forward segments the cache keeps (logits_bytes): whatever
+      // moment sets the phase's tensors, the phase holds at least the segments of that one.
+      if (i == static_cast<int>(step_phase::backward) && !memkit_block_modelled(m, p))
+        f.reserved = max_of(f.reserved, caching_figures(at_loss).reserved + logits.reserved_at_backward_peak -
+                                            logits.backward_peak);
       // The cache keeps what it reserved: a later phase holds at least an earlier one's segments.
       f.reserved = max_of(f.reserved, reserved_so_far);
       reserved_so_far = f.reserved;

@@ -35,6 +35,11 @@ struct lora_settings {
   std::uint64_t rank = 16;
   module_set targets = all_linear_modules;
   bool dropout = false;  // lora_dropout > 0: each adapter keeps its own dropped copy of its input and a mask
+  // PEFT's get_peft_model(autocast_adapter_dtype=True), its default: adapters of a 16-bit model are created in
+  // fp32 (fp32 weights and gradients, no master copy), and each adapter casts its 16-bit input to fp32
+  // (LoraLayer._cast_input_dtype) before lora_A, which keeps that fp32 copy for its weight gradient; the
+  // down-projection lora_B keeps is fp32 too. PyTorch runtime only.
+  bool fp32_adapters = false;
 };
 
 enum class precision_mode : std::uint8_t {
@@ -127,6 +132,11 @@ struct training_plan {
   bool kbit_prepared = false;
   // bitsandbytes < 0.43.2: MatMul4Bit saved its input for backward (fixed by bitsandbytes PR #1270).
   bool quantized_matmul_keeps_input = false;
+  // Lightning's BitsandbytesPrecision (LitGPT's --quantize bnb.nf4 ...; lightning/fabric/plugins/precision/
+  // bitsandbytes.py): it replaces every nn.Linear, the LM head included (when not tied), and quantizes each weight
+  // from fp16 (`weight.to(torch.half)` before quantize_4bit), so bitsandbytes dequantizes to an fp16 weight and
+  // MatMul4Bit then casts it to the bf16 compute dtype: two whole-weight transients per 4-bit matmul, not one.
+  bool lightning_bnb = false;
 
   // memkit runtime: where the step runs. 0: on a CUDA device (cuBLAS and the components' device kernels).
   // N > 0: on the host with N threads, as examples/train_llama.cpp runs: every workspace term is then the
