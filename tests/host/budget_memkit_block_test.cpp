@@ -1,8 +1,9 @@
 // memory_budget's memkit runtime models memkit/models/llama/block.hpp: for the example's block (bf16, 2 host
 // threads; pretraining with dense_linear and QLoRA with LoRA over NF4), untiled and with the sequence-tiled MLP
 // at chunks that do and do not divide the tokens, the budget's saved bytes, its largest temporaries and its
-// MLP backward phase equal the decoder_block's own byte functions (saved_bytes, workspace_bytes,
-// backward_scratch_bytes + mlp_workspace_bytes), which models_llama_tiled_mlp_test holds to the tracked peak.
+// MLP forward and backward phases equal the decoder_block's own byte functions (saved_bytes, workspace_bytes,
+// forward/backward_scratch_bytes + mlp_workspace_bytes), which models_llama_tiled_mlp_test holds to the
+// tracked peak.
 #include <memkit/memkit.hpp>
 #include <memkit/models/llama/load.hpp>
 
@@ -53,6 +54,9 @@ void compare(Block& block, bool qlora) {
     CHECK(a.saved_bytes == block.saved_bytes(in, {}));
     CHECK(std::max(a.forward_transient, a.backward_transient) == block.workspace_bytes(in));
     CHECK(a.backward_phase_transient[0] == block.backward_scratch_bytes(in) + block.mlp_workspace_bytes(in));
+    // The forward's MLP phase runs with every saved tensor of the block saved (tiled: n2 before the chunks).
+    CHECK(a.forward_unsaved[0] == 0);
+    CHECK(a.forward_phase_transient[0] == block.forward_scratch_bytes(in) + block.mlp_workspace_bytes(in));
   }
   // Tiling keeps less: at 100 tokens a chunk the block saves the MLP input instead of four [256, .] tensors.
   block.mlp_token_chunk = 0;

@@ -39,6 +39,10 @@ struct block_activations {
   static constexpr int backward_phase_count = 4;
   std::uint64_t backward_released[backward_phase_count]{};
   std::uint64_t backward_phase_transient[backward_phase_count]{};
+  // memkit runtime: the forward in the same phases (MLP, o_proj, attention, q/k/v projections), each with the
+  // block's saved bytes not yet saved when it runs and its temporaries. forward_transient is the largest.
+  std::uint64_t forward_unsaved[backward_phase_count]{};
+  std::uint64_t forward_phase_transient[backward_phase_count]{};
   // memkit runtime: the temporaries come from the workspace resource (and include the block's operations'
   // own workspace), so they count as workspace, not activations.
   bool transients_in_workspace = false;
@@ -412,9 +416,16 @@ constexpr block_activations memkit_block_activation_bytes(const model_config& m,
       attention_backward, memkit_linear_workspace_bytes(m, plan, qkv)};
   const std::uint64_t released[block_activations::backward_phase_count] = {
       0, a.saved_bytes - saved_to_o, a.saved_bytes - saved_to_attention, a.saved_bytes - saved_to_qkv};
+  // The forward's phases run with the saved tensors of the block so far: q/k/v's workspace once the projections
+  // have saved theirs, attention once q, k, v, its output and log-sum-exp are saved, o_proj's after its input,
+  // the MLP's with everything saved (the tiled MLP saves its input before its chunks).
+  const std::uint64_t forward_workspace[block_activations::backward_phase_count] = {
+      mlp_workspace, phase_workspace[1], attention_forward, phase_workspace[3]};
   for (int i = 0; i < block_activations::backward_phase_count; ++i) {
     a.backward_released[i] = released[i];
     a.backward_phase_transient[i] = backward_scratch + round_up(phase_workspace[i], g);
+    a.forward_unsaved[i] = released[i];
+    a.forward_phase_transient[i] = forward_scratch + round_up(forward_workspace[i], g);
   }
   return a;
 }
