@@ -173,6 +173,7 @@ void block_bytes(Block& block, memkit::tracking_resource& tracker, const char* w
   std::normal_distribution<float> normal(0.0f, 1.0f);
   std::vector<float> x(static_cast<std::size_t>(in.numel())), y(x.size()), dx(x.size());
   for (float& v : x) v = normal(rng);
+  std::vector<float> y_untiled, dx_untiled;
   for (const std::int64_t chunk : {std::int64_t{0}, std::int64_t{1}, std::int64_t{7}, tokens, std::int64_t{50}}) {
     CAPTURE(chunk);
     block.mlp_token_chunk = chunk;
@@ -185,6 +186,14 @@ void block_bytes(Block& block, memkit::tracking_resource& tracker, const char* w
     block.backward(memkit::host, memkit::host_view(std::as_const(y).data(), in), memkit::host_view(dx.data(), in), store);
     CHECK(store.empty());
     const std::size_t backward_workspace = tracker.stats(memkit::memory_category::workspace).peak_bytes;
+    // The block's output and input gradient (dy = y here) row by row as untiled: bit for bit.
+    if (chunk == 0) {
+      y_untiled = y;
+      dx_untiled = dx;
+    } else {
+      CHECK(y == y_untiled);
+      CHECK(dx == dx_untiled);
+    }
     CHECK(tracker.stats(memkit::memory_category::activations).peak_bytes == block.saved_bytes(in, {}));
     MESSAGE(std::string(what) << " chunk " << chunk << ": saved " << block.saved_bytes(in, {}) << ", workspace measured forward "
                  << forward_workspace << " backward " << backward_workspace << ", stated " << block.workspace_bytes(in)

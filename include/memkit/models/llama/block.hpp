@@ -154,9 +154,9 @@ struct decoder_block {
   std::int64_t window = 0;         // this layer's sliding window (model_config::window_of)
   // Tokens per chunk of the sequence-tiled MLP; 0: the MLP runs over all tokens at once (see the top of the file).
   std::int64_t mlp_token_chunk = 0;
-  // The context of the latest forward: the tiled MLP's backward recomputes each chunk with it (LoRA dropout
-  // draws its masks from it). checkpoint::segment's recompute and a forward-then-backward loop both leave the
-  // right one; two forwards of one block with different contexts before their backwards would not.
+  // The context of the latest forward: the tiled MLP's backward recomputes each chunk with it (only LoRA
+  // dropout reads it, for its masks). checkpoint::segment's recompute and a forward-then-backward loop both
+  // leave the right one; two forwards of one block with different contexts before their backwards would not.
   forward_context mlp_context{};
 
   std::int64_t q_width() const { return config.heads * config.head_dim; }
