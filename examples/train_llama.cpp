@@ -1441,6 +1441,9 @@ int run_checkpoint(const E& exec, const options& o, memkit::memory_resource& ups
               static_cast<long long>(c.vocab), c.tie_embeddings ? " (tied)" : "", static_cast<long long>(parameters),
               static_cast<long long>(o.batch), static_cast<long long>(o.seq), static_cast<long long>(o.accum), o.threads,
               device_line.c_str());
+  if (o.mlp_chunk_tokens > 0)
+    std::printf("MLP sequence-tiled: chunks of %lld tokens (recomputed in the backward)\n",
+                static_cast<long long>(o.mlp_chunk_tokens));
   if (o.max_seq_search) return max_seq_search(exec, o, upstream);
   memory_meter meter(upstream);
   std::vector<example::step_record> records;
