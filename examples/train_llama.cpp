@@ -1580,8 +1580,19 @@ int run(const E& exec, const options& o, memkit::memory_resource& upstream, cons
   expect(s1.validation_after < s1.validation_before, "stage 1 validation loss falls");
   expect(s2.result.last_loss < s2.result.first_loss, "stage 2 training loss falls");
   expect(s2.result.validation_after < s2.result.validation_before, "stage 2 validation loss falls");
-  expect(within(s1.predicted_peak, s1.measured_peak, 0.02), "stage 1 peak memory predicted within 2%");
-  expect(within(s2.result.predicted_peak, s2.result.measured_peak, 0.02), "stage 2 peak memory predicted within 2%");
+  // Each category's own peak is predicted from the components' byte functions; their sum bounds the total (the
+  // categories peak at different moments: with --mlp-chunk the gap reaches several percent at the default size)
+  // and memory_budget predicts the total itself, below.
+  const auto categories_within = [&](const stage_result& s) {
+    bool ok = true;
+    for (int i = 0; i < memkit::memory_category_count; ++i) {
+      const auto c = static_cast<memory_category>(i);
+      ok = ok && within(s.predicted[c], s.measured[c], 0.02);
+    }
+    return ok && s.predicted_peak >= s.measured_peak;
+  };
+  expect(categories_within(s1), "stage 1: every category's peak predicted within 2%, their sum bounds the peak");
+  expect(categories_within(s2.result), "stage 2: every category's peak predicted within 2%, their sum bounds the peak");
   expect(within(s1.budget.peak, s1.measured_peak, 0.02), "stage 1 peak: memory_budget's memkit runtime within 2% of the tracker");
   expect(within(s2.result.budget.peak, s2.result.measured_peak, 0.02),
          "stage 2 peak: memory_budget's memkit runtime within 2% of the tracker");
