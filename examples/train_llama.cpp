@@ -23,7 +23,11 @@
 //
 //   ./train_llama [--short] [--check] [--device host|cuda|auto] [--steps N] [--finetune-steps N] [--batch B]
 //                 [--seq S] [--accum A] [--hidden H] [--layers L] [--threads T] [--rounding]
-//                 [--no-checkpointing] [--out DIR]
+//                 [--no-checkpointing] [--mlp-chunk TOKENS] [--out DIR]
+//
+// --mlp-chunk TOKENS runs every block's MLP sequence-tiled (decoder_block::mlp_token_chunk): gate/up -> SwiGLU
+// -> down over chunks of TOKENS tokens, recomputed in the backward, so the [tokens, intermediate] tensors are
+// never held whole; memory_budget models it (training_plan::mlp_token_chunk) and --check holds it to the peak.
 //
 // With a Hugging Face checkpoint instead (docs/models.md): --model DIR (config.json + safetensors, 16-bit or
 // bitsandbytes 4-bit) or --init random --config FILE (any supported config at its real shapes), trained on
@@ -126,6 +130,7 @@ struct options {
   int threads = 0;
   bool rounding = false;       // bf16 weights with stochastic rounding instead of fp32 master weights
   std::int64_t loss_chunk_tokens = 256;  // tokens whose fp32 logits exist at once (0: all of a micro-batch)
+  std::int64_t mlp_chunk_tokens = 0;     // --mlp-chunk: tokens per chunk of the blocks' tiled MLP (0: untiled)
   bool adam32 = false;         // stage 1 with fp32 AdamW moments instead of 8-bit (to measure what 8-bit saves)
   bool checkpointing = true;   // one checkpoint per block (memkit::checkpoint::schedule::every_layer)
   bool check = false;          // exit non-zero unless loss falls, memory agrees within 2%, reloads agree
@@ -151,7 +156,7 @@ struct options {
 constexpr const char* flag_list =
     "--short --check --device host|cuda|auto --steps N --finetune-steps N --batch B --seq S --accum A --hidden H "
     "--layers L --heads H --kv-heads K --intermediate F --rank R --threads T --rounding --adam32 --loss-chunk TOKENS "
-    "--no-checkpointing --sample N --data DIR --out DIR | --model DIR | --init random --config FILE, "
+    "--mlp-chunk TOKENS --no-checkpointing --sample N --data DIR --out DIR | --model DIR | --init random --config FILE, "
     "with --data FILE (tokens) --finetune qlora|lora|full --targets q_proj,v_proj,... --merge; --memory-cap MIB "
     "--max-seq-search";
 
@@ -228,6 +233,7 @@ options parse(int argc, char** argv) {
     else if (a == "--rounding") o.rounding = true;
     else if (a == "--adam32") o.adam32 = true;
     else if (a == "--loss-chunk") o.loss_chunk_tokens = number(0, std::int64_t{1} << 30);
+    else if (a == "--mlp-chunk") o.mlp_chunk_tokens = number(1, std::int64_t{1} << 30);
     else if (a == "--no-checkpointing") o.checkpointing = false;
     else if (a == "--sample") o.sample_bytes = number(0, 1000000);
     else if (a == "--data") o.data_dir = value();
@@ -434,6 +440,7 @@ budget::training_plan budget_plan(const options& o, bool qlora, bool on_device) 
   if (!qlora && o.rounding) p.precision = budget::precision_mode::bf16;
   if (!qlora && o.adam32) p.optimizer = budget::optimizer_kind::adamw;
   p.logits_chunk_tokens = static_cast<std::uint64_t>(o.loss_chunk_tokens > 0 ? o.loss_chunk_tokens : o.batch * o.seq);
+  p.mlp_token_chunk = static_cast<std::uint64_t>(o.mlp_chunk_tokens);
   if (!on_device) {
     p.host_threads = static_cast<std::uint64_t>(o.threads);
     p.overhead = budget::host_overhead;
@@ -579,11 +586,14 @@ struct step_buffers {
   }
 };
 
+// A stage's layer stack: the blocks, their MLP tiled by --mlp-chunk (set here, before anything predicts the
+// blocks' bytes), and the final norm, a checkpoint per block unless --no-checkpointing.
 template <class Model>
-auto make_stack(Model& model, bool checkpointing) {
+auto make_stack(Model& model, const options& o) {
+  model.set_mlp_token_chunk(o.mlp_chunk_tokens);
   return memkit::checkpoint::segment(
       memkit::checkpoint::layer_sequence(model.blocks, model.final_norm),
-      {.schedule = checkpointing ? memkit::checkpoint::schedule::every_layer() : memkit::checkpoint::schedule::none()});
+      {.schedule = o.checkpointing ? memkit::checkpoint::schedule::every_layer() : memkit::checkpoint::schedule::none()});
 }
 
 // Forward, loss, backward of one micro-batch through the checkpointed stack; returns the loss.
@@ -817,7 +827,7 @@ stage_result pretrain(const E& exec, const options& o, memory_meter& meter, std:
   const auto adam_params = params.adam_params();
   const memkit::optim::adam_group adam_base{.beta2 = 0.99f};
 
-  auto stack = make_stack(model, o.checkpointing);
+  auto stack = make_stack(model, o);
   step_buffers buffers(r, o.batch, o.seq, o.model.hidden, true);
   predicted.peak[memory_category::activations] = activation_peak(model, stack, o, true);
   predicted.peak[memory_category::workspace] = workspace_peak(model, o);
@@ -1032,7 +1042,7 @@ finetune_outcome finetune(const E& exec, const options& o, memory_meter& meter, 
   memkit::optim::adam_state<std::int8_t, 256> adam(exec, *r.model.optimizer, params.sizes(), adam_options);
   const auto adam_params = params.adam_params();
   const memkit::optim::adam_group adam_base{.beta2 = 0.99f, .weight_decay = 0.0f};
-  auto stack = make_stack(*model, o.checkpointing);
+  auto stack = make_stack(*model, o);
   step_buffers buffers(r, o.batch, o.seq, o.model.hidden, false);
   predicted.peak[memory_category::activations] = activation_peak(*model, stack, o, false);
   predicted.peak[memory_category::workspace] = std::max<std::uint64_t>(workspace_peak(*model, o), largest_staging);
@@ -1110,7 +1120,7 @@ void train_checkpoint_stage(const E& exec, const options& o, const char* what, M
                             memory_meter& meter, memory_prediction& predicted, std::uint64_t staging, bool lora,
                             StepOptimizer&& step_optimizer, ZeroGrad&& zero_grad,
                             std::vector<example::step_record>& records, stage_result& result) {
-  auto stack = make_stack(model, o.checkpointing);
+  auto stack = make_stack(model, o);
   predicted.peak[memory_category::activations] = activation_peak(model, stack, o, !lora);
   predicted.peak[memory_category::workspace] = std::max<std::uint64_t>(workspace_peak(model, o), staging);
   predicted.total = predicted.peak.total();
@@ -1431,6 +1441,9 @@ int run_checkpoint(const E& exec, const options& o, memkit::memory_resource& ups
               static_cast<long long>(c.vocab), c.tie_embeddings ? " (tied)" : "", static_cast<long long>(parameters),
               static_cast<long long>(o.batch), static_cast<long long>(o.seq), static_cast<long long>(o.accum), o.threads,
               device_line.c_str());
+  if (o.mlp_chunk_tokens > 0)
+    std::printf("MLP sequence-tiled: chunks of %lld tokens (recomputed in the backward)\n",
+                static_cast<long long>(o.mlp_chunk_tokens));
   if (o.max_seq_search) return max_seq_search(exec, o, upstream);
   memory_meter meter(upstream);
   std::vector<example::step_record> records;
@@ -1507,6 +1520,9 @@ int run(const E& exec, const options& o, memkit::memory_resource& upstream, cons
               "memkit::loss::fused_linear_cross_entropy (chunks of %lld tokens)\nLoRA:      %s\n",
               static_cast<long long>(o.loss_chunk_tokens > 0 ? o.loss_chunk_tokens : o.batch * o.seq),
               lora_linear_impl::description);
+  if (o.mlp_chunk_tokens > 0)
+    std::printf("MLP:       sequence-tiled, chunks of %lld tokens (recomputed in the backward)\n",
+                static_cast<long long>(o.mlp_chunk_tokens));
   std::int64_t parameters = 2 * o.model.vocab * o.model.hidden + (2 * o.model.layers + 1) * o.model.hidden;
   for (std::int64_t i = 0; i < o.model.layers; ++i)
     for (const llama::projection& p : llama::projections_of(o.model, i)) parameters += p.in * p.out;
@@ -1564,8 +1580,19 @@ int run(const E& exec, const options& o, memkit::memory_resource& upstream, cons
   expect(s1.validation_after < s1.validation_before, "stage 1 validation loss falls");
   expect(s2.result.last_loss < s2.result.first_loss, "stage 2 training loss falls");
   expect(s2.result.validation_after < s2.result.validation_before, "stage 2 validation loss falls");
-  expect(within(s1.predicted_peak, s1.measured_peak, 0.02), "stage 1 peak memory predicted within 2%");
-  expect(within(s2.result.predicted_peak, s2.result.measured_peak, 0.02), "stage 2 peak memory predicted within 2%");
+  // Each category's own peak is predicted from the components' byte functions; their sum bounds the total (the
+  // categories peak at different moments: with --mlp-chunk the gap reaches several percent at the default size)
+  // and memory_budget predicts the total itself, below.
+  const auto categories_within = [&](const stage_result& s) {
+    bool ok = true;
+    for (int i = 0; i < memkit::memory_category_count; ++i) {
+      const auto c = static_cast<memory_category>(i);
+      ok = ok && within(s.predicted[c], s.measured[c], 0.02);
+    }
+    return ok && s.predicted_peak >= s.measured_peak;
+  };
+  expect(categories_within(s1), "stage 1: every category's peak predicted within 2%, their sum bounds the peak");
+  expect(categories_within(s2.result), "stage 2: every category's peak predicted within 2%, their sum bounds the peak");
   expect(within(s1.budget.peak, s1.measured_peak, 0.02), "stage 1 peak: memory_budget's memkit runtime within 2% of the tracker");
   expect(within(s2.result.budget.peak, s2.result.measured_peak, 0.02),
          "stage 2 peak: memory_budget's memkit runtime within 2% of the tracker");

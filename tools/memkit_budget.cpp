@@ -38,6 +38,7 @@ constexpr const char* usage_text =
     "  --optimizer-in-backward (torchtune optimizer_in_bwd: each gradient freed as soon as it is stepped)\n"
     "  --logits-chunks N (torchtune's num_output_chunks for --logits chunked, default 8)\n"
     "  --loss-chunk-tokens N (memkit runtime: tokens per chunk of loss::fused_linear_cross_entropy, default 1024)\n"
+    "  --mlp-chunk N (memkit runtime, Llama-style blocks: the sequence-tiled MLP, N tokens per chunk)\n"
     "  --gpu NAME  --plan  --max-batch  --max-seq  --json  --svg PATH\n"
     "  --metric allocated|reserved|device  (what fits and --max-* compare with the GPU; default device)\n"
     "  --cuda-context-mib N  --nccl-mib N  --cublas-workspace-mib N  --fragmentation PERCENT\n"
@@ -213,6 +214,8 @@ options parse_arguments(int argc, char** argv) {
       p.logits_output_chunks = parse_count(flag, value());
     } else if (flag == "--loss-chunk-tokens") {
       p.logits_chunk_tokens = parse_count(flag, value());
+    } else if (flag == "--mlp-chunk") {
+      p.mlp_token_chunk = parse_count(flag, value());
     } else if (flag == "--offload") {
       static constexpr std::pair<const char*, offload_choice> choices[] = {
           {"none", {optimizer_placement::device, false}},

@@ -39,6 +39,10 @@ struct block_activations {
   static constexpr int backward_phase_count = 4;
   std::uint64_t backward_released[backward_phase_count]{};
   std::uint64_t backward_phase_transient[backward_phase_count]{};
+  // memkit runtime: the forward in the same phases (MLP, o_proj, attention, q/k/v projections), each with the
+  // block's saved bytes not yet saved when it runs and its temporaries. forward_transient is the largest.
+  std::uint64_t forward_unsaved[backward_phase_count]{};
+  std::uint64_t forward_phase_transient[backward_phase_count]{};
   // memkit runtime: the temporaries come from the workspace resource (and include the block's operations'
   // own workspace), so they count as workspace, not activations.
   bool transients_in_workspace = false;
@@ -263,9 +267,11 @@ constexpr auto with_base_type(const training_plan& plan, F&& f) noexcept {
 // host (plan.host_threads > 0) every product is a linalg::gemm whose per-thread packing is workspace too, so a
 // trained dense linear takes the most of its forward (x W^T), weight gradient (dy^T x, fp32) and input
 // gradient (dy W) products.
-// `which`: only the linears of these modules (a block's phase).
+// `which`: only the linears of these modules (a block's phase); `tokens`: rows per call (0: the plan's tokens;
+// the tiled MLP's chunk).
 constexpr std::uint64_t memkit_linear_workspace_bytes(const model_config& m, const training_plan& plan,
-                                                      module_set which = all_linear_modules) noexcept {
+                                                      module_set which = all_linear_modules,
+                                                      std::uint64_t tokens_per_call = 0) noexcept {
   const bool on_host = plan.on_host();
   if (!plan.lora_training() && !on_host) return 0;
   const bool on_device = !on_host;
@@ -277,7 +283,8 @@ constexpr std::uint64_t memkit_linear_workspace_bytes(const model_config& m, con
   for (int i = 0; i < linears.count; ++i) {
     const linear_layer& l = linears.items[i];
     if ((l.modules & which) == 0) continue;
-    const auto tokens = static_cast<std::int64_t>(plan.tokens() * l.tokens_per_copy_num / l.tokens_per_copy_den);
+    const std::uint64_t rows = tokens_per_call > 0 ? tokens_per_call : plan.tokens();
+    const auto tokens = static_cast<std::int64_t>(rows * l.tokens_per_copy_num / l.tokens_per_copy_den);
     const auto in = static_cast<std::int64_t>(l.in), out = static_cast<std::int64_t>(l.out);
     const auto rank = static_cast<std::int64_t>(plan.lora.rank);
     const std::int64_t block = plan.weights.format == weight_format::int8 ? in
@@ -342,6 +349,11 @@ constexpr std::uint64_t memkit_linear_workspace_bytes(const model_config& m, con
 //             sum), and four each of the q-width and kv-width ones (merged/split heads of dq, dk, dv, do);
 // on top of which one operation's own workspace: the largest of any linear's (memkit_linear_workspace_bytes)
 // and memkit::attention's forward (host: per-thread tiles) or backward (delta, host tiles) workspace.
+// Tiled MLP (plan.mlp_token_chunk = c > 0, decoder_block::mlp_token_chunk): the block saves the MLP's input
+// [T, h] instead of gate's, up's, SwiGLU's and down's tensors; gate|up and the SwiGLU output (and in backward
+// their gradients) are [min(c, T), .] scratch pieces; each chunk's sub-layers save into a store on the
+// workspace, so an MLP projection's workspace (at min(c, T) rows) comes on top of what the chunk holds then:
+// gate's saved tensors, gate's and up's, or all four at down (decoder_block::mlp_workspace_bytes).
 constexpr block_activations memkit_block_activation_bytes(const model_config& m, const training_plan& plan) noexcept {
   block_activations a;
   a.transients_in_workspace = true;
@@ -384,31 +396,64 @@ constexpr block_activations memkit_block_activation_bytes(const model_config& m,
   const std::uint64_t saved_to_o = a.saved_bytes;
   add("mlp_norm.input", e * T * h);
   add("mlp_norm.rstd", 4 * T);
-  linear(linear_module::gate, h, "gate_proj.input");
-  linear(linear_module::up, h, "up_proj.input");
-  add("swiglu.input", e * T * 2 * f);
-  linear(linear_module::down, f, "down_proj.input");
+  const module_set mlp = linear_module::gate | linear_module::up | static_cast<module_set>(linear_module::down);
+  const bool tiled = plan.mlp_token_chunk > 0;
+  const std::uint64_t mlp_rows = tiled && plan.mlp_token_chunk < T ? plan.mlp_token_chunk : T;
+  std::uint64_t mlp_workspace = memkit_linear_workspace_bytes(m, plan, mlp);
+  if (!tiled) {
+    linear(linear_module::gate, h, "gate_proj.input");
+    linear(linear_module::up, h, "up_proj.input");
+    add("swiglu.input", e * T * 2 * f);
+    linear(linear_module::down, f, "down_proj.input");
+  } else {
+    add("mlp.input", e * T * h);
+    // What one chunk's sub-layers save (into the workspace), as `linear` above counts it for T tokens.
+    auto chunk_saved = [&](linear_module module, std::uint64_t in) -> std::uint64_t {
+      if (!plan.lora_training()) return round_up(e * mlp_rows * in, g);
+      if (!contains(plan.lora.targets, static_cast<module_set>(module))) return 0;
+      const lora::saved_bytes_parts adapter = lora::saved_activation_bytes(
+          static_cast<std::int64_t>(mlp_rows), static_cast<std::int64_t>(in), static_cast<std::int64_t>(plan.lora.rank), e);
+      return round_up(adapter.adapter_input, g) + round_up(adapter.adapter_output, g) + round_up(adapter.record, g);
+    };
+    auto chunk_workspace = [&](linear_module module) {
+      return round_up(memkit_linear_workspace_bytes(m, plan, static_cast<module_set>(module), mlp_rows), g);
+    };
+    const std::uint64_t gate_saved = chunk_saved(linear_module::gate, h);
+    const std::uint64_t up_saved = gate_saved + chunk_saved(linear_module::up, h);
+    const std::uint64_t all_saved = up_saved + round_up(e * mlp_rows * 2 * f, g) + chunk_saved(linear_module::down, f);
+    mlp_workspace = max_of(max_of(gate_saved + chunk_workspace(linear_module::gate), up_saved + chunk_workspace(linear_module::up)),
+                           all_saved + chunk_workspace(linear_module::down));
+  }
 
-  auto piece = [&](std::uint64_t width) { return round_up((e * T * width + 63) / 64 * 64, g); };
-  const std::uint64_t forward_scratch = 5 * piece(h) + 2 * piece(qw) + 2 * piece(kvw) + piece(2 * f) + piece(f);
-  const std::uint64_t backward_scratch = piece(f) + piece(2 * f) + 4 * piece(h) + 4 * piece(qw) + 4 * piece(kvw);
-  const std::uint64_t linears = memkit_linear_workspace_bytes(m, plan);
+  auto piece_of = [&](std::uint64_t rows, std::uint64_t width) { return round_up((e * rows * width + 63) / 64 * 64, g); };
+  auto piece = [&](std::uint64_t width) { return piece_of(T, width); };
+  const std::uint64_t mlp_pieces = piece_of(mlp_rows, 2 * f) + piece_of(mlp_rows, f);  // gate|up and a (da, dgu)
+  const std::uint64_t forward_scratch = 5 * piece(h) + 2 * piece(qw) + 2 * piece(kvw) + mlp_pieces;
+  const std::uint64_t backward_scratch = mlp_pieces + 4 * piece(h) + 4 * piece(qw) + 4 * piece(kvw);
+  const auto attention_linears = static_cast<module_set>(all_linear_modules & ~mlp);
+  const std::uint64_t linears = max_of(memkit_linear_workspace_bytes(m, plan, attention_linears), mlp_workspace);
   const std::uint64_t attention_forward = attention::workspace_bytes(attention::forward_arguments{attention_problem});
   const std::uint64_t attention_backward = attention::workspace_bytes(attention::backward_arguments{attention_problem});
   a.forward_transient = forward_scratch + round_up(max_of(linears, attention_forward), g);
   a.backward_transient = backward_scratch + round_up(max_of(linears, attention_backward), g);
   // The phases of memkit/models/llama/block.hpp's backward: the MLP (down, SwiGLU, up, gate, mlp_norm), o_proj,
   // attention, then q/k/v and attn_norm; each starts once the phases before it have released their saved tensors.
-  const module_set mlp = linear_module::gate | linear_module::up | static_cast<module_set>(linear_module::down);
   const module_set qkv = linear_module::q | linear_module::k | static_cast<module_set>(linear_module::v);
   const std::uint64_t phase_workspace[block_activations::backward_phase_count] = {
-      memkit_linear_workspace_bytes(m, plan, mlp), memkit_linear_workspace_bytes(m, plan, static_cast<module_set>(linear_module::o)),
+      mlp_workspace, memkit_linear_workspace_bytes(m, plan, static_cast<module_set>(linear_module::o)),
       attention_backward, memkit_linear_workspace_bytes(m, plan, qkv)};
   const std::uint64_t released[block_activations::backward_phase_count] = {
       0, a.saved_bytes - saved_to_o, a.saved_bytes - saved_to_attention, a.saved_bytes - saved_to_qkv};
+  // The forward's phases run with the saved tensors of the block so far: q/k/v's workspace once the projections
+  // have saved theirs, attention once q, k, v, its output and log-sum-exp are saved, o_proj's after its input,
+  // the MLP's with everything saved (the tiled MLP saves its input before its chunks).
+  const std::uint64_t forward_workspace[block_activations::backward_phase_count] = {
+      mlp_workspace, phase_workspace[1], attention_forward, phase_workspace[3]};
   for (int i = 0; i < block_activations::backward_phase_count; ++i) {
     a.backward_released[i] = released[i];
     a.backward_phase_transient[i] = backward_scratch + round_up(phase_workspace[i], g);
+    a.forward_unsaved[i] = released[i];
+    a.forward_phase_transient[i] = forward_scratch + round_up(forward_workspace[i], g);
   }
   return a;
 }

@@ -121,6 +121,8 @@ constexpr std::string_view plan_problem(const model_config& m, const training_pl
   if (p.logits == logits_mode::chunked && p.logits_output_chunks == 0) return "logits_output_chunks must be positive";
   if ((p.logits == logits_mode::chunked || p.logits == logits_mode::fused) && p.logits_chunk_tokens == 0)
     return "logits_chunk_tokens must be positive";
+  if (p.mlp_token_chunk > 0 && !memkit_block_modelled(m, p))
+    return "mlp_token_chunk (the sequence-tiled MLP) is modelled for memkit's Llama-style block only (runtime memkit)";
   if (m.is_gpt2() && p.sequence > m.max_positions)
     return "sequence is longer than the model's learned position table";
   if (p.training == method::full && p.weights.quantized())

@@ -122,6 +122,9 @@ struct training_plan {
   logits_mode logits = logits_mode::fp32;
   std::uint64_t logits_chunk_tokens = 1024;  // memkit's fused_linear_cross_entropy: tokens per chunk
   std::uint64_t logits_output_chunks = 8;    // torchtune's num_output_chunks (chunks along the sequence)
+  // memkit runtime: the decoder block's sequence-tiled MLP (memkit/models/llama/block.hpp, decoder_block::
+  // mlp_token_chunk): gate/up -> SwiGLU -> down over chunks of this many tokens, recomputed in backward. 0: untiled.
+  std::uint64_t mlp_token_chunk = 0;
   // Hugging Face's Llama-family code computes RMSNorm and softmax in fp32 and autograd keeps the fp32
   // copies; fused kernels keep only 16-bit inputs and per-row statistics.
   bool fp32_norm_and_softmax = true;

@@ -91,6 +91,13 @@ struct causal_lm {
   causal_lm(const causal_lm&) = delete;
   causal_lm& operator=(const causal_lm&) = delete;
 
+  // Runs every block's MLP over chunks of `tokens` tokens (decoder_block::mlp_token_chunk; 0: untiled).
+  void set_mlp_token_chunk(std::int64_t tokens) {
+    memkit::require(tokens >= 0, "causal_lm::set_mlp_token_chunk: tokens per chunk must be 0 (untiled) or positive, got " +
+                                     std::to_string(tokens));
+    for (block_type& b : blocks) b.mlp_token_chunk = tokens;
+  }
+
   // The LM head's weight [vocab, hidden]: lm_head.weight, or the embedding when they are tied (its gradient
   // then collects both uses).
   layers::basic_parameter<T>& head_weight() noexcept { return config.tie_embeddings ? embed.weight : head; }
