@@ -137,6 +137,7 @@ __global__ void flash_key_pass_kernel(cuda_problem p, const T* q, const T* k, co
   const int cols = S - j0 < R ? S - j0 : R;
   const int i_begin = static_cast<int>(visible_queries(p, b, j0).begin);
   const int i_end = static_cast<int>(visible_queries(p, b, j0 + cols - 1).end);
+  const position_span warp_queries = warp_span(p, b, j0 + w0, S, false);
   for (int h = kvh * p.group; h < (kvh + 1) * p.group; ++h) {
     const std::int64_t bh = b * p.Hq + h;
     for (int i0 = i_begin / N * N; i0 < i_end; i0 += N) {
@@ -148,6 +149,7 @@ __global__ void flash_key_pass_kernel(cuda_problem p, const T* q, const T* k, co
         delta_tile[c] = i0 + c < S ? delta[bh * S + i0 + c] : 0.0f;
       }
       __syncthreads();
+      if (i0 >= warp_queries.end || i0 + N <= warp_queries.begin) continue;  // no key row of this warp is seen
       warp_product<true>(St + w0 * N, N, K + w0 * D, D, Q, D, N, D, false);
       warp_product<true>(dPt + w0 * N, N, V + w0 * D, D, dO, D, N, D, false);
       __syncwarp();
@@ -263,11 +265,13 @@ __global__ void flash_query_pass_kernel(cuda_problem p, const T* q, const T* k, 
   const int last_row = (i0 + R < S ? i0 + R : S) - 1;
   const int j_begin = static_cast<int>(visible_keys(p, b, i0).begin);
   const int j_end = static_cast<int>(visible_keys(p, b, last_row).end);
+  const position_span warp_keys = warp_span(p, b, i0 + w0, S, true);
   for (int j0 = j_begin / N * N; j0 < j_end; j0 += N) {
     __syncthreads();
     load_tile(K, k + (bkv * S + j0) * D, S - j0, N, D);
     load_tile(V, v + (bkv * S + j0) * D, S - j0, N, D);
     __syncthreads();
+    if (j0 >= warp_keys.end || j0 + N <= warp_keys.begin) continue;  // no row of this warp sees the tile
     warp_product<true>(Sc + w0 * N, N, Q + w0 * D, D, K, D, N, D, false);
     warp_product<true>(dP + w0 * N, N, dO + w0 * D, D, V, D, N, D, false);
     __syncwarp();

@@ -388,6 +388,15 @@ __device__ inline position_span visible_queries(const cuda_problem& p, std::int6
   const std::int64_t first = first_query(j, p.o), last = last_query(j, p.S, p.o);
   return {first > doc.begin ? first : doc.begin, last < doc.end ? last : doc.end};
 }
+// What the warp owning the 16 rows from `first` sees: keys (rows are queries) or queries (rows are keys), from its
+// first row's begin to its last row's end (both grow with the row). Empty past S. A tile of the other side outside
+// it (another document, or masked) is skipped by the warp: it would add exact zeros.
+__device__ inline position_span warp_span(const cuda_problem& p, std::int64_t b, int first, int S, bool rows_are_queries) {
+  if (first >= S) return {0, 0};
+  const int last = first + 15 < S ? first + 15 : S - 1;
+  return rows_are_queries ? position_span{visible_keys(p, b, first).begin, visible_keys(p, b, last).end}
+                          : position_span{visible_queries(p, b, first).begin, visible_queries(p, b, last).end};
+}
 
 // The kernels' common prologue. blockIdx.x = (batch * heads + head) * tiles + tile: the CTA owns `rows` rows of
 // one head, starting at `first`.
