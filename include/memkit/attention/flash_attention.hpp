@@ -60,14 +60,6 @@ void forward(const E& exec, tensor_view<const std::type_identity_t<T>> q, tensor
   forward<T>(exec, q, k, v, tensor_view<const std::int32_t>::none(), out, lse, options, workspace);
 }
 
-// Checks packed-document offsets in host-readable memory (a loader's copy before it goes to the device): int32
-// [batch, N + 1], each row starting at 0, never decreasing, ending at `sequence`. Throws memkit::error naming the
-// row and offset otherwise.
-inline void check_document_offsets(tensor_view<const std::int32_t> document_offsets, std::int64_t batch,
-                                   std::int64_t sequence) {
-  detail::check_document_offsets("attention::check_document_offsets", document_offsets, batch, sequence);
-}
-
 // What backward reads of the forward pass: its inputs q, k, v and its outputs out, lse, and the document offsets
 // forward was given (none() when it had none; last, so {q, k, v, out, lse} still names a call without them).
 template <class T>

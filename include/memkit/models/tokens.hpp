@@ -18,7 +18,9 @@
 #pragma once
 
 #include <memkit/config.hpp>
+#include <memkit/attention/bytes.hpp>
 #include <memkit/core/checked_math.hpp>
+#include <memkit/core/tensor_view.hpp>
 
 #include <algorithm>
 #include <cerrno>
@@ -193,6 +195,99 @@ inline void write_token_file(const std::string& path, std::uint32_t vocab_size, 
   }
   out.close();
   require(!out.fail(), "tokens: writing '" + path + "' failed");
+}
+
+// ---- Packed documents (padding-free training) ----
+//
+// Documents of different lengths go into rows of one length one after another, each row with its cumulative
+// document offsets int32 [rows, N + 1] (attention/bytes.hpp: 0 = o[0] <= ... <= o[N] = row length; repeated
+// offsets pad rows with fewer documents). Attention and the rotary positions then treat each document as a
+// sequence of its own (forward_context::document_offsets), and the targets below keep the loss inside it.
+
+// Next-token targets of packed rows ids [batch, seq] with offsets [batch, N + 1]: targets[b, i] = ids[b, i + 1]
+// when position i + 1 is in i's document, else ignore_index (a document's last token does not predict the next
+// document's first). Throws memkit::error for offsets that do not describe the rows.
+inline std::vector<std::int32_t> packed_next_token_targets(const std::vector<std::int32_t>& ids,
+                                                            const std::vector<std::int32_t>& offsets, std::int64_t batch,
+                                                            std::int64_t seq, std::int32_t ignore_index = -100) {
+  require(batch > 0 && seq > 0 && static_cast<std::int64_t>(ids.size()) == batch * seq,
+          "packed_next_token_targets: ids must hold batch * seq = " + std::to_string(batch * seq) + " tokens");
+  require(!offsets.empty() && static_cast<std::int64_t>(offsets.size()) % batch == 0,
+          "packed_next_token_targets: offsets must be [batch, documents + 1]");
+  const std::int64_t count = static_cast<std::int64_t>(offsets.size()) / batch;
+  attention::detail::check_document_offsets("packed_next_token_targets",
+                                            host_view(offsets.data(), shape{batch, count}), batch, seq);
+  std::vector<std::int32_t> targets(ids.size(), ignore_index);
+  for (std::int64_t b = 0; b < batch; ++b)
+    for (std::int64_t d = 0; d + 1 < count; ++d) {
+      const std::int64_t begin = offsets[static_cast<std::size_t>(b * count + d)];
+      const std::int64_t end = offsets[static_cast<std::size_t>(b * count + d + 1)];
+      for (std::int64_t i = begin; i + 1 < end; ++i)
+        targets[static_cast<std::size_t>(b * seq + i)] = ids[static_cast<std::size_t>(b * seq + i + 1)];
+    }
+  return targets;
+}
+
+// Rows of packed documents: ids, offsets and next-token targets.
+struct packed_rows {
+  std::int64_t rows = 0, row_length = 0, offsets_per_row = 0;  // offsets_per_row = most documents in a row + 1
+  std::vector<std::int32_t> ids;      // [rows, row_length]
+  std::vector<std::int32_t> offsets;  // [rows, offsets_per_row]
+  std::vector<std::int32_t> targets;  // [rows, row_length]
+  std::size_t documents = 0;          // how many of the given documents were packed (a prefix of them)
+};
+
+// Packs `documents` in order into `rows` rows of `row_length` tokens: a document goes into the current row when it
+// fits in what is left of it, else it starts the next row; one longer than a row is cut to row_length tokens.
+// Packing stops when the next document fits no row left. The unused tail of a row is one more document of pad_id
+// tokens whose targets are all ignore_index (it attends only to itself and adds nothing to the loss).
+inline packed_rows pack_documents(const std::vector<std::vector<std::int32_t>>& documents, std::int64_t rows,
+                                  std::int64_t row_length, std::int32_t pad_id = 0, std::int32_t ignore_index = -100) {
+  require(rows > 0 && row_length > 0 && row_length <= 0x7fffffff,
+          "pack_documents: rows and row_length must be positive (row_length below 2^31)");
+  packed_rows out;
+  out.rows = rows;
+  out.row_length = row_length;
+  out.ids.assign(static_cast<std::size_t>(rows * row_length), pad_id);
+  std::vector<std::vector<std::int32_t>> starts(static_cast<std::size_t>(rows), std::vector<std::int32_t>{0});
+  std::int64_t row = 0, used = 0;
+  for (const std::vector<std::int32_t>& doc : documents) {
+    if (doc.empty()) {
+      ++out.documents;
+      continue;
+    }
+    const std::int64_t length = std::min<std::int64_t>(static_cast<std::int64_t>(doc.size()), row_length);
+    if (used + length > row_length) {
+      if (row + 1 == rows) break;
+      ++row;
+      used = 0;
+    }
+    std::copy(doc.begin(), doc.begin() + length, out.ids.begin() + row * row_length + used);
+    used += length;
+    starts[static_cast<std::size_t>(row)].push_back(static_cast<std::int32_t>(used));
+    ++out.documents;
+  }
+  // Each row's tail becomes a padding document; rows then pad their offsets with row_length.
+  std::vector<bool> padded(static_cast<std::size_t>(rows), false);
+  for (std::vector<std::int32_t>& s : starts)
+    if (s.back() != row_length) {
+      padded[static_cast<std::size_t>(&s - starts.data())] = true;
+      s.push_back(static_cast<std::int32_t>(row_length));
+    }
+  std::size_t most = 0;
+  for (const std::vector<std::int32_t>& s : starts) most = std::max(most, s.size());
+  out.offsets_per_row = static_cast<std::int64_t>(most);
+  for (const std::vector<std::int32_t>& s : starts) {
+    out.offsets.insert(out.offsets.end(), s.begin(), s.end());
+    out.offsets.insert(out.offsets.end(), most - s.size(), static_cast<std::int32_t>(row_length));
+  }
+  out.targets = packed_next_token_targets(out.ids, out.offsets, rows, row_length, ignore_index);
+  for (std::int64_t r = 0; r < rows; ++r)  // the padding document predicts nothing
+    if (padded[static_cast<std::size_t>(r)]) {
+      const std::int64_t tail = starts[static_cast<std::size_t>(r)][starts[static_cast<std::size_t>(r)].size() - 2];
+      std::fill(out.targets.begin() + r * row_length + tail, out.targets.begin() + (r + 1) * row_length, ignore_index);
+    }
+  return out;
 }
 
 }  // namespace memkit::models
