@@ -91,6 +91,17 @@ TEST_CASE("models packed: pack_documents fills rows in order, cuts long document
   CHECK(p.offsets == std::vector<std::int32_t>{0, 3, 4, 6, /**/ 0, 6, 6, 6});
   CHECK(p.targets == std::vector<std::int32_t>{2, 3, -100, -100, -100, -100, /**/ 6, 7, 8, 9, 10, -100});
   CHECK(p.documents == 4);
+  // A fixed layout of 3 offsets a row: at most two documents, padding included, so {4} starts row 1.
+  const memkit::models::packed_rows fixed = memkit::models::pack_documents(docs, 3, 6, 0, -100, 3);
+  CHECK(fixed.ids == std::vector<std::int32_t>{1, 2, 3, 0, 0, 0, /**/ 4, 0, 0, 0, 0, 0, /**/ 5, 6, 7, 8, 9, 10});
+  CHECK(fixed.offsets == std::vector<std::int32_t>{0, 3, 6, /**/ 0, 1, 6, /**/ 0, 6, 6});
+  CHECK(fixed.targets == std::vector<std::int32_t>{2, 3, -100, -100, -100, -100, /**/ -100, -100, -100, -100, -100, -100,
+                                                   /**/ 6, 7, 8, 9, 10, -100});
+  CHECK(fixed.documents == 4);
+  // Every row's offsets are valid for attention and the targets never cross a document.
+  memkit::attention::check_document_offsets(memkit::host_view(fixed.offsets.data(), shape{3, 3}), 3, 6);
+  CHECK_THROWS_WITH_AS(memkit::models::pack_documents(docs, 1, 6, 0, -100, 1), doctest::Contains("offsets_per_row"),
+                       memkit::error);
   CHECK_THROWS_WITH_AS(memkit::models::pack_documents(docs, 0, 6), doctest::Contains("rows and row_length"), memkit::error);
 }
 

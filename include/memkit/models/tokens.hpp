@@ -27,6 +27,7 @@
 #include <cstdint>
 #include <cstring>
 #include <fstream>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -238,55 +239,67 @@ struct packed_rows {
 };
 
 // Packs `documents` in order into `rows` rows of `row_length` tokens: a document goes into the current row when it
-// fits in what is left of it, else it starts the next row; one longer than a row is cut to row_length tokens.
-// Packing stops when the next document fits no row left. The unused tail of a row is one more document of pad_id
-// tokens whose targets are all ignore_index (it attends only to itself and adds nothing to the loss).
+// fits in what is left of it (and the row has a document slot left), else it starts the next row; one longer than a
+// row is cut to row_length tokens. Packing stops at the first document no row left can take. The unused tail of a
+// row is one more document of pad_id tokens whose targets are all ignore_index (it attends only to itself and adds
+// nothing to the loss). offsets_per_row: a fixed [rows, offsets_per_row] layout (at most offsets_per_row - 1
+// documents a row, the padding one included; >= 2), as a buffer allocated once needs; 0: as many as the fullest row.
 inline packed_rows pack_documents(const std::vector<std::vector<std::int32_t>>& documents, std::int64_t rows,
-                                  std::int64_t row_length, std::int32_t pad_id = 0, std::int32_t ignore_index = -100) {
+                                  std::int64_t row_length, std::int32_t pad_id = 0, std::int32_t ignore_index = -100,
+                                  std::int64_t offsets_per_row = 0) {
   require(rows > 0 && row_length > 0 && row_length <= 0x7fffffff,
           "pack_documents: rows and row_length must be positive (row_length below 2^31)");
+  require(offsets_per_row == 0 || offsets_per_row >= 2,
+          "pack_documents: offsets_per_row must be 0 (as needed) or >= 2 (one document a row), got " +
+              std::to_string(offsets_per_row));
+  const std::int64_t slots = offsets_per_row > 0 ? offsets_per_row - 1 : std::numeric_limits<std::int64_t>::max();
   packed_rows out;
   out.rows = rows;
   out.row_length = row_length;
   out.ids.assign(static_cast<std::size_t>(rows * row_length), pad_id);
-  std::vector<std::vector<std::int32_t>> starts(static_cast<std::size_t>(rows), std::vector<std::int32_t>{0});
+  // Each row's document ends (its offsets after the leading 0).
+  std::vector<std::vector<std::int32_t>> ends(static_cast<std::size_t>(rows));
   std::int64_t row = 0, used = 0;
   for (const std::vector<std::int32_t>& doc : documents) {
-    if (doc.empty()) {
-      ++out.documents;
-      continue;
-    }
     const std::int64_t length = std::min<std::int64_t>(static_cast<std::int64_t>(doc.size()), row_length);
-    if (used + length > row_length) {
-      if (row + 1 == rows) break;
-      ++row;
-      used = 0;
+    if (length > 0) {
+      // The documents this row would then hold, with the padding one its tail would need.
+      const auto needed = [&](std::int64_t at) {
+        return static_cast<std::int64_t>(ends[static_cast<std::size_t>(row)].size()) + 1 + (at + length < row_length ? 1 : 0);
+      };
+      if (used + length > row_length || needed(used) > slots) {
+        if (row + 1 == rows) break;
+        ++row;
+        used = 0;
+      }
+      std::copy(doc.begin(), doc.begin() + length, out.ids.begin() + row * row_length + used);
+      used += length;
+      ends[static_cast<std::size_t>(row)].push_back(static_cast<std::int32_t>(used));
     }
-    std::copy(doc.begin(), doc.begin() + length, out.ids.begin() + row * row_length + used);
-    used += length;
-    starts[static_cast<std::size_t>(row)].push_back(static_cast<std::int32_t>(used));
     ++out.documents;
   }
-  // Each row's tail becomes a padding document; rows then pad their offsets with row_length.
-  std::vector<bool> padded(static_cast<std::size_t>(rows), false);
-  for (std::vector<std::int32_t>& s : starts)
-    if (s.back() != row_length) {
-      padded[static_cast<std::size_t>(&s - starts.data())] = true;
-      s.push_back(static_cast<std::int32_t>(row_length));
-    }
+  std::vector<std::int64_t> padding_from(static_cast<std::size_t>(rows), row_length);
   std::size_t most = 0;
-  for (const std::vector<std::int32_t>& s : starts) most = std::max(most, s.size());
-  out.offsets_per_row = static_cast<std::int64_t>(most);
-  for (const std::vector<std::int32_t>& s : starts) {
-    out.offsets.insert(out.offsets.end(), s.begin(), s.end());
-    out.offsets.insert(out.offsets.end(), most - s.size(), static_cast<std::int32_t>(row_length));
+  for (std::int64_t r = 0; r < rows; ++r) {
+    std::vector<std::int32_t>& e = ends[static_cast<std::size_t>(r)];
+    const std::int64_t filled = e.empty() ? 0 : e.back();
+    if (filled < row_length) {  // the tail: one padding document
+      padding_from[static_cast<std::size_t>(r)] = filled;
+      e.push_back(static_cast<std::int32_t>(row_length));
+    }
+    most = std::max(most, e.size() + 1);
+  }
+  out.offsets_per_row = offsets_per_row > 0 ? offsets_per_row : static_cast<std::int64_t>(most);
+  for (const std::vector<std::int32_t>& e : ends) {
+    out.offsets.push_back(0);
+    out.offsets.insert(out.offsets.end(), e.begin(), e.end());
+    out.offsets.insert(out.offsets.end(), static_cast<std::size_t>(out.offsets_per_row) - e.size() - 1,
+                       static_cast<std::int32_t>(row_length));
   }
   out.targets = packed_next_token_targets(out.ids, out.offsets, rows, row_length, ignore_index);
   for (std::int64_t r = 0; r < rows; ++r)  // the padding document predicts nothing
-    if (padded[static_cast<std::size_t>(r)]) {
-      const std::int64_t tail = starts[static_cast<std::size_t>(r)][starts[static_cast<std::size_t>(r)].size() - 2];
-      std::fill(out.targets.begin() + r * row_length + tail, out.targets.begin() + (r + 1) * row_length, ignore_index);
-    }
+    std::fill(out.targets.begin() + r * row_length + padding_from[static_cast<std::size_t>(r)],
+              out.targets.begin() + (r + 1) * row_length, ignore_index);
   return out;
 }
 
