@@ -114,16 +114,18 @@ __global__ void flash_forward_kernel(cuda_problem p, const T* q, const T* k, con
   const int r = w0 + lane / 2, c0 = (lane % 2) * (N / 2);
   const int i = i0 + r;
   const position_span keys = i < S ? visible_keys(p, b, i) : position_span{0, 0};
+  const int keys_begin = static_cast<int>(keys.begin), keys_end = static_cast<int>(keys.end);  // 32-bit: registers
   const position_span warp_keys = warp_span(p, b, i0 + w0, S, true);
+  const int warp_begin = static_cast<int>(warp_keys.begin), warp_end = static_cast<int>(warp_keys.end);
   for (int j0 = j_begin / N * N; j0 < j_end; j0 += N) {
     __syncthreads();  // the previous tile's K and V are no longer read
     load_tile(K, k + (bkv * S + j0) * D, S - j0, N, D);
     load_tile(V, v + (bkv * S + j0) * D, S - j0, N, D);
     __syncthreads();
-    if (j0 >= warp_keys.end || j0 + N <= warp_keys.begin) continue;  // no row of this warp sees the tile
+    if (j0 >= warp_end || j0 + N <= warp_begin) continue;  // no row of this warp sees the tile
     warp_product<true>(Sc + w0 * N, N, Q + w0 * D, D, K, D, N, D, false);
     __syncwarp();
-    const int lo = static_cast<int>(keys.begin) - j0, hi = static_cast<int>(keys.end) - j0;
+    const int lo = keys_begin - j0, hi = keys_end - j0;
     float row_max = minus_infinity;
     for (int c = c0; c < c0 + N / 2; ++c)
       if (i < S && c >= lo && c < hi) row_max = fmaxf(row_max, Sc[r * N + c] * p.scale_log2);
