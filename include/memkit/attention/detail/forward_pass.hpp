@@ -82,9 +82,10 @@ template <class T>
 struct forward_smem {
   static constexpr int R = cuda_tiles<T>::rows, N = cuda_tiles<T>::forward_cols;
   T* Q; T* K; T* V; float* Sc; T* P; float* O; float* m;
+  std::int32_t* sees;  // [2 R]: the keys [begin, end) each query row sees (mask and document)
   MEMKIT_HOST_DEVICE forward_smem(smem_carver& c, int D)
       : Q(c.take<T>(R * D)), K(c.take<T>(N * D)), V(c.take<T>(N * D)), Sc(c.take<float>(R * N)), P(c.take<T>(R * N)),
-        O(c.take<float>(R * D)), m(c.take<float>(3 * R)) {}
+        O(c.take<float>(R * D)), m(c.take<float>(3 * R)), sees(c.take<std::int32_t>(2 * R)) {}
 };
 
 // Forward of one CTA: R query rows of one head against the key tiles, one warp per 16 rows.
@@ -98,23 +99,26 @@ __global__ void flash_forward_kernel(cuda_problem p, const T* q, const T* k, con
   const std::int64_t bh = place.head, bkv = kv_head_of(p, bh), b = bh / p.Hq;
   const int i0 = place.first;
   smem_carver carve{smem};
-  const auto [Q, K, V, Sc, P, O, m] = forward_smem<T>(carve, D);
+  const auto [Q, K, V, Sc, P, O, m, sees] = forward_smem<T>(carve, D);
   float* l = m + R;
   float* correction = l + R;
   const int warp = static_cast<int>(threadIdx.x / 32), lane = static_cast<int>(threadIdx.x % 32);
   const int w0 = warp * 16;
   load_tile(Q, q + (bh * S + i0) * D, S - i0, R, D);
   for (int e = static_cast<int>(threadIdx.x); e < R * D; e += static_cast<int>(blockDim.x)) O[e] = 0.0f;
-  for (int r = static_cast<int>(threadIdx.x); r < R; r += static_cast<int>(blockDim.x)) m[r] = minus_infinity, l[r] = 0;
+  for (int r = static_cast<int>(threadIdx.x); r < R; r += static_cast<int>(blockDim.x)) {
+    m[r] = minus_infinity, l[r] = 0;
+    const position_span keys = i0 + r < S ? visible_keys(p, b, i0 + r) : position_span{0, 0};
+    sees[r] = static_cast<std::int32_t>(keys.begin);
+    sees[R + r] = static_cast<std::int32_t>(keys.end);
+  }
   const int last_row = (i0 + R < S ? i0 + R : S) - 1;
   // Key tiles no row of the CTA sees (before its first row's document or window, after its last row's) are skipped.
   const int j_begin = static_cast<int>(visible_keys(p, b, i0).begin);
   const int j_end = static_cast<int>(visible_keys(p, b, last_row).end);
-  // Two lanes per row, 32 columns each; the row's visible keys (its document within the mask) once.
+  // Two lanes per row, 32 columns each.
   const int r = w0 + lane / 2, c0 = (lane % 2) * (N / 2);
   const int i = i0 + r;
-  const position_span keys = i < S ? visible_keys(p, b, i) : position_span{0, 0};
-  const int keys_begin = static_cast<int>(keys.begin), keys_end = static_cast<int>(keys.end);  // 32-bit: registers
   const position_span warp_keys = warp_span(p, b, i0 + w0, S, true);
   const int warp_begin = static_cast<int>(warp_keys.begin), warp_end = static_cast<int>(warp_keys.end);
   for (int j0 = j_begin / N * N; j0 < j_end; j0 += N) {
@@ -125,7 +129,7 @@ __global__ void flash_forward_kernel(cuda_problem p, const T* q, const T* k, con
     if (j0 >= warp_end || j0 + N <= warp_begin) continue;  // no row of this warp sees the tile
     warp_product<true>(Sc + w0 * N, N, Q + w0 * D, D, K, D, N, D, false);
     __syncwarp();
-    const int lo = keys_begin - j0, hi = keys_end - j0;
+    const int lo = sees[r] - j0, hi = sees[R + r] - j0;  // the row's visible keys (empty past S)
     float row_max = minus_infinity;
     for (int c = c0; c < c0 + N / 2; ++c)
       if (i < S && c >= lo && c < hi) row_max = fmaxf(row_max, Sc[r * N + c] * p.scale_log2);
