@@ -86,15 +86,19 @@ inline void check_document_offsets(const std::string& who, const tensor_view<con
   require(offsets.where() != memory_kind::device,
           who + ": document_offsets' contents can only be checked in host-readable memory");
   const std::int64_t count = offsets.shape()[1];
+  // Messages are built only on failure: this runs on every call (each block, forward and backward).
+  const auto fail = [&](std::int64_t b, const std::string& problem) {
+    throw error(who + ": document_offsets of batch row " + std::to_string(b) + " " + problem);
+  };
   for (std::int64_t b = 0; b < batch; ++b) {
     const std::int32_t* row = offsets.data() + b * count;
-    const std::string at = who + ": document_offsets of batch row " + std::to_string(b);
-    require(row[0] == 0, at + " must start at 0, got " + std::to_string(row[0]));
+    if (row[0] != 0) fail(b, "must start at 0, got " + std::to_string(row[0]));
     for (std::int64_t d = 1; d < count; ++d)
-      require(row[d] >= row[d - 1], at + " must not decrease: offset " + std::to_string(d) + " is " +
-                                        std::to_string(row[d]) + " after " + std::to_string(row[d - 1]));
-    require(row[count - 1] == sequence, at + " must end at the sequence length " + std::to_string(sequence) +
-                                            ", got " + std::to_string(row[count - 1]));
+      if (row[d] < row[d - 1])
+        fail(b, "must not decrease: offset " + std::to_string(d) + " is " + std::to_string(row[d]) + " after " +
+                    std::to_string(row[d - 1]));
+    if (row[count - 1] != sequence)
+      fail(b, "must end at the sequence length " + std::to_string(sequence) + ", got " + std::to_string(row[count - 1]));
   }
 }
 
