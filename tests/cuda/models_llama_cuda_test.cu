@@ -205,3 +205,37 @@ MEMKIT_GPU_TEST_CASE("models on a cuda_executor: fp32 logits equal transformers'
     }
   }
 }
+
+MEMKIT_GPU_TEST_CASE("models on a cuda_executor: packed documents (offsets in device memory) give the host's hidden states") {
+  // Row 0: documents of 5, 1 and 10 tokens; row 1: 9 and 7 (tests/host/models_llama_packed_test.cpp checks the
+  // host against each document run alone).
+  const std::vector<std::int32_t> offsets{0, 5, 6, 16, /**/ 0, 9, 16, 16};
+  for (const char* name : {"llama_llama3_bias", "mistral_window", "qwen3_qknorm"}) {
+    CAPTURE(name);
+    memkit::safetensors::reader r(models_dir + name + "/reference.safetensors");
+    const std::vector<std::int32_t> ids = r.read_vector<std::int32_t>("ids");
+    llama::hf_checkpoint ckpt(models_dir + name, seq);
+    memkit::layers::memory_resources host;
+    host.weights = host.gradients = host.optimizer = host.workspace = &memkit::default_host_resource();
+    host.host_threads = 2;
+    auto host_model = llama::load_causal_lm<float>(ckpt, host);
+    const std::int64_t H = host_model->config.hidden;
+    std::vector<float> expected(static_cast<std::size_t>(batch * seq * H));
+    host_model->forward_hidden(memkit::host, memkit::host_view(ids.data(), shape{batch, seq}),
+                               memkit::host_view(expected.data(), shape{batch, seq, H}), memkit::default_host_resource(),
+                               memkit::host_view(offsets.data(), shape{batch, 4}));
+    device_memory d;
+    auto model = llama::load_causal_lm<float>(ckpt, d.memory);
+    memkit::memory_resource& acts = d.tracker.category(memkit::memory_category::activations);
+    memkit::buffer<std::int32_t> ids_d(acts, shape{batch, seq}), offsets_d(acts, shape{batch, 4});
+    memkit::buffer<float> hidden(acts, shape{batch, seq, H});
+    memkit::layers::copy_in(ids.data(), ids_d.view());
+    memkit::layers::copy_in(offsets.data(), offsets_d.view());
+    model->forward_hidden(d.exec, std::as_const(ids_d).view(), hidden.view(), acts, std::as_const(offsets_d).view());
+    d.exec.synchronize();
+    const std::vector<float> got = memkit::layers::copy_out(std::as_const(hidden).view());
+    const double err = max_diff(got, expected);
+    MESSAGE(name << ": packed device vs host max |hidden difference| = " << err);
+    CHECK(err <= 1e-4 * max_abs(expected));
+  }
+}

@@ -8,7 +8,9 @@
 // The block is a memkit::layer, so memkit::checkpoint::segment can drop its activations and recompute them. Its
 // sub-layers save into the same activation store in forward order and take back in reverse order; the
 // block itself saves q, k, v, the attention output and log-sum-exp in the [B, H, S, D] layout attention
-// works in. Its temporaries (normalized inputs, projections, residual sums, their gradients) come from one
+// works in. Packed documents (forward_context::document_offsets, int32 [B, N + 1]): attention stays inside each
+// document and the rotary positions restart at each document's start; the block then also saves a copy of the
+// offsets, for its backward. Its temporaries (normalized inputs, projections, residual sums, their gradients) come from one
 // workspace allocation of scratch_bytes(), and the peak workspace is stated by workspace_bytes().
 //
 // Sequence-tiled MLP (mlp_token_chunk > 0; Unsloth's / Arctic's TiledMLP): gate/up -> SwiGLU -> down run over
@@ -30,6 +32,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 
 namespace memkit::models::llama {
 
@@ -199,7 +202,8 @@ struct decoder_block {
     return head_norms + attn_norm.saved_bytes(in, ctx) + q.saved_bytes(in, ctx) + k.saved_bytes(in, ctx) + v.saved_bytes(in, ctx) +
            activation_store::bytes_required<T>(heads) + 2 * activation_store::bytes_required<T>(kv_heads) +
            activation_store::bytes_required<T>(heads) + activation_store::bytes_required<float>(shape{B, config.heads, S}) +
-           o.saved_bytes(shape{B, S, q_width()}, ctx) + mlp_norm.saved_bytes(in, ctx) + mlp;
+           o.saved_bytes(shape{B, S, q_width()}, ctx) + mlp_norm.saved_bytes(in, ctx) + mlp +
+           (ctx.document_offsets.is_none() ? 0 : activation_store::bytes_required<std::int32_t>(ctx.document_offsets.shape()));
   }
 
   // The one scratch allocation of forward and of backward.
@@ -258,6 +262,10 @@ struct decoder_block {
     const shape in = x.shape();
     memkit::require(mlp_token_chunk >= 0, "decoder_block: mlp_token_chunk must be 0 (untiled) or a positive number of "
                                           "tokens, got " + std::to_string(mlp_token_chunk));
+    // Packed documents: checked before anything runs (host-readable offsets; attention checks them too).
+    const tensor_view<const std::int32_t> documents = ctx.document_offsets;
+    if (!documents.is_none() && documents.where() != memory_kind::device)
+      memkit::attention::detail::check_document_offsets("decoder_block", documents, B, S);
     scratch_arena scratch(exec, *memory.workspace, forward_scratch_bytes(in));
 
     tensor_view<T> n1 = scratch.take<T>(in);
@@ -272,8 +280,8 @@ struct decoder_block {
       q_norm.forward(exec, ctx, qb.reshaped(q_head_rows(B, S)), qb.reshaped(q_head_rows(B, S)), store);
       k_norm.forward(exec, ctx, kb.reshaped(k_head_rows(B, S)), kb.reshaped(k_head_rows(B, S)), store);
     }
-    rope->rotate(exec, qb, qb, 1.0f);
-    rope->rotate(exec, kb, kb, 1.0f);
+    rope->rotate(exec, qb, qb, 1.0f, documents);
+    rope->rotate(exec, kb, kb, 1.0f, documents);
     tensor_view<T> qh = store.save<T>(shape{B, Hq, S, D});
     tensor_view<T> kh = store.save<T>(shape{B, Hkv, S, D});
     tensor_view<T> vh = store.save<T>(shape{B, Hkv, S, D});
@@ -282,8 +290,10 @@ struct decoder_block {
     detail::split_heads(exec, vb.data(), vh.data(), B, S, Hkv, D);
     tensor_view<T> out = store.save<T>(shape{B, Hq, S, D});
     tensor_view<float> lse = store.save<float>(shape{B, Hq, S});
-    memkit::attention::forward<T>(exec, tensor_view<const T>(qh), tensor_view<const T>(kh), tensor_view<const T>(vh), out, lse,
-                       attention(), *memory.workspace);
+    memkit::attention::forward<T>(exec, tensor_view<const T>(qh), tensor_view<const T>(kh), tensor_view<const T>(vh),
+                                  documents, out, lse, attention(), *memory.workspace);
+    // Backward has no forward_context: it finds the offsets it needs (attention, rotary) on top of the store.
+    if (!documents.is_none()) layers::copy_view(exec, documents, store.save<std::int32_t>(documents.shape()));
     tensor_view<T> o_in = scratch.take<T>(shape{B, S, q_width()});
     detail::merge_heads(exec, out.data(), o_in.data(), B, S, Hq, D);
     tensor_view<T> attn = scratch.take<T>(in);
@@ -352,6 +362,11 @@ struct decoder_block {
     o.backward(exec, dh, do_in, store);
     tensor_view<T> dout = scratch.take<T>(shape{B, Hq, S, D});
     detail::split_heads(exec, do_in.data(), dout.data(), B, S, Hq, D);
+    saved_tensor<std::int32_t> documents;  // packed documents' offsets, when forward had them
+    if (const auto dims = store.last_shape<std::int32_t>())
+      documents = store.take<std::int32_t>(*dims, "decoder_block (document offsets)");
+    const tensor_view<const std::int32_t> docs =
+        documents.dims().rank == 0 ? tensor_view<const std::int32_t>::none() : std::as_const(documents).view();
     const auto lse = store.take<float>(shape{B, Hq, S}, "decoder_block (attention log-sum-exp)");
     const auto out = store.take<T>(shape{B, Hq, S, D}, "decoder_block (attention output)");
     const auto vh = store.take<T>(shape{B, Hkv, S, D}, "decoder_block (v)");
@@ -360,7 +375,7 @@ struct decoder_block {
     tensor_view<T> dqh = scratch.take<T>(shape{B, Hq, S, D});
     tensor_view<T> dkh = scratch.take<T>(shape{B, Hkv, S, D});
     tensor_view<T> dvh = scratch.take<T>(shape{B, Hkv, S, D});
-    memkit::attention::backward<T>(exec, {qh.view(), kh.view(), vh.view(), out.view(), lse.view()},
+    memkit::attention::backward<T>(exec, {qh.view(), kh.view(), vh.view(), out.view(), lse.view(), docs},
                                    tensor_view<const T>(dout), {dqh, dkh, dvh}, attention(), *memory.workspace);
     tensor_view<T> dq = scratch.take<T>(shape{B, S, q_width()});
     tensor_view<T> dk = scratch.take<T>(shape{B, S, kv_width()});
@@ -368,8 +383,8 @@ struct decoder_block {
     detail::merge_heads(exec, dqh.data(), dq.data(), B, S, Hq, D);
     detail::merge_heads(exec, dkh.data(), dk.data(), B, S, Hkv, D);
     detail::merge_heads(exec, dvh.data(), dv.data(), B, S, Hkv, D);
-    rope->rotate(exec, dq, dq, -1.0f);
-    rope->rotate(exec, dk, dk, -1.0f);
+    rope->rotate(exec, dq, dq, -1.0f, docs);
+    rope->rotate(exec, dk, dk, -1.0f, docs);
     if (config.qk_norm) {  // backward reads dy for the weight gradient after writing dx: not in place
       tensor_view<T> dq_in = scratch.take<T>(shape{B, S, q_width()});
       tensor_view<T> dk_in = scratch.take<T>(shape{B, S, kv_width()});

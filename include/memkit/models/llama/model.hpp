@@ -156,9 +156,11 @@ struct causal_lm {
 
   // Inference: the final hidden states (after the last norm) of `ids` [B, S], each block's saved tensors
   // dropped as soon as it has run. Temporaries come from memory.workspace, saved tensors from `saved`.
+  // document_offsets (int32 [B, N + 1], or none()): packed documents, each attended and positioned on its own.
   template <memkit::executor E>
   void forward_hidden(const E& exec, tensor_view<const std::int32_t> ids, tensor_view<T> hidden,
-                      memkit::memory_resource& saved) {
+                      memkit::memory_resource& saved,
+                      tensor_view<const std::int32_t> document_offsets = tensor_view<const std::int32_t>::none()) {
     const shape& s = ids.shape();
     memkit::require(s.rank == 2, "causal_lm::forward_hidden: ids must be [batch, sequence]");
     const shape hs{s[0], s[1], config.hidden};
@@ -170,8 +172,10 @@ struct causal_lm {
     tensor_view<T> x = hidden.reshaped(hs), y = other.view();
     embed.forward(exec, ids, x);
     memkit::activation_store store(saved);
+    memkit::forward_context ctx{};
+    ctx.document_offsets = document_offsets;
     for (block_type& b : blocks) {
-      b.forward(exec, {}, tensor_view<const T>(x), y, store);
+      b.forward(exec, ctx, tensor_view<const T>(x), y, store);
       store.clear();
       std::swap(x, y);
     }
@@ -183,11 +187,14 @@ struct causal_lm {
   // memory-saving loop: see examples/train_llama.cpp): the mean next-token loss of `targets` [B, S]
   // (ignore_index -100) through the fused linear cross-entropy into loss [1], and the gradients of every
   // trainable parameter and adapter accumulated. Saved tensors come from `saved`, the per-layer hidden
-  // states and their gradients from memory.workspace.
+  // states and their gradients from memory.workspace. document_offsets (int32 [B, N + 1], or none()): packed
+  // documents, each attended and positioned on its own (the targets then hold ignore_index at each document's last
+  // token: models/tokens.hpp, pack_documents).
   template <memkit::executor E>
   void forward_backward(const E& exec, tensor_view<const std::int32_t> ids, tensor_view<const std::int32_t> targets,
                         tensor_view<float> loss, memkit::memory_resource& saved,
-                        const memkit::loss::cross_entropy_options& loss_options = {}) {
+                        const memkit::loss::cross_entropy_options& loss_options = {},
+                        tensor_view<const std::int32_t> document_offsets = tensor_view<const std::int32_t>::none()) {
     const shape& s = ids.shape();
     memkit::require(s.rank == 2 && targets.shape() == s, "causal_lm::forward_backward: ids and targets must be [batch, sequence]");
     memkit::require(s[1] <= config.max_positions, "causal_lm::forward_backward: sequence " + std::to_string(s[1]) +
@@ -200,8 +207,10 @@ struct causal_lm {
     const auto state = [&](std::int64_t i) { return states.view().flat_slice(i * N * H, N * H).reshaped(hs); };
     memkit::activation_store store(saved);
     embed.forward(exec, ids, state(0));
+    memkit::forward_context ctx{};
+    ctx.document_offsets = document_offsets;
     for (std::int64_t i = 0; i < L; ++i)
-      blocks[static_cast<std::size_t>(i)].forward(exec, {}, tensor_view<const T>(state(i)), state(i + 1), store);
+      blocks[static_cast<std::size_t>(i)].forward(exec, ctx, tensor_view<const T>(state(i)), state(i + 1), store);
     final_norm.forward(exec, {}, tensor_view<const T>(state(L)), state(L + 1), store);
     layers::basic_parameter<T>& head_param = head_weight();
     tensor_view<T> dy = state(L + 2), dx = state(L + 3);
