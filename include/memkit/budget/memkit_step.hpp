@@ -78,7 +78,7 @@ constexpr memkit_step_moments memkit_step_activations(const model_config& m, con
   const std::uint64_t chunk = p.logits_chunk_tokens < T ? p.logits_chunk_tokens : T;
   const bool on_device = !p.on_host();
   loss::cross_entropy_options loss_options;
-  loss_options.chunk_bytes = loss::detail::chunk_row_bytes(static_cast<std::int64_t>(m.vocab), e, on_device) * chunk;
+  loss_options.chunk_bytes = loss::chunk_bytes_for(static_cast<std::int64_t>(chunk), static_cast<std::int64_t>(m.vocab), e, on_device);
   loss_options.host_threads = static_cast<int>(p.host_threads);
   const std::uint64_t loss_workspace = round_up(
       loss::workspace_bytes(loss::fused_linear_cross_entropy_arguments{
