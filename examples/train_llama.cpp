@@ -50,6 +50,7 @@
 #include <cstdlib>
 #include <ctime>
 #include <filesystem>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -114,6 +115,10 @@ static_assert(memkit::fits(budget::presets::smollm2_360m, gpu_scale_plan, budget
 
 // ---- options ---------------------------------------------------------------------------------------------
 enum class device_choice { host, cuda, automatic };
+// Where the checkpointed blocks' inputs wait between forward and backward (#31): on the device, or in host
+// memory outside --memory-cap (pinned on CUDA); auto: on the host when memory_budget says the on-device
+// ones would not fit the cap (budget::with_checkpoints_placed_for_cap), else on the device.
+enum class offload_choice { off, on, automatic };
 
 struct options {
   device_choice device = device_choice::host;
@@ -143,6 +148,8 @@ struct options {
   bool merge = false;  // --merge: also write the merged dense checkpoint
   std::int64_t memory_cap_mib = 0;  // --memory-cap MIB: every allocation through a capped_resource (0: none)
   bool max_seq_search = false;      // --max-seq-search: the longest sequence whose step fits the cap (#31)
+  offload_choice offload = offload_choice::automatic;  // --offload-checkpoints on|off|auto (auto acts under a cap)
+  bool loss_chunk_given = false;    // --loss-chunk on the command line (else, under a cap, the whole micro-batch)
   bool trial = false;               // one step of a search: no validation, nothing saved
   std::vector<std::string> targets{"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
   bool from_checkpoint() const { return !model_dir.empty() || !config_file.empty(); }
@@ -153,7 +160,7 @@ constexpr const char* flag_list =
     "--layers L --heads H --kv-heads K --intermediate F --rank R --threads T --rounding --adam32 --loss-chunk TOKENS "
     "--no-checkpointing --sample N --data DIR --out DIR | --model DIR | --init random --config FILE, "
     "with --data FILE (tokens) --finetune qlora|lora|full --targets q_proj,v_proj,... --merge; --memory-cap MIB "
-    "--max-seq-search";
+    "--max-seq-search --offload-checkpoints on|off|auto";
 
 // A bad command line: one line naming the flag, exit 2, before anything is allocated or trained.
 [[noreturn]] void usage(const std::string& problem) {
@@ -227,7 +234,10 @@ options parse(int argc, char** argv) {
     else if (a == "--threads") o.threads = static_cast<int>(number(0, 4096));
     else if (a == "--rounding") o.rounding = true;
     else if (a == "--adam32") o.adam32 = true;
-    else if (a == "--loss-chunk") o.loss_chunk_tokens = number(0, std::int64_t{1} << 30);
+    else if (a == "--loss-chunk") {
+      o.loss_chunk_tokens = number(0, std::int64_t{1} << 30);
+      o.loss_chunk_given = true;
+    }
     else if (a == "--no-checkpointing") o.checkpointing = false;
     else if (a == "--sample") o.sample_bytes = number(0, 1000000);
     else if (a == "--data") o.data_dir = value();
@@ -247,6 +257,13 @@ options parse(int argc, char** argv) {
     } else if (a == "--merge") o.merge = true;
     else if (a == "--memory-cap") o.memory_cap_mib = number(1, std::int64_t{1} << 24);
     else if (a == "--max-seq-search") o.max_seq_search = true;
+    else if (a == "--offload-checkpoints") {
+      const std::string d = value();
+      if (d == "on") o.offload = offload_choice::on;
+      else if (d == "off") o.offload = offload_choice::off;
+      else if (d == "auto") o.offload = offload_choice::automatic;
+      else usage("--offload-checkpoints takes on, off or auto, not '" + d + "'");
+    }
     else if (a == "--targets") {
       const std::string list = value();
       const std::vector<std::string> all = o.targets;
@@ -263,6 +280,13 @@ options parse(int argc, char** argv) {
     }
     else usage("unknown flag '" + a + "'");
   }
+  if (o.offload == offload_choice::on && !o.checkpointing)
+    usage("--offload-checkpoints on keeps checkpoints in host memory: not with --no-checkpointing");
+  if (o.offload == offload_choice::on && o.model_dir.empty() && o.config_file.empty() && !init_random)
+    usage("--offload-checkpoints applies with --model DIR or --init random --config FILE");
+  // Under a cap the loss's chunk is the largest the memory left at the loss point holds: at most --loss-chunk
+  // when given, else at most the micro-batch.
+  if (o.memory_cap_mib > 0 && !o.loss_chunk_given) o.loss_chunk_tokens = 0;
   if (targets_given && o.model_dir.empty() && o.config_file.empty() && !init_random)
     usage("--targets applies with --model DIR or --init random --config FILE (the example's own stage 2 adapts all seven)");
   if (!o.model_dir.empty() || !o.config_file.empty() || init_random) {
@@ -418,6 +442,8 @@ struct budget_prediction {
   std::uint64_t peak = 0;
   const char* column = "";       // the table's column header
   const char* description = "";  // what the column is
+  std::uint64_t loss_chunk = 0;  // the loss's tokens per chunk it costed
+  std::uint64_t host_bytes = 0;  // offloaded checkpoints
 };
 
 // memory_budget's memkit runtime for this exact model and plan, run on the host with the example's threads
@@ -454,6 +480,10 @@ budget::model_config budget_model(const options& o) {
 
 budget::training_plan checkpoint_budget_plan(const options& o, bool qlora, bool on_device) {
   budget::training_plan plan = budget_plan(o, qlora, on_device);
+  if (o.from_checkpoint()) {  // --memory-cap and --offload-checkpoints act on the checkpoint fine-tunings
+    plan.memory_cap = static_cast<std::uint64_t>(o.memory_cap_mib) << 20;
+    plan.offload_checkpoints = o.checkpointing && o.offload == offload_choice::on;
+  }
   if (qlora && !o.qlora) plan.weights.format = budget::weight_format::bf16;  // --finetune lora: a bf16 base
   if (qlora) {  // --targets: the adapted projections
     const char* names[] = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
@@ -462,6 +492,9 @@ budget::training_plan checkpoint_budget_plan(const options& o, bool qlora, bool 
       if (std::find(o.targets.begin(), o.targets.end(), names[i]) != o.targets.end())
         plan.lora.targets = static_cast<budget::module_set>(plan.lora.targets | (1u << i));
   }
+  // auto: the budget decides where the checkpoints wait, and the run does as it says.
+  if (o.from_checkpoint() && o.offload == offload_choice::automatic)
+    plan = budget::with_checkpoints_placed_for_cap(budget_model(o), plan);
   return plan;
 }
 
@@ -486,6 +519,8 @@ budget_prediction budget_estimate(const options& o, bool qlora, bool on_device) 
   c[memory_category::activations] = e.device[budget::category::activations] + e.device[budget::category::logits];
   c[memory_category::workspace] = e.device[budget::category::workspace];
   b.peak = e.peak_bytes(budget::metric::allocated);  // the live tensors: what a tracking_resource reports
+  b.loss_chunk = e.loss_chunk_tokens;
+  b.host_bytes = e.host_bytes;
   return b;
 }
 
@@ -538,11 +573,12 @@ resources make_resources(memory_meter& meter, int threads) {
   return {meter, meter.tracker, m, meter.category(memory_category::activations), meter.category(memory_category::other)};
 }
 
-memkit::loss::cross_entropy_options loss_options(const options& opt) {
+// Chunks of --loss-chunk tokens (0: the whole micro-batch), by the loss's own rule (loss::chunk_bytes_for).
+memkit::loss::cross_entropy_options loss_options(const options& opt, bool on_device) {
   memkit::loss::cross_entropy_options o;
   o.host_threads = opt.threads;
   const std::int64_t tokens = opt.loss_chunk_tokens > 0 ? opt.loss_chunk_tokens : opt.batch * opt.seq;
-  o.chunk_bytes = static_cast<std::size_t>(tokens * opt.model.vocab) * sizeof(float);  // fp32 logits held at once
+  o.chunk_bytes = memkit::loss::chunk_bytes_for(tokens, opt.model.vocab, sizeof(act_t), on_device);
   return o;
 }
 
@@ -579,11 +615,13 @@ struct step_buffers {
   }
 };
 
+// `offload`: where the blocks' inputs wait between forward and backward (null: in the store, on the device).
 template <class Model>
-auto make_stack(Model& model, bool checkpointing) {
+auto make_stack(Model& model, bool checkpointing, memkit::checkpoint::offload* offload = nullptr) {
   return memkit::checkpoint::segment(
       memkit::checkpoint::layer_sequence(model.blocks, model.final_norm),
-      {.schedule = checkpointing ? memkit::checkpoint::schedule::every_layer() : memkit::checkpoint::schedule::none()});
+      {.schedule = checkpointing ? memkit::checkpoint::schedule::every_layer() : memkit::checkpoint::schedule::none(),
+       .offload = offload});
 }
 
 // Forward, loss, backward of one micro-batch through the checkpointed stack; returns the loss.
@@ -599,7 +637,7 @@ float train_micro_batch(const E& exec, Model& model, Stack& stack, step_buffers&
   memkit::loss::fused_linear_cross_entropy(
       exec, std::as_const(b.hn).view().reshaped(shape{tokens, h}), std::as_const(model.head_weight().value).view(),
       std::as_const(b.targets).view(), b.loss.view(), b.dhn.view().reshaped(shape{tokens, h}), d_head,
-      loss_options(o), *model.memory.workspace);
+      loss_options(o, model.memory.on_device()), *model.memory.workspace);
   meter.set_phase("backward");
   // No input gradient when the embedding is frozen: dh0 is then never allocated (tensor_view::none()).
   stack.backward(exec, std::as_const(b.dhn).view(),
@@ -636,7 +674,7 @@ double validation_loss(const E& exec, Model& model, const example::text_dataset&
     store.clear();
     memkit::loss::fused_linear_cross_entropy(
         exec, tensor_view<const act_t>(y, shape{tokens, h}, where), std::as_const(model.head_weight().value).view(),
-        std::as_const(b.targets).view(), b.loss.view(), tensor_view<act_t>::none(), tensor_view<float>::none(), loss_options(o),
+        std::as_const(b.targets).view(), b.loss.view(), tensor_view<act_t>::none(), tensor_view<float>::none(), loss_options(o, model.memory.on_device()),
         *model.memory.workspace);
     total += b.loss_value();
   }
@@ -665,6 +703,9 @@ struct stage_result {
   std::uint64_t measured_peak = 0, predicted_peak = 0;
   categories measured, predicted;
   budget_prediction budget;
+  std::int64_t loss_chunk = 0;       // the loss's tokens per chunk
+  bool offloaded = false;            // checkpoints in host memory
+  std::uint64_t offloaded_peak = 0;  // their host bytes (outside the cap)
 };
 
 // Runs `steps` optimizer steps of `accum` micro-batches. `step_optimizer(lr, scale)` applies one AdamW step.
@@ -735,13 +776,19 @@ std::uint64_t activation_peak(const Model& model, const Stack& stack, const opti
          std::max<std::uint64_t>(stack.cost(in, {}).peak_bytes, largest_layer);
 }
 
+// The training step's loss call, as the protocol's arguments.
+template <class Model>
+memkit::loss::fused_linear_cross_entropy_arguments loss_arguments(const Model& model, const options& o) {
+  return {.tokens = o.batch * o.seq, .hidden = model.config.hidden, .vocab = model.config.vocab,
+          .hidden_element_bytes = sizeof(act_t), .head_element_bytes = sizeof(memkit::bf16),
+          .head_grad = model.head_weight().trains(), .on_device = model.memory.on_device(),
+          .options = loss_options(o, model.memory.on_device())};
+}
+
 template <class Model>
 std::uint64_t workspace_peak(const Model& model, const options& o) {
   const shape in{o.batch, o.seq, model.config.hidden};
-  std::uint64_t peak = memkit::loss::workspace_bytes(memkit::loss::fused_linear_cross_entropy_arguments{
-      .tokens = o.batch * o.seq, .hidden = model.config.hidden, .vocab = model.config.vocab,
-      .hidden_element_bytes = sizeof(act_t), .head_element_bytes = sizeof(memkit::bf16),
-      .head_grad = model.head_weight().trains(), .on_device = model.memory.on_device(), .options = loss_options(o)});
+  std::uint64_t peak = memkit::loss::workspace_bytes(loss_arguments(model, o));
   for (const auto& block : model.blocks) peak = std::max<std::uint64_t>(peak, block.workspace_bytes(in));
   return peak;
 }
@@ -1104,13 +1151,75 @@ memkit::peft::lora_config checkpoint_adapter_config(const options& o) {
 // stack, the rest of the memory prediction (activations, workspace with the loading staging), the loop
 // with the validation loss before and after, and the memory table. `buffers` stays the caller's (the
 // reloaded model is validated with it).
+// Host memory for offloaded checkpoints, outside the cap: pinned on a CUDA device (the copies overlap the
+// compute only from pinned memory), the default host resource on the host.
+template <memkit::executor E>
+memkit::memory_resource& checkpoint_host_memory() {
+#if MEMKIT_HAS_CUDA
+  if constexpr (E::on_device) {
+    static memkit::pinned_host_resource pinned;
+    return pinned;
+  }
+#endif
+  return memkit::default_host_resource();
+}
+
+// --memory-cap (#30, #31): the loss's chunk from the memory left when it starts: the cap minus what the step
+// holds then, predicted from the components' byte functions (weights, gradients, optimizer state and the
+// loop's buffers as allocated up front, and what the checkpointed stack keeps after forward). The largest
+// chunk, up to --loss-chunk (default: the micro-batch), whose whole call fits what is left; the floor is one
+// token, and when even that does not fit the step cannot run under the cap: out_of_memory, saying why.
+template <class Model, class Stack>
+std::int64_t loss_chunk_under_cap(const Model& model, const Stack& stack, const options& o,
+                                  const memory_prediction& predicted, bool embedding_trains) {
+  const std::uint64_t cap = static_cast<std::uint64_t>(o.memory_cap_mib) << 20;
+  const shape in{o.batch, o.seq, model.config.hidden};
+  const std::uint64_t held = predicted.peak[memory_category::weights] + predicted.peak[memory_category::gradients] +
+                             predicted.peak[memory_category::optimizer_state] + predicted.peak[memory_category::other] +
+                             step_buffers::activation_bytes(o.batch, o.seq, model.config.hidden, embedding_trains) +
+                             stack.cost(in, {}).saved_bytes;
+  const std::uint64_t left = held < cap ? cap - held : 0;
+  const std::int64_t tokens = o.batch * o.seq;
+  const std::int64_t most = o.loss_chunk_tokens > 0 ? std::min(o.loss_chunk_tokens, tokens) : tokens;
+  memkit::loss::fused_linear_cross_entropy_arguments args = loss_arguments(model, o);
+  const std::int64_t chunk = memkit::loss::chunk_tokens_within(args, static_cast<std::size_t>(left), most);
+  if (chunk == 0) {
+    args.options.chunk_bytes = memkit::loss::chunk_bytes_for(1, args.vocab, args.hidden_element_bytes, args.on_device);
+    const std::size_t one = memkit::loss::bytes_required(args);
+    throw memkit::out_of_memory(
+        "train_llama: under --memory-cap " + std::to_string(o.memory_cap_mib) + " MiB the step holds " +
+            memkit::format_bytes(held) + " when the loss starts, leaving " + memkit::format_bytes(left) +
+            "; the loss needs " + memkit::format_bytes(one) + " even with a one-token chunk (" +
+            std::to_string(tokens) + " tokens)",
+        one);
+  }
+  return chunk;
+}
+
 template <memkit::executor E, class Model, class StepOptimizer, class ZeroGrad>
-void train_checkpoint_stage(const E& exec, const options& o, const char* what, Model& model,
+void train_checkpoint_stage(const E& exec, const options& given, const char* what, Model& model,
                             const example::text_dataset& data, step_buffers& buffers, const resources& r,
                             memory_meter& meter, memory_prediction& predicted, std::uint64_t staging, bool lora,
                             StepOptimizer&& step_optimizer, ZeroGrad&& zero_grad,
                             std::vector<example::step_record>& records, stage_result& result) {
-  auto stack = make_stack(model, o.checkpointing);
+  // Where the blocks' inputs wait: as the budget's plan says (--offload-checkpoints; auto under a cap: on the
+  // host when the on-device ones would not fit). Offloaded ones are counted by their own tracker, outside
+  // the cap. The offload outlives the stack.
+  const budget::training_plan plan = checkpoint_budget_plan(given, lora, E::on_device);
+  memkit::tracking_resource offload_memory(checkpoint_host_memory<E>(), "offloaded checkpoints");
+  memkit::checkpoint::offload offload(offload_memory.category(memory_category::activations));
+  auto stack = make_stack(model, given.checkpointing, plan.offload_checkpoints ? &offload : nullptr);
+  options o = given;
+  if (given.memory_cap_mib > 0) o.loss_chunk_tokens = loss_chunk_under_cap(model, stack, given, predicted, !lora);
+  result.loss_chunk = o.loss_chunk_tokens > 0 ? o.loss_chunk_tokens : o.batch * o.seq;
+  result.offloaded = plan.offload_checkpoints;
+  if (!given.trial && given.memory_cap_mib > 0)
+    std::printf("under --memory-cap %lld MiB: checkpoints %s; the loss's chunk %lld tokens (the memory left at the "
+                "loss point; memory_budget chooses %llu)\n",
+                static_cast<long long>(given.memory_cap_mib),
+                plan.offload_checkpoints ? "in host memory outside the cap" : "on the device",
+                static_cast<long long>(result.loss_chunk),
+                static_cast<unsigned long long>(budget::estimate_memory(budget_model(given), plan).loss_chunk_tokens));
   predicted.peak[memory_category::activations] = activation_peak(model, stack, o, !lora);
   predicted.peak[memory_category::workspace] = std::max<std::uint64_t>(workspace_peak(model, o), staging);
   predicted.total = predicted.peak.total();
@@ -1119,6 +1228,7 @@ void train_checkpoint_stage(const E& exec, const options& o, const char* what, M
               records, result);
     result.measured_peak = meter.tracker.peak_bytes();
     result.predicted_peak = predicted.total;
+    result.offloaded_peak = offload_memory.peak_bytes();
     return;
   }
   result.validation_before = validation_loss(exec, model, data, buffers, r, o);
@@ -1133,8 +1243,12 @@ void train_checkpoint_stage(const E& exec, const options& o, const char* what, M
   result.predicted = predicted.peak;
   result.measured_peak = meter.tracker.peak_bytes();
   result.predicted_peak = predicted.total;
-  result.budget = budget_estimate(o, lora, E::on_device);
+  result.offloaded_peak = offload_memory.peak_bytes();
+  result.budget = budget_estimate(given, lora, E::on_device);
   print_memory_table(what, predicted, meter, result.budget);
+  if (plan.offload_checkpoints)
+    std::printf("  offloaded checkpoints in host memory (outside the cap): %s measured, %s predicted by memory_budget\n",
+                memkit::format_bytes(result.offloaded_peak).c_str(), memkit::format_bytes(result.budget.host_bytes).c_str());
 }
 
 // QLoRA (Projection = nf4_lora_linear) or LoRA over a bf16 base (dense_lora_linear) of the checkpoint: the
@@ -1376,6 +1490,7 @@ int max_seq_search(const E& exec, const options& o, memkit::memory_resource& ups
   const std::uint64_t cap = static_cast<std::uint64_t>(o.memory_cap_mib) << 20;
   std::vector<example::step_record> records;
   int trials = 0;
+  std::map<std::int64_t, stage_result> fitted;  // each step that trained, by sequence length
   const auto fits = [&](std::int64_t seq) {
     options t = o;
     t.trial = true;
@@ -1387,8 +1502,8 @@ int max_seq_search(const E& exec, const options& o, memkit::memory_resource& ups
     memory_meter meter(upstream);
     try {
       if (o.full) return false;  // (refused by parse)
-      if (o.qlora) finetune_checkpoint<lora_linear_impl>(exec, t, meter, records);
-      else finetune_checkpoint<llama::dense_lora_linear<act_t>>(exec, t, meter, records);
+      fitted[seq] = (o.qlora ? finetune_checkpoint<lora_linear_impl>(exec, t, meter, records)
+                             : finetune_checkpoint<llama::dense_lora_linear<act_t>>(exec, t, meter, records)).result;
       return true;
     } catch (const memkit::out_of_memory&) {
       return false;
@@ -1410,10 +1525,42 @@ int max_seq_search(const E& exec, const options& o, memkit::memory_resource& ups
               "memory_budget's memkit runtime predicts %lld (%+.2f%%)\n",
               static_cast<long long>(o.memory_cap_mib), static_cast<long long>(o.batch), static_cast<long long>(o.accum),
               static_cast<long long>(good), trials, static_cast<long long>(predicted), error);
+  if (good == 0) return o.check ? 1 : 0;
+  // The longest step: its speed, its tracked peak and what memory_budget says of it (breakdown at its peak).
+  const stage_result& at = fitted.at(good);
+  options p = o;
+  p.seq = good;
+  p.model.max_positions = good;
+  const budget::training_plan plan = checkpoint_budget_plan(p, true, E::on_device);
+  const budget::memory_estimate e = budget::estimate_memory(budget_model(p), plan);
+  const std::uint64_t budget_peak = e.peak_bytes(budget::metric::allocated);
+  const double peak_error = percent_error(budget_peak, at.measured_peak);
+  std::printf("at %lld tokens: %.0f tokens/s (one step, %.1f s), tracked peak %s (memory_budget %s, %+.2f%%; cap %s); "
+              "the loss's chunk %lld tokens (memory_budget %llu); checkpoints %s",
+              static_cast<long long>(good), at.tokens_per_second, at.seconds, memkit::format_bytes(at.measured_peak).c_str(),
+              memkit::format_bytes(budget_peak).c_str(), peak_error, memkit::format_bytes(cap).c_str(),
+              static_cast<long long>(at.loss_chunk), static_cast<unsigned long long>(e.loss_chunk_tokens),
+              at.offloaded ? "in host memory" : "on the device");
+  if (at.offloaded)
+    std::printf(" (%s, memory_budget %s)", memkit::format_bytes(at.offloaded_peak).c_str(),
+                memkit::format_bytes(e.host_bytes).c_str());
+  std::printf("\nmemory_budget's breakdown at its peak (%s):", std::string(budget::to_string(e.peak_phase)).c_str());
+  for (int i = 0; i < budget::category_count; ++i) {
+    const auto c = static_cast<budget::category>(i);
+    if (e.device[c] != 0 && c != budget::category::overhead)
+      std::printf(" %s %s", std::string(budget::to_string(c)).c_str(), memkit::format_bytes(e.device[c]).c_str());
+  }
+  std::printf("\n");
   if (!o.check) return 0;
-  const bool ok = good > 0 && std::abs(error) <= 2.0;
-  std::printf("check: %s memory_budget's longest sequence within 2%% of the one found\n", ok ? "ok  " : "FAIL");
-  return ok ? 0 : 1;
+  int failures = 0;
+  auto expect = [&](bool ok, const std::string& what) {
+    std::printf("check: %s %s\n", ok ? "ok  " : "FAIL", what.c_str());
+    failures += ok ? 0 : 1;
+  };
+  expect(std::abs(error) <= 2.0, "memory_budget's longest sequence within 2% of the one found");
+  expect(std::abs(peak_error) <= 2.0, "memory_budget's peak at that length within 2% of the tracked one");
+  expect(at.measured_peak <= cap, "the tracked peak is under the cap");
+  return failures == 0 ? 0 : 1;
 }
 
 template <memkit::executor E>
