@@ -199,7 +199,7 @@ options parse(int argc, char** argv) {
       o.sample_bytes = 60;
       o.validation_batches = 2;
     }
-  bool init_random = false, data_given = false, targets_given = false;
+  bool init_random = false, data_given = false, targets_given = false, layers_given = false;
   for (int i = 1; i < argc; ++i) data_given = data_given || std::string(argv[i]) == "--data";
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -226,7 +226,10 @@ options parse(int argc, char** argv) {
     else if (a == "--seq") o.seq = number(2, 65536);
     else if (a == "--accum") o.accum = number(1, 4096);
     else if (a == "--hidden") o.model.hidden = number(1, 65536);
-    else if (a == "--layers") o.model.layers = number(1, 1024);
+    else if (a == "--layers") {
+      o.model.layers = number(1, 1024);
+      layers_given = true;
+    }
     else if (a == "--heads") o.model.heads = number(1, 1024);
     else if (a == "--kv-heads") o.model.kv_heads = number(1, 1024);
     else if (a == "--intermediate") o.model.intermediate = number(1, 262144);
@@ -306,11 +309,19 @@ options parse(int argc, char** argv) {
     std::error_code ec;
     if (!o.token_file.empty() && !std::filesystem::is_regular_file(o.token_file, ec))
       usage("--data " + o.token_file + ": not a readable token file");
+    const std::int64_t layers = o.model.layers;
     try {  // the model's shape: checked here, before anything is allocated
       const std::string config = o.model_dir.empty() ? o.config_file : o.model_dir + "/config.json";
       o.model = llama::read_hf_config(config, o.seq);
     } catch (const memkit::error& e) {
       usage(e.what());
+    }
+    // --layers L with --init random: the config's first L blocks at its real widths and vocabulary (a
+    // long-context search on a model's shapes in CI time, #31).
+    if (layers_given) {
+      if (o.model_dir.empty() && layers <= o.model.layers) o.model.layers = layers;
+      else usage("--layers with a config.json applies to --init random, at most the config's " +
+                 std::to_string(o.model.layers) + " layers");
     }
     if (o.lora_rank > std::min(o.model.hidden, o.model.intermediate))
       usage("--rank " + std::to_string(o.lora_rank) + " is above the smallest adapted width (" +
@@ -1124,6 +1135,14 @@ finetune_outcome finetune(const E& exec, const options& o, memory_meter& meter, 
 }
 
 // ---- fine-tuning a Hugging Face checkpoint (--model) or a config with random weights (--init random) -------
+// The options with the loss's chunk the stage ran with (under --memory-cap, chosen from the memory left), for
+// the reloaded model's validation.
+options stage_loss_chunk(const options& o, const stage_result& result) {
+  options v = o;
+  v.loss_chunk_tokens = result.loss_chunk;
+  return v;
+}
+
 // The dataset: the token file (checked against the model's vocabulary), or random ids for a speed and
 // memory run of a config without data.
 example::text_dataset checkpoint_dataset(const options& o) {
@@ -1363,7 +1382,7 @@ finetune_outcome finetune_checkpoint(const E& exec, const options& o, memory_met
   {
     std::unique_ptr<model_type> reloaded = build();
     llama::load_peft_adapter(*reloaded, adapter_dir);
-    outcome.loss_after_reload = validation_loss(exec, *reloaded, data, buffers, r, o);
+    outcome.loss_after_reload = validation_loss(exec, *reloaded, data, buffers, r, stage_loss_chunk(o, result));
   }
   std::printf("saved %s/ (PEFT); reloaded onto a fresh model: validation loss %.6f (before saving %.6f)\n",
               adapter_dir.c_str(), outcome.loss_after_reload, outcome.loss_before_save);
@@ -1452,7 +1471,7 @@ finetune_outcome finetune_full_checkpoint(const E& exec, const options& o, memor
     out.write((dir / "model.safetensors").string());
     model.reset();
     auto reloaded = llama::load_causal_lm<act_t>(llama::hf_checkpoint(dir.string(), o.seq), r.model, memkit::layers::trainability::frozen);
-    outcome.loss_after_reload = validation_loss(exec, *reloaded, data, buffers, r, o);
+    outcome.loss_after_reload = validation_loss(exec, *reloaded, data, buffers, r, stage_loss_chunk(o, result));
     std::printf("saved %s/ (config.json + model.safetensors); reloaded: validation loss %.6f (before saving %.6f)\n",
                 dir.string().c_str(), outcome.loss_after_reload, outcome.loss_before_save);
   } else {
@@ -1481,10 +1500,49 @@ std::int64_t longest_fitting(Fits&& fits) {
   return good;
 }
 
+// The same answer, bracketed from a guess (memory_budget's prediction) instead of from 16: steps of guess/64
+// tokens away from it, doubling, until one length fits and the next does not; then bisection. Every bound is a
+// real run, so the answer does not depend on the guess, only the number of runs does (about 8 near a good
+// guess instead of about 20: each run at the longest length is what a search costs).
+template <class Fits>
+std::int64_t longest_fitting_near(Fits&& fits, std::int64_t guess) {
+  const std::int64_t limit = std::int64_t{1} << 20;
+  if (guess < 16 || guess > limit) return longest_fitting(fits);
+  std::int64_t step = std::max<std::int64_t>(1, guess / 64), good = 0, bad = limit + 1;
+  if (fits(guess)) {
+    good = guess;
+    while (good < limit) {
+      const std::int64_t next = std::min(good + step, limit);
+      if (!fits(next)) {
+        bad = next;
+        break;
+      }
+      good = next;
+      step *= 2;
+    }
+  } else {
+    bad = guess;
+    while (bad > 1) {
+      const std::int64_t next = std::max<std::int64_t>(1, bad - step);
+      if (fits(next)) {
+        good = next;
+        break;
+      }
+      bad = next;
+      step *= 2;
+    }
+  }
+  while (bad - good > 1) {
+    const std::int64_t mid = good + (bad - good) / 2;
+    (fits(mid) ? good : bad) = mid;
+  }
+  return good;
+}
+
 // --max-seq-search (#31): the longest sequence whose whole step (forward, loss, backward, optimizer) trains
-// within --memory-cap, found by real one-step runs (doubling, then bisection; a run that hits the cap
-// unwinds with out_of_memory and frees everything), next to memory_budget's memkit runtime answer for the
-// same plan and cap. Random token ids; QLoRA or LoRA as --finetune says.
+// within --memory-cap, found by real one-step runs (bracketed from memory_budget's memkit runtime answer for
+// the same plan and cap, then bisection; a run that hits the cap unwinds with out_of_memory and frees
+// everything), next to that answer. Random token ids; QLoRA or LoRA as --finetune says.
 template <memkit::executor E>
 int max_seq_search(const E& exec, const options& o, memkit::memory_resource& upstream) {
   const std::uint64_t cap = static_cast<std::uint64_t>(o.memory_cap_mib) << 20;
@@ -1509,7 +1567,6 @@ int max_seq_search(const E& exec, const options& o, memkit::memory_resource& ups
       return false;
     }
   };
-  const std::int64_t good = longest_fitting(fits);
   // memory_budget's answer by the same search over its estimate (the rotary table is sized by the sequence,
   // as the runs size it, so budget::max_sequence's fixed max_positions does not apply).
   const std::int64_t predicted = longest_fitting([&](std::int64_t seq) {
@@ -1520,6 +1577,7 @@ int max_seq_search(const E& exec, const options& o, memkit::memory_resource& ups
     memkit::require(e.valid(), "train_llama: memory_budget refuses the plan: " + std::string(e.problem));
     return e.peak_bytes(budget::metric::allocated) <= cap;
   });
+  const std::int64_t good = longest_fitting_near(fits, predicted);
   const double error = good > 0 ? (double(predicted) - double(good)) / double(good) * 100.0 : 0.0;
   std::printf("longest sequence under %lld MiB (batch %lld, accumulation %lld): %lld tokens trains a step (%d one-step runs); "
               "memory_budget's memkit runtime predicts %lld (%+.2f%%)\n",
@@ -1616,6 +1674,14 @@ int run_checkpoint(const E& exec, const options& o, memkit::memory_resource& ups
   expect(s.result.predicted_peak >= s.result.measured_peak, "the predicted total bounds the measured peak");
   expect(within(s.result.budget.peak, s.result.measured_peak, 0.02), "memory_budget's memkit runtime within 2% of the tracker");
   expect(s.loss_after_reload == s.loss_before_save, "the reloaded PEFT adapter gives the same validation loss");
+  if (o.memory_cap_mib > 0) {
+    expect(s.result.measured_peak <= (static_cast<std::uint64_t>(o.memory_cap_mib) << 20), "the tracked peak is under the cap");
+    expect(static_cast<std::uint64_t>(s.result.loss_chunk) == s.result.budget.loss_chunk,
+           "the loss's chunk under the cap is the one memory_budget chooses");
+  }
+  if (s.result.offloaded)
+    expect(within(s.result.budget.host_bytes, s.result.offloaded_peak, 0.02),
+           "memory_budget's offloaded checkpoint bytes within 2% of the tracked ones");
   return failures == 0 ? 0 : 1;
 }
 

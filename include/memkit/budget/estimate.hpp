@@ -477,6 +477,9 @@ constexpr memory_estimate estimate_memory(const model_config& m, const training_
     const memkit_step_moments moments = memkit_step_activations(m, p, base.total() + gradients);
     out.loss_chunk_tokens = moments.loss_chunk_tokens;
     out.loss_held_bytes = moments.loss_held_bytes;
+    // The stack checkpoints the final norm's input too (memkit::checkpoint::segment over blocks + norm).
+    host[category::activations] = moments.host_bytes;
+    out.host_bytes = host.total();
     for (int i = 0; i < step_phase_count; ++i)
       out.phases[i] = with(base, gradients, moments.activations[i], 0, moments.workspace[i]);
   }

@@ -62,6 +62,7 @@ struct memkit_step_moments {
   // the step is then costed with a one-token chunk, over the cap).
   std::uint64_t loss_chunk_tokens = 0;
   std::uint64_t loss_held_bytes = 0;  // what the step holds when the loss starts (held_outside included)
+  std::uint64_t host_bytes = 0;       // offloaded checkpoints (the blocks' and the final norm's inputs)
 };
 
 // `held_outside`: the bytes the step holds besides activations and workspace (weights, gradients, optimizer
@@ -137,6 +138,7 @@ constexpr memkit_step_moments memkit_step_activations(const model_config& m, con
   backward_pass = true;
   run.backward();
   moment(optimizer_phase, 0, 0);
+  out.host_bytes = model.host_bytes();
   return out;
 }
 
