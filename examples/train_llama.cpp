@@ -1206,7 +1206,7 @@ std::int64_t loss_chunk_under_cap(const Model& model, const Stack& stack, const 
     args.options.chunk_bytes = memkit::loss::chunk_bytes_for(1, args.vocab, args.hidden_element_bytes, args.on_device);
     const std::size_t one = memkit::loss::bytes_required(args);
     throw memkit::out_of_memory(
-        "train_llama: under --memory-cap " + std::to_string(o.memory_cap_mib) + " MiB the step holds " +
+        "under --memory-cap " + std::to_string(o.memory_cap_mib) + " MiB the step holds " +
             memkit::format_bytes(held) + " when the loss starts, leaving " + memkit::format_bytes(left) +
             "; the loss needs " + memkit::format_bytes(one) + " even with a one-token chunk (" +
             std::to_string(tokens) + " tokens)",
