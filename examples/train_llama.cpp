@@ -287,9 +287,6 @@ options parse(int argc, char** argv) {
     usage("--offload-checkpoints on keeps checkpoints in host memory: not with --no-checkpointing");
   if (o.offload == offload_choice::on && o.model_dir.empty() && o.config_file.empty() && !init_random)
     usage("--offload-checkpoints applies with --model DIR or --init random --config FILE");
-  // Under a cap the loss's chunk is the largest the memory left at the loss point holds: at most --loss-chunk
-  // when given, else at most the micro-batch.
-  if (o.memory_cap_mib > 0 && !o.loss_chunk_given) o.loss_chunk_tokens = 0;
   if (targets_given && o.model_dir.empty() && o.config_file.empty() && !init_random)
     usage("--targets applies with --model DIR or --init random --config FILE (the example's own stage 2 adapts all seven)");
   if (!o.model_dir.empty() || !o.config_file.empty() || init_random) {
@@ -303,6 +300,9 @@ options parse(int argc, char** argv) {
     if (o.max_seq_search && !o.token_file.empty()) usage("--max-seq-search runs on random token ids: leave out --data");
     if (o.max_seq_search && o.full) usage("--max-seq-search searches --finetune qlora or lora");
     if (o.full && o.merge) usage("--merge applies to --finetune qlora or lora (full fine-tuning saves the whole model)");
+    // Under a cap the loss's chunk is the largest the memory left at the loss point holds: at most --loss-chunk
+    // when given, else at most the micro-batch.
+    if (o.memory_cap_mib > 0 && !o.loss_chunk_given) o.loss_chunk_tokens = 0;
     o.token_file = data_given ? o.data_dir : std::string();
     if (!o.model_dir.empty() && o.token_file.empty() && !o.max_seq_search)
       usage("--model DIR needs --data FILE: a token file written by tools/tokenize.py with the model's tokenizer");
