@@ -1166,10 +1166,6 @@ memkit::peft::lora_config checkpoint_adapter_config(const options& o) {
   return c;
 }
 
-// What both fine-tunings of a checkpoint share once the model and its optimizer exist: the checkpointed
-// stack, the rest of the memory prediction (activations, workspace with the loading staging), the loop
-// with the validation loss before and after, and the memory table. `buffers` stays the caller's (the
-// reloaded model is validated with it).
 // Host memory for offloaded checkpoints, outside the cap: pinned on a CUDA device (the copies overlap the
 // compute only from pinned memory), the default host resource on the host.
 template <memkit::executor E>
@@ -1215,6 +1211,11 @@ std::int64_t loss_chunk_under_cap(const Model& model, const Stack& stack, const 
   return chunk;
 }
 
+// What both fine-tunings of a checkpoint share once the model and its optimizer exist: the checkpointed
+// stack (its checkpoints where --offload-checkpoints says), the loss's chunk under --memory-cap, the rest of
+// the memory prediction (activations, workspace with the loading staging), the loop with the validation loss
+// before and after, and the memory table. `buffers` stays the caller's (the reloaded model is validated with
+// it).
 template <memkit::executor E, class Model, class StepOptimizer, class ZeroGrad>
 void train_checkpoint_stage(const E& exec, const options& given, const char* what, Model& model,
                             const example::text_dataset& data, step_buffers& buffers, const resources& r,
