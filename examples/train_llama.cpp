@@ -1677,8 +1677,11 @@ int run_checkpoint(const E& exec, const options& o, memkit::memory_resource& ups
   expect(s.loss_after_reload == s.loss_before_save, "the reloaded PEFT adapter gives the same validation loss");
   if (o.memory_cap_mib > 0) {
     expect(s.result.measured_peak <= (static_cast<std::uint64_t>(o.memory_cap_mib) << 20), "the tracked peak is under the cap");
-    expect(static_cast<std::uint64_t>(s.result.loss_chunk) == s.result.budget.loss_chunk,
-           "the loss's chunk under the cap is the one memory_budget chooses");
+    // Equal on the host; on a device memory_budget rounds each allocation to its granularity (512 B), which
+    // can cost the chunk a token or so.
+    const double chunk = static_cast<double>(s.result.loss_chunk), budget_chunk = static_cast<double>(s.result.budget.loss_chunk);
+    expect(std::abs(chunk - budget_chunk) <= std::max(1.0, 0.01 * chunk),
+           "the loss's chunk under the cap is memory_budget's (within 1%, at least one token)");
   }
   if (s.result.offloaded)
     expect(within(s.result.budget.host_bytes, s.result.offloaded_peak, 0.02),
