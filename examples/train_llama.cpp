@@ -58,6 +58,7 @@
 #include <cstdlib>
 #include <ctime>
 #include <filesystem>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -122,6 +123,10 @@ static_assert(memkit::fits(budget::presets::smollm2_360m, gpu_scale_plan, budget
 
 // ---- options ---------------------------------------------------------------------------------------------
 enum class device_choice { host, cuda, automatic };
+// Where the checkpointed blocks' inputs wait between forward and backward (#31): on the device, or in host
+// memory outside --memory-cap (pinned on CUDA); auto: on the host when memory_budget says the on-device
+// ones would not fit the cap (budget::with_checkpoints_placed_for_cap), else on the device.
+enum class offload_choice { off, on, automatic };
 
 // --pack: each training row holds at most this many documents, the padding of its tail included (a fixed
 // [batch, documents + 1] offsets buffer, allocated once per stage like the ids).
@@ -157,6 +162,8 @@ struct options {
   bool merge = false;  // --merge: also write the merged dense checkpoint
   std::int64_t memory_cap_mib = 0;  // --memory-cap MIB: every allocation through a capped_resource (0: none)
   bool max_seq_search = false;      // --max-seq-search: the longest sequence whose step fits the cap (#31)
+  offload_choice offload = offload_choice::automatic;  // --offload-checkpoints on|off|auto (auto acts under a cap)
+  bool loss_chunk_given = false;    // --loss-chunk on the command line (else, under a cap, the whole micro-batch)
   bool trial = false;               // one step of a search: no validation, nothing saved
   std::vector<std::string> targets{"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
   bool from_checkpoint() const { return !model_dir.empty() || !config_file.empty(); }
@@ -167,7 +174,7 @@ constexpr const char* flag_list =
     "--layers L --heads H --kv-heads K --intermediate F --rank R --threads T --rounding --adam32 --loss-chunk TOKENS "
     "--mlp-chunk TOKENS --no-checkpointing --pack --sample N --data DIR --out DIR | --model DIR | --init random --config FILE, "
     "with --data FILE (tokens) --finetune qlora|lora|full --targets q_proj,v_proj,... --merge; --memory-cap MIB "
-    "--max-seq-search";
+    "--max-seq-search --offload-checkpoints on|off|auto";
 
 // A bad command line: one line naming the flag, exit 2, before anything is allocated or trained.
 [[noreturn]] void usage(const std::string& problem) {
@@ -206,7 +213,7 @@ options parse(int argc, char** argv) {
       o.sample_bytes = 60;
       o.validation_batches = 2;
     }
-  bool init_random = false, data_given = false, targets_given = false;
+  bool init_random = false, data_given = false, targets_given = false, layers_given = false;
   for (int i = 1; i < argc; ++i) data_given = data_given || std::string(argv[i]) == "--data";
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -233,7 +240,10 @@ options parse(int argc, char** argv) {
     else if (a == "--seq") o.seq = number(2, 65536);
     else if (a == "--accum") o.accum = number(1, 4096);
     else if (a == "--hidden") o.model.hidden = number(1, 65536);
-    else if (a == "--layers") o.model.layers = number(1, 1024);
+    else if (a == "--layers") {
+      o.model.layers = number(1, 1024);
+      layers_given = true;
+    }
     else if (a == "--heads") o.model.heads = number(1, 1024);
     else if (a == "--kv-heads") o.model.kv_heads = number(1, 1024);
     else if (a == "--intermediate") o.model.intermediate = number(1, 262144);
@@ -241,7 +251,10 @@ options parse(int argc, char** argv) {
     else if (a == "--threads") o.threads = static_cast<int>(number(0, 4096));
     else if (a == "--rounding") o.rounding = true;
     else if (a == "--adam32") o.adam32 = true;
-    else if (a == "--loss-chunk") o.loss_chunk_tokens = number(0, std::int64_t{1} << 30);
+    else if (a == "--loss-chunk") {
+      o.loss_chunk_tokens = number(0, std::int64_t{1} << 30);
+      o.loss_chunk_given = true;
+    }
     else if (a == "--mlp-chunk") o.mlp_chunk_tokens = number(1, std::int64_t{1} << 30);
     else if (a == "--no-checkpointing") o.checkpointing = false;
     else if (a == "--pack") o.pack = true;
@@ -263,6 +276,13 @@ options parse(int argc, char** argv) {
     } else if (a == "--merge") o.merge = true;
     else if (a == "--memory-cap") o.memory_cap_mib = number(1, std::int64_t{1} << 24);
     else if (a == "--max-seq-search") o.max_seq_search = true;
+    else if (a == "--offload-checkpoints") {
+      const std::string d = value();
+      if (d == "on") o.offload = offload_choice::on;
+      else if (d == "off") o.offload = offload_choice::off;
+      else if (d == "auto") o.offload = offload_choice::automatic;
+      else usage("--offload-checkpoints takes on, off or auto, not '" + d + "'");
+    }
     else if (a == "--targets") {
       const std::string list = value();
       const std::vector<std::string> all = o.targets;
@@ -279,6 +299,10 @@ options parse(int argc, char** argv) {
     }
     else usage("unknown flag '" + a + "'");
   }
+  if (o.offload == offload_choice::on && !o.checkpointing)
+    usage("--offload-checkpoints on keeps checkpoints in host memory: not with --no-checkpointing");
+  if (o.offload == offload_choice::on && o.model_dir.empty() && o.config_file.empty() && !init_random)
+    usage("--offload-checkpoints applies with --model DIR or --init random --config FILE");
   if (targets_given && o.model_dir.empty() && o.config_file.empty() && !init_random)
     usage("--targets applies with --model DIR or --init random --config FILE (the example's own stage 2 adapts all seven)");
   if (!o.model_dir.empty() || !o.config_file.empty() || init_random) {
@@ -293,17 +317,28 @@ options parse(int argc, char** argv) {
     if (o.max_seq_search && o.full) usage("--max-seq-search searches --finetune qlora or lora");
     if (o.full && o.merge) usage("--merge applies to --finetune qlora or lora (full fine-tuning saves the whole model)");
     if (o.pack) usage("--pack packs the example's own texts by paragraph (stages 1 and 2), not a token file");
+    // Under a cap the loss's chunk is the largest the memory left at the loss point holds: at most --loss-chunk
+    // when given, else at most the micro-batch.
+    if (o.memory_cap_mib > 0 && !o.loss_chunk_given) o.loss_chunk_tokens = 0;
     o.token_file = data_given ? o.data_dir : std::string();
     if (!o.model_dir.empty() && o.token_file.empty() && !o.max_seq_search)
       usage("--model DIR needs --data FILE: a token file written by tools/tokenize.py with the model's tokenizer");
     std::error_code ec;
     if (!o.token_file.empty() && !std::filesystem::is_regular_file(o.token_file, ec))
       usage("--data " + o.token_file + ": not a readable token file");
+    const std::int64_t layers = o.model.layers;
     try {  // the model's shape: checked here, before anything is allocated
       const std::string config = o.model_dir.empty() ? o.config_file : o.model_dir + "/config.json";
       o.model = llama::read_hf_config(config, o.seq);
     } catch (const memkit::error& e) {
       usage(e.what());
+    }
+    // --layers L with --init random: the config's first L blocks at its real widths and vocabulary (a
+    // long-context search on a model's shapes in CI time, #31).
+    if (layers_given) {
+      if (o.model_dir.empty() && layers <= o.model.layers) o.model.layers = layers;
+      else usage("--layers with a config.json applies to --init random, at most the config's " +
+                 std::to_string(o.model.layers) + " layers");
     }
     if (o.lora_rank > std::min(o.model.hidden, o.model.intermediate))
       usage("--rank " + std::to_string(o.lora_rank) + " is above the smallest adapted width (" +
@@ -435,6 +470,8 @@ struct budget_prediction {
   std::uint64_t peak = 0;
   const char* column = "";       // the table's column header
   const char* description = "";  // what the column is
+  std::uint64_t loss_chunk = 0;  // the loss's tokens per chunk it costed
+  std::uint64_t host_bytes = 0;  // offloaded checkpoints
 };
 
 // memory_budget's memkit runtime for this exact model and plan, run on the host with the example's threads
@@ -472,6 +509,10 @@ budget::model_config budget_model(const options& o) {
 
 budget::training_plan checkpoint_budget_plan(const options& o, bool qlora, bool on_device) {
   budget::training_plan plan = budget_plan(o, qlora, on_device);
+  if (o.from_checkpoint()) {  // --memory-cap and --offload-checkpoints act on the checkpoint fine-tunings
+    plan.memory_cap = static_cast<std::uint64_t>(o.memory_cap_mib) << 20;
+    plan.offload_checkpoints = o.checkpointing && o.offload == offload_choice::on;
+  }
   if (qlora && !o.qlora) plan.weights.format = budget::weight_format::bf16;  // --finetune lora: a bf16 base
   if (qlora) {  // --targets: the adapted projections
     const char* names[] = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
@@ -480,6 +521,9 @@ budget::training_plan checkpoint_budget_plan(const options& o, bool qlora, bool 
       if (std::find(o.targets.begin(), o.targets.end(), names[i]) != o.targets.end())
         plan.lora.targets = static_cast<budget::module_set>(plan.lora.targets | (1u << i));
   }
+  // auto: the budget decides where the checkpoints wait, and the run does as it says.
+  if (o.from_checkpoint() && o.offload == offload_choice::automatic)
+    plan = budget::with_checkpoints_placed_for_cap(budget_model(o), plan);
   return plan;
 }
 
@@ -504,6 +548,8 @@ budget_prediction budget_estimate(const options& o, bool qlora, bool on_device) 
   c[memory_category::activations] = e.device[budget::category::activations] + e.device[budget::category::logits];
   c[memory_category::workspace] = e.device[budget::category::workspace];
   b.peak = e.peak_bytes(budget::metric::allocated);  // the live tensors: what a tracking_resource reports
+  b.loss_chunk = e.loss_chunk_tokens;
+  b.host_bytes = e.host_bytes;
   return b;
 }
 
@@ -568,11 +614,12 @@ memkit::forward_context prediction_context(const options& o) {
   return ctx;
 }
 
-memkit::loss::cross_entropy_options loss_options(const options& opt) {
+// Chunks of --loss-chunk tokens (0: the whole micro-batch), by the loss's own rule (loss::chunk_bytes_for).
+memkit::loss::cross_entropy_options loss_options(const options& opt, bool on_device) {
   memkit::loss::cross_entropy_options o;
   o.host_threads = opt.threads;
   const std::int64_t tokens = opt.loss_chunk_tokens > 0 ? opt.loss_chunk_tokens : opt.batch * opt.seq;
-  o.chunk_bytes = static_cast<std::size_t>(tokens * opt.model.vocab) * sizeof(float);  // fp32 logits held at once
+  o.chunk_bytes = memkit::loss::chunk_bytes_for(tokens, opt.model.vocab, sizeof(act_t), on_device);
   return o;
 }
 
@@ -634,13 +681,15 @@ struct step_buffers {
 };
 
 // A stage's layer stack: the blocks, their MLP tiled by --mlp-chunk (set here, before anything predicts the
-// blocks' bytes), and the final norm, a checkpoint per block unless --no-checkpointing.
+// blocks' bytes), and the final norm, a checkpoint per block unless --no-checkpointing. `offload`: where the
+// blocks' inputs wait between forward and backward (null: in the store, on the device).
 template <class Model>
-auto make_stack(Model& model, const options& o) {
+auto make_stack(Model& model, const options& o, memkit::checkpoint::offload* offload = nullptr) {
   model.set_mlp_token_chunk(o.mlp_chunk_tokens);
   return memkit::checkpoint::segment(
       memkit::checkpoint::layer_sequence(model.blocks, model.final_norm),
-      {.schedule = o.checkpointing ? memkit::checkpoint::schedule::every_layer() : memkit::checkpoint::schedule::none()});
+      {.schedule = o.checkpointing ? memkit::checkpoint::schedule::every_layer() : memkit::checkpoint::schedule::none(),
+       .offload = offload});
 }
 
 // Forward, loss, backward of one micro-batch through the checkpointed stack; returns the loss.
@@ -656,7 +705,7 @@ float train_micro_batch(const E& exec, Model& model, Stack& stack, step_buffers&
   memkit::loss::fused_linear_cross_entropy(
       exec, std::as_const(b.hn).view().reshaped(shape{tokens, h}), std::as_const(model.head_weight().value).view(),
       std::as_const(b.targets).view(), b.loss.view(), b.dhn.view().reshaped(shape{tokens, h}), d_head,
-      loss_options(o), *model.memory.workspace);
+      loss_options(o, model.memory.on_device()), *model.memory.workspace);
   meter.set_phase("backward");
   // No input gradient when the embedding is frozen: dh0 is then never allocated (tensor_view::none()).
   stack.backward(exec, std::as_const(b.dhn).view(),
@@ -693,7 +742,7 @@ double validation_loss(const E& exec, Model& model, const example::text_dataset&
     store.clear();
     memkit::loss::fused_linear_cross_entropy(
         exec, tensor_view<const act_t>(y, shape{tokens, h}, where), std::as_const(model.head_weight().value).view(),
-        std::as_const(b.targets).view(), b.loss.view(), tensor_view<act_t>::none(), tensor_view<float>::none(), loss_options(o),
+        std::as_const(b.targets).view(), b.loss.view(), tensor_view<act_t>::none(), tensor_view<float>::none(), loss_options(o, model.memory.on_device()),
         *model.memory.workspace);
     total += b.loss_value();
   }
@@ -722,6 +771,9 @@ struct stage_result {
   std::uint64_t measured_peak = 0, predicted_peak = 0;
   categories measured, predicted;
   budget_prediction budget;
+  std::int64_t loss_chunk = 0;       // the loss's tokens per chunk
+  bool offloaded = false;            // checkpoints in host memory
+  std::uint64_t offloaded_peak = 0;  // their host bytes (outside the cap)
 };
 
 // Runs `steps` optimizer steps of `accum` micro-batches. `step_optimizer(lr, scale)` applies one AdamW step.
@@ -800,13 +852,19 @@ std::uint64_t activation_peak(const Model& model, const Stack& stack, const opti
          std::max<std::uint64_t>(stack.cost(in, prediction_context(o)).peak_bytes, largest_layer);
 }
 
+// The training step's loss call, as the protocol's arguments.
+template <class Model>
+memkit::loss::fused_linear_cross_entropy_arguments loss_arguments(const Model& model, const options& o) {
+  return {.tokens = o.batch * o.seq, .hidden = model.config.hidden, .vocab = model.config.vocab,
+          .hidden_element_bytes = sizeof(act_t), .head_element_bytes = sizeof(memkit::bf16),
+          .head_grad = model.head_weight().trains(), .on_device = model.memory.on_device(),
+          .options = loss_options(o, model.memory.on_device())};
+}
+
 template <class Model>
 std::uint64_t workspace_peak(const Model& model, const options& o) {
   const shape in{o.batch, o.seq, model.config.hidden};
-  std::uint64_t peak = memkit::loss::workspace_bytes(memkit::loss::fused_linear_cross_entropy_arguments{
-      .tokens = o.batch * o.seq, .hidden = model.config.hidden, .vocab = model.config.vocab,
-      .hidden_element_bytes = sizeof(act_t), .head_element_bytes = sizeof(memkit::bf16),
-      .head_grad = model.head_weight().trains(), .on_device = model.memory.on_device(), .options = loss_options(o)});
+  std::uint64_t peak = memkit::loss::workspace_bytes(loss_arguments(model, o));
   for (const auto& block : model.blocks) peak = std::max<std::uint64_t>(peak, block.workspace_bytes(in));
   return peak;
 }
@@ -1146,6 +1204,14 @@ finetune_outcome finetune(const E& exec, const options& o, memory_meter& meter, 
 }
 
 // ---- fine-tuning a Hugging Face checkpoint (--model) or a config with random weights (--init random) -------
+// The options with the loss's chunk the stage ran with (under --memory-cap, chosen from the memory left), for
+// the reloaded model's validation.
+options stage_loss_chunk(const options& o, const stage_result& result) {
+  options v = o;
+  v.loss_chunk_tokens = result.loss_chunk;
+  return v;
+}
+
 // The dataset: the token file (checked against the model's vocabulary), or random ids for a speed and
 // memory run of a config without data.
 example::text_dataset checkpoint_dataset(const options& o) {
@@ -1169,17 +1235,80 @@ memkit::peft::lora_config checkpoint_adapter_config(const options& o) {
   return c;
 }
 
+// Host memory for offloaded checkpoints, outside the cap: pinned on a CUDA device (the copies overlap the
+// compute only from pinned memory), the default host resource on the host.
+template <memkit::executor E>
+memkit::memory_resource& checkpoint_host_memory() {
+#if MEMKIT_HAS_CUDA
+  if constexpr (E::on_device) {
+    static memkit::pinned_host_resource pinned;
+    return pinned;
+  }
+#endif
+  return memkit::default_host_resource();
+}
+
+// --memory-cap (#30, #31): the loss's chunk from the memory left when it starts: the cap minus what the step
+// holds then, predicted from the components' byte functions (weights, gradients, optimizer state and the
+// loop's buffers as allocated up front, and what the checkpointed stack keeps after forward). The largest
+// chunk, up to --loss-chunk (default: the micro-batch), whose whole call fits what is left; the floor is one
+// token, and when even that does not fit the step cannot run under the cap: out_of_memory, saying why.
+template <class Model, class Stack>
+std::int64_t loss_chunk_under_cap(const Model& model, const Stack& stack, const options& o,
+                                  const memory_prediction& predicted, bool embedding_trains) {
+  const std::uint64_t cap = static_cast<std::uint64_t>(o.memory_cap_mib) << 20;
+  const shape in{o.batch, o.seq, model.config.hidden};
+  const std::uint64_t held = predicted.peak[memory_category::weights] + predicted.peak[memory_category::gradients] +
+                             predicted.peak[memory_category::optimizer_state] + predicted.peak[memory_category::other] +
+                             step_buffers::activation_bytes(o.batch, o.seq, model.config.hidden, embedding_trains) +
+                             stack.cost(in, {}).saved_bytes;
+  const std::uint64_t left = held < cap ? cap - held : 0;
+  const std::int64_t tokens = o.batch * o.seq;
+  const std::int64_t most = o.loss_chunk_tokens > 0 ? std::min(o.loss_chunk_tokens, tokens) : tokens;
+  memkit::loss::fused_linear_cross_entropy_arguments args = loss_arguments(model, o);
+  const std::int64_t chunk = memkit::loss::chunk_tokens_within(args, static_cast<std::size_t>(left), most);
+  if (chunk == 0) {
+    args.options.chunk_bytes = memkit::loss::chunk_bytes_for(1, args.vocab, args.hidden_element_bytes, args.on_device);
+    const std::size_t one = memkit::loss::bytes_required(args);
+    throw memkit::out_of_memory(
+        "under --memory-cap " + std::to_string(o.memory_cap_mib) + " MiB the step holds " +
+            memkit::format_bytes(held) + " when the loss starts, leaving " + memkit::format_bytes(left) +
+            "; the loss needs " + memkit::format_bytes(one) + " even with a one-token chunk (" +
+            std::to_string(tokens) + " tokens)",
+        one);
+  }
+  return chunk;
+}
+
 // What both fine-tunings of a checkpoint share once the model and its optimizer exist: the checkpointed
-// stack, the rest of the memory prediction (activations, workspace with the loading staging), the loop
-// with the validation loss before and after, and the memory table. `buffers` stays the caller's (the
-// reloaded model is validated with it).
+// stack (its checkpoints where --offload-checkpoints says), the loss's chunk under --memory-cap, the rest of
+// the memory prediction (activations, workspace with the loading staging), the loop with the validation loss
+// before and after, and the memory table. `buffers` stays the caller's (the reloaded model is validated with
+// it).
 template <memkit::executor E, class Model, class StepOptimizer, class ZeroGrad>
-void train_checkpoint_stage(const E& exec, const options& o, const char* what, Model& model,
+void train_checkpoint_stage(const E& exec, const options& given, const char* what, Model& model,
                             const example::text_dataset& data, step_buffers& buffers, const resources& r,
                             memory_meter& meter, memory_prediction& predicted, std::uint64_t staging, bool lora,
                             StepOptimizer&& step_optimizer, ZeroGrad&& zero_grad,
                             std::vector<example::step_record>& records, stage_result& result) {
-  auto stack = make_stack(model, o);
+  // Where the blocks' inputs wait: as the budget's plan says (--offload-checkpoints; auto under a cap: on the
+  // host when the on-device ones would not fit). Offloaded ones are counted by their own tracker, outside
+  // the cap. The offload outlives the stack.
+  const budget::training_plan plan = checkpoint_budget_plan(given, lora, E::on_device);
+  memkit::tracking_resource offload_memory(checkpoint_host_memory<E>(), "offloaded checkpoints");
+  memkit::checkpoint::offload offload(offload_memory.category(memory_category::activations));
+  auto stack = make_stack(model, given, plan.offload_checkpoints ? &offload : nullptr);
+  options o = given;
+  if (given.memory_cap_mib > 0) o.loss_chunk_tokens = loss_chunk_under_cap(model, stack, given, predicted, !lora);
+  result.loss_chunk = o.loss_chunk_tokens > 0 ? o.loss_chunk_tokens : o.batch * o.seq;
+  result.offloaded = plan.offload_checkpoints;
+  if (!given.trial && given.memory_cap_mib > 0)
+    std::printf("under --memory-cap %lld MiB: checkpoints %s; the loss's chunk %lld tokens (the memory left at the "
+                "loss point; memory_budget chooses %llu)\n",
+                static_cast<long long>(given.memory_cap_mib),
+                plan.offload_checkpoints ? "in host memory outside the cap" : "on the device",
+                static_cast<long long>(result.loss_chunk),
+                static_cast<unsigned long long>(budget::estimate_memory(budget_model(given), plan).loss_chunk_tokens));
   predicted.peak[memory_category::activations] = activation_peak(model, stack, o, !lora);
   predicted.peak[memory_category::workspace] = std::max<std::uint64_t>(workspace_peak(model, o), staging);
   predicted.total = predicted.peak.total();
@@ -1188,6 +1317,7 @@ void train_checkpoint_stage(const E& exec, const options& o, const char* what, M
               records, result);
     result.measured_peak = meter.tracker.peak_bytes();
     result.predicted_peak = predicted.total;
+    result.offloaded_peak = offload_memory.peak_bytes();
     return;
   }
   result.validation_before = validation_loss(exec, model, data, buffers, r, o);
@@ -1202,8 +1332,12 @@ void train_checkpoint_stage(const E& exec, const options& o, const char* what, M
   result.predicted = predicted.peak;
   result.measured_peak = meter.tracker.peak_bytes();
   result.predicted_peak = predicted.total;
-  result.budget = budget_estimate(o, lora, E::on_device);
+  result.offloaded_peak = offload_memory.peak_bytes();
+  result.budget = budget_estimate(given, lora, E::on_device);
   print_memory_table(what, predicted, meter, result.budget);
+  if (plan.offload_checkpoints)
+    std::printf("  offloaded checkpoints in host memory (outside the cap): %s measured, %s predicted by memory_budget\n",
+                memkit::format_bytes(result.offloaded_peak).c_str(), memkit::format_bytes(result.budget.host_bytes).c_str());
 }
 
 // QLoRA (Projection = nf4_lora_linear) or LoRA over a bf16 base (dense_lora_linear) of the checkpoint: the
@@ -1318,7 +1452,7 @@ finetune_outcome finetune_checkpoint(const E& exec, const options& o, memory_met
   {
     std::unique_ptr<model_type> reloaded = build();
     llama::load_peft_adapter(*reloaded, adapter_dir);
-    outcome.loss_after_reload = validation_loss(exec, *reloaded, data, buffers, r, o);
+    outcome.loss_after_reload = validation_loss(exec, *reloaded, data, buffers, r, stage_loss_chunk(o, result));
   }
   std::printf("saved %s/ (PEFT); reloaded onto a fresh model: validation loss %.6f (before saving %.6f)\n",
               adapter_dir.c_str(), outcome.loss_after_reload, outcome.loss_before_save);
@@ -1407,7 +1541,7 @@ finetune_outcome finetune_full_checkpoint(const E& exec, const options& o, memor
     out.write((dir / "model.safetensors").string());
     model.reset();
     auto reloaded = llama::load_causal_lm<act_t>(llama::hf_checkpoint(dir.string(), o.seq), r.model, memkit::layers::trainability::frozen);
-    outcome.loss_after_reload = validation_loss(exec, *reloaded, data, buffers, r, o);
+    outcome.loss_after_reload = validation_loss(exec, *reloaded, data, buffers, r, stage_loss_chunk(o, result));
     std::printf("saved %s/ (config.json + model.safetensors); reloaded: validation loss %.6f (before saving %.6f)\n",
                 dir.string().c_str(), outcome.loss_after_reload, outcome.loss_before_save);
   } else {
@@ -1436,15 +1570,55 @@ std::int64_t longest_fitting(Fits&& fits) {
   return good;
 }
 
+// The same answer, bracketed from a guess (memory_budget's prediction) instead of from 16: steps of guess/64
+// tokens away from it, doubling, until one length fits and the next does not; then bisection. Every bound is a
+// real run, so the answer does not depend on the guess, only the number of runs does (about 8 near a good
+// guess instead of about 20: each run at the longest length is what a search costs).
+template <class Fits>
+std::int64_t longest_fitting_near(Fits&& fits, std::int64_t guess) {
+  const std::int64_t limit = std::int64_t{1} << 20;
+  if (guess < 16 || guess > limit) return longest_fitting(fits);
+  std::int64_t step = std::max<std::int64_t>(1, guess / 64), good = 0, bad = limit + 1;
+  if (fits(guess)) {
+    good = guess;
+    while (good < limit) {
+      const std::int64_t next = std::min(good + step, limit);
+      if (!fits(next)) {
+        bad = next;
+        break;
+      }
+      good = next;
+      step *= 2;
+    }
+  } else {
+    bad = guess;
+    while (bad > 1) {
+      const std::int64_t next = std::max<std::int64_t>(1, bad - step);
+      if (fits(next)) {
+        good = next;
+        break;
+      }
+      bad = next;
+      step *= 2;
+    }
+  }
+  while (bad - good > 1) {
+    const std::int64_t mid = good + (bad - good) / 2;
+    (fits(mid) ? good : bad) = mid;
+  }
+  return good;
+}
+
 // --max-seq-search (#31): the longest sequence whose whole step (forward, loss, backward, optimizer) trains
-// within --memory-cap, found by real one-step runs (doubling, then bisection; a run that hits the cap
-// unwinds with out_of_memory and frees everything), next to memory_budget's memkit runtime answer for the
-// same plan and cap. Random token ids; QLoRA or LoRA as --finetune says.
+// within --memory-cap, found by real one-step runs (bracketed from memory_budget's memkit runtime answer for
+// the same plan and cap, then bisection; a run that hits the cap unwinds with out_of_memory and frees
+// everything), next to that answer. Random token ids; QLoRA or LoRA as --finetune says.
 template <memkit::executor E>
 int max_seq_search(const E& exec, const options& o, memkit::memory_resource& upstream) {
   const std::uint64_t cap = static_cast<std::uint64_t>(o.memory_cap_mib) << 20;
   std::vector<example::step_record> records;
   int trials = 0;
+  std::map<std::int64_t, stage_result> fitted;  // each step that trained, by sequence length
   const auto fits = [&](std::int64_t seq) {
     options t = o;
     t.trial = true;
@@ -1456,14 +1630,13 @@ int max_seq_search(const E& exec, const options& o, memkit::memory_resource& ups
     memory_meter meter(upstream);
     try {
       if (o.full) return false;  // (refused by parse)
-      if (o.qlora) finetune_checkpoint<lora_linear_impl>(exec, t, meter, records);
-      else finetune_checkpoint<llama::dense_lora_linear<act_t>>(exec, t, meter, records);
+      fitted[seq] = (o.qlora ? finetune_checkpoint<lora_linear_impl>(exec, t, meter, records)
+                             : finetune_checkpoint<llama::dense_lora_linear<act_t>>(exec, t, meter, records)).result;
       return true;
     } catch (const memkit::out_of_memory&) {
       return false;
     }
   };
-  const std::int64_t good = longest_fitting(fits);
   // memory_budget's answer by the same search over its estimate (the rotary table is sized by the sequence,
   // as the runs size it, so budget::max_sequence's fixed max_positions does not apply).
   const std::int64_t predicted = longest_fitting([&](std::int64_t seq) {
@@ -1474,15 +1647,48 @@ int max_seq_search(const E& exec, const options& o, memkit::memory_resource& ups
     memkit::require(e.valid(), "train_llama: memory_budget refuses the plan: " + std::string(e.problem));
     return e.peak_bytes(budget::metric::allocated) <= cap;
   });
+  const std::int64_t good = longest_fitting_near(fits, predicted);
   const double error = good > 0 ? (double(predicted) - double(good)) / double(good) * 100.0 : 0.0;
   std::printf("longest sequence under %lld MiB (batch %lld, accumulation %lld): %lld tokens trains a step (%d one-step runs); "
               "memory_budget's memkit runtime predicts %lld (%+.2f%%)\n",
               static_cast<long long>(o.memory_cap_mib), static_cast<long long>(o.batch), static_cast<long long>(o.accum),
               static_cast<long long>(good), trials, static_cast<long long>(predicted), error);
+  if (good == 0) return o.check ? 1 : 0;
+  // The longest step: its speed, its tracked peak and what memory_budget says of it (breakdown at its peak).
+  const stage_result& at = fitted.at(good);
+  options p = o;
+  p.seq = good;
+  p.model.max_positions = good;
+  const budget::training_plan plan = checkpoint_budget_plan(p, true, E::on_device);
+  const budget::memory_estimate e = budget::estimate_memory(budget_model(p), plan);
+  const std::uint64_t budget_peak = e.peak_bytes(budget::metric::allocated);
+  const double peak_error = percent_error(budget_peak, at.measured_peak);
+  std::printf("at %lld tokens: %.0f tokens/s (one step, %.1f s), tracked peak %s (memory_budget %s, %+.2f%%; cap %s); "
+              "the loss's chunk %lld tokens (memory_budget %llu); checkpoints %s",
+              static_cast<long long>(good), at.tokens_per_second, at.seconds, memkit::format_bytes(at.measured_peak).c_str(),
+              memkit::format_bytes(budget_peak).c_str(), peak_error, memkit::format_bytes(cap).c_str(),
+              static_cast<long long>(at.loss_chunk), static_cast<unsigned long long>(e.loss_chunk_tokens),
+              at.offloaded ? "in host memory" : "on the device");
+  if (at.offloaded)
+    std::printf(" (%s, memory_budget %s)", memkit::format_bytes(at.offloaded_peak).c_str(),
+                memkit::format_bytes(e.host_bytes).c_str());
+  std::printf("\nmemory_budget's breakdown at its peak (%s):", std::string(budget::to_string(e.peak_phase)).c_str());
+  for (int i = 0; i < budget::category_count; ++i) {
+    const auto c = static_cast<budget::category>(i);
+    if (e.device[c] != 0 && c != budget::category::overhead)
+      std::printf(" %s %s", std::string(budget::to_string(c)).c_str(), memkit::format_bytes(e.device[c]).c_str());
+  }
+  std::printf("\n");
   if (!o.check) return 0;
-  const bool ok = good > 0 && std::abs(error) <= 2.0;
-  std::printf("check: %s memory_budget's longest sequence within 2%% of the one found\n", ok ? "ok  " : "FAIL");
-  return ok ? 0 : 1;
+  int failures = 0;
+  auto expect = [&](bool ok, const std::string& what) {
+    std::printf("check: %s %s\n", ok ? "ok  " : "FAIL", what.c_str());
+    failures += ok ? 0 : 1;
+  };
+  expect(std::abs(error) <= 2.0, "memory_budget's longest sequence within 2% of the one found");
+  expect(std::abs(peak_error) <= 2.0, "memory_budget's peak at that length within 2% of the tracked one");
+  expect(at.measured_peak <= cap, "the tracked peak is under the cap");
+  return failures == 0 ? 0 : 1;
 }
 
 template <memkit::executor E>
@@ -1541,6 +1747,17 @@ int run_checkpoint(const E& exec, const options& o, memkit::memory_resource& ups
   expect(s.result.predicted_peak >= s.result.measured_peak, "the predicted total bounds the measured peak");
   expect(within(s.result.budget.peak, s.result.measured_peak, 0.02), "memory_budget's memkit runtime within 2% of the tracker");
   expect(s.loss_after_reload == s.loss_before_save, "the reloaded PEFT adapter gives the same validation loss");
+  if (o.memory_cap_mib > 0) {
+    expect(s.result.measured_peak <= (static_cast<std::uint64_t>(o.memory_cap_mib) << 20), "the tracked peak is under the cap");
+    // Equal on the host; on a device memory_budget rounds each allocation to its granularity (512 B), which
+    // can cost the chunk a token or so.
+    const double chunk = static_cast<double>(s.result.loss_chunk), budget_chunk = static_cast<double>(s.result.budget.loss_chunk);
+    expect(std::abs(chunk - budget_chunk) <= std::max(1.0, 0.01 * chunk),
+           "the loss's chunk under the cap is memory_budget's (within 1%, at least one token)");
+  }
+  if (s.result.offloaded)
+    expect(within(s.result.budget.host_bytes, s.result.offloaded_peak, 0.02),
+           "memory_budget's offloaded checkpoint bytes within 2% of the tracked ones");
   return failures == 0 ? 0 : 1;
 }
 

@@ -39,6 +39,9 @@ constexpr const char* usage_text =
     "  --logits-chunks N (torchtune's num_output_chunks for --logits chunked, default 8)\n"
     "  --loss-chunk-tokens N (memkit runtime: tokens per chunk of loss::fused_linear_cross_entropy, default 1024)\n"
     "  --mlp-chunk N (memkit runtime, Llama-style blocks: the sequence-tiled MLP, N tokens per chunk)\n"
+    "  --memory-cap MIB (memkit runtime: every allocation under a cap: the loss's chunk from the memory left, at\n"
+    "                   most --loss-chunk-tokens; checkpoints offloaded when on-device ones would not fit, unless\n"
+    "                   --offload-checkpoints; with --max-seq and no --gpu, the longest sequence under the cap)\n"
     "  --gpu NAME  --plan  --max-batch  --max-seq  --json  --svg PATH\n"
     "  --metric allocated|reserved|device  (what fits and --max-* compare with the GPU; default device)\n"
     "  --cuda-context-mib N  --nccl-mib N  --cublas-workspace-mib N  --fragmentation PERCENT\n"
@@ -76,6 +79,7 @@ struct options {
   training_plan plan{};
   bool sequence_given = false;
   bool want_plan = false, want_max_batch = false, want_max_seq = false, want_json = false;
+  bool offload_given = false;  // --offload-checkpoints: not chosen by the cap
   bool optimizer_impl_given = false;
   metric fit_metric = metric::device;
   std::vector<std::string> measured_paths;
@@ -244,6 +248,11 @@ options parse_arguments(int argc, char** argv) {
       o.want_max_seq = true;
     } else if (flag == "--offload-checkpoints") {
       p.offload_checkpoints = true;
+      o.offload_given = true;
+    } else if (flag == "--memory-cap") {
+      const std::uint64_t mib = parse_count(flag, value());
+      if (mib > (std::uint64_t{1} << 24)) throw usage_error("--memory-cap is at most 16777216 MiB (16 TiB), got " + std::to_string(mib));
+      p.memory_cap = mib * memkit::MiB;
     } else if (flag == "--kbit-prepared") {
       p.kbit_prepared = true;
     } else if (flag == "--cuda-context-mib" || flag == "--nccl-mib" || flag == "--cublas-workspace-mib") {
@@ -288,8 +297,8 @@ options parse_arguments(int argc, char** argv) {
     if (p.placement == optimizer_placement::host) throw usage_error("--paged and --offload optimizer are exclusive");
     p.placement = optimizer_placement::paged;
   }
-  if ((o.want_plan || o.want_max_batch || o.want_max_seq) && o.gpu_name.empty())
-    throw usage_error("--plan, --max-batch and --max-seq need --gpu NAME");
+  if ((o.want_plan || o.want_max_batch || (o.want_max_seq && p.memory_cap == 0)) && o.gpu_name.empty())
+    throw usage_error("--plan, --max-batch and --max-seq need --gpu NAME (--max-seq: or --memory-cap MIB)");
   return o;
 }
 
@@ -640,6 +649,11 @@ int run(int argc, char** argv) {
     gpu = *found;
   }
 
+  // Under a cap the checkpoints go where train_llama --offload-checkpoints auto puts them (docs/long_context.md).
+  const auto placed = [&](training_plan p) {
+    return p.memory_cap != 0 && !o.offload_given ? with_checkpoints_placed_for_cap(model, p) : p;
+  };
+  plan = placed(plan);
   const memory_estimate e = estimate_memory(model, plan);
   if (!e.valid()) throw usage_error(std::string(e.problem));
   const metric which = o.fit_metric;
@@ -647,7 +661,24 @@ int run(int argc, char** argv) {
   const bool fits = gpu && needed <= gpu->memory_bytes;
   std::uint64_t max_batch = 0, max_seq = 0;
   if (o.want_max_batch) max_batch = max_micro_batch(model, plan, *gpu, 1u << 20, which);
-  if (o.want_max_seq) max_seq = max_sequence(model, plan, *gpu, which);
+  if (o.want_max_seq && gpu) max_seq = max_sequence(model, plan, *gpu, which);
+  if (o.want_max_seq && !gpu) {  // under --memory-cap: the allocated peak against the cap, placement per length
+    const std::uint64_t limit = model.max_positions != 0 ? model.max_positions : (1u << 22);
+    const auto fits_cap = [&](std::uint64_t sequence) {
+      training_plan p = plan;
+      p.sequence = sequence;
+      p.offload_checkpoints = o.offload_given;
+      const memory_estimate f = estimate_memory(model, placed(p));
+      return f.valid() && f.peak_bytes(metric::allocated) <= p.memory_cap;
+    };
+    std::uint64_t good = 0, bad = limit + 1;
+    if (fits_cap(limit)) good = limit;
+    while (bad - good > 1) {
+      const std::uint64_t mid = good + (bad - good) / 2;
+      (fits_cap(mid) ? good : bad) = mid;
+    }
+    max_seq = good;
+  }
   std::optional<ladder> steps;
   if (o.want_plan) steps = plan_ladder(model, *gpu, plan);
   const std::optional<nearest_result> nearest =
@@ -743,7 +774,13 @@ int run(int argc, char** argv) {
                   std::string(to_string(which)).c_str(), format_bytes(needed).c_str());
     }
     if (o.want_max_batch) std::printf("largest micro-batch that fits: %llu\n", static_cast<unsigned long long>(max_batch));
-    if (o.want_max_seq) std::printf("longest sequence that fits: %llu\n", static_cast<unsigned long long>(max_seq));
+    if (plan.memory_cap != 0)
+      std::printf("under a cap of %s: the loss's chunk %llu tokens (what is left when it starts: %s), checkpoints %s\n",
+                  format_bytes(plan.memory_cap).c_str(), static_cast<unsigned long long>(e.loss_chunk_tokens),
+                  format_bytes(plan.memory_cap > e.loss_held_bytes ? plan.memory_cap - e.loss_held_bytes : 0).c_str(),
+                  plan.offload_checkpoints ? "offloaded" : "on the device");
+    if (o.want_max_seq) std::printf("longest sequence that fits%s: %llu\n", gpu ? "" : " under the cap",
+                                    static_cast<unsigned long long>(max_seq));
     if (nearest) {
       const double measured = nearest->run.measured[nearest->metric_index];
       std::printf("nearest measured run: %s (%s, %s; distance %.2f): %s measured %s, memkit-budget %s (%+.1f%%)\n",

@@ -10,6 +10,10 @@ run it, read it and run it again):
   6. memory_budget's ground truth (bench/peers/memory_grid.py, its grid v2: real transformers + PEFT (+ bitsandbytes)
      steps, peak memory; commit the rows under tests/data/budget_measured/, annotate them with
      bench/peers/compare_grid.py --annotate and compare with it);
+  7. only when asked (--only longctx, with a budget to match: each search is several one-step runs at the
+     longest length): #31's longest context of Llama-3.1-8B QLoRA (rank 32, all seven projections, batch 1)
+     under caps of 24 / 48 / 80 GiB (--longctx-caps), memkit_example_train_llama_cuda --max-seq-search, with
+     memory_budget's prediction and tokens/s at that length (docs/long_context.md's GPU table);
 and writes OUTDIR/results.md (one Markdown report: tests, the side-by-side table, every benchmark row) and
 OUTDIR/results.json (every figure), plus each step's log.
 
@@ -313,6 +317,13 @@ def write_report(out, report):
                 lines.append("  - transformers + PEFT: " + (peer["skipped"] if "skipped" in peer else
                              f"{fmt(peer['tokens_per_s'])} tokens/s, peak allocated {fmt(peer['peak_allocated_gib'])} GiB, "
                              f"base {peer['base']}"))
+    longctx = report.get("long_context")
+    if longctx:
+        lines += ["", "## The longest context under a cap (#31): Llama-3.1-8B QLoRA r 32, batch 1", ""]
+        for r in longctx:
+            lines.append(f"- {r['cap_mib']} MiB: " + (r["skipped"] if "skipped" in r else f"exit {r['status']}"))
+            for l in r.get("lines", []):
+                lines.append(f"  - {l}")
     ex = report.get("example")
     if ex:
         lines += ["", "## The example on the device", "", "```", ex, "```"]
@@ -327,6 +338,8 @@ def main():
     parser.add_argument("--quick", action="store_true", help="fewer benchmark repetitions and peer shapes")
     parser.add_argument("--only", default="tests,bench,peers,example,models,grid", help="comma-separated steps to run")
     parser.add_argument("--benchmark-filter", default=None, help="passed to every benchmark binary")
+    parser.add_argument("--longctx-caps", default="24576,49152,81920",
+                        help="MiB caps of the longctx step (not run unless --only names it)")
     parser.add_argument("--report-from", metavar="RESULTS_JSON",
                         help="measure nothing: rebuild results.md (and the side-by-side table) in OUT from a results.json")
     parser.add_argument("--nvidia-smi", default="nvidia-smi", help=argparse.SUPPRESS)
@@ -425,6 +438,22 @@ def main():
             report["memory_grid"] = {"rows": len(grid["rows"]), "longest": len(grid["longest"]), "file": grid_json.name}
         except (OSError, ValueError, KeyError):
             report["memory_grid"] = {"rows": 0, "file": None}
+    if "longctx" in only and "example" in binaries:
+        # #31: the longest sequence that trains a step under each cap, found by real runs, next to memory_budget.
+        report["long_context"] = []
+        cfg = str(ROOT / "tests/data/configs/llama-3.1-8b.json")
+        for cap in [c for c in args.longctx_caps.split(",") if c]:
+            if runner.left() < 120:
+                report["long_context"].append({"cap_mib": int(cap), "skipped": "not enough of the budget left"})
+                continue
+            rc, output = runner.run(f"longctx_{cap}", [binaries["example"], "--device", "cuda", "--init", "random",
+                                                       "--config", cfg, "--rank", "32", "--batch", "1", "--accum", "1",
+                                                       "--max-seq-search", "--memory-cap", cap, "--check",
+                                                       "--out", str(out / f"longctx_{cap}")],
+                                    max(60, runner.left() - 30), cwd=out)
+            lines = [l.strip() for l in output.splitlines()
+                     if l.startswith(("longest sequence", "at ", "memory_budget's breakdown", "check:"))]
+            report["long_context"].append({"cap_mib": int(cap), "status": rc, "lines": lines})
     report["side_by_side"] = side_by_side(report["benchmarks"], report["peers"])
     report["steps"] = runner.steps
     report["seconds"] = time.monotonic() - started

@@ -367,3 +367,56 @@ TEST_CASE("budget planner: with the memkit runtime the rungs memkit cannot take 
   CHECK(std::string(loss.reason) == "the loss is fused already");
   CHECK(l.rungs[static_cast<int>(rung_kind::checkpointing)].effective);
 }
+
+TEST_CASE("budget runtime: under a memory cap the loss's chunk is the largest the memory left holds, and checkpoints "
+          "leave the device only when they must") {
+  // SmolLM2-135M, QLoRA on all seven projections, 1 x 4096 tokens on the host, a checkpoint per block.
+  training_plan plan{.runtime = runtime_kind::memkit, .training = method::lora, .weights = {weight_format::nf4},
+                     .lora = {.rank = 8}, .optimizer = optimizer_kind::adamw_8bit, .micro_batch = 1, .sequence = 4096,
+                     .checkpoint = checkpointing::every_layer, .logits = logits_mode::chunked,
+                     .logits_chunk_tokens = 4096, .host_threads = 2, .overhead = host_overhead};
+  const model_config& m = presets::smollm2_135m;
+  const memory_estimate free_run = estimate_memory(m, plan);
+  REQUIRE(free_run.valid());
+  CHECK(free_run.loss_chunk_tokens == 4096);  // no cap: logits_chunk_tokens, at most the micro-batch
+  CHECK(free_run.peak_phase == step_phase::forward);  // 4096 tokens' fp32 logits of a 49152 vocabulary: the loss
+  // A cap 64 MiB under that peak: the loss takes a smaller chunk, and the step then fits the cap.
+  plan.memory_cap = free_run.peak_bytes(metric::allocated) - 64 * memkit::MiB;
+  const memory_estimate capped = estimate_memory(m, plan);
+  CHECK(capped.loss_chunk_tokens > 0);
+  CHECK(capped.loss_chunk_tokens < 4096);
+  CHECK(capped.peak_bytes(metric::allocated) <= plan.memory_cap);
+  // One token more would not have fitted: the loss's moment is then above the cap.
+  training_plan one_more = plan;
+  one_more.memory_cap = 0;
+  one_more.logits_chunk_tokens = capped.loss_chunk_tokens + 1;
+  CHECK(estimate_memory(m, one_more).phases[0].total() > plan.memory_cap);
+  // The same cap with the checkpoints offloaded leaves the loss more room.
+  training_plan offloaded = plan;
+  offloaded.offload_checkpoints = true;
+  CHECK(estimate_memory(m, offloaded).loss_chunk_tokens > capped.loss_chunk_tokens);
+  // Placement: the step fits with on-device checkpoints, so they stay; under a cap just below the loss's
+  // moment with a one-token chunk and on-device checkpoints, they move to the host (and the step needs less).
+  CHECK_FALSE(with_checkpoints_placed_for_cap(m, plan).offload_checkpoints);
+  const memkit::loss::fused_linear_cross_entropy_arguments one_token{
+      .tokens = 4096, .hidden = 576, .vocab = 49152, .hidden_element_bytes = 2, .head_grad = false,
+      .options = {.chunk_bytes = memkit::loss::chunk_bytes_for(1, 49152, 2), .host_threads = 2}};
+  training_plan tight = plan;
+  tight.memory_cap = free_run.loss_held_bytes + memkit::loss::bytes_required(one_token) - 1;
+  CHECK(estimate_memory(m, tight).loss_chunk_tokens == 0);  // on-device checkpoints: not even one token
+  const training_plan placed = with_checkpoints_placed_for_cap(m, tight);
+  CHECK(placed.offload_checkpoints);
+  const memory_estimate moved = estimate_memory(m, placed);
+  CHECK(moved.loss_chunk_tokens > 0);
+  CHECK(moved.peak_bytes(metric::allocated) < estimate_memory(m, tight).peak_bytes(metric::allocated));
+  CHECK(moved.host_bytes > 0);  // the checkpoints, outside the cap
+  // Without a cap, or without checkpointing, nothing is decided.
+  training_plan no_cap = tight;
+  no_cap.memory_cap = 0;
+  CHECK_FALSE(with_checkpoints_placed_for_cap(m, no_cap).offload_checkpoints);
+  // The PyTorch runtime has no such loss.
+  training_plan torch_plan = plan;
+  torch_plan.runtime = runtime_kind::pytorch;
+  torch_plan.host_threads = 0;
+  CHECK_FALSE(estimate_memory(m, torch_plan).valid());
+}

@@ -137,6 +137,46 @@ TEST_CASE("loss: chunk size follows the byte budget") {
   CHECK(ls::chunk_tokens(100, 1000, 4, o, true) == 15);
 }
 
+TEST_CASE("loss: the chunk chosen from a memory budget fits it, one token more does not, and is what the call takes") {
+  CHECK(ls::tokens_per_chunk(10 * 1000 * 4 + 5, 1000, 4) == 10);
+  CHECK(ls::tokens_per_chunk(1000 * 4 - 1, 1000, 4) == 0);  // not even one token's logits
+  CHECK(ls::chunk_bytes_for(10, 1000, 2, true) == 10 * 1000 * (4 + 2));
+  CHECK(ls::tokens_per_chunk(ls::chunk_bytes_for(37, 1000, 2, true), 1000, 2, true) == 37);
+  // Device, bf16: the workspace is linear in the chunk, so the answer is exact and easy to state.
+  ls::fused_linear_cross_entropy_arguments d{.tokens = 4096, .hidden = 512, .vocab = 32000, .hidden_element_bytes = 2,
+                                             .on_device = true};
+  const auto with_chunk = [](ls::fused_linear_cross_entropy_arguments a, std::int64_t c) {
+    a.options.chunk_bytes = ls::chunk_bytes_for(c, a.vocab, a.hidden_element_bytes, a.on_device);
+    return ls::bytes_required(a);
+  };
+  const std::size_t fixed = with_chunk(d, 1) - 32000 * 6;  // per-token losses and counters
+  CHECK(ls::chunk_tokens_within(d, fixed + 100 * 32000 * 6 + 5) == 100);
+  CHECK(ls::chunk_tokens_within(d, fixed + 100 * 32000 * 6 + 5, 64) == 64);  // at most `most`
+  CHECK(ls::chunk_tokens_within(d, fixed + 32000 * 6 - 1) == 0);              // one token's chunk does not fit
+  CHECK(ls::chunk_tokens_within(d, std::size_t{1} << 40) == d.tokens);       // never more than N
+  static_assert(ls::chunk_tokens_within({.tokens = 8192, .hidden = 4096, .vocab = 128256, .hidden_element_bytes = 2,
+                                         .on_device = true},
+                                        std::size_t{1} << 30) > 0);
+  // Host: the GEMM's packing buffers depend on the chunk too; the tracker sees exactly bytes_required, at most
+  // the budget, and one token more would not have fitted.
+  const problem<memkit::bf16> p(300, 48, 700, 9, 5);
+  ls::fused_linear_cross_entropy_arguments h{.tokens = p.N, .hidden = p.H, .vocab = p.V, .hidden_element_bytes = 2,
+                                             .options = {.host_threads = 2}};
+  for (std::size_t available : {std::size_t{200} << 10, std::size_t{400} << 10, std::size_t{1} << 20}) {
+    CAPTURE(available);
+    const std::int64_t c = ls::chunk_tokens_within(h, available);
+    REQUIRE(c > 0);
+    CHECK(with_chunk(h, c) <= available);
+    if (c < p.N) CHECK(with_chunk(h, c + 1) > available);
+    ls::cross_entropy_options o = h.options;
+    o.chunk_bytes = ls::chunk_bytes_for(c, p.V, 2);
+    CHECK(ls::chunk_tokens(p.N, p.V, 2, o) == c);
+    memkit::tracking_resource workspace(memkit::default_host_resource(), "loss");
+    run_fused(p, host_view(p.head.data(), {p.V, p.H}), o, true, 0.0f, workspace);
+    CHECK(workspace.peak_bytes() == with_chunk(h, c));
+  }
+}
+
 TEST_CASE("loss: matches the double-precision reference (fp32, bf16, fp16; every option; several chunks)") {
   struct named_options {
     std::string name;

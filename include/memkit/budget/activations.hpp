@@ -566,7 +566,7 @@ constexpr logits_bytes logits_activation_bytes(const model_config& m, const trai
       // per-token losses), plus the gradient of the hidden states it produces in forward.
       const std::uint64_t chunk = (plan.logits_chunk_tokens < plan.tokens() ? plan.logits_chunk_tokens : plan.tokens());
       loss::cross_entropy_options options;
-      options.chunk_bytes = loss::detail::chunk_row_bytes(static_cast<std::int64_t>(m.vocab), e, true) * chunk;
+      options.chunk_bytes = loss::chunk_bytes_for(static_cast<std::int64_t>(chunk), static_cast<std::int64_t>(m.vocab), e, true);
       l.forward_peak = loss::workspace_bytes(loss::fused_linear_cross_entropy_arguments{
                            .tokens = static_cast<std::int64_t>(plan.tokens()), .hidden = static_cast<std::int64_t>(m.hidden),
                            .vocab = static_cast<std::int64_t>(m.vocab), .hidden_element_bytes = e,

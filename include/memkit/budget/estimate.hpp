@@ -63,6 +63,10 @@ struct memory_estimate {
   // bitsandbytes' paged AdamW): the device holds them while they are resident, but torch's allocator
   // counters (max_memory_allocated / reserved) never see them. Already included in `device`.
   std::uint64_t managed_bytes = 0;
+  // memkit runtime, Llama-style: the fused loss's tokens per chunk (training_plan::memory_cap chooses it; 0:
+  // not even a one-token chunk fits under the cap).
+  std::uint64_t loss_chunk_tokens = 0;
+  std::uint64_t loss_held_bytes = 0;  // what the step holds when the loss starts: the cap minus this is its room
   constexpr bool valid() const noexcept { return problem.empty(); }
   constexpr std::uint64_t peak_bytes(metric m) const noexcept { return peak[m]; }
 };
@@ -159,6 +163,7 @@ constexpr std::string_view plan_problem(const model_config& m, const training_pl
              "modelled with) but has no stage-3 training loop yet: ZeRO-3 is not available with the memkit runtime";
   }
   if (p.host_threads > 0 && !p.memkit_runtime()) return "host execution (host_threads) is modelled for the memkit runtime only";
+  if (p.memory_cap != 0 && !p.memkit_runtime()) return "memory_cap (the loss's chunk from the memory left) is modelled for the memkit runtime only";
   return {};
 }
 
@@ -577,10 +582,15 @@ constexpr memory_estimate estimate_memory(const model_config& m, const training_
   // Gradients are allocated up front; the linears' workspace is part of each block's temporaries; the rotary
   // table (fp32 cos and sin, [max_positions, head_dim / 2] each) lives with the weights; no logits exist.
   if (memkit_block_modelled(m, p)) {
-    const memkit_step_moments moments = memkit_step_activations(m, p);
     breakdown base = persistent;
     base[category::weights] += round_up(4 * 2 * m.max_positions * (m.head_dim / 2), g);
     base[category::workspace] -= round_up(memkit_linear_workspace_bytes(m, p), g);
+    const memkit_step_moments moments = memkit_step_activations(m, p, base.total() + gradients);
+    out.loss_chunk_tokens = moments.loss_chunk_tokens;
+    out.loss_held_bytes = moments.loss_held_bytes;
+    // The stack checkpoints the final norm's input too (memkit::checkpoint::segment over blocks + norm).
+    host[category::activations] = moments.host_bytes;
+    out.host_bytes = host.total();
     for (int i = 0; i < step_phase_count; ++i)
       out.phases[i] = with(base, gradients, moments.activations[i], 0, moments.workspace[i]);
   }
@@ -674,6 +684,19 @@ constexpr fit_report check_fit(const model_config& m, const training_plan& p, co
   r.compared = which;
   r.fits = r.estimate.valid() && r.estimate.peak_bytes(which) <= gpu.memory_bytes;
   return r;
+}
+
+// The long-context default (#31), memkit runtime under a memory cap: the checkpoints stay on the device when
+// the step fits the cap with them there, and wait in host memory (pinned on a device; outside the cap)
+// otherwise. Returns the plan with offload_checkpoints so chosen; without a cap or checkpointing, unchanged.
+// examples/train_llama.cpp decides with this function (--offload-checkpoints auto), so the driver and the
+// budget cannot disagree on where the checkpoints are.
+constexpr training_plan with_checkpoints_placed_for_cap(const model_config& m, training_plan p) noexcept {
+  if (p.memory_cap == 0 || p.checkpoint == checkpointing::none) return p;
+  p.offload_checkpoints = false;
+  const memory_estimate on_device = estimate_memory(m, p);
+  p.offload_checkpoints = on_device.valid() && on_device.peak_bytes(metric::allocated) > p.memory_cap;
+  return p;
 }
 
 }  // namespace budget

@@ -57,9 +57,19 @@ class memkit_stack_model : public ::memkit::checkpoint::detail::checkpoint_byte_
 struct memkit_step_moments {
   std::uint64_t activations[3]{};
   std::uint64_t workspace[3]{};
+  // The loss's tokens per chunk: logits_chunk_tokens (at most the micro-batch), or with a memory_cap the
+  // largest chunk the memory left at the loss point holds, up to that (0: not even one token's chunk fits;
+  // the step is then costed with a one-token chunk, over the cap).
+  std::uint64_t loss_chunk_tokens = 0;
+  std::uint64_t loss_held_bytes = 0;  // what the step holds when the loss starts (held_outside included)
+  std::uint64_t host_bytes = 0;       // offloaded checkpoints (the blocks' and the final norm's inputs)
 };
 
-constexpr memkit_step_moments memkit_step_activations(const model_config& m, const training_plan& p) {
+// `held_outside`: the bytes the step holds besides activations and workspace (weights, gradients, optimizer
+// state): with p.memory_cap, what is left for the loss is the cap minus these, the loop's buffers and what
+// the stack keeps after forward.
+constexpr memkit_step_moments memkit_step_activations(const model_config& m, const training_plan& p,
+                                                      std::uint64_t held_outside = 0) {
   memkit_step_moments out;
   const std::uint64_t g = p.overhead.allocation_granularity;
   const std::uint64_t e = p.activation_bytes();
@@ -73,18 +83,20 @@ constexpr memkit_step_moments memkit_step_activations(const model_config& m, con
   auto saved = [&](std::uint64_t step) { return step < L ? block.saved_bytes : norm_saved; };
   auto backward_temporaries = [&](std::uint64_t step) { return step < L ? block.backward_transient : 0; };
 
-  // The loss: loss::fused_linear_cross_entropy with chunks of logits_chunk_tokens tokens' fp32 logits.
-  const std::uint64_t chunk = p.logits_chunk_tokens < T ? p.logits_chunk_tokens : T;
+  // The loss: loss::fused_linear_cross_entropy with chunks of logits_chunk_tokens tokens' fp32 logits, or
+  // under a memory cap the chunk loss::chunk_tokens_within gives for the memory left once the forward pass
+  // is done (computed below, where the stack model knows what it keeps).
   const bool on_device = !p.on_host();
-  loss::cross_entropy_options loss_options;
-  loss_options.chunk_bytes = loss::detail::chunk_row_bytes(static_cast<std::int64_t>(m.vocab), e, on_device) * chunk;
-  loss_options.host_threads = static_cast<int>(p.host_threads);
-  const std::uint64_t loss_workspace = round_up(
-      loss::workspace_bytes(loss::fused_linear_cross_entropy_arguments{
-          .tokens = static_cast<std::int64_t>(T), .hidden = static_cast<std::int64_t>(m.hidden),
-          .vocab = static_cast<std::int64_t>(m.vocab), .hidden_element_bytes = e, .head_grad = embedding_trains,
-          .on_device = on_device, .options = loss_options}),
-      g);
+  loss::fused_linear_cross_entropy_arguments loss_args{
+      .tokens = static_cast<std::int64_t>(T), .hidden = static_cast<std::int64_t>(m.hidden),
+      .vocab = static_cast<std::int64_t>(m.vocab), .hidden_element_bytes = e, .head_grad = embedding_trains,
+      .on_device = on_device};
+  loss_args.options.host_threads = static_cast<int>(p.host_threads);
+  const auto loss_workspace_for = [&](std::uint64_t chunk) {
+    loss::fused_linear_cross_entropy_arguments a = loss_args;
+    a.options.chunk_bytes = loss::chunk_bytes_for(static_cast<std::int64_t>(chunk), a.vocab, e, on_device);
+    return round_up(loss::workspace_bytes(a), g);
+  };
 
   bool backward_pass = false;
   constexpr int forward_phase = 0, backward_phase = 1, optimizer_phase = 2;
@@ -119,10 +131,20 @@ constexpr memkit_step_moments memkit_step_activations(const model_config& m, con
                                   p.offload_checkpoints);
   ::memkit::checkpoint::detail::checkpoint_interpreter run(plan, model);
   run.forward();
-  moment(forward_phase, model.kept_after_forward(), loss_workspace);
+  std::uint64_t chunk = p.logits_chunk_tokens < T ? p.logits_chunk_tokens : T;
+  const std::uint64_t held = held_outside + loop_buffers + model.kept_after_forward();
+  out.loss_held_bytes = held;
+  if (p.memory_cap != 0) {
+    // The workspace is rounded to the allocation granularity: ask for what is left in whole units.
+    const std::uint64_t left = held < p.memory_cap ? (p.memory_cap - held) / g * g : 0;
+    chunk = static_cast<std::uint64_t>(loss::chunk_tokens_within(loss_args, left, static_cast<std::int64_t>(chunk)));
+  }
+  out.loss_chunk_tokens = chunk;
+  moment(forward_phase, model.kept_after_forward(), loss_workspace_for(chunk > 0 ? chunk : 1));
   backward_pass = true;
   run.backward();
   moment(optimizer_phase, 0, 0);
+  out.host_bytes = model.host_bytes();
   return out;
 }
 

@@ -147,6 +147,10 @@ struct training_plan {
   // lora_linear / quant::matmul / the fused loss on the host). There is no CUDA context or cuBLAS on the
   // host: set `overhead` to zero (budget::host_overhead).
   std::uint64_t host_threads = 0;
+  // memkit runtime: the cap every allocation of the step is held to (capped_resource), 0: none. The fused
+  // loss's chunk is then the largest, up to logits_chunk_tokens, that the memory left at the loss point holds
+  // (memory_estimate::loss_chunk_tokens), as examples/train_llama.cpp chooses it under --memory-cap.
+  std::uint64_t memory_cap = 0;
 
   std::uint64_t gpus = 1;
   int zero_stage = 0;

@@ -1,4 +1,4 @@
-// memkit/loss/bytes.hpp — the loss's options, the protocol's arguments struct, chunk_tokens and the constexpr
+// memkit/loss/bytes.hpp — the loss's options, the protocol's arguments struct, the chunk rule and the constexpr
 // byte functions (docs/architecture.md, "The component protocol"), without the kernels: memory_budget includes
 // this header alone. fused_linear_cross_entropy.hpp (the operation) includes it.
 #pragma once
@@ -67,13 +67,25 @@ constexpr std::int64_t head_tile_rows(std::int64_t V, std::int64_t H) noexcept {
 
 }  // namespace detail
 
-// Tokens per chunk: as many as options.chunk_bytes holds (at least one, at most N).
+// The chunk rule, one function for the host pass, the device pass and the byte functions: the tokens whose
+// chunk buffers (detail::chunk_row_bytes each) fit in `chunk_bytes`; 0 when not even one token's do.
+constexpr std::int64_t tokens_per_chunk(std::size_t chunk_bytes, std::int64_t V, std::size_t elem_size,
+                                        bool on_device = false) noexcept {
+  const std::size_t row = detail::chunk_row_bytes(V, elem_size, on_device);
+  return row > 0 ? static_cast<std::int64_t>(chunk_bytes / row) : std::int64_t{1} << 62;
+}
+// Its inverse: the chunk budget (cross_entropy_options::chunk_bytes) whose chunks hold `tokens` tokens.
+constexpr std::size_t chunk_bytes_for(std::int64_t tokens, std::int64_t V, std::size_t elem_size,
+                                      bool on_device = false) noexcept {
+  return static_cast<std::size_t>(tokens) * detail::chunk_row_bytes(V, elem_size, on_device);
+}
+
+// Tokens per chunk of a call over N tokens: tokens_per_chunk of options.chunk_bytes (0: default_chunk_bytes),
+// at least one, at most N.
 constexpr std::int64_t chunk_tokens(std::int64_t N, std::int64_t V, std::size_t elem_size,
                                     const cross_entropy_options& options, bool on_device = false) noexcept {
   const std::size_t budget = options.chunk_bytes != 0 ? options.chunk_bytes : default_chunk_bytes;
-  const std::size_t row = detail::chunk_row_bytes(V, elem_size, on_device);
-  const std::int64_t rows = row > 0 ? static_cast<std::int64_t>(budget / row) : N;
-  return std::max<std::int64_t>(1, std::min(rows, N));
+  return std::max<std::int64_t>(1, std::min(tokens_per_chunk(budget, V, elem_size, on_device), N));
 }
 
 namespace detail {
@@ -137,6 +149,31 @@ constexpr std::size_t bytes_required(const fused_linear_cross_entropy_arguments&
 }
 
 static_assert(operation_arguments<fused_linear_cross_entropy_arguments>);
+
+// The chunk from a memory budget (#30, #31): the most tokens per chunk, at most `most` (0: N), for which the
+// whole call (bytes_required: the chunk buffers, the per-token losses, the host GEMM's packing) fits in
+// `available` bytes; 0 when even a one-token chunk does not. a.options.chunk_bytes is ignored; pass
+// chunk_bytes_for(result, ...) to the call. A bisection over bytes_required that only ever keeps a chunk it
+// checked, so bytes_required(result) <= available holds even where the host GEMM's thread split makes the
+// bytes not quite monotone in the chunk.
+constexpr std::int64_t chunk_tokens_within(fused_linear_cross_entropy_arguments a, std::size_t available,
+                                           std::int64_t most = 0) noexcept {
+  const std::size_t e = a.hidden_element_bytes;
+  const auto fits = [&](std::int64_t c) {
+    a.options.chunk_bytes = chunk_bytes_for(c, a.vocab, e, a.on_device);
+    return bytes_required(a) <= available;
+  };
+  std::int64_t high = a.tokens;
+  if (most > 0 && most < high) high = most;
+  if (high <= 0) return 0;
+  if (fits(high)) return high;
+  std::int64_t low = 0;  // low == 0 or fits(low)
+  while (high - low > 1) {
+    const std::int64_t mid = low + (high - low) / 2;
+    (fits(mid) ? low : high) = mid;
+  }
+  return low;
+}
 
 }  // namespace loss
 MEMKIT_NAMESPACE_END

@@ -1,0 +1,146 @@
+// Long context under a memory cap (#31), on a QLoRA Llama stack (models/llama, NF4 base, LoRA on all seven
+// projections, random weights): checkpoints offloaded to host memory give the on-device checkpoints'
+// gradients bit for bit; each side holds exactly what checkpoint::segment::cost predicts (device activations,
+// host bytes); and under a cap the on-device step does not fit, the offloaded one trains.
+#include <doctest/doctest.h>
+
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include <memkit/memkit.hpp>
+#include <memkit/memory/capped.hpp>
+#include <memkit/models/llama/load.hpp>
+#include <memkit/models/llama/nf4_lora.hpp>
+
+namespace llama = memkit::models::llama;
+using memkit::shape;
+using memkit::tensor_view;
+using memkit::memory_category;
+
+namespace {
+
+using T = memkit::bf16;
+constexpr std::int64_t batch = 2, seq = 48;
+
+llama::model_config small_config() {
+  llama::model_config c;
+  c.vocab = 512;
+  c.hidden = 96;
+  c.layers = 3;
+  c.heads = 3;
+  c.kv_heads = 1;
+  c.head_dim = 32;
+  c.intermediate = 256;
+  c.max_positions = seq;
+  c.tie_embeddings = true;
+  return c;
+}
+
+struct step_result {
+  bool trained = false;
+  float loss = 0;
+  std::vector<float> gradients;  // every adapter's, in registry order
+  std::uint64_t activation_peak = 0, predicted_activation_peak = 0;
+  std::uint64_t host_peak = 0, predicted_host_bytes = 0;
+  std::uint64_t total_peak = 0;
+};
+
+// One forward + loss + backward through memkit::checkpoint::segment (a checkpoint per layer), every
+// allocation through a tracker over a cap (`cap` 0: none); offloaded checkpoints in host memory of their own.
+step_result train_step(bool offload, std::size_t cap) {
+  const llama::model_config c = small_config();
+  memkit::capped_resource capped(memkit::default_host_resource(), cap != 0 ? cap : std::numeric_limits<std::size_t>::max());
+  memkit::tracking_resource tracker(capped, "device");
+  memkit::layers::memory_resources memory;
+  memory.weights = &tracker.category(memory_category::weights);
+  memory.gradients = &tracker.category(memory_category::gradients);
+  memory.optimizer = &tracker.category(memory_category::optimizer_state);
+  memory.workspace = &tracker.category(memory_category::workspace);
+  memory.host_threads = 2;
+  memkit::memory_resource& activations = tracker.category(memory_category::activations);
+  memkit::tracking_resource host_memory(memkit::default_host_resource(), "offloaded");
+  memkit::checkpoint::offload offloaded(host_memory);
+  step_result r;
+  try {
+    llama::lora_load_options load;
+    load.lora.rank = 4;
+    load.lora.alpha = 8;
+    load.lora.init_seed = 5;
+    const llama::random_weights fill{7, 0.05f};
+    auto model = llama::build_lora_causal_lm<T, memkit::quant::quantized_tensor<memkit::quant::NF4>>(memkit::host, c, memory,
+                                                                                                      load, fill);
+    memkit::layers::parameter_registry<T> params;
+    model->register_parameters(params);
+    // B starts at zero, which would leave every A's gradient zero: random factors make every gradient count.
+    for (const auto& e : params.entries()) fill(e.name, e.value);
+    auto stack = memkit::checkpoint::segment(memkit::checkpoint::layer_sequence(model->blocks, model->final_norm),
+                                             {.schedule = memkit::checkpoint::schedule::every_layer(),
+                                              .offload = offload ? &offloaded : nullptr});
+    const shape hs{batch, seq, c.hidden};
+    std::vector<std::int32_t> ids(batch * seq), targets(batch * seq);
+    for (std::size_t i = 0; i < ids.size(); ++i) {
+      ids[i] = static_cast<std::int32_t>(memkit::random_word(11, 1, i) % static_cast<std::uint64_t>(c.vocab));
+      targets[i] = static_cast<std::int32_t>(memkit::random_word(11, 2, i) % static_cast<std::uint64_t>(c.vocab));
+    }
+    memkit::buffer<T> h0(activations, hs), hn(activations, hs), dhn(activations, hs);
+    r.predicted_activation_peak = 3 * memkit::buffer<T>::bytes_required(hs) + stack.cost(hs, {}).peak_bytes;
+    r.predicted_host_bytes = stack.cost(hs, {}).host_bytes;
+    memkit::activation_store store(activations);
+    const memkit::forward_context ctx{3, 0, true};
+    const std::int64_t N = batch * seq;
+    model->embed.forward(memkit::host, memkit::host_view(std::as_const(ids).data(), shape{batch, seq}), h0.view());
+    stack.forward(memkit::host, ctx, std::as_const(h0).view(), hn.view(), store);
+    memkit::loss::fused_linear_cross_entropy(
+        memkit::host, std::as_const(hn).view().reshaped(shape{N, c.hidden}), std::as_const(model->head_weight().value).view(),
+        memkit::host_view(std::as_const(targets).data(), shape{N}), memkit::host_view(&r.loss, shape{1}),
+        dhn.view().reshaped(shape{N, c.hidden}), tensor_view<float>::none(),
+        memkit::loss::cross_entropy_options{.chunk_bytes = memkit::loss::chunk_bytes_for(32, c.vocab, sizeof(T)), .host_threads = 2},
+        *memory.workspace);
+    stack.backward(memkit::host, std::as_const(dhn).view(), tensor_view<T>::none(), store);
+    for (const auto& e : params.entries()) {
+      const std::vector<float> g = memkit::layers::copy_out(tensor_view<const float>(e.grad));
+      r.gradients.insert(r.gradients.end(), g.begin(), g.end());
+    }
+    r.trained = true;
+  } catch (const memkit::out_of_memory&) {
+    r.trained = false;
+  }
+  r.activation_peak = tracker.stats(memory_category::activations).peak_bytes;
+  r.total_peak = tracker.peak_bytes();
+  r.host_peak = host_memory.peak_bytes();
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("long context: offloaded checkpoints give the on-device gradients bit for bit, each side as predicted, and "
+          "train under a cap the on-device ones do not fit") {
+  const step_result on_device = train_step(false, 0);
+  const step_result offloaded = train_step(true, 0);
+  REQUIRE(on_device.trained);
+  REQUIRE(offloaded.trained);
+  CHECK(std::memcmp(&on_device.loss, &offloaded.loss, sizeof(float)) == 0);
+  REQUIRE(on_device.gradients.size() == offloaded.gradients.size());
+  CHECK(std::memcmp(on_device.gradients.data(), offloaded.gradients.data(), on_device.gradients.size() * sizeof(float)) == 0);
+  std::size_t nonzero = 0;
+  for (float g : on_device.gradients) nonzero += g != 0.0f;
+  CHECK(nonzero > on_device.gradients.size() / 2);  // the comparison is of real gradients
+  // Device activations and host bytes exactly as checkpoint::segment::cost says, on each side.
+  CHECK(on_device.activation_peak == on_device.predicted_activation_peak);
+  CHECK(offloaded.activation_peak == offloaded.predicted_activation_peak);
+  CHECK(on_device.host_peak == 0);
+  CHECK(on_device.predicted_host_bytes == 0);
+  CHECK(offloaded.host_peak == offloaded.predicted_host_bytes);
+  CHECK(offloaded.host_peak >= 4 * memkit::buffer<T>::bytes_required(shape{batch, seq, small_config().hidden}));  // 3 blocks + norm
+  // A cap one byte under the on-device step's peak: it stops with out_of_memory; the offloaded one, whose
+  // checkpoints wait outside the cap, trains to the same gradients.
+  REQUIRE(offloaded.total_peak < on_device.total_peak);
+  const std::size_t cap = on_device.total_peak - 1;
+  CHECK_FALSE(train_step(false, cap).trained);
+  const step_result capped = train_step(true, cap);
+  REQUIRE(capped.trained);
+  CHECK(capped.total_peak <= cap);
+  CHECK(std::memcmp(capped.gradients.data(), on_device.gradients.data(), on_device.gradients.size() * sizeof(float)) == 0);
+}
