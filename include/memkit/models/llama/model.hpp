@@ -40,6 +40,18 @@ layers::dense_linear<T> make_dense_linear(const projection& p, const layers::mem
   return layers::dense_linear<T>(p.path + ".weight", p.in, p.out, memory, mode, p.bias);
 }
 
+// What forward_backward calls around the parts of the pass, for a caller that must act there (ZeRO stage 3:
+// models/llama/stage3.hpp gathers a block's parameters before it runs and releases them after). begin() comes
+// before the embedding, end() after its backward; the block calls bracket each block's forward and backward.
+struct no_pass_hooks {
+  void begin() {}
+  void end() {}
+  void before_forward(std::int64_t) {}
+  void after_forward(std::int64_t) {}
+  void before_backward(std::int64_t) {}
+  void after_backward(std::int64_t) {}
+};
+
 template <class T, class Linear>
 struct causal_lm {
   using value_type = T;
@@ -181,6 +193,14 @@ struct causal_lm {
   void forward_backward(const E& exec, tensor_view<const std::int32_t> ids, tensor_view<const std::int32_t> targets,
                         tensor_view<float> loss, memkit::memory_resource& saved,
                         const memkit::loss::cross_entropy_options& loss_options = {}) {
+    no_pass_hooks none;
+    forward_backward(exec, ids, targets, loss, saved, loss_options, none);
+  }
+  // The same with `hooks` called around the parts of the pass (no_pass_hooks).
+  template <memkit::executor E, class Hooks>
+  void forward_backward(const E& exec, tensor_view<const std::int32_t> ids, tensor_view<const std::int32_t> targets,
+                        tensor_view<float> loss, memkit::memory_resource& saved,
+                        const memkit::loss::cross_entropy_options& loss_options, Hooks& hooks) {
     const shape& s = ids.shape();
     memkit::require(s.rank == 2 && targets.shape() == s, "causal_lm::forward_backward: ids and targets must be [batch, sequence]");
     memkit::require(s[1] <= config.max_positions, "causal_lm::forward_backward: sequence " + std::to_string(s[1]) +
@@ -192,9 +212,13 @@ struct causal_lm {
     memkit::buffer<T> states = memkit::workspace_buffer<T>(exec, *memory.workspace, shape{(L + 4) * N * H});
     const auto state = [&](std::int64_t i) { return states.view().flat_slice(i * N * H, N * H).reshaped(hs); };
     memkit::activation_store store(saved);
+    hooks.begin();
     embed.forward(exec, ids, state(0));
-    for (std::int64_t i = 0; i < L; ++i)
+    for (std::int64_t i = 0; i < L; ++i) {
+      hooks.before_forward(i);
       blocks[static_cast<std::size_t>(i)].forward(exec, {}, tensor_view<const T>(state(i)), state(i + 1), store);
+      hooks.after_forward(i);
+    }
     final_norm.forward(exec, {}, tensor_view<const T>(state(L)), state(L + 1), store);
     layers::basic_parameter<T>& head_param = head_weight();
     tensor_view<T> dy = state(L + 2), dx = state(L + 3);
@@ -206,9 +230,12 @@ struct causal_lm {
     final_norm.backward(exec, tensor_view<const T>(dy), dx, store);
     for (std::int64_t i = L - 1; i >= 0; --i) {
       std::swap(dx, dy);
+      hooks.before_backward(i);
       blocks[static_cast<std::size_t>(i)].backward(exec, tensor_view<const T>(dy), dx, store);
+      hooks.after_backward(i);
     }
     if (embed.weight.trains()) embed.backward(exec, ids, tensor_view<const T>(dx));
+    hooks.end();
   }
 };
 

@@ -1,0 +1,421 @@
+// memkit/distributed/stage3.hpp — ZeRO stage 3 training: parameters, gradients and optimizer state all
+// sharded, each layer's parameters gathered whole only while the layer runs.
+//
+//   ordered_reduce_scatter(exec, comm, send, recv, staging)   reduce_scatter whose sums are added in rank
+//                                                             order (bit-reproducible on any rank count)
+//   stage3_parameters<W, State, Block>                        the runtime: units (a layer's parameters),
+//                                                             gather / release / step, and its byte functions
+//
+// A unit is the trainable tensors of one layer (layers::basic_parameter<W>, e.g. a decoder block's norms
+// and projections). Its tensors are laid out flat as sharded_adam_state lays out tensors (each padded to
+// 4096 elements, the unit to ranks * 4096) and rank r keeps slice r of the flat parameters, its master copy
+// (bf16_master), its slice of the summed gradients and its sharded_adam_state. In between, the tensors'
+// own buffers are empty: basic_parameter::value, master and grad hold nothing, so a layer run without its
+// gather fails (the model's layers check that their weights are present).
+//
+//   gather(exec, comm, unit, with_gradients)   all_gather of the unit's slices into the gather buffer of its
+//                                              slot; the parameters' `value` buffers point into it (and with
+//                                              gradients, `grad` into a zeroed gradient buffer of the slot)
+//   release(exec, comm, unit)                  drops the views; if the gradients were gathered, reduces them
+//                                              to their owners (ordered_reduce_scatter) first
+//   step(exec, comm, groups, options)          each unit's sharded_adam_state updates its own slice only
+//
+// Buffers: one gather buffer (and one gradient buffer) per slot, sized for the slot's largest unit, made at
+// construction and reused: slot 0 holds one layer at a time (the decoder blocks), another slot a unit that
+// stays gathered across the others (the embedding and head, used at both ends of the pass). Gathering into a
+// slot that holds another unit is an error. One staging buffer of the largest unit's flat gradients takes the
+// all_to_all of the reduction. All of it is said in advance by bytes_required (per category, exact).
+//
+// Bit-identity with one process: the gradients of rank r are rank r's micro-batch's; the owner adds them in
+// rank order (((g0 + g1) + g2) ...), what one process accumulating the micro-batches one after the other
+// computes, and the Adam update is sharded_adam_state's (bit-identical to adam_state for the same gradients).
+// Limits of this version: the gradient norm is per unit, so gradient clipping (max_grad_norm > 0) is refused
+// (a global norm would clip differently); a non-finite gradient skips only its own unit's step. Each unit's
+// gradients are reduced once per step (one backward per unit; no accumulation over micro-steps on one rank).
+// On CUDA the collectives and copies are enqueued on the executor's stream; the next layer's gather is not yet
+// prefetched on a side stream.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "memkit/config.hpp"
+#include "memkit/core/execution.hpp"
+#include "memkit/core/tensor_view.hpp"
+#include "memkit/distributed/communicator.hpp"
+#include "memkit/distributed/sharded_adam_state.hpp"
+#include "memkit/layers/parameter.hpp"
+#include "memkit/layers/tensor_ops.hpp"
+#include "memkit/memory/buffer.hpp"
+#include "memkit/memory/resource.hpp"
+
+MEMKIT_NAMESPACE_BEGIN
+namespace distributed {
+
+namespace detail {
+// out[i] = staging[i] + staging[count + i] + ... in rank order (the order one process would add in).
+struct rank_order_sum {
+  const float* staging;
+  float* out;
+  std::int64_t count;
+  int ranks;
+  MEMKIT_HOST_DEVICE void operator()(std::int64_t i) const {
+    float sum = staging[i];
+    for (int r = 1; r < ranks; ++r) sum += staging[static_cast<std::int64_t>(r) * count + i];
+    out[i] = sum;
+  }
+};
+
+// A resource that hands out one address given in advance: how a parameter's buffer<W> is made to point into
+// the gather buffer without owning it (deallocation does nothing; the gather buffer owns the bytes).
+class placement_resource final : public memory_resource {
+ public:
+  explicit placement_resource(memory_kind kind) : kind_(kind) {}
+  void place(void* at, std::size_t bytes) {
+    at_ = at;
+    bytes_ = bytes;
+  }
+  memory_kind kind() const noexcept override { return kind_; }
+  const char* name() const noexcept override { return "stage3 gather buffer"; }
+
+ private:
+  void* do_allocate(std::size_t bytes, std::size_t) override {
+    require(at_ != nullptr && bytes <= bytes_, "stage3: internal error: a view larger than its place in the gather buffer");
+    return std::exchange(at_, nullptr);
+  }
+  void do_deallocate(void*, std::size_t, std::size_t) noexcept override {}
+  memory_kind kind_;
+  void* at_ = nullptr;
+  std::size_t bytes_ = 0;
+};
+}  // namespace detail
+
+// Sums `send` (ranks * count elements on every rank) over the ranks and leaves elements [rank * count,
+// (rank + 1) * count) of the sum in `recv` (count), adding in rank order: one all_to_all into `staging`
+// (ranks * count), then each element's ranks added 0, 1, ..., N-1. Same volume as a reduce_scatter, but the
+// result does not depend on the library's reduction tree.
+template <executor E, class C>
+  requires ordered_communicator<C, E>
+void ordered_reduce_scatter(const E& exec, const C& comm, tensor_view<const float> send, tensor_view<float> recv,
+                            tensor_view<float> staging) {
+  const char* op = "ordered_reduce_scatter";
+  const std::int64_t count = recv.size(), ranks = comm.size();
+  require(send.size() == ranks * count && staging.size() == ranks * count,
+          std::string(op) + ": send has " + std::to_string(send.size()) + " and staging " + std::to_string(staging.size()) +
+              " elements; " + std::to_string(ranks) + " ranks of " + std::to_string(count) + " need " +
+              std::to_string(ranks * count) + " each");
+  require_accessible(exec, send, op, "send");
+  require_accessible(exec, recv, op, "recv");
+  require_accessible(exec, staging, op, "staging");
+  if (count == 0) return;
+  comm.all_to_all(exec, send.data(), staging.data(), count);
+  layers::for_each_index(exec, count, detail::rank_order_sum{staging.data(), recv.data(), count, static_cast<int>(ranks)});
+}
+
+// What a unit is made of, for the byte functions: its tensors' element counts, its slot, and whether its
+// parameters keep an fp32 master copy (16-bit values trained with layers::trainability::bf16_master).
+struct stage3_unit_shape {
+  std::vector<std::int64_t> sizes;
+  int slot = 0;
+  bool master = false;
+};
+
+// The bytes one rank allocates, per tracking category (weights: parameter slices and gather buffers;
+// gradients: gradient slices, gradient buffers and the reduction's staging; optimizer_state: sharded Adam
+// states and master slices).
+struct stage3_bytes {
+  std::size_t weights = 0, gradients = 0, optimizer_state = 0;
+  std::size_t total() const noexcept { return weights + gradients + optimizer_state; }
+};
+
+// A unit: the parameters of one layer (trainable, all with or all without master copies) and its slot.
+template <class W>
+struct stage3_unit {
+  std::vector<layers::basic_parameter<W>*> parameters;
+  int slot = 0;
+  std::vector<int> tensor_groups{};  // the Adam group of each parameter; empty: all in group 0
+};
+
+template <class W, class State = float, int Block = optim::adam_state_traits<State>::default_block>
+class stage3_parameters {
+ public:
+  using parameter = layers::basic_parameter<W>;
+  using optimizer_type = sharded_adam_state<State, Block>;
+
+  using unit_spec = stage3_unit<W>;
+
+  // ---- byte functions (exact: a tracker measures these) ----
+  static std::int64_t flat_size(const stage3_unit_shape& u, int ranks) { return optimizer_type::flat_size(u.sizes, ranks); }
+  static std::int64_t shard_size(const stage3_unit_shape& u, int ranks) { return optimizer_type::shard_size(u.sizes, ranks); }
+  // What rank `rank` keeps for one unit between its gathers: its slices and its optimizer state.
+  static stage3_bytes shard_bytes(const stage3_unit_shape& u, int rank, int ranks, const optim::adam_options& options = {}) {
+    const shape slice{shard_size(u, ranks)};
+    stage3_bytes b;
+    b.weights = buffer<W>::bytes_required(slice);
+    b.gradients = buffer<float>::bytes_required(slice);
+    b.optimizer_state = optimizer_type::bytes_required(u.sizes, rank, ranks, options) + (u.master ? buffer<float>::bytes_required(slice) : 0);
+    return b;
+  }
+  // The buffers made once: per slot a gather buffer and a gradient buffer of its largest unit's flat size,
+  // and the reduction's staging (the largest unit's flat gradients).
+  static stage3_bytes buffer_bytes(std::span<const stage3_unit_shape> units, int ranks) {
+    std::vector<std::int64_t> slot_flat;
+    std::int64_t largest = 0;
+    for (const stage3_unit_shape& u : units) {
+      if (static_cast<std::size_t>(u.slot) >= slot_flat.size()) slot_flat.resize(static_cast<std::size_t>(u.slot) + 1, 0);
+      slot_flat[static_cast<std::size_t>(u.slot)] = std::max(slot_flat[static_cast<std::size_t>(u.slot)], flat_size(u, ranks));
+      largest = std::max(largest, flat_size(u, ranks));
+    }
+    stage3_bytes b;
+    for (std::int64_t n : slot_flat) {
+      b.weights += buffer<W>::bytes_required(shape{n});
+      b.gradients += buffer<float>::bytes_required(shape{n});
+    }
+    b.gradients += buffer<float>::bytes_required(shape{largest});
+    return b;
+  }
+  // Everything rank `rank` of `ranks` allocates (what the constructor takes, held until destruction).
+  static stage3_bytes bytes_required(std::span<const stage3_unit_shape> units, int rank, int ranks,
+                                     const optim::adam_options& options = {}) {
+    stage3_bytes b = buffer_bytes(units, ranks);
+    for (const stage3_unit_shape& u : units) {
+      const stage3_bytes s = shard_bytes(u, rank, ranks, options);
+      b.weights += s.weights;
+      b.gradients += s.gradients;
+      b.optimizer_state += s.optimizer_state;
+    }
+    return b;
+  }
+
+  // ---- construction ----
+
+  // Takes rank comm.rank()'s slices of the units' parameters (every rank holds the same whole values, in
+  // memory `memory` describes) and then empties the parameters' own buffers. Buffers come from
+  // memory.weights / gradients / optimizer. `run_id`: sharded_adam_state's (0 draws one on rank 0).
+  template <executor E, class C>
+    requires ordered_communicator<C, E>
+  stage3_parameters(const E& exec, const C& comm, const layers::memory_resources& memory, std::vector<unit_spec> units,
+                    const optim::adam_options& options = {}, std::uint64_t run_id = 0)
+      : rank_(comm.rank()), ranks_(comm.size()), placement_(memory.weights->kind()) {
+    const char* op = "stage3_parameters";
+    require(!units.empty(), std::string(op) + ": no units");
+    require(options.max_grad_norm == 0.0f,
+            std::string(op) + ": gradient clipping (max_grad_norm " + std::to_string(options.max_grad_norm) +
+                ") needs the norm over every unit; stage 3 keeps one norm per unit, so set max_grad_norm = 0");
+    for (std::size_t k = 0; k < units.size(); ++k) {
+      unit_spec& spec = units[k];
+      const std::string which = std::string(op) + ": unit " + std::to_string(k);
+      require(!spec.parameters.empty(), which + " has no parameters");
+      require(spec.slot >= 0 && spec.slot < 64, which + ": slot " + std::to_string(spec.slot));
+      require(spec.tensor_groups.empty() || spec.tensor_groups.size() == spec.parameters.size(),
+              which + ": tensor_groups has " + std::to_string(spec.tensor_groups.size()) + " entries for " +
+                  std::to_string(spec.parameters.size()) + " parameters");
+      unit u;
+      u.spec = std::move(spec);
+      u.shape.slot = u.spec.slot;
+      u.shape.master = u.spec.parameters.front()->has_master();
+      for (parameter* p : u.spec.parameters) {
+        require(p != nullptr, which + ": a null parameter");
+        require(p->trains(), which + ": '" + p->name + "' is frozen; a stage-3 unit holds trainable parameters only");
+        require(p->size() > 0 && p->value.data() != nullptr, which + ": '" + p->name + "' holds no values (already sharded?)");
+        require(p->has_master() == u.shape.master, which + ": '" + p->name + "' and '" + u.spec.parameters.front()->name +
+                                                        "' differ in having a master copy; a unit's parameters must agree");
+        u.dims.push_back(p->value.shape());
+        u.shape.sizes.push_back(p->size());
+      }
+      shapes_.push_back(u.shape);
+      units_.push_back(std::move(u));
+    }
+    const stage3_bytes planned = bytes_required(shapes_, rank_, ranks_, options);
+    for (unit& u : units_) {
+      u.optimizer = std::make_unique<optimizer_type>(exec, comm, *memory.optimizer, u.shape.sizes, options, run_id);
+      run_id = u.optimizer->run_id();  // every unit of the run under one id (no second broadcast)
+      const shape slice{u.optimizer->shard_size()};
+      u.param_shard = buffer<W>(*memory.weights, slice);
+      u.grad_shard = buffer<float>(*memory.gradients, slice);
+      if (u.shape.master) u.master_shard = buffer<float>(*memory.optimizer, slice);
+      layers::zero_view(exec, u.grad_shard.view());
+      // This rank's slice of the flat layout, from the whole values; padding stays 0.
+      std::vector<W> values(static_cast<std::size_t>(slice.numel()), W{});
+      std::vector<float> masters(u.shape.master ? values.size() : 0, 0.0f);
+      const std::int64_t first = u.optimizer->shard_begin();
+      for (std::size_t i = 0; i < u.spec.parameters.size(); ++i) {
+        parameter& p = *u.spec.parameters[i];
+        const std::int64_t at = u.optimizer->flat_offset(i);
+        const std::int64_t begin = std::clamp<std::int64_t>(first - at, 0, p.size());
+        const std::int64_t end = std::clamp<std::int64_t>(first + slice.numel() - at, 0, p.size());
+        if (begin >= end) continue;
+        const std::vector<W> whole = layers::copy_out(std::as_const(p.value).view());
+        std::copy(whole.begin() + begin, whole.begin() + end, values.begin() + (at + begin - first));
+        if (u.shape.master) {
+          const std::vector<float> m = layers::copy_out(std::as_const(p.master).view());
+          std::copy(m.begin() + begin, m.begin() + end, masters.begin() + (at + begin - first));
+        }
+      }
+      layers::copy_in(values.data(), u.param_shard.view());
+      if (u.shape.master) layers::copy_in(masters.data(), u.master_shard.view());
+      for (parameter* p : u.spec.parameters) {  // the whole tensors are the gather buffer's from now on
+        p->value = buffer<W>();
+        p->master = buffer<float>();
+        p->grad = buffer<float>();
+      }
+    }
+    // The slots' buffers and the staging.
+    std::int64_t largest = 0;
+    for (const unit& u : units_) {
+      const auto s = static_cast<std::size_t>(u.shape.slot);
+      if (s >= slots_.size()) slots_.resize(s + 1);
+      slots_[s].flat = std::max(slots_[s].flat, u.optimizer->flat_size());
+      largest = std::max(largest, u.optimizer->flat_size());
+    }
+    for (slot& s : slots_) {
+      s.values = buffer<W>(*memory.weights, shape{s.flat});
+      s.grads = buffer<float>(*memory.gradients, shape{s.flat});
+    }
+    staging_ = buffer<float>(*memory.gradients, shape{largest});
+    std::size_t made = staging_.bytes();
+    for (const slot& s : slots_) made += s.values.bytes() + s.grads.bytes();
+    for (const unit& u : units_)  // (an unallocated buffer's bytes() is one element's: shape{} has numel 1)
+      made += u.param_shard.bytes() + u.grad_shard.bytes() + (u.shape.master ? u.master_shard.bytes() : 0) + u.optimizer->bytes();
+    require(made == planned.total(), std::string(op) + ": internal error: allocated " + std::to_string(made) +
+                                         " bytes, bytes_required says " + std::to_string(planned.total()));
+  }
+
+  stage3_parameters(const stage3_parameters&) = delete;
+  stage3_parameters& operator=(const stage3_parameters&) = delete;
+  // Views still in the parameters point into buffers about to go: they are dropped (no reduction).
+  ~stage3_parameters() {
+    for (unit& x : units_)
+      if (x.gathered)
+        for (parameter* p : x.spec.parameters) {
+          p->value = buffer<W>();
+          p->grad = buffer<float>();
+        }
+  }
+
+  int rank() const noexcept { return rank_; }
+  int ranks() const noexcept { return ranks_; }
+  std::size_t unit_count() const noexcept { return units_.size(); }
+  std::span<const stage3_unit_shape> unit_shapes() const noexcept { return shapes_; }
+  bool gathered(std::size_t u) const { return at(u, "gathered").gathered; }
+  const optimizer_type& optimizer(std::size_t u) const { return *at(u, "optimizer").optimizer; }
+  tensor_view<const W> param_shard(std::size_t u) const { return at(u, "param_shard").param_shard.view(); }
+
+  // ---- the loop ----
+
+  // Gathers unit `u`'s parameters into its slot (before the layer's forward, its recompute, its backward);
+  // with_gradients: also points the parameters' gradients at the slot's zeroed gradient buffer (backward).
+  template <executor E, class C>
+    requires ordered_communicator<C, E>
+  void gather(const E& exec, const C& comm, std::size_t u, bool with_gradients) {
+    const char* op = "stage3_parameters::gather";
+    check_comm(op, comm);
+    unit& x = at(u, op);
+    slot& s = slots_[static_cast<std::size_t>(x.shape.slot)];
+    require(!x.gathered, std::string(op) + ": unit " + std::to_string(u) + " is already gathered");
+    require(s.holder < 0, std::string(op) + ": slot " + std::to_string(x.shape.slot) + " holds unit " +
+                              std::to_string(s.holder) + "; release it before gathering unit " + std::to_string(u) +
+                              " (a slot's buffer holds one unit)");
+    const std::int64_t flat = x.optimizer->flat_size(), shard = x.optimizer->shard_size();
+    require_accessible(exec, s.values.view(), op, "gather buffer");
+    comm.all_gather(exec, x.param_shard.data(), s.values.data(), shard);
+    for (std::size_t i = 0; i < x.spec.parameters.size(); ++i) {
+      parameter& p = *x.spec.parameters[i];
+      placement_.place(s.values.data() + x.optimizer->flat_offset(i), buffer<W>::bytes_required(x.dims[i]));
+      p.value = buffer<W>(placement_, x.dims[i]);
+    }
+    if (with_gradients) {
+      layers::zero_view(exec, s.grads.view().flat_slice(0, flat));
+      for (std::size_t i = 0; i < x.spec.parameters.size(); ++i) {
+        parameter& p = *x.spec.parameters[i];
+        placement_.place(s.grads.data() + x.optimizer->flat_offset(i), buffer<float>::bytes_required(x.dims[i]));
+        p.grad = buffer<float>(placement_, x.dims[i]);
+      }
+    }
+    x.gathered = true;
+    x.with_gradients = with_gradients;
+    s.holder = static_cast<int>(u);
+  }
+
+  // Releases unit `u`'s whole parameters (after the layer's forward or backward). If it was gathered with
+  // gradients, first reduces them: rank r's slice of the rank-ordered sum lands in the unit's gradient slice.
+  template <executor E, class C>
+    requires ordered_communicator<C, E>
+  void release(const E& exec, const C& comm, std::size_t u) {
+    const char* op = "stage3_parameters::release";
+    check_comm(op, comm);
+    unit& x = at(u, op);
+    require(x.gathered, std::string(op) + ": unit " + std::to_string(u) + " is not gathered");
+    slot& s = slots_[static_cast<std::size_t>(x.shape.slot)];
+    const std::int64_t flat = x.optimizer->flat_size();
+    if (x.with_gradients)
+      ordered_reduce_scatter(exec, comm, tensor_view<const float>(s.grads.view().flat_slice(0, flat)), x.grad_shard.view(),
+                             staging_.view().flat_slice(0, flat));
+    for (parameter* p : x.spec.parameters) {
+      p->value = buffer<W>();
+      p->grad = buffer<float>();
+    }
+    x.gathered = x.with_gradients = false;
+    s.holder = -1;
+  }
+
+  // One AdamW step of every unit on its own slice (every unit released; its gradients reduced this step).
+  // options.tensor_groups is ignored: each unit's come from its unit_spec.
+  template <executor E, class C>
+    requires ordered_communicator<C, E>
+  void step(const E& exec, const C& comm, std::span<const optim::adam_group> groups, float gradient_scale = 1.0f) {
+    const char* op = "stage3_parameters::step";
+    check_comm(op, comm);
+    for (std::size_t u = 0; u < units_.size(); ++u) {
+      unit& x = units_[u];
+      require(!x.gathered, std::string(op) + ": unit " + std::to_string(u) + " is still gathered; release it first");
+      const sharded_step_options o{.tensor_groups = x.spec.tensor_groups, .gradient_scale = gradient_scale};
+      x.optimizer->step_param_shard(exec, comm, x.param_shard.view(), tensor_view<const float>(x.grad_shard.view()),
+                                    groups, o, x.shape.master ? x.master_shard.view() : tensor_view<float>::none());
+    }
+  }
+
+ private:
+  struct unit {
+    unit_spec spec;
+    stage3_unit_shape shape;
+    std::vector<memkit::shape> dims;
+    std::unique_ptr<optimizer_type> optimizer;
+    buffer<W> param_shard;
+    buffer<float> grad_shard, master_shard;
+    bool gathered = false, with_gradients = false;
+  };
+  struct slot {
+    std::int64_t flat = 0;
+    buffer<W> values;
+    buffer<float> grads;
+    int holder = -1;  // the unit gathered into it, or -1
+  };
+  unit& at(std::size_t u, const char* op) {
+    require(u < units_.size(), std::string(op) + ": no unit " + std::to_string(u) + " (" + std::to_string(units_.size()) + " units)");
+    return units_[u];
+  }
+  const unit& at(std::size_t u, const char* op) const { return const_cast<stage3_parameters*>(this)->at(u, op); }
+  template <class C>
+  void check_comm(const char* op, const C& comm) const {
+    require(comm.size() == ranks_ && comm.rank() == rank_,
+            std::string(op) + ": the communicator is rank " + std::to_string(comm.rank()) + " of " +
+                std::to_string(comm.size()) + ", the shards are rank " + std::to_string(rank_) + " of " + std::to_string(ranks_));
+  }
+
+  int rank_ = 0, ranks_ = 1;
+  std::vector<unit> units_;
+  std::vector<stage3_unit_shape> shapes_;
+  std::vector<slot> slots_;
+  buffer<float> staging_;
+  detail::placement_resource placement_;
+};
+
+}  // namespace distributed
+MEMKIT_NAMESPACE_END

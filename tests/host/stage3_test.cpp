@@ -1,0 +1,83 @@
+// ZeRO stage 3 (distributed/stage3.hpp, models/llama/stage3.hpp) on one rank: the decoder trained with its
+// blocks gathered and released around each pass equals the whole model trained by adam_state, the tracker
+// measures bytes_required exactly, and misuse fails with a message. tests/mpi runs the scenario on 2 and 3 ranks.
+#include <doctest/doctest.h>
+#include <memkit/distributed/communicator.hpp>
+#include <memkit/distributed/stage3.hpp>
+
+#include <string>
+#include <vector>
+
+#include "support/stage3_scenario.hpp"
+
+using memkit::host;
+using memkit::distributed::single_communicator;
+namespace llama = memkit::models::llama;
+
+TEST_CASE("stage3: one rank trains the decoder bit-identically to adam_state on the whole model") {
+  const auto out = stage3_test::run(single_communicator{}, 3);
+  INFO(out.first_problem);
+  CHECK(out.steps == 3);
+  CHECK(out.loss_mismatches == 0);
+  CHECK(out.param_mismatches == 0);
+  CHECK(out.changed > 1000);
+  CHECK(out.peak_weights == out.predicted_weights);
+  CHECK(out.peak_gradients == out.predicted_gradients);
+  CHECK(out.peak_optimizer == out.predicted_optimizer);
+  CHECK(out.current_total == out.predicted_weights + out.predicted_gradients + out.predicted_optimizer);
+}
+
+TEST_CASE("stage3: ordered_reduce_scatter on one rank is a copy; sizes are checked") {
+  std::vector<float> send{1.5f, -0.0f, 3.0f}, recv(3), staging(3);
+  memkit::distributed::ordered_reduce_scatter(host, single_communicator{}, memkit::host_view(std::as_const(send)),
+                                              memkit::host_view(recv), memkit::host_view(staging));
+  CHECK(std::signbit(recv[1]));  // -0 stays -0: the first rank's value starts the sum, not 0.0
+  CHECK(recv[2] == 3.0f);
+  std::vector<float> short_staging(2);
+  CHECK_THROWS_WITH_AS(memkit::distributed::ordered_reduce_scatter(host, single_communicator{}, memkit::host_view(std::as_const(send)),
+                                                                   memkit::host_view(recv), memkit::host_view(short_staging)),
+                       doctest::Contains("staging 2"), memkit::error);
+}
+
+TEST_CASE("stage3: misuse is a clear error") {
+  using runtime_type = memkit::distributed::stage3_parameters<float>;
+  const memkit::layers::memory_resources plain{};
+  auto model = stage3_test::make_model(plain);
+  memkit::optim::adam_options clipped = stage3_test::adam_options();
+  clipped.max_grad_norm = 1.0f;
+  CHECK_THROWS_WITH_AS(runtime_type(host, single_communicator{}, plain, llama::stage3_units(*model), clipped, 1),
+                       doctest::Contains("max_grad_norm"), memkit::error);
+  runtime_type runtime(host, single_communicator{}, plain, llama::stage3_units(*model), stage3_test::adam_options(), 1);
+  CHECK_THROWS_WITH_AS(runtime_type(host, single_communicator{}, plain, llama::stage3_units(*model), stage3_test::adam_options(), 1),
+                       doctest::Contains("holds no values"), memkit::error);
+
+  // A block run without its gather.
+  std::vector<std::int32_t> ids, targets;
+  stage3_test::micro_batch(0, 0, ids, targets);
+  const memkit::shape dims{stage3_test::batch, stage3_test::sequence};
+  float loss = 0;
+  runtime.gather(host, single_communicator{}, runtime.unit_count() - 1, true);  // embedding and head only
+  CHECK_THROWS_WITH_AS(model->forward_backward(host, memkit::host_view(std::as_const(ids).data(), dims),
+                                               memkit::host_view(std::as_const(targets).data(), dims),
+                                               memkit::host_view(&loss, memkit::shape{1}), memkit::default_host_resource()),
+                       doctest::Contains("model.layers.0.input_layernorm.weight': its weight is not in memory"), memkit::error);
+  runtime.release(host, single_communicator{}, runtime.unit_count() - 1);
+
+  // One block at a time in slot 0; a unit gathered twice; a release without a gather; a step while gathered.
+  runtime.gather(host, single_communicator{}, 0, false);
+  CHECK_THROWS_WITH_AS(runtime.gather(host, single_communicator{}, 1, false), doctest::Contains("slot 0 holds unit 0"),
+                       memkit::error);
+  CHECK_THROWS_WITH_AS(runtime.gather(host, single_communicator{}, 0, false), doctest::Contains("already gathered"),
+                       memkit::error);
+  CHECK_THROWS_WITH_AS(runtime.step(host, single_communicator{}, stage3_test::groups()), doctest::Contains("still gathered"),
+                       memkit::error);
+  runtime.release(host, single_communicator{}, 0);
+  CHECK_THROWS_WITH_AS(runtime.release(host, single_communicator{}, 0), doctest::Contains("not gathered"), memkit::error);
+  CHECK_THROWS_WITH_AS(runtime.gather(host, single_communicator{}, 99, false), doctest::Contains("no unit 99"), memkit::error);
+
+  // A communicator of another rank count than the shards'.
+  struct two_ranks : single_communicator {
+    static constexpr int size() noexcept { return 2; }
+  };
+  CHECK_THROWS_WITH_AS(runtime.gather(host, two_ranks{}, 0, false), doctest::Contains("the shards are rank 0 of 1"), memkit::error);
+}

@@ -1,0 +1,205 @@
+// ZeRO stage 3 training of a small Llama decoder against one process, for any ordered communicator: the host
+// suite runs it on one rank (single_communicator), tests/mpi on 2 and 3 MPI ranks.
+//
+// Each of N ranks trains on its own micro-batch (micro-batch r of step s), its blocks gathered and released
+// around each forward and backward by the model's pass hooks, gradients reduced to their owners in rank order.
+// Every rank also runs the reference itself: one whole model, micro-batches 0..N-1 one after the other (each
+// backward from zeroed gradients), the gradients added in that order, one adam_state step with scale 1/N.
+// Parameters (gathered after the last step) and each micro-batch's loss must agree bit for bit, and each
+// rank's tracker must hold exactly what stage3_parameters::bytes_required predicts, category by category.
+#pragma once
+
+#include <memkit/distributed/stage3.hpp>
+#include <memkit/memory/tracking.hpp>
+#include <memkit/models/llama/stage3.hpp>
+#include <memkit/optim/adam_state.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace stage3_test {
+
+namespace llama = memkit::models::llama;
+using model_type = llama::causal_lm<float, memkit::layers::dense_linear<float>>;
+
+inline llama::model_config config() {
+  llama::model_config c;
+  c.vocab = 64;
+  c.hidden = 32;
+  c.layers = 3;
+  c.heads = 2;
+  c.kv_heads = 1;
+  c.head_dim = 16;
+  c.intermediate = 48;
+  c.max_positions = 16;
+  c.qkv_bias = true;  // biases in the units too
+  return c;
+}
+constexpr std::int64_t batch = 2, sequence = 8;
+
+// The same initial values on every rank and in the reference (fp32 values train in place: no master).
+inline void initialize(model_type& model) {
+  std::uint64_t stream = 0;
+  for (auto* p : model.shared_parameters())
+    if (p->value.shape().rank == 2) p->init_normal(0.05f, 7, ++stream);
+  for (auto* l : model.linears()) {
+    l->weight.init_normal(0.05f, 7, ++stream);
+    if (l->has_bias()) l->bias.init_normal(0.02f, 7, ++stream);
+  }
+}
+inline std::unique_ptr<model_type> make_model(const memkit::layers::memory_resources& memory) {
+  auto model = std::make_unique<model_type>(config(), memory, memkit::layers::trainability::bf16_master,
+                                            [&](const llama::projection& p, std::int64_t, int) {
+                                              return llama::make_dense_linear<float>(p, memory, memkit::layers::trainability::bf16_master);
+                                            });
+  initialize(*model);
+  return model;
+}
+
+// Micro-batch `rank` of step `step`: token ids and their next-token targets.
+inline void micro_batch(int step, int rank, std::vector<std::int32_t>& ids, std::vector<std::int32_t>& targets) {
+  ids.assign(batch * sequence, 0);
+  targets.assign(batch * sequence, 0);
+  const auto token = [&](std::int64_t b, std::int64_t s) {
+    const std::uint64_t h = memkit::detail::mix64((static_cast<std::uint64_t>(step) << 40) ^ (static_cast<std::uint64_t>(rank) << 24) ^
+                                                  (static_cast<std::uint64_t>(b) << 12) ^ static_cast<std::uint64_t>(s));
+    return static_cast<std::int32_t>(h % static_cast<std::uint64_t>(config().vocab));
+  };
+  for (std::int64_t b = 0; b < batch; ++b)
+    for (std::int64_t s = 0; s < sequence; ++s) {
+      ids[static_cast<std::size_t>(b * sequence + s)] = token(b, s);
+      targets[static_cast<std::size_t>(b * sequence + s)] = token(b, s + 1);
+    }
+}
+
+inline const std::vector<memkit::optim::adam_group>& groups() {
+  static const std::vector<memkit::optim::adam_group> g{{.lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.99f, .eps = 1e-8f, .weight_decay = 0.01f}};
+  return g;
+}
+inline memkit::optim::adam_options adam_options() {
+  memkit::optim::adam_options o;
+  o.max_grad_norm = 0.0f;  // stage 3 keeps one norm per unit: no clipping
+  o.host_threads = 1;
+  return o;
+}
+
+struct outcome {
+  int steps = 0;
+  int param_mismatches = 0;  // elements of the gathered parameters that differ from the reference's
+  int loss_mismatches = 0;   // this rank's micro-batch losses that differ from the reference's
+  int changed = 0;           // elements that moved from their initial values (the test trains something)
+  std::size_t predicted_weights = 0, predicted_gradients = 0, predicted_optimizer = 0;
+  std::size_t peak_weights = 0, peak_gradients = 0, peak_optimizer = 0, current_total = 0;
+  std::string first_problem;
+};
+
+template <class P>
+bool same_bits(const P& a, const P& b) {
+  return std::memcmp(&a, &b, sizeof(P)) == 0;
+}
+
+template <class C>
+outcome run(const C& comm, int steps) {
+  using runtime_type = memkit::distributed::stage3_parameters<float>;
+  const int N = comm.size(), rank = comm.rank();
+  outcome out;
+  const memkit::layers::memory_resources plain{};  // the whole models: untracked
+
+  // The reference: one process, the N micro-batches in order.
+  auto reference = make_model(plain);
+  std::vector<memkit::layers::basic_parameter<float>*> ref_params;
+  for (auto& u : llama::stage3_units(*reference)) ref_params.insert(ref_params.end(), u.parameters.begin(), u.parameters.end());
+  std::vector<std::int64_t> sizes;
+  for (auto* p : ref_params) sizes.push_back(p->size());
+  memkit::optim::adam_state<float> reference_state(memkit::host, memkit::default_host_resource(), sizes, adam_options());
+  std::vector<std::vector<float>> reference_losses(static_cast<std::size_t>(steps));
+
+  // Stage 3 on this rank.
+  auto model = make_model(plain);
+  std::vector<std::vector<float>> initial;
+  for (auto& u : llama::stage3_units(*model))
+    for (auto* p : u.parameters) initial.push_back(memkit::layers::copy_out(std::as_const(p->value).view()));
+  memkit::tracking_resource tracker(memkit::default_host_resource());
+  memkit::layers::memory_resources tracked;
+  tracked.weights = &tracker.category(memkit::memory_category::weights);
+  tracked.gradients = &tracker.category(memkit::memory_category::gradients);
+  tracked.optimizer = &tracker.category(memkit::memory_category::optimizer_state);
+  const auto shapes = llama::stage3_unit_shapes<float>(config(), memkit::layers::trainability::bf16_master);
+  const memkit::distributed::stage3_bytes predicted = runtime_type::bytes_required(shapes, rank, N, adam_options());
+  runtime_type runtime(memkit::host, comm, tracked, llama::stage3_units(*model), adam_options(), 0x5743);
+
+  std::vector<std::int32_t> ids, targets;
+  float loss = 0.0f;
+  const auto view_of = [](std::vector<std::int32_t>& v) {
+    return memkit::host_view(static_cast<const std::int32_t*>(v.data()), memkit::shape{batch, sequence});
+  };
+  for (int s = 0; s < steps; ++s) {
+    // Reference: gradients of micro-batch r alone, added in rank order.
+    std::vector<std::vector<float>> sum(ref_params.size());
+    for (int r = 0; r < N; ++r) {
+      for (auto* p : ref_params) p->zero_grad();
+      micro_batch(s, r, ids, targets);
+      reference->forward_backward(memkit::host, view_of(ids), view_of(targets), memkit::host_view(&loss, memkit::shape{1}),
+                                  memkit::default_host_resource());
+      reference_losses[static_cast<std::size_t>(s)].push_back(loss);
+      for (std::size_t i = 0; i < ref_params.size(); ++i) {
+        const std::vector<float> g = memkit::layers::copy_out(std::as_const(ref_params[i]->grad).view());
+        if (r == 0) sum[i] = g;
+        else
+          for (std::size_t j = 0; j < g.size(); ++j) sum[i][j] += g[j];
+      }
+    }
+    std::vector<memkit::optim::adam_param<float, float>> params;
+    for (std::size_t i = 0; i < ref_params.size(); ++i)
+      params.push_back({ref_params[i]->value.view(), memkit::host_view(std::as_const(sum[i]).data(), ref_params[i]->value.shape()),
+                        memkit::tensor_view<float>(), 0});
+    reference_state.step(memkit::host, params, groups(), 1.0f / static_cast<float>(N));
+
+    // Stage 3: this rank's micro-batch.
+    micro_batch(s, rank, ids, targets);
+    llama::stage3_pass_hooks hooks{memkit::host, comm, runtime};
+    model->forward_backward(memkit::host, view_of(ids), view_of(targets), memkit::host_view(&loss, memkit::shape{1}),
+                            memkit::default_host_resource(), {}, hooks);
+    if (!same_bits(loss, reference_losses[static_cast<std::size_t>(s)][static_cast<std::size_t>(rank)])) {
+      ++out.loss_mismatches;
+      if (out.first_problem.empty())
+        out.first_problem = "step " + std::to_string(s) + ": loss " + std::to_string(loss) + ", the reference's " +
+                            std::to_string(reference_losses[static_cast<std::size_t>(s)][static_cast<std::size_t>(rank)]);
+    }
+    runtime.step(memkit::host, comm, groups(), 1.0f / static_cast<float>(N));
+    ++out.steps;
+  }
+
+  // Gather every unit and compare with the reference, element by element.
+  const auto units = llama::stage3_units(*model);
+  std::size_t flat_index = 0;
+  for (std::size_t u = 0; u < units.size(); ++u) {
+    runtime.gather(memkit::host, comm, u, false);
+    for (auto* p : units[u].parameters) {
+      const std::vector<float> mine = memkit::layers::copy_out(std::as_const(p->value).view());
+      const std::vector<float> theirs = memkit::layers::copy_out(std::as_const(ref_params[flat_index]->value).view());
+      const std::vector<float>& before = initial[flat_index];
+      for (std::size_t j = 0; j < mine.size(); ++j) {
+        if (!same_bits(mine[j], theirs[j]) && out.param_mismatches++ == 0 && out.first_problem.empty())
+          out.first_problem = "'" + p->name + "' element " + std::to_string(j) + ": " + std::to_string(mine[j]) +
+                              ", the reference's " + std::to_string(theirs[j]);
+        if (!same_bits(mine[j], before[j])) ++out.changed;
+      }
+      ++flat_index;
+    }
+    runtime.release(memkit::host, comm, u);
+  }
+  out.predicted_weights = predicted.weights;
+  out.predicted_gradients = predicted.gradients;
+  out.predicted_optimizer = predicted.optimizer_state;
+  out.peak_weights = tracker.stats(memkit::memory_category::weights).peak_bytes;
+  out.peak_gradients = tracker.stats(memkit::memory_category::gradients).peak_bytes;
+  out.peak_optimizer = tracker.stats(memkit::memory_category::optimizer_state).peak_bytes;
+  out.current_total = tracker.current_bytes();
+  return out;
+}
+
+}  // namespace stage3_test
