@@ -50,10 +50,12 @@
 #include "memkit/core/tensor_view.hpp"
 #include "memkit/distributed/communicator.hpp"
 #include "memkit/distributed/sharded_adam_state.hpp"
+#include "memkit/distributed/sharded_parameters.hpp"
 #include "memkit/layers/parameter.hpp"
 #include "memkit/layers/tensor_ops.hpp"
 #include "memkit/memory/buffer.hpp"
 #include "memkit/memory/resource.hpp"
+#include "memkit/quant/quantized_tensor.hpp"
 
 MEMKIT_NAMESPACE_BEGIN
 namespace distributed {
@@ -94,6 +96,36 @@ class placement_resource final : public memory_resource {
   void* at_ = nullptr;
   std::size_t bytes_ = 0;
 };
+
+// A bump allocator over a slot's buffer for the gathered quantized tensors (their four buffers each, aligned
+// as every resource aligns); reset when the slot is released.
+class slab_resource final : public memory_resource {
+ public:
+  explicit slab_resource(memory_kind kind) : kind_(kind) {}
+  void reset(std::byte* base, std::size_t bytes) {
+    base_ = base;
+    size_ = bytes;
+    used_ = 0;
+  }
+  memory_kind kind() const noexcept override { return kind_; }
+  const char* name() const noexcept override { return "stage3 quantized gather buffer"; }
+  // What a run of allocations of these sizes takes (each start aligned to default_alignment).
+  static constexpr std::size_t aligned(std::size_t bytes) noexcept {
+    return (bytes + default_alignment - 1) / default_alignment * default_alignment;
+  }
+
+ private:
+  void* do_allocate(std::size_t bytes, std::size_t alignment) override {
+    const std::size_t at = (used_ + alignment - 1) / alignment * alignment;
+    require(base_ != nullptr && at + bytes <= size_, "stage3: internal error: the quantized gather buffer is too small");
+    used_ = at + bytes;
+    return base_ + at;
+  }
+  void do_deallocate(void*, std::size_t, std::size_t) noexcept override {}
+  memory_kind kind_;
+  std::byte* base_ = nullptr;
+  std::size_t size_ = 0, used_ = 0;
+};
 }  // namespace detail
 
 // Sums `send` (ranks * count elements on every rank) over the ranks and leaves elements [rank * count,
@@ -118,12 +150,38 @@ void ordered_reduce_scatter(const E& exec, const C& comm, tensor_view<const floa
   layers::for_each_index(exec, count, detail::rank_order_sum{staging.data(), recv.data(), count, static_cast<int>(ranks)});
 }
 
+// The workspace ordered_all_reduce takes for `count` elements on `ranks` ranks: the padded send and staging
+// (ranks * ceil(count / ranks) each) and this rank's sum.
+constexpr std::size_t ordered_all_reduce_workspace_bytes(std::int64_t count, int ranks) noexcept {
+  const std::int64_t n = ranks > 0 ? ranks : 1, chunk = (count + n - 1) / n;
+  return count == 0 ? 0 : 2 * buffer<float>::bytes_required(shape{n * chunk}) + buffer<float>::bytes_required(shape{chunk});
+}
+
+// data = the sum over ranks of data, added in rank order on every rank (ordered_reduce_scatter of the padded
+// data, then all_gather): for replicated tensors (LoRA adapters' gradients under stage 3).
+template <executor E, class C>
+  requires ordered_communicator<C, E>
+void ordered_all_reduce(const E& exec, const C& comm, tensor_view<float> data, memory_resource& workspace) {
+  const std::int64_t count = data.size(), n = comm.size(), chunk = (count + n - 1) / n;
+  require_accessible(exec, data, "ordered_all_reduce", "data");
+  if (count == 0) return;
+  buffer<float> send = workspace_buffer<float>(exec, workspace, shape{n * chunk});
+  buffer<float> staging = workspace_buffer<float>(exec, workspace, shape{n * chunk});
+  buffer<float> mine = workspace_buffer<float>(exec, workspace, shape{chunk});
+  layers::zero_view(exec, send.view());
+  layers::copy_view(exec, tensor_view<const float>(data), send.view().flat_slice(0, count));
+  ordered_reduce_scatter(exec, comm, tensor_view<const float>(send.view()), mine.view(), staging.view());
+  comm.all_gather(exec, mine.data(), send.data(), chunk);
+  layers::copy_view(exec, tensor_view<const float>(send.view().flat_slice(0, count)), data);
+}
+
 // What a unit is made of, for the byte functions: its tensors' element counts, its slot, and whether its
 // parameters keep an fp32 master copy (16-bit values trained with layers::trainability::bf16_master).
 struct stage3_unit_shape {
-  std::vector<std::int64_t> sizes;
+  std::vector<std::int64_t> sizes;  // trainable dense tensors (sharded with their optimizer state)
   int slot = 0;
   bool master = false;
+  std::vector<std::pair<shape, quant::quant_options>> quantized{};  // frozen NF4 tensors (sharded, gathered)
 };
 
 // The bytes one rank allocates, per tracking category (weights: parameter slices and gather buffers;
@@ -135,11 +193,13 @@ struct stage3_bytes {
 };
 
 // A unit: the parameters of one layer (trainable, all with or all without master copies) and its slot.
+// Either list may be empty (a QLoRA block has only frozen NF4 weights; its adapters are replicated).
 template <class W>
 struct stage3_unit {
-  std::vector<layers::basic_parameter<W>*> parameters;
+  std::vector<layers::basic_parameter<W>*> parameters;  // trainable dense tensors
   int slot = 0;
   std::vector<int> tensor_groups{};  // the Adam group of each parameter; empty: all in group 0
+  std::vector<quant::quantized_tensor<quant::NF4>*> quantized{};  // frozen NF4 tensors
 };
 
 template <class W, class State = float, int Block = optim::adam_state_traits<State>::default_block>
@@ -147,17 +207,44 @@ class stage3_parameters {
  public:
   using parameter = layers::basic_parameter<W>;
   using optimizer_type = sharded_adam_state<State, Block>;
+  using quantized_type = quant::quantized_tensor<quant::NF4>;
+  using quantized_shard = sharded_quantized<quant::NF4>;
 
   using unit_spec = stage3_unit<W>;
 
   // ---- byte functions (exact: a tracker measures these) ----
-  static std::int64_t flat_size(const stage3_unit_shape& u, int ranks) { return optimizer_type::flat_size(u.sizes, ranks); }
-  static std::int64_t shard_size(const stage3_unit_shape& u, int ranks) { return optimizer_type::shard_size(u.sizes, ranks); }
+  // Elements of a unit's flat dense parameters (0 without any) and of one rank's slice.
+  static std::int64_t flat_size(const stage3_unit_shape& u, int ranks) {
+    return u.sizes.empty() ? 0 : optimizer_type::flat_size(u.sizes, ranks);
+  }
+  static std::int64_t shard_size(const stage3_unit_shape& u, int ranks) {
+    return u.sizes.empty() ? 0 : optimizer_type::shard_size(u.sizes, ranks);
+  }
+  // Bytes of a unit's gathered quantized tensors in its slot (each of a tensor's four buffers aligned).
+  static std::size_t quantized_gather_bytes(const stage3_unit_shape& u) {
+    std::size_t bytes = 0;
+    for (const auto& [dims, o] : u.quantized) {
+      const std::int64_t blocks = quant::block_count(dims.numel(), o.block_size);
+      bytes += detail::slab_resource::aligned(static_cast<std::size_t>(quant::code_bytes(quant::NF4, dims.numel())));
+      bytes += detail::slab_resource::aligned(static_cast<std::size_t>(o.double_quant ? blocks : 4 * blocks));
+      if (o.double_quant) bytes += detail::slab_resource::aligned(static_cast<std::size_t>(4 * (quant::nested_group_count(blocks) + 1)));
+    }
+    return bytes;
+  }
+  // The workspace gather takes (and returns before it returns): the largest quantized tensor's staging.
+  static std::size_t gather_workspace_bytes(std::span<const stage3_unit_shape> units, int ranks) {
+    std::size_t most = 0;
+    for (const stage3_unit_shape& u : units)
+      for (const auto& [dims, o] : u.quantized) most = std::max(most, quantized_shard::gather_workspace_bytes(dims, o, ranks));
+    return most;
+  }
   // What rank `rank` keeps for one unit between its gathers: its slices and its optimizer state.
   static stage3_bytes shard_bytes(const stage3_unit_shape& u, int rank, int ranks, const optim::adam_options& options = {}) {
     const shape slice{shard_size(u, ranks)};
     stage3_bytes b;
     b.weights = buffer<W>::bytes_required(slice);
+    for (const auto& [dims, o] : u.quantized) b.weights += quantized_shard::shard_bytes(dims, o, ranks);
+    if (u.sizes.empty()) return b;
     b.gradients = buffer<float>::bytes_required(slice);
     b.optimizer_state = optimizer_type::bytes_required(u.sizes, rank, ranks, options) + (u.master ? buffer<float>::bytes_required(slice) : 0);
     return b;
@@ -166,16 +253,22 @@ class stage3_parameters {
   // and the reduction's staging (the largest unit's flat gradients).
   static stage3_bytes buffer_bytes(std::span<const stage3_unit_shape> units, int ranks) {
     std::vector<std::int64_t> slot_flat;
+    std::vector<std::size_t> slot_quantized;
     std::int64_t largest = 0;
     for (const stage3_unit_shape& u : units) {
-      if (static_cast<std::size_t>(u.slot) >= slot_flat.size()) slot_flat.resize(static_cast<std::size_t>(u.slot) + 1, 0);
-      slot_flat[static_cast<std::size_t>(u.slot)] = std::max(slot_flat[static_cast<std::size_t>(u.slot)], flat_size(u, ranks));
+      const auto k = static_cast<std::size_t>(u.slot);
+      if (k >= slot_flat.size()) {
+        slot_flat.resize(k + 1, 0);
+        slot_quantized.resize(k + 1, 0);
+      }
+      slot_flat[k] = std::max(slot_flat[k], flat_size(u, ranks));
+      slot_quantized[k] = std::max(slot_quantized[k], quantized_gather_bytes(u));
       largest = std::max(largest, flat_size(u, ranks));
     }
     stage3_bytes b;
-    for (std::int64_t n : slot_flat) {
-      b.weights += buffer<W>::bytes_required(shape{n});
-      b.gradients += buffer<float>::bytes_required(shape{n});
+    for (std::size_t k = 0; k < slot_flat.size(); ++k) {
+      b.weights += buffer<W>::bytes_required(shape{slot_flat[k]}) + slot_quantized[k];
+      b.gradients += buffer<float>::bytes_required(shape{slot_flat[k]});
     }
     b.gradients += buffer<float>::bytes_required(shape{largest});
     return b;
@@ -195,14 +288,16 @@ class stage3_parameters {
 
   // ---- construction ----
 
-  // Takes rank comm.rank()'s slices of the units' parameters (every rank holds the same whole values, in
-  // memory `memory` describes) and then empties the parameters' own buffers. Buffers come from
-  // memory.weights / gradients / optimizer. `run_id`: sharded_adam_state's (0 draws one on rank 0).
+  // Takes rank comm.rank()'s slices of the units' tensors (every rank holds the same whole values, in memory
+  // `memory` describes) and then empties the tensors' own buffers. Buffers come from memory.weights /
+  // gradients / optimizer; a gather's staging from memory.workspace. `run_id`: sharded_adam_state's (0 draws
+  // one on rank 0).
   template <executor E, class C>
     requires ordered_communicator<C, E>
   stage3_parameters(const E& exec, const C& comm, const layers::memory_resources& memory, std::vector<unit_spec> units,
                     const optim::adam_options& options = {}, std::uint64_t run_id = 0)
-      : rank_(comm.rank()), ranks_(comm.size()), placement_(memory.weights->kind()) {
+      : rank_(comm.rank()), ranks_(comm.size()), workspace_(memory.workspace), placement_(memory.weights->kind()),
+        slab_(memory.weights->kind()) {
     const char* op = "stage3_parameters";
     require(!units.empty(), std::string(op) + ": no units");
     require(options.max_grad_norm == 0.0f,
@@ -211,7 +306,6 @@ class stage3_parameters {
     for (std::size_t k = 0; k < units.size(); ++k) {
       unit_spec& spec = units[k];
       const std::string which = std::string(op) + ": unit " + std::to_string(k);
-      require(!spec.parameters.empty(), which + " has no parameters");
       require(spec.slot >= 0 && spec.slot < 64, which + ": slot " + std::to_string(spec.slot));
       require(spec.tensor_groups.empty() || spec.tensor_groups.size() == spec.parameters.size(),
               which + ": tensor_groups has " + std::to_string(spec.tensor_groups.size()) + " entries for " +
@@ -219,27 +313,40 @@ class stage3_parameters {
       unit u;
       u.spec = std::move(spec);
       u.shape.slot = u.spec.slot;
-      u.shape.master = u.spec.parameters.front()->has_master();
+      u.shape.master = !u.spec.parameters.empty() && u.spec.parameters.front() != nullptr && u.spec.parameters.front()->has_master();
       for (parameter* p : u.spec.parameters) {
         require(p != nullptr, which + ": a null parameter");
-        require(p->trains(), which + ": '" + p->name + "' is frozen; a stage-3 unit holds trainable parameters only");
+        require(p->trains(), which + ": '" + p->name + "' is frozen; a unit's dense tensors are trainable ones");
         require(p->size() > 0 && p->value.data() != nullptr, which + ": '" + p->name + "' holds no values (already sharded?)");
         require(p->has_master() == u.shape.master, which + ": '" + p->name + "' and '" + u.spec.parameters.front()->name +
                                                         "' differ in having a master copy; a unit's parameters must agree");
         u.dims.push_back(p->value.shape());
         u.shape.sizes.push_back(p->size());
       }
+      for (quantized_type* q : u.spec.quantized) {
+        require(q != nullptr, which + ": a null quantized tensor");
+        require(q->numel() > 0 && q->codes().data() != nullptr, which + ": a quantized tensor holds no codes (already sharded?)");
+        u.shape.quantized.emplace_back(q->logical_shape(), q->options());
+      }
       shapes_.push_back(u.shape);
       units_.push_back(std::move(u));
     }
     const stage3_bytes planned = bytes_required(shapes_, rank_, ranks_, options);
+    std::size_t made = 0;
     for (unit& u : units_) {
+      for (quantized_type* q : u.spec.quantized) {
+        u.quantized_shards.emplace_back(*q, rank_, ranks_, *memory.weights);
+        made += u.quantized_shards.back().bytes();
+        *q = quantized_type();  // the whole tensor is the slot's from now on
+      }
+      if (u.spec.parameters.empty()) continue;
       u.optimizer = std::make_unique<optimizer_type>(exec, comm, *memory.optimizer, u.shape.sizes, options, run_id);
       run_id = u.optimizer->run_id();  // every unit of the run under one id (no second broadcast)
       const shape slice{u.optimizer->shard_size()};
       u.param_shard = buffer<W>(*memory.weights, slice);
       u.grad_shard = buffer<float>(*memory.gradients, slice);
       if (u.shape.master) u.master_shard = buffer<float>(*memory.optimizer, slice);
+      made += u.param_shard.bytes() + u.grad_shard.bytes() + (u.shape.master ? u.master_shard.bytes() : 0) + u.optimizer->bytes();
       layers::zero_view(exec, u.grad_shard.view());
       // This rank's slice of the flat layout, from the whole values; padding stays 0.
       std::vector<W> values(static_cast<std::size_t>(slice.numel()), W{});
@@ -260,43 +367,39 @@ class stage3_parameters {
       }
       layers::copy_in(values.data(), u.param_shard.view());
       if (u.shape.master) layers::copy_in(masters.data(), u.master_shard.view());
-      for (parameter* p : u.spec.parameters) {  // the whole tensors are the gather buffer's from now on
+      for (parameter* p : u.spec.parameters) {  // the whole tensors are the slot's from now on
         p->value = buffer<W>();
         p->master = buffer<float>();
         p->grad = buffer<float>();
       }
     }
-    // The slots' buffers and the staging.
+    // The slots' buffers and the staging (zero-element buffers allocate nothing).
     std::int64_t largest = 0;
     for (const unit& u : units_) {
-      const auto s = static_cast<std::size_t>(u.shape.slot);
-      if (s >= slots_.size()) slots_.resize(s + 1);
-      slots_[s].flat = std::max(slots_[s].flat, u.optimizer->flat_size());
-      largest = std::max(largest, u.optimizer->flat_size());
+      const auto k = static_cast<std::size_t>(u.shape.slot);
+      if (k >= slots_.size()) slots_.resize(k + 1);
+      slots_[k].flat = std::max(slots_[k].flat, flat_size(u.shape, ranks_));
+      slots_[k].quantized_bytes = std::max(slots_[k].quantized_bytes, quantized_gather_bytes(u.shape));
+      largest = std::max(largest, flat_size(u.shape, ranks_));
     }
     for (slot& s : slots_) {
       s.values = buffer<W>(*memory.weights, shape{s.flat});
       s.grads = buffer<float>(*memory.gradients, shape{s.flat});
+      s.quantized = buffer<std::byte>(*memory.weights, shape{static_cast<std::int64_t>(s.quantized_bytes)});
+      made += s.values.bytes() + s.grads.bytes() + s.quantized.bytes();
     }
     staging_ = buffer<float>(*memory.gradients, shape{largest});
-    std::size_t made = staging_.bytes();
-    for (const slot& s : slots_) made += s.values.bytes() + s.grads.bytes();
-    for (const unit& u : units_)  // (an unallocated buffer's bytes() is one element's: shape{} has numel 1)
-      made += u.param_shard.bytes() + u.grad_shard.bytes() + (u.shape.master ? u.master_shard.bytes() : 0) + u.optimizer->bytes();
+    made += staging_.bytes();
     require(made == planned.total(), std::string(op) + ": internal error: allocated " + std::to_string(made) +
                                          " bytes, bytes_required says " + std::to_string(planned.total()));
   }
 
   stage3_parameters(const stage3_parameters&) = delete;
   stage3_parameters& operator=(const stage3_parameters&) = delete;
-  // Views still in the parameters point into buffers about to go: they are dropped (no reduction).
+  // Views still in the tensors point into buffers about to go: they are dropped (no reduction).
   ~stage3_parameters() {
     for (unit& x : units_)
-      if (x.gathered)
-        for (parameter* p : x.spec.parameters) {
-          p->value = buffer<W>();
-          p->grad = buffer<float>();
-        }
+      if (x.gathered) drop_views(x);
   }
 
   int rank() const noexcept { return rank_; }
@@ -304,13 +407,18 @@ class stage3_parameters {
   std::size_t unit_count() const noexcept { return units_.size(); }
   std::span<const stage3_unit_shape> unit_shapes() const noexcept { return shapes_; }
   bool gathered(std::size_t u) const { return at(u, "gathered").gathered; }
-  const optimizer_type& optimizer(std::size_t u) const { return *at(u, "optimizer").optimizer; }
+  // The unit's sharded Adam state (the unit must have dense parameters).
+  const optimizer_type& optimizer(std::size_t u) const {
+    const unit& x = at(u, "optimizer");
+    require(x.optimizer != nullptr, "stage3_parameters::optimizer: unit " + std::to_string(u) + " has no dense parameters");
+    return *x.optimizer;
+  }
   tensor_view<const W> param_shard(std::size_t u) const { return at(u, "param_shard").param_shard.view(); }
 
   // ---- the loop ----
 
-  // Gathers unit `u`'s parameters into its slot (before the layer's forward, its recompute, its backward);
-  // with_gradients: also points the parameters' gradients at the slot's zeroed gradient buffer (backward).
+  // Gathers unit `u`'s tensors into its slot (before the layer's forward, its recompute, its backward);
+  // with_gradients: also points the dense parameters' gradients at the slot's zeroed gradient buffer.
   template <executor E, class C>
     requires ordered_communicator<C, E>
   void gather(const E& exec, const C& comm, std::size_t u, bool with_gradients) {
@@ -322,28 +430,33 @@ class stage3_parameters {
     require(s.holder < 0, std::string(op) + ": slot " + std::to_string(x.shape.slot) + " holds unit " +
                               std::to_string(s.holder) + "; release it before gathering unit " + std::to_string(u) +
                               " (a slot's buffer holds one unit)");
-    const std::int64_t flat = x.optimizer->flat_size(), shard = x.optimizer->shard_size();
-    require_accessible(exec, s.values.view(), op, "gather buffer");
-    comm.all_gather(exec, x.param_shard.data(), s.values.data(), shard);
-    for (std::size_t i = 0; i < x.spec.parameters.size(); ++i) {
-      parameter& p = *x.spec.parameters[i];
-      placement_.place(s.values.data() + x.optimizer->flat_offset(i), buffer<W>::bytes_required(x.dims[i]));
-      p.value = buffer<W>(placement_, x.dims[i]);
-    }
-    if (with_gradients) {
-      layers::zero_view(exec, s.grads.view().flat_slice(0, flat));
+    if (x.optimizer) {
+      require_accessible(exec, s.values.view(), op, "gather buffer");
+      comm.all_gather(exec, x.param_shard.data(), s.values.data(), x.optimizer->shard_size());
       for (std::size_t i = 0; i < x.spec.parameters.size(); ++i) {
-        parameter& p = *x.spec.parameters[i];
-        placement_.place(s.grads.data() + x.optimizer->flat_offset(i), buffer<float>::bytes_required(x.dims[i]));
-        p.grad = buffer<float>(placement_, x.dims[i]);
+        placement_.place(s.values.data() + x.optimizer->flat_offset(i), buffer<W>::bytes_required(x.dims[i]));
+        x.spec.parameters[i]->value = buffer<W>(placement_, x.dims[i]);
+      }
+      if (with_gradients) {
+        layers::zero_view(exec, s.grads.view().flat_slice(0, x.optimizer->flat_size()));
+        for (std::size_t i = 0; i < x.spec.parameters.size(); ++i) {
+          placement_.place(s.grads.data() + x.optimizer->flat_offset(i), buffer<float>::bytes_required(x.dims[i]));
+          x.spec.parameters[i]->grad = buffer<float>(placement_, x.dims[i]);
+        }
       }
     }
+    slab_.reset(s.quantized.data(), s.quantized.bytes());
+    for (std::size_t k = 0; k < x.spec.quantized.size(); ++k) {
+      const quantized_shard& shard = x.quantized_shards[k];
+      *x.spec.quantized[k] = quantized_type(slab_, shard.logical_shape(), shard.options());
+      shard.gather(exec, comm, *x.spec.quantized[k], *workspace_);
+    }
     x.gathered = true;
-    x.with_gradients = with_gradients;
+    x.with_gradients = with_gradients && x.optimizer != nullptr;
     s.holder = static_cast<int>(u);
   }
 
-  // Releases unit `u`'s whole parameters (after the layer's forward or backward). If it was gathered with
+  // Releases unit `u`'s whole tensors (after the layer's forward or backward). If it was gathered with
   // gradients, first reduces them: rank r's slice of the rank-ordered sum lands in the unit's gradient slice.
   template <executor E, class C>
     requires ordered_communicator<C, E>
@@ -353,20 +466,17 @@ class stage3_parameters {
     unit& x = at(u, op);
     require(x.gathered, std::string(op) + ": unit " + std::to_string(u) + " is not gathered");
     slot& s = slots_[static_cast<std::size_t>(x.shape.slot)];
-    const std::int64_t flat = x.optimizer->flat_size();
-    if (x.with_gradients)
+    if (x.with_gradients) {
+      const std::int64_t flat = x.optimizer->flat_size();
       ordered_reduce_scatter(exec, comm, tensor_view<const float>(s.grads.view().flat_slice(0, flat)), x.grad_shard.view(),
                              staging_.view().flat_slice(0, flat));
-    for (parameter* p : x.spec.parameters) {
-      p->value = buffer<W>();
-      p->grad = buffer<float>();
     }
-    x.gathered = x.with_gradients = false;
+    drop_views(x);
     s.holder = -1;
   }
 
-  // One AdamW step of every unit on its own slice (every unit released; its gradients reduced this step).
-  // options.tensor_groups is ignored: each unit's come from its unit_spec.
+  // One AdamW step of every unit with dense parameters, on its own slice (every unit released; its
+  // gradients reduced this step).
   template <executor E, class C>
     requires ordered_communicator<C, E>
   void step(const E& exec, const C& comm, std::span<const optim::adam_group> groups, float gradient_scale = 1.0f) {
@@ -375,6 +485,7 @@ class stage3_parameters {
     for (std::size_t u = 0; u < units_.size(); ++u) {
       unit& x = units_[u];
       require(!x.gathered, std::string(op) + ": unit " + std::to_string(u) + " is still gathered; release it first");
+      if (!x.optimizer) continue;
       const sharded_step_options o{.tensor_groups = x.spec.tensor_groups, .gradient_scale = gradient_scale};
       x.optimizer->step_param_shard(exec, comm, x.param_shard.view(), tensor_view<const float>(x.grad_shard.view()),
                                     groups, o, x.shape.master ? x.master_shard.view() : tensor_view<float>::none());
@@ -386,17 +497,28 @@ class stage3_parameters {
     unit_spec spec;
     stage3_unit_shape shape;
     std::vector<memkit::shape> dims;
-    std::unique_ptr<optimizer_type> optimizer;
+    std::unique_ptr<optimizer_type> optimizer;  // null without dense parameters
     buffer<W> param_shard;
     buffer<float> grad_shard, master_shard;
+    std::vector<quantized_shard> quantized_shards;
     bool gathered = false, with_gradients = false;
   };
   struct slot {
     std::int64_t flat = 0;
+    std::size_t quantized_bytes = 0;
     buffer<W> values;
     buffer<float> grads;
+    buffer<std::byte> quantized;
     int holder = -1;  // the unit gathered into it, or -1
   };
+  void drop_views(unit& x) {
+    for (parameter* p : x.spec.parameters) {
+      p->value = buffer<W>();
+      p->grad = buffer<float>();
+    }
+    for (quantized_type* q : x.spec.quantized) *q = quantized_type();
+    x.gathered = x.with_gradients = false;
+  }
   unit& at(std::size_t u, const char* op) {
     require(u < units_.size(), std::string(op) + ": no unit " + std::to_string(u) + " (" + std::to_string(units_.size()) + " units)");
     return units_[u];
@@ -410,11 +532,13 @@ class stage3_parameters {
   }
 
   int rank_ = 0, ranks_ = 1;
+  memory_resource* workspace_ = nullptr;
   std::vector<unit> units_;
   std::vector<stage3_unit_shape> shapes_;
   std::vector<slot> slots_;
   buffer<float> staging_;
   detail::placement_resource placement_;
+  detail::slab_resource slab_;
 };
 
 }  // namespace distributed
