@@ -27,6 +27,20 @@ TEST_CASE("stage3: one rank trains the decoder bit-identically to adam_state on 
   CHECK(out.current_total == out.predicted_weights + out.predicted_gradients + out.predicted_optimizer);
 }
 
+TEST_CASE("stage3: one rank trains QLoRA adapters over gathered NF4 bases bit-identically") {
+  const auto out = stage3_test::run_qlora(single_communicator{}, 3);
+  INFO(out.first_problem);
+  CHECK(out.steps == 3);
+  CHECK(out.loss_mismatches == 0);
+  CHECK(out.adapter_mismatches == 0);
+  CHECK(out.base_mismatches == 0);
+  CHECK(out.changed > 1000);
+  CHECK(out.peak_weights == out.predicted_weights);
+  CHECK(out.peak_workspace == out.predicted_workspace);
+  CHECK(out.peak_gradients == 0);
+  CHECK(out.peak_optimizer == 0);
+}
+
 TEST_CASE("stage3: ordered_reduce_scatter on one rank is a copy; sizes are checked") {
   std::vector<float> send{1.5f, -0.0f, 3.0f}, recv(3), staging(3);
   memkit::distributed::ordered_reduce_scatter(host, single_communicator{}, memkit::host_view(std::as_const(send)),

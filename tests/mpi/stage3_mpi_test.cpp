@@ -39,6 +39,25 @@ TEST_CASE("mpi stage3: the decoder trains bit-identically to one process, each r
               comm.rank(), comm.size(), out.peak_weights, out.peak_gradients, out.peak_optimizer);
 }
 
+TEST_CASE("mpi stage3: QLoRA adapters over sharded NF4 bases train bit-identically to one process") {
+  const auto& comm = stage3_world();
+  CAPTURE(comm.rank());
+  CAPTURE(comm.size());
+  const auto out = stage3_test::run_qlora(comm, 3);
+  INFO(out.first_problem);
+  CHECK(out.steps == 3);
+  CHECK(out.loss_mismatches == 0);
+  CHECK(out.adapter_mismatches == 0);
+  CHECK(out.base_mismatches == 0);
+  CHECK(out.changed > 1000);
+  CHECK(out.peak_weights == out.predicted_weights);
+  CHECK(out.peak_workspace == out.predicted_workspace);
+  CHECK(out.peak_gradients == 0);
+  CHECK(out.peak_optimizer == 0);
+  std::printf("memkit: stage3 QLoRA rank %d of %d: NF4 shards + gather buffer %zu bytes, workspace peak %zu (tracker = prediction)\n",
+              comm.rank(), comm.size(), out.peak_weights, out.peak_workspace);
+}
+
 TEST_CASE("mpi stage3: ordered_reduce_scatter adds the ranks in order") {
   const auto& comm = stage3_world();
   const int n = comm.size(), r = comm.rank();

@@ -11,12 +11,15 @@
 
 #include <memkit/distributed/stage3.hpp>
 #include <memkit/memory/tracking.hpp>
+#include <memkit/models/llama/load.hpp>
 #include <memkit/models/llama/stage3.hpp>
 #include <memkit/optim/adam_state.hpp>
 
 #include <cmath>
 #include <cstdint>
+#include <algorithm>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -199,6 +202,177 @@ outcome run(const C& comm, int steps) {
   out.peak_gradients = tracker.stats(memkit::memory_category::gradients).peak_bytes;
   out.peak_optimizer = tracker.stats(memkit::memory_category::optimizer_state).peak_bytes;
   out.current_total = tracker.current_bytes();
+  return out;
+}
+
+// ---- QLoRA: frozen NF4 bases sharded and gathered per block, replicated LoRA adapters ----
+
+using qlora_model = llama::causal_lm<float, llama::nf4_lora_linear<float>>;
+
+inline llama::model_config qlora_config() {
+  llama::model_config c = config();
+  c.hidden = 64;
+  c.heads = 4;
+  c.kv_heads = 2;
+  c.intermediate = 192;  // gate/up/down: 12288 elements, split across ranks (a unit is 32 * 256 elements)
+  c.qkv_bias = true;
+  return c;
+}
+inline llama::lora_load_options qlora_options() {
+  llama::lora_load_options o;
+  o.lora.rank = 4;
+  o.lora.alpha = 8.0;
+  o.lora.init_seed = 11;
+  o.quant = memkit::quant::quant_options{32, true};  // double quantization, as QLoRA
+  return o;
+}
+// The same whole model on every rank and in the reference: weights from a hash of their names.
+inline std::unique_ptr<qlora_model> make_qlora_model(const memkit::layers::memory_resources& memory) {
+  const auto fill = [](const std::string& name, memkit::tensor_view<float> to) {
+    std::uint64_t stream = 1469598103934665603ull;  // FNV-1a of the name
+    for (char ch : name) stream = (stream ^ static_cast<unsigned char>(ch)) * 1099511628211ull;
+    const bool norm = name.find("norm") != std::string::npos;
+    std::vector<float> values(static_cast<std::size_t>(to.size()));
+    for (std::size_t j = 0; j < values.size(); ++j)
+      values[j] = norm ? 1.0f : 0.2f * (memkit::unit_float(memkit::random_word(3, stream, j)) - 0.5f);
+    memkit::layers::copy_in(values.data(), to);
+  };
+  return llama::build_lora_causal_lm<float, memkit::quant::quantized_tensor<memkit::quant::NF4>>(memkit::host, qlora_config(), memory,
+                                                                                                   qlora_options(), fill);
+}
+
+struct qlora_outcome {
+  int steps = 0;
+  int adapter_mismatches = 0;  // adapter elements that differ from the reference's
+  int loss_mismatches = 0;
+  int base_mismatches = 0;     // gathered NF4 bases (codes, nested codes, group scales, offset) unlike the reference's
+  int changed = 0;             // adapter elements that moved
+  std::size_t predicted_weights = 0, predicted_workspace = 0, peak_weights = 0, peak_workspace = 0, peak_gradients = 0,
+              peak_optimizer = 0;
+  std::string first_problem;
+};
+
+template <class C>
+qlora_outcome run_qlora(const C& comm, int steps) {
+  using runtime_type = memkit::distributed::stage3_parameters<float>;
+  const int N = comm.size(), rank = comm.rank();
+  qlora_outcome out;
+  const memkit::layers::memory_resources plain{};
+
+  struct adapter {
+    memkit::tensor_view<float> value;
+    memkit::tensor_view<float> grad;
+  };
+  const auto adapters_of = [](qlora_model& m) {
+    std::vector<adapter> list;
+    for (auto* l : m.linears())
+      if (l->adapted()) {
+        list.push_back({l->lora_A(), l->grad_A()});
+        list.push_back({l->lora_B(), l->grad_B()});
+      }
+    return list;
+  };
+  auto reference = make_qlora_model(plain);
+  const std::vector<adapter> ref_adapters = adapters_of(*reference);
+  std::vector<std::int64_t> sizes;
+  for (const adapter& a : ref_adapters) sizes.push_back(a.value.size());
+  memkit::optim::adam_state<float> reference_state(memkit::host, memkit::default_host_resource(), sizes, adam_options());
+
+  auto model = make_qlora_model(plain);
+  const std::vector<adapter> adapters = adapters_of(*model);
+  std::vector<std::vector<float>> initial;
+  for (const adapter& a : adapters) initial.push_back(memkit::layers::copy_out(memkit::tensor_view<const float>(a.value)));
+  memkit::optim::adam_state<float> state(memkit::host, memkit::default_host_resource(), sizes, adam_options());  // replicated
+
+  memkit::tracking_resource tracker(memkit::default_host_resource());
+  memkit::layers::memory_resources tracked;
+  tracked.weights = &tracker.category(memkit::memory_category::weights);
+  tracked.gradients = &tracker.category(memkit::memory_category::gradients);
+  tracked.optimizer = &tracker.category(memkit::memory_category::optimizer_state);
+  tracked.workspace = &tracker.category(memkit::memory_category::workspace);
+  const memkit::quant::quant_options nf4 = qlora_options().quant;
+  const auto shapes = llama::stage3_unit_shapes<float>(qlora_config(), memkit::layers::trainability::frozen, &nf4);
+  out.predicted_weights = runtime_type::bytes_required(shapes, rank, N, adam_options()).total();
+  out.predicted_workspace = std::max(runtime_type::gather_workspace_bytes(shapes, N), llama::adapter_all_reduce_workspace_bytes(*model, N));
+  runtime_type runtime(memkit::host, comm, tracked, llama::stage3_units(*model), adam_options(), 0x5744);
+
+  std::vector<std::int32_t> ids, targets;
+  float loss = 0.0f;
+  const auto view_of = [](std::vector<std::int32_t>& v) {
+    return memkit::host_view(static_cast<const std::int32_t*>(v.data()), memkit::shape{batch, sequence});
+  };
+  const auto same_loss = [&](int s, float mine, float theirs) {
+    if (same_bits(mine, theirs)) return;
+    if (out.loss_mismatches++ == 0 && out.first_problem.empty())
+      out.first_problem = "step " + std::to_string(s) + ": loss " + std::to_string(mine) + ", the reference's " + std::to_string(theirs);
+  };
+  for (int s = 0; s < steps; ++s) {
+    std::vector<std::vector<float>> sum(ref_adapters.size());
+    float my_reference_loss = 0.0f;
+    for (int r = 0; r < N; ++r) {
+      for (auto* l : reference->linears()) l->zero_grad();
+      micro_batch(s, r, ids, targets);
+      reference->forward_backward(memkit::host, view_of(ids), view_of(targets), memkit::host_view(&loss, memkit::shape{1}),
+                                  memkit::default_host_resource());
+      if (r == rank) my_reference_loss = loss;
+      for (std::size_t i = 0; i < ref_adapters.size(); ++i) {
+        const std::vector<float> g = memkit::layers::copy_out(memkit::tensor_view<const float>(ref_adapters[i].grad));
+        if (r == 0) sum[i] = g;
+        else
+          for (std::size_t j = 0; j < g.size(); ++j) sum[i][j] += g[j];
+      }
+    }
+    std::vector<memkit::optim::adam_param<float, float>> params;
+    for (std::size_t i = 0; i < ref_adapters.size(); ++i)
+      params.push_back({ref_adapters[i].value, memkit::host_view(std::as_const(sum[i]).data(), ref_adapters[i].value.shape()),
+                        memkit::tensor_view<float>(), 0});
+    reference_state.step(memkit::host, params, groups(), 1.0f / static_cast<float>(N));
+
+    for (auto* l : model->linears()) l->zero_grad();
+    micro_batch(s, rank, ids, targets);
+    llama::stage3_pass_hooks hooks{memkit::host, comm, runtime};
+    model->forward_backward(memkit::host, view_of(ids), view_of(targets), memkit::host_view(&loss, memkit::shape{1}),
+                            memkit::default_host_resource(), {}, hooks);
+    same_loss(s, loss, my_reference_loss);
+    llama::all_reduce_adapter_gradients(memkit::host, comm, *model, *tracked.workspace);
+    std::vector<memkit::optim::adam_param<float, float>> mine;
+    for (const adapter& a : adapters) mine.push_back({a.value, memkit::tensor_view<const float>(a.grad), memkit::tensor_view<float>(), 0});
+    state.step(memkit::host, mine, groups(), 1.0f / static_cast<float>(N));
+    runtime.step(memkit::host, comm, groups());  // no dense parameters: checks that every unit is released
+    ++out.steps;
+  }
+  for (std::size_t i = 0; i < adapters.size(); ++i) {
+    const auto mine = memkit::layers::copy_out(memkit::tensor_view<const float>(adapters[i].value));
+    const auto theirs = memkit::layers::copy_out(memkit::tensor_view<const float>(ref_adapters[i].value));
+    for (std::size_t j = 0; j < mine.size(); ++j) {
+      if (!same_bits(mine[j], theirs[j]) && out.adapter_mismatches++ == 0 && out.first_problem.empty())
+        out.first_problem = "adapter tensor " + std::to_string(i) + " element " + std::to_string(j) + " differs";
+      if (!same_bits(mine[j], initial[i][j])) ++out.changed;
+    }
+  }
+  // The gathered bases equal the reference's, bit for bit.
+  const auto same_view = [](auto a, auto b) {
+    return a.bytes() == b.bytes() && (a.bytes() == 0 || std::memcmp(a.data(), b.data(), a.bytes()) == 0);
+  };
+  for (std::size_t u = 0; u + 1 < runtime.unit_count(); ++u) {
+    runtime.gather(memkit::host, comm, u, false);
+    auto& b = model->blocks[u];
+    auto& rb = reference->blocks[u];
+    const llama::nf4_lora_linear<float>* mine[] = {&b.q, &b.k, &b.v, &b.o, &b.gate, &b.up, &b.down};
+    const llama::nf4_lora_linear<float>* theirs[] = {&rb.q, &rb.k, &rb.v, &rb.o, &rb.gate, &rb.up, &rb.down};
+    for (int k = 0; k < 7; ++k) {
+      const auto& x = *mine[k]->base;
+      const auto& y = *theirs[k]->base;
+      if (!same_view(x.codes(), y.codes()) || !same_view(x.nested_codes(), y.nested_codes()) ||
+          !same_view(x.nested_group_absmax(), y.nested_group_absmax()) || !same_view(x.offset_view(), y.offset_view()))
+        ++out.base_mismatches;
+    }
+    runtime.release(memkit::host, comm, u);
+  }
+  out.peak_weights = tracker.stats(memkit::memory_category::weights).peak_bytes;
+  out.peak_workspace = tracker.stats(memkit::memory_category::workspace).peak_bytes;
+  out.peak_gradients = tracker.stats(memkit::memory_category::gradients).peak_bytes;
+  out.peak_optimizer = tracker.stats(memkit::memory_category::optimizer_state).peak_bytes;
   return out;
 }
 

@@ -16,10 +16,13 @@
 #pragma once
 
 #include "model.hpp"
+#include "nf4_lora.hpp"
 
 #include <memkit/distributed/stage3.hpp>
 
+#include <algorithm>
 #include <cstddef>
+#include <type_traits>
 #include <cstdint>
 #include <utility>
 #include <vector>
@@ -30,52 +33,101 @@ namespace detail {
 template <class T>
 struct parameter_collector {
   std::vector<layers::basic_parameter<T>*> list;
-  void add(layers::basic_parameter<T>& p) { list.push_back(&p); }
+  void add(layers::basic_parameter<T>& p) {
+    if (p.trains()) list.push_back(&p);  // frozen dense tensors stay whole on every rank
+  }
 };
+template <class Linear>
+inline constexpr bool is_nf4_projection = false;
+template <class T>
+inline constexpr bool is_nf4_projection<nf4_lora_linear<T>> = true;
 }  // namespace detail
 
-// Units 0..layers-1: block i's norms (input, post-attention, then q_norm, k_norm with qk_norm) and its
-// projections q, k, v, o, gate, up, down (weight, then bias where there is one). Unit `layers`: the
-// embedding, the final norm, lm_head unless tied. Every parameter must train (full fine-tuning).
-template <class T>
-std::vector<distributed::stage3_unit<T>> stage3_units(causal_lm<T, layers::dense_linear<T>>& model) {
+// Units 0..layers-1: block i's trainable norms (input, post-attention, then q_norm, k_norm with qk_norm) and
+// its projections q, k, v, o, gate, up, down: dense ones' trainable weight and bias, or NF4 ones' frozen base
+// (their LoRA adapters stay replicated: all_reduce_adapter_gradients). Unit `layers`: the trainable embedding,
+// final norm and lm_head (empty in QLoRA, where they are frozen and stay whole on every rank). Frozen dense
+// tensors are not sharded.
+template <class T, class Linear>
+std::vector<distributed::stage3_unit<T>> stage3_units(causal_lm<T, Linear>& model) {
+  static_assert(std::is_same_v<Linear, layers::dense_linear<T>> || detail::is_nf4_projection<Linear>,
+                "stage3_units: projections are dense_linear<T> or nf4_lora_linear<T>");
   std::vector<distributed::stage3_unit<T>> units;
   for (auto& b : model.blocks) {
     detail::parameter_collector<T> c;
+    distributed::stage3_unit<T> unit;
     c.add(b.attn_norm.weight);
     c.add(b.mlp_norm.weight);
     if (model.config.qk_norm) {
       c.add(b.q_norm.weight);
       c.add(b.k_norm.weight);
     }
-    for (layers::dense_linear<T>* l : {&b.q, &b.k, &b.v, &b.o, &b.gate, &b.up, &b.down}) l->register_parameters(c);
-    units.push_back({std::move(c.list), 0, {}});
+    for (Linear* l : {&b.q, &b.k, &b.v, &b.o, &b.gate, &b.up, &b.down}) {
+      if constexpr (detail::is_nf4_projection<Linear>) unit.quantized.push_back(l->base.get());
+      else l->register_parameters(c);
+    }
+    unit.parameters = std::move(c.list);
+    units.push_back(std::move(unit));
   }
-  std::vector<layers::basic_parameter<T>*> outer{&model.embed.weight, &model.final_norm.weight};
-  if (!model.config.tie_embeddings) outer.push_back(&model.head);
-  units.push_back({std::move(outer), 1, {}});
+  detail::parameter_collector<T> outer;
+  outer.add(model.embed.weight);
+  outer.add(model.final_norm.weight);
+  if (!model.config.tie_embeddings) outer.add(model.head);
+  units.push_back({std::move(outer.list), 1, {}, {}});
   return units;
 }
 
-// The sizes of stage3_units(model) for a model of config `c` trained with `mode` (master copies with
-// trainability::bf16_master and 16-bit T).
+// The shapes of stage3_units(model) for a model of config `c` whose parameters train with `mode` (frozen:
+// none train), without the model (for bytes_required). nf4: the projections are NF4 bases quantized with
+// these options (a LoRA / QLoRA model); null: dense projections of mode `mode`.
 template <class T>
-std::vector<distributed::stage3_unit_shape> stage3_unit_shapes(const model_config& c, layers::trainability mode) {
+std::vector<distributed::stage3_unit_shape> stage3_unit_shapes(const model_config& c, layers::trainability mode,
+                                                               const memkit::quant::quant_options* nf4 = nullptr) {
+  const bool trains = mode != layers::trainability::frozen;
   const bool master = mode == layers::trainability::bf16_master && !std::is_same_v<T, float>;
   std::vector<distributed::stage3_unit_shape> units;
   for (std::int64_t i = 0; i < c.layers; ++i) {
-    distributed::stage3_unit_shape u{{c.hidden, c.hidden}, 0, master};
-    if (c.qk_norm) u.sizes.insert(u.sizes.end(), {c.head_dim, c.head_dim});
+    distributed::stage3_unit_shape u{{}, 0, master, {}};
+    if (trains) u.sizes = {c.hidden, c.hidden};
+    if (trains && c.qk_norm) u.sizes.insert(u.sizes.end(), {c.head_dim, c.head_dim});
     for (const projection& p : projections_of(c, i)) {
-      u.sizes.push_back(p.out * p.in);
-      if (p.bias) u.sizes.push_back(p.out);
+      if (nf4 != nullptr) {
+        u.quantized.emplace_back(shape{p.out, p.in}, *nf4);
+      } else if (trains) {
+        u.sizes.push_back(p.out * p.in);
+        if (p.bias) u.sizes.push_back(p.out);
+      }
     }
     units.push_back(std::move(u));
   }
-  distributed::stage3_unit_shape outer{{c.vocab * c.hidden, c.hidden}, 1, master};
-  if (!c.tie_embeddings) outer.sizes.push_back(c.vocab * c.hidden);
+  distributed::stage3_unit_shape outer{{}, 1, master, {}};
+  if (trains) outer.sizes = {c.vocab * c.hidden, c.hidden};
+  if (trains && !c.tie_embeddings) outer.sizes.push_back(c.vocab * c.hidden);
   units.push_back(std::move(outer));
   return units;
+}
+
+// LoRA adapters are replicated under stage 3 (a few MB even for a 70B model): after the pass, every
+// adapter's gradients are summed over the ranks, in rank order (distributed::ordered_all_reduce), so every
+// rank steps its own copy of the adapters' optimizer identically.
+template <memkit::executor E, class C, class T>
+void all_reduce_adapter_gradients(const E& exec, const C& comm, causal_lm<T, nf4_lora_linear<T>>& model,
+                                  memkit::memory_resource& workspace) {
+  for (nf4_lora_linear<T>* l : model.linears()) {
+    if (!l->adapted()) continue;
+    distributed::ordered_all_reduce(exec, comm, l->grad_A(), workspace);
+    distributed::ordered_all_reduce(exec, comm, l->grad_B(), workspace);
+  }
+}
+// The most workspace all_reduce_adapter_gradients takes at once (its largest tensor's).
+template <class T>
+std::size_t adapter_all_reduce_workspace_bytes(causal_lm<T, nf4_lora_linear<T>>& model, int ranks) {
+  std::size_t most = 0;
+  for (nf4_lora_linear<T>* l : model.linears())
+    if (l->adapted())
+      for (std::int64_t n : {l->grad_A().size(), l->grad_B().size()})
+        most = std::max(most, distributed::ordered_all_reduce_workspace_bytes(n, ranks));
+  return most;
 }
 
 // causal_lm::forward_backward's hooks for a runtime built from stage3_units(model): block i is unit i, the
