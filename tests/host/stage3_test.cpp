@@ -3,8 +3,10 @@
 // measures bytes_required exactly, and misuse fails with a message. tests/mpi runs the scenario on 2 and 3 ranks.
 #include <doctest/doctest.h>
 #include <memkit/distributed/communicator.hpp>
+#include <memkit/checkpoint/segment.hpp>
 #include <memkit/distributed/stage3.hpp>
 
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -39,6 +41,58 @@ TEST_CASE("stage3: one rank trains QLoRA adapters over gathered NF4 bases bit-id
   CHECK(out.peak_workspace == out.predicted_workspace);
   CHECK(out.peak_gradients == 0);
   CHECK(out.peak_optimizer == 0);
+}
+
+TEST_CASE("stage3: checkpoint::segment over stage3_layer gathers again for the recompute, bit-identical") {
+  using runtime_type = memkit::distributed::stage3_parameters<float>;
+  using block_type = stage3_test::model_type::block_type;
+  using wrapped_type = memkit::distributed::stage3_layer<block_type, runtime_type, single_communicator>;
+  const memkit::layers::memory_resources plain{};
+  auto reference = stage3_test::make_model(plain);
+  auto model = stage3_test::make_model(plain);
+  const single_communicator comm;
+  runtime_type runtime(host, comm, plain, llama::stage3_units(*model), stage3_test::adam_options(), 1);
+  std::vector<wrapped_type> wrapped;
+  for (std::size_t i = 0; i < model->blocks.size(); ++i) wrapped.push_back({&model->blocks[i], &runtime, &comm, i});
+
+  const auto c = stage3_test::config();
+  const memkit::shape dims{stage3_test::batch, stage3_test::sequence, c.hidden};
+  std::vector<float> x(static_cast<std::size_t>(dims.numel())), dy(x.size());
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    x[i] = memkit::unit_float(memkit::random_word(5, 1, i)) - 0.5f;
+    dy[i] = 0.01f * (memkit::unit_float(memkit::random_word(5, 2, i)) - 0.5f);
+  }
+  const memkit::checkpoint::segment_options options{.schedule = memkit::checkpoint::schedule::every_layer()};
+  const auto run = [&](auto& layers, std::vector<float>& dx) {
+    memkit::checkpoint::segment stack(memkit::checkpoint::layer_sequence(layers), options);
+    memkit::activation_store store(memkit::default_host_resource());
+    std::vector<float> y(x.size());
+    dx.assign(x.size(), 0.0f);
+    stack.forward(host, {}, memkit::host_view(std::as_const(x).data(), dims), memkit::host_view(y.data(), dims), store);
+    stack.backward(host, memkit::host_view(std::as_const(dy).data(), dims), memkit::host_view(dx.data(), dims), store);
+  };
+  std::vector<float> ref_dx, dx;
+  run(reference->blocks, ref_dx);
+  run(wrapped, dx);
+  CHECK(std::memcmp(dx.data(), ref_dx.data(), dx.size() * sizeof(float)) == 0);
+  // Every block: its forward, its recompute in backward, its backward.
+  CHECK(runtime.gathers() == 3 * c.layers);
+  // One rank: the gradient slice is the unit's whole flat gradients.
+  const auto units = llama::stage3_units(*reference);
+  int mismatches = 0, nonzero = 0;
+  for (std::size_t u = 0; u < model->blocks.size(); ++u) {
+    const auto shard = runtime.grad_shard(u);
+    for (std::size_t i = 0; i < units[u].parameters.size(); ++i) {
+      const auto g = memkit::layers::copy_out(std::as_const(units[u].parameters[i]->grad).view());
+      const std::int64_t at = runtime.optimizer(u).flat_offset(i);
+      for (std::size_t j = 0; j < g.size(); ++j)
+        if (!stage3_test::same_bits(g[j], shard[at + static_cast<std::int64_t>(j)])) ++mismatches;
+        else if (g[j] != 0.0f) ++nonzero;
+    }
+  }
+  CHECK(mismatches == 0);
+  CHECK(nonzero > 1000);
+  CHECK(!runtime.gathered(0));
 }
 
 TEST_CASE("stage3: ordered_reduce_scatter on one rank is a copy; sizes are checked") {

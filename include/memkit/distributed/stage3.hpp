@@ -47,6 +47,7 @@
 
 #include "memkit/config.hpp"
 #include "memkit/core/execution.hpp"
+#include "memkit/core/layer.hpp"
 #include "memkit/core/tensor_view.hpp"
 #include "memkit/distributed/communicator.hpp"
 #include "memkit/distributed/sharded_adam_state.hpp"
@@ -414,6 +415,10 @@ class stage3_parameters {
     return *x.optimizer;
   }
   tensor_view<const W> param_shard(std::size_t u) const { return at(u, "param_shard").param_shard.view(); }
+  // This rank's slice of unit u's summed gradients (what the last release with gradients wrote).
+  tensor_view<const float> grad_shard(std::size_t u) const { return at(u, "grad_shard").grad_shard.view(); }
+  // Gathers so far (a recomputed layer is gathered again: checkpointing's cost in communication).
+  std::int64_t gathers() const noexcept { return gathers_; }
 
   // ---- the loop ----
 
@@ -451,6 +456,7 @@ class stage3_parameters {
       *x.spec.quantized[k] = quantized_type(slab_, shard.logical_shape(), shard.options());
       shard.gather(exec, comm, *x.spec.quantized[k], *workspace_);
     }
+    ++gathers_;
     x.gathered = true;
     x.with_gradients = with_gradients && x.optimizer != nullptr;
     s.holder = static_cast<int>(u);
@@ -532,6 +538,7 @@ class stage3_parameters {
   }
 
   int rank_ = 0, ranks_ = 1;
+  std::int64_t gathers_ = 0;
   memory_resource* workspace_ = nullptr;
   std::vector<unit> units_;
   std::vector<stage3_unit_shape> shapes_;
@@ -539,6 +546,46 @@ class stage3_parameters {
   buffer<float> staging_;
   detail::placement_resource placement_;
   detail::slab_resource slab_;
+};
+
+// A layer whose parameters are stage-3 unit `unit`: its forward gathers them (without gradients) and releases
+// them after; its backward gathers them with gradients and releases them after, reducing the gradients. What
+// memkit::checkpoint::segment runs, unchanged: a forward it recomputes in backward gathers again.
+//   std::vector<stage3_layer<block, runtime_type, C>> wrapped;   // one per block, unit i
+//   checkpoint::segment stack(checkpoint::layer_sequence(wrapped, final_norm), options);
+template <class Layer, class Runtime, class C>
+struct stage3_layer {
+  using value_type = typename Layer::value_type;
+  Layer* layer = nullptr;
+  Runtime* runtime = nullptr;
+  const C* comm = nullptr;
+  std::size_t unit = 0;
+
+  shape output_shape(const shape& in) const { return layer->output_shape(in); }
+  std::size_t saved_bytes(const shape& in, const forward_context& ctx) const { return layer->saved_bytes(in, ctx); }
+  std::size_t workspace_bytes(const shape& in) const
+    requires requires(const Layer& l) { l.workspace_bytes(in); }
+  {
+    return layer->workspace_bytes(in);
+  }
+  template <executor E>
+  void forward(const E& exec, const forward_context& ctx, tensor_view<const value_type> x, tensor_view<value_type> y,
+               activation_store& store) {
+    runtime->gather(exec, *comm, unit, false);
+    layer->forward(exec, ctx, x, y, store);
+    runtime->release(exec, *comm, unit);
+  }
+  template <executor E>
+  void backward(const E& exec, tensor_view<const value_type> dy, tensor_view<value_type> dx, activation_store& store) {
+    runtime->gather(exec, *comm, unit, true);
+    layer->backward(exec, dy, dx, store);
+    runtime->release(exec, *comm, unit);
+  }
+  void discard_forward(activation_store& store)
+    requires requires(Layer& l) { l.discard_forward(store); }
+  {
+    layer->discard_forward(store);
+  }
 };
 
 }  // namespace distributed
