@@ -6,7 +6,10 @@
 #include <memkit/checkpoint/segment.hpp>
 #include <memkit/distributed/stage3.hpp>
 
+#include <unistd.h>
+
 #include <cstring>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -93,6 +96,34 @@ TEST_CASE("stage3: checkpoint::segment over stage3_layer gathers again for the r
   CHECK(mismatches == 0);
   CHECK(nonzero > 1000);
   CHECK(!runtime.gathered(0));
+}
+
+TEST_CASE("stage3: save and load on one rank resumes bit-identically; another model's file is refused") {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("memkit_stage3_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const std::string file = (dir / "rank-0.safetensors").string();
+  stage3_test::train_and_save(single_communicator{}, 2, file);
+  const auto out = stage3_test::load_and_continue(single_communicator{}, {file}, 1, 2);
+  INFO(out.first_problem);
+  CHECK(out.steps == 2);
+  CHECK(out.loss_mismatches == 0);
+  CHECK(out.param_mismatches == 0);
+  CHECK(out.optimizer_steps == 4);  // the loaded optimizer went on from step 2
+
+  // A model with other sizes (one layer fewer) refuses the file before changing anything.
+  const memkit::layers::memory_resources plain{};
+  auto c = stage3_test::config();
+  c.layers = 2;
+  stage3_test::model_type other(c, plain, memkit::layers::trainability::bf16_master, [&](const llama::projection& p, std::int64_t, int) {
+    return llama::make_dense_linear<float>(p, plain, memkit::layers::trainability::bf16_master);
+  });
+  memkit::distributed::stage3_parameters<float> runtime(host, single_communicator{}, plain, llama::stage3_units(other),
+                                                        stage3_test::adam_options(), 0x5745);
+  const memkit::safetensors::reader reader(file);
+  const memkit::safetensors::reader* images[] = {&reader};
+  CHECK_THROWS_WITH_AS(runtime.load(host, images), doctest::Contains("holds 4 stage-3 units, this model 3"), memkit::error);
+  fs::remove_all(dir);
 }
 
 TEST_CASE("stage3: ordered_reduce_scatter on one rank is a copy; sizes are checked") {

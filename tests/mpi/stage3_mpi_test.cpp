@@ -6,8 +6,11 @@
 #include <memkit/distributed/mpi_communicator.hpp>
 #include <memkit/distributed/stage3.hpp>
 #include <mpi.h>
+#include <unistd.h>
 
 #include <cstdio>
+#include <filesystem>
+#include <string>
 #include <vector>
 
 #include "support/stage3_scenario.hpp"
@@ -56,6 +59,53 @@ TEST_CASE("mpi stage3: QLoRA adapters over sharded NF4 bases train bit-identical
   CHECK(out.peak_optimizer == 0);
   std::printf("memkit: stage3 QLoRA rank %d of %d: NF4 shards + gather buffer %zu bytes, workspace peak %zu (tracker = prediction)\n",
               comm.rank(), comm.size(), out.peak_weights, out.peak_workspace);
+}
+
+// Trained on `old_ranks` ranks and saved, loaded on `new_ranks` and trained on: bit-identical to one process
+// that ran old_ranks micro-batches per step, then new_ranks.
+static void check_stage3_resharding(int old_ranks, int new_ranks) {
+  const int rank = stage3_world().rank();
+  CAPTURE(old_ranks);
+  CAPTURE(new_ranks);
+  CAPTURE(rank);
+  char dir[256] = {};
+  if (rank == 0) {
+    const auto path = std::filesystem::temp_directory_path() / ("memkit-stage3-" + std::to_string(::getpid()));
+    std::filesystem::create_directories(path);
+    std::snprintf(dir, sizeof dir, "%s", path.c_str());
+  }
+  stage3_world().broadcast(memkit::host, dir, static_cast<std::int64_t>(sizeof dir), 0);
+  std::vector<std::string> files;
+  for (int r = 0; r < old_ranks; ++r) files.push_back(std::string(dir) + "/rank-" + std::to_string(r) + ".safetensors");
+  const int steps = 2;
+  MPI_Comm old_comm = MPI_COMM_NULL;
+  MPI_Comm_split(MPI_COMM_WORLD, rank < old_ranks ? 0 : MPI_UNDEFINED, rank, &old_comm);
+  if (old_comm != MPI_COMM_NULL) {
+    const memkit::distributed::mpi_communicator comm(old_comm);
+    stage3_test::train_and_save(comm, steps, files[static_cast<std::size_t>(comm.rank())]);
+    MPI_Comm_free(&old_comm);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  MPI_Comm new_comm = MPI_COMM_NULL;
+  MPI_Comm_split(MPI_COMM_WORLD, rank < new_ranks ? 0 : MPI_UNDEFINED, rank, &new_comm);
+  if (new_comm != MPI_COMM_NULL) {
+    const memkit::distributed::mpi_communicator comm(new_comm);
+    const auto out = stage3_test::load_and_continue(comm, files, old_ranks, steps);
+    INFO(out.first_problem);
+    CHECK(out.steps == steps);
+    CHECK(out.loss_mismatches == 0);
+    CHECK(out.param_mismatches == 0);
+    CHECK(out.optimizer_steps == 2 * steps);
+    MPI_Comm_free(&new_comm);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (rank == 0) std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("mpi stage3: re-sharding on load (2 -> 3 and 3 -> 2 on three ranks) resumes bit-identically") {
+  const int n = stage3_world().size();
+  check_stage3_resharding(n - 1, n);
+  check_stage3_resharding(n, n - 1);
 }
 
 TEST_CASE("mpi stage3: ordered_reduce_scatter adds the ranks in order") {

@@ -11,6 +11,7 @@
 
 #include <memkit/distributed/stage3.hpp>
 #include <memkit/memory/tracking.hpp>
+#include <memkit/io/safetensors.hpp>
 #include <memkit/models/llama/load.hpp>
 #include <memkit/models/llama/stage3.hpp>
 #include <memkit/optim/adam_state.hpp>
@@ -94,6 +95,7 @@ struct outcome {
   int param_mismatches = 0;  // elements of the gathered parameters that differ from the reference's
   int loss_mismatches = 0;   // this rank's micro-batch losses that differ from the reference's
   int changed = 0;           // elements that moved from their initial values (the test trains something)
+  int optimizer_steps = 0;   // after a load and more steps: the step count the optimizer reached
   std::size_t predicted_weights = 0, predicted_gradients = 0, predicted_optimizer = 0;
   std::size_t peak_weights = 0, peak_gradients = 0, peak_optimizer = 0, current_total = 0;
   std::string first_problem;
@@ -104,24 +106,132 @@ bool same_bits(const P& a, const P& b) {
   return std::memcmp(&a, &b, sizeof(P)) == 0;
 }
 
+inline memkit::tensor_view<const std::int32_t> tokens_view(const std::vector<std::int32_t>& v) {
+  return memkit::host_view(v.data(), memkit::shape{batch, sequence});
+}
+
+// The reference: one process, one whole model and one adam_state; step(s, N) runs micro-batches 0..N-1 of
+// step s one after the other (each backward from zeroed gradients), adds their gradients in that order and
+// steps with scale 1/N. Returns the micro-batches' losses.
+struct reference_run {
+  std::unique_ptr<model_type> model = make_model(memkit::layers::memory_resources{});
+  std::vector<memkit::layers::basic_parameter<float>*> params;
+  std::unique_ptr<memkit::optim::adam_state<float>> state;
+
+  reference_run() {
+    for (auto& u : llama::stage3_units(*model)) params.insert(params.end(), u.parameters.begin(), u.parameters.end());
+    std::vector<std::int64_t> sizes;
+    for (auto* p : params) sizes.push_back(p->size());
+    state = std::make_unique<memkit::optim::adam_state<float>>(memkit::host, memkit::default_host_resource(), sizes, adam_options());
+  }
+  std::vector<float> step(int s, int N) {
+    std::vector<std::int32_t> ids, targets;
+    std::vector<float> losses;
+    float loss = 0.0f;
+    std::vector<std::vector<float>> sum(params.size());
+    for (int r = 0; r < N; ++r) {
+      for (auto* p : params) p->zero_grad();
+      micro_batch(s, r, ids, targets);
+      model->forward_backward(memkit::host, tokens_view(ids), tokens_view(targets), memkit::host_view(&loss, memkit::shape{1}),
+                              memkit::default_host_resource());
+      losses.push_back(loss);
+      for (std::size_t i = 0; i < params.size(); ++i) {
+        const std::vector<float> g = memkit::layers::copy_out(std::as_const(params[i]->grad).view());
+        if (r == 0) sum[i] = g;
+        else
+          for (std::size_t j = 0; j < g.size(); ++j) sum[i][j] += g[j];
+      }
+    }
+    std::vector<memkit::optim::adam_param<float, float>> list;
+    for (std::size_t i = 0; i < params.size(); ++i)
+      list.push_back({params[i]->value.view(), memkit::host_view(std::as_const(sum[i]).data(), params[i]->value.shape()),
+                      memkit::tensor_view<float>(), 0});
+    state->step(memkit::host, list, groups(), 1.0f / static_cast<float>(N));
+    return losses;
+  }
+};
+
+// Elements of the stage-3 model (every unit gathered in turn) whose bits differ from the reference's.
+template <class C, class Runtime>
+int count_mismatches(const C& comm, Runtime& runtime, model_type& model, const reference_run& reference, std::string& first) {
+  const auto units = llama::stage3_units(model);
+  std::size_t flat_index = 0;
+  int mismatches = 0;
+  for (std::size_t u = 0; u < units.size(); ++u) {
+    runtime.gather(memkit::host, comm, u, false);
+    for (auto* p : units[u].parameters) {
+      const std::vector<float> mine = memkit::layers::copy_out(std::as_const(p->value).view());
+      const std::vector<float> theirs = memkit::layers::copy_out(std::as_const(reference.params[flat_index]->value).view());
+      for (std::size_t j = 0; j < mine.size(); ++j)
+        if (!same_bits(mine[j], theirs[j]) && mismatches++ == 0 && first.empty())
+          first = "'" + p->name + "' element " + std::to_string(j) + ": " + std::to_string(mine[j]) + ", the reference's " +
+                  std::to_string(theirs[j]);
+      ++flat_index;
+    }
+    runtime.release(memkit::host, comm, u);
+  }
+  return mismatches;
+}
+
+// One stage-3 step of this rank's micro-batch; returns its loss.
+template <class C, class Runtime>
+float stage3_step(const C& comm, Runtime& runtime, model_type& model, int s) {
+  std::vector<std::int32_t> ids, targets;
+  float loss = 0.0f;
+  micro_batch(s, comm.rank(), ids, targets);
+  llama::stage3_pass_hooks hooks{memkit::host, comm, runtime};
+  model.forward_backward(memkit::host, tokens_view(ids), tokens_view(targets), memkit::host_view(&loss, memkit::shape{1}),
+                         memkit::default_host_resource(), {}, hooks);
+  runtime.step(memkit::host, comm, groups(), 1.0f / static_cast<float>(comm.size()));
+  return loss;
+}
+
+// Re-sharding: `steps` steps on the ranks of `comm`, then each rank's file at path(rank).
+template <class C>
+void train_and_save(const C& comm, int steps, const std::string& path) {
+  auto model = make_model(memkit::layers::memory_resources{});
+  memkit::distributed::stage3_parameters<float> runtime(memkit::host, comm, memkit::layers::memory_resources{},
+                                                        llama::stage3_units(*model), adam_options(), 0x5745);
+  for (int s = 0; s < steps; ++s) stage3_step(comm, runtime, *model, s);
+  memkit::safetensors::writer out;
+  runtime.save(memkit::host, out);
+  out.write(path);
+}
+// ... and on the ranks of `comm` (any count): load the files of all `old_ranks` ranks, go on `steps` steps,
+// and compare with the reference trained `steps` steps on old_ranks micro-batches and `steps` on comm.size().
+template <class C>
+outcome load_and_continue(const C& comm, const std::vector<std::string>& files, int old_ranks, int steps) {
+  outcome out;
+  reference_run reference;
+  for (int s = 0; s < steps; ++s) reference.step(s, old_ranks);
+  auto model = make_model(memkit::layers::memory_resources{});
+  memkit::distributed::stage3_parameters<float> runtime(memkit::host, comm, memkit::layers::memory_resources{},
+                                                        llama::stage3_units(*model), adam_options(), 0x5745);
+  std::vector<memkit::safetensors::reader> readers;
+  for (auto it = files.rbegin(); it != files.rend(); ++it) readers.emplace_back(*it);  // any order
+  std::vector<const memkit::safetensors::reader*> images;
+  for (const auto& r : readers) images.push_back(&r);
+  runtime.load(memkit::host, images);
+  for (int s = steps; s < 2 * steps; ++s) {
+    const float theirs = reference.step(s, comm.size())[static_cast<std::size_t>(comm.rank())];
+    const float mine = stage3_step(comm, runtime, *model, s);
+    if (!same_bits(mine, theirs)) ++out.loss_mismatches;
+    ++out.steps;
+  }
+  out.param_mismatches = count_mismatches(comm, runtime, *model, reference, out.first_problem);
+  out.optimizer_steps = static_cast<int>(runtime.optimizer(0).control(memkit::host).step);
+  return out;
+}
+
 template <class C>
 outcome run(const C& comm, int steps) {
   using runtime_type = memkit::distributed::stage3_parameters<float>;
   const int N = comm.size(), rank = comm.rank();
   outcome out;
-  const memkit::layers::memory_resources plain{};  // the whole models: untracked
+  reference_run reference;
 
-  // The reference: one process, the N micro-batches in order.
-  auto reference = make_model(plain);
-  std::vector<memkit::layers::basic_parameter<float>*> ref_params;
-  for (auto& u : llama::stage3_units(*reference)) ref_params.insert(ref_params.end(), u.parameters.begin(), u.parameters.end());
-  std::vector<std::int64_t> sizes;
-  for (auto* p : ref_params) sizes.push_back(p->size());
-  memkit::optim::adam_state<float> reference_state(memkit::host, memkit::default_host_resource(), sizes, adam_options());
-  std::vector<std::vector<float>> reference_losses(static_cast<std::size_t>(steps));
-
-  // Stage 3 on this rank.
-  auto model = make_model(plain);
+  // Stage 3 on this rank; its tracker sees what the runtime allocates (the whole model it starts from is not).
+  auto model = make_model(memkit::layers::memory_resources{});
   std::vector<std::vector<float>> initial;
   for (auto& u : llama::stage3_units(*model))
     for (auto* p : u.parameters) initial.push_back(memkit::layers::copy_out(std::as_const(p->value).view()));
@@ -134,63 +244,24 @@ outcome run(const C& comm, int steps) {
   const memkit::distributed::stage3_bytes predicted = runtime_type::bytes_required(shapes, rank, N, adam_options());
   runtime_type runtime(memkit::host, comm, tracked, llama::stage3_units(*model), adam_options(), 0x5743);
 
-  std::vector<std::int32_t> ids, targets;
-  float loss = 0.0f;
-  const auto view_of = [](std::vector<std::int32_t>& v) {
-    return memkit::host_view(static_cast<const std::int32_t*>(v.data()), memkit::shape{batch, sequence});
-  };
   for (int s = 0; s < steps; ++s) {
-    // Reference: gradients of micro-batch r alone, added in rank order.
-    std::vector<std::vector<float>> sum(ref_params.size());
-    for (int r = 0; r < N; ++r) {
-      for (auto* p : ref_params) p->zero_grad();
-      micro_batch(s, r, ids, targets);
-      reference->forward_backward(memkit::host, view_of(ids), view_of(targets), memkit::host_view(&loss, memkit::shape{1}),
-                                  memkit::default_host_resource());
-      reference_losses[static_cast<std::size_t>(s)].push_back(loss);
-      for (std::size_t i = 0; i < ref_params.size(); ++i) {
-        const std::vector<float> g = memkit::layers::copy_out(std::as_const(ref_params[i]->grad).view());
-        if (r == 0) sum[i] = g;
-        else
-          for (std::size_t j = 0; j < g.size(); ++j) sum[i][j] += g[j];
-      }
-    }
-    std::vector<memkit::optim::adam_param<float, float>> params;
-    for (std::size_t i = 0; i < ref_params.size(); ++i)
-      params.push_back({ref_params[i]->value.view(), memkit::host_view(std::as_const(sum[i]).data(), ref_params[i]->value.shape()),
-                        memkit::tensor_view<float>(), 0});
-    reference_state.step(memkit::host, params, groups(), 1.0f / static_cast<float>(N));
-
-    // Stage 3: this rank's micro-batch.
-    micro_batch(s, rank, ids, targets);
-    llama::stage3_pass_hooks hooks{memkit::host, comm, runtime};
-    model->forward_backward(memkit::host, view_of(ids), view_of(targets), memkit::host_view(&loss, memkit::shape{1}),
-                            memkit::default_host_resource(), {}, hooks);
-    if (!same_bits(loss, reference_losses[static_cast<std::size_t>(s)][static_cast<std::size_t>(rank)])) {
+    const float theirs = reference.step(s, N)[static_cast<std::size_t>(rank)];
+    const float mine = stage3_step(comm, runtime, *model, s);
+    if (!same_bits(mine, theirs)) {
       ++out.loss_mismatches;
       if (out.first_problem.empty())
-        out.first_problem = "step " + std::to_string(s) + ": loss " + std::to_string(loss) + ", the reference's " +
-                            std::to_string(reference_losses[static_cast<std::size_t>(s)][static_cast<std::size_t>(rank)]);
+        out.first_problem = "step " + std::to_string(s) + ": loss " + std::to_string(mine) + ", the reference's " + std::to_string(theirs);
     }
-    runtime.step(memkit::host, comm, groups(), 1.0f / static_cast<float>(N));
     ++out.steps;
   }
-
-  // Gather every unit and compare with the reference, element by element.
+  out.param_mismatches = count_mismatches(comm, runtime, *model, reference, out.first_problem);
   const auto units = llama::stage3_units(*model);
   std::size_t flat_index = 0;
-  for (std::size_t u = 0; u < units.size(); ++u) {
+  for (std::size_t u = 0; u < units.size(); ++u) {  // the test trains something: elements moved
     runtime.gather(memkit::host, comm, u, false);
     for (auto* p : units[u].parameters) {
-      const std::vector<float> mine = memkit::layers::copy_out(std::as_const(p->value).view());
-      const std::vector<float> theirs = memkit::layers::copy_out(std::as_const(ref_params[flat_index]->value).view());
-      const std::vector<float>& before = initial[flat_index];
-      for (std::size_t j = 0; j < mine.size(); ++j) {
-        if (!same_bits(mine[j], theirs[j]) && out.param_mismatches++ == 0 && out.first_problem.empty())
-          out.first_problem = "'" + p->name + "' element " + std::to_string(j) + ": " + std::to_string(mine[j]) +
-                              ", the reference's " + std::to_string(theirs[j]);
-        if (!same_bits(mine[j], before[j])) ++out.changed;
-      }
+      const std::vector<float> now = memkit::layers::copy_out(std::as_const(p->value).view());
+      for (std::size_t j = 0; j < now.size(); ++j) out.changed += same_bits(now[j], initial[flat_index][j]) ? 0 : 1;
       ++flat_index;
     }
     runtime.release(memkit::host, comm, u);

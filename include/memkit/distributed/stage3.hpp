@@ -41,6 +41,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -297,7 +298,7 @@ class stage3_parameters {
     requires ordered_communicator<C, E>
   stage3_parameters(const E& exec, const C& comm, const layers::memory_resources& memory, std::vector<unit_spec> units,
                     const optim::adam_options& options = {}, std::uint64_t run_id = 0)
-      : rank_(comm.rank()), ranks_(comm.size()), workspace_(memory.workspace), placement_(memory.weights->kind()),
+      : rank_(comm.rank()), ranks_(comm.size()), workspace_(memory.workspace), weights_(memory.weights), placement_(memory.weights->kind()),
         slab_(memory.weights->kind()) {
     const char* op = "stage3_parameters";
     require(!units.empty(), std::string(op) + ": no units");
@@ -498,7 +499,126 @@ class stage3_parameters {
     }
   }
 
+  // ---- checkpoints: one file per rank, re-sharded on load (N -> M) ----
+
+  // Adds this rank's part to `out` (every unit released). Per unit k with dense parameters: metadata "stage3.k"
+  // (element type, sizes, master, rank count, rank), U8 tensors "stage3.k.values" (this rank's parameter
+  // slice), "stage3.k.master" (with master copies) and "stage3.k.adam" (the unit's sharded_adam_state image);
+  // per NF4 tensor j, sharded_quantized::save under "stage3.k.nf4.j". Metadata "stage3" holds the unit count.
+  template <executor E>
+  void save(const E& exec, safetensors::writer& out) const {
+    const char* op = "stage3_parameters::save";
+    out.add_metadata("stage3", std::to_string(units_.size()));
+    for (std::size_t k = 0; k < units_.size(); ++k) {
+      const unit& x = units_[k];
+      require(!x.gathered, std::string(op) + ": unit " + std::to_string(k) + " is gathered; release it first");
+      const std::string name = "stage3." + std::to_string(k);
+      for (std::size_t j = 0; j < x.quantized_shards.size(); ++j) x.quantized_shards[j].save(out, name + ".nf4." + std::to_string(j));
+      if (!x.optimizer) continue;
+      std::ostringstream image;
+      x.optimizer->save(exec, image);
+      const std::string bytes = image.str();
+      out.add_bytes(name + ".adam", "U8", {static_cast<std::int64_t>(bytes.size())}, bytes.data(), bytes.size());
+      std::vector<detail::saved_piece> pieces{
+          {".values", reinterpret_cast<const std::uint8_t*>(x.param_shard.data()), x.param_shard.bytes()}};
+      if (x.shape.master)
+        pieces.push_back({".master", reinterpret_cast<const std::uint8_t*>(x.master_shard.data()), x.master_shard.bytes()});
+      detail::save_shard(out, name, layout_json(x.shape) + ",\"ranks\":" + std::to_string(ranks_) + ",\"rank\":" +
+                                        std::to_string(rank_) + "}", pieces);
+    }
+  }
+
+  // Replaces this rank's slices, optimizer states and NF4 shards with those of a save made on any number of
+  // ranks: `images` are ALL ranks' files of that save, in any order. Everything is checked against this
+  // runtime's units (count, element type, sizes, master copies, NF4 shapes and options, each rank once, every
+  // piece's size; the Adam images as sharded_adam_state::load checks them, including the run) before a unit
+  // changes; a unit changes only after its own checks.
+  template <executor E>
+  void load(const E& exec, std::span<const safetensors::reader* const> images) {
+    const std::string op = "stage3_parameters::load";
+    require(!images.empty() && images.front() != nullptr, op + ": no images");
+    for (const unit& x : units_) require(!x.gathered, op + ": a unit is gathered; release it first");
+    for (const safetensors::reader* image : images) {
+      require(image != nullptr, op + ": a null image");
+      const std::string* count = nullptr;
+      for (const auto& [key, value] : image->metadata())
+        if (key == "stage3") count = &value;
+      require(count != nullptr && *count == std::to_string(units_.size()),
+              op + ": '" + image->path() + "' holds " + (count ? *count : std::string("no")) + " stage-3 units, this model " +
+                  std::to_string(units_.size()));
+    }
+    for (std::size_t k = 0; k < units_.size(); ++k) {
+      unit& x = units_[k];
+      const std::string name = "stage3." + std::to_string(k);
+      if (x.optimizer) {
+        const std::string what = op + " (unit " + std::to_string(k) + ")";
+        const std::vector<const safetensors::reader*> old = detail::order_images(images, name, what);
+        const int old_ranks = static_cast<int>(old.size());
+        const std::string expected = layout_json(x.shape) + ",\"ranks\":" + std::to_string(old_ranks);
+        for (const safetensors::reader* image : old)
+          require(detail::layout_without_rank(*image, name) == expected,
+                  what + ": '" + image->path() + "' holds another unit (" + detail::layout_without_rank(*image, name) +
+                      "}), not " + expected + "}");
+        const std::int64_t old_shard = optimizer_type::shard_size(x.shape.sizes, old_ranks);
+        std::vector<const char*> suffixes{".values"};
+        std::vector<std::size_t> unit_bytes{sizeof(W)};
+        if (x.shape.master) {
+          suffixes.push_back(".master");
+          unit_bytes.push_back(sizeof(float));
+        }
+        for (const safetensors::reader* image : old)
+          for (std::size_t i = 0; i < suffixes.size(); ++i) {
+            const safetensors::tensor_info* t = image->find(name + suffixes[i]);
+            require(t != nullptr && t->dtype == "U8" && t->bytes() == static_cast<std::uint64_t>(old_shard) * unit_bytes[i],
+                    what + ": '" + image->path() + "': '" + name + suffixes[i] + "' is missing or not " +
+                        std::to_string(old_shard * static_cast<std::int64_t>(unit_bytes[i])) + " bytes of U8");
+          }
+        // The Adam images first: sharded_adam_state::load checks them all before changing the state.
+        std::vector<std::istringstream> streams;
+        streams.reserve(old.size());
+        for (const safetensors::reader* image : old) {
+          const safetensors::tensor_info* t = image->find(name + ".adam");
+          require(t != nullptr && t->dtype == "U8", what + ": '" + image->path() + "' has no '" + name + ".adam'");
+          std::string bytes(static_cast<std::size_t>(t->bytes()), '\0');
+          image->read_bytes(name + ".adam", bytes.data(), bytes.size());
+          streams.emplace_back(std::move(bytes));
+        }
+        std::vector<std::istream*> adam_images;
+        for (std::istringstream& stream : streams) adam_images.push_back(&stream);
+        x.optimizer->load(exec, std::span<std::istream* const>(adam_images));
+        // The slices: the flat layout's elements [rank * shard, (rank + 1) * shard) from the old slices.
+        std::int64_t logical = 0;
+        for (std::int64_t n : x.shape.sizes) logical += optimizer_type::padded(n);
+        const std::int64_t shard = x.optimizer->shard_size();
+        std::vector<std::uint8_t> values(static_cast<std::size_t>(shard) * sizeof(W), 0), masters;
+        std::vector<std::uint8_t*> destination{values.data()};
+        if (x.shape.master) {
+          masters.assign(static_cast<std::size_t>(shard) * sizeof(float), 0);
+          destination.push_back(masters.data());
+        }
+        detail::reshard_pieces(old, name, suffixes, unit_bytes, old_shard, shard, logical, rank_, destination);
+        layers::copy_in(reinterpret_cast<const W*>(values.data()), x.param_shard.view());
+        if (x.shape.master) layers::copy_in(reinterpret_cast<const float*>(masters.data()), x.master_shard.view());
+      }
+      for (std::size_t j = 0; j < x.quantized_shards.size(); ++j) {
+        quantized_shard loaded = quantized_shard::load(images, name + ".nf4." + std::to_string(j), rank_, ranks_, *weights_);
+        require(loaded.logical_shape() == x.quantized_shards[j].logical_shape() &&
+                    loaded.options().block_size == x.quantized_shards[j].options().block_size &&
+                    loaded.options().double_quant == x.quantized_shards[j].options().double_quant,
+                op + ": NF4 tensor " + std::to_string(j) + " of unit " + std::to_string(k) + " was saved with another shape or options");
+        x.quantized_shards[j] = std::move(loaded);
+      }
+    }
+  }
+
  private:
+  // A unit's saved layout up to its rank count: element type, master copies, sizes.
+  static std::string layout_json(const stage3_unit_shape& u) {
+    std::string text = std::string("{\"format\":\"memkit.stage3\",\"dtype\":\"") + safetensors::dtype_of<W>() +
+                       "\",\"master\":" + (u.master ? "true" : "false") + ",\"sizes\":[";
+    for (std::size_t i = 0; i < u.sizes.size(); ++i) text += (i ? "," : "") + std::to_string(u.sizes[i]);
+    return text + "]";
+  }
   struct unit {
     unit_spec spec;
     stage3_unit_shape shape;
@@ -540,6 +660,7 @@ class stage3_parameters {
   int rank_ = 0, ranks_ = 1;
   std::int64_t gathers_ = 0;
   memory_resource* workspace_ = nullptr;
+  memory_resource* weights_ = nullptr;
   std::vector<unit> units_;
   std::vector<stage3_unit_shape> shapes_;
   std::vector<slot> slots_;
