@@ -126,6 +126,47 @@ TEST_CASE("stage3: save and load on one rank resumes bit-identically; another mo
   fs::remove_all(dir);
 }
 
+TEST_CASE("stage3: a QLoRA model's NF4 shards saved and loaded into another model gather back bit for bit") {
+  namespace fs = std::filesystem;
+  using runtime_type = memkit::distributed::stage3_parameters<float>;
+  const memkit::layers::memory_resources plain{};
+  auto reference = stage3_test::make_qlora_model(plain);
+  auto model = stage3_test::make_qlora_model(plain);
+  const fs::path file = fs::temp_directory_path() / ("memkit_stage3_qlora_" + std::to_string(::getpid()) + ".safetensors");
+  {
+    runtime_type runtime(host, single_communicator{}, plain, llama::stage3_units(*model), stage3_test::adam_options(), 1);
+    memkit::safetensors::writer out;
+    runtime.save(host, out);
+    out.write(file.string());
+  }
+  // A second model whose bases are different values: after the load, its gathered bases are the first model's.
+  auto other = stage3_test::make_qlora_model(plain);
+  for (auto* l : other->linears()) {
+    std::vector<std::uint8_t> codes(static_cast<std::size_t>(l->base->codes().size()), 0x11);
+    memkit::layers::copy_in(codes.data(), l->base->codes());
+  }
+  runtime_type runtime(host, single_communicator{}, plain, llama::stage3_units(*other), stage3_test::adam_options(), 1);
+  const memkit::safetensors::reader reader(file.string());
+  const memkit::safetensors::reader* images[] = {&reader};
+  runtime.load(host, images);
+  int mismatches = 0;
+  for (std::size_t u = 0; u + 1 < runtime.unit_count(); ++u) {
+    runtime.gather(host, single_communicator{}, u, false);
+    for (std::size_t k = 0; k < 7; ++k) {
+      const auto& x = *other->linears()[7 * u + k]->base;
+      const auto& y = *reference->linears()[7 * u + k]->base;
+      if (std::memcmp(x.codes().data(), y.codes().data(), x.codes().bytes()) != 0 ||
+          std::memcmp(x.nested_codes().data(), y.nested_codes().data(), x.nested_codes().bytes()) != 0 ||
+          std::memcmp(x.nested_group_absmax().data(), y.nested_group_absmax().data(), x.nested_group_absmax().bytes()) != 0 ||
+          std::memcmp(x.offset_view().data(), y.offset_view().data(), sizeof(float)) != 0)
+        ++mismatches;
+    }
+    runtime.release(host, single_communicator{}, u);
+  }
+  CHECK(mismatches == 0);
+  fs::remove(file);
+}
+
 TEST_CASE("stage3: ordered_reduce_scatter on one rank is a copy; sizes are checked") {
   std::vector<float> send{1.5f, -0.0f, 3.0f}, recv(3), staging(3);
   memkit::distributed::ordered_reduce_scatter(host, single_communicator{}, memkit::host_view(std::as_const(send)),
