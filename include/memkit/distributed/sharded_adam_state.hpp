@@ -19,6 +19,8 @@
 //            all-gather the parameters.
 //   stage 2  step_shard_gradients: the gradients arrive already reduce-scattered (reduce_scatter_
 //            gradients, or the caller's own bucketed reduce-scatter), update, all-gather the parameters.
+//   stage 3  step_param_shard: the parameters are sharded too (distributed/stage3.hpp): the own slices of
+//            the parameters and of the summed gradients are updated, nothing is gathered.
 // The gradient norm and the non-finite check are global: each rank computes adam_state's per-chunk
 // sums of squares for its own chunks, the chunk sums are all-reduced (every other rank contributes an
 // exact 0.0, so the sum is exact in any order), and every rank runs the same finalisation on the same

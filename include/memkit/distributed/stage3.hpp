@@ -18,7 +18,10 @@
 //                                              gradients, `grad` into a zeroed gradient buffer of the slot)
 //   release(exec, comm, unit)                  drops the views; if the gradients were gathered, reduces them
 //                                              to their owners (ordered_reduce_scatter) first
-//   step(exec, comm, groups, options)          each unit's sharded_adam_state updates its own slice only
+//   step(exec, comm, groups, scale)            each unit's sharded_adam_state updates its own slice only
+//   save(exec, writer) / load(exec, images)    one safetensors file per rank; load re-shards N -> M
+//   stage3_layer<Layer, Runtime, C>            a layer that gathers around its forward and backward (what
+//                                              checkpoint::segment runs: a recompute gathers again)
 //
 // Buffers: one gather buffer (and one gradient buffer) per slot, sized for the slot's largest unit, made at
 // construction and reused: slot 0 holds one layer at a time (the decoder blocks), another slot a unit that
@@ -32,8 +35,9 @@
 // Limits of this version: the gradient norm is per unit, so gradient clipping (max_grad_norm > 0) is refused
 // (a global norm would clip differently); a non-finite gradient skips only its own unit's step. Each unit's
 // gradients are reduced once per step (one backward per unit; no accumulation over micro-steps on one rank).
-// On CUDA the collectives and copies are enqueued on the executor's stream; the next layer's gather is not yet
-// prefetched on a side stream.
+// On CUDA the collectives and copies are enqueued on the executor's stream (compiled; not yet run on a device);
+// the next layer's gather is not yet prefetched on a side stream. Frozen dense tensors and LoRA adapters are
+// not units: they stay whole on every rank (ordered_all_reduce sums replicated gradients in rank order).
 #pragma once
 
 #include <algorithm>

@@ -6,6 +6,8 @@
 //   stage3_unit_shapes(config, mode) the same units' sizes without a model (for bytes_required)
 //   stage3_pass_hooks{exec, comm, runtime}   causal_lm::forward_backward's hooks: gather before each part
 //                                    runs, release after (with the gradients reduced to their owners)
+//   all_reduce_adapter_gradients     LoRA adapters are replicated: their gradients summed in rank order
+// With checkpoint::segment, wrap each block in distributed::stage3_layer (unit i) instead of the hooks.
 //
 // A step on every rank, each with its own micro-batch:
 //   stage3_pass_hooks hooks{exec, comm, runtime};
