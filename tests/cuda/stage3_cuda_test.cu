@@ -1,6 +1,7 @@
 // distributed::stage3_parameters on a CUDA device (suite "gpu"), one rank: gather into the slot, gradients
 // written into the gathered gradient buffer, release (the rank-ordered reduction over all_to_all), step on
-// the own slice; parameters bit-identical to adam_state on the host after several steps. Through
+// the own slice; parameters bit-identical to adam_state on the host after several steps, the last gather a
+// prefetch on a second stream that the main stream waits for. Through
 // single_communicator and, when libnccl is linked, a 1-rank nccl_communicator.
 #include <memkit/distributed/communicator.hpp>
 #include <memkit/distributed/nccl_communicator.hpp>
@@ -61,6 +62,11 @@ int stage3_device_mismatches(const C& comm, const memkit::cuda_executor& exec) {
     reference.step(memkit::host, list, groups);
   }
   int mismatches = 0;
+  // The last gather as a prefetch on a second stream: gather() on the main stream waits for it (an event).
+  cudaStream_t side_stream;
+  MEMKIT_CUDA_CHECK(cudaStreamCreate(&side_stream));
+  const memkit::cuda_executor side{exec.device, side_stream};
+  runtime.prefetch(side, comm, 0);
   runtime.gather(exec, comm, 0, false);
   for (std::size_t i = 0; i < params.size(); ++i) {
     std::vector<float> v(ref_values[i].size());
@@ -69,6 +75,9 @@ int stage3_device_mismatches(const C& comm, const memkit::cuda_executor& exec) {
     for (std::size_t j = 0; j < v.size(); ++j) mismatches += std::memcmp(&v[j], &ref_values[i][j], sizeof(float)) != 0;
   }
   runtime.release(exec, comm, 0);
+  MEMKIT_CUDA_CHECK(cudaStreamSynchronize(exec.stream));
+  MEMKIT_CUDA_CHECK(cudaStreamDestroy(side_stream));
+  CHECK(runtime.prefetches() == 1);
   CHECK(params[0].value.data() == nullptr);  // released: the tensors' own buffers are empty again
   return mismatches;
 }

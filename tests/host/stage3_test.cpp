@@ -32,6 +32,25 @@ TEST_CASE("stage3: one rank trains the decoder bit-identically to adam_state on 
   CHECK(out.current_total == out.predicted_weights + out.predicted_gradients + out.predicted_optimizer);
 }
 
+TEST_CASE("stage3: with two buffers in slot 0, each block's gather prefetches the next: the same bits, the memory predicted") {
+  const auto plain = stage3_test::run(single_communicator{}, 2, false);
+  const auto out = stage3_test::run(single_communicator{}, 2, true);
+  INFO(out.first_problem);
+  CHECK(out.loss_mismatches == 0);
+  CHECK(out.param_mismatches == 0);
+  CHECK(out.peak_weights == out.predicted_weights);
+  CHECK(out.peak_gradients == out.predicted_gradients);
+  CHECK(out.peak_optimizer == out.predicted_optimizer);
+  CHECK(out.gathers == plain.gathers);  // a prefetch replaces a gather, it adds none
+  CHECK(plain.prefetches == 0);
+  CHECK(out.prefetches == 2 * 2 * (stage3_test::config().layers - 1));  // per step: blocks 1.. in forward, ..L-2 in backward
+  // The second buffer: one more largest block's worth of weights.
+  const auto shapes = llama::stage3_unit_shapes<float>(stage3_test::config(), memkit::layers::trainability::bf16_master);
+  CHECK(out.predicted_weights - plain.predicted_weights ==
+        memkit::distributed::stage3_parameters<float>::buffer_bytes(shapes, 1).weights -
+            memkit::buffer<float>::bytes_required(memkit::shape{memkit::distributed::stage3_parameters<float>::flat_size(shapes.back(), 1)}));
+}
+
 TEST_CASE("stage3: one rank trains QLoRA adapters over gathered NF4 bases bit-identically") {
   const auto out = stage3_test::run_qlora(single_communicator{}, 3);
   INFO(out.first_problem);
@@ -211,8 +230,16 @@ TEST_CASE("stage3: misuse is a clear error") {
                        memkit::error);
   CHECK_THROWS_WITH_AS(runtime.step(host, single_communicator{}, stage3_test::groups()), doctest::Contains("still gathered"),
                        memkit::error);
+  CHECK_THROWS_WITH_AS(runtime.prefetch(host, single_communicator{}, 1), doctest::Contains("(1 buffer in the slot)"),
+                       memkit::error);
   runtime.release(host, single_communicator{}, 0);
   CHECK_THROWS_WITH_AS(runtime.release(host, single_communicator{}, 0), doctest::Contains("not gathered"), memkit::error);
+  runtime.prefetch(host, single_communicator{}, 1);
+  CHECK(runtime.prefetched(1));
+  CHECK_THROWS_WITH_AS(runtime.step(host, single_communicator{}, stage3_test::groups()), doctest::Contains("prefetched"),
+                       memkit::error);
+  runtime.gather(host, single_communicator{}, 1, false);
+  runtime.release(host, single_communicator{}, 1);
   CHECK_THROWS_WITH_AS(runtime.gather(host, single_communicator{}, 99, false), doctest::Contains("no unit 99"), memkit::error);
 
   // A communicator of another rank count than the shards'.

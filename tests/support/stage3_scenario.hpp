@@ -96,6 +96,8 @@ struct outcome {
   int loss_mismatches = 0;   // this rank's micro-batch losses that differ from the reference's
   int changed = 0;           // elements that moved from their initial values (the test trains something)
   int optimizer_steps = 0;   // after a load and more steps: the step count the optimizer reached
+  std::int64_t gathers = 0;  // the runtime's gathers (prefetches included)
+  std::int64_t prefetches = 0;
   std::size_t predicted_weights = 0, predicted_gradients = 0, predicted_optimizer = 0;
   std::size_t peak_weights = 0, peak_gradients = 0, peak_optimizer = 0, current_total = 0;
   std::string first_problem;
@@ -175,11 +177,11 @@ int count_mismatches(const C& comm, Runtime& runtime, model_type& model, const r
 
 // One stage-3 step of this rank's micro-batch; returns its loss.
 template <class C, class Runtime>
-float stage3_step(const C& comm, Runtime& runtime, model_type& model, int s) {
+float stage3_step(const C& comm, Runtime& runtime, model_type& model, int s, bool prefetch = false) {
   std::vector<std::int32_t> ids, targets;
   float loss = 0.0f;
   micro_batch(s, comm.rank(), ids, targets);
-  llama::stage3_pass_hooks hooks{memkit::host, comm, runtime};
+  llama::stage3_pass_hooks hooks{memkit::host, comm, runtime, prefetch ? &memkit::host : nullptr};
   model.forward_backward(memkit::host, tokens_view(ids), tokens_view(targets), memkit::host_view(&loss, memkit::shape{1}),
                          memkit::default_host_resource(), {}, hooks);
   runtime.step(memkit::host, comm, groups(), 1.0f / static_cast<float>(comm.size()));
@@ -223,8 +225,9 @@ outcome load_and_continue(const C& comm, const std::vector<std::string>& files, 
   return out;
 }
 
+// prefetch: two buffers in slot 0, and each block's gather starts the next one's (on the host: done at once).
 template <class C>
-outcome run(const C& comm, int steps) {
+outcome run(const C& comm, int steps, bool prefetch = false) {
   using runtime_type = memkit::distributed::stage3_parameters<float>;
   const int N = comm.size(), rank = comm.rank();
   outcome out;
@@ -241,12 +244,13 @@ outcome run(const C& comm, int steps) {
   tracked.gradients = &tracker.category(memkit::memory_category::gradients);
   tracked.optimizer = &tracker.category(memkit::memory_category::optimizer_state);
   const auto shapes = llama::stage3_unit_shapes<float>(config(), memkit::layers::trainability::bf16_master);
-  const memkit::distributed::stage3_bytes predicted = runtime_type::bytes_required(shapes, rank, N, adam_options());
-  runtime_type runtime(memkit::host, comm, tracked, llama::stage3_units(*model), adam_options(), 0x5743);
+  const std::vector<int> buffers = prefetch ? std::vector<int>{2} : std::vector<int>{};
+  const memkit::distributed::stage3_bytes predicted = runtime_type::bytes_required(shapes, rank, N, adam_options(), buffers);
+  runtime_type runtime(memkit::host, comm, tracked, llama::stage3_units(*model), adam_options(), 0x5743, buffers);
 
   for (int s = 0; s < steps; ++s) {
     const float theirs = reference.step(s, N)[static_cast<std::size_t>(rank)];
-    const float mine = stage3_step(comm, runtime, *model, s);
+    const float mine = stage3_step(comm, runtime, *model, s, prefetch);
     if (!same_bits(mine, theirs)) {
       ++out.loss_mismatches;
       if (out.first_problem.empty())
@@ -273,6 +277,8 @@ outcome run(const C& comm, int steps) {
   out.peak_gradients = tracker.stats(memkit::memory_category::gradients).peak_bytes;
   out.peak_optimizer = tracker.stats(memkit::memory_category::optimizer_state).peak_bytes;
   out.current_total = tracker.current_bytes();
+  out.gathers = runtime.gathers();
+  out.prefetches = runtime.prefetches();
   return out;
 }
 

@@ -132,6 +132,33 @@ class slab_resource final : public memory_resource {
   std::byte* base_ = nullptr;
   std::size_t size_ = 0, used_ = 0;
 };
+// An event of a slot's buffer on CUDA (gather done on the side stream; buffer free again on the main stream);
+// nothing on the host, where a prefetch is done when it returns.
+struct buffer_event {
+#if MEMKIT_HAS_CUDA
+  cudaEvent_t event = nullptr;
+  bool recorded = false;
+  buffer_event() = default;
+  buffer_event(buffer_event&& other) noexcept
+      : event(std::exchange(other.event, nullptr)), recorded(std::exchange(other.recorded, false)) {}
+  buffer_event& operator=(buffer_event&& other) noexcept {
+    std::swap(event, other.event);
+    std::swap(recorded, other.recorded);
+    return *this;
+  }
+  ~buffer_event() {
+    if (event != nullptr) cudaEventDestroy(event);
+  }
+  void record(cudaStream_t stream) {
+    if (event == nullptr) MEMKIT_CUDA_CHECK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+    MEMKIT_CUDA_CHECK(cudaEventRecord(event, stream));
+    recorded = true;
+  }
+  void wait(cudaStream_t stream) const {
+    if (recorded) MEMKIT_CUDA_CHECK(cudaStreamWaitEvent(stream, event, 0));
+  }
+#endif
+};
 }  // namespace detail
 
 // Sums `send` (ranks * count elements on every rank) over the ranks and leaves elements [rank * count,
@@ -257,7 +284,11 @@ class stage3_parameters {
   }
   // The buffers made once: per slot a gather buffer and a gradient buffer of its largest unit's flat size,
   // and the reduction's staging (the largest unit's flat gradients).
-  static stage3_bytes buffer_bytes(std::span<const stage3_unit_shape> units, int ranks) {
+  // buffers_per_slot[k]: gather buffers of slot k (1, or 2 to prefetch the next unit while one runs; missing: 1).
+  static int buffers_of(std::span<const int> buffers_per_slot, std::size_t slot) {
+    return slot < buffers_per_slot.size() ? buffers_per_slot[slot] : 1;
+  }
+  static stage3_bytes buffer_bytes(std::span<const stage3_unit_shape> units, int ranks, std::span<const int> buffers_per_slot = {}) {
     std::vector<std::int64_t> slot_flat;
     std::vector<std::size_t> slot_quantized;
     std::int64_t largest = 0;
@@ -273,7 +304,8 @@ class stage3_parameters {
     }
     stage3_bytes b;
     for (std::size_t k = 0; k < slot_flat.size(); ++k) {
-      b.weights += buffer<W>::bytes_required(shape{slot_flat[k]}) + slot_quantized[k];
+      b.weights += static_cast<std::size_t>(buffers_of(buffers_per_slot, k)) *
+                   (buffer<W>::bytes_required(shape{slot_flat[k]}) + slot_quantized[k]);
       b.gradients += buffer<float>::bytes_required(shape{slot_flat[k]});
     }
     b.gradients += buffer<float>::bytes_required(shape{largest});
@@ -281,8 +313,8 @@ class stage3_parameters {
   }
   // Everything rank `rank` of `ranks` allocates (what the constructor takes, held until destruction).
   static stage3_bytes bytes_required(std::span<const stage3_unit_shape> units, int rank, int ranks,
-                                     const optim::adam_options& options = {}) {
-    stage3_bytes b = buffer_bytes(units, ranks);
+                                     const optim::adam_options& options = {}, std::span<const int> buffers_per_slot = {}) {
+    stage3_bytes b = buffer_bytes(units, ranks, buffers_per_slot);
     for (const stage3_unit_shape& u : units) {
       const stage3_bytes s = shard_bytes(u, rank, ranks, options);
       b.weights += s.weights;
@@ -301,9 +333,9 @@ class stage3_parameters {
   template <executor E, class C>
     requires ordered_communicator<C, E>
   stage3_parameters(const E& exec, const C& comm, const layers::memory_resources& memory, std::vector<unit_spec> units,
-                    const optim::adam_options& options = {}, std::uint64_t run_id = 0)
-      : rank_(comm.rank()), ranks_(comm.size()), workspace_(memory.workspace), weights_(memory.weights), placement_(memory.weights->kind()),
-        slab_(memory.weights->kind()) {
+                    const optim::adam_options& options = {}, std::uint64_t run_id = 0, std::span<const int> buffers_per_slot = {})
+      : rank_(comm.rank()), ranks_(comm.size()), workspace_(memory.workspace), weights_(memory.weights),
+        placement_(memory.weights->kind()) {
     const char* op = "stage3_parameters";
     require(!units.empty(), std::string(op) + ": no units");
     require(options.max_grad_norm == 0.0f,
@@ -337,7 +369,11 @@ class stage3_parameters {
       shapes_.push_back(u.shape);
       units_.push_back(std::move(u));
     }
-    const stage3_bytes planned = bytes_required(shapes_, rank_, ranks_, options);
+    for (std::size_t k = 0; k < buffers_per_slot.size(); ++k)
+      require(buffers_per_slot[k] == 1 || buffers_per_slot[k] == 2,
+              std::string(op) + ": slot " + std::to_string(k) + " asks for " + std::to_string(buffers_per_slot[k]) +
+                  " gather buffers; 1, or 2 to prefetch");
+    const stage3_bytes planned = bytes_required(shapes_, rank_, ranks_, options, buffers_per_slot);
     std::size_t made = 0;
     for (unit& u : units_) {
       for (quantized_type* q : u.spec.quantized) {
@@ -388,11 +424,17 @@ class stage3_parameters {
       slots_[k].quantized_bytes = std::max(slots_[k].quantized_bytes, quantized_gather_bytes(u.shape));
       largest = std::max(largest, flat_size(u.shape, ranks_));
     }
-    for (slot& s : slots_) {
-      s.values = buffer<W>(*memory.weights, shape{s.flat});
+    for (std::size_t k = 0; k < slots_.size(); ++k) {
+      slot& s = slots_[k];
       s.grads = buffer<float>(*memory.gradients, shape{s.flat});
-      s.quantized = buffer<std::byte>(*memory.weights, shape{static_cast<std::int64_t>(s.quantized_bytes)});
-      made += s.values.bytes() + s.grads.bytes() + s.quantized.bytes();
+      made += s.grads.bytes();
+      for (int b = 0; b < buffers_of(buffers_per_slot, k); ++b) {
+        gather_buffer g(memory.weights->kind());
+        g.values = buffer<W>(*memory.weights, shape{s.flat});
+        g.quantized = buffer<std::byte>(*memory.weights, shape{static_cast<std::int64_t>(s.quantized_bytes)});
+        made += g.values.bytes() + g.quantized.bytes();
+        s.buffers.push_back(std::move(g));
+      }
     }
     staging_ = buffer<float>(*memory.gradients, shape{largest});
     made += staging_.bytes();
@@ -405,7 +447,7 @@ class stage3_parameters {
   // Views still in the tensors point into buffers about to go: they are dropped (no reduction).
   ~stage3_parameters() {
     for (unit& x : units_)
-      if (x.gathered) drop_views(x);
+      if (x.gathered || x.held_in >= 0) drop_views(x);
   }
 
   int rank() const noexcept { return rank_; }
@@ -424,47 +466,74 @@ class stage3_parameters {
   tensor_view<const float> grad_shard(std::size_t u) const { return at(u, "grad_shard").grad_shard.view(); }
   // Gathers so far (a recomputed layer is gathered again: checkpointing's cost in communication).
   std::int64_t gathers() const noexcept { return gathers_; }
+  std::int64_t prefetches() const noexcept { return prefetches_; }  // of them, started by prefetch()
 
   // ---- the loop ----
 
-  // Gathers unit `u`'s tensors into its slot (before the layer's forward, its recompute, its backward);
-  // with_gradients: also points the dense parameters' gradients at the slot's zeroed gradient buffer.
+  // Gathers unit `u`'s tensors into a free buffer of its slot (before the layer's forward, its recompute, its
+  // backward), or takes the buffer a prefetch filled; with_gradients: also points the dense parameters'
+  // gradients at the slot's zeroed gradient buffer.
   template <executor E, class C>
     requires ordered_communicator<C, E>
   void gather(const E& exec, const C& comm, std::size_t u, bool with_gradients) {
     const char* op = "stage3_parameters::gather";
     check_comm(op, comm);
     unit& x = at(u, op);
-    slot& s = slots_[static_cast<std::size_t>(x.shape.slot)];
     require(!x.gathered, std::string(op) + ": unit " + std::to_string(u) + " is already gathered");
-    require(s.holder < 0, std::string(op) + ": slot " + std::to_string(x.shape.slot) + " holds unit " +
-                              std::to_string(s.holder) + "; release it before gathering unit " + std::to_string(u) +
-                              " (a slot's buffer holds one unit)");
+    slot& s = slots_[static_cast<std::size_t>(x.shape.slot)];
+    if (x.held_in < 0) {
+      fill(exec, comm, u, op);
+    } else if constexpr (E::on_device) {
+#if MEMKIT_HAS_CUDA
+      s.buffers[static_cast<std::size_t>(x.held_in)].ready.wait(exec.stream);  // the prefetch's collectives are done
+#endif
+    }
+    gather_buffer& g = s.buffers[static_cast<std::size_t>(x.held_in)];
     if (x.optimizer) {
-      require_accessible(exec, s.values.view(), op, "gather buffer");
-      comm.all_gather(exec, x.param_shard.data(), s.values.data(), x.optimizer->shard_size());
       for (std::size_t i = 0; i < x.spec.parameters.size(); ++i) {
-        placement_.place(s.values.data() + x.optimizer->flat_offset(i), buffer<W>::bytes_required(x.dims[i]));
+        placement_.place(g.values.data() + x.optimizer->flat_offset(i), buffer<W>::bytes_required(x.dims[i]));
         x.spec.parameters[i]->value = buffer<W>(placement_, x.dims[i]);
       }
       if (with_gradients) {
+        require(s.gradients_holder < 0, std::string(op) + ": slot " + std::to_string(x.shape.slot) +
+                                            "'s gradient buffer holds unit " + std::to_string(s.gradients_holder) +
+                                            "'s gradients; release it before gathering unit " + std::to_string(u) + " with gradients");
         layers::zero_view(exec, s.grads.view().flat_slice(0, x.optimizer->flat_size()));
         for (std::size_t i = 0; i < x.spec.parameters.size(); ++i) {
           placement_.place(s.grads.data() + x.optimizer->flat_offset(i), buffer<float>::bytes_required(x.dims[i]));
           x.spec.parameters[i]->grad = buffer<float>(placement_, x.dims[i]);
         }
+        s.gradients_holder = static_cast<int>(u);
       }
     }
-    slab_.reset(s.quantized.data(), s.quantized.bytes());
-    for (std::size_t k = 0; k < x.spec.quantized.size(); ++k) {
-      const quantized_shard& shard = x.quantized_shards[k];
-      *x.spec.quantized[k] = quantized_type(slab_, shard.logical_shape(), shard.options());
-      shard.gather(exec, comm, *x.spec.quantized[k], *workspace_);
-    }
-    ++gathers_;
+    for (std::size_t k = 0; k < x.spec.quantized.size(); ++k) *x.spec.quantized[k] = std::move(x.staged[k]);
+    x.staged.clear();
     x.gathered = true;
     x.with_gradients = with_gradients && x.optimizer != nullptr;
-    s.holder = static_cast<int>(u);
+  }
+
+  // Starts unit `u`'s gather into a free buffer of its slot on `side` (on CUDA a second stream: the collectives
+  // overlap the current layer's kernels on the main stream, and gather() on the main stream waits for them
+  // with an event; the buffer's previous unit is waited for the same way). On the host it is a gather done
+  // early. The unit's tensors appear at gather(); a slot with one buffer has none free while a unit is in it.
+  template <executor E, class C>
+    requires ordered_communicator<C, E>
+  void prefetch(const E& side, const C& comm, std::size_t u) {
+    const char* op = "stage3_parameters::prefetch";
+    check_comm(op, comm);
+    unit& x = at(u, op);
+    require(!x.gathered && x.held_in < 0, std::string(op) + ": unit " + std::to_string(u) + " is already gathered or prefetched");
+    fill(side, comm, u, op);
+    ++prefetches_;
+    if constexpr (E::on_device) {
+#if MEMKIT_HAS_CUDA
+      slots_[static_cast<std::size_t>(x.shape.slot)].buffers[static_cast<std::size_t>(x.held_in)].ready.record(side.stream);
+#endif
+    }
+  }
+  bool prefetched(std::size_t u) const {
+    const unit& x = at(u, "prefetched");
+    return x.held_in >= 0 && !x.gathered;
   }
 
   // Releases unit `u`'s whole tensors (after the layer's forward or backward). If it was gathered with
@@ -481,9 +550,16 @@ class stage3_parameters {
       const std::int64_t flat = x.optimizer->flat_size();
       ordered_reduce_scatter(exec, comm, tensor_view<const float>(s.grads.view().flat_slice(0, flat)), x.grad_shard.view(),
                              staging_.view().flat_slice(0, flat));
+      s.gradients_holder = -1;
     }
+    gather_buffer& g = s.buffers[static_cast<std::size_t>(x.held_in)];
+    if constexpr (E::on_device) {
+#if MEMKIT_HAS_CUDA
+      g.freed.record(exec.stream);  // a later prefetch into this buffer waits for the kernels that read it
+#endif
+    }
+    g.holder = -1;
     drop_views(x);
-    s.holder = -1;
   }
 
   // One AdamW step of every unit with dense parameters, on its own slice (every unit released; its
@@ -495,7 +571,8 @@ class stage3_parameters {
     check_comm(op, comm);
     for (std::size_t u = 0; u < units_.size(); ++u) {
       unit& x = units_[u];
-      require(!x.gathered, std::string(op) + ": unit " + std::to_string(u) + " is still gathered; release it first");
+      require(!x.gathered && x.held_in < 0, std::string(op) + ": unit " + std::to_string(u) +
+                                               " is still gathered or prefetched; release it first");
       if (!x.optimizer) continue;
       const sharded_step_options o{.tensor_groups = x.spec.tensor_groups, .gradient_scale = gradient_scale};
       x.optimizer->step_param_shard(exec, comm, x.param_shard.view(), tensor_view<const float>(x.grad_shard.view()),
@@ -631,23 +708,69 @@ class stage3_parameters {
     buffer<W> param_shard;
     buffer<float> grad_shard, master_shard;
     std::vector<quantized_shard> quantized_shards;
+    std::vector<quantized_type> staged;  // NF4 tensors gathered by a prefetch, handed over at gather()
+    int held_in = -1;                    // the slot's buffer holding the unit (gathered or prefetched), or -1
     bool gathered = false, with_gradients = false;
+  };
+  // One gather buffer of a slot: the dense values and the NF4 area of the slot's largest unit.
+  struct gather_buffer {
+    explicit gather_buffer(memory_kind kind) : slab(std::make_unique<detail::slab_resource>(kind)) {}
+    buffer<W> values;
+    buffer<std::byte> quantized;
+    std::unique_ptr<detail::slab_resource> slab;  // the NF4 tensors' buffers in `quantized` (stable address)
+    int holder = -1;                              // the unit in it (gathered or prefetched), or -1
+    detail::buffer_event ready, freed;
   };
   struct slot {
     std::int64_t flat = 0;
     std::size_t quantized_bytes = 0;
-    buffer<W> values;
+    std::vector<gather_buffer> buffers;
     buffer<float> grads;
-    buffer<std::byte> quantized;
-    int holder = -1;  // the unit gathered into it, or -1
+    int gradients_holder = -1;  // the unit whose gradients are in `grads`, or -1
   };
+  // Claims a free buffer of unit u's slot and runs the unit's collectives into it on `exec`.
+  template <executor E, class C>
+  void fill(const E& exec, const C& comm, std::size_t u, const char* op) {
+    unit& x = units_[u];
+    slot& s = slots_[static_cast<std::size_t>(x.shape.slot)];
+    int free = -1;
+    std::string held;
+    for (std::size_t b = 0; b < s.buffers.size(); ++b) {
+      if (s.buffers[b].holder < 0 && free < 0) free = static_cast<int>(b);
+      if (s.buffers[b].holder >= 0) held += (held.empty() ? "" : ", ") + std::to_string(s.buffers[b].holder);
+    }
+    require(free >= 0, std::string(op) + ": slot " + std::to_string(x.shape.slot) + " holds unit " + held +
+                           "; release it before gathering unit " + std::to_string(u) + " (" + std::to_string(s.buffers.size()) +
+                           " buffer" + (s.buffers.size() == 1 ? "" : "s") + " in the slot)");
+    gather_buffer& g = s.buffers[static_cast<std::size_t>(free)];
+    if constexpr (E::on_device) {
+#if MEMKIT_HAS_CUDA
+      g.freed.wait(exec.stream);  // the buffer's previous unit's kernels are done with it
+#endif
+    }
+    if (x.optimizer) {
+      require_accessible(exec, g.values.view(), op, "gather buffer");
+      comm.all_gather(exec, x.param_shard.data(), g.values.data(), x.optimizer->shard_size());
+    }
+    g.slab->reset(g.quantized.data(), g.quantized.bytes());
+    x.staged.clear();
+    for (const quantized_shard& shard : x.quantized_shards) {
+      x.staged.emplace_back(*g.slab, shard.logical_shape(), shard.options());
+      shard.gather(exec, comm, x.staged.back(), *workspace_);
+    }
+    ++gathers_;
+    g.holder = static_cast<int>(u);
+    x.held_in = free;
+  }
   void drop_views(unit& x) {
     for (parameter* p : x.spec.parameters) {
       p->value = buffer<W>();
       p->grad = buffer<float>();
     }
     for (quantized_type* q : x.spec.quantized) *q = quantized_type();
+    x.staged.clear();
     x.gathered = x.with_gradients = false;
+    x.held_in = -1;
   }
   unit& at(std::size_t u, const char* op) {
     require(u < units_.size(), std::string(op) + ": no unit " + std::to_string(u) + " (" + std::to_string(units_.size()) + " units)");
@@ -662,7 +785,7 @@ class stage3_parameters {
   }
 
   int rank_ = 0, ranks_ = 1;
-  std::int64_t gathers_ = 0;
+  std::int64_t gathers_ = 0, prefetches_ = 0;
   memory_resource* workspace_ = nullptr;
   memory_resource* weights_ = nullptr;
   std::vector<unit> units_;
@@ -670,7 +793,6 @@ class stage3_parameters {
   std::vector<slot> slots_;
   buffer<float> staging_;
   detail::placement_resource placement_;
-  detail::slab_resource slab_;
 };
 
 // A layer whose parameters are stage-3 unit `unit`: its forward gathers them (without gradients) and releases

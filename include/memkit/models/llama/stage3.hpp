@@ -133,22 +133,34 @@ std::size_t adapter_all_reduce_workspace_bytes(causal_lm<T, nf4_lora_linear<T>>&
 }
 
 // causal_lm::forward_backward's hooks for a runtime built from stage3_units(model): block i is unit i, the
-// embedding and head unit `layers` (the last).
+// embedding and head unit `layers` (the last). With `side` (an executor on a second CUDA stream; the host
+// executor works too, without overlap), each block's gather also starts the next block's on `side`: unit i+1
+// in forward, i-1 in backward. That needs two buffers in slot 0 (buffers_per_slot {2}): two layers' worth.
 template <memkit::executor E, class C, class Runtime>
 struct stage3_pass_hooks {
   const E& exec;
   const C& comm;
   Runtime& runtime;
+  const E* side = nullptr;
 
   std::size_t outer() const { return runtime.unit_count() - 1; }
   void begin() { runtime.gather(exec, comm, outer(), true); }
   void end() { runtime.release(exec, comm, outer()); }
-  void before_forward(std::int64_t i) { runtime.gather(exec, comm, static_cast<std::size_t>(i), false); }
+  void before_forward(std::int64_t i) {
+    runtime.gather(exec, comm, static_cast<std::size_t>(i), false);
+    if (side != nullptr && static_cast<std::size_t>(i) + 2 < runtime.unit_count())
+      runtime.prefetch(*side, comm, static_cast<std::size_t>(i) + 1);
+  }
   void after_forward(std::int64_t i) { runtime.release(exec, comm, static_cast<std::size_t>(i)); }
-  void before_backward(std::int64_t i) { runtime.gather(exec, comm, static_cast<std::size_t>(i), true); }
+  void before_backward(std::int64_t i) {
+    runtime.gather(exec, comm, static_cast<std::size_t>(i), true);
+    if (side != nullptr && i > 0) runtime.prefetch(*side, comm, static_cast<std::size_t>(i) - 1);
+  }
   void after_backward(std::int64_t i) { runtime.release(exec, comm, static_cast<std::size_t>(i)); }
 };
 template <memkit::executor E, class C, class Runtime>
 stage3_pass_hooks(const E&, const C&, Runtime&) -> stage3_pass_hooks<E, C, Runtime>;
+template <memkit::executor E, class C, class Runtime>
+stage3_pass_hooks(const E&, const C&, Runtime&, const E*) -> stage3_pass_hooks<E, C, Runtime>;
 
 }  // namespace memkit::models::llama
