@@ -13,20 +13,23 @@
 // own buffers are empty: basic_parameter::value, master and grad hold nothing, so a layer run without its
 // gather fails (the model's layers check that their weights are present).
 //
-//   gather(exec, comm, unit, with_gradients)   all_gather of the unit's slices into the gather buffer of its
-//                                              slot; the parameters' `value` buffers point into it (and with
-//                                              gradients, `grad` into a zeroed gradient buffer of the slot)
+//   gather(exec, comm, unit, with_gradients)   all_gather of the unit's slices into a gather buffer of its
+//                                              slot (or the one a prefetch filled); the parameters' `value`
+//                                              buffers point into it (and with gradients, `grad` into the
+//                                              slot's zeroed gradient buffer)
 //   release(exec, comm, unit)                  drops the views; if the gradients were gathered, reduces them
 //                                              to their owners (ordered_reduce_scatter) first
+//   prefetch(side, comm, unit)                 the same collectives early, on a second stream (events order it)
 //   step(exec, comm, groups, scale)            each unit's sharded_adam_state updates its own slice only
 //   save(exec, writer) / load(exec, images)    one safetensors file per rank; load re-shards N -> M
 //   stage3_layer<Layer, Runtime, C>            a layer that gathers around its forward and backward (what
 //                                              checkpoint::segment runs: a recompute gathers again)
 //
-// Buffers: one gather buffer (and one gradient buffer) per slot, sized for the slot's largest unit, made at
-// construction and reused: slot 0 holds one layer at a time (the decoder blocks), another slot a unit that
-// stays gathered across the others (the embedding and head, used at both ends of the pass). Gathering into a
-// slot that holds another unit is an error. One staging buffer of the largest unit's flat gradients takes the
+// Buffers: one gather buffer (or two, buffers_per_slot) and one gradient buffer per slot, sized for the slot's
+// largest unit, made at construction and reused: slot 0 holds the decoder blocks (one buffer: one layer's worth,
+// one block at a time; two: the next block is prefetched while one runs), another slot a unit that stays
+// gathered across the others (the embedding and head, used at both ends of the pass). Gathering into a slot
+// whose buffers all hold units is an error. One staging buffer of the largest unit's flat gradients takes the
 // all_to_all of the reduction. All of it is said in advance by bytes_required (per category, exact).
 //
 // Bit-identity with one process: the gradients of rank r are rank r's micro-batch's; the owner adds them in
@@ -35,8 +38,8 @@
 // Limits of this version: the gradient norm is per unit, so gradient clipping (max_grad_norm > 0) is refused
 // (a global norm would clip differently); a non-finite gradient skips only its own unit's step. Each unit's
 // gradients are reduced once per step (one backward per unit; no accumulation over micro-steps on one rank).
-// On CUDA the collectives and copies are enqueued on the executor's stream (compiled; not yet run on a device);
-// the next layer's gather is not yet prefetched on a side stream. Frozen dense tensors and LoRA adapters are
+// On CUDA the collectives and copies are enqueued on the executor's stream, a prefetch on a second stream
+// ordered with events (compiled; not yet run on a device). Frozen dense tensors and LoRA adapters are
 // not units: they stay whole on every rank (ordered_all_reduce sums replicated gradients in rank order).
 #pragma once
 
