@@ -100,6 +100,16 @@ static void check_stage3_resharding(int old_ranks, int new_ranks) {
     CHECK(out.loss_mismatches == 0);
     CHECK(out.param_mismatches == 0);
     CHECK(out.optimizer_steps == 2 * steps);
+    if (old_ranks > 1) {  // one rank's file missing: refused by name before anything changes
+      auto model = stage3_test::make_model(memkit::layers::memory_resources{});
+      memkit::distributed::stage3_parameters<float> runtime(memkit::host, comm, memkit::layers::memory_resources{},
+                                                            memkit::models::llama::stage3_units(*model), stage3_test::adam_options(), 0x5745);
+      std::vector<memkit::safetensors::reader> readers;
+      for (std::size_t r = 0; r + 1 < files.size(); ++r) readers.emplace_back(files[r]);
+      std::vector<const memkit::safetensors::reader*> images;
+      for (const auto& r : readers) images.push_back(&r);
+      CHECK_THROWS_WITH_AS(runtime.load(memkit::host, images), doctest::Contains("all ranks of one save are needed"), memkit::error);
+    }
     MPI_Comm_free(&new_comm);
   }
   MPI_Barrier(MPI_COMM_WORLD);

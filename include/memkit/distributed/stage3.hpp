@@ -595,7 +595,7 @@ class stage3_parameters {
     out.add_metadata("stage3", std::to_string(units_.size()));
     for (std::size_t k = 0; k < units_.size(); ++k) {
       const unit& x = units_[k];
-      require(!x.gathered, std::string(op) + ": unit " + std::to_string(k) + " is gathered; release it first");
+      require(!x.gathered && x.held_in < 0, std::string(op) + ": unit " + std::to_string(k) + " is gathered or prefetched; release it first");
       const std::string name = "stage3." + std::to_string(k);
       for (std::size_t j = 0; j < x.quantized_shards.size(); ++j) x.quantized_shards[j].save(out, name + ".nf4." + std::to_string(j));
       if (!x.optimizer) continue;
@@ -621,7 +621,7 @@ class stage3_parameters {
   void load(const E& exec, std::span<const safetensors::reader* const> images) {
     const std::string op = "stage3_parameters::load";
     require(!images.empty() && images.front() != nullptr, op + ": no images");
-    for (const unit& x : units_) require(!x.gathered, op + ": a unit is gathered; release it first");
+    for (const unit& x : units_) require(!x.gathered && x.held_in < 0, op + ": a unit is gathered or prefetched; release it first");
     for (const safetensors::reader* image : images) {
       require(image != nullptr, op + ": a null image");
       const std::string* count = nullptr;
