@@ -160,7 +160,7 @@ case ${1:-} in
     fi
     cmake --build "$fuzz_dir" -j "$jobs"
     findings=0
-    for target in json safetensors hf_config bnb_linear4bit adam_state bnb_adam_state sharded_adam_state peft_adapter; do
+    for target in json safetensors hf_config bnb_linear4bit adam_state bnb_adam_state sharded_adam_state peft_adapter consolidate; do
       mkdir -p "$fuzz_dir/corpus/$target" "$fuzz_dir/findings/$target"
       inputs=("$fuzz_dir/corpus/$target" "tests/fuzz/corpus/$target")
       [[ -d tests/fuzz/regressions/$target ]] && inputs+=("tests/fuzz/regressions/$target")

@@ -23,7 +23,15 @@
 //
 //   ./train_llama [--short] [--check] [--device host|cuda|auto] [--steps N] [--finetune-steps N] [--batch B]
 //                 [--seq S] [--accum A] [--hidden H] [--layers L] [--threads T] [--rounding]
-//                 [--no-checkpointing] [--out DIR]
+//                 [--no-checkpointing] [--mlp-chunk TOKENS] [--pack] [--out DIR]
+//
+// --mlp-chunk TOKENS runs every block's MLP sequence-tiled (decoder_block::mlp_token_chunk): gate/up -> SwiGLU
+// -> down over chunks of TOKENS tokens, recomputed in the backward, so the [tokens, intermediate] tensors are
+// never held whole; memory_budget models it (training_plan::mlp_token_chunk) and --check holds it to the peak.
+//
+// --pack trains both stages on packed documents instead of random windows: the texts' paragraphs, packed whole
+// into rows with their offsets (examples/llama/text.hpp), so attention and rotary positions stay inside each
+// paragraph (forward_context::document_offsets) and the loss ignores the targets that would cross one.
 //
 // With a Hugging Face checkpoint instead (docs/models.md): --model DIR (config.json + safetensors, 16-bit or
 // bitsandbytes 4-bit) or --init random --config FILE (any supported config at its real shapes), trained on
@@ -115,6 +123,10 @@ static_assert(memkit::fits(budget::presets::smollm2_360m, gpu_scale_plan, budget
 // ---- options ---------------------------------------------------------------------------------------------
 enum class device_choice { host, cuda, automatic };
 
+// --pack: each training row holds at most this many documents, the padding of its tail included (a fixed
+// [batch, documents + 1] offsets buffer, allocated once per stage like the ids).
+constexpr std::int64_t pack_documents_per_row = 8;
+
 struct options {
   device_choice device = device_choice::host;
   llama::model_config model;
@@ -126,8 +138,10 @@ struct options {
   int threads = 0;
   bool rounding = false;       // bf16 weights with stochastic rounding instead of fp32 master weights
   std::int64_t loss_chunk_tokens = 256;  // tokens whose fp32 logits exist at once (0: all of a micro-batch)
+  std::int64_t mlp_chunk_tokens = 0;     // --mlp-chunk: tokens per chunk of the blocks' tiled MLP (0: untiled)
   bool adam32 = false;         // stage 1 with fp32 AdamW moments instead of 8-bit (to measure what 8-bit saves)
   bool checkpointing = true;   // one checkpoint per block (memkit::checkpoint::schedule::every_layer)
+  bool pack = false;           // --pack: training rows of whole paragraphs with document offsets
   bool check = false;          // exit non-zero unless loss falls, memory agrees within 2%, reloads agree
   std::int64_t sample_bytes = 300;
   std::int64_t log_every = 10;
@@ -151,7 +165,7 @@ struct options {
 constexpr const char* flag_list =
     "--short --check --device host|cuda|auto --steps N --finetune-steps N --batch B --seq S --accum A --hidden H "
     "--layers L --heads H --kv-heads K --intermediate F --rank R --threads T --rounding --adam32 --loss-chunk TOKENS "
-    "--no-checkpointing --sample N --data DIR --out DIR | --model DIR | --init random --config FILE, "
+    "--mlp-chunk TOKENS --no-checkpointing --pack --sample N --data DIR --out DIR | --model DIR | --init random --config FILE, "
     "with --data FILE (tokens) --finetune qlora|lora|full --targets q_proj,v_proj,... --merge; --memory-cap MIB "
     "--max-seq-search";
 
@@ -228,7 +242,9 @@ options parse(int argc, char** argv) {
     else if (a == "--rounding") o.rounding = true;
     else if (a == "--adam32") o.adam32 = true;
     else if (a == "--loss-chunk") o.loss_chunk_tokens = number(0, std::int64_t{1} << 30);
+    else if (a == "--mlp-chunk") o.mlp_chunk_tokens = number(1, std::int64_t{1} << 30);
     else if (a == "--no-checkpointing") o.checkpointing = false;
+    else if (a == "--pack") o.pack = true;
     else if (a == "--sample") o.sample_bytes = number(0, 1000000);
     else if (a == "--data") o.data_dir = value();
     else if (a == "--out") o.out_dir = value();
@@ -276,6 +292,7 @@ options parse(int argc, char** argv) {
     if (o.max_seq_search && !o.token_file.empty()) usage("--max-seq-search runs on random token ids: leave out --data");
     if (o.max_seq_search && o.full) usage("--max-seq-search searches --finetune qlora or lora");
     if (o.full && o.merge) usage("--merge applies to --finetune qlora or lora (full fine-tuning saves the whole model)");
+    if (o.pack) usage("--pack packs the example's own texts by paragraph (stages 1 and 2), not a token file");
     o.token_file = data_given ? o.data_dir : std::string();
     if (!o.model_dir.empty() && o.token_file.empty() && !o.max_seq_search)
       usage("--model DIR needs --data FILE: a token file written by tools/tokenize.py with the model's tokenizer");
@@ -434,6 +451,7 @@ budget::training_plan budget_plan(const options& o, bool qlora, bool on_device) 
   if (!qlora && o.rounding) p.precision = budget::precision_mode::bf16;
   if (!qlora && o.adam32) p.optimizer = budget::optimizer_kind::adamw;
   p.logits_chunk_tokens = static_cast<std::uint64_t>(o.loss_chunk_tokens > 0 ? o.loss_chunk_tokens : o.batch * o.seq);
+  p.mlp_token_chunk = static_cast<std::uint64_t>(o.mlp_chunk_tokens);
   if (!on_device) {
     p.host_threads = static_cast<std::uint64_t>(o.threads);
     p.overhead = budget::host_overhead;
@@ -538,6 +556,18 @@ resources make_resources(memory_meter& meter, int threads) {
   return {meter, meter.tracker, m, meter.category(memory_category::activations), meter.category(memory_category::other)};
 }
 
+// The offsets per row of a packed micro-batch (0: not packing).
+std::int64_t offsets_per_row(const options& o) { return o.pack ? pack_documents_per_row + 1 : 0; }
+
+// The forward_context the memory prediction sizes the layers with: a packed micro-batch's offsets shape (each
+// block keeps a copy of them for its backward), no data.
+memkit::forward_context prediction_context(const options& o) {
+  memkit::forward_context ctx{};
+  if (o.pack)
+    ctx.document_offsets = tensor_view<const std::int32_t>(nullptr, shape{o.batch, offsets_per_row(o)}, memkit::memory_kind::host);
+  return ctx;
+}
+
 memkit::loss::cross_entropy_options loss_options(const options& opt) {
   memkit::loss::cross_entropy_options o;
   o.host_threads = opt.threads;
@@ -546,44 +576,71 @@ memkit::loss::cross_entropy_options loss_options(const options& opt) {
   return o;
 }
 
-// Buffers of one micro-batch: token ids and targets, the hidden states in and out of the layer stack and
-// their gradients. Allocated once per stage (where the model runs); the ids are made on the host (staging,
-// not counted: host memory of the data loader) and copied in.
+// Buffers of one micro-batch: token ids and targets (and with --pack the document offsets), the hidden states in
+// and out of the layer stack and their gradients. Allocated once per stage (where the model runs); the ids are
+// made on the host (staging, not counted: host memory of the data loader) and copied in.
 struct step_buffers {
-  memkit::buffer<std::int32_t> ids, targets;
+  memkit::buffer<std::int32_t> ids, targets, offsets;
   memkit::buffer<float> loss;
   memkit::buffer<act_t> h0, hn, dhn, dh0;
-  std::vector<std::int32_t> ids_staging, targets_staging;
-  step_buffers(const resources& r, std::int64_t batch, std::int64_t seq, std::int64_t hidden, bool embedding_trains)
+  std::vector<std::int32_t> ids_staging, targets_staging, offsets_staging;
+  step_buffers(const resources& r, std::int64_t batch, std::int64_t seq, std::int64_t hidden, bool embedding_trains,
+               std::int64_t offsets_per_row)
       : ids(r.other, shape{batch * seq}), targets(r.other, shape{batch * seq}), loss(r.other, shape{1}),
         h0(r.activations, shape{batch, seq, hidden}), hn(r.activations, shape{batch, seq, hidden}),
         dhn(r.activations, shape{batch, seq, hidden}),
         dh0(r.activations, embedding_trains ? shape{batch, seq, hidden} : shape{0}),
-        ids_staging(static_cast<std::size_t>(batch * seq)), targets_staging(static_cast<std::size_t>(batch * seq)) {}
+        ids_staging(static_cast<std::size_t>(batch * seq)), targets_staging(static_cast<std::size_t>(batch * seq)),
+        offsets_staging(static_cast<std::size_t>(batch * offsets_per_row)) {
+    if (offsets_per_row > 0) offsets = memkit::buffer<std::int32_t>(r.other, shape{batch, offsets_per_row});
+  }
   // fill(ids, targets) writes one micro-batch into host memory; it is checked and copied where the model runs.
   template <class Fill>
   void set_batch(Fill&& fill, std::int64_t vocab) {
     fill(ids_staging.data(), targets_staging.data());
-    for (std::size_t i = 0; i < ids_staging.size(); ++i)
-      memkit::require(ids_staging[i] >= 0 && ids_staging[i] < vocab && targets_staging[i] >= 0 && targets_staging[i] < vocab,
-                      "train_llama: a token id outside the vocabulary");
-    memkit::layers::copy_in(ids_staging.data(), ids.view());
-    memkit::layers::copy_in(targets_staging.data(), targets.view());
+    copy_batch(vocab);
+  }
+  // fill(ids, targets, offsets) writes one packed micro-batch (targets -100 where ignored).
+  template <class Fill>
+  void set_packed_batch(Fill&& fill, std::int64_t vocab) {
+    fill(ids_staging.data(), targets_staging.data(), offsets_staging.data());
+    memkit::attention::check_document_offsets(memkit::host_view(std::as_const(offsets_staging).data(), offsets.shape()),
+                                              offsets.shape()[0], static_cast<std::int64_t>(ids_staging.size()) / offsets.shape()[0]);
+    memkit::layers::copy_in(offsets_staging.data(), offsets.view());
+    copy_batch(vocab);
+  }
+  // The packed micro-batch's offsets where the model runs, or none().
+  tensor_view<const std::int32_t> document_offsets() const {
+    return offsets.size() > 0 ? std::as_const(offsets).view() : tensor_view<const std::int32_t>::none();
   }
   float loss_value() const { return memkit::layers::copy_out(loss.view())[0]; }
   static std::uint64_t activation_bytes(std::int64_t batch, std::int64_t seq, std::int64_t hidden, bool embedding_trains) {
     return memkit::buffer<act_t>::bytes_required(shape{batch, seq, hidden}) * (embedding_trains ? 4 : 3);
   }
-  static std::uint64_t other_bytes(std::int64_t batch, std::int64_t seq) {
-    return 2 * memkit::buffer<std::int32_t>::bytes_required(shape{batch * seq}) + memkit::buffer<float>::bytes_required(shape{1});
+  static std::uint64_t other_bytes(std::int64_t batch, std::int64_t seq, std::int64_t offsets_per_row) {
+    return 2 * memkit::buffer<std::int32_t>::bytes_required(shape{batch * seq}) + memkit::buffer<float>::bytes_required(shape{1}) +
+           (offsets_per_row > 0 ? memkit::buffer<std::int32_t>::bytes_required(shape{batch, offsets_per_row}) : 0);
+  }
+
+ private:
+  void copy_batch(std::int64_t vocab) {
+    for (std::size_t i = 0; i < ids_staging.size(); ++i)
+      memkit::require(ids_staging[i] >= 0 && ids_staging[i] < vocab &&
+                          (targets_staging[i] == -100 || (targets_staging[i] >= 0 && targets_staging[i] < vocab)),
+                      "train_llama: a token id outside the vocabulary");
+    memkit::layers::copy_in(ids_staging.data(), ids.view());
+    memkit::layers::copy_in(targets_staging.data(), targets.view());
   }
 };
 
+// A stage's layer stack: the blocks, their MLP tiled by --mlp-chunk (set here, before anything predicts the
+// blocks' bytes), and the final norm, a checkpoint per block unless --no-checkpointing.
 template <class Model>
-auto make_stack(Model& model, bool checkpointing) {
+auto make_stack(Model& model, const options& o) {
+  model.set_mlp_token_chunk(o.mlp_chunk_tokens);
   return memkit::checkpoint::segment(
       memkit::checkpoint::layer_sequence(model.blocks, model.final_norm),
-      {.schedule = checkpointing ? memkit::checkpoint::schedule::every_layer() : memkit::checkpoint::schedule::none()});
+      {.schedule = o.checkpointing ? memkit::checkpoint::schedule::every_layer() : memkit::checkpoint::schedule::none()});
 }
 
 // Forward, loss, backward of one micro-batch through the checkpointed stack; returns the loss.
@@ -683,11 +740,18 @@ void run_stage(const E& exec, int stage, Model& model, Stack& stack, const examp
     zero_grad();
     double step_loss = 0.0;
     for (std::int64_t micro = 0; micro < o.accum; ++micro) {
-      b.set_batch([&](std::int32_t* ids, std::int32_t* targets) {
-        data.training_batch(o.seed + static_cast<std::uint64_t>(stage), static_cast<std::uint64_t>(step * o.accum + micro),
-                            o.batch, ids, targets);
-      }, model.config.vocab);
-      const memkit::forward_context ctx{o.seed, static_cast<std::uint64_t>(step * o.accum + micro), true};
+      const std::uint64_t batch_seed = o.seed + static_cast<std::uint64_t>(stage);
+      const std::uint64_t batch_index = static_cast<std::uint64_t>(step * o.accum + micro);
+      if (o.pack)
+        b.set_packed_batch([&](std::int32_t* ids, std::int32_t* targets, std::int32_t* offsets) {
+          data.packed_training_batch(batch_seed, batch_index, o.batch, offsets_per_row(o), ids, targets, offsets);
+        }, model.config.vocab);
+      else
+        b.set_batch([&](std::int32_t* ids, std::int32_t* targets) {
+          data.training_batch(batch_seed, batch_index, o.batch, ids, targets);
+        }, model.config.vocab);
+      // Packed rows: every block keeps attention and the rotary positions inside each document.
+      const memkit::forward_context ctx{o.seed, batch_index, true, b.document_offsets()};
       step_loss += train_micro_batch(exec, model, stack, b, store, ctx, o, r.meter);
       accumulation.add();
     }
@@ -728,11 +792,12 @@ void run_stage(const E& exec, int stage, Model& model, Stack& stack, const examp
 template <class Model, class Stack>
 std::uint64_t activation_peak(const Model& model, const Stack& stack, const options& o, bool embedding_trains) {
   const shape in{o.batch, o.seq, model.config.hidden};
-  // The stack's own cost is exact (checkpoint/schedule.hpp); validation keeps one layer's saved tensors.
+  // The stack's own cost is exact (checkpoint/schedule.hpp), with a packed micro-batch's offsets (training);
+  // validation (windows, no offsets) keeps one layer's saved tensors.
   std::uint64_t largest_layer = model.final_norm.saved_bytes(in, {});
   for (const auto& block : model.blocks) largest_layer = std::max<std::uint64_t>(largest_layer, block.saved_bytes(in, {}));
   return step_buffers::activation_bytes(o.batch, o.seq, model.config.hidden, embedding_trains) +
-         std::max<std::uint64_t>(stack.cost(in, {}).peak_bytes, largest_layer);
+         std::max<std::uint64_t>(stack.cost(in, prediction_context(o)).peak_bytes, largest_layer);
 }
 
 template <class Model>
@@ -794,7 +859,7 @@ stage_result pretrain(const E& exec, const options& o, memory_meter& meter, std:
   adam_options.host_threads = o.threads;
   adam_options.seed = o.seed;
   predicted.peak[memory_category::optimizer_state] += AdamState::bytes_required(sizes, adam_options);
-  predicted.peak[memory_category::other] = step_buffers::other_bytes(o.batch, o.seq);
+  predicted.peak[memory_category::other] = step_buffers::other_bytes(o.batch, o.seq, offsets_per_row(o));
 
   pretrain_model model(o.model, r.model, mode, [&](const llama::projection& p, std::int64_t, int) {
     return memkit::layers::dense_linear<act_t>(p.path + ".weight", p.in, p.out, r.model, mode);
@@ -817,8 +882,8 @@ stage_result pretrain(const E& exec, const options& o, memory_meter& meter, std:
   const auto adam_params = params.adam_params();
   const memkit::optim::adam_group adam_base{.beta2 = 0.99f};
 
-  auto stack = make_stack(model, o.checkpointing);
-  step_buffers buffers(r, o.batch, o.seq, o.model.hidden, true);
+  auto stack = make_stack(model, o);
+  step_buffers buffers(r, o.batch, o.seq, o.model.hidden, true, offsets_per_row(o));
   predicted.peak[memory_category::activations] = activation_peak(model, stack, o, true);
   predicted.peak[memory_category::workspace] = workspace_peak(model, o);
   predicted.total = predicted.peak.total();
@@ -828,6 +893,9 @@ stage_result pretrain(const E& exec, const options& o, memory_meter& meter, std:
   std::printf("\nstage 1: pretraining on %s (%lld bytes), %lld steps of %lld x %lld x %lld tokens\n",
               "examples/data/shakespeare.txt", static_cast<long long>(data.size()), static_cast<long long>(o.pretrain_steps),
               static_cast<long long>(o.accum), static_cast<long long>(o.batch), static_cast<long long>(o.seq));
+  if (o.pack)
+    std::printf("packed: rows of whole paragraphs (at most %lld a row), attention and positions per paragraph\n",
+                static_cast<long long>(pack_documents_per_row));
   std::printf("validation loss before: %.4f\n", result.validation_before);
   run_stage(
       exec, 1, model, stack, data, buffers, r, o, o.pretrain_steps, o.pretrain_lr,
@@ -1025,15 +1093,15 @@ finetune_outcome finetune(const E& exec, const options& o, memory_meter& meter, 
   adam_options.host_threads = o.threads;
   adam_options.seed = o.seed;  // stochastic rounding of bf16 adapters
   predicted.peak[memory_category::optimizer_state] = memkit::optim::adam_state<std::int8_t, 256>::bytes_required(sizes, adam_options);
-  predicted.peak[memory_category::other] = step_buffers::other_bytes(o.batch, o.seq);
+  predicted.peak[memory_category::other] = step_buffers::other_bytes(o.batch, o.seq, offsets_per_row(o));
 
   std::unique_ptr<finetune_model> model = load_finetune_model(exec, o, r, o.out_dir + "/pretrained.safetensors", false);
   const auto params = adapter_parameters(*model, sizes);
   memkit::optim::adam_state<std::int8_t, 256> adam(exec, *r.model.optimizer, params.sizes(), adam_options);
   const auto adam_params = params.adam_params();
   const memkit::optim::adam_group adam_base{.beta2 = 0.99f, .weight_decay = 0.0f};
-  auto stack = make_stack(*model, o.checkpointing);
-  step_buffers buffers(r, o.batch, o.seq, o.model.hidden, false);
+  auto stack = make_stack(*model, o);
+  step_buffers buffers(r, o.batch, o.seq, o.model.hidden, false, offsets_per_row(o));
   predicted.peak[memory_category::activations] = activation_peak(*model, stack, o, false);
   predicted.peak[memory_category::workspace] = std::max<std::uint64_t>(workspace_peak(*model, o), largest_staging);
   predicted.total = predicted.peak.total();
@@ -1043,6 +1111,7 @@ finetune_outcome finetune(const E& exec, const options& o, memory_meter& meter, 
               "on all 7 projections, %lld steps\n",
               "examples/data/austen.txt", static_cast<long long>(data.size()), static_cast<long long>(o.lora_rank),
               o.lora_alpha, static_cast<long long>(o.finetune_steps));
+  if (o.pack) std::printf("packed: rows of whole paragraphs, attention and positions per paragraph\n");
   std::printf("validation loss before: %.4f\n", result.validation_before);
   run_stage(
       exec, 2, *model, stack, data, buffers, r, o, o.finetune_steps, o.finetune_lr,
@@ -1110,7 +1179,7 @@ void train_checkpoint_stage(const E& exec, const options& o, const char* what, M
                             memory_meter& meter, memory_prediction& predicted, std::uint64_t staging, bool lora,
                             StepOptimizer&& step_optimizer, ZeroGrad&& zero_grad,
                             std::vector<example::step_record>& records, stage_result& result) {
-  auto stack = make_stack(model, o.checkpointing);
+  auto stack = make_stack(model, o);
   predicted.peak[memory_category::activations] = activation_peak(model, stack, o, !lora);
   predicted.peak[memory_category::workspace] = std::max<std::uint64_t>(workspace_peak(model, o), staging);
   predicted.total = predicted.peak.total();
@@ -1191,7 +1260,7 @@ finetune_outcome finetune_checkpoint(const E& exec, const options& o, memory_met
   adam_options.host_threads = o.threads;
   adam_options.seed = o.seed;
   predicted.peak[memory_category::optimizer_state] = memkit::optim::adam_state<std::int8_t, 256>::bytes_required(sizes, adam_options);
-  predicted.peak[memory_category::other] = step_buffers::other_bytes(o.batch, o.seq);
+  predicted.peak[memory_category::other] = step_buffers::other_bytes(o.batch, o.seq, offsets_per_row(o));
 
   llama::lora_load_options load;
   load.lora.rank = o.lora_rank;
@@ -1219,7 +1288,7 @@ finetune_outcome finetune_checkpoint(const E& exec, const options& o, memory_met
   memkit::optim::adam_state<std::int8_t, 256> adam(exec, *r.model.optimizer, params.sizes(), adam_options);
   const auto adam_params = params.adam_params();
   const memkit::optim::adam_group adam_base{.beta2 = 0.99f, .weight_decay = 0.0f};
-  step_buffers buffers(r, o.batch, o.seq, o.model.hidden, false);
+  step_buffers buffers(r, o.batch, o.seq, o.model.hidden, false, offsets_per_row(o));
   train_checkpoint_stage(
       exec, o, "fine-tuning", *model, data, buffers, r, meter, predicted, largest_staging, true,
       [&](float lr, float scale) { adam.step(exec, adam_params, params.adam_groups(adam_base, lr), scale); },
@@ -1289,7 +1358,7 @@ finetune_outcome finetune_full_checkpoint(const E& exec, const options& o, memor
   adam_options.seed = o.seed;
   using adam_type = memkit::optim::adam_state<std::int8_t, 256>;
   predicted.peak[memory_category::optimizer_state] += adam_type::bytes_required(sizes, adam_options);
-  predicted.peak[memory_category::other] = step_buffers::other_bytes(o.batch, o.seq);
+  predicted.peak[memory_category::other] = step_buffers::other_bytes(o.batch, o.seq, offsets_per_row(o));
 
   std::unique_ptr<pretrain_model> model;
   if (!o.model_dir.empty()) {
@@ -1318,7 +1387,7 @@ finetune_outcome finetune_full_checkpoint(const E& exec, const options& o, memor
   adam_type adam(exec, *r.model.optimizer, params.sizes(), adam_options);
   const auto adam_params = params.adam_params();
   const memkit::optim::adam_group adam_base{.beta2 = 0.99f};
-  step_buffers buffers(r, o.batch, o.seq, o.model.hidden, true);
+  step_buffers buffers(r, o.batch, o.seq, o.model.hidden, true, offsets_per_row(o));
   train_checkpoint_stage(
       exec, o, "full fine-tuning", *model, data, buffers, r, meter, predicted, staging, false,
       [&](float lr, float scale) { adam.step(exec, adam_params, params.adam_groups(adam_base, lr), scale); },
@@ -1431,6 +1500,9 @@ int run_checkpoint(const E& exec, const options& o, memkit::memory_resource& ups
               static_cast<long long>(c.vocab), c.tie_embeddings ? " (tied)" : "", static_cast<long long>(parameters),
               static_cast<long long>(o.batch), static_cast<long long>(o.seq), static_cast<long long>(o.accum), o.threads,
               device_line.c_str());
+  if (o.mlp_chunk_tokens > 0)
+    std::printf("MLP sequence-tiled: chunks of %lld tokens (recomputed in the backward)\n",
+                static_cast<long long>(o.mlp_chunk_tokens));
   if (o.max_seq_search) return max_seq_search(exec, o, upstream);
   memory_meter meter(upstream);
   std::vector<example::step_record> records;
@@ -1507,6 +1579,9 @@ int run(const E& exec, const options& o, memkit::memory_resource& upstream, cons
               "memkit::loss::fused_linear_cross_entropy (chunks of %lld tokens)\nLoRA:      %s\n",
               static_cast<long long>(o.loss_chunk_tokens > 0 ? o.loss_chunk_tokens : o.batch * o.seq),
               lora_linear_impl::description);
+  if (o.mlp_chunk_tokens > 0)
+    std::printf("MLP:       sequence-tiled, chunks of %lld tokens (recomputed in the backward)\n",
+                static_cast<long long>(o.mlp_chunk_tokens));
   std::int64_t parameters = 2 * o.model.vocab * o.model.hidden + (2 * o.model.layers + 1) * o.model.hidden;
   for (std::int64_t i = 0; i < o.model.layers; ++i)
     for (const llama::projection& p : llama::projections_of(o.model, i)) parameters += p.in * p.out;
@@ -1564,8 +1639,19 @@ int run(const E& exec, const options& o, memkit::memory_resource& upstream, cons
   expect(s1.validation_after < s1.validation_before, "stage 1 validation loss falls");
   expect(s2.result.last_loss < s2.result.first_loss, "stage 2 training loss falls");
   expect(s2.result.validation_after < s2.result.validation_before, "stage 2 validation loss falls");
-  expect(within(s1.predicted_peak, s1.measured_peak, 0.02), "stage 1 peak memory predicted within 2%");
-  expect(within(s2.result.predicted_peak, s2.result.measured_peak, 0.02), "stage 2 peak memory predicted within 2%");
+  // Each category's own peak is predicted from the components' byte functions; their sum bounds the total (the
+  // categories peak at different moments: with --mlp-chunk the gap reaches several percent at the default size)
+  // and memory_budget predicts the total itself, below.
+  const auto categories_within = [&](const stage_result& s) {
+    bool ok = true;
+    for (int i = 0; i < memkit::memory_category_count; ++i) {
+      const auto c = static_cast<memory_category>(i);
+      ok = ok && within(s.predicted[c], s.measured[c], 0.02);
+    }
+    return ok && s.predicted_peak >= s.measured_peak;
+  };
+  expect(categories_within(s1), "stage 1: every category's peak predicted within 2%, their sum bounds the peak");
+  expect(categories_within(s2.result), "stage 2: every category's peak predicted within 2%, their sum bounds the peak");
   expect(within(s1.budget.peak, s1.measured_peak, 0.02), "stage 1 peak: memory_budget's memkit runtime within 2% of the tracker");
   expect(within(s2.result.budget.peak, s2.result.measured_peak, 0.02),
          "stage 2 peak: memory_budget's memkit runtime within 2% of the tracker");

@@ -166,7 +166,9 @@ std::string command_line(const json::value& row, const std::vector<std::string>&
 // memkit-budget's --json answer for the row's model and flags.
 json::value ask(const json::value& row, const std::vector<std::string>& flags, const std::string& budget,
                 const std::string& root) {
-  return json::parse(run_command(command_line(row, flags, budget, root) + " --json 2>&1"), "memkit-budget --json");
+  // --measured none: memkit-budget's nearest-measured-run comparison (these rows themselves) is not needed here.
+  return json::parse(run_command(command_line(row, flags, budget, root) + " --json --measured none 2>&1"),
+                     "memkit-budget --json");
 }
 
 std::string describe_run(const json::value& row, const std::string& shape) {

@@ -4,6 +4,8 @@
 #include <memkit/budget/planner.hpp>
 #include <memkit/core/units.hpp>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -29,12 +31,14 @@ constexpr const char* usage_text =
     "  --batch B  --seq S  --grad-accum N  --checkpointing none|layer|sqrt|every:K|binomial:SLOTS\n"
     "  --attention eager|flash\n"
     "  --logits fp32|bf16|chunked|fused|cut  --offload none|optimizer|optimizer+params  --gpus N  --zero 0|1|2|3\n"
+    "  --no-prefetch   (ZeRO-3: gather each layer's weights when it starts, not during the layer before)\n"
     "  --runtime pytorch|memkit (memkit: memkit's own components, every term from their byte functions)\n"
     "  --optimizer-impl foreach|fused (torch AdamW: foreach allocates a parameter-sized temporary in the step)\n"
     "  --paged          (bitsandbytes paged optimizer: state in CUDA managed memory)\n"
     "  --optimizer-in-backward (torchtune optimizer_in_bwd: each gradient freed as soon as it is stepped)\n"
     "  --logits-chunks N (torchtune's num_output_chunks for --logits chunked, default 8)\n"
     "  --loss-chunk-tokens N (memkit runtime: tokens per chunk of loss::fused_linear_cross_entropy, default 1024)\n"
+    "  --mlp-chunk N (memkit runtime, Llama-style blocks: the sequence-tiled MLP, N tokens per chunk)\n"
     "  --gpu NAME  --plan  --max-batch  --max-seq  --json  --svg PATH\n"
     "  --metric allocated|reserved|device  (what fits and --max-* compare with the GPU; default device)\n"
     "  --cuda-context-mib N  --nccl-mib N  --cublas-workspace-mib N  --fragmentation PERCENT\n"
@@ -42,9 +46,15 @@ constexpr const char* usage_text =
     "  --kbit-prepared  (PEFT prepare_model_for_kbit_training: fp32 non-quantized weights and activations)\n"
     "  --fused-norms    (norm and softmax kernels that keep no fp32 copies)\n"
     "  --lora-dropout   (lora_dropout > 0: each adapter keeps a dropped copy of its input and a mask)\n"
+    "  --fp32-adapters  (PEFT's default autocast_adapter_dtype: fp32 adapters, each keeps an fp32 copy of its input)\n"
     "  --offload-checkpoints (activation checkpoints wait in pinned host memory until backward)\n"
     "  --no-double-quant (QLoRA NF4 with one fp32 absmax per block, as bitsandbytes without double quantization)\n"
-    "  --bnb-keeps-input (bitsandbytes < 0.43.2: every 4-bit linear keeps its input for backward)\n";
+    "  --bnb-keeps-input (bitsandbytes < 0.43.2: every 4-bit linear keeps its input for backward)\n"
+    "  --lightning-bnb  (Lightning's bitsandbytes plugin, LitGPT's --quantize: the LM head quantized too; weights\n"
+    "                   quantized from fp16, so each dequantization makes an fp16 and a bf16 copy)\n"
+    "  --measured PATH  (measured runs to compare with: a bench/peers/memory_grid.py grid annotated by\n"
+    "                   compare_grid.py --annotate, or tests/data/budget_validation/measurements.json; repeatable;\n"
+    "                   default: the source tree's when this build has them; --measured none: no comparison)\n";
 
 struct usage_error : memkit::error {
   using memkit::error::error;
@@ -68,6 +78,8 @@ struct options {
   bool want_plan = false, want_max_batch = false, want_max_seq = false, want_json = false;
   bool optimizer_impl_given = false;
   metric fit_metric = metric::device;
+  std::vector<std::string> measured_paths;
+  bool measured_given = false;
 };
 
 std::uint64_t parse_count(const std::string& flag, const std::string& text, bool allow_zero = false) {
@@ -136,10 +148,14 @@ options parse_arguments(int argc, char** argv) {
       p.lora.targets = parse_targets(value());
     } else if (flag == "--bnb-keeps-input") {
       p.quantized_matmul_keeps_input = true;
+    } else if (flag == "--lightning-bnb") {
+      p.lightning_bnb = true;
     } else if (flag == "--no-double-quant") {
       o.double_quant = false;
     } else if (flag == "--lora-dropout") {
       p.lora.dropout = true;
+    } else if (flag == "--fp32-adapters") {
+      p.lora.fp32_adapters = true;
     } else if (flag == "--precision") {
       static constexpr std::pair<const char*, precision_mode> choices[] = {
           {"fp32", precision_mode::fp32}, {"bf16-mixed", precision_mode::bf16_mixed},
@@ -198,6 +214,8 @@ options parse_arguments(int argc, char** argv) {
       p.logits_output_chunks = parse_count(flag, value());
     } else if (flag == "--loss-chunk-tokens") {
       p.logits_chunk_tokens = parse_count(flag, value());
+    } else if (flag == "--mlp-chunk") {
+      p.mlp_token_chunk = parse_count(flag, value());
     } else if (flag == "--offload") {
       static constexpr std::pair<const char*, offload_choice> choices[] = {
           {"none", {optimizer_placement::device, false}},
@@ -214,6 +232,8 @@ options parse_arguments(int argc, char** argv) {
       const std::uint64_t stage = parse_count(flag, value(), true);
       if (stage > 3) throw usage_error("--zero must be 0, 1, 2 or 3, got " + std::to_string(stage));
       p.zero_stage = static_cast<int>(stage);
+    } else if (flag == "--no-prefetch") {
+      p.gather_prefetch = false;
     } else if (flag == "--gpu") {
       o.gpu_name = value();
     } else if (flag == "--plan") {
@@ -247,6 +267,11 @@ options parse_arguments(int argc, char** argv) {
       o.want_json = true;
     } else if (flag == "--svg") {
       o.svg_path = value();
+    } else if (flag == "--measured") {
+      const std::string path = value();
+      o.measured_given = true;
+      if (path == "none") o.measured_paths.clear();
+      else o.measured_paths.push_back(path);
     } else {
       throw usage_error("unknown option '" + flag + "' (see --help)");
     }
@@ -324,6 +349,7 @@ std::string describe(const training_plan& p) {
   text += p.lora_training() ? "LoRA r=" + std::to_string(p.lora.rank) + " on " +
                                              std::string(to_string(p.weights.format)) + " base"
                                        : std::string("full");
+  if (p.lora_training() && p.lora.fp32_adapters) text += " (fp32 adapters)";
   text += ", " + std::string(to_string(p.precision)) + ", " + std::string(to_string(p.optimizer));
   if (!p.memkit_runtime() && (p.optimizer == optimizer_kind::adamw || p.optimizer == optimizer_kind::adamw_bf16))
     text += p.fused_optimizer ? " (fused)" : " (foreach)";
@@ -337,6 +363,7 @@ std::string describe(const training_plan& p) {
   text += p.attention == attention_impl::eager ? ", eager attention" : ", flash attention";
   text += ", " + std::string(to_string(p.logits)) + " logits";
   if (p.gpus > 1) text += ", " + std::to_string(p.gpus) + " GPUs ZeRO-" + std::to_string(p.zero_stage);
+  if (p.gpus > 1 && p.zero_stage == 3 && !p.gather_prefetch) text += " (no prefetch)";
   return text;
 }
 
@@ -452,9 +479,8 @@ void print_table(const memory_estimate& e) {
                 format_bytes(e.managed_bytes).c_str());
 }
 
-int run(int argc, char** argv) {
-  options o = parse_arguments(argc, argv);
-  std::string model_name;
+// The model the options name (a preset, or a config.json read into `name`, which the model's name refers to).
+model_config load_model(options& o, std::string& name) {
   model_config model;
   if (!o.preset.empty()) {
     const model_config* preset = find_model_preset(o.preset);
@@ -462,11 +488,150 @@ int run(int argc, char** argv) {
       throw usage_error("unknown preset '" + o.preset + "' (known: " + preset_names(presets::all_models) + ")");
     model = *preset;
   } else {
-    model_name = o.config_path;
-    model = memkit_tools::model_from_hf_config(memkit::json::parse(read_file(o.config_path), "config.json"), model_name);
+    name = o.config_path;
+    model = memkit_tools::model_from_hf_config(memkit::json::parse(read_file(o.config_path), "config.json"), name);
   }
+  if (!o.sequence_given && model.is_gpt2() && model.max_positions < o.plan.sequence) o.plan.sequence = model.max_positions;
+  return model;
+}
+
+// --- The measured run nearest to the question (#33) ---
+// A row of a measured grid (bench/peers/memory_grid.py, annotated with memkit_flags by compare_grid.py
+// --annotate) or of the published set (tests/data/budget_validation/measurements.json): the memkit-budget
+// arguments that describe the run and what was measured.
+struct measured_run {
+  std::string id, file, device;
+  std::vector<std::string> args;
+  double measured[3] = {0, 0, 0};  // bytes by metric (allocated, reserved, device); 0: not measured
+};
+
+// A relative path in a data file names a file of the source tree: the first ancestor of the data file's folder
+// under which it exists.
+std::string resolve_relative(const std::string& data_file, const std::string& path) {
+  namespace fs = std::filesystem;
+  if (fs::path(path).is_absolute()) return path;
+  std::error_code ignored;
+  for (fs::path dir = fs::absolute(data_file, ignored).parent_path(); !dir.empty(); dir = dir.parent_path()) {
+    if (fs::exists(dir / path, ignored)) return (dir / path).string();
+    if (dir == dir.root_path()) break;
+  }
+  return path;
+}
+
+std::vector<measured_run> read_measured(const std::string& path) {
+  const memkit::json::value data = memkit::json::parse(read_file(path), path);
+  std::vector<measured_run> runs;
+  const bool grid = data.find("script") != nullptr;  // memory_grid.py's output names its script
+  const std::string device = grid ? data.at("device").as_string() : "";
+  for (const memkit::json::value& row : data.at("rows").as_array()) {
+    const memkit::json::value* flags = row.find("memkit_flags");
+    if (flags == nullptr) continue;  // a grid row not annotated (or out of memory): nothing to compare
+    measured_run r;
+    r.id = row.at("id").as_string();
+    r.file = path;
+    if (grid) {
+      r.device = device;
+      r.args = {"--config", resolve_relative(path, row.at("config").as_string())};
+      const char* names[3] = {"allocated", "reserved", "device"};
+      for (int m = 0; m < 3; ++m)
+        if (const memkit::json::value* v = row.find(names[m])) r.measured[m] = v->as_double();
+    } else {
+      r.device = row.at("gpu").as_string();
+      const memkit::json::value& model = row.at("memkit_model");
+      if (const memkit::json::value* config = model.find("config"))
+        r.args = {"--config", resolve_relative(path, config->as_string())};
+      else
+        r.args = {"--preset", model.at("preset").as_string()};
+      const std::string unit = row.at("unit").as_string();
+      const double scale = unit == "GB" ? 1e9 : unit == "GiB" ? 1073741824.0 : unit == "MiB" ? 1048576.0 : 0;
+      const std::string metric_name = row.at("metric").as_string();
+      const int m = metric_name == "allocated" ? 0 : metric_name == "reserved" ? 1 : metric_name == "device" ? 2 : -1;
+      if (scale == 0 || m < 0) throw memkit::error(path + ": " + r.id + ": unknown unit or metric");
+      r.measured[m] = row.at("measured").as_double() * scale;
+    }
+    for (const memkit::json::value& f : flags->as_array()) r.args.push_back(f.as_string());
+    runs.push_back(std::move(r));
+  }
+  return runs;
+}
+
+std::string method_class(const training_plan& p) {
+  return !p.lora_training() ? "full" : p.weights.quantized() ? "qlora" : "lora";
+}
+
+struct nearest_result {
+  measured_run run;
+  int metric_index = 0;
+  double predicted = 0, distance = 0;
+};
+
+// "Nearest": among the runs of the same method (full, LoRA, QLoRA) and runtime, the smallest
+// |ln(parameters / asked parameters)| + |ln(tokens per step / asked tokens per step)| + 1 if checkpointing differs
+// (tokens per step: micro-batch x sequence); the first in file order on a tie. Its error is memkit-budget's
+// estimate of that run against the figure measured: the metric asked for (--metric) when the run measured it,
+// else the one it measured.
+std::optional<nearest_result> nearest_measured(const std::vector<std::string>& files, const memory_estimate& asked,
+                                               const training_plan& plan, metric wanted) {
+  std::optional<nearest_result> best;
+  for (const std::string& file : files) {
+    for (measured_run& run : read_measured(file)) {
+      std::vector<std::string> argv_text = {"memkit-budget"};
+      argv_text.insert(argv_text.end(), run.args.begin(), run.args.end());
+      std::vector<char*> argv;
+      for (std::string& a : argv_text) argv.push_back(a.data());
+      options ro;
+      model_config m;
+      try {
+        ro = parse_arguments(static_cast<int>(argv.size()), argv.data());
+        std::string name;
+        m = load_model(ro, name);
+      } catch (const memkit::error& failure) {
+        throw memkit::error("measured run " + run.id + " in " + file + ": " + failure.what());
+      }
+      const training_plan& rp = ro.plan;
+      if (method_class(rp) != method_class(plan) || rp.runtime != plan.runtime) continue;
+      const memory_estimate e = estimate_memory(m, rp);
+      if (!e.valid()) continue;
+      const double distance =
+          std::abs(std::log(static_cast<double>(e.parameters) / static_cast<double>(asked.parameters))) +
+          std::abs(std::log(static_cast<double>(rp.tokens()) / static_cast<double>(plan.tokens()))) +
+          ((rp.checkpoint == checkpointing::none) != (plan.checkpoint == checkpointing::none) ? 1.0 : 0.0);
+      if (best && distance >= best->distance) continue;
+      nearest_result r;
+      r.metric_index = static_cast<int>(wanted);
+      if (run.measured[r.metric_index] == 0)
+        for (int i = 0; i < 3; ++i)
+          if (run.measured[i] != 0) r.metric_index = i;
+      r.predicted = static_cast<double>(e.peak_bytes(static_cast<metric>(r.metric_index)));
+      r.distance = distance;
+      r.run = std::move(run);
+      best = std::move(r);
+    }
+  }
+  return best;
+}
+
+// The data files compared by default: the source tree's, when this build was configured with them and they exist.
+std::vector<std::string> default_measured_files() {
+  std::vector<std::string> files;
+#ifdef MEMKIT_BUDGET_MEASURED_FILES
+  std::string list = MEMKIT_BUDGET_MEASURED_FILES;
+  std::error_code ignored;
+  for (std::size_t start = 0; start <= list.size();) {
+    const std::size_t end = std::min(list.find(';', start), list.size());
+    const std::string file = list.substr(start, end - start);
+    if (!file.empty() && std::filesystem::is_regular_file(file, ignored)) files.push_back(file);
+    start = end + 1;
+  }
+#endif
+  return files;
+}
+
+int run(int argc, char** argv) {
+  options o = parse_arguments(argc, argv);
+  std::string model_name;
+  const model_config model = load_model(o, model_name);
   training_plan& plan = o.plan;
-  if (!o.sequence_given && model.is_gpt2() && model.max_positions < plan.sequence) plan.sequence = model.max_positions;
 
   std::optional<gpu_spec> gpu;
   if (!o.gpu_name.empty()) {
@@ -485,6 +650,9 @@ int run(int argc, char** argv) {
   if (o.want_max_seq) max_seq = max_sequence(model, plan, *gpu, which);
   std::optional<ladder> steps;
   if (o.want_plan) steps = plan_ladder(model, *gpu, plan);
+  const std::optional<nearest_result> nearest =
+      nearest_measured(o.measured_given ? o.measured_paths : default_measured_files(), e, plan, which);
+  const char* metric_names[3] = {"allocated", "reserved", "device"};
 
   // The SVG first: a path that cannot be written is an error before anything is printed.
   if (!o.svg_path.empty()) {
@@ -530,6 +698,19 @@ int run(int argc, char** argv) {
     }
     if (o.want_max_batch) out += ", \"max_micro_batch\": " + std::to_string(max_batch);
     if (o.want_max_seq) out += ", \"max_sequence\": " + std::to_string(max_seq);
+    if (nearest) {
+      const double measured = nearest->run.measured[nearest->metric_index];
+      out += ", \"nearest_measured\": {\"id\": " + memkit::json::quote(nearest->run.id);
+      out += ", \"file\": " + memkit::json::quote(nearest->run.file);
+      out += ", \"device\": " + memkit::json::quote(nearest->run.device);
+      out += ", \"metric\": \"" + std::string(metric_names[nearest->metric_index]) + "\"";
+      out += ", \"measured_bytes\": " + std::to_string(static_cast<std::uint64_t>(measured));
+      out += ", \"predicted_bytes\": " + std::to_string(static_cast<std::uint64_t>(nearest->predicted));
+      char error[32];
+      std::snprintf(error, sizeof error, "%.4f", nearest->predicted / measured - 1.0);
+      out += ", \"error\": " + std::string(error);
+      out += ", \"distance\": " + fixed(nearest->distance) + "}";
+    }
     if (steps) {
       out += ", \"plan\": {\"first_fit\": ";
       out += steps->first_fit < 0 ? "null" : "\"" + std::string(to_string(steps->rungs[steps->first_fit].kind)) + "\"";
@@ -563,6 +744,15 @@ int run(int argc, char** argv) {
     }
     if (o.want_max_batch) std::printf("largest micro-batch that fits: %llu\n", static_cast<unsigned long long>(max_batch));
     if (o.want_max_seq) std::printf("longest sequence that fits: %llu\n", static_cast<unsigned long long>(max_seq));
+    if (nearest) {
+      const double measured = nearest->run.measured[nearest->metric_index];
+      std::printf("nearest measured run: %s (%s, %s; distance %.2f): %s measured %s, memkit-budget %s (%+.1f%%)\n",
+                  nearest->run.id.c_str(), std::filesystem::path(nearest->run.file).filename().string().c_str(),
+                  nearest->run.device.c_str(), nearest->distance, metric_names[nearest->metric_index],
+                  format_bytes(static_cast<std::uint64_t>(measured)).c_str(),
+                  format_bytes(static_cast<std::uint64_t>(nearest->predicted)).c_str(),
+                  100.0 * (nearest->predicted / measured - 1.0));
+    }
     if (steps) {
       std::printf("\nladder on %s:\n", std::string(gpu->name).c_str());
       for (int i = 0; i < rung_count; ++i) {

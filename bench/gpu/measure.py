@@ -7,8 +7,9 @@ run it, read it and run it again):
   3. every CUDA benchmark (Google Benchmark, JSON);
   4. the PyTorch side of each comparison (bench/peers/gpu_peers.py, with the machine's python3);
   5. the example's device run (memkit_example_train_llama_cuda --device cuda --short --check);
-  6. memory_budget's ground truth (bench/peers/memory_grid.py: real transformers + PEFT steps, peak memory;
-     compare with bench/peers/compare_grid.py and commit the rows under tests/data/budget_measured/);
+  6. memory_budget's ground truth (bench/peers/memory_grid.py, its grid v2: real transformers + PEFT (+ bitsandbytes)
+     steps, peak memory; commit the rows under tests/data/budget_measured/, annotate them with
+     bench/peers/compare_grid.py --annotate and compare with it);
 and writes OUTDIR/results.md (one Markdown report: tests, the side-by-side table, every benchmark row) and
 OUTDIR/results.json (every figure), plus each step's log.
 

@@ -2,12 +2,17 @@
 //
 // Tokens are the text's bytes (vocabulary 256): nothing to build or ship, and every text round-trips.
 // Batches are windows of seq + 1 bytes at positions drawn from (seed, step) with memkit::random_word, so a
-// run is reproducible; the last tenth of the text is held out for the validation loss.
+// run is reproducible; the last tenth of the text is held out for the validation loss. Or (--pack) rows of
+// whole documents: the text's paragraphs (between blank lines, each cut into pieces of at most seq bytes) from
+// a random one on, packed in order with memkit::models::pack_documents, with their offsets, so that attention
+// and positions stay inside each paragraph and no target crosses one.
 #pragma once
 
 #include <memkit/config.hpp>
 #include <memkit/core/random.hpp>
+#include <memkit/models/tokens.hpp>
 
+#include <algorithm>
 #include <cstdint>
 #include <fstream>
 #include <iterator>
@@ -44,6 +49,7 @@ class text_dataset {
     memkit::require(static_cast<std::int64_t>(tokens_.size()) > 20 * (seq + 1),
                     "text_dataset: '" + path + "' is too short for sequences of " + std::to_string(seq));
     split_ = static_cast<std::int64_t>(tokens_.size()) * 9 / 10;
+    split_documents();
   }
 
   // Token ids made elsewhere (a token file of tools/tokenize.py, or random ids); `what` names them in errors.
@@ -54,6 +60,7 @@ class text_dataset {
                         " tokens, too few for sequences of " + std::to_string(seq) + " (at least " +
                         std::to_string(20 * (seq + 1) + 1) + ")");
     split_ = static_cast<std::int64_t>(tokens_.size()) * 9 / 10;
+    split_documents();
   }
 
   std::int64_t size() const noexcept { return static_cast<std::int64_t>(tokens_.size()); }
@@ -68,6 +75,28 @@ class text_dataset {
       window(static_cast<std::int64_t>(start), ids + b * seq_, targets + b * seq_);
     }
   }
+  // Packed rows (--pack): fills ids, targets [batch * seq] and offsets [batch * offsets_per_row] with the
+  // training part's documents from one drawn from (seed, step) on. Returns how many tokens have a target.
+  std::int64_t packed_training_batch(std::uint64_t seed, std::uint64_t step, std::int64_t batch,
+                                     std::int64_t offsets_per_row, std::int32_t* ids, std::int32_t* targets,
+                                     std::int32_t* offsets) const {
+    const std::size_t first = static_cast<std::size_t>(memkit::random_word(seed, step, 0) % documents_.size());
+    // Enough documents in order (wrapping around) to fill every row.
+    std::vector<std::vector<std::int32_t>> docs;
+    std::int64_t tokens = 0;
+    for (std::size_t k = 0; tokens < batch * seq_ && k < documents_.size(); ++k) {
+      const auto [begin, end] = documents_[(first + k) % documents_.size()];
+      docs.emplace_back(tokens_.begin() + begin, tokens_.begin() + end);
+      tokens += end - begin;
+    }
+    const memkit::models::packed_rows rows =
+        memkit::models::pack_documents(docs, batch, seq_, 0, -100, offsets_per_row);
+    std::copy(rows.ids.begin(), rows.ids.end(), ids);
+    std::copy(rows.targets.begin(), rows.targets.end(), targets);
+    std::copy(rows.offsets.begin(), rows.offsets.end(), offsets);
+    return static_cast<std::int64_t>(std::count_if(rows.targets.begin(), rows.targets.end(), [](std::int32_t t) { return t >= 0; }));
+  }
+
   // Validation windows `index`, `index` + 1, ... of the held-out part, evenly spaced.
   void validation_batch(std::int64_t batch, std::int64_t first_window, std::int64_t windows, std::int32_t* ids,
                         std::int32_t* targets) const {
@@ -86,9 +115,26 @@ class text_dataset {
     }
   }
 
+  // The training part's documents [begin, end): paragraphs (text between blank lines, "\n\n"), each cut into
+  // pieces of at most seq tokens (a longer one would be cut by the packer and its rest never trained on).
+  void split_documents() {
+    std::int64_t begin = 0;
+    const auto add = [&](std::int64_t end) {
+      for (std::int64_t at = begin; at < end; at += seq_) documents_.emplace_back(at, std::min(end, at + seq_));
+    };
+    for (std::int64_t i = 1; i < split_; ++i)
+      if (tokens_[static_cast<std::size_t>(i)] == '\n' && tokens_[static_cast<std::size_t>(i - 1)] == '\n') {
+        add(i + 1);  // the blank line ends the paragraph
+        begin = i + 1;
+      }
+    add(split_);
+    memkit::require(!documents_.empty(), "text_dataset: no documents to pack");
+  }
+
   std::vector<std::int32_t> tokens_;
   std::int64_t seq_ = 0;
   std::int64_t split_ = 0;
+  std::vector<std::pair<std::int64_t, std::int64_t>> documents_;
 };
 
 }  // namespace example

@@ -7,7 +7,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <vector>
 
 #include "support/gpu_test.hpp"
@@ -50,6 +52,19 @@ TEST_CASE("attention cuda build: the CUDA entry points reject bad arguments befo
                                            fake_device<float>(1, 2, 8, 16), fake_device<float>(1, 3, 8, 16), lse, o,
                                            workspace),
                        doctest::Contains("must divide"), memkit::error);
+  // Packed-document offsets: the shape is checked; device-memory contents are not read on the host.
+  const memkit::tensor_view<const std::int32_t> device_offsets{reinterpret_cast<const std::int32_t*>(std::uintptr_t{4096}),
+                                                               memkit::shape{2, 3}, memkit::memory_kind::device};
+  CHECK_THROWS_WITH_AS(att::forward<float>(exec, fake_device<float>(1, 2, 8, 16), fake_device<float>(1, 1, 8, 16),
+                                           fake_device<float>(1, 1, 8, 16), device_offsets,
+                                           fake_device<float>(1, 2, 8, 16), lse, o, workspace),
+                       doctest::Contains("document_offsets must be int32 [batch = 1"), memkit::error);
+  const std::vector<std::int32_t> pageable{0, 9};
+  CHECK_THROWS_WITH_AS(att::forward<float>(exec, fake_device<float>(1, 2, 8, 16), fake_device<float>(1, 1, 8, 16),
+                                           fake_device<float>(1, 1, 8, 16),
+                                           memkit::host_view(pageable.data(), memkit::shape{1, 2}),
+                                           fake_device<float>(1, 2, 8, 16), lse, o, workspace),
+                       doctest::Contains("must end at the sequence length 8, got 9"), memkit::error);
   // The device needs no forward workspace and only delta in backward.
   const att::problem_arguments big{.batch = 2, .query_heads = 8, .kv_heads = 2, .sequence = 1000, .head_dim = 64,
                                    .on_device = true, .options = o};
@@ -63,9 +78,19 @@ TEST_CASE("attention cuda build: the CUDA entry points reject bad arguments befo
 
 namespace {
 
+// The device's five results of forward + backward (fetched to the host).
 template <class T>
-void gpu_matches_host(std::int64_t B, std::int64_t Hq, std::int64_t Hkv, std::int64_t S, std::int64_t D, bool causal,
-                      std::int64_t window, double tolerance) {
+struct device_results {
+  std::vector<T> out, dq, dk, dv;
+  std::vector<float> lse;
+};
+
+// Runs forward and backward on the device against the host path, with packed-document offsets ([B, N + 1]) when
+// `offsets` is not empty; returns the device's results.
+template <class T>
+device_results<T> gpu_matches_host(std::int64_t B, std::int64_t Hq, std::int64_t Hkv, std::int64_t S, std::int64_t D,
+                                   bool causal, std::int64_t window, double tolerance,
+                                   const std::vector<std::int32_t>& offsets = {}) {
   att::attention_options o;
   o.causal = causal;
   o.window = window;
@@ -79,10 +104,13 @@ void gpu_matches_host(std::int64_t B, std::int64_t Hq, std::int64_t Hkv, std::in
   std::vector<T> out(nq), dq(nq), dk(nkv), dv(nkv);
   std::vector<float> lse(nl);
   const memkit::shape qs{B, Hq, S, D}, ks{B, Hkv, S, D}, ls{B, Hq, S};
+  const memkit::shape os{B, offsets.empty() ? 0 : static_cast<std::int64_t>(offsets.size()) / B};
   auto hv = [](auto& x, memkit::shape s) { return memkit::host_view(x.data(), s); };
-  att::forward<T>(memkit::host, hv(q, qs), hv(k, ks), hv(v, ks), hv(out, qs), hv(lse, ls), o,
+  const memkit::tensor_view<const std::int32_t> host_docs =
+      offsets.empty() ? memkit::tensor_view<const std::int32_t>::none() : memkit::host_view(offsets.data(), os);
+  att::forward<T>(memkit::host, hv(q, qs), hv(k, ks), hv(v, ks), host_docs, hv(out, qs), hv(lse, ls), o,
                   memkit::default_host_resource());
-  att::backward<T>(memkit::host, {hv(q, qs), hv(k, ks), hv(v, ks), hv(out, qs), hv(lse, ls)}, hv(dout, qs),
+  att::backward<T>(memkit::host, {hv(q, qs), hv(k, ks), hv(v, ks), hv(out, qs), hv(lse, ls), host_docs}, hv(dout, qs),
                    {hv(dq, qs), hv(dk, ks), hv(dv, ks)}, o, memkit::default_host_resource());
   // Device.
   cudaStream_t stream{};
@@ -92,12 +120,19 @@ void gpu_matches_host(std::int64_t B, std::int64_t Hq, std::int64_t Hkv, std::in
   memkit::buffer<T> dq_(device, qs), dk_(device, ks), dv_(device, ks), dout_(device, qs), q_(device, qs),
       k_(device, ks), v_(device, ks), out_(device, qs);
   memkit::buffer<float> lse_(device, ls);
+  memkit::buffer<std::int32_t> offsets_;
   auto up = [&](auto& dst, const auto& src) {
     MEMKIT_CUDA_CHECK(cudaMemcpyAsync(dst.data(), src.data(), dst.bytes(), cudaMemcpyHostToDevice, stream));
   };
   up(q_, q), up(k_, k), up(v_, v), up(dout_, dout);
-  att::forward<T>(exec, q_.view(), k_.view(), v_.view(), out_.view(), lse_.view(), o, device);
-  att::backward<T>(exec, {q_.view(), k_.view(), v_.view(), out_.view(), lse_.view()}, dout_.view(),
+  memkit::tensor_view<const std::int32_t> device_docs = memkit::tensor_view<const std::int32_t>::none();
+  if (!offsets.empty()) {
+    offsets_ = memkit::buffer<std::int32_t>(device, os);
+    up(offsets_, offsets);
+    device_docs = offsets_.view();
+  }
+  att::forward<T>(exec, q_.view(), k_.view(), v_.view(), device_docs, out_.view(), lse_.view(), o, device);
+  att::backward<T>(exec, {q_.view(), k_.view(), v_.view(), out_.view(), lse_.view(), device_docs}, dout_.view(),
                    {dq_.view(), dk_.view(), dv_.view()}, o, device);
   auto down = [&](const auto& src) {
     std::vector<std::remove_cv_t<std::remove_reference_t<decltype(*src.data())>>> host(src.size());
@@ -119,6 +154,7 @@ void gpu_matches_host(std::int64_t B, std::int64_t Hq, std::int64_t Hkv, std::in
   CAPTURE(D);
   CAPTURE(causal);
   CAPTURE(window);
+  CAPTURE(offsets.size());
   const double e_out = scaled(g_out, out), e_lse = scaled(g_lse, lse), e_dq = scaled(g_dq, dq),
                e_dk = scaled(g_dk, dk), e_dv = scaled(g_dv, dv);
   std::printf("attention gpu vs host (S %lld D %lld): out %.3g lse %.3g dq %.3g dk %.3g dv %.3g\n",
@@ -128,9 +164,10 @@ void gpu_matches_host(std::int64_t B, std::int64_t Hq, std::int64_t Hkv, std::in
   CHECK(e_dq <= tolerance);
   CHECK(e_dk <= tolerance);
   CHECK(e_dv <= tolerance);
-  dq_ = {}, dk_ = {}, dv_ = {}, dout_ = {}, q_ = {}, k_ = {}, v_ = {}, out_ = {}, lse_ = {};
+  dq_ = {}, dk_ = {}, dv_ = {}, dout_ = {}, q_ = {}, k_ = {}, v_ = {}, out_ = {}, lse_ = {}, offsets_ = {};
   MEMKIT_CUDA_CHECK(cudaStreamSynchronize(stream));
   MEMKIT_CUDA_CHECK(cudaStreamDestroy(stream));
+  return {g_out, g_dq, g_dk, g_dv, g_lse};
 }
 
 }  // namespace
@@ -141,5 +178,32 @@ MEMKIT_GPU_TEST_CASE("gpu: flash attention forward and backward agree with the h
     gpu_matches_host<memkit::bf16>(2, 4, 2, 130, 64, causal, 0, 2e-2);
     gpu_matches_host<memkit::fp16>(1, 6, 3, 257, 128, causal, causal ? 0 : 50, 4e-3);
     gpu_matches_host<memkit::bf16>(1, 2, 1, 200, 64, causal, 33, 2e-2);
+  }
+}
+
+MEMKIT_GPU_TEST_CASE("gpu: flash attention over packed documents agrees with the host path") {
+  // Documents of length 1, empty ones padding a row, boundaries inside the CTA tiles (64 / 32 rows), GQA and MQA.
+  const std::vector<std::int32_t> two_rows{0, 1, 2, 70, 71, 150, /**/ 0, 64, 130, 149, 150, 150};
+  const std::vector<std::int32_t> one_row{0, 37, 38, 101, 257};
+  for (bool causal : {true, false}) {
+    gpu_matches_host<float>(2, 4, 2, 150, 40, causal, 0, 1e-4, two_rows);
+    gpu_matches_host<memkit::bf16>(2, 4, 2, 150, 64, causal, 0, 2e-2, two_rows);
+    gpu_matches_host<memkit::fp16>(1, 6, 3, 257, 128, causal, causal ? 0 : 50, 4e-3, one_row);
+    gpu_matches_host<memkit::bf16>(1, 2, 1, 257, 64, causal, 33, 2e-2, one_row);
+  }
+}
+
+MEMKIT_GPU_TEST_CASE("gpu: flash attention with one document per row is bit-identical to no offsets") {
+  for (bool causal : {true, false}) {
+    const auto plain = gpu_matches_host<memkit::bf16>(2, 4, 2, 130, 64, causal, 0, 2e-2);
+    const auto one = gpu_matches_host<memkit::bf16>(2, 4, 2, 130, 64, causal, 0, 2e-2, {0, 130, 0, 130});
+    const auto bits = [](const auto& a, const auto& b) {
+      return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(a[0])) == 0;
+    };
+    CHECK(bits(plain.out, one.out));
+    CHECK(bits(plain.lse, one.lse));
+    CHECK(bits(plain.dq, one.dq));
+    CHECK(bits(plain.dk, one.dk));
+    CHECK(bits(plain.dv, one.dv));
   }
 }

@@ -143,6 +143,11 @@ TEST_CASE("loss (nvcc): the shared row math and the device workspace count") {
   CHECK(ls::workspace_bytes(ls::fused_linear_cross_entropy_arguments{
             .tokens = 100, .hidden = 64, .vocab = 1000, .hidden_element_bytes = 2, .on_device = true, .options = o}) ==
         10 * 1000 * 4 + 100 * 4 + 8 + 10 * 1000 * 2);
+  // Reduction none writes the row losses into `loss` itself: no row-loss buffer.
+  const ls::cross_entropy_options none{.chunk_bytes = 10 * 1000 * 6, .reduction = ls::reduction_mode::none};
+  CHECK(ls::workspace_bytes(ls::fused_linear_cross_entropy_arguments{
+            .tokens = 100, .hidden = 64, .vocab = 1000, .hidden_element_bytes = 2, .on_device = true, .options = none}) ==
+        10 * 1000 * 4 + 8 + 10 * 1000 * 2);
 }
 
 MEMKIT_GPU_TEST_CASE("loss: CUDA matches the host path (fp32, bf16; options; chunks; NF4 head)") {
@@ -178,5 +183,110 @@ MEMKIT_GPU_TEST_CASE("loss: CUDA reports a target out of range as a NaN loss; al
     const float value = to_host(loss.data(), 1)[0];
     if (bad) CHECK(std::isnan(value));
     else CHECK(value == 0.0f);
+  }
+}
+
+namespace {
+
+// Reduction none on the device against the host: per-token losses, and the gradients for per-token weights d_loss.
+template <class T>
+void check_per_token_device_against_host(std::int64_t N, std::int64_t H, std::int64_t V, bool quantized) {
+  const ls::cross_entropy_options o{.label_smoothing = 0.1f, .z_loss = 1e-3f, .chunk_bytes = 9 * 700 * 6,
+                                    .reduction = ls::reduction_mode::none};
+  const std::vector<T> hidden = memkit_test::convert<T>(memkit_test::uniform_values(N * H, 1));
+  const std::vector<T> head = memkit_test::convert<T>(memkit_test::uniform_values(V * H, 2));
+  const std::vector<std::int32_t> targets = targets_for(N, V, o.ignore_index);
+  std::vector<float> weights(static_cast<std::size_t>(N));
+  for (std::int64_t i = 0; i < N; ++i) weights[static_cast<std::size_t>(i)] = 0.5f - 0.03f * static_cast<float>(i % 11);
+  const auto nf4 = q::quantized_tensor<q::NF4>::quantize(host, host_view(head.data(), {V, H}), {64, false},
+                                                         memkit::default_host_resource());
+  std::vector<float> host_loss(static_cast<std::size_t>(N));
+  std::vector<T> host_d_hidden(static_cast<std::size_t>(N * H));
+  std::vector<float> host_d_head(static_cast<std::size_t>(V * H), 0.0f);
+  if (quantized)
+    ls::fused_linear_cross_entropy(host, host_view(hidden.data(), {N, H}), nf4, host_view(targets.data(), {N}),
+                                   host_view(weights.data(), {N}), host_view(host_loss.data(), {N}),
+                                   host_view(host_d_hidden.data(), {N, H}), tensor_view<float>{}, o,
+                                   memkit::default_host_resource());
+  else
+    ls::fused_linear_cross_entropy(host, host_view(hidden.data(), {N, H}), host_view(head.data(), {V, H}),
+                                   host_view(targets.data(), {N}), host_view(weights.data(), {N}),
+                                   host_view(host_loss.data(), {N}), host_view(host_d_hidden.data(), {N, H}),
+                                   host_view(host_d_head.data(), {V, H}), o, memkit::default_host_resource());
+  memkit::device_resource device(0);
+  memkit::tracking_resource workspace(device, "loss");
+  auto x_d = to_device(device, hidden);
+  auto w_d = to_device(device, head);
+  auto t_d = to_device(device, targets);
+  auto weights_d = to_device(device, weights);
+  memkit::buffer<float> loss_d(device, memkit::shape{N});
+  memkit::buffer<T> d_hidden_d(device, memkit::shape{N, H});
+  auto d_head_d = to_device(device, std::vector<float>(static_cast<std::size_t>(V * H), 0.0f));
+  q::quantized_tensor<q::NF4> nf4_device(device, memkit::shape{V, H}, {64, false});
+  MEMKIT_CUDA_CHECK(cudaMemcpy(nf4_device.codes().data(), nf4.codes().data(), nf4.codes().size(), cudaMemcpyHostToDevice));
+  MEMKIT_CUDA_CHECK(cudaMemcpy(nf4_device.absmax().data(), nf4.absmax().data(), nf4.absmax().bytes(), cudaMemcpyHostToDevice));
+  const memkit::cuda_executor exec = memkit::cuda_executor::legacy_default_stream(0);
+  const tensor_view<const T> x(x_d.data(), {N, H}, memkit::memory_kind::device);
+  const tensor_view<const std::int32_t> t(t_d.data(), {N}, memkit::memory_kind::device);
+  const tensor_view<const float> w(weights_d.data(), {N}, memkit::memory_kind::device);
+  const tensor_view<float> head_grad =
+      quantized ? tensor_view<float>{} : tensor_view<float>(d_head_d.data(), {V, H}, memkit::memory_kind::device);
+  if (quantized)
+    ls::fused_linear_cross_entropy(exec, x, nf4_device, t, w, loss_d.view(), d_hidden_d.view(), head_grad, o, workspace);
+  else
+    ls::fused_linear_cross_entropy(exec, x, tensor_view<const T>(w_d.data(), {V, H}, memkit::memory_kind::device), t, w,
+                                   loss_d.view(), d_hidden_d.view(), head_grad, o, workspace);
+  exec.synchronize();
+  CHECK(workspace.peak_bytes() ==
+        ls::workspace_bytes({.tokens = N, .hidden = H, .vocab = V, .hidden_element_bytes = sizeof(T),
+                             .quantized_head = quantized, .head_grad = !quantized, .on_device = true, .options = o}));
+  double scale = 0;
+  const std::vector<float> device_loss = to_host(loss_d.data(), static_cast<std::size_t>(N));
+  const double loss_tolerance = quantized && !std::is_same_v<T, float> ? 1e-3 : 1e-5;
+  CHECK(max_abs_difference(device_loss, host_loss, &scale) <= loss_tolerance * scale);
+  const double tolerance = std::is_same_v<T, float> ? 1e-4 : 2e-2;
+  const double hidden_difference = max_abs_difference(
+      widen(to_host(d_hidden_d.data(), static_cast<std::size_t>(N * H))), widen(host_d_hidden), &scale);
+  CHECK(hidden_difference <= tolerance * scale);
+  if (!quantized) {
+    const double head_difference =
+        max_abs_difference(to_host(d_head_d.data(), static_cast<std::size_t>(V * H)), host_d_head, &scale);
+    CHECK(head_difference <= tolerance * scale);
+  }
+}
+
+}  // namespace
+
+MEMKIT_GPU_TEST_CASE("loss: CUDA reduction none matches the host path (per-token losses, weighted gradients)") {
+  check_per_token_device_against_host<float>(61, 96, 700, false);
+  check_per_token_device_against_host<memkit::bf16>(61, 96, 700, false);
+  check_per_token_device_against_host<float>(61, 96, 700, true);
+  check_per_token_device_against_host<memkit::bf16>(17, 4096, 1100, true);
+}
+
+MEMKIT_GPU_TEST_CASE("loss: CUDA reduction none reports a target out of range as that token's NaN loss") {
+  const std::int64_t N = 8, H = 16, V = 32;
+  const std::vector<float> hidden = memkit_test::uniform_values(N * H, 3), head = memkit_test::uniform_values(V * H, 4);
+  memkit::device_resource device(0);
+  auto x = to_device(device, hidden);
+  auto w = to_device(device, head);
+  std::vector<std::int32_t> targets(static_cast<std::size_t>(N), 1);
+  targets[2] = static_cast<std::int32_t>(V);
+  targets[5] = -100;
+  auto t = to_device(device, targets);
+  memkit::buffer<float> loss(device, memkit::shape{N});
+  const memkit::cuda_executor exec = memkit::cuda_executor::legacy_default_stream(0);
+  ls::fused_linear_cross_entropy(exec, tensor_view<const float>(x.data(), {N, H}, memkit::memory_kind::device),
+                                 tensor_view<const float>(w.data(), {V, H}, memkit::memory_kind::device),
+                                 tensor_view<const std::int32_t>(t.data(), {N}, memkit::memory_kind::device),
+                                 loss.view(), tensor_view<float>{}, tensor_view<float>{},
+                                 {.reduction = ls::reduction_mode::none}, device);
+  exec.synchronize();
+  const std::vector<float> values = to_host(loss.data(), static_cast<std::size_t>(N));
+  for (std::int64_t i = 0; i < N; ++i) {
+    CAPTURE(i);
+    if (i == 2) CHECK(std::isnan(values[static_cast<std::size_t>(i)]));
+    else if (i == 5) CHECK(values[static_cast<std::size_t>(i)] == 0.0f);
+    else CHECK(values[static_cast<std::size_t>(i)] > 0.0f);
   }
 }

@@ -22,6 +22,7 @@ int memkit_fuzz_adam_state(const std::uint8_t* data, std::size_t size);
 int memkit_fuzz_bnb_adam_state(const std::uint8_t* data, std::size_t size);
 int memkit_fuzz_sharded_adam_state(const std::uint8_t* data, std::size_t size);
 int memkit_fuzz_peft_adapter(const std::uint8_t* data, std::size_t size);
+int memkit_fuzz_consolidate(const std::uint8_t* data, std::size_t size);
 
 namespace {
 
@@ -66,3 +67,4 @@ TEST_CASE("fuzz replay: adam_state") { replay("adam_state", memkit_fuzz_adam_sta
 TEST_CASE("fuzz replay: bnb_adam_state") { replay("bnb_adam_state", memkit_fuzz_bnb_adam_state, 4); }
 TEST_CASE("fuzz replay: sharded_adam_state") { replay("sharded_adam_state", memkit_fuzz_sharded_adam_state, 4); }
 TEST_CASE("fuzz replay: peft_adapter") { replay("peft_adapter", memkit_fuzz_peft_adapter, 6); }
+TEST_CASE("fuzz replay: consolidate") { replay("consolidate", memkit_fuzz_consolidate, 4); }

@@ -7,6 +7,7 @@
 #include <memkit/io/safetensors.hpp>
 #include <memkit/peft/peft.hpp>
 #include <memkit/distributed/sharded_adam_state.hpp>
+#include <memkit/distributed/sharded_parameters.hpp>
 #include <memkit/optim/adam_state.hpp>
 #include <memkit/optim/bnb_adam_state.hpp>
 #include <memkit/quant/bnb_checkpoint.hpp>
@@ -408,11 +409,44 @@ void peft_adapter_seeds() {
                         one_module("model.layers.1.q_proj")));
 }
 
+// ---- export_consolidated: rank files of sharded parameters ----
+
+void consolidate_seeds() {
+  namespace dist = memkit::distributed;
+  memory_resource& r = default_host_resource();
+  std::vector<float> v(40 * 300);
+  for (std::size_t i = 0; i < v.size(); ++i) v[i] = std::sin(0.37f * static_cast<float>(i)) * (1.0f + static_cast<float>(i % 7));
+  const auto nf4 = quant::quantized_tensor<quant::NF4>::quantize(host, host_view(v.data(), shape{40, 300}), {64, true}, r);
+  const auto fp4 = quant::quantized_tensor<quant::FP4>::quantize(host, host_view(v.data(), shape{3, 99}), {32, false}, r);
+  std::vector<bf16> embedding;
+  for (int i = 0; i < 6 * 5; ++i) embedding.emplace_back(v[static_cast<std::size_t>(i)]);
+  const tensor_view<const bf16> embedding_view(embedding.data(), shape{6, 5}, memory_kind::host);
+  const auto rank_file = [&](int rank, int ranks, bool dense, bool quantized) {
+    safetensors::writer out;
+    if (dense) dist::sharded_dense<bf16>(embedding_view, rank, ranks, r).save(out, "model.embed_tokens.weight");
+    if (quantized) {
+      dist::sharded_quantized<quant::NF4>(nf4, rank, ranks, r).save(out, "model.layers.0.mlp.up_proj.weight");
+      dist::sharded_quantized<quant::FP4>(fp4, rank, ranks, r).save(out, "model.layers.0.mlp.down_proj.weight");
+    }
+    if (dense) dist::sharded_dense<float>(host_view(v.data(), shape{7}), rank, ranks, r).save(out, "model.norm.weight");
+    return saved(out);
+  };
+  write("consolidate", "dense.safetensors", rank_file(0, 1, true, false));
+  write("consolidate", "quantized.safetensors", rank_file(0, 1, false, true));
+  write("consolidate", "model.safetensors", rank_file(0, 1, true, true));
+  write("consolidate", "rank_1_of_2.safetensors", rank_file(1, 2, true, true));  // refused alone: a rank is missing
+}
+
 int main(int argc, char** argv) {
   if (argc > 1 && std::string(argv[1]) == "peft_adapter") {  // only the PEFT seeds
     peft_adapter_seeds();
     return 0;
   }
+  if (argc > 1 && std::string(argv[1]) == "consolidate") {  // only the export's seeds
+    consolidate_seeds();
+    return 0;
+  }
+  consolidate_seeds();
   peft_adapter_seeds();
   regressions_of_issue_15();
   json_seeds();

@@ -252,7 +252,19 @@ TEST_CASE("budget: logits modes") {
   const model_config& m = presets::llama_3_1_8b;
   training_plan plan{.training = method::lora, .micro_batch = 2, .sequence = 1024, .overhead = exact};
   const std::uint64_t TV = 2 * 1024 * m.vocab;
-  CHECK(logits_activation_bytes(m, plan).backward_peak == TV * (2 + 12));
+  // transformers' loss: the fp32 log-softmax, nll_loss's gradient and log_softmax's gradient; the 16-bit logits
+  // are freed with the model's output before backward.
+  CHECK(logits_activation_bytes(m, plan).saved == TV * 4);
+  CHECK(logits_activation_bytes(m, plan).backward_peak == TV * 12);
+  // ... but the caching allocator keeps the 16-bit logits' segment, too small for the fp32 gradients.
+  CHECK(logits_activation_bytes(m, plan).reserved_at_backward_peak == TV * 14);
+  {
+    training_plan cached = plan;
+    cached.overhead = {};  // the caching allocator
+    const memory_estimate e = estimate_memory(m, cached);
+    REQUIRE(e.valid());
+    CHECK(e.figures[1].reserved >= e.figures[1].allocated + 2 * TV);
+  }
   plan.logits = logits_mode::half;
   CHECK(logits_activation_bytes(m, plan).backward_peak == TV * 8);
   plan.logits = logits_mode::chunked;
@@ -365,10 +377,11 @@ TEST_CASE("budget: PEFT's k-bit preparation keeps fp32 embeddings and an fp32 re
 }
 
 // Published measurements (docs/memory_budget.md): Unsloth's Hugging Face + FA2 baselines, QLoRA r=32
-// on all linears, batch 1, k-bit prepared, gradient checkpointing, on an 80 GB A100. These pin the
-// errors the documentation reports, so a change to the model that moves them is noticed.
+// on all linears (PEFT's fp32 adapters), batch 1, k-bit prepared, gradient checkpointing, on an 80 GB A100.
+// These pin the errors the documentation reports, so a change to the model that moves them is noticed.
 TEST_CASE("budget: predictions next to published measurements") {
-  training_plan plan{.training = method::lora, .weights = {weight_format::nf4}, .lora = {32, all_linear_modules, false},
+  training_plan plan{.training = method::lora, .weights = {weight_format::nf4},
+                     .lora = {.rank = 32, .targets = all_linear_modules, .dropout = false, .fp32_adapters = true},
                      .micro_batch = 1, .checkpoint = checkpointing::every_layer, .kbit_prepared = true};
   const gpu_spec a100 = presets::a100_80gb;
   const double capacity = static_cast<double>(a100.memory_bytes);
@@ -382,15 +395,55 @@ TEST_CASE("budget: predictions next to published measurements") {
     CAPTURE(run.model.name);
     plan.sequence = run.max_context;
     const double peak = static_cast<double>(estimate_memory(run.model, plan).peak_device_bytes);
-    // At the longest context that fit, the measured peak is just under the GPU's memory.
+    // At the longest context that fit, the measured peak is just under the GPU's memory. memkit is 8-16% low
+    // here since the fp32 loss no longer holds the 16-bit logits into backward (measured on an H200, #33):
+    // docs/memory_budget.md, "Unsloth longest contexts", says what these 2024 runs held beyond that.
     CHECK(peak <= capacity);
-    CHECK(peak >= 0.85 * capacity);
+    CHECK(peak >= 0.80 * capacity);
     const double predicted_context = static_cast<double>(max_sequence(run.model, plan, a100));
     CHECK(predicted_context >= static_cast<double>(run.max_context));
-    CHECK(predicted_context <= 1.2 * static_cast<double>(run.max_context));
+    CHECK(predicted_context <= 1.35 * static_cast<double>(run.max_context));
   }
   // Both OOM at any context on smaller cards: 70B on 48 GB, 8B on 8 GB.
   plan.sequence = 1;
   CHECK_FALSE(check_fit(presets::llama_3_1_70b, plan, gpu_spec{"48gb", 46068 * memkit::MiB}).fits);
   CHECK_FALSE(check_fit(presets::llama_3_1_8b, plan, gpu_spec{"8gb", 8188 * memkit::MiB}).fits);
+}
+
+TEST_CASE("budget: PEFT's fp32 adapters keep an fp32 copy of each adapter's input") {
+  // peft/tuners/lora/layer.py: each adapter casts x to lora_A's dtype (fp32 with autocast_adapter_dtype) on
+  // its own, so lora_A keeps [T, in] fp32 per adapter instead of the block's shared 16-bit input, and lora_B an
+  // fp32 [T, r]. Measured on an H200 (tests/data/budget_measured): LoRA rows without checkpointing were 8-19%
+  // low without this.
+  const model_config& m = presets::llama_3_1_8b;
+  training_plan bf16{.training = method::lora, .micro_batch = 1, .sequence = 2048, .overhead = exact};
+  training_plan fp32 = bf16;
+  fp32.lora.fp32_adapters = true;
+  const std::uint64_t T = 2048, h = m.hidden, q = m.heads * m.head_dim, f = m.intermediate, r = 16;
+  const std::uint64_t fp32_inputs = 4 * T * (3 * h + q + 2 * h + f);  // q, k, v; o; gate, up; down
+  const std::uint64_t bf16_inputs = 2 * T * (h + h + f);                // qkv, gate/up, down: shared
+  CHECK(block_activation_bytes(m, fp32).saved_bytes - block_activation_bytes(m, bf16).saved_bytes ==
+        fp32_inputs - bf16_inputs + 7 * (4 - 2) * T * r);
+  // fp32 weights and gradients for the adapters, and no master copy.
+  const memory_estimate a = estimate_memory(m, bf16), b = estimate_memory(m, fp32);
+  const std::uint64_t adapters = lora_parameter_count(m, 16, all_linear_modules);
+  CHECK(b.phases[2][category::gradients] == 4 * adapters);
+  CHECK(a.phases[2][category::gradients] == 2 * adapters);
+  CHECK(b.phases[2][category::master_weights] == 0);
+  // PEFT's, not memkit's.
+  fp32.runtime = runtime_kind::memkit;
+  fp32.logits = logits_mode::fused;
+  CHECK_FALSE(estimate_memory(m, fp32).valid());
+}
+
+TEST_CASE("budget: q/k RMSNorms keep their fp32 inputs and statistics") {
+  // Qwen3's q_norm / k_norm (per head): Hugging Face's RMSNorm upcasts to fp32 and keeps that copy and 1/rms
+  // per row (one row per token and head). Measured on an H200: Qwen3-0.6B's LoRA rows were 7% low without them.
+  model_config m = presets::qwen2_5_0_5b;
+  const training_plan plan{.training = method::lora, .micro_batch = 1, .sequence = 512, .overhead = exact};
+  const std::uint64_t without = block_activation_bytes(m, plan).saved_bytes;
+  m.qk_norm = qk_norm_kind::per_head;
+  const std::uint64_t T = 512, d = m.head_dim;
+  CHECK(block_activation_bytes(m, plan).saved_bytes - without ==
+        4 * T * m.heads * d + 4 * T * m.heads + 4 * T * m.kv_heads * d + 4 * T * m.kv_heads);
 }

@@ -67,3 +67,29 @@ TEST_CASE("budget: BERT read from its config trains with dropout") {
   }
   CHECK_FALSE(memkit_tools::model_from_hf_config(memkit::json::parse(off, "bert"), "bert-large").dropout);
 }
+
+TEST_CASE("budget: Lightning's bitsandbytes plugin quantizes the LM head too, from fp16") {
+  // lightning/fabric/plugins/precision/bitsandbytes.py (LitGPT's --quantize bnb.nf4): every nn.Linear becomes a
+  // 4-bit linear, the untied LM head included, quantized from `weight.to(torch.half)`: bitsandbytes dequantizes
+  // to fp16 and MatMul4Bit casts that to bf16, two whole-weight copies. The head (vocab x hidden) is then the
+  // largest quantized linear.
+  const model_config& m = presets::llama_3_1_8b;
+  training_plan plan{.training = method::lora, .weights = {weight_format::nf4, 64, false},
+                     .lora = {32, linear_module::q | linear_module::v, true}, .micro_batch = 2, .sequence = 512,
+                     .overhead = exact};
+  const memory_estimate plain = estimate_memory(m, plan);
+  plan.lightning_bnb = true;
+  const memory_estimate lightning = estimate_memory(m, plan);
+  REQUIRE(lightning.valid());
+  const std::uint64_t head = m.vocab * m.hidden;
+  const int step = static_cast<int>(step_phase::optimizer_step);
+  CHECK(plain.phases[step][category::weights] - lightning.phases[step][category::weights] ==
+        2 * head - nf4_bytes(head, 64, false));
+  // Workspace: one bf16 copy of the largest MLP weight before; an fp16 and a bf16 copy of the head now.
+  const int forward = static_cast<int>(step_phase::forward);
+  CHECK(plain.phases[forward][category::workspace] == 2 * m.intermediate * m.hidden);
+  CHECK(lightning.phases[forward][category::workspace] == 2 * 2 * head);
+  // Not for 16-bit bases.
+  plan.weights = {};
+  CHECK_FALSE(estimate_memory(m, plan).valid());
+}

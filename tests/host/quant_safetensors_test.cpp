@@ -91,6 +91,9 @@ TEST_CASE("safetensors: write and read back, one tensor at a time, with metadata
   const st::reader r(file.path);
   CHECK(r.tensors().size() == 4);
   CHECK(r.metadata() == std::vector<std::pair<std::string, std::string>>{{"format", "pt"}});
+  REQUIRE(r.find_metadata("format") != nullptr);
+  CHECK(*r.find_metadata("format") == "pt");
+  CHECK(r.find_metadata("form") == nullptr);
   CHECK(r.info("a").shape == std::vector<std::int64_t>{2, 3});
   CHECK(r.info("a").dtype == "F32");
   CHECK(r.read_vector<float>("a") == a);

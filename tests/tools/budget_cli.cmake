@@ -1,5 +1,5 @@
 # CTest driver for memkit-budget: runs the tool and checks what it prints, parsing --json back.
-#   cmake -DTOOL=... -DDATA=tests/data/budget -DWORK=... -DMODE=json|configs|plan|max_batch|svg|metrics|bad_input -P this
+#   cmake -DTOOL=... -DDATA=tests/data/budget -DWORK=... -DMODE=json|configs|plan|max_batch|svg|metrics|bad_input|measured -P this
 cmake_minimum_required(VERSION 3.25)
 file(MAKE_DIRECTORY ${WORK})
 
@@ -225,6 +225,50 @@ elseif(MODE STREQUAL "bad_input")
   execute_process(COMMAND ${TOOL} --preset gpt2-124m --gpu v100 ERROR_VARIABLE errors)
   expect("the GPU presets listed: ${errors}" errors MATCHES "unknown GPU 'v100' \\(known: t4, l4, [^\n]*, b200\\)\n")
   message(STATUS "bad_input: all rejected with exit code 2")
+elseif(MODE STREQUAL "measured")
+  # #33: the measured run nearest to the question, and memkit-budget's error on it. Asked exactly a measured
+  # row's configuration, the nearest is that row (distance 0) and its prediction is the question's own figure.
+  set(grid ${DATA}/../budget_measured/h200-2026-11-28.json)
+  set(row_flags --preset llama-3.1-8b --method lora --lora-rank 16 --lora-targets q,k,v,o,gate,up,down --optimizer adamw
+      --fp32-adapters --optimizer-impl fused --precision bf16 --attention flash --logits fp32 --seq 2048)
+  run_tool(json ${row_flags} --measured ${grid} --json)
+  string(JSON id GET "${json}" nearest_measured id)
+  string(JSON distance GET "${json}" nearest_measured distance)
+  string(JSON metric GET "${json}" nearest_measured metric)
+  string(JSON predicted GET "${json}" nearest_measured predicted_bytes)
+  string(JSON measured GET "${json}" nearest_measured measured_bytes)
+  string(JSON device_peak GET "${json}" peak device)
+  expect("the measured row itself, got ${id}" id STREQUAL "llama-3.1-8b/lora/fused/2048/none")
+  expect("distance 0, got ${distance}" distance MATCHES "^0(\\.0*)?$")
+  expect("the metric asked (device), got ${metric}" metric STREQUAL "device")
+  expect("its prediction is the question's: ${predicted} == ${device_peak}" predicted EQUAL device_peak)
+  expect("the row's measured device bytes, got ${measured}" measured EQUAL 40933064704)
+  # --metric picks the figure compared; the table prints the line.
+  run_tool(out ${row_flags} --measured ${grid} --metric allocated)
+  expect("the nearest-run line: ${out}" out MATCHES
+         "nearest measured run: llama-3.1-8b/lora/fused/2048/none \\(h200-2026-11-28.json, NVIDIA H200. distance 0.00\\): allocated measured 36.51 GiB")
+  # A longer sequence of a smaller model: still LoRA, without checkpointing, the nearest by parameters and tokens.
+  run_tool(json --preset llama-3.2-1b --method lora --seq 1024 --measured ${grid} --json)
+  string(JSON id GET "${json}" nearest_measured id)
+  expect("llama-3.2-1b LoRA at 512 or 2048 tokens without checkpointing, got ${id}" id MATCHES "^llama-3.2-1b/lora/fused/(512|2048)/none$")
+  # No QLoRA run in that grid: no line. --measured none: no comparison at all.
+  run_tool(json --preset llama-3.1-8b --method qlora --measured ${grid} --json)
+  string(JSON id ERROR_VARIABLE missing GET "${json}" nearest_measured)
+  expect("no nearest run for QLoRA in a grid without QLoRA rows" NOT missing STREQUAL "NOTFOUND")
+  run_tool(json ${row_flags} --measured none --json)
+  string(JSON id ERROR_VARIABLE missing GET "${json}" nearest_measured)
+  expect("no comparison with --measured none" NOT missing STREQUAL "NOTFOUND")
+  execute_process(COMMAND ${TOOL} --preset gpt2-124m --measured ${DATA}/does_not_exist.json RESULT_VARIABLE result
+                  ERROR_VARIABLE errors)
+  expect("exit code 2 for a missing measured file, got ${result}" result EQUAL 2)
+  # A run whose flags do not parse: exit 2, naming the run and the file.
+  file(WRITE ${WORK}/bad_measured.json [=[{"rows": [{"id": "bad-run", "gpu": "x", "memkit_model": {"preset": "gpt2-124m"},
+    "memkit_flags": ["--batch", "0"], "unit": "GB", "metric": "allocated", "measured": 1.0}]}]=])
+  execute_process(COMMAND ${TOOL} --preset gpt2-124m --measured ${WORK}/bad_measured.json RESULT_VARIABLE result
+                  ERROR_VARIABLE errors)
+  expect("exit code 2 for a bad measured run, got ${result}" result EQUAL 2)
+  expect("the bad run named: ${errors}" errors MATCHES "^memkit-budget: error: measured run bad-run in [^\n]*bad_measured.json: ")
+  message(STATUS "measured: the nearest run and its error")
 else()
   message(FATAL_ERROR "unknown MODE ${MODE}")
 endif()

@@ -6,10 +6,12 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "memkit/config.hpp"
 #include "memkit/core/hardware_threads.hpp"
 #include "memkit/core/protocol.hpp"
+#include "memkit/core/tensor_view.hpp"
 
 MEMKIT_NAMESPACE_BEGIN
 namespace attention {
@@ -48,6 +50,67 @@ constexpr std::int64_t backward_part_floats(std::int64_t D) noexcept {
 }
 
 }  // namespace detail
+
+// Packed documents (varlen): offsets int32 [B, N + 1] per batch row, 0 = o[0] <= o[1] <= ... <= o[N] = S; document
+// d is positions [o[d], o[d+1]) (empty documents pad rows with fewer of them). Attention never crosses a document
+// boundary: its masks are intersected with the document of the query (forward, dq pass) or of the key (dk/dv
+// pass); a model's rotary positions restart at each document's start (models/llama). Without offsets (null) a row
+// is one document [0, S), and every bound is the one of before.
+struct position_span {
+  std::int64_t begin, end;
+};
+// The document holding position i of batch row b (offsets: `count` = N + 1 ints per row). Clamped into [0, S)
+// and around i, so that offsets the host could not check (device memory) never make a kernel leave its row.
+MEMKIT_HOST_DEVICE constexpr position_span document_of(const std::int32_t* offsets, std::int64_t count, std::int64_t b,
+                                                    std::int64_t i, std::int64_t S) noexcept {
+  if (offsets == nullptr) return {0, S};
+  const std::int32_t* row = offsets + b * count;
+  std::int64_t lo = 0, hi = count - 1;  // the last document d < N with row[d] <= i lies in [lo, hi)
+  while (hi - lo > 1) {
+    const std::int64_t mid = (lo + hi) / 2;
+    if (row[mid] <= i) lo = mid;
+    else hi = mid;
+  }
+  const std::int64_t begin = row[lo], end = row[lo + 1];
+  return {begin < 0 ? 0 : (begin > i ? i : begin), end <= i ? i + 1 : (end > S ? S : end)};
+}
+
+namespace detail {
+// The offsets' contents: each row starts at 0, never decreases and ends at `sequence`. Host-readable memory only.
+inline void check_document_offsets(const std::string& who, const tensor_view<const std::int32_t>& offsets,
+                                   std::int64_t batch, std::int64_t sequence) {
+  require(offsets.shape().rank == 2 && offsets.shape()[0] == batch && offsets.shape()[1] >= 2,
+          who + ": document_offsets must be int32 [batch = " + std::to_string(batch) +
+              ", documents + 1 >= 2], got " + to_string(offsets.shape()));
+  require(offsets.data() != nullptr, who + ": document_offsets has no data (null pointer)");
+  require(offsets.where() != memory_kind::device,
+          who + ": document_offsets' contents can only be checked in host-readable memory");
+  const std::int64_t count = offsets.shape()[1];
+  // Messages are built only on failure: this runs on every call (each block, forward and backward).
+  const auto fail = [&](std::int64_t b, const std::string& problem) {
+    throw error(who + ": document_offsets of batch row " + std::to_string(b) + " " + problem);
+  };
+  for (std::int64_t b = 0; b < batch; ++b) {
+    const std::int32_t* row = offsets.data() + b * count;
+    if (row[0] != 0) fail(b, "must start at 0, got " + std::to_string(row[0]));
+    for (std::int64_t d = 1; d < count; ++d)
+      if (row[d] < row[d - 1])
+        fail(b, "must not decrease: offset " + std::to_string(d) + " is " + std::to_string(row[d]) + " after " +
+                    std::to_string(row[d - 1]));
+    if (row[count - 1] != sequence)
+      fail(b, "must end at the sequence length " + std::to_string(sequence) + ", got " + std::to_string(row[count - 1]));
+  }
+}
+
+}  // namespace detail
+
+// Checks packed-document offsets in host-readable memory (a loader's copy before it goes to the device): int32
+// [batch, N + 1], each row starting at 0, never decreasing, ending at `sequence`. Throws memkit::error naming the
+// row and offset otherwise.
+inline void check_document_offsets(tensor_view<const std::int32_t> document_offsets, std::int64_t batch,
+                                   std::int64_t sequence) {
+  detail::check_document_offsets("attention::check_document_offsets", document_offsets, batch, sequence);
+}
 
 // --- The component protocol (docs/architecture.md): the problem of one call, and three byte functions. ---
 

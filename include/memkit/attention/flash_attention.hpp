@@ -24,6 +24,7 @@
 // what both share: the masking and exp2 math, the checks and the geometry.
 #pragma once
 
+#include <cstdint>
 #include <type_traits>
 
 #include "memkit/attention/bytes.hpp"
@@ -42,20 +43,30 @@ namespace attention {
 // out = softmax(scale * q k^T + mask) v per head; lse = the log-sum-exp of each row's scaled scores.
 // T is fp32, bf16 or fp16 (lse is always fp32). `exec` is memkit::host or a cuda_executor (enqueued on its
 // stream, nothing synchronized). Takes workspace_bytes(forward_arguments{...}) from `workspace` (host: per-thread
-// tiles; CUDA: none). Throws memkit::error for bad shapes, options or memory kinds before touching memory.
+// tiles; CUDA: none). Throws memkit::error for bad shapes, options, offsets or memory kinds before touching memory.
+// document_offsets: int32 [B, N + 1] (packed documents, above) or none().
+template <float_storage T, executor E>
+void forward(const E& exec, tensor_view<const std::type_identity_t<T>> q, tensor_view<const std::type_identity_t<T>> k,
+             tensor_view<const std::type_identity_t<T>> v, tensor_view<const std::int32_t> document_offsets,
+             tensor_view<T> out, tensor_view<float> lse, const attention_options& options, memory_resource& workspace) {
+  detail::validate_forward<T>(exec, q, k, v, document_offsets, out, lse, options);
+  detail::run_forward<T>(exec, q, k, v, document_offsets, out, lse, options, workspace);
+}
+// One document per batch row (no offsets).
 template <float_storage T, executor E>
 void forward(const E& exec, tensor_view<const std::type_identity_t<T>> q, tensor_view<const std::type_identity_t<T>> k,
              tensor_view<const std::type_identity_t<T>> v, tensor_view<T> out, tensor_view<float> lse,
              const attention_options& options, memory_resource& workspace) {
-  detail::validate_forward<T>(exec, q, k, v, out, lse, options);
-  detail::run_forward<T>(exec, q, k, v, out, lse, options, workspace);
+  forward<T>(exec, q, k, v, tensor_view<const std::int32_t>::none(), out, lse, options, workspace);
 }
 
-// What backward reads of the forward pass: its inputs q, k, v and its outputs out, lse.
+// What backward reads of the forward pass: its inputs q, k, v and its outputs out, lse, and the document offsets
+// forward was given (none() when it had none; last, so {q, k, v, out, lse} still names a call without them).
 template <class T>
 struct forward_tensors {
   tensor_view<const T> q, k, v, out;
   tensor_view<const float> lse;
+  tensor_view<const std::int32_t> document_offsets{};
 };
 // What backward writes: the gradients of q, k and v (overwritten, never accumulated).
 template <class T>
@@ -64,7 +75,7 @@ struct gradients {
 };
 
 // Gradients of forward's out with respect to q, k and v, given dout: grads.dq, grads.dk, grads.dv are overwritten
-// (dk, dv hold the sum over each kv head's query-head group). `saved` is forward's q, k, v, out and lse. Takes
+// (dk, dv hold the sum over each kv head's query-head group). `saved` is forward's q, k, v, out, lse (and offsets). Takes
 // workspace_bytes(backward_arguments{...}) from `workspace`: delta fp32 [B, Hq, S], plus per-thread tiles on the
 // host; on CUDA it is allocated stream-ordered on exec.stream. Called as
 //   attention::backward<T>(exec, {q, k, v, out, lse}, dout, {dq, dk, dv}, options, workspace);
@@ -72,10 +83,10 @@ template <float_storage T, executor E>
 void backward(const E& exec, const forward_tensors<std::type_identity_t<T>>& saved,
               tensor_view<const std::type_identity_t<T>> dout, const gradients<std::type_identity_t<T>>& grads,
               const attention_options& options, memory_resource& workspace) {
-  detail::validate_backward<T>(exec, saved.q, saved.k, saved.v, saved.out, saved.lse, dout, grads.dq, grads.dk,
-                               grads.dv, options);
-  detail::run_backward<T>(exec, saved.q, saved.k, saved.v, saved.out, saved.lse, dout, grads.dq, grads.dk, grads.dv,
-                          options, workspace);
+  detail::validate_backward<T>(exec, saved.q, saved.k, saved.v, saved.document_offsets, saved.out, saved.lse, dout,
+                               grads.dq, grads.dk, grads.dv, options);
+  detail::run_backward<T>(exec, saved.q, saved.k, saved.v, saved.document_offsets, saved.out, saved.lse, dout,
+                          grads.dq, grads.dk, grads.dv, options, workspace);
 }
 
 }  // namespace attention

@@ -28,7 +28,7 @@ struct saved_tensor {
 };
 
 struct block_activations {
-  saved_tensor items[40]{};
+  saved_tensor items[48]{};
   int count = 0;
   std::uint64_t saved_bytes = 0;         // kept from the block's forward to its backward
   std::uint64_t forward_transient = 0;   // largest temporary alive inside the block's forward
@@ -39,6 +39,10 @@ struct block_activations {
   static constexpr int backward_phase_count = 4;
   std::uint64_t backward_released[backward_phase_count]{};
   std::uint64_t backward_phase_transient[backward_phase_count]{};
+  // memkit runtime: the forward in the same phases (MLP, o_proj, attention, q/k/v projections), each with the
+  // block's saved bytes not yet saved when it runs and its temporaries. forward_transient is the largest.
+  std::uint64_t forward_unsaved[backward_phase_count]{};
+  std::uint64_t forward_phase_transient[backward_phase_count]{};
   // memkit runtime: the temporaries come from the workspace resource (and include the block's operations'
   // own workspace), so they count as workspace, not activations.
   bool transients_in_workspace = false;
@@ -62,12 +66,13 @@ namespace detail {
 // the backward only uses the weight: with `quantized_matmul_keeps_input` a frozen NF4/FP4 linear
 // keeps its input too.
 // memkit's lora_linear keeps its own copy of the adapter's input and its frozen base keeps nothing.
+// PEFT's fp32 adapters (lora_settings::fp32_adapters) keep their own fp32 copies, not the 16-bit input.
 constexpr bool keeps_linear_input(const training_plan& plan, module_set modules) noexcept {
   if (!plan.lora_training()) return true;
   if (plan.memkit_runtime()) return false;
   const bool four_bit = plan.weights.format == weight_format::nf4 || plan.weights.format == weight_format::fp4;
   if (four_bit && plan.quantized_matmul_keeps_input) return true;
-  return contains(plan.lora.targets, modules) && !plan.lora.dropout;
+  return contains(plan.lora.targets, modules) && !plan.lora.dropout && !plan.lora.fp32_adapters;
 }
 }  // namespace detail
 
@@ -116,6 +121,17 @@ constexpr block_activations block_activation_bytes(const model_config& m, const 
       add("lora.dropout_record", adapter.record);
       return;
     }
+    if (plan.lora.fp32_adapters) {
+      // PEFT with fp32 adapters (peft/tuners/lora/layer.py, Linear.forward): x = x.to(lora_A.weight.dtype)
+      // for each adapter on its own, so q, k and v each keep an fp32 copy of the same input; lora_A keeps
+      // dropout(x) in fp32 (with dropout nn.Dropout keeps its mask too), lora_B the fp32 [T, r] A output.
+      const lora::saved_bytes_parts fp32 = lora::saved_activation_bytes(
+          static_cast<std::int64_t>(T), static_cast<std::int64_t>(in), static_cast<std::int64_t>(plan.lora.rank), 4);
+      add(plan.lora.dropout ? dropped : std::string_view{"lora.input_fp32"}, fp32.adapter_input);
+      if (plan.lora.dropout) add(mask, T * in);
+      add(down_projection, fp32.adapter_output);
+      return;
+    }
     if (plan.lora.dropout) {
       add(dropped, adapter.adapter_input);
       add(mask, T * in);
@@ -140,6 +156,22 @@ constexpr block_activations block_activation_bytes(const model_config& m, const 
        "attn_norm.normalized");
   if (detail::keeps_linear_input(plan, qkv)) add("qkv_proj.input", e * T * h);
   lora_all(qkv);
+  // q/k norms (Qwen3, Gemma 3, OLMo-2: RMSNorm; StableLM-2: LayerNorm) on the projections' outputs, per head or
+  // over all heads: like the block's norms, an RMSNorm in Hugging Face's code keeps its fp32 upcast input and
+  // fp32 1/rms per row (and its bf16 normalized output when its weight trains); a LayerNorm its input, mean and
+  // rstd. Measured on an H200 (tests/data/budget_measured): Qwen3-0.6B's LoRA rows were 7% low without them.
+  if (m.qk_norm != qk_norm_kind::none) {
+    const bool rms = !m.layer_norm();
+    const bool per_head = m.qk_norm == qk_norm_kind::per_head;
+    auto qk_norm = [&](std::string_view input, std::string_view stats, std::string_view normalized,
+                       std::uint64_t heads) {
+      add(input, (rms && upcast ? 4 : e) * T * heads * d);
+      add(stats, (rms ? 4 : 8) * T * (per_head ? heads : 1));
+      if (rms && upcast && norms_train) add(normalized, e * T * heads * d);
+    };
+    qk_norm("q_norm.input", "q_norm.rstd", "q_norm.normalized", H);
+    qk_norm("k_norm.input", "k_norm.rstd", "k_norm.normalized", m.kv_heads);
+  }
   const std::uint64_t kv_kept = eager ? H : m.kv_heads;  // eager attention repeats k and v to every head
   add("q", qkv_e * T * H * d);
   add("k", qkv_e * T * kv_kept * d);
@@ -235,9 +267,11 @@ constexpr auto with_base_type(const training_plan& plan, F&& f) noexcept {
 // host (plan.host_threads > 0) every product is a linalg::gemm whose per-thread packing is workspace too, so a
 // trained dense linear takes the most of its forward (x W^T), weight gradient (dy^T x, fp32) and input
 // gradient (dy W) products.
-// `which`: only the linears of these modules (a block's phase).
+// `which`: only the linears of these modules (a block's phase); `tokens`: rows per call (0: the plan's tokens;
+// the tiled MLP's chunk).
 constexpr std::uint64_t memkit_linear_workspace_bytes(const model_config& m, const training_plan& plan,
-                                                      module_set which = all_linear_modules) noexcept {
+                                                      module_set which = all_linear_modules,
+                                                      std::uint64_t tokens_per_call = 0) noexcept {
   const bool on_host = plan.on_host();
   if (!plan.lora_training() && !on_host) return 0;
   const bool on_device = !on_host;
@@ -249,7 +283,8 @@ constexpr std::uint64_t memkit_linear_workspace_bytes(const model_config& m, con
   for (int i = 0; i < linears.count; ++i) {
     const linear_layer& l = linears.items[i];
     if ((l.modules & which) == 0) continue;
-    const auto tokens = static_cast<std::int64_t>(plan.tokens() * l.tokens_per_copy_num / l.tokens_per_copy_den);
+    const std::uint64_t rows = tokens_per_call > 0 ? tokens_per_call : plan.tokens();
+    const auto tokens = static_cast<std::int64_t>(rows * l.tokens_per_copy_num / l.tokens_per_copy_den);
     const auto in = static_cast<std::int64_t>(l.in), out = static_cast<std::int64_t>(l.out);
     const auto rank = static_cast<std::int64_t>(plan.lora.rank);
     const std::int64_t block = plan.weights.format == weight_format::int8 ? in
@@ -314,6 +349,11 @@ constexpr std::uint64_t memkit_linear_workspace_bytes(const model_config& m, con
 //             sum), and four each of the q-width and kv-width ones (merged/split heads of dq, dk, dv, do);
 // on top of which one operation's own workspace: the largest of any linear's (memkit_linear_workspace_bytes)
 // and memkit::attention's forward (host: per-thread tiles) or backward (delta, host tiles) workspace.
+// Tiled MLP (plan.mlp_token_chunk = c > 0, decoder_block::mlp_token_chunk): the block saves the MLP's input
+// [T, h] instead of gate's, up's, SwiGLU's and down's tensors; gate|up and the SwiGLU output (and in backward
+// their gradients) are [min(c, T), .] scratch pieces; each chunk's sub-layers save into a store on the
+// workspace, so an MLP projection's workspace (at min(c, T) rows) comes on top of what the chunk holds then:
+// gate's saved tensors, gate's and up's, or all four at down (decoder_block::mlp_workspace_bytes).
 constexpr block_activations memkit_block_activation_bytes(const model_config& m, const training_plan& plan) noexcept {
   block_activations a;
   a.transients_in_workspace = true;
@@ -356,31 +396,64 @@ constexpr block_activations memkit_block_activation_bytes(const model_config& m,
   const std::uint64_t saved_to_o = a.saved_bytes;
   add("mlp_norm.input", e * T * h);
   add("mlp_norm.rstd", 4 * T);
-  linear(linear_module::gate, h, "gate_proj.input");
-  linear(linear_module::up, h, "up_proj.input");
-  add("swiglu.input", e * T * 2 * f);
-  linear(linear_module::down, f, "down_proj.input");
+  const module_set mlp = linear_module::gate | linear_module::up | static_cast<module_set>(linear_module::down);
+  const bool tiled = plan.mlp_token_chunk > 0;
+  const std::uint64_t mlp_rows = tiled && plan.mlp_token_chunk < T ? plan.mlp_token_chunk : T;
+  std::uint64_t mlp_workspace = memkit_linear_workspace_bytes(m, plan, mlp);
+  if (!tiled) {
+    linear(linear_module::gate, h, "gate_proj.input");
+    linear(linear_module::up, h, "up_proj.input");
+    add("swiglu.input", e * T * 2 * f);
+    linear(linear_module::down, f, "down_proj.input");
+  } else {
+    add("mlp.input", e * T * h);
+    // What one chunk's sub-layers save (into the workspace), as `linear` above counts it for T tokens.
+    auto chunk_saved = [&](linear_module module, std::uint64_t in) -> std::uint64_t {
+      if (!plan.lora_training()) return round_up(e * mlp_rows * in, g);
+      if (!contains(plan.lora.targets, static_cast<module_set>(module))) return 0;
+      const lora::saved_bytes_parts adapter = lora::saved_activation_bytes(
+          static_cast<std::int64_t>(mlp_rows), static_cast<std::int64_t>(in), static_cast<std::int64_t>(plan.lora.rank), e);
+      return round_up(adapter.adapter_input, g) + round_up(adapter.adapter_output, g) + round_up(adapter.record, g);
+    };
+    auto chunk_workspace = [&](linear_module module) {
+      return round_up(memkit_linear_workspace_bytes(m, plan, static_cast<module_set>(module), mlp_rows), g);
+    };
+    const std::uint64_t gate_saved = chunk_saved(linear_module::gate, h);
+    const std::uint64_t up_saved = gate_saved + chunk_saved(linear_module::up, h);
+    const std::uint64_t all_saved = up_saved + round_up(e * mlp_rows * 2 * f, g) + chunk_saved(linear_module::down, f);
+    mlp_workspace = max_of(max_of(gate_saved + chunk_workspace(linear_module::gate), up_saved + chunk_workspace(linear_module::up)),
+                           all_saved + chunk_workspace(linear_module::down));
+  }
 
-  auto piece = [&](std::uint64_t width) { return round_up((e * T * width + 63) / 64 * 64, g); };
-  const std::uint64_t forward_scratch = 5 * piece(h) + 2 * piece(qw) + 2 * piece(kvw) + piece(2 * f) + piece(f);
-  const std::uint64_t backward_scratch = piece(f) + piece(2 * f) + 4 * piece(h) + 4 * piece(qw) + 4 * piece(kvw);
-  const std::uint64_t linears = memkit_linear_workspace_bytes(m, plan);
+  auto piece_of = [&](std::uint64_t rows, std::uint64_t width) { return round_up((e * rows * width + 63) / 64 * 64, g); };
+  auto piece = [&](std::uint64_t width) { return piece_of(T, width); };
+  const std::uint64_t mlp_pieces = piece_of(mlp_rows, 2 * f) + piece_of(mlp_rows, f);  // gate|up and a (da, dgu)
+  const std::uint64_t forward_scratch = 5 * piece(h) + 2 * piece(qw) + 2 * piece(kvw) + mlp_pieces;
+  const std::uint64_t backward_scratch = mlp_pieces + 4 * piece(h) + 4 * piece(qw) + 4 * piece(kvw);
+  const auto attention_linears = static_cast<module_set>(all_linear_modules & ~mlp);
+  const std::uint64_t linears = max_of(memkit_linear_workspace_bytes(m, plan, attention_linears), mlp_workspace);
   const std::uint64_t attention_forward = attention::workspace_bytes(attention::forward_arguments{attention_problem});
   const std::uint64_t attention_backward = attention::workspace_bytes(attention::backward_arguments{attention_problem});
   a.forward_transient = forward_scratch + round_up(max_of(linears, attention_forward), g);
   a.backward_transient = backward_scratch + round_up(max_of(linears, attention_backward), g);
   // The phases of memkit/models/llama/block.hpp's backward: the MLP (down, SwiGLU, up, gate, mlp_norm), o_proj,
   // attention, then q/k/v and attn_norm; each starts once the phases before it have released their saved tensors.
-  const module_set mlp = linear_module::gate | linear_module::up | static_cast<module_set>(linear_module::down);
   const module_set qkv = linear_module::q | linear_module::k | static_cast<module_set>(linear_module::v);
   const std::uint64_t phase_workspace[block_activations::backward_phase_count] = {
-      memkit_linear_workspace_bytes(m, plan, mlp), memkit_linear_workspace_bytes(m, plan, static_cast<module_set>(linear_module::o)),
+      mlp_workspace, memkit_linear_workspace_bytes(m, plan, static_cast<module_set>(linear_module::o)),
       attention_backward, memkit_linear_workspace_bytes(m, plan, qkv)};
   const std::uint64_t released[block_activations::backward_phase_count] = {
       0, a.saved_bytes - saved_to_o, a.saved_bytes - saved_to_attention, a.saved_bytes - saved_to_qkv};
+  // The forward's phases run with the saved tensors of the block so far: q/k/v's workspace once the projections
+  // have saved theirs, attention once q, k, v, its output and log-sum-exp are saved, o_proj's after its input,
+  // the MLP's with everything saved (the tiled MLP saves its input before its chunks).
+  const std::uint64_t forward_workspace[block_activations::backward_phase_count] = {
+      mlp_workspace, phase_workspace[1], attention_forward, phase_workspace[3]};
   for (int i = 0; i < block_activations::backward_phase_count; ++i) {
     a.backward_released[i] = released[i];
     a.backward_phase_transient[i] = backward_scratch + round_up(phase_workspace[i], g);
+    a.forward_unsaved[i] = released[i];
+    a.forward_phase_transient[i] = forward_scratch + round_up(forward_workspace[i], g);
   }
   return a;
 }
@@ -400,6 +473,8 @@ constexpr std::uint64_t model_level_activation_bytes(const model_config& m, cons
   if (!plan.lora_training()) {
     if (upcast) total += round_up(e * T * h, g);
     if (!detail::loss_grad_in_forward(plan)) total += round_up(e * T * h, g);  // lm_head input
+  } else if (plan.lightning_bnb && plan.quantized_matmul_keeps_input && !m.tied_embeddings) {
+    total += round_up(e * T * h, g);  // the quantized LM head's MatMul4Bit keeps its input (bitsandbytes < 0.43.2)
   }
   return total;
 }
@@ -410,6 +485,11 @@ struct logits_bytes {
   std::uint64_t forward_peak = 0;
   std::uint64_t saved = 0;
   std::uint64_t backward_peak = 0;
+  // PyTorch's caching allocator at the loss's backward peak: the segments it holds for the loss, live or
+  // cached. A [tokens, vocab] tensor of 10 MiB or more gets a segment of its own, and a freed one serves a
+  // later request of another size only if it is larger; the difference to backward_peak is reserved, not
+  // allocated.
+  std::uint64_t reserved_at_backward_peak = 0;
 };
 
 constexpr logits_bytes logits_activation_bytes(const model_config& m, const training_plan& plan) noexcept {
@@ -419,13 +499,25 @@ constexpr logits_bytes logits_activation_bytes(const model_config& m, const trai
   switch (plan.logits) {
     case logits_mode::fp32:
       if (e == 4) {
-        l.forward_peak = TV * (4 + 4);   // logits, log-softmax
-        l.saved = TV * (4 + 4);
+        l.forward_peak = TV * (4 + 4);  // logits (`.float()` returns them), log-softmax
+        l.saved = TV * 4;               // the log-softmax (below: nothing keeps the logits)
         l.backward_peak = TV * (4 + 4 + 4);
+        // The logits' freed segment takes nll_loss's gradient; log_softmax's gradient needs a new one.
+        l.reserved_at_backward_peak = l.backward_peak;
       } else {
+        // transformers' ForCausalLMLoss: `logits.float()`, then cross_entropy (log_softmax + nll_loss).
         l.forward_peak = TV * (e + 4 + 4);  // 16-bit logits, their fp32 copy, fp32 log-softmax
-        l.saved = TV * (e + 4);             // the 16-bit logits stay in the output; log-softmax for backward
-        l.backward_peak = TV * (e + 4 + 4 + 4);  // + gradient of the log-probabilities and of the fp32 logits
+        // Only the log-softmax (saved by log_softmax and nll_loss) outlives forward: nothing saves the 16-bit
+        // logits (the frozen or trained head's backward needs its input, not its output; the upcast's backward
+        // saves nothing), and the loop keeps the loss, not the model's output (the Trainer's compute_loss
+        // returns `outputs["loss"]`; torchtune `del logits` before backward), so the 16-bit logits and the fp32
+        // copy are freed when the loss returns. Measured on an H200 (tests/data/budget_measured): counting the
+        // 16-bit logits into backward predicted Qwen2.5-0.5B (vocabulary 151,936) 2 x T x V bytes too high.
+        l.saved = TV * 4;
+        l.backward_peak = TV * (4 + 4 + 4);  // + nll_loss's gradient and log_softmax's gradient, both fp32
+        // The fp32 copy's freed segment takes nll_loss's gradient, log_softmax's gradient a new one; the 16-bit
+        // logits' freed segment is too small for either and stays cached (it takes their 16-bit gradient).
+        l.reserved_at_backward_peak = TV * (e + 4 + 4 + 4);
       }
       break;
     case logits_mode::half:
@@ -501,6 +593,7 @@ constexpr logits_bytes logits_activation_bytes(const model_config& m, const trai
   l.forward_peak = round_up(l.forward_peak, g);
   l.saved = round_up(l.saved, g);
   l.backward_peak = round_up(l.backward_peak, g);
+  l.reserved_at_backward_peak = max_of(round_up(l.reserved_at_backward_peak, g), l.backward_peak);
   return l;
 }
 

@@ -11,7 +11,8 @@
 //   int8 weight: one byte per element and one fp32 absmax per block.
 //   Adam state: two moments per tensor (fp32, bf16, or codes plus one fp32 absmax per block per moment),
 //     each segment aligned to 64 bytes; tensors with fewer than 4096 elements keep fp32 moments.
-//   Sharded Adam state (ZeRO 1/2): distributed/sharded_adam_bytes.hpp's max_bytes_per_rank.
+//   Sharded Adam state (ZeRO 1/2/3): distributed/sharded_adam_bytes.hpp's max_bytes_per_rank.
+//   ZeRO-3 weight shards and gather staging: distributed/sharded_parameters_bytes.hpp (used by estimate.hpp).
 #pragma once
 
 #include <cstdint>
@@ -20,6 +21,7 @@
 #include "memkit/config.hpp"
 #include "memkit/core/tensor_view.hpp"
 #include "memkit/distributed/sharded_adam_bytes.hpp"
+#include "memkit/distributed/sharded_parameters_bytes.hpp"
 #include "memkit/optim/adam_bytes.hpp"
 #include "memkit/quant/bytes.hpp"
 

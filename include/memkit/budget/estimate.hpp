@@ -121,12 +121,16 @@ constexpr std::string_view plan_problem(const model_config& m, const training_pl
   if (p.logits == logits_mode::chunked && p.logits_output_chunks == 0) return "logits_output_chunks must be positive";
   if ((p.logits == logits_mode::chunked || p.logits == logits_mode::fused) && p.logits_chunk_tokens == 0)
     return "logits_chunk_tokens must be positive";
+  if (p.mlp_token_chunk > 0 && !memkit_block_modelled(m, p))
+    return "mlp_token_chunk (the sequence-tiled MLP) is modelled for memkit's Llama-style block only (runtime memkit)";
   if (m.is_gpt2() && p.sequence > m.max_positions)
     return "sequence is longer than the model's learned position table";
   if (p.training == method::full && p.weights.quantized())
     return "full training needs fp32/bf16/fp16 weights; quantized weights train with LoRA";
   if (p.lora_training() && (p.lora.rank == 0 || p.lora.targets == 0))
     return "LoRA needs a positive rank and at least one target module";
+  if (p.lora.fp32_adapters && !p.lora_training()) return "fp32 adapters are PEFT's LoRA adapters: they need method lora";
+  if (p.lightning_bnb && !p.weights.quantized()) return "lightning-bnb describes quantized (bitsandbytes) weights: use qlora";
   // The rule quantized_tensor enforces (a block size past int64 converts negative and is refused too).
   if ((p.weights.format == weight_format::nf4 || p.weights.format == weight_format::fp4) &&
       !quant::is_valid_block_size(static_cast<std::int64_t>(p.weights.block_size)))
@@ -144,14 +148,15 @@ constexpr std::string_view plan_problem(const model_config& m, const training_pl
       return "memkit's loss is loss::fused_linear_cross_entropy: use logits chunked or fused with the memkit runtime";
     if (!(detail_is_adam(p.optimizer) || p.optimizer == optimizer_kind::none))
       return "memkit's optimizers are adam_state flavours (adamw, adamw-bf16, adamw8bit, adamw4bit) or none";
-    if (p.kbit_prepared || p.quantized_matmul_keeps_input)
-      return "kbit-prepared and bnb-keeps-input describe PEFT / bitsandbytes, not the memkit runtime";
+    if (p.kbit_prepared || p.quantized_matmul_keeps_input || p.lora.fp32_adapters || p.lightning_bnb)
+      return "kbit-prepared, bnb-keeps-input, fp32-adapters and lightning-bnb describe PEFT / bitsandbytes / Lightning, "
+             "not the memkit runtime";
     if (p.placement == optimizer_placement::paged) return "paged optimizer state is bitsandbytes': not with the memkit runtime";
     if (p.optimizer_in_backward)
       return "memkit's adam_state steps every tensor once after backward (one step counter, global-norm clipping)";
     if (p.gpus > 1 && p.zero_stage == 3)
-      return "memkit shards optimizer state and gradients (ZeRO stages 1 and 2, distributed::sharded_adam_state), "
-             "not yet the weights: ZeRO-3 is not available with the memkit runtime";
+      return "memkit shards the weights (distributed::sharded_dense / sharded_quantized, whose bytes ZeRO-3 is "
+             "modelled with) but has no stage-3 training loop yet: ZeRO-3 is not available with the memkit runtime";
   }
   if (p.host_threads > 0 && !p.memkit_runtime()) return "host execution (host_threads) is modelled for the memkit runtime only";
   return {};
@@ -159,19 +164,41 @@ constexpr std::string_view plan_problem(const model_config& m, const training_pl
 
 namespace detail {
 
-constexpr std::uint64_t frozen_weight_bytes(const parameter_tensor& t, const weight_storage& w, bool kbit_prepared) noexcept {
-  const std::uint64_t n = t.elements();
+// How a frozen tensor is stored: a quantized_tensor of `format` in blocks of `block` (int8: one scale per
+// row), or dense with `element_bytes` per element.
+struct frozen_storage {
+  bool quantized = false;
+  quant::format format = quant::format::nf4;
+  quant::quant_options options{};
+  std::uint64_t element_bytes = 2;
+};
+constexpr frozen_storage frozen_storage_of(const parameter_tensor& t, const weight_storage& w, bool kbit_prepared) noexcept {
+  frozen_storage s;
   if (t.role == tensor_role::linear_weight) {
     switch (w.format) {
-      case weight_format::nf4: return nf4_bytes(n, w.block_size, w.double_quant);
-      case weight_format::fp4: return fp4_bytes(n, w.block_size, w.double_quant);
-      case weight_format::int8: return int8_bytes(n, t.cols);
-      case weight_format::fp32: return 4 * n;
-      default: return 2 * n;
+      case weight_format::nf4:
+      case weight_format::fp4:
+        s.quantized = true;
+        s.format = w.format == weight_format::nf4 ? quant::format::nf4 : quant::format::fp4;
+        s.options = {static_cast<std::int64_t>(w.block_size), w.double_quant};
+        return s;
+      case weight_format::int8:
+        s.quantized = true;
+        s.format = quant::format::int8;
+        s.options = {static_cast<std::int64_t>(t.cols), false};
+        return s;
+      case weight_format::fp32: s.element_bytes = 4; return s;
+      default: s.element_bytes = 2; return s;
     }
   }
-  if (w.format == weight_format::fp32 || kbit_prepared) return 4 * n;
-  return 2 * n;  // quantized models keep the rest in 16-bit
+  s.element_bytes = w.format == weight_format::fp32 || kbit_prepared ? 4 : 2;  // quantized models keep the rest in 16-bit
+  return s;
+}
+
+constexpr std::uint64_t frozen_weight_bytes(const parameter_tensor& t, const weight_storage& w, bool kbit_prepared) noexcept {
+  const frozen_storage s = frozen_storage_of(t, w, kbit_prepared);
+  if (!s.quantized) return s.element_bytes * t.elements();
+  return quant::quantized_tensor_bytes(s.format, shape{static_cast<std::int64_t>(t.elements())}, s.options);
 }
 
 constexpr std::uint64_t optimizer_state_bytes(const parameter_tensor& t, optimizer_kind o, bool pure_16bit) noexcept {
@@ -225,6 +252,66 @@ constexpr sharded_totals sharded_adam_bytes(const model_config& m, const trainin
   return r;
 }
 
+// ZeRO-3: what a rank keeps and stages for the weights, from distributed/sharded_parameters_bytes.hpp (the
+// byte functions of sharded_dense / sharded_quantized), tensor by tensor, each piece one allocation:
+//   shards     every tensor's shard: whole elements of a dense tensor, whole quantization blocks (with double
+//              quantization whole nested groups of 256 blocks) of a quantized one, padded to the same count
+//              on every rank;
+//   gathered   the whole weights gathered for the units in flight. Units run in order: the embeddings, each
+//              block, then the final norm and the head (the tied embedding gathered again); with prefetch
+//              the next unit is gathered while one runs, so the largest two neighbours, else the largest one;
+//   staging    the all_gather receive buffer of one tensor's gather (every rank's shard), the largest over
+//              the model: gathers run one at a time and release it before returning.
+// Frozen tensors keep their storage (NF4 / FP4 / int8 or 16-bit); trainable ones (all, or the LoRA adapters)
+// are dense in the weights' dtype.
+struct stage3_totals {
+  std::uint64_t shards = 0, gathered = 0, staging = 0;
+};
+constexpr stage3_totals stage3_weight_bytes(const model_config& m, const training_plan& p) noexcept {
+  const std::uint64_t g = p.overhead.allocation_granularity;
+  const int ranks = static_cast<int>(p.gpus);
+  stage3_totals r;
+  // Whole bytes per unit: before the first block tensor, one block, after the blocks.
+  std::uint64_t first = 0, block = 0, last = 0, tied_embedding = 0;
+  bool seen_block = false;
+  auto add = [&](const parameter_tensor& t, const frozen_storage& s) {
+    const shape dims{static_cast<std::int64_t>(t.elements())};
+    std::uint64_t shard = 0, whole = 0, staging = 0;
+    if (s.quantized) {
+      const distributed::quantized_shard_pieces pieces = distributed::quantized_shard_pieces_of(s.format, dims, s.options, ranks);
+      shard = round_up(pieces.codes, g) + round_up(pieces.scales, g) + round_up(pieces.groups, g);
+      whole = round_up(quant::quantized_tensor_bytes(s.format, dims, s.options), g);
+      staging = distributed::quantized_gather_workspace_bytes(s.format, dims, s.options, ranks);
+    } else {
+      shard = round_up(distributed::dense_shard_bytes(dims, s.element_bytes, ranks), g);
+      whole = round_up(s.element_bytes * t.elements(), g);
+      staging = distributed::dense_gather_workspace_bytes(dims, s.element_bytes, ranks);
+    }
+    r.shards += shard * t.count;
+    r.staging = max_of(r.staging, round_up(staging, g));
+    if (t.per_block) {
+      seen_block = true;
+      block += whole * (t.count / m.layers);
+    } else {
+      (seen_block ? last : first) += whole * t.count;
+      if (t.role == tensor_role::token_embedding && m.tied_embeddings) tied_embedding = whole;
+    }
+  };
+  frozen_storage dense;
+  dense.element_bytes = p.precision == precision_mode::fp32 ? 4 : 2;
+  if (!p.lora_training()) {
+    for_each_parameter(m, [&](const parameter_tensor& t) { add(t, dense); });
+  } else {
+    for_each_parameter(m, [&](const parameter_tensor& t) { add(t, frozen_storage_of(t, p.weights, p.kbit_prepared)); });
+    for_each_lora_parameter(m, p.lora.rank, p.lora.targets, [&](const parameter_tensor& t) { add(t, dense); });
+  }
+  last += tied_embedding;
+  if (!p.gather_prefetch) r.gathered = max_of(first, max_of(block, last));
+  else if (m.layers == 0) r.gathered = first + last;
+  else r.gathered = max_of(first + block, max_of(m.layers > 1 ? 2 * block : 0, block + last));
+  return r;
+}
+
 struct parameter_totals {
   std::uint64_t weights = 0;          // everything the model holds, trainable and frozen
   std::uint64_t gradients = 0;
@@ -255,16 +342,21 @@ constexpr parameter_totals parameter_bytes(const model_config& m, const training
   const std::uint64_t step_counter = torch_adam && p.fused_optimizer ? round_up(4, g) : 0;
   std::uint64_t largest_trainable = 0;
   std::uint64_t trainable_tensors = 0;
+  std::uint64_t trainable_elements = 0;
   std::uint64_t adam_chunks = 0;
+  // PEFT's fp32 adapters: fp32 weights and gradients, stepped directly (no master copy).
+  const bool fp32_adapters = p.lora_training() && p.lora.fp32_adapters;
   auto trainable = [&](const parameter_tensor& t) {
     const std::uint64_t n = t.elements();
     adam_chunks += adam_reduction_chunks(n) * t.count;
     trainable_tensors += t.count;
-    const std::uint64_t w = round_up(weight_bytes * n, g), grad = round_up(gradient_bytes * n, g);
+    trainable_elements += n * t.count;
+    const std::uint64_t w = round_up((fp32_adapters ? 4 : weight_bytes) * n, g);
+    const std::uint64_t grad = round_up((fp32_adapters ? 4 : gradient_bytes) * n, g);
     r.weights += w * t.count;
     r.gradients += grad * t.count;
     r.largest_gradient = max_of(r.largest_gradient, grad);
-    if (p.has_master_weights()) r.master += round_up(4 * n, g) * t.count;
+    if (p.has_master_weights() && !fp32_adapters) r.master += round_up(4 * n, g) * t.count;
     const std::uint64_t state = optimizer_state_bytes(t, p.optimizer, pure_16bit);
     r.optimizer += round_up(state, g) * t.count;
     r.weights_pool.add(w, t.count);
@@ -299,7 +391,10 @@ constexpr parameter_totals parameter_bytes(const model_config& m, const training
   if (!p.lora_training()) {
     for_each_parameter(m, trainable);
   } else {
-    for_each_parameter(m, [&](const parameter_tensor& t) {
+    for_each_parameter(m, [&](const parameter_tensor& in) {
+      // Lightning's bitsandbytes plugin quantizes the (untied) LM head like any other linear.
+      parameter_tensor t = in;
+      if (p.lightning_bnb && t.role == tensor_role::lm_head && t.cols != 1) t.role = tensor_role::linear_weight;
       const std::uint64_t w = round_up(frozen_weight_bytes(t, p.weights, p.kbit_prepared), g);
       r.weights += w * t.count;
       // bitsandbytes keeps a quantized weight's packed data and its scales as separate tensors.
@@ -328,7 +423,7 @@ constexpr parameter_totals parameter_bytes(const model_config& m, const training
   // Adafactor builds fp32 temporaries per tensor.
   if (torch_adam && !p.fused_optimizer) {
     const std::uint64_t state_bytes = p.optimizer == optimizer_kind::adamw ? 4 : 2;
-    r.step_temporary = state_bytes * (r.gradients / gradient_bytes);
+    r.step_temporary = state_bytes * trainable_elements;
     r.largest_step_temporary = round_up(state_bytes * largest_trainable, g);
   }
   if (p.optimizer == optimizer_kind::adafactor) r.largest_step_temporary = r.step_temporary = 3 * 4 * largest_trainable;
@@ -355,6 +450,7 @@ constexpr memory_estimate estimate_memory(const model_config& m, const training_
   const detail::parameter_totals params = detail::parameter_bytes(m, p);
   const std::uint64_t N = p.gpus;
   const int zero = N > 1 ? p.zero_stage : 0;
+  const detail::stage3_totals stage3 = zero == 3 ? detail::stage3_weight_bytes(m, p) : detail::stage3_totals{};
   const bool host_optimizer = p.placement == optimizer_placement::host;
 
   // --- persistent device and host state ---
@@ -364,12 +460,13 @@ constexpr memory_estimate estimate_memory(const model_config& m, const training_
     host[category::weights] = params.weights;
     persistent[category::weights] = 2 * params.layer_weights;  // the layer in use and the one prefetched
   } else if (zero == 3) {
-    persistent[category::weights] = ceil_div(params.weights, N) + 2 * params.layer_weights;
+    persistent[category::weights] = stage3.shards + stage3.gathered;
+    persistent[category::workspace] = stage3.staging;  // the all_gather's receive buffer
   } else {
     persistent[category::weights] = params.weights;
   }
-  // ZeRO 1/2 with Adam: sharded_adam_state's per-rank bytes (ZeRO-3 and other optimizers: an even split).
-  const bool sharded_adam = (zero == 1 || zero == 2) && detail::is_adam(p.optimizer);
+  // ZeRO 1/2/3 with Adam: sharded_adam_state's per-rank bytes (other optimizers: an even split).
+  const bool sharded_adam = zero >= 1 && detail::is_adam(p.optimizer);
   const detail::sharded_totals sharded = sharded_adam ? detail::sharded_adam_bytes(m, p) : detail::sharded_totals{};
   const std::uint64_t granularity = p.overhead.allocation_granularity;
   const std::uint64_t master = !(zero >= 1)     ? params.master
@@ -402,9 +499,12 @@ constexpr memory_estimate estimate_memory(const model_config& m, const training_
   const std::uint64_t g = p.overhead.allocation_granularity;
   // PyTorch: bitsandbytes dequantizes a quantized base one linear at a time into a 16-bit copy of the
   // whole weight. memkit: the largest workspace one of its linears takes (lora_linear / quant::matmul).
-  persistent[category::workspace] =
-      p.overhead.workspace_bytes + (p.memkit_runtime() ? round_up(memkit_linear_workspace_bytes(m, p), g)
-                                                       : round_up(2 * params.largest_frozen_linear, g));
+  // Lightning's plugin quantized from fp16: an fp16 dequantized weight, then its bf16 copy (plan.lightning_bnb).
+  const std::uint64_t dequantized_copies = p.lightning_bnb ? 2 : 1;
+  persistent[category::workspace] +=
+      p.overhead.workspace_bytes +
+      (p.memkit_runtime() ? round_up(memkit_linear_workspace_bytes(m, p), g)
+                          : dequantized_copies * round_up(2 * params.largest_frozen_linear, g));
   // Outside any allocator: the CUDA context, NCCL's buffers when there is more than one GPU, and with the
   // memkit runtime the cuBLAS workspace (memkit never calls cublasSetWorkspace: cuBLAS allocates its own;
   // PyTorch hands cuBLAS one from its caching allocator, so there it is a tensor of `workspace`).
@@ -448,15 +548,26 @@ constexpr memory_estimate estimate_memory(const model_config& m, const training_
     return produced < gradients ? produced : gradients;
   };
   const std::uint64_t backward_workspace = step_in_backward ? params.largest_step_temporary : 0;
-  breakdown backward = with(persistent, grads_so_far(params.head_gradients), saved_blocks + extras,
-                            logits.backward_peak, backward_workspace);
+  const breakdown at_loss = with(persistent, grads_so_far(params.head_gradients), saved_blocks + extras,
+                                 logits.backward_peak, backward_workspace);
+  breakdown backward = at_loss;
   for (std::uint64_t i = L; i-- > 0;) {
     // Layer i runs backward: what blocks 0..i (or their checkpoints) still keep, plus its temporaries.
     const std::uint64_t activations = extras + block.backward_transient + blocks.at_backward(i);
     const std::uint64_t produced = params.head_gradients + (L - i) * params.layer_gradients;
     backward = larger(backward, with(persistent, grads_so_far(produced), activations, 0, backward_workspace));
   }
-  backward = larger(backward, with(persistent, grads_so_far(gradients), extras, 0, backward_workspace));
+  // A tied embedding's gradient arrives twice: the LM head's first, then embedding_dense_backward's, a new
+  // [vocab, hidden] tensor (at::zeros in aten/src/ATen/native/cuda/Embedding.cu), and autograd sums the two out of
+  // place (an aten::add of two [vocab, hidden] tensors in torch's profiler, torch 2.15 on the CPU): the
+  // embedding's gradient and the sum are alive next to the head's. Untied, the embedding's gradient is its own
+  // (counted above).
+  const std::uint64_t tied_embedding_grad =
+      m.tied_embeddings && !p.lora_training() && !p.memkit_runtime() && !step_in_backward && !host_optimizer
+          ? 2 * params.head_gradients
+          : 0;
+  backward = larger(backward, with(persistent, grads_so_far(gradients) + tied_embedding_grad, extras, 0,
+                                   backward_workspace));
   out.phases[1] = backward;
 
   breakdown step = step_in_backward ? with(persistent, 0, 0, 0, 0) : with(persistent, gradients, 0, 0, step_temporary);
@@ -480,6 +591,31 @@ constexpr memory_estimate estimate_memory(const model_config& m, const training_
   pool_usage activation_pool;
   for (int i = 0; i < block.count; ++i) activation_pool.add(block.items[i].bytes);
   const allocator_kind allocator = allocator_of(p);
+  // The caching allocator's segments for a moment's live tensors: its allocated figure (unsplit blocks count
+  // whole) and its reserved figure, before the cache's memory of earlier phases.
+  // `tied_pair`: bytes of b's gradients that are two tensors of their own (a tied embedding's second gradient
+  // and the sum).
+  auto caching_figures = [&](const breakdown& b, std::uint64_t tied_pair = 0) {
+    memory_figures f;
+    const std::uint64_t counted = b.total() - out.managed_bytes;
+    f.allocated = counted;
+    f.reserved = counted + counted * p.overhead.fragmentation_percent / 100;
+    pool_usage live;
+    live.add_as(params.weights_pool, b[category::weights]);
+    live.add_as(params.gradients_pool, b[category::gradients] - tied_pair);
+    if (tied_pair != 0) live.add(tied_pair / 2, 2);
+    live.add_as(params.master_pool, b[category::master_weights]);
+    live.add_as(params.optimizer_pool, b[category::optimizer_state] - out.managed_bytes);
+    live.add_as(activation_pool, b[category::activations]);
+    live.add(b[category::logits]);
+    live.add(p.overhead.workspace_bytes);
+    for (std::uint64_t i = 0; i < dequantized_copies; ++i) live.add(2 * params.largest_frozen_linear);
+    live.add_as(params.temporary_pool, b[category::workspace] - persistent[category::workspace]);
+    // An unsplit block is handed out whole and counted as allocated (allocated_bytes adds its size).
+    f.allocated += live.unsplit_tails();
+    f.reserved += live.slack();
+    return f;
+  };
   std::uint64_t reserved_so_far = 0;
   for (int i = 0; i < step_phase_count; ++i) {
     breakdown& b = out.phases[i];
@@ -490,19 +626,14 @@ constexpr memory_estimate estimate_memory(const model_config& m, const training_
     f.allocated = counted;
     f.reserved = counted + counted * p.overhead.fragmentation_percent / 100;
     if (allocator == allocator_kind::pytorch_caching) {
-      pool_usage live;
-      live.add_as(params.weights_pool, b[category::weights]);
-      live.add_as(params.gradients_pool, b[category::gradients]);
-      live.add_as(params.master_pool, b[category::master_weights]);
-      live.add_as(params.optimizer_pool, b[category::optimizer_state] - out.managed_bytes);
-      live.add_as(activation_pool, b[category::activations]);
-      live.add(b[category::logits]);
-      live.add(p.overhead.workspace_bytes);
-      live.add(2 * params.largest_frozen_linear);
-      live.add_as(params.temporary_pool, b[category::workspace] - persistent[category::workspace]);
-      // An unsplit block is handed out whole and counted as allocated (allocated_bytes adds its size).
-      f.allocated += live.unsplit_tails();
-      f.reserved += live.slack();
+      const bool tied_moment = i == static_cast<int>(step_phase::backward) && tied_embedding_grad != 0 &&
+                               b[category::gradients] == gradients + tied_embedding_grad;
+      f = caching_figures(b, tied_moment ? tied_embedding_grad : 0);
+      // Backward starts at the loss, whose freed forward segments the cache keeps (logits_bytes): whatever
+      // moment sets the phase's tensors, the phase holds at least the segments of that one.
+      if (i == static_cast<int>(step_phase::backward) && !memkit_block_modelled(m, p))
+        f.reserved = max_of(f.reserved, caching_figures(at_loss).reserved + logits.reserved_at_backward_peak -
+                                            logits.backward_peak);
       // The cache keeps what it reserved: a later phase holds at least an earlier one's segments.
       f.reserved = max_of(f.reserved, reserved_so_far);
       reserved_so_far = f.reserved;

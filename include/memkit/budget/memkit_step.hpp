@@ -71,7 +71,6 @@ constexpr memkit_step_moments memkit_step_activations(const model_config& m, con
   const block_activations block = memkit_block_activation_bytes(m, p);
   const std::uint64_t norm_saved = round_up(e * T * m.hidden, g) + round_up(4 * T, g);  // final RMSNorm: x, 1/rms
   auto saved = [&](std::uint64_t step) { return step < L ? block.saved_bytes : norm_saved; };
-  auto forward_temporaries = [&](std::uint64_t step) { return step < L ? block.forward_transient : 0; };
   auto backward_temporaries = [&](std::uint64_t step) { return step < L ? block.backward_transient : 0; };
 
   // The loss: loss::fused_linear_cross_entropy with chunks of logits_chunk_tokens tokens' fp32 logits.
@@ -96,7 +95,14 @@ constexpr memkit_step_moments memkit_step_activations(const model_config& m, con
     }
   };
   auto on_forward = [&](std::uint64_t step, std::uint64_t bytes) {
-    moment(backward_pass ? backward_phase : forward_phase, bytes, forward_temporaries(step));
+    const int phase = backward_pass ? backward_phase : forward_phase;
+    if (step >= L) {
+      moment(phase, bytes, 0);  // the final norm: no temporaries
+      return;
+    }
+    // A block's forward in its phases: each phase's operation runs before the later phases have saved theirs.
+    for (int i = 0; i < block_activations::backward_phase_count; ++i)
+      moment(phase, bytes - block.forward_unsaved[i], block.forward_phase_transient[i]);
   };
   auto on_backward = [&](std::uint64_t step, std::uint64_t bytes) {
     if (step >= L) {

@@ -35,6 +35,11 @@ struct lora_settings {
   std::uint64_t rank = 16;
   module_set targets = all_linear_modules;
   bool dropout = false;  // lora_dropout > 0: each adapter keeps its own dropped copy of its input and a mask
+  // PEFT's get_peft_model(autocast_adapter_dtype=True), its default: adapters of a 16-bit model are created in
+  // fp32 (fp32 weights and gradients, no master copy), and each adapter casts its 16-bit input to fp32
+  // (LoraLayer._cast_input_dtype) before lora_A, which keeps that fp32 copy for its weight gradient; the
+  // down-projection lora_B keeps is fp32 too. PyTorch runtime only.
+  bool fp32_adapters = false;
 };
 
 enum class precision_mode : std::uint8_t {
@@ -117,6 +122,9 @@ struct training_plan {
   logits_mode logits = logits_mode::fp32;
   std::uint64_t logits_chunk_tokens = 1024;  // memkit's fused_linear_cross_entropy: tokens per chunk
   std::uint64_t logits_output_chunks = 8;    // torchtune's num_output_chunks (chunks along the sequence)
+  // memkit runtime: the decoder block's sequence-tiled MLP (memkit/models/llama/block.hpp, decoder_block::
+  // mlp_token_chunk): gate/up -> SwiGLU -> down over chunks of this many tokens, recomputed in backward. 0: untiled.
+  std::uint64_t mlp_token_chunk = 0;
   // Hugging Face's Llama-family code computes RMSNorm and softmax in fp32 and autograd keeps the fp32
   // copies; fused kernels keep only 16-bit inputs and per-row statistics.
   bool fp32_norm_and_softmax = true;
@@ -127,6 +135,11 @@ struct training_plan {
   bool kbit_prepared = false;
   // bitsandbytes < 0.43.2: MatMul4Bit saved its input for backward (fixed by bitsandbytes PR #1270).
   bool quantized_matmul_keeps_input = false;
+  // Lightning's BitsandbytesPrecision (LitGPT's --quantize bnb.nf4 ...; lightning/fabric/plugins/precision/
+  // bitsandbytes.py): it replaces every nn.Linear, the LM head included (when not tied), and quantizes each weight
+  // from fp16 (`weight.to(torch.half)` before quantize_4bit), so bitsandbytes dequantizes to an fp16 weight and
+  // MatMul4Bit then casts it to the bf16 compute dtype: two whole-weight transients per 4-bit matmul, not one.
+  bool lightning_bnb = false;
 
   // memkit runtime: where the step runs. 0: on a CUDA device (cuBLAS and the components' device kernels).
   // N > 0: on the host with N threads, as examples/train_llama.cpp runs: every workspace term is then the
@@ -138,6 +151,9 @@ struct training_plan {
   std::uint64_t gpus = 1;
   int zero_stage = 0;
   overhead_settings overhead{};
+  // ZeRO-3: the next layer's weights are gathered while one layer runs (two layers' whole weights in
+  // flight); false gathers each layer when it starts (one).
+  bool gather_prefetch = true;
 
   constexpr bool lora_training() const noexcept { return training == method::lora; }
   constexpr bool memkit_runtime() const noexcept { return runtime == runtime_kind::memkit; }

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <iterator>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -33,10 +34,13 @@ struct forward_context {
   std::uint64_t seed = 0;     // randomness of this training step
   std::uint64_t counter = 0;  // where this layer's random stream starts
   bool training = true;       // false: no dropout
+  // Packed documents of this batch: int32 [batch, N + 1] cumulative offsets per row (attention/bytes.hpp), read
+  // by the layers that mix positions (attention, rotary positions); none(): each row is one sequence.
+  tensor_view<const std::int32_t> document_offsets{};
 
   constexpr forward_context for_layer(std::uint64_t index) const noexcept {
     // Counters 2^40 apart: a layer may draw up to 2^40 random words without overlapping the next one.
-    return {seed, counter + (index << 40), training};
+    return {seed, counter + (index << 40), training, document_offsets};
   }
 };
 
@@ -177,6 +181,14 @@ class activation_store {
                 std::to_string(last.element_bytes) + "-byte elements, not shape " + to_string(expected) + " of " +
                 std::to_string(sizeof(T)) + "-byte elements" + (last.type == &detail::type_tag<T> ? "" : " of another type"));
     return {reinterpret_cast<const T*>(last.storage.data()), last.dims, last.storage.where()};
+  }
+
+  // The shape of the most recently saved tensor when it holds elements of T, else none (also when empty): how a
+  // backward finds out whether its forward saved an optional tensor.
+  template <class T>
+  std::optional<shape> last_shape() const noexcept {
+    if (entries_.empty() || entries_.back().type != &detail::type_tag<T>) return std::nullopt;
+    return entries_.back().dims;
   }
 
   std::size_t size() const noexcept { return entries_.size(); }

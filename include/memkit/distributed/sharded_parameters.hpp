@@ -34,6 +34,7 @@
 #include "memkit/core/execution.hpp"
 #include "memkit/core/tensor_view.hpp"
 #include "memkit/distributed/communicator.hpp"
+#include "memkit/distributed/sharded_parameters_bytes.hpp"
 #include "memkit/memory/buffer.hpp"
 #include "memkit/memory/resource.hpp"
 #include "memkit/io/json.hpp"
@@ -46,25 +47,6 @@
 
 MEMKIT_NAMESPACE_BEGIN
 namespace distributed {
-
-struct shard_layout {
-  std::int64_t elements = 0;        // of the whole tensor
-  std::int64_t unit = 1;            // elements that stay together
-  std::int64_t units_per_rank = 0;  // the same on every rank
-  int ranks = 1;
-
-  constexpr std::int64_t shard_elements() const noexcept { return units_per_rank * unit; }
-  // Rank r's elements [first(r), first(r) + count(r)); count may be less than shard_elements (padding) or 0.
-  constexpr std::int64_t first(int rank) const noexcept { return std::min(elements, rank * shard_elements()); }
-  constexpr std::int64_t count(int rank) const noexcept {
-    return std::min(elements, first(rank) + shard_elements()) - first(rank);
-  }
-};
-
-constexpr shard_layout make_shard_layout(std::int64_t elements, std::int64_t unit, int ranks) noexcept {
-  const std::int64_t units = (elements + unit - 1) / unit;
-  return {elements, unit, ranks > 0 ? (units + ranks - 1) / ranks : 0, ranks};
-}
 
 namespace detail {
 
@@ -138,9 +120,7 @@ inline std::vector<const safetensors::reader*> order_images(std::span<const safe
   std::vector<const safetensors::reader*> by_rank(images.size(), nullptr);
   for (const safetensors::reader* image : images) {
     require(image != nullptr, what + ": a null image");
-    const std::string* text = nullptr;
-    for (const auto& [key, value] : image->metadata())
-      if (key == name) text = &value;
+    const std::string* text = image->find_metadata(name);
     require(text != nullptr, what + ": '" + image->path() + "' holds no shard of '" + name + "'");
     const json::value layout = json::parse(*text, image->path());
     const json::value* ranks = layout.is_object() ? layout.find("ranks") : nullptr;
@@ -160,12 +140,10 @@ inline std::vector<const safetensors::reader*> order_images(std::span<const safe
 
 // The layout JSON of a shard less its rank: what every rank of one save must agree on.
 inline std::string layout_without_rank(const safetensors::reader& image, const std::string& name) {
-  for (const auto& [key, value] : image.metadata())
-    if (key == name) {
-      const std::size_t at = value.find(",\"rank\":");
-      return at == std::string::npos ? value : value.substr(0, at);
-    }
-  return {};
+  const std::string* value = image.find_metadata(name);
+  if (value == nullptr) return {};
+  const std::size_t at = value->find(",\"rank\":");
+  return at == std::string::npos ? *value : value->substr(0, at);
 }
 
 // Rebuilds rank `rank` of `ranks` from the old shards (in rank order, each `old_units` units), piece by
@@ -197,14 +175,13 @@ inline void reshard_pieces(std::span<const safetensors::reader* const> old_image
 template <class T>
 class sharded_dense {
  public:
-  static constexpr shard_layout layout_of(const shape& dims, int ranks) noexcept {
-    return make_shard_layout(dims.numel(), 1, ranks);
-  }
+  // (sharded_parameters_bytes.hpp: the same numbers without this class, for memory_budget)
+  static constexpr shard_layout layout_of(const shape& dims, int ranks) noexcept { return dense_shard_layout(dims, ranks); }
   static constexpr std::size_t shard_bytes(const shape& dims, int ranks) noexcept {
-    return buffer<T>::bytes_required(shape{layout_of(dims, ranks).shard_elements()});
+    return dense_shard_bytes(dims, sizeof(T), ranks);
   }
   static constexpr std::size_t gather_workspace_bytes(const shape& dims, int ranks) noexcept {
-    return buffer<T>::bytes_required(shape{layout_of(dims, ranks).shard_elements() * ranks});
+    return dense_gather_workspace_bytes(dims, sizeof(T), ranks);
   }
 
   sharded_dense() = default;
@@ -298,37 +275,24 @@ template <quant::format F>
 class sharded_quantized {
  public:
   using tensor_type = quant::quantized_tensor<F>;
-  static constexpr std::int64_t groups_per_unit = 256;  // blocks per nested group (quantized_tensor's)
+  static constexpr std::int64_t groups_per_unit = blocks_per_nested_group;  // blocks per nested group
 
+  // (sharded_parameters_bytes.hpp: the same numbers without this class, for memory_budget)
   static constexpr shard_layout layout_of(const shape& dims, const quant::quant_options& o, int ranks) noexcept {
-    return make_shard_layout(dims.numel(), o.double_quant ? o.block_size * groups_per_unit : o.block_size, ranks);
+    return quantized_shard_layout(dims, o, ranks);
   }
-  // The pieces of one rank's shard, in bytes: codes, then the block scales (fp32, or uint8 nested codes),
-  // then with double quantization one fp32 group scale per unit.
-  struct pieces {
-    std::size_t codes = 0, scales = 0, groups = 0;
-    constexpr std::size_t total() const noexcept { return codes + scales + groups; }
-  };
+  // The pieces of one rank's shard, in bytes: codes, block scales, group scales (one buffer each).
+  using pieces = quantized_shard_pieces;
   static constexpr pieces shard_pieces(const shape& dims, const quant::quant_options& o, int ranks) noexcept {
-    const shard_layout l = layout_of(dims, o, ranks);
-    const std::int64_t blocks = l.shard_elements() / o.block_size;
-    pieces p;
-    p.codes = static_cast<std::size_t>(quant::code_bytes(F, l.shard_elements()));
-    p.scales = static_cast<std::size_t>(o.double_quant ? blocks : 4 * blocks);
-    p.groups = static_cast<std::size_t>(o.double_quant ? 4 * l.units_per_rank : 0);
-    return p;
+    return quantized_shard_pieces_of(F, dims, o, ranks);
   }
-  // What a rank keeps (one buffer per piece).
+  // What a rank keeps.
   static constexpr std::size_t shard_bytes(const shape& dims, const quant::quant_options& o, int ranks) noexcept {
-    const pieces p = shard_pieces(dims, o, ranks);
-    return buffer<std::uint8_t>::bytes_required(shape{static_cast<std::int64_t>(p.codes)}) +
-           buffer<std::uint8_t>::bytes_required(shape{static_cast<std::int64_t>(p.scales)}) +
-           buffer<std::uint8_t>::bytes_required(shape{static_cast<std::int64_t>(p.groups)});
+    return quantized_shard_bytes(F, dims, o, ranks);
   }
   // The staging of one gather: every rank's largest piece.
   static constexpr std::size_t gather_workspace_bytes(const shape& dims, const quant::quant_options& o, int ranks) noexcept {
-    const pieces p = shard_pieces(dims, o, ranks);
-    return buffer<std::byte>::bytes_required(shape{static_cast<std::int64_t>(std::max({p.codes, p.scales, p.groups}) * ranks)});
+    return quantized_gather_workspace_bytes(F, dims, o, ranks);
   }
 
   sharded_quantized() = default;
@@ -363,6 +327,8 @@ class sharded_quantized {
   const shard_layout& layout() const noexcept { return layout_; }
   int rank() const noexcept { return rank_; }
   std::size_t bytes() const noexcept { return codes_.bytes() + scales_.bytes() + groups_.bytes(); }
+  // With double quantization: the tensor's offset (replicated on every rank; 0 without).
+  float nested_offset() const noexcept { return offset_; }
 
   // Every rank's slice into `whole` (a tensor of the same shape and options), bit for bit the tensor the
   // shards were made from; staging from `workspace` (gather_workspace_bytes), released before returning.
@@ -424,10 +390,7 @@ class sharded_quantized {
     for (const safetensors::reader* image : old)
       require(detail::layout_without_rank(*image, name) == agreed,
               what + ": '" + image->path() + "' holds a different tensor or save than '" + old[0]->path() + "'");
-    std::string json_text;
-    for (const auto& [key, value] : old[0]->metadata())
-      if (key == name) json_text = value;
-    const json::value layout = json::parse(json_text, old[0]->path());
+    const json::value layout = json::parse(*old[0]->find_metadata(name), old[0]->path());  // present: order_images
     const auto field = [&](const char* key) -> const json::value& {
       const json::value* v = layout.find(key);
       require(v != nullptr, what + ": the saved layout has no '" + key + "'");

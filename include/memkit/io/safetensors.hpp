@@ -11,6 +11,8 @@
 // refused rather than taken for a small tensor. A corrupt or
 // truncated file gives a memkit::error naming the file and the problem. Opening reads only the header;
 // read() fetches just the requested tensor's bytes with pread, so one tensor of a large file costs its size.
+// writer collects tensors in memory; stream_writer writes the same bytes for a file larger than memory
+// (tensors declared first, then their data a piece at a time).
 #pragma once
 
 #include <algorithm>
@@ -105,7 +107,7 @@ class reader {
   reader(reader&& other) noexcept
       : path_(std::move(other.path_)), fd_(std::exchange(other.fd_, -1)), file_size_(other.file_size_),
         data_start_(other.data_start_), tensors_(std::move(other.tensors_)), by_name_(std::move(other.by_name_)),
-        metadata_(std::move(other.metadata_)) {}
+        metadata_(std::move(other.metadata_)), metadata_by_key_(std::move(other.metadata_by_key_)) {}
   ~reader() {
     if (fd_ >= 0) ::close(fd_);
   }
@@ -114,6 +116,11 @@ class reader {
   // Tensors in file order (sorted by offset).
   const std::vector<tensor_info>& tensors() const noexcept { return tensors_; }
   const std::vector<std::pair<std::string, std::string>>& metadata() const noexcept { return metadata_; }
+  // The metadata value under `key`, or null (a binary search: sharded checkpoints keep one entry per tensor).
+  const std::string* find_metadata(std::string_view key) const noexcept {
+    const std::pair<std::string, std::string>* entry = metadata_by_key_.find(metadata_, key);
+    return entry != nullptr ? &entry->second : nullptr;
+  }
 
   const tensor_info* find(std::string_view name) const noexcept {
     // A binary search (#35: 10K modules took 21 s to open with a linear one).
@@ -244,6 +251,7 @@ class reader {
       corrupt("tensors cover " + std::to_string(expected) + " data bytes but the file holds " +
               std::to_string(data_size) + (expected > data_size ? " (truncated)" : " (trailing bytes)"));
     by_name_.build(tensors_);
+    metadata_by_key_.build(metadata_);
   }
 
   tensor_info parse_entry(const std::string& name, const json::value& entry, std::uint64_t data_size) const {
@@ -308,24 +316,78 @@ class reader {
   std::vector<tensor_info> tensors_;
   io::name_index<tensor_info, &tensor_info::name> by_name_;  // for find()
   std::vector<std::pair<std::string, std::string>> metadata_;
+  io::name_index<std::pair<std::string, std::string>, &std::pair<std::string, std::string>::first> metadata_by_key_;
 };
+
+namespace detail {
+// The bytes of a tensor about to be written, after the checks every writer applies (name, dtype, extents,
+// and a size that fits 64 bits).
+inline std::uint64_t checked_entry_bytes(const std::string& name, const std::string& dtype,
+                                         const std::vector<std::int64_t>& dims) {
+  require(name != "__metadata__", "safetensors: '__metadata__' is reserved");
+  const std::size_t element_size = dtype_size(dtype);
+  require(element_size != 0, "safetensors: unknown dtype '" + dtype + "'");
+  std::int64_t numel = 1;
+  for (std::int64_t d : dims) {
+    require(d >= 0, "safetensors: tensor '" + name + "' has negative extent");
+    numel = checked_mul(numel, d, "safetensors: element count of the tensor being added");
+  }
+  return checked_mul(static_cast<std::uint64_t>(numel), std::uint64_t{element_size},
+                     "safetensors: byte size of the tensor being added");
+}
+
+// The header JSON of `count` tensors in file order (entry(i) gives the i-th's tensor_info and byte size) and
+// the metadata, padded with spaces so the data section starts 8-byte aligned.
+template <class Entry>
+std::string header_json(const std::vector<std::pair<std::string, std::string>>& metadata, std::size_t count,
+                        Entry entry) {
+  std::string text = "{";
+  bool first = true;
+  if (!metadata.empty()) {
+    text += "\"__metadata__\":{";
+    for (std::size_t i = 0; i < metadata.size(); ++i) {
+      if (i) text += ',';
+      text += json::quote(metadata[i].first);
+      text += ':';
+      text += json::quote(metadata[i].second);
+    }
+    text += "}";
+    first = false;
+  }
+  std::uint64_t offset = 0;
+  for (std::size_t k = 0; k < count; ++k) {
+    const std::pair<const tensor_info&, std::uint64_t> e = entry(k);
+    text += first ? "" : ",";
+    first = false;
+    text += json::quote(e.first.name) + ":{\"dtype\":" + json::quote(e.first.dtype) + ",\"shape\":[";
+    for (std::size_t i = 0; i < e.first.shape.size(); ++i) {
+      if (i) text += ',';
+      text += std::to_string(e.first.shape[i]);
+    }
+    text += "],\"data_offsets\":[" + std::to_string(offset) + "," + std::to_string(offset + e.second) + "]}";
+    offset += e.second;
+  }
+  text += "}";
+  while ((8 + text.size()) % 8 != 0) text += ' ';
+  return text;
+}
+
+// Writes the 8-byte little-endian header size and the header.
+inline bool write_header(std::FILE* file, const std::string& head) {
+  unsigned char size_bytes[8];
+  const std::uint64_t size = head.size();
+  for (int i = 0; i < 8; ++i) size_bytes[i] = static_cast<unsigned char>(size >> (8 * i));
+  return std::fwrite(size_bytes, 1, 8, file) == 8 && std::fwrite(head.data(), 1, head.size(), file) == head.size();
+}
+}  // namespace detail
 
 // Collects tensors (host memory, copied on add) and writes one safetensors file.
 class writer {
  public:
   void add_bytes(std::string name, std::string dtype, std::vector<std::int64_t> dims, const void* data,
                  std::uint64_t bytes) {
-    require(name != "__metadata__", "safetensors: '__metadata__' is reserved");
     require(names_.count(name) == 0, "safetensors: tensor '" + name + "' added twice");
-    const std::size_t element_size = dtype_size(dtype);
-    require(element_size != 0, "safetensors: unknown dtype '" + dtype + "'");
-    std::int64_t numel = 1;
-    for (std::int64_t d : dims) {
-      require(d >= 0, "safetensors: tensor '" + name + "' has negative extent");
-      numel = checked_mul(numel, d, "safetensors: element count of the tensor being added");
-    }
-    const std::uint64_t needed = checked_mul(static_cast<std::uint64_t>(numel), std::uint64_t{element_size},
-                                             "safetensors: byte size of the tensor being added");
+    const std::uint64_t needed = detail::checked_entry_bytes(name, dtype, dims);
     require(needed == bytes, "safetensors: tensor '" + name + "' of " + dtype + " needs " + std::to_string(needed) +
                                  " bytes, got " + std::to_string(bytes));
     entry e;
@@ -350,44 +412,16 @@ class writer {
 
   // The header JSON, padded with spaces so the data section starts 8-byte aligned.
   std::string header() const {
-    std::string text = "{";
-    bool first = true;
-    if (!metadata_.empty()) {
-      text += "\"__metadata__\":{";
-      for (std::size_t i = 0; i < metadata_.size(); ++i) {
-        if (i) text += ',';
-        text += json::quote(metadata_[i].first);
-        text += ':';
-        text += json::quote(metadata_[i].second);
-      }
-      text += "}";
-      first = false;
-    }
-    std::uint64_t offset = 0;
-    for (const entry& e : entries_) {
-      text += first ? "" : ",";
-      first = false;
-      text += json::quote(e.info.name) + ":{\"dtype\":" + json::quote(e.info.dtype) + ",\"shape\":[";
-      for (std::size_t i = 0; i < e.info.shape.size(); ++i) {
-        if (i) text += ',';
-        text += std::to_string(e.info.shape[i]);
-      }
-      text += "],\"data_offsets\":[" + std::to_string(offset) + "," + std::to_string(offset + e.bytes.size()) + "]}";
-      offset += e.bytes.size();
-    }
-    text += "}";
-    while ((8 + text.size()) % 8 != 0) text += ' ';
-    return text;
+    return detail::header_json(metadata_, entries_.size(), [&](std::size_t i) {
+      return std::pair<const tensor_info&, std::uint64_t>(entries_[i].info, entries_[i].bytes.size());
+    });
   }
 
   void write(const std::string& path) const {
     const std::string head = header();
     std::FILE* file = std::fopen(path.c_str(), "wb");
     require(file != nullptr, "safetensors: cannot create '" + path + "': " + std::strerror(errno));
-    unsigned char size_bytes[8];
-    std::uint64_t size = head.size();
-    for (int i = 0; i < 8; ++i) size_bytes[i] = static_cast<unsigned char>(size >> (8 * i));
-    bool ok = std::fwrite(size_bytes, 1, 8, file) == 8 && std::fwrite(head.data(), 1, head.size(), file) == head.size();
+    bool ok = detail::write_header(file, head);
     for (const entry& e : entries_)
       ok = ok && (e.bytes.empty() || std::fwrite(e.bytes.data(), 1, e.bytes.size(), file) == e.bytes.size());
     ok = (std::fclose(file) == 0) && ok;
@@ -402,6 +436,70 @@ class writer {
   std::vector<entry> entries_;
   std::unordered_set<std::string> names_;  // of entries_ (a linear duplicate check per add was quadratic)
   std::vector<std::pair<std::string, std::string>> metadata_;
+};
+
+// Writes one safetensors file larger than memory: the tensors are declared first (name, dtype, shape), the
+// header written by open(), then the data section in declaration order, a piece at a time. The file is
+// byte for byte what `writer` writes for the same tensors and metadata added in the same order.
+class stream_writer {
+ public:
+  stream_writer() = default;
+  stream_writer(const stream_writer&) = delete;
+  stream_writer& operator=(const stream_writer&) = delete;
+  ~stream_writer() {
+    if (file_ != nullptr) std::fclose(file_);
+  }
+
+  void declare(std::string name, std::string dtype, std::vector<std::int64_t> dims) {
+    require(file_ == nullptr, "safetensors: declare '" + name + "' after the header was written");
+    require(names_.count(name) == 0, "safetensors: tensor '" + name + "' added twice");
+    const std::uint64_t bytes = detail::checked_entry_bytes(name, dtype, dims);
+    tensor_info info;
+    info.name = std::move(name);
+    info.dtype = std::move(dtype);
+    info.shape = std::move(dims);
+    total_ = checked_add(total_, bytes, "safetensors: size of the data section");
+    names_.insert(info.name);
+    entries_.emplace_back(std::move(info), bytes);
+  }
+  void add_metadata(std::string key, std::string value) { metadata_.emplace_back(std::move(key), std::move(value)); }
+  std::uint64_t data_bytes() const noexcept { return total_; }
+
+  // Creates `path` and writes the header.
+  void open(const std::string& path) {
+    require(file_ == nullptr, "safetensors: stream_writer opened twice");
+    const std::string head = detail::header_json(metadata_, entries_.size(), [&](std::size_t i) {
+      return std::pair<const tensor_info&, std::uint64_t>(entries_[i].first, entries_[i].second);
+    });
+    file_ = std::fopen(path.c_str(), "wb");
+    require(file_ != nullptr, "safetensors: cannot create '" + path + "': " + std::strerror(errno));
+    path_ = path;
+    require(detail::write_header(file_, head), "safetensors: writing '" + path_ + "' failed");
+  }
+  // The next `bytes` bytes of the data section.
+  void write(const void* data, std::uint64_t bytes) {
+    require(file_ != nullptr, "safetensors: stream_writer::write before open");
+    require(bytes <= total_ - written_, "safetensors: '" + path_ + "': more data than the declared tensors hold");
+    require(bytes == 0 || std::fwrite(data, 1, bytes, file_) == bytes, "safetensors: writing '" + path_ + "' failed");
+    written_ += bytes;
+  }
+  // Checks that every declared byte was written and closes the file.
+  void close() {
+    require(file_ != nullptr, "safetensors: stream_writer::close before open");
+    std::FILE* file = std::exchange(file_, nullptr);
+    const bool closed = std::fclose(file) == 0;
+    require(written_ == total_, "safetensors: '" + path_ + "': " + std::to_string(written_) + " of " +
+                                    std::to_string(total_) + " data bytes written");
+    require(closed, "safetensors: writing '" + path_ + "' failed");
+  }
+
+ private:
+  std::vector<std::pair<tensor_info, std::uint64_t>> entries_;
+  std::unordered_set<std::string> names_;
+  std::vector<std::pair<std::string, std::string>> metadata_;
+  std::uint64_t total_ = 0, written_ = 0;
+  std::FILE* file_ = nullptr;
+  std::string path_;
 };
 
 }  // namespace safetensors

@@ -16,6 +16,11 @@
 MEMKIT_NAMESPACE_BEGIN
 namespace loss {
 
+// How the token losses become the output: their mean over the counted tokens (one float), or none: each token's
+// loss (one float per token, 0 for ignored ones) for callers that weight tokens themselves; the gradients are then
+// those of sum_i d_loss_i * loss_i for the per-token upstream gradient d_loss the caller passes.
+enum class reduction_mode : std::uint8_t { mean, none };
+
 struct cross_entropy_options {
   std::int64_t ignore_index = -100;  // tokens with this target add nothing to the loss or the gradients
   float label_smoothing = 0;         // eps in [0, 1]: the target distribution is (1 - eps) one-hot + eps uniform
@@ -23,6 +28,7 @@ struct cross_entropy_options {
   float z_loss = 0;                  // >= 0: adds z_loss * lse^2 per token (PaLM), keeping lse near 0
   std::size_t chunk_bytes = 0;       // budget of one chunk's logits buffers; 0: default_chunk_bytes
   int host_threads = 0;              // host: 0 = every hardware thread
+  reduction_mode reduction = reduction_mode::mean;  // mean: loss [1]; none: loss [N] per token (above)
 };
 
 // 32 MiB: a few hundred tokens of a 32K-128K vocabulary per chunk, big enough for efficient products.
@@ -83,7 +89,9 @@ constexpr std::size_t workspace_bytes_of(const fused_linear_cross_entropy_argume
   const bool head_grad = a.head_grad && !a.quantized_head;
   const std::int64_t tile = a.quantized_head ? head_tile_rows(V, H) : V;
   const bool tiled = tile < V;  // the hidden gradient sums over several tiles: an fp32 accumulator for 16-bit T
-  std::size_t bytes = static_cast<std::size_t>(c * V) * 4 + static_cast<std::size_t>(N) * 4;  // logits, row losses
+  // The chunk's logits, and for the mean the row losses it sums (reduction none writes them into `loss` itself).
+  const bool mean = options.reduction == reduction_mode::mean;
+  std::size_t bytes = static_cast<std::size_t>(c * V) * 4 + (mean ? static_cast<std::size_t>(N) * 4 : 0);
   if (a.on_device) {
     bytes += 2 * sizeof(int);                                              // counted tokens, bad-target flag
     if (e != 4) bytes += static_cast<std::size_t>(c * V) * e;              // 16-bit gradient of the logits

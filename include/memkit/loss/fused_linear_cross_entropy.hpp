@@ -5,6 +5,9 @@
 //   z      = cap * tanh(logits / cap)               (optional soft-capping, cap = logit_softcap > 0)
 //   loss_i = lse_i - (1 - eps) z_i,t - eps/V sum_j z_i,j + z_loss * lse_i^2     (lse_i = log sum_j exp z_i,j)
 //   loss   = sum over counted tokens of loss_i / counted   (counted: targets != ignore_index)
+//   or, with options.reduction = none, loss = [loss_i] per token (0 where ignored), and the gradients are those
+//   of sum_i d_loss_i * loss_i for the caller's per-token upstream gradient d_loss [N] (token weights; a mean is
+//   d_loss_i = 1 / counted). Ignored tokens get no gradient whatever their d_loss.
 //
 // Per chunk of tokens the fp32 logits are computed, turned in place into their gradient, and at once
 // multiplied back: d_hidden = dlogits * head (overwritten), d_head += dlogits^T * hidden (accumulated;
@@ -49,28 +52,32 @@ MEMKIT_NAMESPACE_BEGIN
 namespace loss {
 
 // Loss, d_hidden and d_head of the LM head `head` [V, H] (fp32, bf16 or fp16) applied to `hidden` [N, H].
-// `targets` [N] int32; `loss` one float (host or device memory, as the executor reads); `d_hidden` [N, H] of
-// hidden's type, overwritten (none(): not computed; it may alias `hidden`); `d_head` [V, H] fp32, accumulated
-// into (none(): a frozen head). CUDA: the head must have hidden's element type.
+// `targets` [N] int32; `loss` one float, or [N] floats with reduction none (host or device memory, as the
+// executor reads); `d_loss` [N] fp32, the upstream gradient of each token's loss: reduction none only, needed
+// there when a gradient is asked for (none() otherwise); `d_hidden` [N, H] of hidden's type, overwritten (none():
+// not computed; it may alias `hidden`); `d_head` [V, H] fp32, accumulated into (none(): a frozen head). CUDA: the
+// head must have hidden's element type.
 template <executor E, class Hidden, class Head>
   requires float_storage<std::remove_const_t<Hidden>> && float_storage<std::remove_const_t<Head>>
 void fused_linear_cross_entropy(const E& exec, tensor_view<Hidden> hidden, tensor_view<Head> head,
-                                tensor_view<const std::int32_t> targets, tensor_view<float> loss,
-                                tensor_view<std::remove_const_t<Hidden>> d_hidden, tensor_view<float> d_head,
-                                const cross_entropy_options& options, memory_resource& workspace) {
+                                tensor_view<const std::int32_t> targets, tensor_view<const float> d_loss,
+                                tensor_view<float> loss, tensor_view<std::remove_const_t<Hidden>> d_hidden,
+                                tensor_view<float> d_head, const cross_entropy_options& options,
+                                memory_resource& workspace) {
   using T = std::remove_const_t<Hidden>;
   using W = std::remove_const_t<Head>;
   constexpr const char* operation = "loss::fused_linear_cross_entropy";
   const tensor_view<const T> x = hidden;
   const tensor_view<const W> w = head;
-  const detail::loss_dims dims = detail::check_arguments(operation, x, w.shape(), targets, loss, d_hidden, d_head, options);
-  detail::check_access(exec, operation, x, targets, loss, d_hidden, d_head);
+  const detail::loss_dims dims =
+      detail::check_arguments(operation, x, w.shape(), targets, d_loss, loss, d_hidden, d_head, options);
+  detail::check_access(exec, operation, x, targets, d_loss, loss, d_hidden, d_head);
   require_accessible(exec, w, operation, "head");
   if constexpr (!E::on_device) {
     const detail::dense_head_source<W> source{w, dims.V, dims.H};
-    detail::host_check_values(operation, x, source, targets, options, dims);
+    detail::host_check_values(operation, x, source, targets, d_loss, options, dims);
     if (dims.N == 0) return detail::zero_loss<T>(exec, loss);
-    detail::host_fused(x, source, targets, loss, d_hidden, d_head, options, dims, nullptr, workspace);
+    detail::host_fused(x, source, targets, d_loss, loss, d_hidden, d_head, options, dims, nullptr, workspace);
   } else {
 #if MEMKIT_HAS_CUDA
     require(std::is_same_v<T, W>, std::string(operation) + ": on CUDA the head must have the hidden states' element type");
@@ -79,12 +86,22 @@ void fused_linear_cross_entropy(const E& exec, tensor_view<Hidden> hidden, tenso
     if constexpr (std::is_same_v<T, W>) {
       ::memkit::detail::with_device(exec.device, [&] {
         detail::device_fused(exec, x, [&](std::int64_t first, std::int64_t) { return w.data() + first * dims.H; },
-                             dims.V, targets, loss, d_hidden, d_head, options, dims, workspace);
+                             dims.V, targets, d_loss, loss, d_hidden, d_head, options, dims, workspace);
         return 0;
       });
     }
 #endif
   }
+}
+// The mean (or per-token losses without gradients): no d_loss.
+template <executor E, class Hidden, class Head>
+  requires float_storage<std::remove_const_t<Hidden>> && float_storage<std::remove_const_t<Head>>
+void fused_linear_cross_entropy(const E& exec, tensor_view<Hidden> hidden, tensor_view<Head> head,
+                                tensor_view<const std::int32_t> targets, tensor_view<float> loss,
+                                tensor_view<std::remove_const_t<Hidden>> d_hidden, tensor_view<float> d_head,
+                                const cross_entropy_options& options, memory_resource& workspace) {
+  fused_linear_cross_entropy(exec, hidden, head, targets, tensor_view<const float>::none(), loss, d_hidden, d_head,
+                             options, workspace);
 }
 
 // The same with a frozen, quantized head: it is dequantized a tile of rows at a time (head_tile_rows rows;
@@ -92,16 +109,17 @@ void fused_linear_cross_entropy(const E& exec, tensor_view<Hidden> hidden, tenso
 template <executor E, class Hidden, quant::format F>
   requires float_storage<std::remove_const_t<Hidden>>
 void fused_linear_cross_entropy(const E& exec, tensor_view<Hidden> hidden, const quant::quantized_tensor<F>& head,
-                                tensor_view<const std::int32_t> targets, tensor_view<float> loss,
-                                tensor_view<std::remove_const_t<Hidden>> d_hidden, tensor_view<float> d_head,
-                                const cross_entropy_options& options, memory_resource& workspace) {
+                                tensor_view<const std::int32_t> targets, tensor_view<const float> d_loss,
+                                tensor_view<float> loss, tensor_view<std::remove_const_t<Hidden>> d_hidden,
+                                tensor_view<float> d_head, const cross_entropy_options& options,
+                                memory_resource& workspace) {
   using T = std::remove_const_t<Hidden>;
   constexpr const char* operation = "loss::fused_linear_cross_entropy";
   const tensor_view<const T> x = hidden;
   const detail::loss_dims dims =
-      detail::check_arguments(operation, x, head.logical_shape(), targets, loss, d_hidden, d_head, options);
+      detail::check_arguments(operation, x, head.logical_shape(), targets, d_loss, loss, d_hidden, d_head, options);
   require(d_head.is_none(), std::string(operation) + ": a quantized head is frozen; pass tensor_view<float>::none() as `d_head`");
-  detail::check_access(exec, operation, x, targets, loss, d_hidden, d_head);
+  detail::check_access(exec, operation, x, targets, d_loss, loss, d_hidden, d_head);
   require_accessible(exec, head.codes(), operation, "head");
   if (dims.N == 0) return detail::zero_loss<T>(exec, loss);
   const std::int64_t tile = detail::head_tile_rows(dims.V, dims.H);
@@ -111,8 +129,8 @@ void fused_linear_cross_entropy(const E& exec, tensor_view<Hidden> hidden, const
     if (!std::is_same_v<T, float> && !d_hidden.is_none() && tile < dims.V)
       accumulator = buffer<float>(workspace, shape{chunk_tokens(dims.N, dims.V, sizeof(T), options) * dims.H});
     const detail::quantized_head_source<F> source{&head, dims.V, dims.H, tile_buffer.data()};
-    detail::host_check_values(operation, x, source, targets, options, dims);
-    detail::host_fused(x, source, targets, loss, d_hidden, d_head, options, dims, accumulator.data(),
+    detail::host_check_values(operation, x, source, targets, d_loss, options, dims);
+    detail::host_fused(x, source, targets, d_loss, loss, d_hidden, d_head, options, dims, accumulator.data(),
                        workspace);
   } else {
 #if MEMKIT_HAS_CUDA
@@ -125,11 +143,21 @@ void fused_linear_cross_entropy(const E& exec, tensor_view<Hidden> hidden, const
             head.dequantize_rows(exec, first, tile_buffer.view().flat_slice(0, count * dims.H));
             return tile_buffer.data();
           },
-          tile, targets, loss, d_hidden, d_head, options, dims, workspace);
+          tile, targets, d_loss, loss, d_hidden, d_head, options, dims, workspace);
       return 0;
     });
 #endif
   }
+}
+// The same without d_loss (the mean, or per-token losses without gradients).
+template <executor E, class Hidden, quant::format F>
+  requires float_storage<std::remove_const_t<Hidden>>
+void fused_linear_cross_entropy(const E& exec, tensor_view<Hidden> hidden, const quant::quantized_tensor<F>& head,
+                                tensor_view<const std::int32_t> targets, tensor_view<float> loss,
+                                tensor_view<std::remove_const_t<Hidden>> d_hidden, tensor_view<float> d_head,
+                                const cross_entropy_options& options, memory_resource& workspace) {
+  fused_linear_cross_entropy(exec, hidden, head, targets, tensor_view<const float>::none(), loss, d_hidden, d_head,
+                             options, workspace);
 }
 
 }  // namespace loss

@@ -18,13 +18,16 @@
 #pragma once
 
 #include <memkit/config.hpp>
+#include <memkit/attention/bytes.hpp>
 #include <memkit/core/checked_math.hpp>
+#include <memkit/core/tensor_view.hpp>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
 #include <fstream>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -193,6 +196,111 @@ inline void write_token_file(const std::string& path, std::uint32_t vocab_size, 
   }
   out.close();
   require(!out.fail(), "tokens: writing '" + path + "' failed");
+}
+
+// ---- Packed documents (padding-free training) ----
+//
+// Documents of different lengths go into rows of one length one after another, each row with its cumulative
+// document offsets int32 [rows, N + 1] (attention/bytes.hpp: 0 = o[0] <= ... <= o[N] = row length; repeated
+// offsets pad rows with fewer documents). Attention and the rotary positions then treat each document as a
+// sequence of its own (forward_context::document_offsets), and the targets below keep the loss inside it.
+
+// Next-token targets of packed rows ids [batch, seq] with offsets [batch, N + 1]: targets[b, i] = ids[b, i + 1]
+// when position i + 1 is in i's document, else ignore_index (a document's last token does not predict the next
+// document's first). Throws memkit::error for offsets that do not describe the rows.
+inline std::vector<std::int32_t> packed_next_token_targets(const std::vector<std::int32_t>& ids,
+                                                            const std::vector<std::int32_t>& offsets, std::int64_t batch,
+                                                            std::int64_t seq, std::int32_t ignore_index = -100) {
+  require(batch > 0 && seq > 0 && static_cast<std::int64_t>(ids.size()) == batch * seq,
+          "packed_next_token_targets: ids must hold batch * seq = " + std::to_string(batch * seq) + " tokens");
+  require(!offsets.empty() && static_cast<std::int64_t>(offsets.size()) % batch == 0,
+          "packed_next_token_targets: offsets must be [batch, documents + 1]");
+  const std::int64_t count = static_cast<std::int64_t>(offsets.size()) / batch;
+  attention::detail::check_document_offsets("packed_next_token_targets",
+                                            host_view(offsets.data(), shape{batch, count}), batch, seq);
+  std::vector<std::int32_t> targets(ids.size(), ignore_index);
+  for (std::int64_t b = 0; b < batch; ++b)
+    for (std::int64_t d = 0; d + 1 < count; ++d) {
+      const std::int64_t begin = offsets[static_cast<std::size_t>(b * count + d)];
+      const std::int64_t end = offsets[static_cast<std::size_t>(b * count + d + 1)];
+      for (std::int64_t i = begin; i + 1 < end; ++i)
+        targets[static_cast<std::size_t>(b * seq + i)] = ids[static_cast<std::size_t>(b * seq + i + 1)];
+    }
+  return targets;
+}
+
+// Rows of packed documents: ids, offsets and next-token targets.
+struct packed_rows {
+  std::int64_t rows = 0, row_length = 0, offsets_per_row = 0;  // offsets_per_row = most documents in a row + 1
+  std::vector<std::int32_t> ids;      // [rows, row_length]
+  std::vector<std::int32_t> offsets;  // [rows, offsets_per_row]
+  std::vector<std::int32_t> targets;  // [rows, row_length]
+  std::size_t documents = 0;          // how many of the given documents were packed (a prefix of them)
+};
+
+// Packs `documents` in order into `rows` rows of `row_length` tokens: a document goes into the current row when it
+// fits in what is left of it (and the row has a document slot left), else it starts the next row; one longer than a
+// row is cut to row_length tokens. Packing stops at the first document no row left can take. The unused tail of a
+// row is one more document of pad_id tokens whose targets are all ignore_index (it attends only to itself and adds
+// nothing to the loss). offsets_per_row: a fixed [rows, offsets_per_row] layout (at most offsets_per_row - 1
+// documents a row, the padding one included; >= 2), as a buffer allocated once needs; 0: as many as the fullest row.
+inline packed_rows pack_documents(const std::vector<std::vector<std::int32_t>>& documents, std::int64_t rows,
+                                  std::int64_t row_length, std::int32_t pad_id = 0, std::int32_t ignore_index = -100,
+                                  std::int64_t offsets_per_row = 0) {
+  require(rows > 0 && row_length > 0 && row_length <= 0x7fffffff,
+          "pack_documents: rows and row_length must be positive (row_length below 2^31)");
+  require(offsets_per_row == 0 || offsets_per_row >= 2,
+          "pack_documents: offsets_per_row must be 0 (as needed) or >= 2 (one document a row), got " +
+              std::to_string(offsets_per_row));
+  const std::int64_t slots = offsets_per_row > 0 ? offsets_per_row - 1 : std::numeric_limits<std::int64_t>::max();
+  packed_rows out;
+  out.rows = rows;
+  out.row_length = row_length;
+  out.ids.assign(static_cast<std::size_t>(rows * row_length), pad_id);
+  // Each row's document ends (its offsets after the leading 0).
+  std::vector<std::vector<std::int32_t>> ends(static_cast<std::size_t>(rows));
+  std::int64_t row = 0, used = 0;
+  for (const std::vector<std::int32_t>& doc : documents) {
+    const std::int64_t length = std::min<std::int64_t>(static_cast<std::int64_t>(doc.size()), row_length);
+    if (length > 0) {
+      // The documents this row would then hold, with the padding one its tail would need.
+      const auto needed = [&](std::int64_t at) {
+        return static_cast<std::int64_t>(ends[static_cast<std::size_t>(row)].size()) + 1 + (at + length < row_length ? 1 : 0);
+      };
+      if (used + length > row_length || needed(used) > slots) {
+        if (row + 1 == rows) break;
+        ++row;
+        used = 0;
+      }
+      std::copy(doc.begin(), doc.begin() + length, out.ids.begin() + row * row_length + used);
+      used += length;
+      ends[static_cast<std::size_t>(row)].push_back(static_cast<std::int32_t>(used));
+    }
+    ++out.documents;
+  }
+  std::vector<std::int64_t> padding_from(static_cast<std::size_t>(rows), row_length);
+  std::size_t most = 0;
+  for (std::int64_t r = 0; r < rows; ++r) {
+    std::vector<std::int32_t>& e = ends[static_cast<std::size_t>(r)];
+    const std::int64_t filled = e.empty() ? 0 : e.back();
+    if (filled < row_length) {  // the tail: one padding document
+      padding_from[static_cast<std::size_t>(r)] = filled;
+      e.push_back(static_cast<std::int32_t>(row_length));
+    }
+    most = std::max(most, e.size() + 1);
+  }
+  out.offsets_per_row = offsets_per_row > 0 ? offsets_per_row : static_cast<std::int64_t>(most);
+  for (const std::vector<std::int32_t>& e : ends) {
+    out.offsets.push_back(0);
+    out.offsets.insert(out.offsets.end(), e.begin(), e.end());
+    out.offsets.insert(out.offsets.end(), static_cast<std::size_t>(out.offsets_per_row) - e.size() - 1,
+                       static_cast<std::int32_t>(row_length));
+  }
+  out.targets = packed_next_token_targets(out.ids, out.offsets, rows, row_length, ignore_index);
+  for (std::int64_t r = 0; r < rows; ++r)  // the padding document predicts nothing
+    std::fill(out.targets.begin() + r * row_length + padding_from[static_cast<std::size_t>(r)],
+              out.targets.begin() + (r + 1) * row_length, ignore_index);
+  return out;
 }
 
 }  // namespace memkit::models

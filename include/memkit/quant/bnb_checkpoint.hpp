@@ -51,6 +51,25 @@ inline std::vector<std::int64_t> dims_of(const shape& s) {
   for (int i = 0; i < s.rank; ++i) dims.push_back(s[i]);
   return dims;
 }
+
+// The quant_state JSON of a weight: json.dumps' layout and key order, so the bytes match what bitsandbytes
+// writes. `nested_offset` (double quantization only) must be finite.
+template <format F>
+std::string linear4bit_state_json(const shape& dims, const quant_options& options, const linear4bit_state& state,
+                                  float nested_offset) {
+  std::string text = std::string("{\"quant_type\": \"") + bnb_type_name<F>() + "\", \"blocksize\": " +
+                     std::to_string(options.block_size) + ", \"dtype\": " + json::quote(state.dtype) + ", \"shape\": [";
+  for (int i = 0; i < dims.rank; ++i) {
+    if (i) text += ", ";
+    text += std::to_string(dims[i]);
+  }
+  text += "]";
+  if (options.double_quant)
+    text += ", \"nested_blocksize\": 256, \"nested_dtype\": \"float32\", \"nested_offset\": " +
+            json::number(static_cast<double>(nested_offset));
+  text += "}";
+  return text;
+}
 }  // namespace detail
 
 // Adds the keys of weight `key` to `out`. The tensor must be in host-accessible memory.
@@ -72,20 +91,8 @@ void save_linear4bit(safetensors::writer& out, const std::string& key, const qua
     out.add(key + ".nested_absmax", weight.nested_group_absmax());
     out.add(key + ".nested_quant_map", tensor_view<const float>(weight.nested_map().value, shape{256}, memory_kind::host));
   }
-  // json.dumps' layout and key order, so the bytes match what bitsandbytes writes.
-  std::string text = std::string("{\"quant_type\": \"") + detail::bnb_type_name<F>() +
-                     "\", \"blocksize\": " + std::to_string(weight.block_size()) + ", \"dtype\": " +
-                     json::quote(state.dtype) + ", \"shape\": [";
-  const shape& dims = weight.logical_shape();
-  for (int i = 0; i < dims.rank; ++i) {
-    if (i) text += ", ";
-    text += std::to_string(dims[i]);
-  }
-  text += "]";
-  if (nested)
-    text += ", \"nested_blocksize\": 256, \"nested_dtype\": \"float32\", \"nested_offset\": " +
-            json::number(static_cast<double>(weight.offset_view()[0]));  // finite: checked above
-  text += "}";
+  const std::string text = detail::linear4bit_state_json<F>(weight.logical_shape(), weight.options(), state,
+                                                            nested ? weight.offset_view()[0] : 0.0f);  // finite: checked above
   out.add_bytes(key + ".quant_state.bitsandbytes__" + detail::bnb_type_name<F>(), "U8",
                 {static_cast<std::int64_t>(text.size())}, text.data(), text.size());
 }

@@ -61,8 +61,8 @@ inline void backward_key_item(const problem& p, const T* q, const T* k, const T*
   load_transposed(k + (bkv * S + j0) * D, cols, D, BK, Kt);
   load_transposed(v + (bkv * S + j0) * D, cols, D, BK, Vt);
   for (std::int64_t e = 0; e < BK * D; ++e) dK[e] = 0.0f, dV[e] = 0.0f;
-  // Queries that can see a key of this tile.
-  const std::int64_t i_begin = first_query(j0, p.o), i_end = last_query(j0 + cols - 1, S, p.o);
+  // Queries that can see a key of this tile (both ends grow with the key, documents included).
+  const std::int64_t i_begin = visible_queries(p, b, j0).begin, i_end = visible_queries(p, b, j0 + cols - 1).end;
   for (std::int64_t h = kvh * p.group; h < (kvh + 1) * p.group; ++h) {
     const std::int64_t bh = b * p.Hq + h;
     for (std::int64_t i0 = i_begin / BQ * BQ; i0 < i_end; i0 += BQ) {
@@ -71,7 +71,7 @@ inline void backward_key_item(const problem& p, const T* q, const T* k, const T*
       load_rows(dout + (bh * S + i0) * D, rows, D, dO);
       for (std::int64_t r = 0; r < rows; ++r) {
         const std::int64_t i = i0 + r;
-        const auto [lo, hi] = key_columns_of(p, i, j0, cols);
+        const auto [lo, hi] = key_columns_of(p, b, i, j0, cols);
         if (lo >= hi) continue;
         const float lse2 = lse[bh * S + i] * log2e, di = delta[bh * S + i];
         row_times_transposed(Q + r * D, Kt, D, BK, cols, prob);
@@ -103,10 +103,11 @@ template <class T>
 struct key_pass_smem {
   static constexpr int R = cuda_tiles<T>::rows, N = cuda_tiles<T>::backward_cols;
   T* K; T* V; T* Q; T* dO; float* St; float* dPt; T* Pt; T* dSt; float* dK; float* dV; float* lse_tile;
+  std::int32_t* seen_by;  // [2 R]: the queries [begin, end) that see each key row (mask and document)
   MEMKIT_HOST_DEVICE key_pass_smem(smem_carver& c, int D)
       : K(c.take<T>(R * D)), V(c.take<T>(R * D)), Q(c.take<T>(N * D)), dO(c.take<T>(N * D)), St(c.take<float>(R * N)),
         dPt(c.take<float>(R * N)), Pt(c.take<T>(R * N)), dSt(c.take<T>(R * N)), dK(c.take<float>(R * D)),
-        dV(c.take<float>(R * D)), lse_tile(c.take<float>(2 * N)) {}
+        dV(c.take<float>(R * D)), lse_tile(c.take<float>(2 * N)), seen_by(c.take<std::int32_t>(2 * R)) {}
 };
 
 // dK, dV of one key tile, summed over the kv head's query-head group.
@@ -121,16 +122,22 @@ __global__ void flash_key_pass_kernel(cuda_problem p, const T* q, const T* k, co
   const std::int64_t bkv = place.head, b = bkv / p.Hkv;
   const int j0 = place.first, kvh = static_cast<int>(bkv % p.Hkv);
   smem_carver carve{smem};
-  const auto [K, V, Q, dO, St, dPt, Pt, dSt, dK, dV, lse_tile] = key_pass_smem<T>(carve, D);
+  const auto [K, V, Q, dO, St, dPt, Pt, dSt, dK, dV, lse_tile, seen_by] = key_pass_smem<T>(carve, D);
   float* delta_tile = lse_tile + N;
+  for (int r = static_cast<int>(threadIdx.x); r < R; r += static_cast<int>(blockDim.x)) {
+    const position_span queries = j0 + r < S ? visible_queries(p, b, j0 + r) : position_span{0, 0};
+    seen_by[r] = static_cast<std::int32_t>(queries.begin);
+    seen_by[R + r] = static_cast<std::int32_t>(queries.end);
+  }
   const int warp = static_cast<int>(threadIdx.x / 32), lane = static_cast<int>(threadIdx.x % 32);
   const int w0 = warp * 16;
   load_tile(K, k + (bkv * S + j0) * D, S - j0, R, D);
   load_tile(V, v + (bkv * S + j0) * D, S - j0, R, D);
   for (int e = static_cast<int>(threadIdx.x); e < R * D; e += static_cast<int>(blockDim.x)) dK[e] = dV[e] = 0.0f;
   const int cols = S - j0 < R ? S - j0 : R;
-  const int i_begin = static_cast<int>(first_query(j0, p.o));
-  const int i_end = static_cast<int>(last_query(j0 + cols - 1, S, p.o));
+  const int i_begin = static_cast<int>(visible_queries(p, b, j0).begin);
+  const int i_end = static_cast<int>(visible_queries(p, b, j0 + cols - 1).end);
+  const position_span warp_queries = warp_span(p, b, j0 + w0, S, false);
   for (int h = kvh * p.group; h < (kvh + 1) * p.group; ++h) {
     const std::int64_t bh = b * p.Hq + h;
     for (int i0 = i_begin / N * N; i0 < i_end; i0 += N) {
@@ -142,12 +149,13 @@ __global__ void flash_key_pass_kernel(cuda_problem p, const T* q, const T* k, co
         delta_tile[c] = i0 + c < S ? delta[bh * S + i0 + c] : 0.0f;
       }
       __syncthreads();
+      if (i0 >= warp_queries.end || i0 + N <= warp_queries.begin) continue;  // no key row of this warp is seen
       warp_product<true>(St + w0 * N, N, K + w0 * D, D, Q, D, N, D, false);
       warp_product<true>(dPt + w0 * N, N, V + w0 * D, D, dO, D, N, D, false);
       __syncwarp();
       for (int e = lane; e < 16 * N; e += 32) {
-        const int r = w0 + e / N, c = e % N, j = j0 + r, i = i0 + c;
-        const bool valid = i < S && j < S && j >= first_key(i, p.o) && j < last_key(i, S, p.o);
+        const int r = w0 + e / N, c = e % N, i = i0 + c;
+        const bool valid = i >= seen_by[r] && i < seen_by[R + r];  // empty for rows past S
         const float pr = valid ? exp2_nonpositive(St[r * N + c] * p.scale_log2 - lse_tile[c]) : 0.0f;
         Pt[r * N + c] = from_float<T>(pr);
         dSt[r * N + c] = from_float<T>(pr * (dPt[r * N + c] - delta_tile[c]) * p.scale);
@@ -175,6 +183,7 @@ inline void backward_query_item(const problem& p, const T* q, const T* k, const 
                                 float* scratch) noexcept {
   const std::int64_t D = p.D, S = p.S, BQ = host_query_tile, BK = host_key_tile;
   const auto [bh, i0, rows, bkv] = query_tile_at(p, item);
+  const std::int64_t b = bh / p.Hq;
   float* Kt = scratch;
   float* Vt = Kt + BK * D;
   float* K = Vt + BK * D;
@@ -188,7 +197,7 @@ inline void backward_query_item(const problem& p, const T* q, const T* k, const 
   for (std::int64_t e = 0; e < rows * D; ++e) dQ[e] = 0.0f;
   const T* kh = k + bkv * S * D;
   const T* vh = v + bkv * S * D;
-  const std::int64_t j_begin = first_key(i0, p.o), j_end = last_key(i0 + rows - 1, S, p.o);
+  const std::int64_t j_begin = visible_keys(p, b, i0).begin, j_end = visible_keys(p, b, i0 + rows - 1).end;
   for (std::int64_t j0 = j_begin / BK * BK; j0 < j_end; j0 += BK) {
     const std::int64_t cols = std::min(BK, S - j0);
     load_transposed(kh + j0 * D, cols, D, BK, Kt);
@@ -196,7 +205,7 @@ inline void backward_query_item(const problem& p, const T* q, const T* k, const 
     load_rows(kh + j0 * D, cols, D, K);
     for (std::int64_t r = 0; r < rows; ++r) {
       const std::int64_t i = i0 + r;
-      const auto [lo, hi] = key_columns_of(p, i, j0, cols);
+      const auto [lo, hi] = key_columns_of(p, b, i, j0, cols);
       if (lo >= hi) continue;
       const float lse2 = lse[bh * S + i] * log2e, di = delta[bh * S + i];
       row_times_transposed(Q + r * D, Kt, D, BK, cols, prob);
@@ -220,9 +229,11 @@ template <class T>
 struct query_pass_smem {
   static constexpr int R = cuda_tiles<T>::rows, N = cuda_tiles<T>::backward_cols;
   T* Q; T* dO; T* K; T* V; float* Sc; float* dP; T* dS; float* dQ; float* lse_tile;
+  std::int32_t* sees;  // [2 R]: the keys [begin, end) each query row sees (mask and document)
   MEMKIT_HOST_DEVICE query_pass_smem(smem_carver& c, int D)
       : Q(c.take<T>(R * D)), dO(c.take<T>(R * D)), K(c.take<T>(N * D)), V(c.take<T>(N * D)), Sc(c.take<float>(R * N)),
-        dP(c.take<float>(R * N)), dS(c.take<T>(R * N)), dQ(c.take<float>(R * D)), lse_tile(c.take<float>(2 * R)) {}
+        dP(c.take<float>(R * N)), dS(c.take<T>(R * N)), dQ(c.take<float>(R * D)), lse_tile(c.take<float>(2 * R)),
+        sees(c.take<std::int32_t>(2 * R)) {}
 };
 
 // dQ of one query tile.
@@ -234,10 +245,10 @@ __global__ void flash_query_pass_kernel(cuda_problem p, const T* q, const T* k, 
   extern __shared__ __align__(32) unsigned char smem[];
   const int D = p.D, S = p.S;
   const block_tile place = block_tile_of<R>(S);
-  const std::int64_t bh = place.head, bkv = kv_head_of(p, bh);
+  const std::int64_t bh = place.head, bkv = kv_head_of(p, bh), b = bh / p.Hq;
   const int i0 = place.first;
   smem_carver carve{smem};
-  const auto [Q, dO, K, V, Sc, dP, dS, dQ, lse_tile] = query_pass_smem<T>(carve, D);
+  const auto [Q, dO, K, V, Sc, dP, dS, dQ, lse_tile, sees] = query_pass_smem<T>(carve, D);
   float* delta_tile = lse_tile + R;
   const int warp = static_cast<int>(threadIdx.x / 32), lane = static_cast<int>(threadIdx.x % 32);
   const int w0 = warp * 16;
@@ -247,20 +258,26 @@ __global__ void flash_query_pass_kernel(cuda_problem p, const T* q, const T* k, 
   for (int r = static_cast<int>(threadIdx.x); r < R; r += static_cast<int>(blockDim.x)) {
     lse_tile[r] = i0 + r < S ? lse[bh * S + i0 + r] * log2e : 0.0f;
     delta_tile[r] = i0 + r < S ? delta[bh * S + i0 + r] : 0.0f;
+    const position_span keys = i0 + r < S ? visible_keys(p, b, i0 + r) : position_span{0, 0};
+    sees[r] = static_cast<std::int32_t>(keys.begin);
+    sees[R + r] = static_cast<std::int32_t>(keys.end);
   }
   const int last_row = (i0 + R < S ? i0 + R : S) - 1;
-  const int j_begin = static_cast<int>(first_key(i0, p.o)), j_end = static_cast<int>(last_key(last_row, S, p.o));
+  const int j_begin = static_cast<int>(visible_keys(p, b, i0).begin);
+  const int j_end = static_cast<int>(visible_keys(p, b, last_row).end);
+  const position_span warp_keys = warp_span(p, b, i0 + w0, S, true);
   for (int j0 = j_begin / N * N; j0 < j_end; j0 += N) {
     __syncthreads();
     load_tile(K, k + (bkv * S + j0) * D, S - j0, N, D);
     load_tile(V, v + (bkv * S + j0) * D, S - j0, N, D);
     __syncthreads();
+    if (j0 >= warp_keys.end || j0 + N <= warp_keys.begin) continue;  // no row of this warp sees the tile
     warp_product<true>(Sc + w0 * N, N, Q + w0 * D, D, K, D, N, D, false);
     warp_product<true>(dP + w0 * N, N, dO + w0 * D, D, V, D, N, D, false);
     __syncwarp();
     for (int e = lane; e < 16 * N; e += 32) {
-      const int r = w0 + e / N, c = e % N, i = i0 + r, j = j0 + c;
-      const bool valid = i < S && j < S && j >= first_key(i, p.o) && j < last_key(i, S, p.o);
+      const int r = w0 + e / N, c = e % N, j = j0 + c;
+      const bool valid = j >= sees[r] && j < sees[R + r];  // empty for rows past S
       const float pr = valid ? exp2_nonpositive(Sc[r * N + c] * p.scale_log2 - lse_tile[r]) : 0.0f;
       dS[r * N + c] = from_float<T>(pr * (dP[r * N + c] - delta_tile[r]) * p.scale);
     }
@@ -279,10 +296,11 @@ __global__ void flash_query_pass_kernel(cuda_problem p, const T* q, const T* k, 
 // and each thread's backward_part_floats come from `workspace`.
 template <class T>
 void run_backward(const host_executor&, const tensor_view<const T>& q, const tensor_view<const T>& k,
-                  const tensor_view<const T>& v, const tensor_view<const T>& out, const tensor_view<const float>& lse,
+                  const tensor_view<const T>& v, const tensor_view<const std::int32_t>& documents,
+                  const tensor_view<const T>& out, const tensor_view<const float>& lse,
                   const tensor_view<const T>& dout, const tensor_view<T>& dq, const tensor_view<T>& dk,
                   const tensor_view<T>& dv, const attention_options& options, memory_resource& workspace) {
-  const problem p = make_problem(q.shape(), k.shape()[1], options);
+  const problem p = make_problem(q.shape(), k.shape()[1], options, documents);
   const std::int64_t rows = p.B * p.Hq * p.S;
   const std::int64_t query_items = p.B * p.Hq * tiles_of(p.S, host_query_tile);
   const std::int64_t key_items = p.B * p.Hkv * tiles_of(p.S, host_key_tile);
@@ -315,10 +333,11 @@ void run_backward(const host_executor&, const tensor_view<const T>& q, const ten
 // `workspace`, stream-ordered.
 template <class T>
 void run_backward(const cuda_executor& exec, const tensor_view<const T>& q, const tensor_view<const T>& k,
-                  const tensor_view<const T>& v, const tensor_view<const T>& out, const tensor_view<const float>& lse,
+                  const tensor_view<const T>& v, const tensor_view<const std::int32_t>& documents,
+                  const tensor_view<const T>& out, const tensor_view<const float>& lse,
                   const tensor_view<const T>& dout, const tensor_view<T>& dq, const tensor_view<T>& dk,
                   const tensor_view<T>& dv, const attention_options& options, memory_resource& workspace) {
-  const cuda_problem p = make_cuda_problem<T>(q.shape(), k.shape()[1], options, "backward");
+  const cuda_problem p = make_cuda_problem<T>(q.shape(), k.shape()[1], options, documents, "backward");
   using C = cuda_tiles<T>;
   const std::int64_t rows = std::int64_t{p.B} * p.Hq * p.S;
   buffer<float> delta(workspace, shape{round_to_16(rows)}, on_stream{exec.stream});

@@ -68,8 +68,8 @@ MEMKIT_HOST_DEVICE constexpr std::int64_t last_query(std::int64_t j, std::int64_
 
 template <class T>
 void validate(const char* op, const tensor_view<const T>& q, const tensor_view<const T>& k,
-              const tensor_view<const T>& v, const tensor_view<const T>& out, const tensor_view<const float>& lse,
-              const attention_options& o) {
+              const tensor_view<const T>& v, const tensor_view<const std::int32_t>& documents,
+              const tensor_view<const T>& out, const tensor_view<const float>& lse, const attention_options& o) {
   const std::string who = std::string("attention::") + op;
   require(q.shape().rank == 4, who + ": q must be [batch, heads, seq, head_dim], got " + to_string(q.shape()));
   require(k.shape().rank == 4 && v.shape().rank == 4,
@@ -89,6 +89,14 @@ void validate(const char* op, const tensor_view<const T>& q, const tensor_view<c
   require(lse.shape() == shape{B, Hq, S},
           who + ": lse must be fp32 [" + std::to_string(B) + ", " + std::to_string(Hq) + ", " + std::to_string(S) +
               "], got " + to_string(lse.shape()));
+  if (!documents.is_none()) {
+    require(documents.shape().rank == 2 && documents.shape()[0] == B && documents.shape()[1] >= 2,
+            who + ": document_offsets must be int32 [batch = " + std::to_string(B) + ", documents + 1 >= 2], got " +
+                to_string(documents.shape()));
+    require(documents.data() != nullptr, who + ": document_offsets has no data (null pointer)");
+    // Device memory is not read here (that would synchronize); the kernels clamp each document into its row.
+    if (documents.where() != memory_kind::device) check_document_offsets(who, documents, B, S);
+  }
   require(o.window >= 0, who + ": window must be >= 0 (0: none), got " + std::to_string(o.window));
   require_host_threads(who, o.host_threads);
   require(std::isfinite(o.scale) && o.scale >= 0, who + ": scale must be finite and >= 0 (0: 1/sqrt(head_dim))");
@@ -101,9 +109,11 @@ void validate(const char* op, const tensor_view<const T>& q, const tensor_view<c
 // validate plus the executor's access to every tensor: forward's q, k, v, out, lse.
 template <class T, executor E>
 void validate_forward(const E& exec, const tensor_view<const T>& q, const tensor_view<const T>& k,
-                      const tensor_view<const T>& v, const tensor_view<const T>& out,
-                      const tensor_view<const float>& lse, const attention_options& o) {
-  validate<T>("forward", q, k, v, out, lse, o);
+                      const tensor_view<const T>& v, const tensor_view<const std::int32_t>& documents,
+                      const tensor_view<const T>& out, const tensor_view<const float>& lse,
+                      const attention_options& o) {
+  validate<T>("forward", q, k, v, documents, out, lse, o);
+  require_accessible(exec, documents, "attention::forward", "document_offsets");
   require_accessible(exec, q, "attention::forward", "q");
   require_accessible(exec, k, "attention::forward", "k");
   require_accessible(exec, v, "attention::forward", "v");
@@ -114,11 +124,12 @@ void validate_forward(const E& exec, const tensor_view<const T>& q, const tensor
 // The same for backward, with dout and the three gradients.
 template <class T, executor E>
 void validate_backward(const E& exec, const tensor_view<const T>& q, const tensor_view<const T>& k,
-                       const tensor_view<const T>& v, const tensor_view<const T>& out,
-                       const tensor_view<const float>& lse, const tensor_view<const T>& dout,
-                       const tensor_view<const T>& dq, const tensor_view<const T>& dk, const tensor_view<const T>& dv,
-                       const attention_options& o) {
-  validate<T>("backward", q, k, v, out, lse, o);
+                       const tensor_view<const T>& v, const tensor_view<const std::int32_t>& documents,
+                       const tensor_view<const T>& out, const tensor_view<const float>& lse,
+                       const tensor_view<const T>& dout, const tensor_view<const T>& dq,
+                       const tensor_view<const T>& dk, const tensor_view<const T>& dv, const attention_options& o) {
+  validate<T>("backward", q, k, v, documents, out, lse, o);
+  require_accessible(exec, documents, "attention::backward", "document_offsets");
   require_same_shape(q, dout, "attention::backward", "q", "dout");
   require_same_shape(q, dq, "attention::backward", "q", "dq");
   require_same_shape(k, dk, "attention::backward", "k", "dk");
@@ -152,10 +163,14 @@ struct problem {
   float scale;      // softmax scale
   float scale_log2; // scale * log2(e): scores in base 2
   attention_options o;
+  const std::int32_t* offsets;   // document offsets [B, offsets_per_row], or null: one document per row
+  std::int64_t offsets_per_row;
 };
 
-inline problem make_problem(const shape& qs, std::int64_t Hkv, const attention_options& o) {
-  problem p{qs[0], qs[1], Hkv, qs[2], qs[3], qs[1] / Hkv, 0.0f, 0.0f, o};
+inline problem make_problem(const shape& qs, std::int64_t Hkv, const attention_options& o,
+                            const tensor_view<const std::int32_t>& documents) {
+  problem p{qs[0], qs[1], Hkv, qs[2], qs[3], qs[1] / Hkv, 0.0f, 0.0f, o, documents.data(),
+            documents.is_none() ? 0 : documents.shape()[1]};
   p.scale = resolved_scale(o, p.D);
   p.scale_log2 = p.scale * log2e;
   return p;
@@ -195,11 +210,23 @@ inline query_tile_place query_tile_at(const problem& p, std::int64_t item) noexc
   return {bh, i0, std::min(host_query_tile, p.S - i0), b * p.Hkv + kvh};
 }
 // The columns [lo, hi) of the key tile starting at j0 (cols keys) that query i sees; empty when lo >= hi.
+// The keys query i of batch row b sees, [begin, end): the mask within i's document.
+inline position_span visible_keys(const problem& p, std::int64_t b, std::int64_t i) noexcept {
+  const position_span doc = document_of(p.offsets, p.offsets_per_row, b, i, p.S);
+  return {std::max(first_key(i, p.o), doc.begin), std::min(last_key(i, p.S, p.o), doc.end)};
+}
+// The queries that see key j of batch row b, [begin, end): the mirror, within j's document.
+inline position_span visible_queries(const problem& p, std::int64_t b, std::int64_t j) noexcept {
+  const position_span doc = document_of(p.offsets, p.offsets_per_row, b, j, p.S);
+  return {std::max(first_query(j, p.o), doc.begin), std::min(last_query(j, p.S, p.o), doc.end)};
+}
 struct key_columns {
   std::int64_t lo, hi;
 };
-inline key_columns key_columns_of(const problem& p, std::int64_t i, std::int64_t j0, std::int64_t cols) noexcept {
-  return {std::max<std::int64_t>(first_key(i, p.o) - j0, 0), std::min<std::int64_t>(last_key(i, p.S, p.o) - j0, cols)};
+inline key_columns key_columns_of(const problem& p, std::int64_t b, std::int64_t i, std::int64_t j0,
+                                  std::int64_t cols) noexcept {
+  const position_span keys = visible_keys(p, b, i);
+  return {std::max<std::int64_t>(keys.begin - j0, 0), std::min<std::int64_t>(keys.end - j0, cols)};
 }
 // acc[0..D) += w * x[0..D)
 inline void axpy(float w, const float* __restrict x, std::int64_t D, float* __restrict acc) noexcept {
@@ -301,7 +328,30 @@ struct cuda_problem {
   int B, Hq, Hkv, S, D, group;
   float scale, scale_log2;
   attention_options o;
+  const std::int32_t* offsets;  // document offsets [B, offsets_per_row] (device-accessible), or null
+  int offsets_per_row;
 };
+// The keys query i of batch row b sees (forward, dq pass) and the queries that see key j (dk/dv pass), each within
+// the document of i (of j): the device twins of visible_keys / visible_queries, with the same bounds.
+__device__ inline position_span visible_keys(const cuda_problem& p, std::int64_t b, int i) {
+  const position_span doc = document_of(p.offsets, p.offsets_per_row, b, i, p.S);
+  const std::int64_t first = first_key(i, p.o), last = last_key(i, p.S, p.o);
+  return {first > doc.begin ? first : doc.begin, last < doc.end ? last : doc.end};
+}
+__device__ inline position_span visible_queries(const cuda_problem& p, std::int64_t b, int j) {
+  const position_span doc = document_of(p.offsets, p.offsets_per_row, b, j, p.S);
+  const std::int64_t first = first_query(j, p.o), last = last_query(j, p.S, p.o);
+  return {first > doc.begin ? first : doc.begin, last < doc.end ? last : doc.end};
+}
+// What the warp owning the 16 rows from `first` sees: keys (rows are queries) or queries (rows are keys), from its
+// first row's begin to its last row's end (both grow with the row). Empty past S. A tile of the other side outside
+// it (another document, or masked) is skipped by the warp: it would add exact zeros.
+__device__ inline position_span warp_span(const cuda_problem& p, std::int64_t b, int first, int S, bool rows_are_queries) {
+  if (first >= S) return {0, 0};
+  const int last = first + 15 < S ? first + 15 : S - 1;
+  return rows_are_queries ? position_span{visible_keys(p, b, first).begin, visible_keys(p, b, last).end}
+                          : position_span{visible_queries(p, b, first).begin, visible_queries(p, b, last).end};
+}
 
 // The kernels' common prologue. blockIdx.x = (batch * heads + head) * tiles + tile: the CTA owns `rows` rows of
 // one head, starting at `first`.
@@ -340,16 +390,18 @@ std::int64_t smem_bytes(int D) {
 }
 
 template <class T>
-cuda_problem make_cuda_problem(const shape& qs, std::int64_t Hkv, const attention_options& o, const char* op) {
+cuda_problem make_cuda_problem(const shape& qs, std::int64_t Hkv, const attention_options& o,
+                               const tensor_view<const std::int32_t>& documents, const char* op) {
   const std::string who = std::string("attention::") + op + " (CUDA)";
   require(qs[3] <= 128, who + ": head_dim " + std::to_string(qs[3]) + " is above the CUDA kernel's 128");
   require(std::is_same_v<T, float> || qs[3] % 16 == 0,
           who + ": head_dim " + std::to_string(qs[3]) + " must be a multiple of 16 for bf16/fp16 (the MMA shape)");
   require(qs[2] < (std::int64_t{1} << 30) && qs[0] * qs[1] * qs[2] < (std::int64_t{1} << 31),
           who + ": batch * heads * seq must stay below 2^31 on CUDA");
-  const problem h = make_problem(qs, Hkv, o);
+  const problem h = make_problem(qs, Hkv, o, documents);
   return {static_cast<int>(h.B), static_cast<int>(h.Hq), static_cast<int>(h.Hkv), static_cast<int>(h.S),
-          static_cast<int>(h.D), static_cast<int>(h.group), h.scale, h.scale_log2, o};
+          static_cast<int>(h.D), static_cast<int>(h.group), h.scale, h.scale_log2, o, h.offsets,
+          static_cast<int>(h.offsets_per_row)};
 }
 
 template <class Kernel>

@@ -22,6 +22,7 @@ inline void forward_item(const problem& p, const T* q, const T* k, const T* v, T
                          float* scratch) noexcept {
   const std::int64_t D = p.D, S = p.S, BQ = host_query_tile, BK = host_key_tile;
   const auto [bh, i0, rows, bkv] = query_tile_at(p, item);
+  const std::int64_t b = bh / p.Hq;
   float* Q = scratch;
   float* O = Q + BQ * D;
   float* Kt = O + BQ * D;
@@ -37,14 +38,15 @@ inline void forward_item(const problem& p, const T* q, const T* k, const T* v, T
   for (std::int64_t r = 0; r < rows; ++r) m[r] = minus_infinity, l[r] = 0.0f;
   const T* kh = k + bkv * S * D;
   const T* vh = v + bkv * S * D;
-  const std::int64_t j_begin = first_key(i0, p.o), j_end = last_key(i0 + rows - 1, S, p.o);
+  // Both ends of the visible keys grow with i, so the tile's keys are [first row's begin, last row's end).
+  const std::int64_t j_begin = visible_keys(p, b, i0).begin, j_end = visible_keys(p, b, i0 + rows - 1).end;
   for (std::int64_t j0 = j_begin / BK * BK; j0 < j_end; j0 += BK) {
     const std::int64_t cols = std::min(BK, S - j0);
     load_transposed(kh + j0 * D, cols, D, BK, Kt);
     load_rows(vh + j0 * D, cols, D, V);
     for (std::int64_t r = 0; r < rows; ++r) {
       const std::int64_t i = i0 + r;
-      const auto [lo, hi] = key_columns_of(p, i, j0, cols);
+      const auto [lo, hi] = key_columns_of(p, b, i, j0, cols);
       if (lo >= hi) continue;
       row_times_transposed(Q + r * D, Kt, D, BK, cols, row);
       float tile_max = minus_infinity;
@@ -80,9 +82,10 @@ template <class T>
 struct forward_smem {
   static constexpr int R = cuda_tiles<T>::rows, N = cuda_tiles<T>::forward_cols;
   T* Q; T* K; T* V; float* Sc; T* P; float* O; float* m;
+  std::int32_t* sees;  // [2 R]: the keys [begin, end) each query row sees (mask and document)
   MEMKIT_HOST_DEVICE forward_smem(smem_carver& c, int D)
       : Q(c.take<T>(R * D)), K(c.take<T>(N * D)), V(c.take<T>(N * D)), Sc(c.take<float>(R * N)), P(c.take<T>(R * N)),
-        O(c.take<float>(R * D)), m(c.take<float>(3 * R)) {}
+        O(c.take<float>(R * D)), m(c.take<float>(3 * R)), sees(c.take<std::int32_t>(2 * R)) {}
 };
 
 // Forward of one CTA: R query rows of one head against the key tiles, one warp per 16 rows.
@@ -93,30 +96,40 @@ __global__ void flash_forward_kernel(cuda_problem p, const T* q, const T* k, con
   extern __shared__ __align__(32) unsigned char smem[];
   const int D = p.D, S = p.S;
   const block_tile place = block_tile_of<R>(S);
-  const std::int64_t bh = place.head, bkv = kv_head_of(p, bh);
+  const std::int64_t bh = place.head, bkv = kv_head_of(p, bh), b = bh / p.Hq;
   const int i0 = place.first;
   smem_carver carve{smem};
-  const auto [Q, K, V, Sc, P, O, m] = forward_smem<T>(carve, D);
+  const auto [Q, K, V, Sc, P, O, m, sees] = forward_smem<T>(carve, D);
   float* l = m + R;
   float* correction = l + R;
   const int warp = static_cast<int>(threadIdx.x / 32), lane = static_cast<int>(threadIdx.x % 32);
   const int w0 = warp * 16;
   load_tile(Q, q + (bh * S + i0) * D, S - i0, R, D);
   for (int e = static_cast<int>(threadIdx.x); e < R * D; e += static_cast<int>(blockDim.x)) O[e] = 0.0f;
-  for (int r = static_cast<int>(threadIdx.x); r < R; r += static_cast<int>(blockDim.x)) m[r] = minus_infinity, l[r] = 0;
+  for (int r = static_cast<int>(threadIdx.x); r < R; r += static_cast<int>(blockDim.x)) {
+    m[r] = minus_infinity, l[r] = 0;
+    const position_span keys = i0 + r < S ? visible_keys(p, b, i0 + r) : position_span{0, 0};
+    sees[r] = static_cast<std::int32_t>(keys.begin);
+    sees[R + r] = static_cast<std::int32_t>(keys.end);
+  }
   const int last_row = (i0 + R < S ? i0 + R : S) - 1;
-  const int j_begin = static_cast<int>(first_key(i0, p.o)), j_end = static_cast<int>(last_key(last_row, S, p.o));
+  // Key tiles no row of the CTA sees (before its first row's document or window, after its last row's) are skipped.
+  const int j_begin = static_cast<int>(visible_keys(p, b, i0).begin);
+  const int j_end = static_cast<int>(visible_keys(p, b, last_row).end);
+  // Two lanes per row, 32 columns each.
+  const int r = w0 + lane / 2, c0 = (lane % 2) * (N / 2);
+  const int i = i0 + r;
+  const position_span warp_keys = warp_span(p, b, i0 + w0, S, true);
+  const int warp_begin = static_cast<int>(warp_keys.begin), warp_end = static_cast<int>(warp_keys.end);
   for (int j0 = j_begin / N * N; j0 < j_end; j0 += N) {
     __syncthreads();  // the previous tile's K and V are no longer read
     load_tile(K, k + (bkv * S + j0) * D, S - j0, N, D);
     load_tile(V, v + (bkv * S + j0) * D, S - j0, N, D);
     __syncthreads();
+    if (j0 >= warp_end || j0 + N <= warp_begin) continue;  // no row of this warp sees the tile
     warp_product<true>(Sc + w0 * N, N, Q + w0 * D, D, K, D, N, D, false);
     __syncwarp();
-    // Two lanes per row, 32 columns each.
-    const int r = w0 + lane / 2, c0 = (lane % 2) * (N / 2);
-    const int i = i0 + r;
-    const int lo = static_cast<int>(first_key(i, p.o)) - j0, hi = static_cast<int>(last_key(i, S, p.o)) - j0;
+    const int lo = sees[r] - j0, hi = sees[R + r] - j0;  // the row's visible keys (empty past S)
     float row_max = minus_infinity;
     for (int c = c0; c < c0 + N / 2; ++c)
       if (i < S && c >= lo && c < hi) row_max = fmaxf(row_max, Sc[r * N + c] * p.scale_log2);
@@ -157,9 +170,10 @@ __global__ void flash_forward_kernel(cuda_problem p, const T* q, const T* k, con
 // forward_part_floats of scratch from `workspace`.
 template <class T>
 void run_forward(const host_executor&, const tensor_view<const T>& q, const tensor_view<const T>& k,
-                 const tensor_view<const T>& v, const tensor_view<T>& out, const tensor_view<float>& lse,
-                 const attention_options& options, memory_resource& workspace) {
-  const problem p = make_problem(q.shape(), k.shape()[1], options);
+                 const tensor_view<const T>& v, const tensor_view<const std::int32_t>& documents,
+                 const tensor_view<T>& out, const tensor_view<float>& lse, const attention_options& options,
+                 memory_resource& workspace) {
+  const problem p = make_problem(q.shape(), k.shape()[1], options, documents);
   const std::int64_t items = p.B * p.Hq * tiles_of(p.S, host_query_tile);
   const std::int64_t parts = host_parts(items, options.host_threads);
   const std::int64_t part_floats = forward_part_floats(p.D);
@@ -177,9 +191,10 @@ void run_forward(const host_executor&, const tensor_view<const T>& q, const tens
 // forward on CUDA: one CTA per (batch, head, query tile); no workspace.
 template <class T>
 void run_forward(const cuda_executor& exec, const tensor_view<const T>& q, const tensor_view<const T>& k,
-                 const tensor_view<const T>& v, const tensor_view<T>& out, const tensor_view<float>& lse,
-                 const attention_options& options, memory_resource&) {
-  const cuda_problem p = make_cuda_problem<T>(q.shape(), k.shape()[1], options, "forward");
+                 const tensor_view<const T>& v, const tensor_view<const std::int32_t>& documents,
+                 const tensor_view<T>& out, const tensor_view<float>& lse, const attention_options& options,
+                 memory_resource&) {
+  const cuda_problem p = make_cuda_problem<T>(q.shape(), k.shape()[1], options, documents, "forward");
   using C = cuda_tiles<T>;
   const std::int64_t smem = smem_bytes<forward_smem<T>>(p.D);
   ::memkit::detail::with_device(exec.device, [&] {

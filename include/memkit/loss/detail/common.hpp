@@ -55,9 +55,9 @@ struct loss_dims {
 
 template <class T, class Td>
 loss_dims check_arguments(const char* operation, const tensor_view<const T>& hidden, const shape& head_shape,
-                          const tensor_view<const std::int32_t>& targets, const tensor_view<float>& loss,
-                          const tensor_view<Td>& d_hidden, const tensor_view<float>& d_head,
-                          const cross_entropy_options& options) {
+                          const tensor_view<const std::int32_t>& targets, const tensor_view<const float>& d_loss,
+                          const tensor_view<float>& loss, const tensor_view<Td>& d_hidden,
+                          const tensor_view<float>& d_head, const cross_entropy_options& options) {
   const std::string op(operation);
   require(hidden.shape().rank == 2, op + ": `hidden` must be [tokens, hidden], has shape " + to_string(hidden.shape()));
   require(head_shape.rank == 2, op + ": `head` must be [vocab, hidden], has shape " + to_string(head_shape));
@@ -67,7 +67,22 @@ loss_dims check_arguments(const char* operation, const tensor_view<const T>& hid
   require(V > 0, op + ": the vocabulary is empty (`head` has shape " + to_string(head_shape) + ")");
   require(targets.shape() == shape{N}, op + ": `targets` has shape " + to_string(targets.shape()) + " but needs [" +
                                            std::to_string(N) + "], one id per token of `hidden`");
-  require(loss.size() == 1, op + ": `loss` must hold 1 float, has shape " + to_string(loss.shape()));
+  const bool per_token = options.reduction == reduction_mode::none;
+  require(options.reduction == reduction_mode::mean || per_token, op + ": reduction must be mean or none");
+  if (per_token) {
+    require(loss.shape() == shape{N}, op + ": with reduction none `loss` must be [" + std::to_string(N) +
+                                          "], one float per token, has shape " + to_string(loss.shape()));
+    require(!d_loss.is_none() || (d_hidden.is_none() && d_head.is_none()),
+            op + ": with reduction none the gradients need `d_loss` [" + std::to_string(N) +
+                "], the upstream gradient of each token's loss (pass none() for d_hidden and d_head to get the losses "
+                "alone)");
+    require(d_loss.is_none() || d_loss.shape() == shape{N},
+            op + ": `d_loss` has shape " + to_string(d_loss.shape()) + " but needs [" + std::to_string(N) + "]");
+  } else {
+    require(loss.size() == 1, op + ": `loss` must hold 1 float, has shape " + to_string(loss.shape()));
+    require(d_loss.is_none(), op + ": `d_loss` (per-token upstream gradients) goes with reduction none; the mean's "
+                                   "gradient is that of the mean");
+  }
   require(d_hidden.is_none() || d_hidden.shape() == hidden.shape(),
           op + ": `d_hidden` has shape " + to_string(d_hidden.shape()) + " but `hidden` has shape " +
               to_string(hidden.shape()) + " (pass tensor_view::none() to skip it)");
@@ -80,6 +95,7 @@ loss_dims check_arguments(const char* operation, const tensor_view<const T>& hid
   has_data(hidden.data(), hidden.size(), "hidden");
   has_data(targets.data(), targets.size(), "targets");
   has_data(loss.data(), loss.size(), "loss");
+  if (!d_loss.is_none()) has_data(d_loss.data(), d_loss.size(), "d_loss");
   if (!d_hidden.is_none()) has_data(d_hidden.data(), d_hidden.size(), "d_hidden");
   if (!d_head.is_none()) has_data(d_head.data(), d_head.size(), "d_head");
   require(options.label_smoothing >= 0 && options.label_smoothing <= 1,
@@ -94,22 +110,25 @@ loss_dims check_arguments(const char* operation, const tensor_view<const T>& hid
 
 template <executor E, class T>
 void check_access(const E& exec, const char* operation, const tensor_view<const T>& hidden,
-                  const tensor_view<const std::int32_t>& targets, const tensor_view<float>& loss,
-                  const tensor_view<T>& d_hidden, const tensor_view<float>& d_head) {
+                  const tensor_view<const std::int32_t>& targets, const tensor_view<const float>& d_loss,
+                  const tensor_view<float>& loss, const tensor_view<T>& d_hidden, const tensor_view<float>& d_head) {
   require_accessible(exec, hidden, operation, "hidden");
   require_accessible(exec, targets, operation, "targets");
+  if (!d_loss.is_none()) require_accessible(exec, d_loss, operation, "d_loss");
   require_accessible(exec, loss, operation, "loss");
   if (!d_hidden.is_none()) require_accessible(exec, d_hidden, operation, "d_hidden");
   if (!d_head.is_none()) require_accessible(exec, d_head, operation, "d_head");
 }
 
+// The loss of an empty batch: the mean's 0 (reduction none has no element to write).
 template <class T>
 void zero_loss(const host_executor&, const tensor_view<float>& loss) {
-  loss[0] = 0.0f;
+  if (loss.size() == 1) loss[0] = 0.0f;
 }
 #if MEMKIT_HAS_CUDA
 template <class T>
 void zero_loss(const cuda_executor& exec, const tensor_view<float>& loss) {
+  if (loss.size() != 1) return;
   ::memkit::detail::with_device(exec.device, [&] {
     MEMKIT_CUDA_CHECK(cudaMemsetAsync(loss.data(), 0, sizeof(float), exec.stream));
     return 0;

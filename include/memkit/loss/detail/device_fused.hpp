@@ -73,24 +73,26 @@ __global__ void count_targets_kernel(const std::int32_t* __restrict__ targets, s
   }
 }
 
-// One block per token row: raw fp32 logits in, their gradient (times 1 / counted) out as D, which may be the
-// same memory when D is float.
+// One block per token row: raw fp32 logits in, their gradient (times 1 / counted, or with reduction none the row's
+// own d_loss when row_scale is given) out as D, which may be the same memory when D is float.
 template <class D>
 __global__ void __launch_bounds__(logit_row_threads) logit_rows_kernel(float* logits, D* gradient, std::int64_t rows, std::int64_t V,
                                   const std::int32_t* __restrict__ targets, std::int64_t ignore_index, row_math math,
-                                  const int* __restrict__ counters, float* __restrict__ row_loss) {
+                                  const int* __restrict__ counters, float* __restrict__ row_loss,
+                                  const float* __restrict__ row_scale, bool per_token) {
   __shared__ float scratch[32];
   const int counted = counters[0];
-  const float scale = counted > 0 ? 1.0f / static_cast<float>(counted) : 0.0f;
+  const float mean_scale = counted > 0 ? 1.0f / static_cast<float>(counted) : 0.0f;
   for (std::int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     float* z = logits + r * V;
     D* g = gradient + r * V;
     const std::int64_t t = targets[r];
-    if (t == ignore_index || t < 0 || t >= V) {  // out of range: counted as bad, the loss becomes NaN
+    if (t == ignore_index || t < 0 || t >= V) {  // out of range: counted as bad, the (row's) loss becomes NaN
       for (std::int64_t j = threadIdx.x; j < V; j += blockDim.x) g[j] = from_float<D>(0.0f);
-      if (threadIdx.x == 0) row_loss[r] = 0.0f;
+      if (threadIdx.x == 0) row_loss[r] = per_token && t != ignore_index ? NAN : 0.0f;
       continue;
     }
+    const float scale = row_scale != nullptr ? row_scale[r] : mean_scale;
     float largest = -INFINITY, z_sum = 0.0f;
     for (std::int64_t j = threadIdx.x; j < V; j += blockDim.x) {
       const float value = math.capped(z[j]);
@@ -139,7 +141,8 @@ inline void device_gemm(cublasHandle_t handle, cublasOperation_t op_a, cublasOpe
 // head's own rows, or a dequantized tile); `tile` is how many rows it serves at once (V for a dense head).
 template <class T, class HeadRows>
 void device_fused(const cuda_executor& exec, const tensor_view<const T>& hidden, HeadRows&& head_rows,
-                  std::int64_t tile, const tensor_view<const std::int32_t>& targets, const tensor_view<float>& loss,
+                  std::int64_t tile, const tensor_view<const std::int32_t>& targets,
+                  const tensor_view<const float>& d_loss, const tensor_view<float>& loss,
                   const tensor_view<T>& d_hidden, const tensor_view<float>& d_head, const cross_entropy_options& options,
                   const loss_dims& dims, memory_resource& workspace) {
   const std::int64_t N = dims.N, H = dims.H, V = dims.V;  // not a binding: clang < 16 cannot capture one in a lambda
@@ -149,8 +152,13 @@ void device_fused(const cuda_executor& exec, const tensor_view<const T>& hidden,
   const cudaStream_t stream = exec.stream;
   // Workspace stream-ordered on exec.stream (docs/cuda.md, "Workspace").
   const on_stream ordered{exec.stream};
+  // Reduction none: the rows' losses go straight into `loss`, each gradient scaled by the row's d_loss.
+  const bool per_token = options.reduction == reduction_mode::none;
+  const float* row_scale = per_token && !d_loss.is_none() ? d_loss.data() : nullptr;
   buffer<float> logits(workspace, shape{c * V}, ordered);
-  buffer<float> row_loss(workspace, shape{N}, ordered);
+  buffer<float> row_loss_buffer;
+  if (!per_token) row_loss_buffer = buffer<float>(workspace, shape{N}, ordered);
+  float* row_loss = per_token ? loss.data() : row_loss_buffer.data();
   buffer<int> counters(workspace, shape{2}, ordered);
   buffer<T> gradient16;
   if constexpr (!fp32) gradient16 = buffer<T>(workspace, shape{c * V}, ordered);
@@ -174,7 +182,7 @@ void device_fused(const cuda_executor& exec, const tensor_view<const T>& hidden,
     }
     logit_rows_kernel<T><<<::memkit::detail::grid_for(rows, 1), logit_row_threads, 0, stream>>>(
         logits.data(), gradient, rows, V, targets.data() + first, options.ignore_index, math, counters.data(),
-        row_loss.data() + first);
+        row_loss + first, row_scale != nullptr ? row_scale + first : nullptr, per_token);
     MEMKIT_CUDA_CHECK(cudaGetLastError());
     // d_head^T [H, V] += x^T [H, rows] * gradient [rows, V]   (before d_hidden, which may alias hidden)
     if (!d_head.is_none())
@@ -199,7 +207,8 @@ void device_fused(const cuda_executor& exec, const tensor_view<const T>& hidden,
       MEMKIT_CUDA_CHECK(cudaGetLastError());
     }
   }
-  mean_loss_kernel<><<<1, loss_block_threads, 0, stream>>>(row_loss.data(), N, counters.data(), loss.data());
+  if (per_token) return;
+  mean_loss_kernel<><<<1, loss_block_threads, 0, stream>>>(row_loss, N, counters.data(), loss.data());
   MEMKIT_CUDA_CHECK(cudaGetLastError());
 }
 #endif

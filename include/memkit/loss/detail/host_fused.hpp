@@ -72,7 +72,8 @@ struct quantized_head_source {
 
 template <class T, class Source>
 void host_fused(const tensor_view<const T>& hidden, const Source& source,
-                const tensor_view<const std::int32_t>& targets, const tensor_view<float>& loss,
+                const tensor_view<const std::int32_t>& targets, const tensor_view<const float>& d_loss,
+                const tensor_view<float>& loss,
                 const tensor_view<T>& d_hidden, const tensor_view<float>& d_head, const cross_entropy_options& options,
                 const loss_dims& dims, float* hidden_accumulator, memory_resource& workspace) {
   const std::int64_t N = dims.N, H = dims.H, V = dims.V;  // not a binding: clang < 16 cannot capture one in a lambda
@@ -84,9 +85,15 @@ void host_fused(const tensor_view<const T>& hidden, const Source& source,
   std::int64_t counted = 0;
   for (std::int64_t i = 0; i < N; ++i) counted += targets[i] != options.ignore_index;
   const float scale = counted > 0 ? 1.0f / static_cast<float>(counted) : 0.0f;
+  // Reduction none: each row's loss goes straight into `loss`, and its gradient is scaled by its own d_loss
+  // (1 / counted is the mean's d_loss of every counted token).
+  const bool per_token = options.reduction == reduction_mode::none;
+  const float* row_scale = per_token && !d_loss.is_none() ? d_loss.data() : nullptr;
 
   buffer<float> logits(workspace, shape{c * V});
-  buffer<float> row_loss(workspace, shape{N});
+  buffer<float> row_loss_buffer;
+  if (!per_token) row_loss_buffer = buffer<float>(workspace, shape{N});
+  float* row_loss = per_token ? loss.data() : row_loss_buffer.data();
   const auto logit_block = [&](std::int64_t rows, std::int64_t first_column, std::int64_t columns) {
     return linalg::matrix_ref<float>(logits.data() + first_column, rows, columns, V, memory_kind::host);
   };
@@ -104,9 +111,9 @@ void host_fused(const tensor_view<const T>& hidden, const Source& source,
         const std::int32_t target = targets[first + r];
         if (target == options.ignore_index) {
           std::fill(z, z + V, 0.0f);
-          row_loss.data()[first + r] = 0.0f;
+          row_loss[first + r] = 0.0f;
         } else {
-          row_loss.data()[first + r] = host_row(math, z, V, target, scale);
+          row_loss[first + r] = host_row(math, z, V, target, row_scale != nullptr ? row_scale[first + r] : scale);
         }
       }
     });
@@ -134,16 +141,17 @@ void host_fused(const tensor_view<const T>& hidden, const Source& source,
     if constexpr (!std::is_same_v<T, float>)
       for (std::int64_t i = 0; i < rows * H; ++i) dx.data[i] = from_float<T>(acc[i]);
   }
+  if (per_token) return;
   double total = 0;
-  for (std::int64_t i = 0; i < N; ++i) total += row_loss.data()[i];
+  for (std::int64_t i = 0; i < N; ++i) total += row_loss[i];
   loss[0] = counted > 0 ? static_cast<float>(total / static_cast<double>(counted)) : 0.0f;
 }
 
 // Host checks made before anything is written: target ids, NaN/Inf, and the bound on the logits.
 template <class T, class Source>
 void host_check_values(const char* operation, const tensor_view<const T>& hidden, const Source& source,
-                       const tensor_view<const std::int32_t>& targets, const cross_entropy_options& options,
-                       const loss_dims& dims) {
+                       const tensor_view<const std::int32_t>& targets, const tensor_view<const float>& d_loss,
+                       const cross_entropy_options& options, const loss_dims& dims) {
   const std::int64_t N = dims.N, H = dims.H, V = dims.V;  // not a binding: clang < 16 cannot capture one in a lambda
   for (std::int64_t i = 0; i < N; ++i) {
     const std::int32_t t = targets[i];
@@ -152,6 +160,10 @@ void host_check_values(const char* operation, const tensor_view<const T>& hidden
                   " is outside the vocabulary [0, " + std::to_string(V) + ") and is not ignore_index (" +
                   std::to_string(options.ignore_index) + ")");
   }
+  if (!d_loss.is_none())
+    for (std::int64_t i = 0; i < N; ++i)
+      if (!std::isfinite(d_loss[i]))
+        throw error(std::string(operation) + ": `d_loss` of token " + std::to_string(i) + " is NaN or Inf");
   const double hidden_max = host_max_abs(hidden.data(), N, H, operation, "hidden");
   double head_max = 0;
   for (std::int64_t n0 = 0; n0 < V; n0 += source.tile_rows()) {

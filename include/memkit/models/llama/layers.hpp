@@ -17,6 +17,7 @@
 // register_parameters(registry).
 #pragma once
 
+#include <memkit/attention/bytes.hpp>
 #include <memkit/core/layer.hpp>
 #include <memkit/core/execution.hpp>
 #include <memkit/layers/dense_linear.hpp>
@@ -238,6 +239,8 @@ struct rms_norm {
 // [max_positions, head_dim / 2] is computed once (fp32, on the host, then copied where the weights live) and
 // is a constant of the model, not an activation.
 // One head at one position, its pairs (i, i + d/2): y = R(direction * pos) x; x and y may be the same memory.
+// pos is the token's place in its row, or with packed documents (offsets int32 [B, offsets_per_row]) in its
+// document: positions restart at each document's first token, as if the document were a sequence of its own.
 template <class T>
 struct rotary_row {
   const T* x;
@@ -245,8 +248,12 @@ struct rotary_row {
   const float* table;  // cos then sin, each [max_positions, half]
   std::int64_t seq, width, head_dim, max_positions;
   float direction;
+  const std::int32_t* offsets = nullptr;  // document offsets, or null: one document per row
+  std::int64_t offsets_per_row = 0;
   MEMKIT_HOST_DEVICE void operator()(std::int64_t row) const {  // row = token * heads + head
-    const std::int64_t half = head_dim / 2, p = (row / (width / head_dim)) % seq, at = row * head_dim;
+    const std::int64_t token = row / (width / head_dim), i = token % seq;
+    const std::int64_t start = memkit::attention::document_of(offsets, offsets_per_row, token / seq, i, seq).begin;
+    const std::int64_t half = head_dim / 2, p = i - start, at = row * head_dim;
     const float* c = table + p * half;
     const float* sn = table + (max_positions + p) * half;
     for (std::int64_t i = 0; i < half; ++i) {
@@ -324,15 +331,25 @@ struct rotary {
   std::size_t saved_bytes(const shape&, const forward_context&) const { return 0; }
   std::size_t workspace_bytes(const shape&) const { return 0; }
 
-  // y = R(pos) x; x and y may be the same memory.
+  // y = R(pos) x on [B, S, heads * head_dim]; x and y may be the same memory. With document_offsets (int32
+  // [B, N + 1], attention/bytes.hpp) pos counts from the start of the token's document.
   template <memkit::executor E>
-  void rotate(const E& exec, tensor_view<const T> x, tensor_view<T> y, float direction) const {
+  void rotate(const E& exec, tensor_view<const T> x, tensor_view<T> y, float direction,
+              tensor_view<const std::int32_t> document_offsets = tensor_view<const std::int32_t>::none()) const {
     const shape& s = x.shape();
     const std::int64_t seq = s[1], width = s[2];
     memkit::require(seq <= max_positions, "rotary: sequence " + std::to_string(seq) + " is longer than the table");
     memkit::require(width % head_dim == 0, "rotary: width is not a whole number of heads");
+    const bool packed = !document_offsets.is_none();
+    memkit::require(!packed || (document_offsets.shape().rank == 2 && document_offsets.shape()[0] == s[0] &&
+                                document_offsets.shape()[1] >= 2 && document_offsets.data() != nullptr),
+                    "rotary: document_offsets must be int32 [batch = " + std::to_string(s[0]) +
+                        ", documents + 1 >= 2], got " + to_string(document_offsets.shape()));
+    if (packed) memkit::require_accessible(exec, document_offsets, "rotary", "document_offsets");
     layers::for_each_index(exec, x.size() / head_dim,
-                   rotary_row<T>{x.data(), y.data(), table.data(), seq, width, head_dim, max_positions, direction});
+                           rotary_row<T>{x.data(), y.data(), table.data(), seq, width, head_dim, max_positions,
+                                         direction, document_offsets.data(),
+                                         packed ? document_offsets.shape()[1] : 0});
   }
   template <memkit::executor E>
   void forward(const E& exec, const forward_context&, tensor_view<const T> x, tensor_view<T> y, activation_store&) {

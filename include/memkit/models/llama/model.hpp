@@ -43,6 +43,15 @@ layers::dense_linear<T> make_dense_linear(const projection& p, const layers::mem
 // What forward_backward calls around the parts of the pass, for a caller that must act there (ZeRO stage 3:
 // models/llama/stage3.hpp gathers a block's parameters before it runs and releases them after). begin() comes
 // before the embedding, end() after its backward; the block calls bracket each block's forward and backward.
+template <class H>
+concept pass_hooks = requires(H& h, std::int64_t i) {
+  h.begin();
+  h.end();
+  h.before_forward(i);
+  h.after_forward(i);
+  h.before_backward(i);
+  h.after_backward(i);
+};
 struct no_pass_hooks {
   void begin() {}
   void end() {}
@@ -103,6 +112,13 @@ struct causal_lm {
   causal_lm(const causal_lm&) = delete;
   causal_lm& operator=(const causal_lm&) = delete;
 
+  // Runs every block's MLP over chunks of `tokens` tokens (decoder_block::mlp_token_chunk; 0: untiled).
+  void set_mlp_token_chunk(std::int64_t tokens) {
+    memkit::require(tokens >= 0, "causal_lm::set_mlp_token_chunk: tokens per chunk must be 0 (untiled) or positive, got " +
+                                     std::to_string(tokens));
+    for (block_type& b : blocks) b.mlp_token_chunk = tokens;
+  }
+
   // The LM head's weight [vocab, hidden]: lm_head.weight, or the embedding when they are tied (its gradient
   // then collects both uses).
   layers::basic_parameter<T>& head_weight() noexcept { return config.tie_embeddings ? embed.weight : head; }
@@ -161,9 +177,11 @@ struct causal_lm {
 
   // Inference: the final hidden states (after the last norm) of `ids` [B, S], each block's saved tensors
   // dropped as soon as it has run. Temporaries come from memory.workspace, saved tensors from `saved`.
+  // document_offsets (int32 [B, N + 1], or none()): packed documents, each attended and positioned on its own.
   template <memkit::executor E>
   void forward_hidden(const E& exec, tensor_view<const std::int32_t> ids, tensor_view<T> hidden,
-                      memkit::memory_resource& saved) {
+                      memkit::memory_resource& saved,
+                      tensor_view<const std::int32_t> document_offsets = tensor_view<const std::int32_t>::none()) {
     const shape& s = ids.shape();
     memkit::require(s.rank == 2, "causal_lm::forward_hidden: ids must be [batch, sequence]");
     const shape hs{s[0], s[1], config.hidden};
@@ -175,8 +193,10 @@ struct causal_lm {
     tensor_view<T> x = hidden.reshaped(hs), y = other.view();
     embed.forward(exec, ids, x);
     memkit::activation_store store(saved);
+    memkit::forward_context ctx{};
+    ctx.document_offsets = document_offsets;
     for (block_type& b : blocks) {
-      b.forward(exec, {}, tensor_view<const T>(x), y, store);
+      b.forward(exec, ctx, tensor_view<const T>(x), y, store);
       store.clear();
       std::swap(x, y);
     }
@@ -188,19 +208,30 @@ struct causal_lm {
   // memory-saving loop: see examples/train_llama.cpp): the mean next-token loss of `targets` [B, S]
   // (ignore_index -100) through the fused linear cross-entropy into loss [1], and the gradients of every
   // trainable parameter and adapter accumulated. Saved tensors come from `saved`, the per-layer hidden
-  // states and their gradients from memory.workspace.
+  // states and their gradients from memory.workspace. document_offsets (int32 [B, N + 1], or none()): packed
+  // documents, each attended and positioned on its own (the targets then hold ignore_index at each document's last
+  // token: models/tokens.hpp, pack_documents).
   template <memkit::executor E>
   void forward_backward(const E& exec, tensor_view<const std::int32_t> ids, tensor_view<const std::int32_t> targets,
                         tensor_view<float> loss, memkit::memory_resource& saved,
-                        const memkit::loss::cross_entropy_options& loss_options = {}) {
+                        const memkit::loss::cross_entropy_options& loss_options = {},
+                        tensor_view<const std::int32_t> document_offsets = tensor_view<const std::int32_t>::none()) {
     no_pass_hooks none;
-    forward_backward(exec, ids, targets, loss, saved, loss_options, none);
+    forward_backward(exec, ids, targets, loss, saved, loss_options, document_offsets, none);
   }
-  // The same with `hooks` called around the parts of the pass (no_pass_hooks).
-  template <memkit::executor E, class Hooks>
+  // The same with `hooks` called around the parts of the pass (no_pass_hooks; ZeRO stage 3: stage3_pass_hooks),
+  // without packed documents, or with them.
+  template <memkit::executor E, pass_hooks Hooks>
   void forward_backward(const E& exec, tensor_view<const std::int32_t> ids, tensor_view<const std::int32_t> targets,
                         tensor_view<float> loss, memkit::memory_resource& saved,
                         const memkit::loss::cross_entropy_options& loss_options, Hooks& hooks) {
+    forward_backward(exec, ids, targets, loss, saved, loss_options, tensor_view<const std::int32_t>::none(), hooks);
+  }
+  template <memkit::executor E, pass_hooks Hooks>
+  void forward_backward(const E& exec, tensor_view<const std::int32_t> ids, tensor_view<const std::int32_t> targets,
+                        tensor_view<float> loss, memkit::memory_resource& saved,
+                        const memkit::loss::cross_entropy_options& loss_options,
+                        tensor_view<const std::int32_t> document_offsets, Hooks& hooks) {
     const shape& s = ids.shape();
     memkit::require(s.rank == 2 && targets.shape() == s, "causal_lm::forward_backward: ids and targets must be [batch, sequence]");
     memkit::require(s[1] <= config.max_positions, "causal_lm::forward_backward: sequence " + std::to_string(s[1]) +
@@ -214,9 +245,11 @@ struct causal_lm {
     memkit::activation_store store(saved);
     hooks.begin();
     embed.forward(exec, ids, state(0));
+    memkit::forward_context ctx{};
+    ctx.document_offsets = document_offsets;
     for (std::int64_t i = 0; i < L; ++i) {
       hooks.before_forward(i);
-      blocks[static_cast<std::size_t>(i)].forward(exec, {}, tensor_view<const T>(state(i)), state(i + 1), store);
+      blocks[static_cast<std::size_t>(i)].forward(exec, ctx, tensor_view<const T>(state(i)), state(i + 1), store);
       hooks.after_forward(i);
     }
     final_norm.forward(exec, {}, tensor_view<const T>(state(L)), state(L + 1), store);
