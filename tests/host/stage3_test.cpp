@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "support/stage3_scenario.hpp"
+#include "support/thread_communicator.hpp"
 
 using memkit::host;
 using memkit::distributed::single_communicator;
@@ -49,6 +50,36 @@ TEST_CASE("stage3: with two buffers in slot 0, each block's gather prefetches th
   CHECK(out.predicted_weights - plain.predicted_weights ==
         memkit::distributed::stage3_parameters<float>::buffer_bytes(shapes, 1).weights -
             memkit::buffer<float>::bytes_required(memkit::shape{memkit::distributed::stage3_parameters<float>::flat_size(shapes.back(), 1)}));
+}
+
+TEST_CASE("stage3: 2 and 3 ranks as threads: dense and QLoRA bit-identical to one process, memory as predicted") {
+  for (int ranks : {2, 3}) {
+    CAPTURE(ranks);
+    memkit_test::thread_ranks group(ranks);
+    std::vector<stage3_test::outcome> dense(static_cast<std::size_t>(ranks));
+    std::vector<stage3_test::qlora_outcome> qlora(static_cast<std::size_t>(ranks));
+    group.run([&](const memkit_test::thread_ranks::communicator& comm) {
+      dense[static_cast<std::size_t>(comm.rank())] = stage3_test::run(comm, 2, comm.size() == 3);  // prefetch on 3
+      qlora[static_cast<std::size_t>(comm.rank())] = stage3_test::run_qlora(comm, 2);
+    });
+    for (const auto& out : dense) {
+      INFO(out.first_problem);
+      CHECK(out.loss_mismatches == 0);
+      CHECK(out.param_mismatches == 0);
+      CHECK(out.changed > 1000);
+      CHECK(out.peak_weights == out.predicted_weights);
+      CHECK(out.peak_gradients == out.predicted_gradients);
+      CHECK(out.peak_optimizer == out.predicted_optimizer);
+    }
+    for (const auto& out : qlora) {
+      INFO(out.first_problem);
+      CHECK(out.loss_mismatches == 0);
+      CHECK(out.adapter_mismatches == 0);
+      CHECK(out.base_mismatches == 0);
+      CHECK(out.peak_weights == out.predicted_weights);
+      CHECK(out.peak_workspace == out.predicted_workspace);
+    }
+  }
 }
 
 TEST_CASE("stage3: one rank trains QLoRA adapters over gathered NF4 bases bit-identically") {
