@@ -271,6 +271,8 @@ TEST_CASE("stage3: misuse is a clear error") {
                        memkit::error);
   runtime.gather(host, single_communicator{}, 1, false);
   runtime.release(host, single_communicator{}, 1);
+  CHECK_THROWS_WITH_AS(runtime.step(host, single_communicator{}, stage3_test::groups()),
+                       doctest::Contains("unit 0's gradients were not reduced since the last step"), memkit::error);
   CHECK_THROWS_WITH_AS(runtime.gather(host, single_communicator{}, 99, false), doctest::Contains("no unit 99"), memkit::error);
 
   // A communicator of another rank count than the shards'.

@@ -554,6 +554,7 @@ class stage3_parameters {
       ordered_reduce_scatter(exec, comm, tensor_view<const float>(s.grads.view().flat_slice(0, flat)), x.grad_shard.view(),
                              staging_.view().flat_slice(0, flat));
       s.gradients_holder = -1;
+      x.reduced = true;
     }
     gather_buffer& g = s.buffers[static_cast<std::size_t>(x.held_in)];
     if constexpr (E::on_device) {
@@ -572,11 +573,16 @@ class stage3_parameters {
   void step(const E& exec, const C& comm, std::span<const optim::adam_group> groups, float gradient_scale = 1.0f) {
     const char* op = "stage3_parameters::step";
     check_comm(op, comm);
-    for (std::size_t u = 0; u < units_.size(); ++u) {
-      unit& x = units_[u];
-      require(!x.gathered && x.held_in < 0, std::string(op) + ": unit " + std::to_string(u) +
-                                               " is still gathered or prefetched; release it first");
+    for (std::size_t u = 0; u < units_.size(); ++u)
+      require(!units_[u].gathered && units_[u].held_in < 0, std::string(op) + ": unit " + std::to_string(u) +
+                                                                " is still gathered or prefetched; release it first");
+    for (std::size_t u = 0; u < units_.size(); ++u)
+      require(!units_[u].optimizer || units_[u].reduced,
+              std::string(op) + ": unit " + std::to_string(u) +
+                  "'s gradients were not reduced since the last step (gather it with gradients for its backward)");
+    for (unit& x : units_) {
       if (!x.optimizer) continue;
+      x.reduced = false;
       const sharded_step_options o{.tensor_groups = x.spec.tensor_groups, .gradient_scale = gradient_scale};
       x.optimizer->step_param_shard(exec, comm, x.param_shard.view(), tensor_view<const float>(x.grad_shard.view()),
                                     groups, o, x.shape.master ? x.master_shard.view() : tensor_view<float>::none());
@@ -670,6 +676,7 @@ class stage3_parameters {
         std::vector<std::istream*> adam_images;
         for (std::istringstream& stream : streams) adam_images.push_back(&stream);
         x.optimizer->load(exec, std::span<std::istream* const>(adam_images));
+        x.reduced = false;  // the gradient slices are not saved: a backward comes before the next step
         // The slices: the flat layout's elements [rank * shard, (rank + 1) * shard) from the old slices.
         std::int64_t logical = 0;
         for (std::int64_t n : x.shape.sizes) logical += optimizer_type::padded(n);
@@ -714,6 +721,7 @@ class stage3_parameters {
     std::vector<quantized_type> staged;  // NF4 tensors gathered by a prefetch, handed over at gather()
     int held_in = -1;                    // the slot's buffer holding the unit (gathered or prefetched), or -1
     bool gathered = false, with_gradients = false;
+    bool reduced = false;  // its gradient slice holds this step's reduction
   };
   // One gather buffer of a slot: the dense values and the NF4 area of the slot's largest unit.
   struct gather_buffer {
