@@ -3,6 +3,7 @@
 // libnccl (MEMKIT_TEST_WITH_NCCL), otherwise CTest lists memkit.nccl as Skipped with the reason.
 #include <memkit/distributed/communicator.hpp>
 #include <memkit/distributed/nccl_communicator.hpp>
+#include <memkit/distributed/stage3.hpp>
 #include <memkit/memory/buffer.hpp>
 #include <memkit/memory/resource.hpp>
 
@@ -14,6 +15,7 @@
 static_assert(memkit::distributed::communicator<memkit::distributed::single_communicator, memkit::cuda_executor>);
 #if MEMKIT_HAS_NCCL
 static_assert(memkit::distributed::communicator<memkit::distributed::nccl_communicator, memkit::cuda_executor>);
+static_assert(memkit::distributed::ordered_communicator<memkit::distributed::nccl_communicator, memkit::cuda_executor>);
 #endif
 
 #if MEMKIT_HAS_NCCL && defined(MEMKIT_TEST_WITH_NCCL)
@@ -67,6 +69,14 @@ MEMKIT_GPU_TEST_CASE("gpu: nccl_communicator on one rank: all_reduce, reduce_sca
     nccl.broadcast(exec, h.data(), 4, 0);
     const auto back = to_host(h, stream);
     for (std::size_t i = 0; i < 4; ++i) CHECK(back[i].bits == halves[i].bits);
+    // all_to_all (ncclSend/ncclRecv in a group) and the stage-3 reduction over it: on one rank, copies.
+    MEMKIT_CUDA_CHECK(cudaMemsetAsync(b.data(), 0, b.bytes(), stream));
+    nccl.all_to_all(exec, a.data(), b.data(), n);
+    CHECK(to_host(b, stream) == values);
+    memkit::buffer<float> staging(resource, memkit::shape{n});
+    MEMKIT_CUDA_CHECK(cudaMemsetAsync(b.data(), 0, b.bytes(), stream));
+    memkit::distributed::ordered_reduce_scatter(exec, nccl, memkit::tensor_view<const float>(a.view()), b.view(), staging.view());
+    CHECK(to_host(b, stream) == values);
   }
   MEMKIT_CUDA_CHECK(cudaStreamDestroy(stream));
   CHECK(ncclCommDestroy(comm) == ncclSuccess);

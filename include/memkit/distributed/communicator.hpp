@@ -13,6 +13,13 @@
 //   all_gather(exec, send, recv, count)             recv[r*count + i] = send of rank r [i]; in place when
 //                                                   send == recv + rank*count
 //   broadcast(exec, data, count, root)              every rank gets root's data
+//   all_to_all(exec, send, recv, count)             (ordered_communicator) send and recv have size*count
+//                                                   elements; recv[r*count + i] = send of rank r [rank*count + i]
+//
+// reduce_scatter and all_reduce add in whatever order the library picks (a tree, a ring), so with three or
+// more ranks the sums are not reproducible bit for bit. ordered_reduce_scatter (below) is the reduction stage 3
+// uses: all_to_all, then each rank adds its column in rank order 0, 1, ..., N-1, the order one process
+// accumulating the ranks' gradients one after the other uses.
 //
 // Reductions are sums; a communicator must support them for float and double (the gradients, and the
 // gradient-norm partial sums), and gather/broadcast for any trivially copyable element type.
@@ -63,6 +70,10 @@ struct single_communicator {
     copy(exec, send, recv, count);
   }
   template <executor E, class T>
+  void all_to_all(const E& exec, const T* send, T* recv, std::int64_t count) const {
+    copy(exec, send, recv, count);
+  }
+  template <executor E, class T>
   void broadcast(const E&, T*, std::int64_t, int root) const {
     require(root == 0, "single_communicator::broadcast: root " + std::to_string(root) + " of 1 rank");
   }
@@ -82,7 +93,15 @@ struct single_communicator {
   }
 };
 
+// A communicator that also moves each rank's i-th block to rank i (what ordered_reduce_scatter needs).
+template <class C, class E>
+concept ordered_communicator = communicator<C, E> && requires(const C& c, const E& exec, const float* f_in, float* f_out,
+                                                                std::int64_t count) {
+  c.all_to_all(exec, f_in, f_out, count);
+};
+
 static_assert(communicator<single_communicator, host_executor>);
+static_assert(ordered_communicator<single_communicator, host_executor>);
 
 }  // namespace distributed
 MEMKIT_NAMESPACE_END

@@ -65,6 +65,14 @@ class mpi_communicator {
     check(MPI_Allgather(in_place ? MPI_IN_PLACE : send, n, type.handle, recv, n, type.handle, comm_), "MPI_Allgather");
   }
   template <class T>
+  void all_to_all(const host_executor&, const T* send, T* recv, std::int64_t count) const {
+    static_assert(std::is_trivially_copyable_v<T>, "mpi_communicator::all_to_all: T must be trivially copyable");
+    require(send != recv, "mpi_communicator::all_to_all: send and recv must not overlap");
+    const int n = to_int(count, "all_to_all");
+    byte_type type(sizeof(T));
+    check(MPI_Alltoall(send, n, type.handle, recv, n, type.handle, comm_), "MPI_Alltoall");
+  }
+  template <class T>
   void broadcast(const host_executor&, T* data, std::int64_t count, int root) const {
     static_assert(std::is_trivially_copyable_v<T>, "mpi_communicator::broadcast: T must be trivially copyable");
     require(root >= 0 && root < size_, "mpi_communicator::broadcast: root " + std::to_string(root) + " of " +
@@ -109,7 +117,7 @@ class mpi_communicator {
   int rank_ = 0, size_ = 1;
 };
 
-static_assert(communicator<mpi_communicator, host_executor>);
+static_assert(ordered_communicator<mpi_communicator, host_executor>);
 
 }  // namespace distributed
 MEMKIT_NAMESPACE_END

@@ -63,6 +63,22 @@ class nccl_communicator {
       return ncclAllGather(send, recv, static_cast<std::size_t>(count) * sizeof(T), ncclUint8, comm_, exec.stream);
     }, "ncclAllGather");
   }
+  // Point to point in one group (NCCL 2.7+): rank r's block i goes to rank i's block r.
+  template <class T>
+  void all_to_all(const cuda_executor& exec, const T* send, T* recv, std::int64_t count) const {
+    static_assert(std::is_trivially_copyable_v<T>, "nccl_communicator::all_to_all: T must be trivially copyable");
+    const std::size_t bytes = static_cast<std::size_t>(count) * sizeof(T);
+    on(exec, [&] {
+      ncclResult_t status = ncclGroupStart();
+      for (int peer = 0; peer < size_ && status == ncclSuccess; ++peer) {
+        status = ncclSend(reinterpret_cast<const std::uint8_t*>(send) + peer * bytes, bytes, ncclUint8, peer, comm_, exec.stream);
+        if (status == ncclSuccess)
+          status = ncclRecv(reinterpret_cast<std::uint8_t*>(recv) + peer * bytes, bytes, ncclUint8, peer, comm_, exec.stream);
+      }
+      const ncclResult_t ended = ncclGroupEnd();
+      return status != ncclSuccess ? status : ended;
+    }, "ncclSend/ncclRecv (all_to_all)");
+  }
   template <class T>
   void broadcast(const cuda_executor& exec, T* data, std::int64_t count, int root) const {
     static_assert(std::is_trivially_copyable_v<T>, "nccl_communicator::broadcast: T must be trivially copyable");
@@ -100,7 +116,7 @@ class nccl_communicator {
   int rank_ = 0, size_ = 1;
 };
 
-static_assert(communicator<nccl_communicator, cuda_executor>);
+static_assert(ordered_communicator<nccl_communicator, cuda_executor>);
 
 }  // namespace distributed
 MEMKIT_NAMESPACE_END

@@ -19,6 +19,8 @@
 //            all-gather the parameters.
 //   stage 2  step_shard_gradients: the gradients arrive already reduce-scattered (reduce_scatter_
 //            gradients, or the caller's own bucketed reduce-scatter), update, all-gather the parameters.
+//   stage 3  step_param_shard: the parameters are sharded too (distributed/stage3.hpp): the own slices of
+//            the parameters and of the summed gradients are updated, nothing is gathered.
 // The gradient norm and the non-finite check are global: each rank computes adam_state's per-chunk
 // sums of squares for its own chunks, the chunk sums are all-reduced (every other rank contributes an
 // exact 0.0, so the sum is exact in any order), and every rank runs the same finalisation on the same
@@ -242,7 +244,7 @@ class sharded_adam_state : public sharded_adam_layout<State, Block> {
     const char* op = "sharded_adam_state::step_full_gradients";
     validate_step(exec, comm, op, params, tensor_view<const G>(grads), flat_size_, groups, options, master);
     comm.all_reduce(exec, grads.data(), grads.data(), flat_size_);
-    step_on(exec, comm, params, grads.data(), 0, groups, options, master);
+    step_on(exec, comm, params, 0, true, grads.data(), 0, groups, options, master);
   }
 
   // Stage 2: `grad_shard` (shard_size) holds this rank's shard of the summed gradients.
@@ -253,7 +255,20 @@ class sharded_adam_state : public sharded_adam_layout<State, Block> {
                             tensor_view<float> master = {}) {
     const char* op = "sharded_adam_state::step_shard_gradients";
     validate_step(exec, comm, op, params, grad_shard, shard_size_, groups, options, master);
-    step_on(exec, comm, params, grad_shard.data(), shard_begin(), groups, options, master);
+    step_on(exec, comm, params, 0, true, grad_shard.data(), shard_begin(), groups, options, master);
+  }
+
+  // Stage 3: the parameters are sharded too. `param_shard` (shard_size) is this rank's slice of the flat
+  // parameters, `grad_shard` (shard_size) its slice of the summed gradients; only the slice is updated and
+  // nothing is gathered (the caller gathers a layer's parameters when it runs: distributed/stage3.hpp).
+  template <executor E, class C, float_storage P, float_storage G>
+    requires communicator<C, E>
+  void step_param_shard(const E& exec, const C& comm, tensor_view<P> param_shard, tensor_view<const G> grad_shard,
+                        std::span<const optim::adam_group> groups, const sharded_step_options& options = {},
+                        tensor_view<float> master = {}) {
+    const char* op = "sharded_adam_state::step_param_shard";
+    validate_step(exec, comm, op, param_shard, grad_shard, shard_size_, groups, options, master, shard_size_);
+    step_on(exec, comm, param_shard, shard_begin(), false, grad_shard.data(), shard_begin(), groups, options, master);
   }
 
   // Copies this rank's shard of `params` into `master` (fp32): the start of training with master weights.
@@ -326,14 +341,15 @@ class sharded_adam_state : public sharded_adam_layout<State, Block> {
   static constexpr const char* magic = "memkit-sharded-adam-state";
 
   template <executor E, class C, float_storage P, float_storage G>
-  void step_on(const E& exec, const C& comm, tensor_view<P> params, const G* grads, std::int64_t grads_begin,
+  void step_on(const E& exec, const C& comm, tensor_view<P> params, std::int64_t params_begin, bool gather_params,
+               const G* grads, std::int64_t grads_begin,
                std::span<const optim::adam_group> groups, const sharded_step_options& options, tensor_view<float> master) {
     run_id_bound_ = true;  // this state now holds a step of its run
     if constexpr (!E::on_device) {
-      host_step(exec, comm, params, grads, grads_begin, groups, options, master);
+      host_step(exec, comm, params, params_begin, gather_params, grads, grads_begin, groups, options, master);
     } else {
 #if MEMKIT_HAS_CUDA
-      device_step(exec, comm, params, grads, grads_begin, groups, options, master);
+      device_step(exec, comm, params, params_begin, gather_params, grads, grads_begin, groups, options, master);
 #endif
     }
   }
@@ -382,7 +398,8 @@ class sharded_adam_state : public sharded_adam_layout<State, Block> {
   // and the decision, the chunk sums are all-reduced (exact: one rank contributes each chunk, the rest 0.0), so
   // every rank takes the same decision; after the update, the parameters are all-gathered.
   template <executor E, class C, float_storage P, float_storage G>
-  void host_step(const E& exec, const C& comm, tensor_view<P> params, const G* grads, std::int64_t grads_begin,
+  void host_step(const E& exec, const C& comm, tensor_view<P> params, std::int64_t params_begin, bool gather_params,
+                 const G* grads, std::int64_t grads_begin,
                  std::span<const optim::adam_group> groups, const sharded_step_options& options, tensor_view<float> master) {
     double* sums = core_.host_chunk_sums();
     std::fill(sums, sums + core_.total_chunks(), 0.0);
@@ -392,12 +409,14 @@ class sharded_adam_state : public sharded_adam_layout<State, Block> {
       for (std::size_t k = 0; k < pieces_.size(); ++k) {
         const shard_piece& p = pieces_[k];
         core_.host_update(piece_layouts_[k],
-                          core_.host_access(p.tensor, param_of(p, params), grad_of(p, grads, grads_begin),
+                          core_.host_access(p.tensor, param_of(p, params, params_begin), grad_of(p, grads, grads_begin),
                                             master_of(p, master), p.begin),
                           groups[static_cast<std::size_t>(group_of(p, options))]);
       }
-      P* flat = params.data();
-      comm.all_gather(exec, flat + shard_begin(), flat, shard_size_);
+      if (gather_params) {
+        P* flat = params.data();
+        comm.all_gather(exec, flat + shard_begin(), flat, shard_size_);
+      }
     }
   }
 
@@ -405,12 +424,13 @@ class sharded_adam_state : public sharded_adam_layout<State, Block> {
   // On the device a skipped step still all-gathers (the decision stays on the device; the parameters are
   // unchanged on every rank, so the gather rewrites the same values).
   template <class C, float_storage P, float_storage G>
-  void device_step(const cuda_executor& exec, const C& comm, tensor_view<P> params, const G* grads,
+  void device_step(const cuda_executor& exec, const C& comm, tensor_view<P> params, std::int64_t params_begin,
+                   bool gather_params, const G* grads,
                    std::int64_t grads_begin, std::span<const optim::adam_group> groups, const sharded_step_options& options,
                    tensor_view<float> master) {
     auto piece = [&](std::size_t k) {
       const shard_piece& p = pieces_[k];
-      return optim::detail::adam_step_tensor{&piece_layouts_[k], param_of(p, params), grad_of(p, grads, grads_begin),
+      return optim::detail::adam_step_tensor{&piece_layouts_[k], param_of(p, params, params_begin), grad_of(p, grads, grads_begin),
                                               master_of(p, master), p.tensor, p.begin, group_of(p, options)};
     };
     double* sums = core_.device_chunk_sums();
@@ -424,6 +444,7 @@ class sharded_adam_state : public sharded_adam_layout<State, Block> {
       core_.template device_finalize_and_update<P, G>(exec, options.gradient_scale, groups, pieces_.size(), piece);
       return 0;
     });
+    if (!gather_params) return;
     P* flat = params.data();
     comm.all_gather(exec, flat + shard_begin(), flat, shard_size_);
   }
@@ -431,7 +452,9 @@ class sharded_adam_state : public sharded_adam_layout<State, Block> {
 
   // Where a piece's parameters, gradients (which start at flat index grads_begin) and master values are.
   template <float_storage P>
-  static P* param_of(const shard_piece& p, tensor_view<P> params) noexcept { return params.data() + p.flat + p.begin; }
+  static P* param_of(const shard_piece& p, tensor_view<P> params, std::int64_t params_begin) noexcept {
+    return params.data() + (p.flat + p.begin - params_begin);
+  }
   template <float_storage G>
   static const G* grad_of(const shard_piece& p, const G* grads, std::int64_t grads_begin) noexcept {
     return grads + (p.flat + p.begin - grads_begin);
@@ -507,12 +530,13 @@ class sharded_adam_state : public sharded_adam_layout<State, Block> {
   template <executor E, class C, float_storage P, float_storage G>
   void validate_step(const E& exec, const C& comm, const char* op, tensor_view<P> params, tensor_view<const G> grads,
                      std::int64_t grads_size, std::span<const optim::adam_group> groups, const sharded_step_options& options,
-                     tensor_view<float> master) const {
+                     tensor_view<float> master, std::int64_t params_size = -1) const {
+    if (params_size < 0) params_size = flat_size_;
     check_comm(op, comm);
     require_accessible(exec, arena_view(), op, "optimizer state");
     const std::string o = op;
-    require(params.size() == flat_size_, o + ": params has " + std::to_string(params.size()) +
-                                             " elements, the flat layout " + std::to_string(flat_size_));
+    require(params.size() == params_size, o + ": params has " + std::to_string(params.size()) +
+                                              " elements, expected " + std::to_string(params_size));
     require(grads.size() == grads_size, o + ": the gradients have " + std::to_string(grads.size()) + " elements, expected " +
                                             std::to_string(grads_size));
     require(params.data() != nullptr && grads.data() != nullptr, o + ": null parameters or gradients");

@@ -38,6 +38,18 @@ using memkit::forward_context;
 using memkit::host_executor;
 namespace la = memkit::linalg;
 
+namespace detail {
+// A layer's weight must hold its values when the layer runs: under ZeRO stage 3 (distributed/stage3.hpp) they
+// are there only between the layer's gather and its release.
+template <class P>
+void require_present(const P& weight, std::int64_t elements, const char* layer) {
+  if (weight.value.size() == elements && weight.value.data() != nullptr) return;
+  memkit::require(false, std::string(layer) + " '" + weight.name + "': its weight is not in memory (" +
+                             std::to_string(weight.value.size()) + " of " + std::to_string(elements) +
+                             " elements); under stage 3, gather the layer before it runs");
+}
+}  // namespace detail
+
 template <class T>
 MEMKIT_HOST_DEVICE MEMKIT_FORCEINLINE float f32(T v) {
   return memkit::to_float(v);
@@ -98,6 +110,7 @@ struct token_embedding {
 
   template <memkit::executor E, class T>
   void forward(const E& exec, tensor_view<const std::int32_t> ids, tensor_view<T> y) const {
+    detail::require_present(weight, vocab * hidden, "token_embedding");
     memkit::require(y.size() == ids.size() * hidden, "token_embedding: y does not hold one row per token");
     if constexpr (!E::on_device)
       for (std::int64_t t = 0; t < ids.size(); ++t)
@@ -108,6 +121,9 @@ struct token_embedding {
   template <memkit::executor E, class T>
   void backward(const E& exec, tensor_view<const std::int32_t> ids, tensor_view<const T> dy) {
     if (!weight.trains()) return;
+    detail::require_present(weight, vocab * hidden, "token_embedding");
+    if (weight.grad.size() != vocab * hidden)
+      memkit::require(false, "token_embedding '" + weight.name + "': no gradient buffer (stage 3: gather it with its gradients)");
     layers::for_each_index(exec, hidden, embedding_grad_column<T>{ids.data(), dy.data(), weight.grad.data(), ids.size(), vocab, hidden});
   }
 };
@@ -195,6 +211,7 @@ struct rms_norm {
 
   template <memkit::executor E>
   void forward(const E& exec, const forward_context&, tensor_view<const T> x, tensor_view<T> y, activation_store& store) {
+    detail::require_present(weight, hidden, "rms_norm");
     const std::int64_t rows = layers::rows_of(x.shape());
     tensor_view<T> kept = store.save<T>(x.shape());
     tensor_view<float> rstd = store.save<float>(shape{rows});
@@ -203,13 +220,17 @@ struct rms_norm {
 
   template <memkit::executor E>
   void backward(const E& exec, tensor_view<const T> dy, tensor_view<T> dx, activation_store& store) {
+    detail::require_present(weight, hidden, "rms_norm");
     const std::int64_t rows = layers::rows_of(dy.shape());
     const auto rstd = store.take<float>(shape{rows}, "rms_norm");
     const auto x = store.take<T>(dy.shape(), "rms_norm");
     if (!dx.is_none())
       layers::for_each_index(exec, rows, rms_backward_row<T>{dy.data(), x.view().data(), rstd.view().data(), weight.value.data(), dx.data(), hidden});
-    if (weight.trains())
+    if (weight.trains()) {
+      if (weight.grad.size() != hidden)
+        memkit::require(false, "rms_norm '" + weight.name + "': no gradient buffer (stage 3: gather it with its gradients)");
       layers::for_each_index(exec, hidden, rms_weight_grad_column<T>{dy.data(), x.view().data(), rstd.view().data(), weight.grad.data(), rows, hidden});
+    }
   }
 };
 

@@ -40,6 +40,27 @@ layers::dense_linear<T> make_dense_linear(const projection& p, const layers::mem
   return layers::dense_linear<T>(p.path + ".weight", p.in, p.out, memory, mode, p.bias);
 }
 
+// What forward_backward calls around the parts of the pass, for a caller that must act there (ZeRO stage 3:
+// models/llama/stage3.hpp gathers a block's parameters before it runs and releases them after). begin() comes
+// before the embedding, end() after its backward; the block calls bracket each block's forward and backward.
+template <class H>
+concept pass_hooks = requires(H& h, std::int64_t i) {
+  h.begin();
+  h.end();
+  h.before_forward(i);
+  h.after_forward(i);
+  h.before_backward(i);
+  h.after_backward(i);
+};
+struct no_pass_hooks {
+  void begin() {}
+  void end() {}
+  void before_forward(std::int64_t) {}
+  void after_forward(std::int64_t) {}
+  void before_backward(std::int64_t) {}
+  void after_backward(std::int64_t) {}
+};
+
 template <class T, class Linear>
 struct causal_lm {
   using value_type = T;
@@ -195,6 +216,22 @@ struct causal_lm {
                         tensor_view<float> loss, memkit::memory_resource& saved,
                         const memkit::loss::cross_entropy_options& loss_options = {},
                         tensor_view<const std::int32_t> document_offsets = tensor_view<const std::int32_t>::none()) {
+    no_pass_hooks none;
+    forward_backward(exec, ids, targets, loss, saved, loss_options, document_offsets, none);
+  }
+  // The same with `hooks` called around the parts of the pass (no_pass_hooks; ZeRO stage 3: stage3_pass_hooks),
+  // without packed documents, or with them.
+  template <memkit::executor E, pass_hooks Hooks>
+  void forward_backward(const E& exec, tensor_view<const std::int32_t> ids, tensor_view<const std::int32_t> targets,
+                        tensor_view<float> loss, memkit::memory_resource& saved,
+                        const memkit::loss::cross_entropy_options& loss_options, Hooks& hooks) {
+    forward_backward(exec, ids, targets, loss, saved, loss_options, tensor_view<const std::int32_t>::none(), hooks);
+  }
+  template <memkit::executor E, pass_hooks Hooks>
+  void forward_backward(const E& exec, tensor_view<const std::int32_t> ids, tensor_view<const std::int32_t> targets,
+                        tensor_view<float> loss, memkit::memory_resource& saved,
+                        const memkit::loss::cross_entropy_options& loss_options,
+                        tensor_view<const std::int32_t> document_offsets, Hooks& hooks) {
     const shape& s = ids.shape();
     memkit::require(s.rank == 2 && targets.shape() == s, "causal_lm::forward_backward: ids and targets must be [batch, sequence]");
     memkit::require(s[1] <= config.max_positions, "causal_lm::forward_backward: sequence " + std::to_string(s[1]) +
@@ -206,11 +243,15 @@ struct causal_lm {
     memkit::buffer<T> states = memkit::workspace_buffer<T>(exec, *memory.workspace, shape{(L + 4) * N * H});
     const auto state = [&](std::int64_t i) { return states.view().flat_slice(i * N * H, N * H).reshaped(hs); };
     memkit::activation_store store(saved);
+    hooks.begin();
     embed.forward(exec, ids, state(0));
     memkit::forward_context ctx{};
     ctx.document_offsets = document_offsets;
-    for (std::int64_t i = 0; i < L; ++i)
+    for (std::int64_t i = 0; i < L; ++i) {
+      hooks.before_forward(i);
       blocks[static_cast<std::size_t>(i)].forward(exec, ctx, tensor_view<const T>(state(i)), state(i + 1), store);
+      hooks.after_forward(i);
+    }
     final_norm.forward(exec, {}, tensor_view<const T>(state(L)), state(L + 1), store);
     layers::basic_parameter<T>& head_param = head_weight();
     tensor_view<T> dy = state(L + 2), dx = state(L + 3);
@@ -222,9 +263,12 @@ struct causal_lm {
     final_norm.backward(exec, tensor_view<const T>(dy), dx, store);
     for (std::int64_t i = L - 1; i >= 0; --i) {
       std::swap(dx, dy);
+      hooks.before_backward(i);
       blocks[static_cast<std::size_t>(i)].backward(exec, tensor_view<const T>(dy), dx, store);
+      hooks.after_backward(i);
     }
     if (embed.weight.trains()) embed.backward(exec, ids, tensor_view<const T>(dx));
+    hooks.end();
   }
 };
 

@@ -135,9 +135,18 @@ struct lora_projection {
                       la::gemm_workspace_bytes<T, T, T>(tokens, w[1], w[0], o));
     }
   }
+  // Under ZeRO stage 3 (models/llama/stage3.hpp) the base is in memory only between its gather and release.
+  void require_base_present() const {
+    bool present = false;
+    if constexpr (quantized_base) present = base->numel() > 0 && base->codes().data() != nullptr;
+    else present = base->data() != nullptr;
+    if (!present)
+      memkit::require(false, "'" + path + "': its base weight is not in memory; under stage 3, gather the layer before it runs");
+  }
   template <memkit::executor E>
   void forward(const E& exec, const forward_context& ctx, tensor_view<const T> x, tensor_view<T> y,
                activation_store& store) {
+    require_base_present();
     if (layer) return layer->forward(exec, ctx, x, y, store);
     if constexpr (quantized_base) {
       const std::int64_t out = weight_shape()[0];
@@ -152,6 +161,7 @@ struct lora_projection {
   }
   template <memkit::executor E>
   void backward(const E& exec, tensor_view<const T> dy, tensor_view<T> dx, activation_store& store) {
+    require_base_present();
     if (layer) return layer->backward(exec, dy, dx, store);
     if (dx.is_none() || dx.empty()) return;
     if constexpr (quantized_base) {
