@@ -224,6 +224,10 @@ def side_by_side(memkit, peers):
         pairs.append((f"y = x W^T, W 8192x8192, M {M}", "memkit NF4", m, "memkit dense bf16 (cuBLAS)",
                       mk("quant", rf"BM_cuda_matmul_dense_bf16/{M}(/manual_time)?")))
         pairs.append((f"y = x W^T, W 8192x8192, M {M}", "memkit NF4", m, "torch bf16", peer(f"torch_bf16/{M}")))
+        if M in (1, 8):  # #30: the register-codebook GEMV beside the previous shared-memory one
+            pairs.append((f"y = x W^T, W 8192x8192, M {M}", "memkit NF4 (shuffle codebook)", m,
+                          "memkit NF4 (previous: shared-memory codebook)",
+                          mk("quant", rf"BM_cuda_matmul_nf4_shared_codebook/{M}(/manual_time)?")))
         pairs.append((f"y = x W^T, W 8192x8192, M {M}", "memkit NF4", m, "bnb matmul_4bit", peer(f"bnb_matmul_4bit/{M}")))
         m = mk("quant", rf"BM_cuda_matmul_input_grad_nf4/{M}(/manual_time)?")
         pairs.append((f"dx = dy W, W 8192x8192, M {M}", "memkit NF4", m, "memkit dense bf16 (cuBLAS)",

@@ -51,6 +51,12 @@ template __global__ void fused_gemv_kernel<format::nf4, bf16, device_fused_rows>
 template __global__ void fused_gemv_kernel<format::fp4, fp16, device_fused_rows>(
     const fp16*, const std::uint8_t*, block_scales, std::int64_t, std::int64_t, std::int64_t, std::int64_t, fp16*,
     code_table<256>, code_table<256>);
+template __global__ void fused_gemv_shuffle_kernel<format::nf4, bf16, device_fused_rows>(
+    const bf16*, const std::uint8_t*, block_scales, std::int64_t, std::int64_t, std::int64_t, std::int64_t, bf16*,
+    code_table<256>);
+template __global__ void fused_gemv_shuffle_kernel<format::fp4, fp16, device_fused_rows>(
+    const fp16*, const std::uint8_t*, block_scales, std::int64_t, std::int64_t, std::int64_t, std::int64_t, fp16*,
+    code_table<256>);
 template __global__ void fused_gemv_t_kernel<format::nf4, bf16, device_fused_rows>(
     const bf16*, const std::uint8_t*, block_scales, std::int64_t, std::int64_t, std::int64_t, std::int64_t, bf16*,
     code_table<256>, code_table<256>);
