@@ -219,6 +219,15 @@ def side_by_side(memkit, peers):
             m = dict(m, ms=m.get("ms_per_step", m["ms"]))
         pairs.append((f"AdamW step, 75.0M fp32 parameters in 48 tensors (ms per step, 4 back to back)",
                       f"memkit {state}", m, peer_name, peer(peer_name)))
+    for state in ("fp32_state", "bf16_state", "int8_256_state", "int4_state"):  # #30: prefetching update vs previous
+        m = mk("adam", rf"BM_adam_step_cuda<{state}>/4(/manual_time)?")
+        prev = mk("adam", rf"BM_adam_step_cuda_previous<{state}>/4(/manual_time)?")
+        if m is not None:
+            m = dict(m, ms=m.get("ms_per_step", m["ms"]))
+        if prev is not None:
+            prev = dict(prev, ms=prev.get("ms_per_step", prev["ms"]))
+        pairs.append((f"AdamW step, 75.0M fp32 parameters in 48 tensors (ms per step, 4 back to back)",
+                      f"memkit {state} (prefetching update)", m, f"memkit {state} (previous update kernel)", prev))
     for M in (1, 8, 256, 1024, 4096):
         m = mk("quant", rf"BM_cuda_matmul_nf4/{M}(/manual_time)?")
         pairs.append((f"y = x W^T, W 8192x8192, M {M}", "memkit NF4", m, "memkit dense bf16 (cuBLAS)",

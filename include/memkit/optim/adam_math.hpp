@@ -77,6 +77,9 @@ struct adam_options {
   std::uint64_t seed = 0;                  // of the stochastic rounding; same seed, same bits
   int host_threads = 1;                    // threads of the host and CPU-offload steps, 0 = all hardware
                                            // threads; the results do not depend on it
+  bool device_prefetch_update = true;      // CUDA: the update kernel issues a unit's loads before any dependent
+                                           // read (#30); false: the previous kernel, kept for bench/adam_cuda.cu's
+                                           // comparison. Same bits either way
 };
 
 // What the last step did, read back from the control block.
