@@ -36,10 +36,11 @@ KERNELS = [
     # label, name pattern (demangled, up to the closing '>' of the template), block threads, rules
     ("adam_norm<f32>", "detail::adam_norm_kernel<float>", 256, {"no_local", "ldg128"}),
     ("adam_norm<bf16>", "detail::adam_norm_kernel<memkit::v0_1::bf16>", 256, {"no_local", "ldg128"}),
+    # lds<=96: each requantized moment reads its bucket's two thresholds as one 8-byte pair (128 LDS before).
     ("adam8_update<f32,f32>", "detail::adam_update_kernel<signed char, 256, 256, float, float, true>", 256,
-     {"no_local", "no_fp64", "ldg128", "stg128"}),
+     {"no_local", "no_fp64", "ldg128", "stg128", "lds<=96"}),
     ("adam8_update<bf16,bf16>", "detail::adam_update_kernel<signed char, 256, 256, memkit::v0_1::bf16, memkit::v0_1::bf16, true>", 256,
-     {"no_local", "no_fp64", "ldg128", "stg128"}),
+     {"no_local", "no_fp64", "ldg128", "stg128", "lds<=96"}),
     ("adam4_update<f32,f32>", "detail::adam_update_kernel<memkit::v0_1::optim::four_bit, 128, 256, float, float, true>", 256,
      {"no_local", "no_fp64", "ldg128", "stg128"}),
     ("adam4_update<bf16,bf16>", "detail::adam_update_kernel<memkit::v0_1::optim::four_bit, 128, 256, memkit::v0_1::bf16, memkit::v0_1::bf16, true>", 256,

@@ -327,9 +327,11 @@ __global__ void __launch_bounds__(Threads, 2) adam_update_kernel(update_launch<S
   constexpr bool bucketed = traits::quantized && traits::bits == 8;
   constexpr int m_buckets = bucketed ? static_cast<int>(int8_m_buckets_host.bucket_count) : 4;
   constexpr int v_buckets = bucketed ? static_cast<int>(int8_v_buckets_host.bucket_count) : 4;
-  constexpr int thresholds = bucketed ? 257 : 1;
+  // Prefetch reads a probe's two thresholds as one pair (one 8-byte shared load instead of two 4-byte ones).
+  constexpr int thresholds = bucketed && !Prefetch ? 257 : 1, pairs = bucketed && Prefetch ? 256 : 1;
   __shared__ float m_table[entries], v_table[entries];
   __shared__ float m_thresholds[thresholds], v_thresholds[thresholds];
+  __shared__ dynamic_threshold_pair m_pairs[pairs], v_pairs[pairs];
   __shared__ std::uint32_t m_low[m_buckets / 4 + 1], v_low[v_buckets / 4 + 1];  // bytes, staged as words
   __shared__ float warp_max[2][Threads / 32];
   // Prefetch stages the tables after issuing the unit's loads, so that they overlap the staging.
@@ -340,9 +342,16 @@ __global__ void __launch_bounds__(Threads, 2) adam_update_kernel(update_launch<S
         v_table[i] = batch.tables.v[i];
       }
       if constexpr (bucketed) {
-        for (int i = static_cast<int>(threadIdx.x); i < thresholds; i += Threads) {
-          m_thresholds[i] = int8_m_buckets.thresholds[i];
-          v_thresholds[i] = int8_v_buckets.thresholds[i];
+        if constexpr (Prefetch) {
+          for (int i = static_cast<int>(threadIdx.x); i < pairs; i += Threads) {
+            m_pairs[i] = {int8_m_buckets.thresholds[i], int8_m_buckets.thresholds[i + 1]};
+            v_pairs[i] = {int8_v_buckets.thresholds[i], int8_v_buckets.thresholds[i + 1]};
+          }
+        } else {
+          for (int i = static_cast<int>(threadIdx.x); i < thresholds; i += Threads) {
+            m_thresholds[i] = int8_m_buckets.thresholds[i];
+            v_thresholds[i] = int8_v_buckets.thresholds[i];
+          }
         }
         const auto* m_words = reinterpret_cast<const std::uint32_t*>(int8_m_buckets.low_code);
         const auto* v_words = reinterpret_cast<const std::uint32_t*>(int8_v_buckets.low_code);
@@ -356,7 +365,11 @@ __global__ void __launch_bounds__(Threads, 2) adam_update_kernel(update_launch<S
   // The code of x in m's map (first = std::true_type) or v's (std::false_type).
   auto code_of = [&]([[maybe_unused]] auto first, [[maybe_unused]] float x) -> unsigned {
     [[maybe_unused]] constexpr bool m = decltype(first)::value;
-    if constexpr (bucketed)
+    if constexpr (bucketed && Prefetch)
+      return dynamic_code_bucketed(m ? m_pairs : v_pairs, reinterpret_cast<const std::uint8_t*>(m ? m_low : v_low),
+                                   m ? int8_m_buckets_host.first_key : int8_v_buckets_host.first_key,
+                                   m ? int8_m_buckets_host.positive : int8_v_buckets_host.positive, x);
+    else if constexpr (bucketed)
       return dynamic_code_bucketed(m ? m_thresholds : v_thresholds, reinterpret_cast<const std::uint8_t*>(m ? m_low : v_low),
                                    m ? int8_m_buckets_host.first_key : int8_v_buckets_host.first_key,
                                    m ? int8_m_buckets_host.positive : int8_v_buckets_host.positive, x);
