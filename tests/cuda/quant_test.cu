@@ -331,7 +331,7 @@ void check_gemv_kernels_agree(std::int64_t M, std::int64_t N, std::int64_t K, bo
   memkit::buffer<T> y_shuffle(device, {M, N}), y_shared(device, {M, N});
   memkit::device_async_resource workspace(gpu.stream);
   q::matmul_config shuffle, shared;
-  shared.device_gemv_shuffle = false;
+  shuffle.device_gemv_shuffle = true;
   q::matmul(gpu, memkit::tensor_view<const T>(d_x.view().reshaped({M, K})), w, y_shuffle.view(), shuffle, workspace);
   q::matmul(gpu, memkit::tensor_view<const T>(d_x.view().reshaped({M, K})), w, y_shared.view(), shared, workspace);
   gpu.synchronize();
