@@ -22,7 +22,8 @@ const memkit_bench::adam_inputs& shared_inputs(std::int64_t total) {
   return inputs;
 }
 
-template <class S>
+// prefetch false: the previous update kernel (adam_options::device_prefetch_update), for #30's comparison.
+template <class S, bool Prefetch = true>
 void BM_adam_step_cuda(benchmark::State& state) {
   memkit::device_resource device;
   const memkit::cuda_executor gpu = memkit::cuda_executor::legacy_default_stream();
@@ -38,7 +39,7 @@ void BM_adam_step_cuda(benchmark::State& state) {
     MEMKIT_CUDA_CHECK(cudaMemcpy(p.data(), inputs.params.data(), p.bytes(), cudaMemcpyDefault));
     MEMKIT_CUDA_CHECK(cudaMemcpy(g.data(), inputs.grads.data(), g.bytes(), cudaMemcpyDefault));
   }
-  S adam(gpu, device, sizes);
+  S adam(gpu, device, sizes, memkit::optim::adam_options{.device_prefetch_update = Prefetch});
   std::vector<memkit::optim::adam_param<float, float>> params;
   std::int64_t offset = 0;
   for (std::int64_t n : sizes) {
@@ -69,5 +70,10 @@ int main(int argc, char** argv) {
     benchmark::RegisterBenchmark("BM_adam_step_cuda<int8_256_state>", BM_adam_step_cuda<int8_256_state>)->UseManualTime()->Unit(benchmark::kMillisecond)->Arg(1)->Arg(4);
     benchmark::RegisterBenchmark("BM_adam_step_cuda<int8_2048_state>", BM_adam_step_cuda<int8_2048_state>)->UseManualTime()->Unit(benchmark::kMillisecond)->Arg(1)->Arg(4);
     benchmark::RegisterBenchmark("BM_adam_step_cuda<int4_state>", BM_adam_step_cuda<int4_state>)->UseManualTime()->Unit(benchmark::kMillisecond)->Arg(1)->Arg(4);
+    // The previous update kernel, side by side (four steps back to back: the device's time).
+    benchmark::RegisterBenchmark("BM_adam_step_cuda_previous<fp32_state>", BM_adam_step_cuda<fp32_state, false>)->UseManualTime()->Unit(benchmark::kMillisecond)->Arg(4);
+    benchmark::RegisterBenchmark("BM_adam_step_cuda_previous<bf16_state>", BM_adam_step_cuda<bf16_state, false>)->UseManualTime()->Unit(benchmark::kMillisecond)->Arg(4);
+    benchmark::RegisterBenchmark("BM_adam_step_cuda_previous<int8_256_state>", BM_adam_step_cuda<int8_256_state, false>)->UseManualTime()->Unit(benchmark::kMillisecond)->Arg(4);
+    benchmark::RegisterBenchmark("BM_adam_step_cuda_previous<int4_state>", BM_adam_step_cuda<int4_state, false>)->UseManualTime()->Unit(benchmark::kMillisecond)->Arg(4);
   });
 }

@@ -116,12 +116,14 @@ struct nf4_matmul_case {
   memkit::tensor_view<const memkit::bf16> input() const { return in.view(); }
 };
 
-// tile_floats: the config's device_tile_floats (0: the default, one tile of all of W here).
-void BM_cuda_matmul_nf4(benchmark::State& state, std::int64_t tile_floats) {
+// tile_floats: the config's device_tile_floats (0: the default, one tile of all of W here). shuffle_gemv false:
+// the previous fused kernel (codebook in shared memory), for the comparison at M = 1 and 8 (#30).
+void BM_cuda_matmul_nf4(benchmark::State& state, std::int64_t tile_floats, bool shuffle_gemv) {
   nf4_matmul_case c(state.range(0), kK, kN);
   memkit::device_async_resource workspace(c.gpu.stream);  // stream-ordered: no cudaFree in the timed loop
   q::matmul_config config;
   if (tile_floats > 0) config.device_tile_floats = tile_floats;
+  config.device_gemv_shuffle = shuffle_gemv;
   report_tflops(state, c.in.shape()[0],
                 run_timed(state, [&] { q::matmul(c.gpu, c.input(), c.w, c.out.view(), config, workspace); }, c.bytes));
 }
@@ -194,14 +196,17 @@ int main(int argc, char** argv) {
     // Batch 1 and 8: the fused kernels; 256: the tiled path; 1,024 and 4,096 tokens: training shapes (#30's
     // target: within 1.25x of dense bf16).
     for (int m : {1, 8, 256, 1024, 4096}) {
-      benchmark::RegisterBenchmark("BM_cuda_matmul_nf4", BM_cuda_matmul_nf4, 0)->Arg(m)->UseManualTime()->Unit(benchmark::kMicrosecond);
+      benchmark::RegisterBenchmark("BM_cuda_matmul_nf4", BM_cuda_matmul_nf4, 0, true)->Arg(m)->UseManualTime()->Unit(benchmark::kMicrosecond);
       benchmark::RegisterBenchmark("BM_cuda_matmul_dense_bf16", BM_cuda_matmul_dense_bf16, false)->Arg(m)->UseManualTime()->Unit(benchmark::kMicrosecond);
       benchmark::RegisterBenchmark("BM_cuda_matmul_input_grad_nf4", BM_cuda_matmul_input_grad_nf4, 0)->Arg(m)->UseManualTime()->Unit(benchmark::kMicrosecond);
       benchmark::RegisterBenchmark("BM_cuda_matmul_input_grad_dense_bf16", BM_cuda_matmul_dense_bf16, true)->Arg(m)->UseManualTime()->Unit(benchmark::kMicrosecond);
     }
+    // The previous fused kernel, side by side with the shuffle-codebook one above.
+    for (int m : {1, 8})
+      benchmark::RegisterBenchmark("BM_cuda_matmul_nf4_shared_codebook", BM_cuda_matmul_nf4, 0, false)->Arg(m)->UseManualTime()->Unit(benchmark::kMicrosecond);
     // The tiled path with 32 MiB tiles (2^24 values, the default before whole-W tiles): four tiles of W here.
     for (int m : {256, 1024, 4096}) {
-      benchmark::RegisterBenchmark("BM_cuda_matmul_nf4_tile24", BM_cuda_matmul_nf4, std::int64_t{1} << 24)->Arg(m)->UseManualTime()->Unit(benchmark::kMicrosecond);
+      benchmark::RegisterBenchmark("BM_cuda_matmul_nf4_tile24", BM_cuda_matmul_nf4, std::int64_t{1} << 24, true)->Arg(m)->UseManualTime()->Unit(benchmark::kMicrosecond);
       benchmark::RegisterBenchmark("BM_cuda_matmul_input_grad_nf4_tile24", BM_cuda_matmul_input_grad_nf4, std::int64_t{1} << 24)->Arg(m)->UseManualTime()->Unit(benchmark::kMicrosecond);
     }
   });

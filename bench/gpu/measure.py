@@ -219,11 +219,27 @@ def side_by_side(memkit, peers):
             m = dict(m, ms=m.get("ms_per_step", m["ms"]))
         pairs.append((f"AdamW step, 75.0M fp32 parameters in 48 tensors (ms per step, 4 back to back)",
                       f"memkit {state}", m, peer_name, peer(peer_name)))
+    # #30: the prefetching update beside the previous kernel, in runs that measured both (older runs have no
+    # previous-kernel rows: no pair, so their reports rebuild unchanged).
+    for state in ("fp32_state", "bf16_state", "int8_256_state", "int4_state"):
+        m = mk("adam", rf"BM_adam_step_cuda<{state}>/4(/manual_time)?")
+        prev = mk("adam", rf"BM_adam_step_cuda_previous<{state}>/4(/manual_time)?")
+        if prev is None:
+            continue
+        if m is not None:
+            m = dict(m, ms=m.get("ms_per_step", m["ms"]))
+        prev = dict(prev, ms=prev.get("ms_per_step", prev["ms"]))
+        pairs.append((f"AdamW step, 75.0M fp32 parameters in 48 tensors (ms per step, 4 back to back)",
+                      f"memkit {state} (prefetching update)", m, f"memkit {state} (previous update kernel)", prev))
     for M in (1, 8, 256, 1024, 4096):
         m = mk("quant", rf"BM_cuda_matmul_nf4/{M}(/manual_time)?")
         pairs.append((f"y = x W^T, W 8192x8192, M {M}", "memkit NF4", m, "memkit dense bf16 (cuBLAS)",
                       mk("quant", rf"BM_cuda_matmul_dense_bf16/{M}(/manual_time)?")))
         pairs.append((f"y = x W^T, W 8192x8192, M {M}", "memkit NF4", m, "torch bf16", peer(f"torch_bf16/{M}")))
+        previous = mk("quant", rf"BM_cuda_matmul_nf4_shared_codebook/{M}(/manual_time)?")
+        if previous is not None:  # #30: the register-codebook GEMV beside the previous shared-memory one (M 1, 8)
+            pairs.append((f"y = x W^T, W 8192x8192, M {M}", "memkit NF4 (shuffle codebook)", m,
+                          "memkit NF4 (previous: shared-memory codebook)", previous))
         pairs.append((f"y = x W^T, W 8192x8192, M {M}", "memkit NF4", m, "bnb matmul_4bit", peer(f"bnb_matmul_4bit/{M}")))
         m = mk("quant", rf"BM_cuda_matmul_input_grad_nf4/{M}(/manual_time)?")
         pairs.append((f"dx = dy W, W 8192x8192, M {M}", "memkit NF4", m, "memkit dense bf16 (cuBLAS)",

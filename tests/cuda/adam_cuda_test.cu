@@ -138,6 +138,18 @@ MEMKIT_GPU_TEST_CASE("gpu: adam host and CUDA steps agree bit for bit, every sta
       device, device, true, {.loss_scaling = {.enabled = true, .initial_scale = 4.0f}});
 }
 
+// #30: the prefetching update kernel (opt-in until this has passed on a GPU) gives the host's bits.
+MEMKIT_GPU_TEST_CASE("gpu: the prefetching adam update kernel (device_prefetch_update = true) agrees bit for bit too") {
+  memkit::device_resource device;
+  check_host_device_agreement<adam_state<float>, float, float>(device, device, false, {.device_prefetch_update = true});
+  check_host_device_agreement<adam_state<bf16>, bf16, bf16>(device, device, false,
+                                                           {.seed = 11, .device_prefetch_update = true});
+  check_host_device_agreement<adam_state<std::int8_t, 256>, float, fp16>(
+      device, device, false, {.max_grad_norm = 0.5f, .device_prefetch_update = true});
+  check_host_device_agreement<adam_state<memkit::optim::four_bit, 128>, bf16, bf16>(device, device, true,
+                                                                                  {.device_prefetch_update = true});
+}
+
 MEMKIT_GPU_TEST_CASE("gpu: adam state in managed (paged) memory and in pinned host memory steps on the device") {
   memkit::device_resource device;
   memkit::managed_resource managed;

@@ -310,6 +310,45 @@ MEMKIT_GPU_TEST_CASE("gpu: quantized matmul (fused small batch and cuBLAS large 
   check_matmul_gpu<float>(20, 64, 130);
 }
 
+// #30: the register-codebook GEMV (the default for 4-bit formats) keeps the previous shared-memory kernel's
+// per-lane order and expressions, so both give the same bits: plain and double-quantized scales, 16-byte and
+// scalar rows (K % 32 != 0), rows of several load groups (K > 4096) and a partial last group.
+template <q::format F, class T>
+void check_gemv_kernels_agree(std::int64_t M, std::int64_t N, std::int64_t K, bool double_quant) {
+  CAPTURE(M);
+  CAPTURE(N);
+  CAPTURE(K);
+  CAPTURE(double_quant);
+  memkit::device_resource device;
+  const memkit::cuda_executor gpu = memkit::cuda_executor::legacy_default_stream();
+  auto d_weights = to_device(device, memkit_test::standard_normal(N * K, 11));
+  const auto w = q::quantized_tensor<F>::quantize(gpu, d_weights.view().reshaped({N, K}), {64, double_quant}, device);
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+  std::vector<T> x(static_cast<std::size_t>(M * K));
+  for (T& v : x) v = memkit::from_float<T>(uniform(rng));
+  auto d_x = to_device(device, x);
+  memkit::buffer<T> y_shuffle(device, {M, N}), y_shared(device, {M, N});
+  memkit::device_async_resource workspace(gpu.stream);
+  q::matmul_config shuffle, shared;
+  shuffle.device_gemv_shuffle = true;
+  q::matmul(gpu, memkit::tensor_view<const T>(d_x.view().reshaped({M, K})), w, y_shuffle.view(), shuffle, workspace);
+  q::matmul(gpu, memkit::tensor_view<const T>(d_x.view().reshaped({M, K})), w, y_shared.view(), shared, workspace);
+  gpu.synchronize();
+  const std::vector<T> a = to_host(y_shuffle.data(), static_cast<std::size_t>(M * N));
+  const std::vector<T> b = to_host(y_shared.data(), static_cast<std::size_t>(M * N));
+  CHECK(std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0);
+}
+
+MEMKIT_GPU_TEST_CASE("gpu: the shuffle-codebook GEMV gives the shared-memory kernel's bits") {
+  for (bool double_quant : {false, true}) {
+    check_gemv_kernels_agree<q::NF4, memkit::bf16>(1, 37, 9216, double_quant);  // 3 load groups, the last partial
+    check_gemv_kernels_agree<q::NF4, memkit::bf16>(8, 70, 512, double_quant);
+    check_gemv_kernels_agree<q::NF4, float>(3, 33, 200, double_quant);          // the scalar path
+    check_gemv_kernels_agree<q::FP4, memkit::fp16>(5, 64, 4160, double_quant);
+  }
+}
+
 MEMKIT_GPU_TEST_CASE("gpu: empty tensors: K = 0 and N = 0 products write zeros, zero blocks write a zero offset") {
   cudaStream_t stream;
   MEMKIT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));

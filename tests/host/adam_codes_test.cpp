@@ -47,7 +47,10 @@ template <bool Signed>
 void check_map(const std::array<float, 256>& map) {
   const auto& index = memkit::detail::dynamic_code_index_for<Signed>();
   static const memkit::detail::dynamic_code_buckets buckets = memkit::detail::make_dynamic_code_buckets(map);
-  int branch_free = 0, indexed = 0, bucketed = 0;
+  int branch_free = 0, indexed = 0, bucketed = 0, paired = 0;
+  // The CUDA update's layout of the thresholds (#30): pairs[k] = {t[k], t[k + 1]}.
+  std::array<memkit::detail::dynamic_threshold_pair, 256> pairs{};
+  for (std::size_t k = 0; k < pairs.size(); ++k) pairs[k] = {buckets.thresholds[k], buckets.thresholds[k + 1]};
   auto values = boundary_values(map);
   // Every bucket's ends too: where a bucket's two probes must hand over to the next bucket's.
   for (std::uint32_t key = buckets.first_key; key <= memkit::detail::dynamic_code_buckets::last_key + 1; ++key)
@@ -59,11 +62,14 @@ void check_map(const std::array<float, 256>& map) {
     indexed += memkit::detail::dynamic_code_indexed(index, x) != expected;
     bucketed += memkit::detail::dynamic_code_bucketed(buckets.thresholds, buckets.low_code, buckets.first_key,
                                                       buckets.positive, x) != expected;
+    paired += memkit::detail::dynamic_code_bucketed(pairs.data(), buckets.low_code, buckets.first_key, buckets.positive,
+                                                    x) != expected;
   }
   CHECK(values.size() > 400000);
   CHECK(branch_free == 0);
   CHECK(indexed == 0);
   CHECK(bucketed == 0);
+  CHECK(paired == 0);
 }
 
 }  // namespace

@@ -13,16 +13,27 @@ namespace optim::detail {
 // bf16 parameters with bf16 gradients, the mixed-precision case).
 template __global__ void adam_norm_kernel<float>(norm_launch<float>);
 template __global__ void adam_norm_kernel<bf16>(norm_launch<bf16>);
-template __global__ void adam_update_kernel<std::int8_t, 256, update_threads<std::int8_t, 256>(), float, float>(
+template __global__ void adam_update_kernel<std::int8_t, 256, update_threads<std::int8_t, 256>(), float, float, true>(
     update_launch<std::int8_t>);
-template __global__ void adam_update_kernel<std::int8_t, 256, update_threads<std::int8_t, 256>(), bf16, bf16>(
+template __global__ void adam_update_kernel<std::int8_t, 256, update_threads<std::int8_t, 256>(), bf16, bf16, true>(
     update_launch<std::int8_t>);
-template __global__ void adam_update_kernel<four_bit, 128, update_threads<four_bit, 128>(), float, float>(
+template __global__ void adam_update_kernel<four_bit, 128, update_threads<four_bit, 128>(), float, float, true>(
     update_launch<four_bit>);
-template __global__ void adam_update_kernel<four_bit, 128, update_threads<four_bit, 128>(), bf16, bf16>(
+template __global__ void adam_update_kernel<four_bit, 128, update_threads<four_bit, 128>(), bf16, bf16, true>(
     update_launch<four_bit>);
-template __global__ void adam_update_kernel<float, 0, update_threads<float, 0>(), float, float>(update_launch<float>);
-template __global__ void adam_update_kernel<bf16, 0, update_threads<bf16, 0>(), bf16, bf16>(update_launch<bf16>);
+template __global__ void adam_update_kernel<float, 0, update_threads<float, 0>(), float, float, true>(update_launch<float>);
+template __global__ void adam_update_kernel<bf16, 0, update_threads<bf16, 0>(), bf16, bf16, true>(update_launch<bf16>);
+// The previous update kernel (adam_options::device_prefetch_update = false), kept for the benchmark's comparison.
+template __global__ void adam_update_kernel<std::int8_t, 256, update_threads<std::int8_t, 256>(), float, float, false>(
+    update_launch<std::int8_t>);
+template __global__ void adam_update_kernel<std::int8_t, 256, update_threads<std::int8_t, 256>(), bf16, bf16, false>(
+    update_launch<std::int8_t>);
+template __global__ void adam_update_kernel<four_bit, 128, update_threads<four_bit, 128>(), float, float, false>(
+    update_launch<four_bit>);
+template __global__ void adam_update_kernel<four_bit, 128, update_threads<four_bit, 128>(), bf16, bf16, false>(
+    update_launch<four_bit>);
+template __global__ void adam_update_kernel<float, 0, update_threads<float, 0>(), float, float, false>(update_launch<float>);
+template __global__ void adam_update_kernel<bf16, 0, update_threads<bf16, 0>(), bf16, bf16, false>(update_launch<bf16>);
 template __global__ void accumulate_kernel<float, bf16>(float*, const bf16*, std::int64_t, bool);
 }  // namespace optim::detail
 
@@ -51,6 +62,12 @@ template __global__ void fused_gemv_kernel<format::nf4, bf16, device_fused_rows>
 template __global__ void fused_gemv_kernel<format::fp4, fp16, device_fused_rows>(
     const fp16*, const std::uint8_t*, block_scales, std::int64_t, std::int64_t, std::int64_t, std::int64_t, fp16*,
     code_table<256>, code_table<256>);
+template __global__ void fused_gemv_shuffle_kernel<format::nf4, bf16, device_fused_rows>(
+    const bf16*, const std::uint8_t*, block_scales, std::int64_t, std::int64_t, std::int64_t, std::int64_t, bf16*,
+    code_table<256>);
+template __global__ void fused_gemv_shuffle_kernel<format::fp4, fp16, device_fused_rows>(
+    const fp16*, const std::uint8_t*, block_scales, std::int64_t, std::int64_t, std::int64_t, std::int64_t, fp16*,
+    code_table<256>);
 template __global__ void fused_gemv_t_kernel<format::nf4, bf16, device_fused_rows>(
     const bf16*, const std::uint8_t*, block_scales, std::int64_t, std::int64_t, std::int64_t, std::int64_t, bf16*,
     code_table<256>, code_table<256>);

@@ -10,6 +10,9 @@ Compiles tests/sass/hot_kernels.cu (one instantiation of each hot kernel) for sm
              FP64 runs at a fraction of the FP32 rate, and on consumer parts at 1/64
   ldg128     at least one 128-bit global load (LDG.E.128...): the kernel reads 16 bytes per thread per load
   stg128     at least one 128-bit global store (STG.E.128...)
+  lds<=N     at most N shared-memory loads (LDS) in the whole kernel: for kernels whose code lookups moved out
+             of shared memory into registers or shuffles, what stays is a bounded prologue or a per-block
+             scale lookup, never one LDS per decoded element
 
 A rule a kernel does not meet yet is listed in EXEMPTIONS with the fix it waits for; the check fails when
 a rule is broken without an exemption, and also when an exemption is no longer needed (remove it), so the
@@ -33,17 +36,31 @@ KERNELS = [
     # label, name pattern (demangled, up to the closing '>' of the template), block threads, rules
     ("adam_norm<f32>", "detail::adam_norm_kernel<float>", 256, {"no_local", "ldg128"}),
     ("adam_norm<bf16>", "detail::adam_norm_kernel<memkit::v0_1::bf16>", 256, {"no_local", "ldg128"}),
-    ("adam8_update<f32,f32>", "detail::adam_update_kernel<signed char, 256, 256, float, float>", 256,
+    # lds<=96: each requantized moment reads its bucket's two thresholds as one 8-byte pair (128 LDS before).
+    ("adam8_update<f32,f32>", "detail::adam_update_kernel<signed char, 256, 256, float, float, true>", 256,
+     {"no_local", "no_fp64", "ldg128", "stg128", "lds<=96"}),
+    ("adam8_update<bf16,bf16>", "detail::adam_update_kernel<signed char, 256, 256, memkit::v0_1::bf16, memkit::v0_1::bf16, true>", 256,
+     {"no_local", "no_fp64", "ldg128", "stg128", "lds<=96"}),
+    ("adam4_update<f32,f32>", "detail::adam_update_kernel<memkit::v0_1::optim::four_bit, 128, 256, float, float, true>", 256,
      {"no_local", "no_fp64", "ldg128", "stg128"}),
-    ("adam8_update<bf16,bf16>", "detail::adam_update_kernel<signed char, 256, 256, memkit::v0_1::bf16, memkit::v0_1::bf16>", 256,
+    ("adam4_update<bf16,bf16>", "detail::adam_update_kernel<memkit::v0_1::optim::four_bit, 128, 256, memkit::v0_1::bf16, memkit::v0_1::bf16, true>", 256,
      {"no_local", "no_fp64", "ldg128", "stg128"}),
-    ("adam4_update<f32,f32>", "detail::adam_update_kernel<memkit::v0_1::optim::four_bit, 128, 256, float, float>", 256,
+    ("adam32_update<f32,f32>", "detail::adam_update_kernel<float, 0, 256, float, float, true>", 256,
      {"no_local", "no_fp64", "ldg128", "stg128"}),
-    ("adam4_update<bf16,bf16>", "detail::adam_update_kernel<memkit::v0_1::optim::four_bit, 128, 256, memkit::v0_1::bf16, memkit::v0_1::bf16>", 256,
+    ("adam16_update<bf16,bf16>", "detail::adam_update_kernel<memkit::v0_1::bf16, 0, 256, memkit::v0_1::bf16, memkit::v0_1::bf16, true>", 256,
      {"no_local", "no_fp64", "ldg128", "stg128"}),
-    ("adam32_update<f32,f32>", "detail::adam_update_kernel<float, 0, 256, float, float>", 256,
+    # The previous update kernels (adam_options::device_prefetch_update = false), for the benchmark's comparison.
+    ("adam8_update_previous<f32,f32>", "detail::adam_update_kernel<signed char, 256, 256, float, float, false>", 256,
      {"no_local", "no_fp64", "ldg128", "stg128"}),
-    ("adam16_update<bf16,bf16>", "detail::adam_update_kernel<memkit::v0_1::bf16, 0, 256, memkit::v0_1::bf16, memkit::v0_1::bf16>", 256,
+    ("adam8_update_previous<bf16,bf16>", "detail::adam_update_kernel<signed char, 256, 256, memkit::v0_1::bf16, memkit::v0_1::bf16, false>", 256,
+     {"no_local", "no_fp64", "ldg128", "stg128"}),
+    ("adam4_update_previous<f32,f32>", "detail::adam_update_kernel<memkit::v0_1::optim::four_bit, 128, 256, float, float, false>", 256,
+     {"no_local", "no_fp64", "ldg128", "stg128"}),
+    ("adam4_update_previous<bf16,bf16>", "detail::adam_update_kernel<memkit::v0_1::optim::four_bit, 128, 256, memkit::v0_1::bf16, memkit::v0_1::bf16, false>", 256,
+     {"no_local", "no_fp64", "ldg128", "stg128"}),
+    ("adam32_update_previous<f32,f32>", "detail::adam_update_kernel<float, 0, 256, float, float, false>", 256,
+     {"no_local", "no_fp64", "ldg128", "stg128"}),
+    ("adam16_update_previous<bf16,bf16>", "detail::adam_update_kernel<memkit::v0_1::bf16, 0, 256, memkit::v0_1::bf16, memkit::v0_1::bf16, false>", 256,
      {"no_local", "no_fp64", "ldg128", "stg128"}),
     ("grad_accumulate<f32,bf16>", "detail::accumulate_kernel<float, memkit::v0_1::bf16>", 256, {"no_local", "no_fp64"}),
     ("quantize<nf4,bf16>", "quant::detail::quantize_kernel<(memkit::v0_1::quant::format)0, memkit::v0_1::bf16>", 256,
@@ -68,6 +85,11 @@ KERNELS = [
      {"no_local", "ldg128"}),
     ("gemv<fp4,f16>", "quant::detail::fused_gemv_kernel<(memkit::v0_1::quant::format)1, memkit::v0_1::fp16, 8>", 256,
      {"no_local", "ldg128"}),
+    # The register codebook (one shuffle per weight); the LDS left are the double-quantized scales' nested map.
+    ("gemv_shuffle<nf4,bf16>", "quant::detail::fused_gemv_shuffle_kernel<(memkit::v0_1::quant::format)0, memkit::v0_1::bf16, 8>", 256,
+     {"no_local", "ldg128", "lds<=8"}),
+    ("gemv_shuffle<fp4,f16>", "quant::detail::fused_gemv_shuffle_kernel<(memkit::v0_1::quant::format)1, memkit::v0_1::fp16, 8>", 256,
+     {"no_local", "ldg128", "lds<=8"}),
     ("gemv_t<nf4,bf16> (unaligned K)", "quant::detail::fused_gemv_t_kernel<(memkit::v0_1::quant::format)0, memkit::v0_1::bf16, 8>", 256,
      {"no_local"}),
     ("gemv_t_tiled<nf4,bf16>", "quant::detail::fused_gemv_t_tiled_kernel<(memkit::v0_1::quant::format)0, memkit::v0_1::bf16, 8>", 256,
@@ -154,7 +176,7 @@ def parse_sass(text):
         m = re.match(r"\s*Function : (\S+)", line)
         if m:
             function = (arch, m.group(1))
-            counts[function] = dict(ldg128=0, stg128=0, fp64=0, local=0, fp64_ops=set())
+            counts[function] = dict(ldg128=0, stg128=0, fp64=0, local=0, lds=0, shfl=0, fp64_ops=set())
             continue
         if function is None:
             continue
@@ -167,6 +189,10 @@ def parse_sass(text):
             c["ldg128"] += 1
         if op.startswith("STG") and ".128" in op:
             c["stg128"] += 1
+        if op == "LDS" or op.startswith("LDS."):
+            c["lds"] += 1
+        if op.startswith("SHFL"):
+            c["shfl"] += 1
         if op.startswith("LDL") or op.startswith("STL"):
             c["local"] += 1
         if FP64_PATTERN.match(op):
@@ -185,6 +211,9 @@ def broken_rules(rules, p, s):
         broken.append("ldg128")
     if "stg128" in rules and not s["stg128"]:
         broken.append("stg128")
+    for rule in rules:
+        if rule.startswith("lds<=") and s["lds"] > int(rule[5:]):
+            broken.append(rule)
     return broken
 
 
@@ -262,7 +291,7 @@ def main():
         if key[0] not in {k[0] for k in KERNELS}:
             failures.append(f"exemption for an unknown kernel: {key}")
 
-    header = ["kernel", "threads", "regs 80/90", "stack+spill B 80/90", "LDL+STL", "LDG.128", "STG.128", "FP64",
+    header = ["kernel", "threads", "regs 80/90", "stack+spill B 80/90", "LDL+STL", "LDG.128", "STG.128", "LDS", "SHFL", "FP64",
               "occupancy 80", "occupancy 90", "rules"]
     table = []
     for r in rows:
@@ -272,13 +301,13 @@ def main():
         local = lambda x: x["stack"] + x["spill_stores"] + x["spill_loads"]
         fp64 = str(b["fp64"]) + (" (" + ",".join(sorted(b["fp64_ops"])) + ")" if b["fp64"] else "")
         table.append([r["label"], str(r["threads"]), f"{a['registers']}/{b['registers']}", f"{local(a)}/{local(b)}",
-                      str(b["local"]), str(b["ldg128"]), str(b["stg128"]), fp64, f"{a['occupancy']:.0%} ({a['limiter']})",
+                      str(b["local"]), str(b["ldg128"]), str(b["stg128"]), str(b["lds"]), str(b["shfl"]), fp64, f"{a['occupancy']:.0%} ({a['limiter']})",
                       f"{b['occupancy']:.0%} ({b['limiter']})", r["status"]])
     widths = [max(len(h), *(len(t[i]) for t in table)) if table else len(h) for i, h in enumerate(header)]
     print("  ".join(h.ljust(w) for h, w in zip(header, widths)))
     for t in table:
         print("  ".join(c.ljust(w) for c, w in zip(t, widths)))
-    print("(LDL+STL, LDG.128, STG.128, FP64: instruction counts in the sm_90 SASS; stack+spill B: ptxas's stack frame"
+    print("(LDL+STL, LDG.128, STG.128, LDS, SHFL, FP64: instruction counts in the sm_90 SASS; stack+spill B: ptxas's stack frame"
           " plus spill bytes; occupancy: resident warps / 64 at the launch's block size, and what limits it)")
     if args.markdown:
         with open(args.markdown, "w") as f:

@@ -77,6 +77,10 @@ struct adam_options {
   std::uint64_t seed = 0;                  // of the stochastic rounding; same seed, same bits
   int host_threads = 1;                    // threads of the host and CPU-offload steps, 0 = all hardware
                                            // threads; the results do not depend on it
+  bool device_prefetch_update = false;     // CUDA: true runs the update kernel that issues a unit's loads before any
+                                           // dependent read (#30). Same bits by construction, but it has not run on
+                                           // a GPU yet: the default stays the verified kernel until a GPU run of
+                                           // tests/cuda/adam_cuda_test.cu and bench/adam_cuda.cu has passed
 };
 
 // What the last step did, read back from the control block.

@@ -117,6 +117,9 @@ struct matmul_config {
                                               // dequantize and one cuBLAS call (4 tiles of 2^24 took 1.5-2.2x
                                               // dense bf16 at M = 1024 on an H200; docs/cuda.md)
   std::int64_t small_batch_limit = 8;   // CUDA: M up to this (and up to 8) uses the fused kernels
+  bool device_gemv_shuffle = false;     // CUDA fused y (4-bit formats): true runs the register-codebook kernel (#30;
+                                        // same bits, not yet run on a GPU: the verified shared-memory kernel stays
+                                        // the default until tests/cuda/quant_test.cu has passed on one)
   int host_simd = 2;                    // host fused path: 2 best available, 1 at most AVX2, 0 portable C++
   int host_threads = 1;                 // host: threads over output columns, 0 = every hardware thread
 };

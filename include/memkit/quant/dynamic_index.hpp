@@ -101,12 +101,28 @@ MEMKIT_HOST_DEVICE MEMKIT_FORCEINLINE std::uint32_t dynamic_bucket_of(std::uint3
   return clamped - first_key + ((bits >> 31) ? positive : 0u);
 }
 
+// A bucket's two thresholds t[low], t[low + 1], side by side so that a device reads them in one 8-byte load.
+struct alignas(8) dynamic_threshold_pair {
+  float first, second;
+};
+MEMKIT_HOST_DEVICE MEMKIT_FORCEINLINE unsigned dynamic_code_in_bucket(unsigned low, dynamic_threshold_pair t, float x) noexcept {
+  const unsigned code = low + static_cast<unsigned>(x > t.first) + static_cast<unsigned>(x > t.second);
+  return x == x ? code : 0u;
+}
+
 MEMKIT_HOST_DEVICE MEMKIT_FORCEINLINE unsigned dynamic_code_bucketed(const float* thresholds, const std::uint8_t* low_code,
                                                                      std::uint32_t first_key, std::uint32_t positive,
                                                                      float x) noexcept {
   const unsigned low = low_code[dynamic_bucket_of(bit_cast<std::uint32_t>(x), first_key, positive)];
-  const unsigned code = low + static_cast<unsigned>(x > thresholds[low]) + static_cast<unsigned>(x > thresholds[low + 1]);
-  return x == x ? code : 0u;
+  return dynamic_code_in_bucket(low, {thresholds[low], thresholds[low + 1]}, x);
+}
+// The same code from pairs[k] = {t[k], t[k + 1]} (k < 256): the CUDA update's shared copy, one load per probe
+// pair instead of two.
+MEMKIT_HOST_DEVICE MEMKIT_FORCEINLINE unsigned dynamic_code_bucketed(const dynamic_threshold_pair* pairs,
+                                                                     const std::uint8_t* low_code, std::uint32_t first_key,
+                                                                     std::uint32_t positive, float x) noexcept {
+  const unsigned low = low_code[dynamic_bucket_of(bit_cast<std::uint32_t>(x), first_key, positive)];
+  return dynamic_code_in_bucket(low, pairs[low], x);
 }
 
 // Builds the buckets of a sorted 256-entry map; throws (at compile time: not a constant expression) if a

@@ -194,6 +194,15 @@ void matmul(const E& exec, tensor_view<const std::type_identity_t<T>> x, const q
     ::memkit::detail::with_device(exec.device, [&] {
       if (detail::device_fused(M, config)) {
         constexpr int threads = 256;
+        if constexpr (F != format::int8) {
+          if (config.device_gemv_shuffle) {
+            detail::fused_gemv_shuffle_kernel<F, T, detail::device_fused_rows>
+                <<<detail::grid_for(N * 32, threads), threads, 0, exec.stream>>>(
+                    x.data(), w.codes().data(), w.scales(), w.block_size(), M, N, K, y.data(), w.nested_map());
+            MEMKIT_CUDA_CHECK(cudaGetLastError());
+            return 0;
+          }
+        }
         detail::fused_gemv_kernel<F, T, detail::device_fused_rows><<<detail::grid_for(N * 32, threads), threads, 0, exec.stream>>>(
             x.data(), w.codes().data(), w.scales(), w.block_size(), M, N, K, y.data(), signed_dynamic_table,
             w.nested_map());

@@ -512,7 +512,10 @@ class adam_core {
         units += t.units;
         batch.count = static_cast<int>(j + 1);
       }
-      adam_update_kernel<State, Block, threads, P, G><<<update_blocks<State, Block>(units), threads, 0, exec.stream>>>(batch);
+      if (options_.device_prefetch_update)
+        adam_update_kernel<State, Block, threads, P, G, true><<<update_blocks<State, Block>(units), threads, 0, exec.stream>>>(batch);
+      else
+        adam_update_kernel<State, Block, threads, P, G, false><<<update_blocks<State, Block>(units), threads, 0, exec.stream>>>(batch);
       MEMKIT_CUDA_CHECK(cudaGetLastError());
     }
   }

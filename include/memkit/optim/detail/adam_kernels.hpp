@@ -304,46 +304,72 @@ static_assert(&adam_state_traits<std::int8_t>::tables().m == &int8_maps.m && int
 // tensors, quantized and plain. At least 2 blocks per SM, so up to 128 registers: with the 8-bit buckets'
 // shared memory and no such bound, ptxas held the 8-bit bf16 update to 80 registers and spilled (the SASS
 // check caught it); the other flavours keep their occupancy (tests/sass/sass_check.py's table).
-template <class State, int Block, int Threads, float_storage P, float_storage G>
+//
+// Prefetch (the default launch, #30): every global load of a thread's unit (parameters, gradients, master
+// weights, moments or codes and block scales) is issued before the kernel reads the control block and the
+// step terms, and a plain unit's two vectors per lane are loaded together before any math. Without it (the
+// previous kernel, kept for bench/adam_cuda.cu's comparison) a block first waited for the control block,
+// then for the terms (two dependent loads), and then held one vector per lane in flight: ncu saw too few
+// bytes in flight in the update on an H200 (docs/cuda.md). Reading before the skip test writes nothing; the
+// per-element math is the same calls either way, so the bits are.
+template <class State, int Block, int Threads, float_storage P, float_storage G, bool Prefetch = true>
 __global__ void __launch_bounds__(Threads, 2) adam_update_kernel(update_launch<State> batch) {
   using traits = adam_state_traits<State>;
   using geometry = update_geometry<State, Block>;
   static_assert(Threads == geometry::threads);
   constexpr int V = update_vector, L = geometry::lanes, S = geometry::slots;
   constexpr std::int64_t divisor_block = Block > 0 ? Block : 1;
-  if (!batch.control->applied) return;  // the finalisation refused the step: touch nothing (the whole grid)
+  if constexpr (!Prefetch)
+    if (!batch.control->applied) return;  // the finalisation refused the step: touch nothing (the whole grid)
   constexpr int entries = traits::quantized ? launch_tables<State>::entries : 1;
   // 8-bit codes come from the maps' buckets (dynamic_code_bucketed: traits::code's codes in two
   // probes each), staged in shared memory; 4-bit ones from searching the 16-entry tables.
   constexpr bool bucketed = traits::quantized && traits::bits == 8;
   constexpr int m_buckets = bucketed ? static_cast<int>(int8_m_buckets_host.bucket_count) : 4;
   constexpr int v_buckets = bucketed ? static_cast<int>(int8_v_buckets_host.bucket_count) : 4;
-  constexpr int thresholds = bucketed ? 257 : 1;
+  // Prefetch reads a probe's two thresholds as one pair (one 8-byte shared load instead of two 4-byte ones).
+  constexpr int thresholds = bucketed && !Prefetch ? 257 : 1, pairs = bucketed && Prefetch ? 256 : 1;
   __shared__ float m_table[entries], v_table[entries];
   __shared__ float m_thresholds[thresholds], v_thresholds[thresholds];
+  __shared__ dynamic_threshold_pair m_pairs[pairs], v_pairs[pairs];
   __shared__ std::uint32_t m_low[m_buckets / 4 + 1], v_low[v_buckets / 4 + 1];  // bytes, staged as words
   __shared__ float warp_max[2][Threads / 32];
-  if constexpr (traits::quantized) {
-    for (int i = static_cast<int>(threadIdx.x); i < entries; i += Threads) {
-      m_table[i] = batch.tables.m[i];
-      v_table[i] = batch.tables.v[i];
-    }
-    if constexpr (bucketed) {
-      for (int i = static_cast<int>(threadIdx.x); i < thresholds; i += Threads) {
-        m_thresholds[i] = int8_m_buckets.thresholds[i];
-        v_thresholds[i] = int8_v_buckets.thresholds[i];
+  // Prefetch stages the tables after issuing the unit's loads, so that they overlap the staging.
+  auto stage_tables = [&] {
+    if constexpr (traits::quantized) {
+      for (int i = static_cast<int>(threadIdx.x); i < entries; i += Threads) {
+        m_table[i] = batch.tables.m[i];
+        v_table[i] = batch.tables.v[i];
       }
-      const auto* m_words = reinterpret_cast<const std::uint32_t*>(int8_m_buckets.low_code);
-      const auto* v_words = reinterpret_cast<const std::uint32_t*>(int8_v_buckets.low_code);
-      for (int i = static_cast<int>(threadIdx.x); i <= m_buckets / 4; i += Threads) m_low[i] = m_words[i];
-      for (int i = static_cast<int>(threadIdx.x); i <= v_buckets / 4; i += Threads) v_low[i] = v_words[i];
+      if constexpr (bucketed) {
+        if constexpr (Prefetch) {
+          for (int i = static_cast<int>(threadIdx.x); i < pairs; i += Threads) {
+            m_pairs[i] = {int8_m_buckets.thresholds[i], int8_m_buckets.thresholds[i + 1]};
+            v_pairs[i] = {int8_v_buckets.thresholds[i], int8_v_buckets.thresholds[i + 1]};
+          }
+        } else {
+          for (int i = static_cast<int>(threadIdx.x); i < thresholds; i += Threads) {
+            m_thresholds[i] = int8_m_buckets.thresholds[i];
+            v_thresholds[i] = int8_v_buckets.thresholds[i];
+          }
+        }
+        const auto* m_words = reinterpret_cast<const std::uint32_t*>(int8_m_buckets.low_code);
+        const auto* v_words = reinterpret_cast<const std::uint32_t*>(int8_v_buckets.low_code);
+        for (int i = static_cast<int>(threadIdx.x); i <= m_buckets / 4; i += Threads) m_low[i] = m_words[i];
+        for (int i = static_cast<int>(threadIdx.x); i <= v_buckets / 4; i += Threads) v_low[i] = v_words[i];
+      }
+      __syncthreads();
     }
-    __syncthreads();
-  }
+  };
+  if constexpr (!Prefetch) stage_tables();
   // The code of x in m's map (first = std::true_type) or v's (std::false_type).
   auto code_of = [&]([[maybe_unused]] auto first, [[maybe_unused]] float x) -> unsigned {
     [[maybe_unused]] constexpr bool m = decltype(first)::value;
-    if constexpr (bucketed)
+    if constexpr (bucketed && Prefetch)
+      return dynamic_code_bucketed(m ? m_pairs : v_pairs, reinterpret_cast<const std::uint8_t*>(m ? m_low : v_low),
+                                   m ? int8_m_buckets_host.first_key : int8_v_buckets_host.first_key,
+                                   m ? int8_m_buckets_host.positive : int8_v_buckets_host.positive, x);
+    else if constexpr (bucketed)
       return dynamic_code_bucketed(m ? m_thresholds : v_thresholds, reinterpret_cast<const std::uint8_t*>(m ? m_low : v_low),
                                    m ? int8_m_buckets_host.first_key : int8_v_buckets_host.first_key,
                                    m ? int8_m_buckets_host.positive : int8_v_buckets_host.positive, x);
@@ -360,12 +386,77 @@ __global__ void __launch_bounds__(Threads, 2) adam_update_kernel(update_launch<S
   const std::int64_t local = unit - a.unit_begin;
   const std::int64_t units = a.quantized ? (a.size + divisor_block - 1) / divisor_block : (a.size + plain_unit - 1) / plain_unit;
   const bool active = local < units;
+  using plain = std::conditional_t<traits::quantized, float, typename traits::moment_type>;
+  // Prefetch: a plain state's unit (R vectors per lane), or a quantized unit's codes, scales, parameters and
+  // gradients (one slot), all loaded here, before the control block is read. The plain tensors of a quantized
+  // state (below min_quantized_size) keep the previous loop: with a quantized block's lanes a plain unit
+  // would be 16 vectors per lane, more registers than the kernel has.
+  constexpr bool prefetch_plain = Prefetch && !traits::quantized;
+  constexpr int R = static_cast<int>(plain_unit) / (L * V);
+  static_assert(traits::quantized || plain_unit % (L * V) == 0);
+  constexpr int RP = prefetch_plain ? R : 1, SP = Prefetch && traits::quantized ? S : 1;
+  float pre_p[RP][V], pre_g[RP][V], pre_m[RP][V], pre_v[RP][V];
+  unsigned pre_m_code[SP][V], pre_v_code[SP][V];
+  float pre_m_absmax = 0.0f, pre_v_absmax = 0.0f;
+  if constexpr (Prefetch) {
+    const param_access<P, G> loads{static_cast<P*>(a.param), static_cast<const G*>(a.grad), a.master, false, 0, 0, 0, 0};
+    if (prefetch_plain && active && a.vector) {
+      const std::int64_t begin = local * plain_unit;
+      const std::int64_t count = a.size - begin < plain_unit ? a.size - begin : plain_unit;
+#pragma unroll
+      for (int r = 0; r < RP; ++r) {
+        const std::int64_t e = static_cast<std::int64_t>(r * L + lane) * V;
+        if (e + V > count) continue;
+        load_params<V>(loads, begin + e, pre_p[r], pre_g[r]);
+        load_floats<plain, V>(static_cast<const plain*>(a.m) + begin + e, pre_m[r]);
+        load_floats<plain, V>(static_cast<const plain*>(a.v) + begin + e, pre_v[r]);
+      }
+    }
+    if constexpr (traits::quantized) {
+      if (active && a.quantized) {
+        const std::int64_t begin = local * Block;
+        const std::int64_t count = a.size - begin < Block ? a.size - begin : Block;
+        pre_m_absmax = a.m_scale[local];
+        pre_v_absmax = a.v_scale[local];
+#pragma unroll
+        for (int s = 0; s < S; ++s) {
+          const std::int64_t e0 = static_cast<std::int64_t>(s * L + lane) * V;
+          if (e0 + V > count) continue;
+          load_codes<traits::bits, V>(static_cast<const std::uint8_t*>(a.m), begin + e0, pre_m_code[s]);
+          load_codes<traits::bits, V>(static_cast<const std::uint8_t*>(a.v), begin + e0, pre_v_code[s]);
+          if (a.vector && S == 1) load_params<V>(loads, begin + e0, pre_p[0], pre_g[0]);
+        }
+      }
+    }
+    stage_tables();
+    if (!batch.control->applied) return;  // the finalisation refused the step: write nothing (the whole grid)
+  }
   const adam_coefficients c =
       make_coefficients(a.group, batch.terms[a.terms_slot], batch.control->grad_multiplier);
   const param_access<P, G> access{static_cast<P*>(a.param), static_cast<const G*>(a.grad), a.master,
                                   batch.stochastic_rounding, batch.seed, batch.control->step, a.index, a.first};
-  if (active && !a.quantized) {
-    using plain = std::conditional_t<traits::quantized, float, typename traits::moment_type>;
+  if (prefetch_plain && active) {
+    auto* m = static_cast<plain*>(a.m);
+    auto* v = static_cast<plain*>(a.v);
+    const std::int64_t begin = local * plain_unit;
+    const std::int64_t count = a.size - begin < plain_unit ? a.size - begin : plain_unit;
+    std::int64_t scalar_from = 0;
+    if (a.vector) {
+#pragma unroll
+      for (int r = 0; r < RP; ++r) {
+        const std::int64_t e = static_cast<std::int64_t>(r * L + lane) * V;
+        if (e + V > count) continue;
+#pragma unroll
+        for (int k = 0; k < V; ++k) adamw_update(pre_p[r][k], pre_m[r][k], pre_v[r][k], pre_g[r][k], c);
+        store_floats<plain, V>(m + begin + e, pre_m[r]);
+        store_floats<plain, V>(v + begin + e, pre_v[r]);
+        store_params<V>(access, begin + e, pre_p[r]);
+      }
+      scalar_from = count / V * V;
+    }
+    for (std::int64_t e = scalar_from + lane; e < count; e += L) update_plain_element(access, m, v, begin + e, c);
+  }
+  if (!prefetch_plain && active && !a.quantized) {
     const std::int64_t begin = local * plain_unit;
     const std::int64_t count = a.size - begin < plain_unit ? a.size - begin : plain_unit;
     auto* m = static_cast<plain*>(a.m);
@@ -394,7 +485,11 @@ __global__ void __launch_bounds__(Threads, 2) adam_update_kernel(update_launch<S
     const auto* v_codes = static_cast<const std::uint8_t*>(a.v);
     const std::int64_t begin = local * Block;
     const std::int64_t count = !quantized_unit ? 0 : a.size - begin < Block ? a.size - begin : Block;
-    const float m_absmax = quantized_unit ? a.m_scale[local] : 0.0f, v_absmax = quantized_unit ? a.v_scale[local] : 0.0f;
+    float m_absmax = pre_m_absmax, v_absmax = pre_v_absmax;
+    if constexpr (!Prefetch) {
+      m_absmax = quantized_unit ? a.m_scale[local] : 0.0f;
+      v_absmax = quantized_unit ? a.v_scale[local] : 0.0f;
+    }
     float m_new[S * V], v_new[S * V];
     float m_max = 0.0f, v_max = 0.0f;
 #pragma unroll
@@ -404,8 +499,16 @@ __global__ void __launch_bounds__(Threads, 2) adam_update_kernel(update_launch<S
       float* v = v_new + s * V;
       if (e0 + V <= count) {
         unsigned m_code[V], v_code[V];
-        load_codes<traits::bits, V>(m_codes, begin + e0, m_code);
-        load_codes<traits::bits, V>(v_codes, begin + e0, v_code);
+        if constexpr (Prefetch) {
+#pragma unroll
+          for (int k = 0; k < V; ++k) {
+            m_code[k] = pre_m_code[s][k];
+            v_code[k] = pre_v_code[s][k];
+          }
+        } else {
+          load_codes<traits::bits, V>(m_codes, begin + e0, m_code);
+          load_codes<traits::bits, V>(v_codes, begin + e0, v_code);
+        }
 #pragma unroll
         for (int k = 0; k < V; ++k) {
           m[k] = mul_rn(m_table[m_code[k]], m_absmax);
@@ -413,7 +516,15 @@ __global__ void __launch_bounds__(Threads, 2) adam_update_kernel(update_launch<S
         }
         if (a.vector) {
           float p[V], g[V];
-          load_params<V>(access, begin + e0, p, g);
+          if (Prefetch && S == 1) {
+#pragma unroll
+            for (int k = 0; k < V; ++k) {
+              p[k] = pre_p[0][k];
+              g[k] = pre_g[0][k];
+            }
+          } else {
+            load_params<V>(access, begin + e0, p, g);
+          }
 #pragma unroll
           for (int k = 0; k < V; ++k) adamw_update(p[k], m[k], v[k], g[k], c);
           store_params<V>(access, begin + e0, p);

@@ -87,6 +87,100 @@ __global__ void fused_gemv_kernel(const T* __restrict__ x, const std::uint8_t* _
   }
 }
 
+// The same product for the 4-bit formats with the codebook in registers: lane l holds code value l % 16, and a
+// weight's value is a warp shuffle from the lane its code names (shfl.idx reads only the low 5 bits of the
+// lane operand, and lanes l and l + 16 hold the same value, so the shifted word needs no mask). The previous
+// kernel read table[code] from shared memory for every weight (an LDS plus its address arithmetic in the
+// inner loop). Each lane also issues the 16-byte code loads and the scales of gemv_chunks chunks before
+// decoding any: one load in flight per lane left the M = 1 product at 0.21 of its bandwidth bound on an H200
+// (docs/cuda.md). Every lane still adds its chunks in increasing order with the same expressions, and the warp
+// adds its lanes as before: the bits of fused_gemv_kernel. Loops are uniform across the warp (the shuffles
+// need every lane); lanes past the row's end decode code 0 and add nothing.
+inline constexpr int gemv_chunks = 4;
+template <format F, class T, int MaxRows>
+__global__ void __launch_bounds__(256) fused_gemv_shuffle_kernel(const T* __restrict__ x,
+                                                                 const std::uint8_t* __restrict__ codes,
+                                                                 block_scales scales, std::int64_t block_size,
+                                                                 std::int64_t M, std::int64_t N, std::int64_t K,
+                                                                 T* __restrict__ y, code_table<256> nested_table) {
+  static_assert(F != format::int8, "the 256-entry int8 map stays in shared memory (fused_gemv_kernel)");
+  constexpr int per_load = codes_per_16_bytes<F>;  // 32 weights per 16 bytes
+  constexpr int U = gemv_chunks;
+  __shared__ float nested_map[256];
+  stage_nested_map(scales, nested_map, nested_table);
+  __syncthreads();
+  const int shift = block_shift(block_size);
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  float entry = 0.0f;  // code value lane % 16, chosen with constant indices (no local copy of the codebook)
+#pragma unroll
+  for (int c = 0; c < 16; ++c)
+    if ((lane & 15) == c) entry = code_value<F>(static_cast<std::uint8_t>(c), nullptr);
+  auto value_of = [&](std::uint32_t shifted_word) { return __shfl_sync(0xffffffffu, entry, static_cast<int>(shifted_word)); };
+  const std::int64_t warps = blockDim.x >> 5;
+  const bool vector = K % per_load == 0 && ::memkit::detail::vector_aligned(codes, x);
+  for (std::int64_t n = blockIdx.x * warps + (threadIdx.x >> 5); n < N; n += gridDim.x * warps) {
+    float acc[MaxRows] = {};
+    const std::int64_t row = n * K;
+    if (vector) {
+      const uint4* row_codes = reinterpret_cast<const uint4*>(codes + row / 2);
+      const std::int64_t chunks = K / per_load;
+      for (std::int64_t first = 0; first < chunks; first += 32 * U) {
+        uint4 packed[U];
+        float scale[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {  // every load of the group before any decoding
+          const std::int64_t chunk = first + 32 * u + lane;
+          packed[u] = make_uint4(0u, 0u, 0u, 0u);
+          scale[u] = 0.0f;
+          if (chunk < chunks) {
+            packed[u] = __ldg(row_codes + chunk);
+            scale[u] = scales((row + chunk * per_load) >> shift);
+          }
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+          const std::int64_t chunk = first + 32 * u + lane;
+          const bool valid = chunk < chunks;
+          const std::int64_t k0 = chunk * per_load;
+          const std::uint32_t words[4] = {packed[u].x, packed[u].y, packed[u].z, packed[u].w};
+#pragma unroll
+          for (int part = 0; part < per_load / 8; ++part) {
+            float w[8];
+#pragma unroll
+            for (int j = 0; j < 8; ++j)  // code_in_words' nibble order: the even weight in the high nibble
+              w[j] = stored_product(value_of(words[part] >> (8 * (j >> 1) + ((j & 1) ? 0 : 4))), scale[u]);
+            if (!valid) continue;
+#pragma unroll
+            for (int m = 0; m < MaxRows; ++m) {
+              if (m >= M) break;
+              float xv[8];
+              ::memkit::detail::load_floats<T, 8, true>(x + m * K + k0 + 8 * part, xv);
+#pragma unroll
+              for (int j = 0; j < 8; ++j) acc[m] += xv[j] * w[j];
+            }
+          }
+        }
+      }
+    } else {
+      for (std::int64_t first = 0; first < K; first += 32) {
+        const std::int64_t k = first + lane, element = row + k;
+        const bool valid = k < K;
+        const float w = stored_product(value_of(valid ? code_at<F>(codes, element) : 0u), valid ? scales(element >> shift) : 0.0f);
+        if (!valid) continue;
+#pragma unroll
+        for (int m = 0; m < MaxRows; ++m)
+          if (m < M) acc[m] += to_float(x[m * K + k]) * w;
+      }
+    }
+#pragma unroll
+    for (int m = 0; m < MaxRows; ++m) {
+      if (m >= M) break;
+      const float total = warp_sum(acc[m]);
+      if (lane == 0) y[m * N + n] = from_float<T>(total);
+    }
+  }
+}
+
 // dx[m, k] for m < M <= MaxRows when W's rows do not allow 16-byte loads (gemv_t_vector is false): one
 // thread per column k, walking the rows of W (coalesced across threads).
 template <format F, class T, int MaxRows>
