@@ -627,7 +627,7 @@ std::vector<std::string> default_measured_files() {
   std::string list = MEMKIT_BUDGET_MEASURED_FILES;
   std::error_code ignored;
   for (std::size_t start = 0; start <= list.size();) {
-    const std::size_t end = std::min(list.find(';', start), list.size());
+    const std::size_t end = std::min(list.find('|', start), list.size());
     const std::string file = list.substr(start, end - start);
     if (!file.empty() && std::filesystem::is_regular_file(file, ignored)) files.push_back(file);
     start = end + 1;
