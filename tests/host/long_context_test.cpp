@@ -45,12 +45,18 @@ struct step_result {
   std::uint64_t activation_peak = 0, predicted_activation_peak = 0;
   std::uint64_t host_peak = 0, predicted_host_bytes = 0;
   std::uint64_t total_peak = 0;
+  std::uint64_t weights_after_resize = 0;  // tracked bytes right after set_max_positions
+  std::uint64_t weights_as_built = 0;      // tracked bytes right after the build
+  std::uint64_t resize_peak = 0;           // the tracked peak during set_max_positions
 };
 
 // One forward + loss + backward through memkit::checkpoint::segment (a checkpoint per layer), every
 // allocation through a tracker over a cap (`cap` 0: none); offloaded checkpoints in host memory of their own.
-step_result train_step(bool offload, std::size_t cap) {
-  const llama::model_config c = small_config();
+// With `built_positions` other than seq the model is built with a rotary table of that many rows and re-sized
+// to seq before the step (causal_lm::set_max_positions, as train_llama's search does between trials).
+step_result train_step(bool offload, std::size_t cap, std::int64_t built_positions = seq) {
+  llama::model_config c = small_config();
+  c.max_positions = built_positions;
   memkit::capped_resource capped(memkit::default_host_resource(), cap != 0 ? cap : std::numeric_limits<std::size_t>::max());
   memkit::tracking_resource tracker(capped, "device");
   memkit::layers::memory_resources memory;
@@ -71,6 +77,13 @@ step_result train_step(bool offload, std::size_t cap) {
     const llama::random_weights fill{7, 0.05f};
     auto model = llama::build_lora_causal_lm<T, memkit::quant::quantized_tensor<memkit::quant::NF4>>(memkit::host, c, memory,
                                                                                                       load, fill);
+    r.weights_as_built = tracker.current_bytes();
+    if (built_positions != seq) {
+      tracker.reset_peak();
+      model->set_max_positions(seq);
+      r.weights_after_resize = tracker.current_bytes();
+      r.resize_peak = tracker.peak_bytes();
+    }
     memkit::layers::parameter_registry<T> params;
     model->register_parameters(params);
     // B starts at zero, which would leave every A's gradient zero: random factors make every gradient count.
@@ -143,4 +156,40 @@ TEST_CASE("long context: offloaded checkpoints give the on-device gradients bit 
   REQUIRE(capped.trained);
   CHECK(capped.total_peak <= cap);
   CHECK(std::memcmp(capped.gradients.data(), on_device.gradients.data(), on_device.gradients.size() * sizeof(float)) == 0);
+}
+
+TEST_CASE("long context: one model re-sized to another length (set_max_positions) trains as one built for it") {
+  const step_result built = train_step(false, 0);
+  for (const std::int64_t positions : {std::int64_t{8}, std::int64_t{200}}) {  // shorter and longer than the step's
+    CAPTURE(positions);
+    const step_result resized = train_step(false, 0, positions);
+    REQUIRE(resized.trained);
+    // Exactly the bytes of a model built for seq: the old table is gone, the new one has seq rows.
+    CHECK(resized.weights_after_resize == built.weights_as_built);
+    CHECK(resized.weights_as_built ==
+          built.weights_as_built - llama::rotary<T>::table_bytes(32, seq) + llama::rotary<T>::table_bytes(32, positions));
+    CHECK(std::memcmp(&resized.loss, &built.loss, sizeof(float)) == 0);
+    REQUIRE(resized.gradients.size() == built.gradients.size());
+    CHECK(std::memcmp(resized.gradients.data(), built.gradients.data(), built.gradients.size() * sizeof(float)) == 0);
+    // The two tables are never held together: the resize's peak is the larger of before and after.
+    CHECK(resized.resize_peak == std::max(resized.weights_as_built, resized.weights_after_resize));
+    if (positions < seq) CHECK(resized.total_peak == built.total_peak);
+  }
+  // A table too short for the sequence, and a bad length, are refused clearly.
+  llama::model_config c = small_config();
+  memkit::layers::memory_resources memory;
+  memory.host_threads = 1;
+  llama::lora_load_options load;
+  load.lora.rank = 2;
+  auto model = llama::build_lora_causal_lm<T, memkit::quant::quantized_tensor<memkit::quant::NF4>>(
+      memkit::host, c, memory, load, llama::random_weights{7, 0.05f});
+  CHECK_THROWS_WITH_AS(model->set_max_positions(0), doctest::Contains("positions must be at least 1, got 0"), memkit::error);
+  model->set_max_positions(seq - 1);
+  CHECK(model->config.max_positions == seq - 1);
+  CHECK(model->rope->max_positions == seq - 1);
+  std::vector<std::int32_t> ids(seq, 1);
+  memkit::buffer<T> h(*memory.workspace, shape{1, seq, c.hidden});
+  model->embed.forward(memkit::host, memkit::host_view(std::as_const(ids).data(), shape{1, seq}), h.view());
+  CHECK_THROWS_WITH_AS(model->rope->rotate(memkit::host, std::as_const(h).view(), h.view(), 1.0f),
+                       doctest::Contains("longer than the table"), memkit::error);
 }
