@@ -9,6 +9,7 @@
 #include <limits>
 #include <vector>
 
+#include <memkit/budget/estimate.hpp>
 #include <memkit/memkit.hpp>
 #include <memkit/memory/capped.hpp>
 #include <memkit/models/llama/load.hpp>
@@ -192,4 +193,28 @@ TEST_CASE("long context: one model re-sized to another length (set_max_positions
   model->embed.forward(memkit::host, memkit::host_view(std::as_const(ids).data(), shape{1, seq}), h.view());
   CHECK_THROWS_WITH_AS(model->rope->rotate(memkit::host, std::as_const(h).view(), h.view(), 1.0f),
                        doctest::Contains("longer than the table"), memkit::error);
+}
+
+TEST_CASE("long context: memory_budget's loss chunk keeps the loss's 2^31-element limit (Llama-3.1-8B, 96K tokens)") {
+  namespace budget = memkit::budget;
+  constexpr std::uint64_t seq = 96 * 1024;
+  const budget::model_config m = budget::llama_style("llama-3.1-8b", 4096, 32, 32, 8, 14336, 128256, false, seq, 128);
+  budget::training_plan p{.runtime = budget::runtime_kind::memkit, .training = budget::method::lora,
+                          .weights = {budget::weight_format::nf4, 64, true}, .lora = {.rank = 32},
+                          .precision = budget::precision_mode::bf16, .optimizer = budget::optimizer_kind::adamw_8bit,
+                          .micro_batch = 1, .sequence = seq, .checkpoint = budget::checkpointing::every_layer,
+                          .logits = budget::logits_mode::chunked, .logits_chunk_tokens = seq,
+                          .fp32_norm_and_softmax = false};
+  p.mlp_token_chunk = 1024;
+  // No cap: the plan's chunk (the whole sequence) stops at the limit, and the bytes are that chunk's.
+  const budget::memory_estimate free = budget::estimate_memory(m, p);
+  REQUIRE(free.valid());
+  CHECK(free.loss_chunk_tokens == static_cast<std::uint64_t>(memkit::loss::max_chunk_tokens(128256)));
+  CHECK(free.loss_chunk_tokens == 16743);
+  // Under a cap with room for far more (a 1 TiB "device"): the chunk from the memory left stops there too.
+  p.memory_cap = std::uint64_t{1} << 40;
+  const budget::memory_estimate capped = budget::estimate_memory(m, p);
+  REQUIRE(capped.valid());
+  CHECK(capped.loss_chunk_tokens == 16743);
+  CHECK(capped.peak_bytes(budget::metric::allocated) == free.peak_bytes(budget::metric::allocated));
 }

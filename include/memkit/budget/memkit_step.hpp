@@ -17,6 +17,7 @@
 //   optimizer_step  persistent state, gradients and the loop's buffers (adam_state works in place).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 
 #include "memkit/budget/activations.hpp"
@@ -131,7 +132,7 @@ constexpr memkit_step_moments memkit_step_activations(const model_config& m, con
                                   p.offload_checkpoints);
   ::memkit::checkpoint::detail::checkpoint_interpreter run(plan, model);
   run.forward();
-  std::uint64_t chunk = p.logits_chunk_tokens < T ? p.logits_chunk_tokens : T;
+  std::uint64_t chunk = std::min<std::uint64_t>({p.logits_chunk_tokens, T, static_cast<std::uint64_t>(loss::max_chunk_tokens(static_cast<std::int64_t>(m.vocab)))});
   const std::uint64_t held = held_outside + loop_buffers + model.kept_after_forward();
   out.loss_held_bytes = held;
   if (p.memory_cap != 0) {
