@@ -218,3 +218,21 @@ TEST_CASE("long context: memory_budget's loss chunk keeps the loss's 2^31-elemen
   CHECK(capped.loss_chunk_tokens == 16743);
   CHECK(capped.peak_bytes(budget::metric::allocated) == free.peak_bytes(budget::metric::allocated));
 }
+
+TEST_CASE("long context: one cuBLAS operand spans at most 2^31 - 1 elements; past it the device paths refuse clearly") {
+  using memkit::detail::require_cublas_span;
+  // Llama-3.1-8B's untiled MLP at [tokens, 14336]: fine up to 149,796 tokens, refused from 149,797.
+  CHECK_NOTHROW(require_cublas_span(149796, 14336, "quant::matmul", "y"));
+  CHECK_THROWS_WITH_AS(require_cublas_span(149797, 14336, "quant::matmul", "y"),
+                       doctest::Contains("quant::matmul (CUDA): y spans 149797 x 14336 elements"), memkit::error);
+  CHECK_THROWS_WITH_AS(require_cublas_span(400000, 14336, "quant::matmul", "y"), doctest::Contains("tile the MLP"),
+                       memkit::error);
+  // Tiled at 1,024 tokens the MLP's operands are small; q / o at 400K tokens x 4096 fit, at 2^19 tokens not.
+  CHECK_NOTHROW(require_cublas_span(1024, 14336, "quant::matmul", "y"));
+  CHECK_NOTHROW(require_cublas_span(400000, 4096, "linalg::gemm", "C"));
+  CHECK_THROWS_AS(require_cublas_span(std::int64_t{1} << 19, 4096, "linalg::gemm", "C"), memkit::error);
+  // The loss's chunk rule stays inside the same limit.
+  CHECK_NOTHROW(require_cublas_span(memkit::loss::max_chunk_tokens(128256), 128256, "loss", "logits"));
+  CHECK_THROWS_AS(require_cublas_span(memkit::loss::max_chunk_tokens(128256) + 1, 128256, "loss", "logits"), memkit::error);
+  CHECK_NOTHROW(require_cublas_span(0, std::int64_t{1} << 40, "x", "empty"));
+}

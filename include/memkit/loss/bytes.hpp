@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "memkit/config.hpp"
+#include "memkit/core/cublas.hpp"
 #include "memkit/core/float16.hpp"
 #include "memkit/core/protocol.hpp"
 // For gemm_workspace_bytes (the host products' packing buffers), without the GEMM kernels.
@@ -81,14 +82,13 @@ constexpr std::size_t chunk_bytes_for(std::int64_t tokens, std::int64_t V, std::
 }
 
 // The most tokens one chunk may hold, whatever the memory (#31): on a device a chunk's logits [rows, V] and
-// their gradient are each one operand of a cuBLAS call (cublasGemmEx, over cuBLASLt), and its kernels are not
-// reliable once an operand spans 2^31 elements (NVIDIA/raft#3097: CUBLAS_STATUS_EXECUTION_FAILED at exactly
-// 2^31 with cuBLASLt 13.6, fine one row below), so rows * V stays at most INT32_MAX: 16,743 tokens for a
+// their gradient are each one operand of a cuBLAS call, which may span at most INT32_MAX elements
+// (detail::cublas_operand_elements, core/cublas.hpp), so rows * V stays within it: 16,743 tokens for a
 // 128,256-token vocabulary (an 8 GiB fp32 chunk, far past where a larger chunk still buys speed). The host
 // keeps the same limit, so host, device and memory_budget choose the same chunk. At least one token.
 constexpr std::int64_t max_chunk_tokens(std::int64_t V) noexcept {
-  constexpr std::int64_t most_elements = 2147483647;  // INT32_MAX
-  return V > 0 ? std::max<std::int64_t>(1, most_elements / V) : std::int64_t{1} << 62;
+  constexpr std::int64_t most = ::memkit::detail::cublas_operand_elements;  // INT32_MAX
+  return V > 0 ? std::max<std::int64_t>(1, most / V) : std::int64_t{1} << 62;
 }
 
 // Tokens per chunk of a call over N tokens: tokens_per_chunk of options.chunk_bytes (0: default_chunk_bytes),

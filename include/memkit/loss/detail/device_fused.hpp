@@ -6,7 +6,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <string>
 #include <type_traits>
 
 #include "memkit/config.hpp"
@@ -150,12 +149,10 @@ void device_fused(const cuda_executor& exec, const tensor_view<const T>& hidden,
   constexpr bool fp32 = std::is_same_v<T, float>;
   const cudaDataType_t t_type = ::memkit::detail::cuda_type<T>();
   const std::int64_t c = chunk_tokens(N, V, sizeof(T), options, true);
-  // Every cuBLAS operand below spans at most INT32_MAX elements (max_chunk_tokens): the chunk's logits by the
-  // chunk rule, the head [V, H] and a chunk's hidden [rows, H] checked here (an H past V is no LLM's).
-  ::memkit::require(V * H <= 2147483647 && c * H <= 2147483647,
-                    "fused_linear_cross_entropy: on a device the head [" + std::to_string(V) + ", " + std::to_string(H) +
-                        "] and a chunk's hidden [" + std::to_string(c) + ", " + std::to_string(H) +
-                        "] must each span at most 2^31 - 1 elements (one cuBLAS operand)");
+  // Every cuBLAS operand below spans at most INT32_MAX elements: the chunk's logits by the chunk rule
+  // (max_chunk_tokens), the head and a chunk's hidden checked here (either past it needs an H past V).
+  ::memkit::detail::require_cublas_span(V, H, "fused_linear_cross_entropy", "the head");
+  ::memkit::detail::require_cublas_span(c, H, "fused_linear_cross_entropy", "a chunk's hidden");
   const cudaStream_t stream = exec.stream;
   // Workspace stream-ordered on exec.stream (docs/cuda.md, "Workspace").
   const on_stream ordered{exec.stream};
