@@ -258,6 +258,62 @@ def fmt(v, digits=3):
     return str(v)
 
 
+# Unsloth's published longest context for Llama-3.1-8B QLoRA (rank 32, all seven projections, batch 1) at 24 / 48
+# / 80 GB (issue #31, docs/long_context.md): the bar the longctx step's lengths are set beside, by cap in MiB.
+UNSLOTH_PUBLISHED = {24576: 78475, 49152: 191728, 81920: 342733}
+
+LONGCTX_FOUND = re.compile(r"longest sequence under (\d+) MiB .*?: (\d+) tokens trains a step \((\d+) one-step runs\); "
+                           r"memory_budget's memkit runtime predicts (\d+) \(([-+]?[\d.]+)%\)")
+LONGCTX_AT = re.compile(r"at (\d+) tokens: (\d+) tokens/s \(one step, ([\d.]+) s\), tracked peak ([\d.]+ \w+) "
+                        r"\(memory_budget ([\d.]+ \w+), ([-+]?[\d.]+)%")
+LONGCTX_BUILT = re.compile(r"built the model and its optimizer once for the search in ([\d.]+) s")
+
+
+def parse_longctx(lines):
+    """The figures of one train_llama --max-seq-search run from its lines (None where a line is missing)."""
+    r = {"found": None, "runs": None, "predicted": None, "prediction_error_pct": None, "tokens_per_s": None,
+         "step_seconds": None, "tracked_peak": None, "budget_peak": None, "peak_error_pct": None,
+         "build_seconds": None, "checks": None}
+    checks = []
+    for l in lines:
+        m = LONGCTX_FOUND.search(l)
+        if m:
+            r.update(found=int(m[2]), runs=int(m[3]), predicted=int(m[4]), prediction_error_pct=float(m[5]))
+        m = LONGCTX_AT.match(l)
+        if m:
+            r.update(tokens_per_s=int(m[2]), step_seconds=float(m[3]), tracked_peak=m[4], budget_peak=m[5],
+                     peak_error_pct=float(m[6]))
+        m = LONGCTX_BUILT.search(l)
+        if m:
+            r["build_seconds"] = float(m[1])
+        if l.startswith("check:"):
+            checks.append(l.split()[1] == "ok")
+    if checks:
+        r["checks"] = "ok" if all(checks) else f"{checks.count(False)} of {len(checks)} failed"
+    return r
+
+
+def longctx_table(rows):
+    """results.md's table of the longctx step: memkit's found length beside memory_budget and Unsloth's figure."""
+    def count(v):
+        return f"{v:,}" if isinstance(v, int) else "-"
+    lines = ["| cap | Unsloth (published) | memkit, longest found | vs Unsloth | tokens/s at it | memory_budget | "
+             "prediction error | one-step runs | checks |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        unsloth = UNSLOTH_PUBLISHED.get(r["cap_mib"])
+        if "skipped" in r:
+            lines.append(f"| {r['cap_mib']} MiB | {count(unsloth)} | skipped: {r['skipped']} | - | - | - | - | - | - |")
+            continue
+        p = r.get("parsed", {})
+        found = p.get("found")
+        ratio = f"{found / unsloth:.2f}x" if found and unsloth else "-"
+        error = f"{p['prediction_error_pct']:+.2f}%" if p.get("prediction_error_pct") is not None else "-"
+        lines.append(f"| {r['cap_mib']} MiB | {count(unsloth)} | {count(found)} | {ratio} | {fmt(p.get('tokens_per_s'))} | "
+                     f"{count(p.get('predicted'))} | {error} | {fmt(p.get('runs'))} | "
+                     f"{p.get('checks') or 'exit ' + str(r.get('status'))} |")
+    return lines
+
+
 def write_report(out, report):
     (out / "results.json").write_text(json.dumps(report, indent=1))
     lines = ["# memkit GPU measurements", ""]
@@ -320,6 +376,7 @@ def write_report(out, report):
     longctx = report.get("long_context")
     if longctx:
         lines += ["", "## The longest context under a cap (#31): Llama-3.1-8B QLoRA r 32, batch 1", ""]
+        lines += longctx_table(longctx) + [""]
         for r in longctx:
             lines.append(f"- {r['cap_mib']} MiB: " + (r["skipped"] if "skipped" in r else f"exit {r['status']}"))
             for l in r.get("lines", []):
@@ -340,6 +397,9 @@ def main():
     parser.add_argument("--benchmark-filter", default=None, help="passed to every benchmark binary")
     parser.add_argument("--longctx-caps", default="24576,49152,81920",
                         help="MiB caps of the longctx step (not run unless --only names it)")
+    parser.add_argument("--longctx-mlp-chunk", type=int, default=1024,
+                        help="tokens per chunk of the sequence-tiled MLP in the longctx step (default 1024: "
+                             "docs/long_context.md)")
     parser.add_argument("--report-from", metavar="RESULTS_JSON",
                         help="measure nothing: rebuild results.md (and the side-by-side table) in OUT from a results.json")
     parser.add_argument("--nvidia-smi", default="nvidia-smi", help=argparse.SUPPRESS)
@@ -449,11 +509,13 @@ def main():
             rc, output = runner.run(f"longctx_{cap}", [binaries["example"], "--device", "cuda", "--init", "random",
                                                        "--config", cfg, "--rank", "32", "--batch", "1", "--accum", "1",
                                                        "--max-seq-search", "--memory-cap", cap, "--check",
+                                                       "--mlp-chunk", str(args.longctx_mlp_chunk),
                                                        "--out", str(out / f"longctx_{cap}")],
                                     max(60, runner.left() - 30), cwd=out)
             lines = [l.strip() for l in output.splitlines()
-                     if l.startswith(("longest sequence", "at ", "memory_budget's breakdown", "check:"))]
-            report["long_context"].append({"cap_mib": int(cap), "status": rc, "lines": lines})
+                     if l.startswith(("built the model", "longest sequence", "at ", "memory_budget's breakdown", "check:"))]
+            report["long_context"].append({"cap_mib": int(cap), "status": rc, "lines": lines,
+                                           "parsed": parse_longctx(lines)})
     report["side_by_side"] = side_by_side(report["benchmarks"], report["peers"])
     report["steps"] = runner.steps
     report["seconds"] = time.monotonic() - started

@@ -10,6 +10,13 @@ foreach(script bench/gpu/measure.py bench/peers/gpu_peers.py)
   endif()
 endforeach()
 
+# The longctx step's parser and table (#31) on the lines train_llama --max-seq-search prints.
+execute_process(COMMAND ${PYTHON} ${SOURCE_DIR}/tests/tools/measure_longctx_check.py
+  RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+if(NOT rc EQUAL 0 OR NOT out MATCHES "measure_longctx_check: ok")
+  message(FATAL_ERROR "the longctx step's parser: exit ${rc}: ${out}${err}")
+endif()
+
 file(REMOVE_RECURSE ${WORK_DIR})
 execute_process(COMMAND ${PYTHON} ${SOURCE_DIR}/bench/gpu/measure.py ${WORK_DIR}/none --nvidia-smi ${WORK_DIR}/no-such-nvidia-smi
   RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
