@@ -14,7 +14,9 @@ run it, read it and run it again):
      projections, batch 1, the MLP tiled by 1,024 tokens) under each of --longctx-caps (default 8 GiB, which
      fits the default budget; 24 / 48 / 80 GiB need hours each, docs/long_context.md), memkit_example_train_llama_cuda
      --max-seq-search (the model built once, one-step runs), with memory_budget's prediction, tokens/s at that
-     length and Unsloth's published length beside it (docs/long_context.md's GPU table);
+     length and Unsloth's published length beside it, then in what the budget leaves transformers + PEFT + SDPA's
+     longest under the same caps (bench/peers/memory_grid.py --longest qlora:GIB --lora-rank 32)
+     (docs/long_context.md's GPU table);
 and writes OUTDIR/results.md (one Markdown report: tests, the side-by-side table, every benchmark row) and
 OUTDIR/results.json (every figure), plus each step's log.
 
@@ -294,16 +296,38 @@ def parse_longctx(lines):
     return r
 
 
+def peer_longest(grid, cap_mib):
+    """transformers + PEFT + SDPA's longest sequence under cap_mib from bench/peers/memory_grid.py's JSON (its
+    "longest" entries, caps in GiB): tokens, tokens/s of its longest step, whether the bisection finished."""
+    for e in (grid or {}).get("longest", []):
+        if round(float(e.get("cap_gib", 0)) * 1024) == cap_mib:
+            steps = [t for t in e.get("tries", []) if len(t) > 2 and t[1] == "ok" and t[0] == e.get("longest_tokens")]
+            return {"tokens": e.get("longest_tokens"), "complete": e.get("complete"), "granularity": e.get("granularity"),
+                    "tokens_per_s": round(steps[0][0] / steps[0][2]) if steps and steps[0][2] > 0 else None}
+    return None
+
+
+def peer_cell(peer):
+    if not peer:
+        return "not run"
+    if "skipped" in peer:
+        return f"skipped: {peer['skipped']}"
+    tokens = f"{peer['tokens']:,}" if isinstance(peer.get("tokens"), int) else "-"
+    speed = f" ({peer['tokens_per_s']:,})" if isinstance(peer.get("tokens_per_s"), int) else ""
+    return tokens + speed + ("" if peer.get("complete", True) else ", search cut short")
+
+
 def longctx_table(rows):
     """results.md's table of the longctx step: memkit's found length beside memory_budget and Unsloth's figure."""
     def count(v):
         return f"{v:,}" if isinstance(v, int) else "-"
     lines = ["| cap | Unsloth (published) | memkit, longest found | vs Unsloth | tokens/s at it | memory_budget | "
-             "prediction error | one-step runs | checks |", "|---|---|---|---|---|---|---|---|---|"]
+             "prediction error | one-step runs | checks | transformers + PEFT + SDPA (tokens/s) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         unsloth = UNSLOTH_PUBLISHED.get(r["cap_mib"])
         if "skipped" in r:
-            lines.append(f"| {r['cap_mib']} MiB | {count(unsloth)} | skipped: {r['skipped']} | - | - | - | - | - | - |")
+            lines.append(f"| {r['cap_mib']} MiB | {count(unsloth)} | skipped: {r['skipped']} | - | - | - | - | - | - | - |")
             continue
         p = r.get("parsed", {})
         found = p.get("found")
@@ -311,7 +335,7 @@ def longctx_table(rows):
         error = f"{p['prediction_error_pct']:+.2f}%" if p.get("prediction_error_pct") is not None else "-"
         lines.append(f"| {r['cap_mib']} MiB | {count(unsloth)} | {count(found)} | {ratio} | {fmt(p.get('tokens_per_s'))} | "
                      f"{count(p.get('predicted'))} | {error} | {fmt(p.get('runs'))} | "
-                     f"{p.get('checks') or 'exit ' + str(r.get('status'))} |")
+                     f"{p.get('checks') or 'exit ' + str(r.get('status'))} | {peer_cell(r.get('peer'))} |")
     return lines
 
 
@@ -519,6 +543,25 @@ def main():
                      if l.startswith(("built the model", "longest sequence", "at ", "memory_budget's breakdown", "check:"))]
             report["long_context"].append({"cap_mib": int(cap), "status": rc, "lines": lines,
                                            "parsed": parse_longctx(lines)})
+        # transformers + PEFT + SDPA under the same caps (bench/peers/memory_grid.py's longest search, QLoRA r 32),
+        # in what the budget leaves: its figures go beside memkit's.
+        searched = [r for r in report["long_context"] if "skipped" not in r]
+        if searched and runner.left() > 90:
+            peer_json = out / "longctx_peer.json"
+            gib = ",".join(f"{r['cap_mib'] / 1024:g}" for r in searched)
+            runner.run("longctx_peer", [sys.executable, str(ROOT / "bench/peers/memory_grid.py"), "--out", str(peer_json),
+                                        "--models", "llama-3.1-8b", "--longest", f"qlora:{gib}", "--no-rows",
+                                        "--lora-rank", "32", "--granularity", "512",
+                                        "--budget", str(max(0, runner.left() - 30))], max(60, runner.left() - 15))
+            try:
+                grid = json.loads(peer_json.read_text())
+            except (OSError, ValueError):
+                grid = None
+            for r in searched:
+                r["peer"] = peer_longest(grid, r["cap_mib"]) or {"skipped": "no search (see longctx_peer.log)"}
+        else:
+            for r in searched:
+                r["peer"] = {"skipped": "not enough of the budget left"}
     report["side_by_side"] = side_by_side(report["benchmarks"], report["peers"])
     report["steps"] = runner.steps
     report["seconds"] = time.monotonic() - started

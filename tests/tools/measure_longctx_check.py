@@ -36,14 +36,30 @@ expect(failed["checks"] == "1 of 3 failed", f"a failed check: {failed['checks']}
 empty = measure.parse_longctx(["train_llama: error: something"])
 expect(empty["found"] is None and empty["checks"] is None, f"no search lines: {empty}")
 
+# transformers + PEFT + SDPA's side: bench/peers/memory_grid.py's "longest" entries (the shape its search writes:
+# caps in GiB, tries as [tokens, "ok", seconds] or [tokens, "oom"]), looked up by the cap in MiB.
+grid = {"longest": [{"model": "llama-3.1-8b", "method": "qlora", "cap_gib": 8, "longest_tokens": 4096,
+                     "granularity": 512, "complete": True,
+                     "tries": [[65536, "oom"], [4096, "ok", 2.0], [8192, "oom"], [6144, "oom"], [5120, "oom"],
+                               [4608, "oom"]]},
+                    {"model": "llama-3.1-8b", "method": "qlora", "cap_gib": 24, "longest_tokens": 0,
+                     "granularity": 512, "complete": False, "tries": []}]}
+peer = measure.peer_longest(grid, 8192)
+expect(peer == {"tokens": 4096, "complete": True, "granularity": 512, "tokens_per_s": 2048}, f"peer at 8 GiB: {peer}")
+expect(measure.peer_longest(grid, 24576)["complete"] is False, "a search cut short")
+expect(measure.peer_longest(grid, 49152) is None and measure.peer_longest(None, 8192) is None, "no entry")
+expect(measure.peer_cell(peer) == "4,096 (2,048)", measure.peer_cell(peer))
+expect(measure.peer_cell(measure.peer_longest(grid, 24576)) == "0, search cut short", "cut short cell")
+expect(measure.peer_cell({"skipped": "not enough of the budget left"}) == "skipped: not enough of the budget left", "skip")
+
 # The table: a run at one of Unsloth's caps (the lines above relabelled), a cap without a published figure, a skip.
 at_24g = [l.replace("under 96 MiB", "under 24576 MiB") for l in LINES]
-rows = [{"cap_mib": 24576, "status": 0, "lines": at_24g, "parsed": measure.parse_longctx(at_24g)},
+rows = [{"cap_mib": 24576, "status": 0, "lines": at_24g, "parsed": measure.parse_longctx(at_24g), "peer": peer},
         {"cap_mib": 96, "status": 1, "lines": [], "parsed": empty},
         {"cap_mib": 81920, "skipped": "not enough of the budget left"}]
 table = measure.longctx_table(rows)
 expect(table[0].startswith("| cap | Unsloth (published) | memkit, longest found |"), table[0])
-expect(table[2] == "| 24576 MiB | 78,475 | 755 | 0.01x | 156 | 750 | -0.66% | 5 | ok |", table[2])
-expect(table[3] == "| 96 MiB | - | - | - | - | - | - | - | exit 1 |", table[3])
-expect(table[4] == "| 81920 MiB | 342,733 | skipped: not enough of the budget left | - | - | - | - | - | - |", table[4])
+expect(table[2] == "| 24576 MiB | 78,475 | 755 | 0.01x | 156 | 750 | -0.66% | 5 | ok | 4,096 (2,048) |", table[2])
+expect(table[3] == "| 96 MiB | - | - | - | - | - | - | - | exit 1 | not run |", table[3])
+expect(table[4] == "| 81920 MiB | 342,733 | skipped: not enough of the budget left | - | - | - | - | - | - | - |", table[4])
 print("measure_longctx_check: ok")
