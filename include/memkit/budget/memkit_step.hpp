@@ -58,9 +58,9 @@ class memkit_stack_model : public ::memkit::checkpoint::detail::checkpoint_byte_
 struct memkit_step_moments {
   std::uint64_t activations[3]{};
   std::uint64_t workspace[3]{};
-  // The loss's tokens per chunk: logits_chunk_tokens (at most the micro-batch and loss::max_chunk_tokens), or with a memory_cap the
-  // largest chunk the memory left at the loss point holds, up to that (0: not even one token's chunk fits;
-  // the step is then costed with a one-token chunk, over the cap).
+  // The loss's tokens per chunk: logits_chunk_tokens (at most the micro-batch and loss::max_chunk_tokens), or
+  // with a memory_cap the largest chunk the memory left at the loss point holds, up to that (0: not even one
+  // token's chunk fits; the step is then costed with a one-token chunk, over the cap).
   std::uint64_t loss_chunk_tokens = 0;
   std::uint64_t loss_held_bytes = 0;  // what the step holds when the loss starts (held_outside included)
   std::uint64_t host_bytes = 0;       // offloaded checkpoints (the blocks' and the final norm's inputs)
