@@ -132,7 +132,8 @@ constexpr memkit_step_moments memkit_step_activations(const model_config& m, con
                                   p.offload_checkpoints);
   ::memkit::checkpoint::detail::checkpoint_interpreter run(plan, model);
   run.forward();
-  std::uint64_t chunk = std::min<std::uint64_t>({p.logits_chunk_tokens, T, static_cast<std::uint64_t>(loss::max_chunk_tokens(static_cast<std::int64_t>(m.vocab)))});
+  const auto most_chunk = static_cast<std::uint64_t>(loss::max_chunk_tokens(static_cast<std::int64_t>(m.vocab)));
+  std::uint64_t chunk = std::min<std::uint64_t>({p.logits_chunk_tokens, T, most_chunk});
   const std::uint64_t held = held_outside + loop_buffers + model.kept_after_forward();
   out.loss_held_bytes = held;
   if (p.memory_cap != 0) {
