@@ -4,6 +4,7 @@ lines), and the results.md table it builds from them. Run by tests/tools/gpu_scr
 import pathlib
 import sys
 
+sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "bench" / "gpu"))
 import measure  # noqa: E402
 
