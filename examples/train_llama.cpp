@@ -1340,24 +1340,21 @@ void train_checkpoint_stage(const E& exec, const options& given, const char* wha
                 memkit::format_bytes(result.offloaded_peak).c_str(), memkit::format_bytes(result.budget.host_bytes).c_str());
 }
 
-// QLoRA (Projection = nf4_lora_linear) or LoRA over a bf16 base (dense_lora_linear) of the checkpoint: the
-// same loop, memory accounting and checks as stage 2; the adapter is saved in PEFT's format, reloaded into a
-// fresh model and checked to give the same validation loss; with --merge the merged dense checkpoint too.
-template <class Projection, memkit::executor E>
-finetune_outcome finetune_checkpoint(const E& exec, const options& o, memory_meter& meter,
-                                     std::vector<example::step_record>& records) {
-  using model_type = llama::causal_lm<act_t, Projection>;
-  using base_elem = std::conditional_t<Projection::quantized_base, memkit::quant::quantized_tensor<memkit::quant::NF4>, act_t>;
-  const resources r = make_resources(meter, o.threads);
-  const example::text_dataset data = checkpoint_dataset(o);
-  meter.reset_peak();
-  finetune_outcome outcome;
-  stage_result& result = outcome.result;
-
-  // What it will allocate, from the components' byte functions, before it allocates.
+// What a LoRA / QLoRA fine-tuning of the checkpoint will allocate, from the components' byte functions, before
+// it allocates: weights, gradients, optimizer state and the loop's token buffers (activations and workspace
+// follow from the stack), the adapters' sizes for the optimizer, and the largest staging of the build.
+struct checkpoint_prediction {
   memory_prediction predicted;
   std::vector<std::int64_t> sizes;
-  std::uint64_t largest_staging = 0;
+  std::uint64_t staging = 0;
+  memkit::optim::adam_options adam_options;
+};
+
+template <class Projection>
+checkpoint_prediction predict_checkpoint(const options& o) {
+  using model_type = llama::causal_lm<act_t, Projection>;
+  checkpoint_prediction out;
+  memory_prediction& predicted = out.predicted;
   // The host pieces the model's filler holds per tensor (the checkpoint reader's, or the random filler's).
   const auto pieces = [&](std::int64_t elements) -> std::uint64_t {
     return o.model_dir.empty() ? llama::random_weights::staging_bytes<act_t>(elements)
@@ -1369,14 +1366,14 @@ finetune_outcome finetune_checkpoint(const E& exec, const options& o, memory_met
       if constexpr (Projection::quantized_base) {
         predicted.peak[memory_category::weights] += Projection::base_type::bytes_required(w, nf4_options);
         // The dense staging of one projection, with the filler's pieces and then quantize_into's workspace.
-        largest_staging = std::max<std::uint64_t>(
-            largest_staging, memkit::buffer<act_t>::bytes_required(w) +
-                                 std::max<std::uint64_t>(pieces(w.numel()),
-                                                         memkit::quant::workspace_bytes(memkit::quant::quantize_arguments{
-                                                             Projection::base_type::quant_format, w, nf4_options})));
+        out.staging = std::max<std::uint64_t>(
+            out.staging, memkit::buffer<act_t>::bytes_required(w) +
+                             std::max<std::uint64_t>(pieces(w.numel()),
+                                                     memkit::quant::workspace_bytes(memkit::quant::quantize_arguments{
+                                                         Projection::base_type::quant_format, w, nf4_options})));
       } else {
         predicted.peak[memory_category::weights] += memkit::buffer<act_t>::bytes_required(w);
-        largest_staging = std::max<std::uint64_t>(largest_staging, pieces(w.numel()));
+        out.staging = std::max<std::uint64_t>(out.staging, pieces(w.numel()));
       }
       const std::string name = p.path.substr(p.path.rfind('.') + 1);
       const std::int64_t rank = std::find(o.targets.begin(), o.targets.end(), name) != o.targets.end() ? o.lora_rank : 0;
@@ -1384,30 +1381,57 @@ finetune_outcome finetune_checkpoint(const E& exec, const options& o, memory_met
                                                   (p.bias ? memkit::buffer<act_t>::bytes_required(shape{p.out}) : 0);
       predicted.peak[memory_category::gradients] += Projection::gradient_bytes(p.in, p.out, rank);
       if (rank > 0) {
-        sizes.push_back(rank * p.in);
-        sizes.push_back(p.out * rank);
+        out.sizes.push_back(rank * p.in);
+        out.sizes.push_back(p.out * rank);
       }
     }
   predicted.peak[memory_category::weights] += model_type::shared_weight_bytes(o.model);
-  memkit::optim::adam_options adam_options;
-  adam_options.max_grad_norm = o.max_grad_norm;
-  adam_options.host_threads = o.threads;
-  adam_options.seed = o.seed;
-  predicted.peak[memory_category::optimizer_state] = memkit::optim::adam_state<std::int8_t, 256>::bytes_required(sizes, adam_options);
+  out.adam_options.max_grad_norm = o.max_grad_norm;
+  out.adam_options.host_threads = o.threads;
+  out.adam_options.seed = o.seed;
+  predicted.peak[memory_category::optimizer_state] =
+      memkit::optim::adam_state<std::int8_t, 256>::bytes_required(out.sizes, out.adam_options);
   predicted.peak[memory_category::other] = step_buffers::other_bytes(o.batch, o.seq, offsets_per_row(o));
+  return out;
+}
 
+// The LoRA / QLoRA model of --model DIR (read) or --init random --config (built with random weights).
+template <class Projection, memkit::executor E>
+std::unique_ptr<llama::causal_lm<act_t, Projection>> build_checkpoint_model(const E& exec, const options& o, const resources& r) {
+  using base_elem = std::conditional_t<Projection::quantized_base, memkit::quant::quantized_tensor<memkit::quant::NF4>, act_t>;
   llama::lora_load_options load;
   load.lora.rank = o.lora_rank;
   load.lora.alpha = o.lora_alpha;
   load.lora.init_seed = o.seed + 99;
   load.quant = nf4_options;
   load.targets = o.targets;
-  const auto build = [&] {
-    if (!o.model_dir.empty())
-      return llama::load_lora_causal_lm<act_t, base_elem>(exec, llama::hf_checkpoint(o.model_dir, o.seq), r.model, load);
-    llama::random_weights fill{o.seed, 0.02f, &llama::host_staging(r.model)};
-    return llama::build_lora_causal_lm<act_t, base_elem>(exec, o.model, r.model, load, fill);
-  };
+  if (!o.model_dir.empty())
+    return llama::load_lora_causal_lm<act_t, base_elem>(exec, llama::hf_checkpoint(o.model_dir, o.seq), r.model, load);
+  llama::random_weights fill{o.seed, 0.02f, &llama::host_staging(r.model)};
+  return llama::build_lora_causal_lm<act_t, base_elem>(exec, o.model, r.model, load, fill);
+}
+
+// QLoRA (Projection = nf4_lora_linear) or LoRA over a bf16 base (dense_lora_linear) of the checkpoint: the
+// same loop, memory accounting and checks as stage 2; the adapter is saved in PEFT's format, reloaded into a
+// fresh model and checked to give the same validation loss; with --merge the merged dense checkpoint too.
+template <class Projection, memkit::executor E>
+finetune_outcome finetune_checkpoint(const E& exec, const options& o, memory_meter& meter,
+                                     std::vector<example::step_record>& records) {
+  using model_type = llama::causal_lm<act_t, Projection>;
+  const resources r = make_resources(meter, o.threads);
+  const example::text_dataset data = checkpoint_dataset(o);
+  meter.reset_peak();
+  finetune_outcome outcome;
+  stage_result& result = outcome.result;
+
+  // What it will allocate, from the components' byte functions, before it allocates.
+  checkpoint_prediction prediction = predict_checkpoint<Projection>(o);
+  memory_prediction& predicted = prediction.predicted;
+  const std::vector<std::int64_t>& sizes = prediction.sizes;
+  const std::uint64_t largest_staging = prediction.staging;
+  const memkit::optim::adam_options& adam_options = prediction.adam_options;
+
+  const auto build = [&] { return build_checkpoint_model<Projection>(exec, o, r); };
   const auto load_start = std::chrono::steady_clock::now();
   std::unique_ptr<model_type> model = build();
   if constexpr (E::on_device) exec.synchronize();
@@ -1609,29 +1633,16 @@ std::int64_t longest_fitting_near(Fits&& fits, std::int64_t guess) {
   return good;
 }
 
-// --max-seq-search (#31): the longest sequence whose whole step (forward, loss, backward, optimizer) trains
-// within --memory-cap, found by real one-step runs (bracketed from memory_budget's memkit runtime answer for
-// the same plan and cap, then bisection; a run that hits the cap unwinds with out_of_memory and frees
-// everything), next to that answer. Random token ids; QLoRA or LoRA as --finetune says.
-template <memkit::executor E>
-int max_seq_search(const E& exec, const options& o, memkit::memory_resource& upstream) {
+// The search itself over `trial` (with_one_model's): its lines, and with --check its checks.
+template <memkit::executor E, class Trial>
+int search_lengths(const E&, const options& o, Trial&& trial) {
   const std::uint64_t cap = static_cast<std::uint64_t>(o.memory_cap_mib) << 20;
-  std::vector<example::step_record> records;
   int trials = 0;
   std::map<std::int64_t, stage_result> fitted;  // each step that trained, by sequence length
   const auto fits = [&](std::int64_t seq) {
-    options t = o;
-    t.trial = true;
-    t.seq = seq;
-    t.model.max_positions = seq;
-    t.finetune_steps = 1;
-    t.log_every = 1 << 30;
     ++trials;
-    memory_meter meter(upstream);
     try {
-      if (o.full) return false;  // (refused by parse)
-      fitted[seq] = (o.qlora ? finetune_checkpoint<lora_linear_impl>(exec, t, meter, records)
-                             : finetune_checkpoint<llama::dense_lora_linear<act_t>>(exec, t, meter, records)).result;
+      fitted[seq] = trial(seq);
       return true;
     } catch (const memkit::out_of_memory&) {
       return false;
@@ -1689,6 +1700,81 @@ int max_seq_search(const E& exec, const options& o, memkit::memory_resource& ups
   expect(std::abs(peak_error) <= 2.0, "memory_budget's peak at that length within 2% of the tracked one");
   expect(at.measured_peak <= cap, "the tracked peak is under the cap");
   return failures == 0 ? 0 : 1;
+}
+
+// --max-seq-search's trials on one model (#31): the model (weights, adapters and their gradients) and the
+// optimizer state are built once, under the cap; each trial re-makes only what depends on the length (the
+// rotary table, the token buffers, the checkpointed stack and its offload, the loss's chunk) and runs one step
+// (forward, loss, backward, optimizer). A trial that hits the cap unwinds with out_of_memory and must leave
+// exactly the bytes it found, so the next one starts from the same model: checked with the tracker after every
+// trial, trained or not. `search(trial)` runs the search; trial(seq) returns the step's result or throws
+// out_of_memory.
+template <class Projection, memkit::executor E, class Search>
+void with_one_model(const E& exec, const options& o, memory_meter& meter, Search&& search) {
+  const resources r = make_resources(meter, o.threads);
+  options built = o;
+  built.model.max_positions = 1;  // the first trial re-makes the table at its length
+  const checkpoint_prediction base = predict_checkpoint<Projection>(built);
+  const auto start = std::chrono::steady_clock::now();
+  auto model = build_checkpoint_model<Projection>(exec, built, r);
+  const auto params = adapter_parameters(*model, base.sizes);
+  memkit::optim::adam_state<std::int8_t, 256> adam(exec, *r.model.optimizer, params.sizes(), base.adam_options);
+  const auto adam_params = params.adam_params();
+  const memkit::optim::adam_group adam_base{.beta2 = 0.99f, .weight_decay = 0.0f};
+  if constexpr (E::on_device) exec.synchronize();
+  std::printf("built the model and its optimizer once for the search in %.1f s: tracked %s (peak %s)\n",
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
+              memkit::format_bytes(meter.tracker.current_bytes()).c_str(),
+              memkit::format_bytes(meter.tracker.peak_bytes()).c_str());
+  const auto trial = [&](std::int64_t seq) -> stage_result {
+    options t = o;
+    t.trial = true;
+    t.seq = seq;
+    t.model.max_positions = seq;
+    t.finetune_steps = 1;
+    t.log_every = 1 << 30;
+    model->set_max_positions(seq);  // part of the model at this length (predict_checkpoint counts it in weights)
+    const std::uint64_t held = meter.tracker.current_bytes();
+    const auto left_as_found = [&](const char* how) {
+      if constexpr (E::on_device) exec.synchronize();
+      memkit::require(meter.tracker.current_bytes() == held,
+                      std::string("train_llama: a search trial at ") + std::to_string(seq) + " tokens that " + how +
+                          " left " + memkit::format_bytes(meter.tracker.current_bytes()) + " allocated, not the " +
+                          memkit::format_bytes(held) + " it found");
+    };
+    stage_result result;
+    try {
+      checkpoint_prediction prediction = predict_checkpoint<Projection>(t);
+      const example::text_dataset data = checkpoint_dataset(t);
+      meter.reset_peak();
+      std::vector<example::step_record> records;
+      step_buffers buffers(r, t.batch, t.seq, t.model.hidden, false, offsets_per_row(t));
+      train_checkpoint_stage(
+          exec, t, "trial", *model, data, buffers, r, meter, prediction.predicted, 0, true,
+          [&](float lr, float scale) { adam.step(exec, adam_params, params.adam_groups(adam_base, lr), scale); },
+          [&] { memkit::layers::zero_grad(exec, params); }, records, result);
+    } catch (const memkit::out_of_memory&) {
+      left_as_found("hit the cap");
+      throw;
+    }
+    left_as_found("trained");
+    return result;
+  };
+  search(trial);
+}
+
+// --max-seq-search (#31): the longest sequence whose whole step (forward, loss, backward, optimizer) trains
+// within --memory-cap, found by real one-step runs on one model (with_one_model), bracketed from memory_budget's
+// memkit runtime answer for the same plan and cap, then bisection, next to that answer. Random token ids; QLoRA
+// or LoRA as --finetune says.
+template <memkit::executor E>
+int max_seq_search(const E& exec, const options& o, memkit::memory_resource& upstream) {
+  memory_meter meter(upstream);
+  int status = 0;
+  const auto search = [&](auto&& trial) { status = search_lengths(exec, o, trial); };
+  if (o.qlora) with_one_model<lora_linear_impl>(exec, o, meter, search);
+  else with_one_model<llama::dense_lora_linear<act_t>>(exec, o, meter, search);
+  return status;
 }
 
 template <memkit::executor E>

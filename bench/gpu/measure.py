@@ -10,10 +10,13 @@ run it, read it and run it again):
   6. memory_budget's ground truth (bench/peers/memory_grid.py, its grid v2: real transformers + PEFT (+ bitsandbytes)
      steps, peak memory; commit the rows under tests/data/budget_measured/, annotate them with
      bench/peers/compare_grid.py --annotate and compare with it);
-  7. only when asked (--only longctx, with a budget to match: each search is several one-step runs at the
-     longest length): #31's longest context of Llama-3.1-8B QLoRA (rank 32, all seven projections, batch 1)
-     under caps of 24 / 48 / 80 GiB (--longctx-caps), memkit_example_train_llama_cuda --max-seq-search, with
-     memory_budget's prediction and tokens/s at that length (docs/long_context.md's GPU table);
+  7. only when asked (--only longctx): #31's longest context of Llama-3.1-8B QLoRA (rank 32, all seven
+     projections, batch 1, the MLP tiled by 1,024 tokens) under each of --longctx-caps (default 8 GiB, which
+     fits the default budget; 24 / 48 / 80 GiB need hours each, docs/long_context.md), memkit_example_train_llama_cuda
+     --max-seq-search (the model built once, one-step runs), with memory_budget's prediction, tokens/s at that
+     length and Unsloth's published length beside it, then in what the budget leaves transformers + PEFT + SDPA's
+     longest under the same caps (bench/peers/memory_grid.py --longest qlora:GIB --lora-rank 32)
+     (docs/long_context.md's GPU table);
 and writes OUTDIR/results.md (one Markdown report: tests, the side-by-side table, every benchmark row) and
 OUTDIR/results.json (every figure), plus each step's log.
 
@@ -274,6 +277,84 @@ def fmt(v, digits=3):
     return str(v)
 
 
+# Unsloth's published longest context for Llama-3.1-8B QLoRA (rank 32, all seven projections, batch 1) at 8 to 80
+# GB (issue #31, docs/long_context.md): the bar the longctx step's lengths are set beside, by cap in MiB.
+UNSLOTH_PUBLISHED = {8192: 2972, 12288: 21848, 16384: 40724, 24576: 78475, 40960: 153977, 49152: 191728, 81920: 342733}
+
+LONGCTX_FOUND = re.compile(r"longest sequence under (\d+) MiB .*?: (\d+) tokens trains a step \((\d+) one-step runs\); "
+                           r"memory_budget's memkit runtime predicts (\d+) \(([-+]?[\d.]+)%\)")
+LONGCTX_AT = re.compile(r"at (\d+) tokens: (\d+) tokens/s \(one step, ([\d.]+) s\), tracked peak ([\d.]+ \w+) "
+                        r"\(memory_budget ([\d.]+ \w+), ([-+]?[\d.]+)%")
+LONGCTX_BUILT = re.compile(r"built the model and its optimizer once for the search in ([\d.]+) s")
+
+
+def parse_longctx(lines):
+    """The figures of one train_llama --max-seq-search run from its lines (None where a line is missing)."""
+    r = {"found": None, "runs": None, "predicted": None, "prediction_error_pct": None, "tokens_per_s": None,
+         "step_seconds": None, "tracked_peak": None, "budget_peak": None, "peak_error_pct": None,
+         "build_seconds": None, "checks": None}
+    checks = []
+    for l in lines:
+        m = LONGCTX_FOUND.search(l)
+        if m:
+            r.update(found=int(m[2]), runs=int(m[3]), predicted=int(m[4]), prediction_error_pct=float(m[5]))
+        m = LONGCTX_AT.match(l)
+        if m:
+            r.update(tokens_per_s=int(m[2]), step_seconds=float(m[3]), tracked_peak=m[4], budget_peak=m[5],
+                     peak_error_pct=float(m[6]))
+        m = LONGCTX_BUILT.search(l)
+        if m:
+            r["build_seconds"] = float(m[1])
+        if l.startswith("check:"):
+            checks.append(l.split()[1] == "ok")
+    if checks:
+        r["checks"] = "ok" if all(checks) else f"{checks.count(False)} of {len(checks)} failed"
+    return r
+
+
+def peer_longest(grid, cap_mib):
+    """transformers + PEFT + SDPA's longest sequence under cap_mib from bench/peers/memory_grid.py's JSON (its
+    "longest" entries, caps in GiB): tokens, tokens/s of its longest step, whether the bisection finished."""
+    for e in (grid or {}).get("longest", []):
+        if round(float(e.get("cap_gib", 0)) * 1024) == cap_mib:
+            steps = [t for t in e.get("tries", []) if len(t) > 2 and t[1] == "ok" and t[0] == e.get("longest_tokens")]
+            return {"tokens": e.get("longest_tokens"), "complete": e.get("complete"), "granularity": e.get("granularity"),
+                    "tokens_per_s": round(steps[0][0] / steps[0][2]) if steps and steps[0][2] > 0 else None}
+    return None
+
+
+def peer_cell(peer):
+    if not peer:
+        return "not run"
+    if "skipped" in peer:
+        return f"skipped: {peer['skipped']}"
+    tokens = f"{peer['tokens']:,}" if isinstance(peer.get("tokens"), int) else "-"
+    speed = f" ({peer['tokens_per_s']:,})" if isinstance(peer.get("tokens_per_s"), int) else ""
+    return tokens + speed + ("" if peer.get("complete", True) else ", search cut short")
+
+
+def longctx_table(rows):
+    """results.md's table of the longctx step: memkit's found length beside memory_budget and Unsloth's figure."""
+    def count(v):
+        return f"{v:,}" if isinstance(v, int) else "-"
+    lines = ["| cap | Unsloth (published) | memkit, longest found | vs Unsloth | tokens/s at it | memory_budget | "
+             "prediction error | one-step runs | checks | transformers + PEFT + SDPA (tokens/s) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        unsloth = UNSLOTH_PUBLISHED.get(r["cap_mib"])
+        if "skipped" in r:
+            lines.append(f"| {r['cap_mib']} MiB | {count(unsloth)} | skipped: {r['skipped']} | - | - | - | - | - | - | - |")
+            continue
+        p = r.get("parsed", {})
+        found = p.get("found")
+        ratio = f"{found / unsloth:.2f}x" if found and unsloth else "-"
+        error = f"{p['prediction_error_pct']:+.2f}%" if p.get("prediction_error_pct") is not None else "-"
+        lines.append(f"| {r['cap_mib']} MiB | {count(unsloth)} | {count(found)} | {ratio} | {fmt(p.get('tokens_per_s'))} | "
+                     f"{count(p.get('predicted'))} | {error} | {fmt(p.get('runs'))} | "
+                     f"{p.get('checks') or 'exit ' + str(r.get('status'))} | {peer_cell(r.get('peer'))} |")
+    return lines
+
+
 def write_report(out, report):
     (out / "results.json").write_text(json.dumps(report, indent=1))
     lines = ["# memkit GPU measurements", ""]
@@ -336,6 +417,7 @@ def write_report(out, report):
     longctx = report.get("long_context")
     if longctx:
         lines += ["", "## The longest context under a cap (#31): Llama-3.1-8B QLoRA r 32, batch 1", ""]
+        lines += longctx_table(longctx) + [""]
         for r in longctx:
             lines.append(f"- {r['cap_mib']} MiB: " + (r["skipped"] if "skipped" in r else f"exit {r['status']}"))
             for l in r.get("lines", []):
@@ -354,8 +436,13 @@ def main():
     parser.add_argument("--quick", action="store_true", help="fewer benchmark repetitions and peer shapes")
     parser.add_argument("--only", default="tests,bench,peers,example,models,grid", help="comma-separated steps to run")
     parser.add_argument("--benchmark-filter", default=None, help="passed to every benchmark binary")
-    parser.add_argument("--longctx-caps", default="24576,49152,81920",
-                        help="MiB caps of the longctx step (not run unless --only names it)")
+    parser.add_argument("--longctx-caps", default="8192",
+                        help="MiB caps of the longctx step (not run unless --only names it). The default fits one "
+                             "visit; 24576,49152,81920 take hours per cap with memkit's attention kernel as "
+                             "measured (docs/long_context.md, 'How long the GPU step takes')")
+    parser.add_argument("--longctx-mlp-chunk", type=int, default=1024,
+                        help="tokens per chunk of the sequence-tiled MLP in the longctx step (default 1024: "
+                             "docs/long_context.md)")
     parser.add_argument("--report-from", metavar="RESULTS_JSON",
                         help="measure nothing: rebuild results.md (and the side-by-side table) in OUT from a results.json")
     parser.add_argument("--nvidia-smi", default="nvidia-smi", help=argparse.SUPPRESS)
@@ -465,11 +552,32 @@ def main():
             rc, output = runner.run(f"longctx_{cap}", [binaries["example"], "--device", "cuda", "--init", "random",
                                                        "--config", cfg, "--rank", "32", "--batch", "1", "--accum", "1",
                                                        "--max-seq-search", "--memory-cap", cap, "--check",
+                                                       "--mlp-chunk", str(args.longctx_mlp_chunk),
                                                        "--out", str(out / f"longctx_{cap}")],
                                     max(60, runner.left() - 30), cwd=out)
             lines = [l.strip() for l in output.splitlines()
-                     if l.startswith(("longest sequence", "at ", "memory_budget's breakdown", "check:"))]
-            report["long_context"].append({"cap_mib": int(cap), "status": rc, "lines": lines})
+                     if l.startswith(("built the model", "longest sequence", "at ", "memory_budget's breakdown", "check:"))]
+            report["long_context"].append({"cap_mib": int(cap), "status": rc, "lines": lines,
+                                           "parsed": parse_longctx(lines)})
+        # transformers + PEFT + SDPA under the same caps (bench/peers/memory_grid.py's longest search, QLoRA r 32),
+        # in what the budget leaves: its figures go beside memkit's.
+        searched = [r for r in report["long_context"] if "skipped" not in r]
+        if searched and runner.left() > 90:
+            peer_json = out / "longctx_peer.json"
+            gib = ",".join(f"{r['cap_mib'] / 1024:g}" for r in searched)
+            runner.run("longctx_peer", [sys.executable, str(ROOT / "bench/peers/memory_grid.py"), "--out", str(peer_json),
+                                        "--models", "llama-3.1-8b", "--longest", f"qlora:{gib}", "--no-rows",
+                                        "--lora-rank", "32", "--granularity", "512",
+                                        "--budget", str(max(0, runner.left() - 30))], max(60, runner.left() - 15))
+            try:
+                grid = json.loads(peer_json.read_text())
+            except (OSError, ValueError):
+                grid = None
+            for r in searched:
+                r["peer"] = peer_longest(grid, r["cap_mib"]) or {"skipped": "no search (see longctx_peer.log)"}
+        else:
+            for r in searched:
+                r["peer"] = {"skipped": "not enough of the budget left"}
     report["side_by_side"] = side_by_side(report["benchmarks"], report["peers"])
     report["steps"] = runner.steps
     report["seconds"] = time.monotonic() - started

@@ -4,7 +4,7 @@ Models are built from the config.json files in tests/data/ with random weights (
 configuration, batch 1, SDPA attention, transformers' own loss (labels = input ids):
   full   full fine-tuning in bf16 (torch AdamW fused or foreach: state in the parameters' bf16; or bitsandbytes'
          AdamW8bit) or in fp32 (torch AdamW fused)
-  lora   PEFT LoRA, rank 16 on all seven projections, adapters as PEFT makes them (fp32), torch AdamW fused
+  lora   PEFT LoRA, rank 16 (--lora-rank) on all seven projections, adapters as PEFT makes them (fp32), torch AdamW fused
   qlora  the same adapters over bitsandbytes NF4 linears (double quantization, bf16 compute; the embedding,
          norms and LM head stay bf16; no prepare_model_for_kbit_training), torch AdamW fused
 a sequence length, and gradient checkpointing on or off. A row runs one warm-up step (so the optimizer state
@@ -98,6 +98,11 @@ def main():
     parser.add_argument("--grid", choices=("v1", "v2", "all"), default="v2")
     parser.add_argument("--models", default=",".join(MODELS), help="only these models (rows and longest searches)")
     parser.add_argument("--granularity", type=int, default=1024)
+    parser.add_argument("--longest", metavar="METHOD:GIB[,GIB...]",
+                        help="instead of the grid's longest searches, Llama-3.1-8B's under these caps (e.g. qlora:8,24; "
+                             "bench/gpu/measure.py's longctx step, #31)")
+    parser.add_argument("--no-rows", action="store_true", help="only the longest searches")
+    parser.add_argument("--lora-rank", type=int, default=16, help="LoRA rank (alpha = 2 x rank; default 16)")
     parser.add_argument("--list", action="store_true", help="print the plan and exit")
     parser.add_argument("--dry-run", action="store_true", help="CPU, tiny shapes: checks the script runs")
     args = parser.parse_args()
@@ -107,6 +112,16 @@ def main():
     if unknown:
         parser.error(f"unknown models: {', '.join(sorted(unknown))} (known: {', '.join(MODELS)})")
     rows, longest = plan(args.grid)
+    if args.longest:
+        method, _, caps = args.longest.partition(":")
+        if method not in ("lora", "qlora") or not caps:
+            parser.error(f"--longest {args.longest}: expected lora:GIB[,GIB...] or qlora:GIB[,GIB...]")
+        longest = [("llama-3.1-8b", method, tuple(float(c) if "." in c else int(c) for c in caps.split(",")))]
+    if args.no_rows:
+        rows = []
+    if args.lora_rank < 1:
+        parser.error("--lora-rank must be at least 1")
+    lora_text = f"r={args.lora_rank} alpha={2 * args.lora_rank} on all seven projections"
     rows = [r for r in rows if r[0] in wanted]
     longest = [l for l in longest if l[0] in wanted]
     if args.list:
@@ -114,7 +129,7 @@ def main():
             print(f"{model:14} {method:6} {precision:5} {OPTIMIZERS[impl]:24} seq {seq:6} "
                   f"checkpointing {'layer' if ckpt else 'none'}")
         for model, method, caps in longest:
-            print(f"longest {model} {method} (checkpointing) under {', '.join(map(str, caps))} GiB")
+            print(f"longest {model} {method} {lora_text} (checkpointing) under {', '.join(map(str, caps))} GiB")
         print(f"{len(rows)} rows, {sum(len(c) for _, _, c in longest)} longest searches")
         return 0
     if not args.out:
@@ -186,7 +201,7 @@ def main():
         if method == "qlora":
             quantize_linears(model)
         if method in ("lora", "qlora"):
-            model = peft.get_peft_model(model, peft.LoraConfig(r=16, lora_alpha=32, target_modules=LORA_TARGETS,
+            model = peft.get_peft_model(model, peft.LoraConfig(r=args.lora_rank, lora_alpha=2 * args.lora_rank, target_modules=LORA_TARGETS,
                                                                  lora_dropout=0.0, task_type="CAUSAL_LM"))
         params = [p for p in model.parameters() if p.requires_grad]
         return model, params, cfg_dict["vocab_size"]
@@ -272,7 +287,7 @@ def main():
                     tries.append([mid * g, "oom"])
                     high = mid
             out["longest"].append({"model": name, "config": MODELS[name], "method": method, "checkpointing": "layer",
-                                   "optimizer": OPTIMIZERS["fused"], "dtype": "bf16", "cap_gib": cap,
+                                   "optimizer": OPTIMIZERS["fused"], "dtype": "bf16", "cap_gib": cap, "lora": lora_text,
                                    "longest_tokens": low * g, "granularity": g, "complete": high - low <= 1,
                                    "tries": tries})
             print(f"longest {name} {method} under {cap} GiB: {low * g} tokens", flush=True)
@@ -309,7 +324,7 @@ def main():
                     optimizer, current = make_optimizer(params, impl), impl
                 seq_run = min(seq, 64) if dry else seq
                 row = {"model": name, "config": MODELS[name], "method": method, "optimizer": OPTIMIZERS[impl],
-                       "lora": "r=16 alpha=32 on all seven projections" if method != "full" else "",
+                       "lora": lora_text if method != "full" else "",
                        "quantization": "bitsandbytes nf4, double quant, bf16 compute" if method == "qlora" else "",
                        "trainable_parameters": n_train, "batch": 1, "sequence": seq_run,
                        "checkpointing": "layer" if ckpt else "none", "attention": "sdpa",

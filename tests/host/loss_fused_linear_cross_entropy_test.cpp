@@ -177,6 +177,37 @@ TEST_CASE("loss: the chunk chosen from a memory budget fits it, one token more d
   }
 }
 
+TEST_CASE("loss: no chunk's logits span 2^31 elements (one cuBLAS operand), whatever the memory") {
+  // Llama 3's 128,256-token vocabulary: 16,743 rows span 2,147,390,208 elements, 16,744 would span 2^31 + 34,816.
+  constexpr std::int64_t V = 128256;
+  static_assert(ls::max_chunk_tokens(V) == 16743);
+  CHECK(16743 * V <= 2147483647);
+  CHECK(16744 * V > 2147483647);
+  CHECK(ls::max_chunk_tokens(2147483647) == 1);
+  CHECK(ls::max_chunk_tokens(1) == 2147483647);
+  // ~96K tokens of an 8B model on a device with all the memory in the world: the chunk stops at the limit.
+  ls::cross_entropy_options o{.chunk_bytes = std::size_t{1} << 45};
+  CHECK(ls::chunk_tokens(96 * 1024, V, 2, o, true) == 16743);
+  CHECK(ls::chunk_tokens(96 * 1024, V, 4, o, false) == 16743);  // the host chunks alike
+  CHECK(ls::chunk_tokens(1000, V, 2, o, true) == 1000);         // below it, the rule is unchanged
+  ls::fused_linear_cross_entropy_arguments d{.tokens = 96 * 1024, .hidden = 4096, .vocab = V, .hidden_element_bytes = 2,
+                                             .on_device = true};
+  const auto with_chunk = [](ls::fused_linear_cross_entropy_arguments a, std::int64_t c) {
+    a.options.chunk_bytes = ls::chunk_bytes_for(c, a.vocab, a.hidden_element_bytes, a.on_device);
+    return ls::bytes_required(a);
+  };
+  CHECK(ls::chunk_tokens_within(d, std::size_t{80} << 30) == 16743);
+  CHECK(ls::chunk_tokens_within(d, std::size_t{80} << 30, 20000) == 16743);  // `most` cannot lift it
+  CHECK(ls::chunk_tokens_within(d, std::size_t{80} << 30, 9000) == 9000);
+  // The byte functions count the chunk that runs: asking for more than the limit costs the limit's bytes.
+  CHECK(with_chunk(d, 16744) == with_chunk(d, 16743));
+  CHECK(with_chunk(d, 96 * 1024) == with_chunk(d, 16743));
+  CHECK(with_chunk(d, 16742) < with_chunk(d, 16743));
+  // Memory short of the limit: the memory decides, as before.
+  const std::size_t fixed = with_chunk(d, 1) - static_cast<std::size_t>(V) * 6;
+  CHECK(ls::chunk_tokens_within(d, fixed + std::size_t{5000} * V * 6) == 5000);
+}
+
 TEST_CASE("loss: matches the double-precision reference (fp32, bf16, fp16; every option; several chunks)") {
   struct named_options {
     std::string name;

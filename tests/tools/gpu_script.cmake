@@ -10,6 +10,21 @@ foreach(script bench/gpu/measure.py bench/peers/gpu_peers.py)
   endif()
 endforeach()
 
+# The longctx step's parser and table (#31) on the lines train_llama --max-seq-search prints.
+execute_process(COMMAND ${PYTHON} ${SOURCE_DIR}/tests/tools/measure_longctx_check.py
+  RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+if(NOT rc EQUAL 0 OR NOT out MATCHES "measure_longctx_check: ok")
+  message(FATAL_ERROR "the longctx step's parser: exit ${rc}: ${out}${err}")
+endif()
+
+# ... and the PyTorch search it runs beside memkit's: memory_grid.py's plan for it (--list needs no torch).
+execute_process(COMMAND ${PYTHON} ${SOURCE_DIR}/bench/peers/memory_grid.py --list --models llama-3.1-8b
+    --longest qlora:8,24 --no-rows --lora-rank 32
+  RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+if(NOT rc EQUAL 0 OR NOT out STREQUAL "longest llama-3.1-8b qlora r=32 alpha=64 on all seven projections (checkpointing) under 8, 24 GiB\n0 rows, 2 longest searches\n")
+  message(FATAL_ERROR "memory_grid.py --longest: exit ${rc}: '${out}${err}'")
+endif()
+
 file(REMOVE_RECURSE ${WORK_DIR})
 execute_process(COMMAND ${PYTHON} ${SOURCE_DIR}/bench/gpu/measure.py ${WORK_DIR}/none --nvidia-smi ${WORK_DIR}/no-such-nvidia-smi
   RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)

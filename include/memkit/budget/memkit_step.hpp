@@ -17,6 +17,7 @@
 //   optimizer_step  persistent state, gradients and the loop's buffers (adam_state works in place).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 
 #include "memkit/budget/activations.hpp"
@@ -57,9 +58,9 @@ class memkit_stack_model : public ::memkit::checkpoint::detail::checkpoint_byte_
 struct memkit_step_moments {
   std::uint64_t activations[3]{};
   std::uint64_t workspace[3]{};
-  // The loss's tokens per chunk: logits_chunk_tokens (at most the micro-batch), or with a memory_cap the
-  // largest chunk the memory left at the loss point holds, up to that (0: not even one token's chunk fits;
-  // the step is then costed with a one-token chunk, over the cap).
+  // The loss's tokens per chunk: logits_chunk_tokens (at most the micro-batch and loss::max_chunk_tokens), or
+  // with a memory_cap the largest chunk the memory left at the loss point holds, up to that (0: not even one
+  // token's chunk fits; the step is then costed with a one-token chunk, over the cap).
   std::uint64_t loss_chunk_tokens = 0;
   std::uint64_t loss_held_bytes = 0;  // what the step holds when the loss starts (held_outside included)
   std::uint64_t host_bytes = 0;       // offloaded checkpoints (the blocks' and the final norm's inputs)
@@ -131,7 +132,8 @@ constexpr memkit_step_moments memkit_step_activations(const model_config& m, con
                                   p.offload_checkpoints);
   ::memkit::checkpoint::detail::checkpoint_interpreter run(plan, model);
   run.forward();
-  std::uint64_t chunk = p.logits_chunk_tokens < T ? p.logits_chunk_tokens : T;
+  const auto most_chunk = static_cast<std::uint64_t>(loss::max_chunk_tokens(static_cast<std::int64_t>(m.vocab)));
+  std::uint64_t chunk = std::min<std::uint64_t>({p.logits_chunk_tokens, T, most_chunk});
   const std::uint64_t held = held_outside + loop_buffers + model.kept_after_forward();
   out.loss_held_bytes = held;
   if (p.memory_cap != 0) {

@@ -22,6 +22,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -38,6 +39,20 @@
 MEMKIT_NAMESPACE_BEGIN
 
 namespace detail {
+// The most elements one cuBLAS operand may span (#31): its sizes are int, and its kernels are not reliable once
+// an operand's span reaches 2^31 elements even with int sizes (NVIDIA/raft#3097: cuBLASLt 13.6 fails with
+// CUBLAS_STATUS_EXECUTION_FAILED at exactly 2^31, fine one row below). Long sequences reach it first in the
+// MLP: [tokens, 14336] passes it at 149,797 tokens, which is what the sequence-tiled MLP avoids.
+inline constexpr std::int64_t cublas_operand_elements = 2147483647;
+// Throws memkit::error unless a row-major operand of `rows` rows with leading dimension `ld` spans at most
+// cublas_operand_elements; host code, so that the rule is checked without a device.
+inline void require_cublas_span(std::int64_t rows, std::int64_t ld, const char* operation, const char* operand) {
+  if (rows <= 0 || ld <= cublas_operand_elements / rows) return;
+  throw error(std::string(operation) + " (CUDA): " + operand + " spans " + std::to_string(rows) + " x " +
+              std::to_string(ld) + " elements, past the 2^31 - 1 one cuBLAS operand may span; split the call (for a "
+              "long sequence, tile the MLP: decoder_block::mlp_token_chunk, train_llama --mlp-chunk)");
+}
+
 // cuBLAS workspace bytes per (thread, device, stream) for a device of compute capability `major`.x.
 constexpr std::size_t cublas_workspace_bytes(int major) noexcept {
   return major >= 9 ? std::size_t{32} << 20 : std::size_t{4} << 20;

@@ -586,6 +586,9 @@ void gemm(const cuda_executor& exec, transpose op_a, transpose op_b, float alpha
   constexpr std::int64_t int_max = 2147483647;
   require(M <= int_max && N <= int_max && K <= int_max && A.ld <= int_max && B.ld <= int_max && C.ld <= int_max,
           std::string(operation) + ": a dimension or leading dimension exceeds cuBLAS's int range");
+  ::memkit::detail::require_cublas_span(A.rows, A.ld, "linalg::gemm", "A");
+  ::memkit::detail::require_cublas_span(B.rows, B.ld, "linalg::gemm", "B");
+  ::memkit::detail::require_cublas_span(C.rows, C.ld, "linalg::gemm", "C");
   ::memkit::detail::with_device(exec.device, [&] {
     if (K == 0) {
       detail::gemm_scale_kernel<TC><<<::memkit::detail::grid_for(M * N, 256), 256, 0, exec.stream>>>(C.data, M, N, C.ld, beta);

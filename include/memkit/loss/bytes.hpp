@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "memkit/config.hpp"
+#include "memkit/core/cublas.hpp"
 #include "memkit/core/float16.hpp"
 #include "memkit/core/protocol.hpp"
 // For gemm_workspace_bytes (the host products' packing buffers), without the GEMM kernels.
@@ -80,12 +81,22 @@ constexpr std::size_t chunk_bytes_for(std::int64_t tokens, std::int64_t V, std::
   return static_cast<std::size_t>(tokens) * detail::chunk_row_bytes(V, elem_size, on_device);
 }
 
+// The most tokens one chunk may hold, whatever the memory (#31): on a device a chunk's logits [rows, V] and
+// their gradient are each one operand of a cuBLAS call, which may span at most INT32_MAX elements
+// (detail::cublas_operand_elements, core/cublas.hpp), so rows * V stays within it: 16,743 tokens for a
+// 128,256-token vocabulary (an 8 GiB fp32 chunk, far past where a larger chunk still buys speed). The host
+// keeps the same limit, so host, device and memory_budget choose the same chunk. At least one token.
+constexpr std::int64_t max_chunk_tokens(std::int64_t V) noexcept {
+  constexpr std::int64_t most = ::memkit::detail::cublas_operand_elements;  // INT32_MAX
+  return V > 0 ? std::max<std::int64_t>(1, most / V) : std::int64_t{1} << 62;
+}
+
 // Tokens per chunk of a call over N tokens: tokens_per_chunk of options.chunk_bytes (0: default_chunk_bytes),
-// at least one, at most N.
+// at least one, at most N and at most max_chunk_tokens(V).
 constexpr std::int64_t chunk_tokens(std::int64_t N, std::int64_t V, std::size_t elem_size,
                                     const cross_entropy_options& options, bool on_device = false) noexcept {
   const std::size_t budget = options.chunk_bytes != 0 ? options.chunk_bytes : default_chunk_bytes;
-  return std::max<std::int64_t>(1, std::min(tokens_per_chunk(budget, V, elem_size, on_device), N));
+  return std::max<std::int64_t>(1, std::min({tokens_per_chunk(budget, V, elem_size, on_device), N, max_chunk_tokens(V)}));
 }
 
 namespace detail {
@@ -150,9 +161,9 @@ constexpr std::size_t bytes_required(const fused_linear_cross_entropy_arguments&
 
 static_assert(operation_arguments<fused_linear_cross_entropy_arguments>);
 
-// The chunk from a memory budget (#30, #31): the most tokens per chunk, at most `most` (0: N), for which the
-// whole call (bytes_required: the chunk buffers, the per-token losses, the host GEMM's packing) fits in
-// `available` bytes; 0 when even a one-token chunk does not. a.options.chunk_bytes is ignored; pass
+// The chunk from a memory budget (#30, #31): the most tokens per chunk, at most `most` (0: N) and
+// max_chunk_tokens(vocab), for which the whole call (bytes_required: the chunk buffers, the per-token losses,
+// the host GEMM's packing) fits in `available` bytes; 0 when even a one-token chunk does not. a.options.chunk_bytes is ignored; pass
 // chunk_bytes_for(result, ...) to the call. A bisection over bytes_required that only ever keeps a chunk it
 // checked, so bytes_required(result) <= available holds even where the host GEMM's thread split makes the
 // bytes not quite monotone in the chunk.
@@ -163,7 +174,7 @@ constexpr std::int64_t chunk_tokens_within(fused_linear_cross_entropy_arguments 
     a.options.chunk_bytes = chunk_bytes_for(c, a.vocab, e, a.on_device);
     return bytes_required(a) <= available;
   };
-  std::int64_t high = a.tokens;
+  std::int64_t high = std::min(a.tokens, max_chunk_tokens(a.vocab));  // no larger chunk is ever run
   if (most > 0 && most < high) high = most;
   if (high <= 0) return 0;
   if (fits(high)) return high;

@@ -189,6 +189,8 @@ void matmul(const E& exec, tensor_view<const std::type_identity_t<T>> x, const q
     });
   } else {
 #if MEMKIT_HAS_CUDA
+    ::memkit::detail::require_cublas_span(M, K, operation, "x");
+    ::memkit::detail::require_cublas_span(M, N, operation, "y");
     // The tiled path's workspace is allocated and released on exec.stream (docs/cuda.md, "Workspace").
     if (!detail::device_fused(M, config)) ::memkit::detail::require_stream_ordered(workspace, operation);
     ::memkit::detail::with_device(exec.device, [&] {
@@ -265,6 +267,8 @@ void matmul_input_grad(const E& exec, tensor_view<const std::type_identity_t<T>>
       for (std::int64_t i = 0; i < M * K; ++i) dx[i] = from_float<T>(acc[i]);
   } else {
 #if MEMKIT_HAS_CUDA
+    ::memkit::detail::require_cublas_span(M, N, operation, "dy");
+    ::memkit::detail::require_cublas_span(M, K, operation, "dx");
     // The tiled path's workspace, and the fused kernel's partial sums when it splits N, are allocated and
     // released on exec.stream.
     if (workspace_bytes(matmul_arguments{matmul_kind::input_grad, F, w.block_size(), M, N, K, sizeof(T), true, config}) > 0)

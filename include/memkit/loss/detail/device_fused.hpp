@@ -149,6 +149,10 @@ void device_fused(const cuda_executor& exec, const tensor_view<const T>& hidden,
   constexpr bool fp32 = std::is_same_v<T, float>;
   const cudaDataType_t t_type = ::memkit::detail::cuda_type<T>();
   const std::int64_t c = chunk_tokens(N, V, sizeof(T), options, true);
+  // Every cuBLAS operand below spans at most INT32_MAX elements: the chunk's logits by the chunk rule
+  // (max_chunk_tokens), the head and a chunk's hidden checked here (either past it needs an H past V).
+  ::memkit::detail::require_cublas_span(V, H, "fused_linear_cross_entropy", "the head");
+  ::memkit::detail::require_cublas_span(c, H, "fused_linear_cross_entropy", "a chunk's hidden");
   const cudaStream_t stream = exec.stream;
   // Workspace stream-ordered on exec.stream (docs/cuda.md, "Workspace").
   const on_stream ordered{exec.stream};

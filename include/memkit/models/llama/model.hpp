@@ -119,6 +119,19 @@ struct causal_lm {
     for (block_type& b : blocks) b.mlp_token_chunk = tokens;
   }
 
+  // Re-makes the rotary table with `positions` rows, the old one freed first (the two are never held at once),
+  // so that one model runs at another longest sequence: train_llama --max-seq-search (#31) keeps the weights,
+  // adapters and optimizer state across its trials and re-makes only what depends on the length. The blocks
+  // keep pointing at the same `rotary` object.
+  void set_max_positions(std::int64_t positions) {
+    memkit::require(positions >= 1, "causal_lm::set_max_positions: positions must be at least 1, got " +
+                                        std::to_string(positions));
+    *rope = rotary<T>{};
+    config.max_positions = 0;  // until the new table exists: a failed allocation leaves no stale length
+    *rope = rotary<T>(config.head_dim, positions, config.rope(), *memory.weights);
+    config.max_positions = positions;
+  }
+
   // The LM head's weight [vocab, hidden]: lm_head.weight, or the embedding when they are tied (its gradient
   // then collects both uses).
   layers::basic_parameter<T>& head_weight() noexcept { return config.tie_embeddings ? embed.weight : head; }
