@@ -60,6 +60,7 @@
 #include "memkit/distributed/communicator.hpp"
 #include "memkit/distributed/sharded_adam_state.hpp"
 #include "memkit/distributed/sharded_parameters.hpp"
+#include "memkit/distributed/stage3_bytes.hpp"
 #include "memkit/layers/parameter.hpp"
 #include "memkit/layers/tensor_ops.hpp"
 #include "memkit/memory/buffer.hpp"
@@ -118,10 +119,6 @@ class slab_resource final : public memory_resource {
   }
   memory_kind kind() const noexcept override { return kind_; }
   const char* name() const noexcept override { return "stage3 quantized gather buffer"; }
-  // What a run of allocations of these sizes takes (each start aligned to default_alignment).
-  static constexpr std::size_t aligned(std::size_t bytes) noexcept {
-    return (bytes + default_alignment - 1) / default_alignment * default_alignment;
-  }
 
  private:
   void* do_allocate(std::size_t bytes, std::size_t alignment) override {
@@ -186,13 +183,6 @@ void ordered_reduce_scatter(const E& exec, const C& comm, tensor_view<const floa
   layers::for_each_index(exec, count, detail::rank_order_sum{staging.data(), recv.data(), count, static_cast<int>(ranks)});
 }
 
-// The workspace ordered_all_reduce takes for `count` elements on `ranks` ranks: the padded send and staging
-// (ranks * ceil(count / ranks) each) and this rank's sum.
-constexpr std::size_t ordered_all_reduce_workspace_bytes(std::int64_t count, int ranks) noexcept {
-  const std::int64_t n = ranks > 0 ? ranks : 1, chunk = (count + n - 1) / n;
-  return count == 0 ? 0 : 2 * buffer<float>::bytes_required(shape{n * chunk}) + buffer<float>::bytes_required(shape{chunk});
-}
-
 // data = the sum over ranks of data, added in rank order on every rank (ordered_reduce_scatter of the padded
 // data, then all_gather): for replicated tensors (LoRA adapters' gradients under stage 3).
 template <executor E, class C>
@@ -210,23 +200,6 @@ void ordered_all_reduce(const E& exec, const C& comm, tensor_view<float> data, m
   comm.all_gather(exec, mine.data(), send.data(), chunk);
   layers::copy_view(exec, tensor_view<const float>(send.view().flat_slice(0, count)), data);
 }
-
-// What a unit is made of, for the byte functions: its tensors' element counts, its slot, and whether its
-// parameters keep an fp32 master copy (16-bit values trained with layers::trainability::bf16_master).
-struct stage3_unit_shape {
-  std::vector<std::int64_t> sizes;  // trainable dense tensors (sharded with their optimizer state)
-  int slot = 0;
-  bool master = false;
-  std::vector<std::pair<shape, quant::quant_options>> quantized{};  // frozen NF4 tensors (sharded, gathered)
-};
-
-// The bytes one rank allocates, per tracking category (weights: parameter slices and gather buffers;
-// gradients: gradient slices, gradient buffers and the reduction's staging; optimizer_state: sharded Adam
-// states and master slices).
-struct stage3_bytes {
-  std::size_t weights = 0, gradients = 0, optimizer_state = 0;
-  std::size_t total() const noexcept { return weights + gradients + optimizer_state; }
-};
 
 // A unit: the parameters of one layer (trainable, all with or all without master copies) and its slot.
 // Either list may be empty (a QLoRA block has only frozen NF4 weights; its adapters are replicated).
@@ -248,83 +221,28 @@ class stage3_parameters {
 
   using unit_spec = stage3_unit<W>;
 
-  // ---- byte functions (exact: a tracker measures these) ----
-  // Elements of a unit's flat dense parameters (0 without any) and of one rank's slice.
-  static std::int64_t flat_size(const stage3_unit_shape& u, int ranks) {
-    return u.sizes.empty() ? 0 : optimizer_type::flat_size(u.sizes, ranks);
-  }
-  static std::int64_t shard_size(const stage3_unit_shape& u, int ranks) {
-    return u.sizes.empty() ? 0 : optimizer_type::shard_size(u.sizes, ranks);
-  }
-  // Bytes of a unit's gathered quantized tensors in its slot (each of a tensor's four buffers aligned).
-  static std::size_t quantized_gather_bytes(const stage3_unit_shape& u) {
-    std::size_t bytes = 0;
-    for (const auto& [dims, o] : u.quantized) {
-      const std::int64_t blocks = quant::block_count(dims.numel(), o.block_size);
-      bytes += detail::slab_resource::aligned(static_cast<std::size_t>(quant::code_bytes(quant::NF4, dims.numel())));
-      bytes += detail::slab_resource::aligned(static_cast<std::size_t>(o.double_quant ? blocks : 4 * blocks));
-      if (o.double_quant) bytes += detail::slab_resource::aligned(static_cast<std::size_t>(4 * (quant::nested_group_count(blocks) + 1)));
-    }
-    return bytes;
-  }
-  // The workspace gather takes (and returns before it returns): the largest quantized tensor's staging.
+  // ---- byte functions (exact: a tracker measures these): stage3_layout's (distributed/stage3_bytes.hpp) ----
+  using layout = stage3_layout<State, Block>;
+  static_assert(stage3_slab_alignment == default_alignment, "stage3: the NF4 gather area is laid out at the resources' alignment");
+  static std::int64_t flat_size(const stage3_unit_shape& u, int ranks) { return layout::flat_size(u, ranks); }
+  static std::int64_t shard_size(const stage3_unit_shape& u, int ranks) { return layout::shard_size(u, ranks); }
+  static std::size_t quantized_gather_bytes(const stage3_unit_shape& u) { return layout::quantized_gather_bytes(u); }
   static std::size_t gather_workspace_bytes(std::span<const stage3_unit_shape> units, int ranks) {
-    std::size_t most = 0;
-    for (const stage3_unit_shape& u : units)
-      for (const auto& [dims, o] : u.quantized) most = std::max(most, quantized_shard::gather_workspace_bytes(dims, o, ranks));
-    return most;
+    return layout::gather_workspace_bytes(units, ranks);
   }
-  // What rank `rank` keeps for one unit between its gathers: its slices and its optimizer state.
   static stage3_bytes shard_bytes(const stage3_unit_shape& u, int rank, int ranks, const optim::adam_options& options = {}) {
-    const shape slice{shard_size(u, ranks)};
-    stage3_bytes b;
-    b.weights = buffer<W>::bytes_required(slice);
-    for (const auto& [dims, o] : u.quantized) b.weights += quantized_shard::shard_bytes(dims, o, ranks);
-    if (u.sizes.empty()) return b;
-    b.gradients = buffer<float>::bytes_required(slice);
-    b.optimizer_state = optimizer_type::bytes_required(u.sizes, rank, ranks, options) + (u.master ? buffer<float>::bytes_required(slice) : 0);
-    return b;
+    return layout::shard_bytes(u, sizeof(W), rank, ranks, options.min_quantized_size);
   }
-  // The buffers made once: per slot a gather buffer and a gradient buffer of its largest unit's flat size,
-  // and the reduction's staging (the largest unit's flat gradients).
-  // buffers_per_slot[k]: gather buffers of slot k (1, or 2 to prefetch the next unit while one runs; missing: 1).
   static int buffers_of(std::span<const int> buffers_per_slot, std::size_t slot) {
-    return slot < buffers_per_slot.size() ? buffers_per_slot[slot] : 1;
+    return layout::buffers_of(buffers_per_slot, slot);
   }
   static stage3_bytes buffer_bytes(std::span<const stage3_unit_shape> units, int ranks, std::span<const int> buffers_per_slot = {}) {
-    std::vector<std::int64_t> slot_flat;
-    std::vector<std::size_t> slot_quantized;
-    std::int64_t largest = 0;
-    for (const stage3_unit_shape& u : units) {
-      const auto k = static_cast<std::size_t>(u.slot);
-      if (k >= slot_flat.size()) {
-        slot_flat.resize(k + 1, 0);
-        slot_quantized.resize(k + 1, 0);
-      }
-      slot_flat[k] = std::max(slot_flat[k], flat_size(u, ranks));
-      slot_quantized[k] = std::max(slot_quantized[k], quantized_gather_bytes(u));
-      largest = std::max(largest, flat_size(u, ranks));
-    }
-    stage3_bytes b;
-    for (std::size_t k = 0; k < slot_flat.size(); ++k) {
-      b.weights += static_cast<std::size_t>(buffers_of(buffers_per_slot, k)) *
-                   (buffer<W>::bytes_required(shape{slot_flat[k]}) + slot_quantized[k]);
-      b.gradients += buffer<float>::bytes_required(shape{slot_flat[k]});
-    }
-    b.gradients += buffer<float>::bytes_required(shape{largest});
-    return b;
+    return layout::buffer_bytes(units, sizeof(W), ranks, buffers_per_slot);
   }
   // Everything rank `rank` of `ranks` allocates (what the constructor takes, held until destruction).
   static stage3_bytes bytes_required(std::span<const stage3_unit_shape> units, int rank, int ranks,
                                      const optim::adam_options& options = {}, std::span<const int> buffers_per_slot = {}) {
-    stage3_bytes b = buffer_bytes(units, ranks, buffers_per_slot);
-    for (const stage3_unit_shape& u : units) {
-      const stage3_bytes s = shard_bytes(u, rank, ranks, options);
-      b.weights += s.weights;
-      b.gradients += s.gradients;
-      b.optimizer_state += s.optimizer_state;
-    }
-    return b;
+    return layout::bytes_required(units, sizeof(W), rank, ranks, options.min_quantized_size, buffers_per_slot);
   }
 
   // ---- construction ----
