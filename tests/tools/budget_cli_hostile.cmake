@@ -100,7 +100,7 @@ elseif(MODE STREQUAL "runtime_misuse")
   # A GPU count past any real run (2^62 made a 70B model fit one H100 through ZeRO-3's 1/N shares).
   expect_refused("--gpus 2^62" "--gpus is at most 65536" --preset llama-3.1-70b --gpus 4611686018427387904 --zero 3)
   expect_refused("--gpus 65537" "--gpus is at most 65536" --preset llama-3.1-8b --gpus 65537)
-  message(STATUS "runtime_misuse: ZeRO-3 and --optimizer-impl refused with the memkit runtime; --gpus capped")
+  message(STATUS "runtime_misuse: ZeRO-3 over a bf16 LoRA base and --optimizer-impl refused with the memkit runtime; --gpus capped")
 else()
   message(FATAL_ERROR "unknown MODE ${MODE}")
 endif()
