@@ -82,6 +82,43 @@ TEST_CASE("stage3: 2 and 3 ranks as threads: dense and QLoRA bit-identical to on
   }
 }
 
+TEST_CASE("stage3: gradient clipping by the global norm on 1, 2 and 3 ranks equals one process; a NaN on one rank skips every unit everywhere") {
+  // max_grad_norm far below the gradients' norm: every step clips.
+  constexpr float clip = 1e-3f;
+  const auto one = stage3_test::run(single_communicator{}, 2, false, clip);
+  INFO(one.first_problem);
+  CHECK(one.param_mismatches == 0);
+  CHECK(one.loss_mismatches == 0);
+  CHECK(one.grad_norm > 10 * clip);
+  CHECK(stage3_test::same_bits(one.grad_norm, one.reference_grad_norm));
+  CHECK(one.norm_disagreements == 0);
+  for (int ranks : {2, 3}) {
+    CAPTURE(ranks);
+    memkit_test::thread_ranks group(ranks);
+    std::vector<stage3_test::outcome> out(static_cast<std::size_t>(ranks));
+    std::vector<stage3_test::skip_outcome> skip(static_cast<std::size_t>(ranks));
+    group.run([&](const memkit_test::thread_ranks::communicator& comm) {
+      out[static_cast<std::size_t>(comm.rank())] = stage3_test::run(comm, 2, comm.size() == 3, clip);
+      skip[static_cast<std::size_t>(comm.rank())] = stage3_test::run_nonfinite(comm, comm.size() - 1, 0);
+    });
+    int placed = 0;
+    for (std::size_t r = 0; r < out.size(); ++r) {
+      CAPTURE(r);
+      INFO(out[r].first_problem);
+      CHECK(out[r].param_mismatches == 0);
+      CHECK(out[r].loss_mismatches == 0);
+      CHECK(out[r].changed > 1000);
+      CHECK(stage3_test::same_bits(out[r].grad_norm, out[r].reference_grad_norm));
+      CHECK(out[r].norm_disagreements == 0);
+      CHECK(skip[r].applied_units == 0);
+      CHECK(skip[r].skipped_units == stage3_test::config().layers + 1);
+      CHECK(skip[r].changed == 0);
+      placed += skip[r].nan_placed;
+    }
+    CHECK(placed == 1);
+  }
+}
+
 TEST_CASE("stage3: one rank trains QLoRA adapters over gathered NF4 bases bit-identically") {
   const auto out = stage3_test::run_qlora(single_communicator{}, 3);
   INFO(out.first_problem);
@@ -233,10 +270,6 @@ TEST_CASE("stage3: misuse is a clear error") {
   using runtime_type = memkit::distributed::stage3_parameters<float>;
   const memkit::layers::memory_resources plain{};
   auto model = stage3_test::make_model(plain);
-  memkit::optim::adam_options clipped = stage3_test::adam_options();
-  clipped.max_grad_norm = 1.0f;
-  CHECK_THROWS_WITH_AS(runtime_type(host, single_communicator{}, plain, llama::stage3_units(*model), clipped, 1),
-                       doctest::Contains("max_grad_norm"), memkit::error);
   runtime_type runtime(host, single_communicator{}, plain, llama::stage3_units(*model), stage3_test::adam_options(), 1);
   CHECK_THROWS_WITH_AS(runtime_type(host, single_communicator{}, plain, llama::stage3_units(*model), stage3_test::adam_options(), 1),
                        doctest::Contains("holds no values"), memkit::error);

@@ -35,8 +35,10 @@
 // Bit-identity with one process: the gradients of rank r are rank r's micro-batch's; the owner adds them in
 // rank order (((g0 + g1) + g2) ...), what one process accumulating the micro-batches one after the other
 // computes, and the Adam update is sharded_adam_state's (bit-identical to adam_state for the same gradients).
-// Limits of this version: the gradient norm is per unit, so gradient clipping (max_grad_norm > 0) is refused
-// (a global norm would clip differently); a non-finite gradient skips only its own unit's step. Each unit's
+// The gradient norm is global on the host: every unit's chunk sums added in the order one adam_state over all
+// the units' tensors adds them, so clipping (max_grad_norm > 0) is bit-identical to one process and a non-finite
+// gradient anywhere skips the step of every unit on every rank. On a device each unit decides on its own norm
+// (clipping refused there in this version). Each unit's
 // gradients are reduced once per step (one backward per unit; no accumulation over micro-steps on one rank).
 // On CUDA the collectives and copies are enqueued on the executor's stream, a prefetch on a second stream
 // ordered with events (compiled; not yet run on a device). Frozen dense tensors and LoRA adapters are
@@ -255,13 +257,11 @@ class stage3_parameters {
     requires ordered_communicator<C, E>
   stage3_parameters(const E& exec, const C& comm, const layers::memory_resources& memory, std::vector<unit_spec> units,
                     const optim::adam_options& options = {}, std::uint64_t run_id = 0, std::span<const int> buffers_per_slot = {})
-      : rank_(comm.rank()), ranks_(comm.size()), workspace_(memory.workspace), weights_(memory.weights),
+      : rank_(comm.rank()), ranks_(comm.size()), max_grad_norm_(options.max_grad_norm), workspace_(memory.workspace),
+        weights_(memory.weights),
         placement_(memory.weights->kind()) {
     const char* op = "stage3_parameters";
     require(!units.empty(), std::string(op) + ": no units");
-    require(options.max_grad_norm == 0.0f,
-            std::string(op) + ": gradient clipping (max_grad_norm " + std::to_string(options.max_grad_norm) +
-                ") needs the norm over every unit; stage 3 keeps one norm per unit, so set max_grad_norm = 0");
     for (std::size_t k = 0; k < units.size(); ++k) {
       unit_spec& spec = units[k];
       const std::string which = std::string(op) + ": unit " + std::to_string(k);
@@ -498,12 +498,41 @@ class stage3_parameters {
       require(!units_[u].optimizer || units_[u].reduced,
               std::string(op) + ": unit " + std::to_string(u) +
                   "'s gradients were not reduced since the last step (gather it with gradients for its backward)");
-    for (unit& x : units_) {
-      if (!x.optimizer) continue;
-      x.reduced = false;
-      const sharded_step_options o{.tensor_groups = x.spec.tensor_groups, .gradient_scale = gradient_scale};
-      x.optimizer->step_param_shard(exec, comm, x.param_shard.view(), tensor_view<const float>(x.grad_shard.view()),
-                                    groups, o, x.shape.master ? x.master_shard.view() : tensor_view<float>::none());
+    if constexpr (!E::on_device) {
+      // One gradient norm over every unit: each unit's chunk sums (its own chunks' sums of squares, all-reduced
+      // exactly), added unit after unit in chunk order, as one adam_state over all the units' tensors adds them.
+      // Every unit on every rank decides from that total: one clip factor, and a non-finite sum anywhere skips
+      // the step everywhere.
+      double total = 0.0;
+      std::int64_t first_bad = -1, first_chunk = 0;
+      for (unit& x : units_) {
+        if (!x.optimizer) continue;
+        const std::span<const double> sums =
+            x.optimizer->param_shard_chunk_sums(exec, comm, tensor_view<const float>(x.grad_shard.view()));
+        optim::detail::add_chunk_sums(sums.data(), static_cast<std::int64_t>(sums.size()), first_chunk, total, first_bad);
+        first_chunk += static_cast<std::int64_t>(sums.size());
+      }
+      for (unit& x : units_) {
+        if (!x.optimizer) continue;
+        x.reduced = false;
+        const sharded_step_options o{.tensor_groups = x.spec.tensor_groups, .gradient_scale = gradient_scale};
+        x.optimizer->step_param_shard_with_norm(exec, comm, total, first_bad, x.param_shard.view(),
+                                                tensor_view<const float>(x.grad_shard.view()), groups, o,
+                                                x.shape.master ? x.master_shard.view() : tensor_view<float>::none());
+      }
+    } else {
+      // On a device each unit's state decides on its own norm (the decision stays on the device); clipping
+      // needs the global norm, which is host-only in this version.
+      require(max_grad_norm_ == 0.0f, std::string(op) + ": gradient clipping (max_grad_norm " + std::to_string(max_grad_norm_) +
+                                          ") under stage 3 needs the global norm, computed on the host only in this "
+                                          "version; on a device set max_grad_norm = 0");
+      for (unit& x : units_) {
+        if (!x.optimizer) continue;
+        x.reduced = false;
+        const sharded_step_options o{.tensor_groups = x.spec.tensor_groups, .gradient_scale = gradient_scale};
+        x.optimizer->step_param_shard(exec, comm, x.param_shard.view(), tensor_view<const float>(x.grad_shard.view()),
+                                      groups, o, x.shape.master ? x.master_shard.view() : tensor_view<float>::none());
+      }
     }
   }
 
@@ -714,6 +743,7 @@ class stage3_parameters {
   }
 
   int rank_ = 0, ranks_ = 1;
+  float max_grad_norm_ = 0.0f;
   std::int64_t gathers_ = 0, prefetches_ = 0;
   memory_resource* workspace_ = nullptr;
   memory_resource* weights_ = nullptr;
