@@ -46,6 +46,25 @@ TEST_CASE("mpi stage3: the decoder trains bit-identically to one process, each r
   }
 }
 
+TEST_CASE("mpi stage3: clipping by the global norm equals one process; a NaN on the last rank skips every unit everywhere") {
+  const auto& comm = stage3_world();
+  CAPTURE(comm.rank());
+  CAPTURE(comm.size());
+  constexpr float clip = 1e-3f;  // far below the gradients' norm: every step clips
+  const auto out = stage3_test::run(comm, 2, comm.size() == 3, clip);
+  INFO(out.first_problem);
+  CHECK(out.param_mismatches == 0);
+  CHECK(out.loss_mismatches == 0);
+  CHECK(out.grad_norm > 10 * clip);
+  CHECK(stage3_test::same_bits(out.grad_norm, out.reference_grad_norm));
+  CHECK(out.norm_disagreements == 0);
+  const auto skip = stage3_test::run_nonfinite(comm, comm.size() - 1, 0);
+  CHECK(skip.applied_units == 0);
+  CHECK(skip.skipped_units == stage3_test::config().layers + 1);
+  CHECK(skip.changed == 0);
+  CHECK(skip.nan_placed == (comm.rank() == comm.size() - 1 ? 1 : 0));
+}
+
 TEST_CASE("mpi stage3: QLoRA adapters over sharded NF4 bases train bit-identically to one process") {
   const auto& comm = stage3_world();
   CAPTURE(comm.rank());
