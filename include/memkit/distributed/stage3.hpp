@@ -86,6 +86,25 @@ struct rank_order_sum {
   }
 };
 
+// `text` as a JSON string (quotes, backslashes and control characters escaped).
+inline std::string json_quoted(const std::string& text) {
+  std::string out = "\"";
+  for (const char c : text) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      const char* hex = "0123456789abcdef";
+      out += "\\u00";
+      out += hex[(c >> 4) & 0xf];
+      out += hex[c & 0xf];
+    } else {
+      out += c;
+    }
+  }
+  return out + "\"";
+}
+
 // A resource that hands out one address given in advance: how a parameter's buffer<W> is made to point into
 // the gather buffer without owning it (deallocation does nothing; the gather buffer owns the bytes).
 class placement_resource final : public memory_resource {
@@ -560,7 +579,7 @@ class stage3_parameters {
           {".values", reinterpret_cast<const std::uint8_t*>(x.param_shard.data()), x.param_shard.bytes()}};
       if (x.shape.master)
         pieces.push_back({".master", reinterpret_cast<const std::uint8_t*>(x.master_shard.data()), x.master_shard.bytes()});
-      detail::save_shard(out, name, layout_json(x.shape) + ",\"ranks\":" + std::to_string(ranks_) + ",\"rank\":" +
+      detail::save_shard(out, name, layout_json(x) + ",\"ranks\":" + std::to_string(ranks_) + ",\"rank\":" +
                                         std::to_string(rank_) + "}", pieces);
     }
   }
@@ -591,7 +610,7 @@ class stage3_parameters {
         const std::string what = op + " (unit " + std::to_string(k) + ")";
         const std::vector<const safetensors::reader*> old = detail::order_images(images, name, what);
         const int old_ranks = static_cast<int>(old.size());
-        const std::string expected = layout_json(x.shape) + ",\"ranks\":" + std::to_string(old_ranks);
+        const std::string expected = layout_json(x) + ",\"ranks\":" + std::to_string(old_ranks);
         for (const safetensors::reader* image : old)
           require(detail::layout_without_rank(*image, name) == expected,
                   what + ": '" + image->path() + "' holds another unit (" + detail::layout_without_rank(*image, name) +
@@ -650,13 +669,6 @@ class stage3_parameters {
   }
 
  private:
-  // A unit's saved layout up to its rank count: element type, master copies, sizes.
-  static std::string layout_json(const stage3_unit_shape& u) {
-    std::string text = std::string("{\"format\":\"memkit.stage3\",\"dtype\":\"") + safetensors::dtype_of<W>() +
-                       "\",\"master\":" + (u.master ? "true" : "false") + ",\"sizes\":[";
-    for (std::size_t i = 0; i < u.sizes.size(); ++i) text += (i ? "," : "") + std::to_string(u.sizes[i]);
-    return text + "]";
-  }
   struct unit {
     unit_spec spec;
     stage3_unit_shape shape;
@@ -670,6 +682,23 @@ class stage3_parameters {
     bool gathered = false, with_gradients = false;
     bool reduced = false;  // its gradient slice holds this step's reduction
   };
+  // A unit's saved layout up to its rank count: element type, master copies, sizes, and each tensor's name and
+  // shape (what distributed::export_consolidated needs to write the tensors whole under their names).
+  static std::string layout_json(const unit& x) {
+    const stage3_unit_shape& u = x.shape;
+    std::string text = std::string("{\"format\":\"memkit.stage3\",\"dtype\":\"") + safetensors::dtype_of<W>() +
+                       "\",\"master\":" + (u.master ? "true" : "false") + ",\"sizes\":[";
+    for (std::size_t i = 0; i < u.sizes.size(); ++i) text += (i ? "," : "") + std::to_string(u.sizes[i]);
+    text += "],\"names\":[";
+    for (std::size_t i = 0; i < x.spec.parameters.size(); ++i) text += (i ? "," : "") + detail::json_quoted(x.spec.parameters[i]->name);
+    text += "],\"shapes\":[";
+    for (std::size_t i = 0; i < x.dims.size(); ++i) {
+      text += i ? ",[" : "[";
+      for (int d = 0; d < x.dims[i].rank; ++d) text += (d ? "," : "") + std::to_string(x.dims[i].extents[d]);
+      text += "]";
+    }
+    return text + "]";
+  }
   // One gather buffer of a slot: the dense values and the NF4 area of the slot's largest unit.
   struct gather_buffer {
     explicit gather_buffer(memory_kind kind) : slab(std::make_unique<detail::slab_resource>(kind)) {}
