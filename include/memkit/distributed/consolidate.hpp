@@ -1,5 +1,6 @@
 // memkit/distributed/consolidate.hpp — one checkpoint that a peer reads, made offline from the per-rank shard
-// files of a sharded model (sharded_dense<T>::save / sharded_quantized<F>::save on every rank), or from the
+// files of a sharded model (sharded_dense<T>::save / sharded_quantized<F>::save, or stage3_parameters::save, on
+// every rank: a stage-3 unit's dense tensors are cut from the ranks' flat slices by its layout), or from the
 // live shards (consolidated_export, at the end of this file: gathered tensor by tensor, one written at a time).
 //
 //   export_consolidated(rank_files, path, options, workspace)

@@ -558,8 +558,9 @@ class stage3_parameters {
   // ---- checkpoints: one file per rank, re-sharded on load (N -> M) ----
 
   // Adds this rank's part to `out` (every unit released). Per unit k with dense parameters: metadata "stage3.k"
-  // (element type, sizes, master, rank count, rank), U8 tensors "stage3.k.values" (this rank's parameter
-  // slice), "stage3.k.master" (with master copies) and "stage3.k.adam" (the unit's sharded_adam_state image);
+  // (element type, sizes, master, the tensors' names and shapes, rank count, rank: what
+  // distributed::export_consolidated reads to write each tensor whole), U8 tensors "stage3.k.values" (this
+  // rank's parameter slice), "stage3.k.master" (with master copies) and "stage3.k.adam" (the unit's sharded_adam_state image);
   // per NF4 tensor j, sharded_quantized::save under "stage3.k.nf4.j". Metadata "stage3" holds the unit count.
   template <executor E>
   void save(const E& exec, safetensors::writer& out) const {
