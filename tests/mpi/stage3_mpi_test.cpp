@@ -135,6 +135,27 @@ static void check_stage3_resharding(int old_ranks, int new_ranks) {
   if (rank == 0) std::filesystem::remove_all(dir);
 }
 
+TEST_CASE("mpi stage3: a run saved on every rank, consolidated, is byte for byte the one-process model's export") {
+  const auto& comm = stage3_world();
+  const int rank = comm.rank();
+  char dir[512] = {};
+  if (rank == 0) {
+    const auto path = std::filesystem::temp_directory_path() / ("memkit-stage3-export-" + std::to_string(::getpid()));
+    std::filesystem::create_directories(path);
+    std::snprintf(dir, sizeof dir, "%s", path.c_str());
+  }
+  comm.broadcast(memkit::host, dir, static_cast<std::int64_t>(sizeof dir), 0);
+  std::vector<std::string> files;
+  for (int r = 0; r < comm.size(); ++r) files.push_back(std::string(dir) + "/rank-" + std::to_string(r) + ".safetensors");
+  stage3_test::train_and_save(comm, 2, files[static_cast<std::size_t>(rank)]);
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (rank == 0) {  // offline: one process reads every rank's file
+    CHECK(stage3_test::consolidated_export_problem(files, 2, dir) == "");
+    std::filesystem::remove_all(dir);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
 TEST_CASE("mpi stage3: re-sharding on load (2 -> 3 and 3 -> 2 on three ranks) resumes bit-identically") {
   const int n = stage3_world().size();
   check_stage3_resharding(n - 1, n);

@@ -9,6 +9,7 @@
 // rank's tracker must hold exactly what stage3_parameters::bytes_required predicts, category by category.
 #pragma once
 
+#include <memkit/distributed/consolidate.hpp>
 #include <memkit/distributed/stage3.hpp>
 #include <memkit/memory/tracking.hpp>
 #include <memkit/io/safetensors.hpp>
@@ -20,6 +21,8 @@
 #include <cstdint>
 #include <algorithm>
 #include <cstring>
+#include <fstream>
+#include <iterator>
 #include <limits>
 #include <memory>
 #include <string>
@@ -250,6 +253,35 @@ void train_and_save(const C& comm, int steps, const std::string& path) {
   runtime.save(memkit::host, out);
   out.write(path);
 }
+// The rank files of a stage-3 save (`ranks` ranks, `steps` steps), consolidated into `dir`/model.safetensors,
+// against the one-process reference's trainable tensors written whole under their names, in the units' order,
+// with transformers' {"format": "pt"} into `dir`/expected.safetensors. Returns the first difference, or "".
+inline std::string consolidated_export_problem(const std::vector<std::string>& files, int steps, const std::string& dir) {
+  reference_run reference;
+  for (int s = 0; s < steps; ++s) reference.step(s, static_cast<int>(files.size()));
+  memkit::safetensors::writer expected;
+  expected.add_metadata("format", "pt");
+  for (auto* p : reference.params) expected.add(p->name, std::as_const(p->value).view());
+  expected.write(dir + "/expected.safetensors");
+  std::vector<memkit::safetensors::reader> readers;
+  for (std::size_t r = files.size(); r-- > 0;) readers.emplace_back(files[r]);  // any order
+  std::vector<const memkit::safetensors::reader*> images;
+  for (const auto& reader : readers) images.push_back(&reader);
+  const auto report = memkit::distributed::export_consolidated(images, dir + "/model.safetensors", memkit::distributed::consolidate_options{},
+                                                               memkit::default_host_resource());
+  if (report.tensors != reference.params.size())
+    return std::to_string(report.tensors) + " tensors exported, the model has " + std::to_string(reference.params.size());
+  const auto slurp = [](const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  };
+  const std::string mine = slurp(dir + "/model.safetensors"), theirs = slurp(dir + "/expected.safetensors");
+  if (mine.size() != theirs.size()) return "sizes " + std::to_string(mine.size()) + " and " + std::to_string(theirs.size());
+  for (std::size_t i = 0; i < mine.size(); ++i)
+    if (mine[i] != theirs[i]) return "the files differ first at byte " + std::to_string(i);
+  return {};
+}
+
 // ... and on the ranks of `comm` (any count): load the files of all `old_ranks` ranks, go on `steps` steps,
 // and compare with the reference trained `steps` steps on old_ranks micro-batches and `steps` on comm.size().
 template <class C>
