@@ -11,6 +11,8 @@
 
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -236,6 +238,49 @@ TEST_CASE("stage3: a run saved on 2 and 3 ranks, consolidated, is byte for byte 
                                                                   memkit::distributed::consolidate_options{},
                                                                   memkit::default_host_resource()),
                          doctest::Contains("images were given"), memkit::error);
+  }
+  fs::remove_all(dir);
+}
+
+TEST_CASE("stage3: a QLoRA model's NF4 bases saved on 2 and 3 ranks consolidate to bitsandbytes' file under their module names") {
+  namespace fs = std::filesystem;
+  using runtime_type = memkit::distributed::stage3_parameters<float>;
+  const fs::path dir = fs::temp_directory_path() / ("memkit_stage3_qexport_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const memkit::layers::memory_resources plain{};
+  // The unsharded bases, as transformers' bitsandbytes checkpoint holds them, in the units' order.
+  auto reference = stage3_test::make_qlora_model(plain);
+  memkit::safetensors::writer expected;
+  expected.add_metadata("format", "pt");
+  for (auto* l : reference->linears()) memkit::quant::save_linear4bit(expected, l->path + ".weight", *l->base);
+  expected.write((dir / "expected.safetensors").string());
+  const auto slurp = [](const fs::path& path) {
+    std::ifstream in(path, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  };
+  for (int ranks : {2, 3}) {
+    CAPTURE(ranks);
+    std::vector<std::string> files;
+    for (int r = 0; r < ranks; ++r) files.push_back((dir / ("rank-" + std::to_string(r) + ".safetensors")).string());
+    memkit_test::thread_ranks group(ranks);
+    group.run([&](const memkit_test::thread_ranks::communicator& comm) {
+      auto model = stage3_test::make_qlora_model(plain);
+      runtime_type runtime(host, comm, plain, llama::stage3_units(*model), stage3_test::adam_options(), 1);
+      memkit::safetensors::writer out;
+      runtime.save(host, out);
+      out.write(files[static_cast<std::size_t>(comm.rank())]);
+    });
+    std::vector<memkit::safetensors::reader> readers;
+    for (const std::string& f : files) readers.emplace_back(f);
+    std::vector<const memkit::safetensors::reader*> images;
+    for (const auto& r : readers) images.push_back(&r);
+    const auto report = memkit::distributed::export_consolidated(images, (dir / "model.safetensors").string(),
+                                                                 memkit::distributed::consolidate_options{},
+                                                                 memkit::default_host_resource());
+    CHECK(report.tensors == reference->linears().size());
+    const std::string mine = slurp(dir / "model.safetensors"), theirs = slurp(dir / "expected.safetensors");
+    CHECK(mine.size() == theirs.size());
+    CHECK(mine == theirs);
   }
   fs::remove_all(dir);
 }

@@ -230,6 +230,8 @@ struct stage3_unit {
   int slot = 0;
   std::vector<int> tensor_groups{};  // the Adam group of each parameter; empty: all in group 0
   std::vector<quant::quantized_tensor<quant::NF4>*> quantized{};  // frozen NF4 tensors
+  // Optional: each NF4 tensor's name in checkpoints (save, load, export_consolidated); empty: "stage3.k.nf4.j".
+  std::vector<std::string> quantized_names{};
 };
 
 template <class W, class State = float, int Block = optim::adam_state_traits<State>::default_block>
@@ -285,6 +287,9 @@ class stage3_parameters {
       unit_spec& spec = units[k];
       const std::string which = std::string(op) + ": unit " + std::to_string(k);
       require(spec.slot >= 0 && spec.slot < 64, which + ": slot " + std::to_string(spec.slot));
+      require(spec.quantized_names.empty() || spec.quantized_names.size() == spec.quantized.size(),
+              which + ": quantized_names has " + std::to_string(spec.quantized_names.size()) + " entries for " +
+                  std::to_string(spec.quantized.size()) + " NF4 tensors");
       require(spec.tensor_groups.empty() || spec.tensor_groups.size() == spec.parameters.size(),
               which + ": tensor_groups has " + std::to_string(spec.tensor_groups.size()) + " entries for " +
                   std::to_string(spec.parameters.size()) + " parameters");
@@ -561,7 +566,8 @@ class stage3_parameters {
   // (element type, sizes, master, the tensors' names and shapes, rank count, rank: what
   // distributed::export_consolidated reads to write each tensor whole), U8 tensors "stage3.k.values" (this
   // rank's parameter slice), "stage3.k.master" (with master copies) and "stage3.k.adam" (the unit's sharded_adam_state image);
-  // per NF4 tensor j, sharded_quantized::save under "stage3.k.nf4.j". Metadata "stage3" holds the unit count.
+  // per NF4 tensor j, sharded_quantized::save under its quantized_names entry (or "stage3.k.nf4.j"). Metadata
+  // "stage3" holds the unit count.
   template <executor E>
   void save(const E& exec, safetensors::writer& out) const {
     const char* op = "stage3_parameters::save";
@@ -570,7 +576,7 @@ class stage3_parameters {
       const unit& x = units_[k];
       require(!x.gathered && x.held_in < 0, std::string(op) + ": unit " + std::to_string(k) + " is gathered or prefetched; release it first");
       const std::string name = "stage3." + std::to_string(k);
-      for (std::size_t j = 0; j < x.quantized_shards.size(); ++j) x.quantized_shards[j].save(out, name + ".nf4." + std::to_string(j));
+      for (std::size_t j = 0; j < x.quantized_shards.size(); ++j) x.quantized_shards[j].save(out, quantized_name(x, name, j));
       if (!x.optimizer) continue;
       std::ostringstream image;
       x.optimizer->save(exec, image);
@@ -659,7 +665,7 @@ class stage3_parameters {
         if (x.shape.master) layers::copy_in(reinterpret_cast<const float*>(masters.data()), x.master_shard.view());
       }
       for (std::size_t j = 0; j < x.quantized_shards.size(); ++j) {
-        quantized_shard loaded = quantized_shard::load(images, name + ".nf4." + std::to_string(j), rank_, ranks_, *weights_);
+        quantized_shard loaded = quantized_shard::load(images, quantized_name(x, name, j), rank_, ranks_, *weights_);
         require(loaded.logical_shape() == x.quantized_shards[j].logical_shape() &&
                     loaded.options().block_size == x.quantized_shards[j].options().block_size &&
                     loaded.options().double_quant == x.quantized_shards[j].options().double_quant,
@@ -683,6 +689,10 @@ class stage3_parameters {
     bool gathered = false, with_gradients = false;
     bool reduced = false;  // its gradient slice holds this step's reduction
   };
+  // The checkpoint name of unit x's NF4 tensor j (`name`: the unit's "stage3.k").
+  static std::string quantized_name(const unit& x, const std::string& name, std::size_t j) {
+    return x.spec.quantized_names.empty() ? name + ".nf4." + std::to_string(j) : x.spec.quantized_names[j];
+  }
   // A unit's saved layout up to its rank count: element type, master copies, sizes, and each tensor's name and
   // shape (what distributed::export_consolidated needs to write the tensors whole under their names).
   static std::string layout_json(const unit& x) {

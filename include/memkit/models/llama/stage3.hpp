@@ -65,7 +65,10 @@ std::vector<distributed::stage3_unit<T>> stage3_units(causal_lm<T, Linear>& mode
       c.add(b.k_norm.weight);
     }
     for (Linear* l : {&b.q, &b.k, &b.v, &b.o, &b.gate, &b.up, &b.down}) {
-      if constexpr (detail::is_nf4_projection<Linear>) unit.quantized.push_back(l->base.get());
+      if constexpr (detail::is_nf4_projection<Linear>) {
+        unit.quantized.push_back(l->base.get());
+        unit.quantized_names.push_back(l->path + ".weight");  // the checkpoint's name: exports load in transformers
+      }
       else l->register_parameters(c);
     }
     unit.parameters = std::move(c.list);
@@ -75,7 +78,7 @@ std::vector<distributed::stage3_unit<T>> stage3_units(causal_lm<T, Linear>& mode
   outer.add(model.embed.weight);
   outer.add(model.final_norm.weight);
   if (!model.config.tie_embeddings) outer.add(model.head);
-  units.push_back({std::move(outer.list), 1, {}, {}});
+  units.push_back({std::move(outer.list), 1, {}, {}, {}});
   return units;
 }
 
