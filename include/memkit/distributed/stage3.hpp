@@ -231,7 +231,7 @@ struct stage3_unit {
   std::vector<int> tensor_groups{};  // the Adam group of each parameter; empty: all in group 0
   std::vector<quant::quantized_tensor<quant::NF4>*> quantized{};  // frozen NF4 tensors
   // Optional: each NF4 tensor's name in checkpoints (save, load, export_consolidated); empty: "stage3.k.nf4.j".
-  std::vector<std::string> quantized_names{};
+  std::vector<std::string> quantized_names;  // (no default member initializer: gcc 12 under nvcc fails on one)
 };
 
 template <class W, class State = float, int Block = optim::adam_state_traits<State>::default_block>
