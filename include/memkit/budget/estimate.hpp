@@ -490,12 +490,12 @@ constexpr memory_estimate estimate_memory(const model_config& m, const training_
   const bool sharded_adam = zero >= 1 && detail::is_adam(p.optimizer);
   const detail::sharded_totals sharded = sharded_adam ? detail::sharded_adam_bytes(m, p) : detail::sharded_totals{};
   const std::uint64_t granularity = p.overhead.allocation_granularity;
-  std::uint64_t master = !(zero >= 1)     ? params.master
-                               : sharded_adam   ? round_up(sharded.master, granularity)
-                                                : ceil_div(params.master, N);
+  std::uint64_t master = !(zero >= 1)   ? params.master
+                         : sharded_adam ? round_up(sharded.master, granularity)
+                                        : ceil_div(params.master, N);
   std::uint64_t optimizer = !(zero >= 1)   ? params.optimizer
-                                  : sharded_adam ? round_up(sharded.optimizer, granularity)
-                                                 : ceil_div(params.optimizer, N);
+                            : sharded_adam ? round_up(sharded.optimizer, granularity)
+                                           : ceil_div(params.optimizer, N);
   std::uint64_t gradients = zero >= 2 ? ceil_div(params.gradients, N) + params.layer_gradients : params.gradients;
   if (memkit_stage3) {
     // Full training: the runtime's gradient slices, its slots' gradient buffers and the reduction's staging;
