@@ -40,7 +40,7 @@ int stage3_device_mismatches(const C& comm, const memkit::cuda_executor& exec) {
   options.max_grad_norm = 0.0f;
   std::vector<memkit::layers::basic_parameter<float>*> pointers;
   for (auto& p : params) pointers.push_back(&p);
-  memkit::distributed::stage3_parameters<float> runtime(exec, comm, memory, {{pointers, 0, {}, {}}}, options, 1);
+  memkit::distributed::stage3_parameters<float> runtime(exec, comm, memory, {{pointers, 0, {}, {}, {}}}, options, 1);
   memkit::optim::adam_state<float> reference(memkit::host, memkit::default_host_resource(), sizes, options);
   const std::vector<memkit::optim::adam_group> groups{{.lr = 1e-2f, .weight_decay = 0.01f}};
   for (int s = 0; s < 4; ++s) {

@@ -46,6 +46,25 @@ TEST_CASE("mpi stage3: the decoder trains bit-identically to one process, each r
   }
 }
 
+TEST_CASE("mpi stage3: clipping by the global norm equals one process; a NaN on the last rank skips every unit everywhere") {
+  const auto& comm = stage3_world();
+  CAPTURE(comm.rank());
+  CAPTURE(comm.size());
+  constexpr float clip = 1e-3f;  // far below the gradients' norm: every step clips
+  const auto out = stage3_test::run(comm, 2, comm.size() == 3, clip);
+  INFO(out.first_problem);
+  CHECK(out.param_mismatches == 0);
+  CHECK(out.loss_mismatches == 0);
+  CHECK(out.grad_norm > 10 * clip);
+  CHECK(stage3_test::same_bits(out.grad_norm, out.reference_grad_norm));
+  CHECK(out.norm_disagreements == 0);
+  const auto skip = stage3_test::run_nonfinite(comm, comm.size() - 1, 0);
+  CHECK(skip.applied_units == 0);
+  CHECK(skip.skipped_units == stage3_test::config().layers + 1);
+  CHECK(skip.changed == 0);
+  CHECK(skip.nan_placed == (comm.rank() == comm.size() - 1 ? 1 : 0));
+}
+
 TEST_CASE("mpi stage3: QLoRA adapters over sharded NF4 bases train bit-identically to one process") {
   const auto& comm = stage3_world();
   CAPTURE(comm.rank());
@@ -114,6 +133,27 @@ static void check_stage3_resharding(int old_ranks, int new_ranks) {
   }
   MPI_Barrier(MPI_COMM_WORLD);
   if (rank == 0) std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("mpi stage3: a run saved on every rank, consolidated, is byte for byte the one-process model's export") {
+  const auto& comm = stage3_world();
+  const int rank = comm.rank();
+  char dir[512] = {};
+  if (rank == 0) {
+    const auto path = std::filesystem::temp_directory_path() / ("memkit-stage3-export-" + std::to_string(::getpid()));
+    std::filesystem::create_directories(path);
+    std::snprintf(dir, sizeof dir, "%s", path.c_str());
+  }
+  comm.broadcast(memkit::host, dir, static_cast<std::int64_t>(sizeof dir), 0);
+  std::vector<std::string> files;
+  for (int r = 0; r < comm.size(); ++r) files.push_back(std::string(dir) + "/rank-" + std::to_string(r) + ".safetensors");
+  stage3_test::train_and_save(comm, 2, files[static_cast<std::size_t>(rank)]);
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (rank == 0) {  // offline: one process reads every rank's file
+    CHECK(stage3_test::consolidated_export_problem(files, 2, dir) == "");
+    std::filesystem::remove_all(dir);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
 }
 
 TEST_CASE("mpi stage3: re-sharding on load (2 -> 3 and 3 -> 2 on three ranks) resumes bit-identically") {

@@ -9,6 +9,7 @@
 // rank's tracker must hold exactly what stage3_parameters::bytes_required predicts, category by category.
 #pragma once
 
+#include <memkit/distributed/consolidate.hpp>
 #include <memkit/distributed/stage3.hpp>
 #include <memkit/memory/tracking.hpp>
 #include <memkit/io/safetensors.hpp>
@@ -20,6 +21,9 @@
 #include <cstdint>
 #include <algorithm>
 #include <cstring>
+#include <fstream>
+#include <iterator>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -83,9 +87,10 @@ inline const std::vector<memkit::optim::adam_group>& groups() {
   static const std::vector<memkit::optim::adam_group> g{{.lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.99f, .eps = 1e-8f, .weight_decay = 0.01f}};
   return g;
 }
-inline memkit::optim::adam_options adam_options() {
+// max_grad_norm 0: no clipping; > 0: clipped by the global norm (one process's, bit for bit).
+inline memkit::optim::adam_options adam_options(float max_grad_norm = 0.0f) {
   memkit::optim::adam_options o;
-  o.max_grad_norm = 0.0f;  // stage 3 keeps one norm per unit: no clipping
+  o.max_grad_norm = max_grad_norm;
   o.host_threads = 1;
   return o;
 }
@@ -100,6 +105,8 @@ struct outcome {
   std::int64_t prefetches = 0;
   std::size_t predicted_weights = 0, predicted_gradients = 0, predicted_optimizer = 0;
   std::size_t peak_weights = 0, peak_gradients = 0, peak_optimizer = 0, current_total = 0;
+  double grad_norm = 0.0, reference_grad_norm = 0.0;  // the last step's global norm: every unit's, the reference's
+  int norm_disagreements = 0;                          // units whose last decision differs from unit 0's
   std::string first_problem;
 };
 
@@ -120,11 +127,12 @@ struct reference_run {
   std::vector<memkit::layers::basic_parameter<float>*> params;
   std::unique_ptr<memkit::optim::adam_state<float>> state;
 
-  reference_run() {
+  explicit reference_run(float max_grad_norm = 0.0f) {
     for (auto& u : llama::stage3_units(*model)) params.insert(params.end(), u.parameters.begin(), u.parameters.end());
     std::vector<std::int64_t> sizes;
     for (auto* p : params) sizes.push_back(p->size());
-    state = std::make_unique<memkit::optim::adam_state<float>>(memkit::host, memkit::default_host_resource(), sizes, adam_options());
+    state = std::make_unique<memkit::optim::adam_state<float>>(memkit::host, memkit::default_host_resource(), sizes,
+                                                                adam_options(max_grad_norm));
   }
   std::vector<float> step(int s, int N) {
     std::vector<std::int32_t> ids, targets;
@@ -175,17 +183,63 @@ int count_mismatches(const C& comm, Runtime& runtime, model_type& model, const r
   return mismatches;
 }
 
-// One stage-3 step of this rank's micro-batch; returns its loss.
+// The forward and backward of this rank's micro-batch of step s under stage 3 (gradients reduced to their
+// owners); returns its loss.
 template <class C, class Runtime>
-float stage3_step(const C& comm, Runtime& runtime, model_type& model, int s, bool prefetch = false) {
+float stage3_pass(const C& comm, Runtime& runtime, model_type& model, int s, bool prefetch = false) {
   std::vector<std::int32_t> ids, targets;
   float loss = 0.0f;
   micro_batch(s, comm.rank(), ids, targets);
   llama::stage3_pass_hooks hooks{memkit::host, comm, runtime, prefetch ? &memkit::host : nullptr};
   model.forward_backward(memkit::host, tokens_view(ids), tokens_view(targets), memkit::host_view(&loss, memkit::shape{1}),
                          memkit::default_host_resource(), {}, hooks);
+  return loss;
+}
+// One stage-3 step of this rank's micro-batch; returns its loss.
+template <class C, class Runtime>
+float stage3_step(const C& comm, Runtime& runtime, model_type& model, int s, bool prefetch = false) {
+  const float loss = stage3_pass(comm, runtime, model, s, prefetch);
   runtime.step(memkit::host, comm, groups(), 1.0f / static_cast<float>(comm.size()));
   return loss;
+}
+
+// A non-finite gradient on one rank: one good step, then a pass whose reduced gradient slice of unit `unit` on
+// rank `bad_rank` gets a NaN in its first real element (what a corrupt micro-batch leaves its owner), and a step.
+struct skip_outcome {
+  int applied_units = 0;    // units whose last step applied (0 expected: every unit skips)
+  int skipped_units = 0;    // units that count one skipped step
+  int changed = 0;          // parameter-slice elements the skipped step changed (0 expected)
+  int nan_placed = 0;       // 1 on the rank that wrote the NaN
+};
+template <class C>
+skip_outcome run_nonfinite(const C& comm, int bad_rank, std::size_t unit) {
+  using runtime_type = memkit::distributed::stage3_parameters<float>;
+  skip_outcome out;
+  const memkit::layers::memory_resources plain{};
+  auto model = make_model(plain);
+  runtime_type runtime(memkit::host, comm, plain, llama::stage3_units(*model), adam_options(1.0f), 0x5746);
+  stage3_step(comm, runtime, *model, 0);
+  stage3_pass(comm, runtime, *model, 1);
+  if (comm.rank() == bad_rank) {
+    const auto& state = runtime.optimizer(unit);
+    if (!state.pieces().empty()) {
+      const auto& piece = state.pieces().front();
+      const auto slice = runtime.grad_shard(unit);
+      const_cast<float*>(slice.data())[piece.flat + piece.begin - state.shard_begin()] = std::numeric_limits<float>::quiet_NaN();
+      out.nan_placed = 1;
+    }
+  }
+  std::vector<std::vector<float>> before;
+  for (std::size_t u = 0; u < runtime.unit_count(); ++u) before.push_back(memkit::layers::copy_out(runtime.param_shard(u)));
+  runtime.step(memkit::host, comm, groups(), 1.0f / static_cast<float>(comm.size()));
+  for (std::size_t u = 0; u < runtime.unit_count(); ++u) {
+    const auto c = runtime.optimizer(u).control(memkit::host);
+    out.applied_units += c.applied;
+    out.skipped_units += c.skipped_steps == 1 ? 1 : 0;
+    const std::vector<float> now = memkit::layers::copy_out(runtime.param_shard(u));
+    for (std::size_t j = 0; j < now.size(); ++j) out.changed += same_bits(now[j], before[u][j]) ? 0 : 1;
+  }
+  return out;
 }
 
 // Re-sharding: `steps` steps on the ranks of `comm`, then each rank's file at path(rank).
@@ -199,6 +253,35 @@ void train_and_save(const C& comm, int steps, const std::string& path) {
   runtime.save(memkit::host, out);
   out.write(path);
 }
+// The rank files of a stage-3 save (`ranks` ranks, `steps` steps), consolidated into `dir`/model.safetensors,
+// against the one-process reference's trainable tensors written whole under their names, in the units' order,
+// with transformers' {"format": "pt"} into `dir`/expected.safetensors. Returns the first difference, or "".
+inline std::string consolidated_export_problem(const std::vector<std::string>& files, int steps, const std::string& dir) {
+  reference_run reference;
+  for (int s = 0; s < steps; ++s) reference.step(s, static_cast<int>(files.size()));
+  memkit::safetensors::writer expected;
+  expected.add_metadata("format", "pt");
+  for (auto* p : reference.params) expected.add(p->name, std::as_const(p->value).view());
+  expected.write(dir + "/expected.safetensors");
+  std::vector<memkit::safetensors::reader> readers;
+  for (std::size_t r = files.size(); r-- > 0;) readers.emplace_back(files[r]);  // any order
+  std::vector<const memkit::safetensors::reader*> images;
+  for (const auto& reader : readers) images.push_back(&reader);
+  const auto report = memkit::distributed::export_consolidated(images, dir + "/model.safetensors", memkit::distributed::consolidate_options{},
+                                                               memkit::default_host_resource());
+  if (report.tensors != reference.params.size())
+    return std::to_string(report.tensors) + " tensors exported, the model has " + std::to_string(reference.params.size());
+  const auto slurp = [](const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  };
+  const std::string mine = slurp(dir + "/model.safetensors"), theirs = slurp(dir + "/expected.safetensors");
+  if (mine.size() != theirs.size()) return "sizes " + std::to_string(mine.size()) + " and " + std::to_string(theirs.size());
+  for (std::size_t i = 0; i < mine.size(); ++i)
+    if (mine[i] != theirs[i]) return "the files differ first at byte " + std::to_string(i);
+  return {};
+}
+
 // ... and on the ranks of `comm` (any count): load the files of all `old_ranks` ranks, go on `steps` steps,
 // and compare with the reference trained `steps` steps on old_ranks micro-batches and `steps` on comm.size().
 template <class C>
@@ -227,11 +310,11 @@ outcome load_and_continue(const C& comm, const std::vector<std::string>& files, 
 
 // prefetch: two buffers in slot 0, and each block's gather starts the next one's (on the host: done at once).
 template <class C>
-outcome run(const C& comm, int steps, bool prefetch = false) {
+outcome run(const C& comm, int steps, bool prefetch = false, float max_grad_norm = 0.0f) {
   using runtime_type = memkit::distributed::stage3_parameters<float>;
   const int N = comm.size(), rank = comm.rank();
   outcome out;
-  reference_run reference;
+  reference_run reference(max_grad_norm);
 
   // Stage 3 on this rank; its tracker sees what the runtime allocates (the whole model it starts from is not).
   auto model = make_model(memkit::layers::memory_resources{});
@@ -245,8 +328,9 @@ outcome run(const C& comm, int steps, bool prefetch = false) {
   tracked.optimizer = &tracker.category(memkit::memory_category::optimizer_state);
   const auto shapes = llama::stage3_unit_shapes<float>(config(), memkit::layers::trainability::bf16_master);
   const std::vector<int> buffers = prefetch ? std::vector<int>{2} : std::vector<int>{};
-  const memkit::distributed::stage3_bytes predicted = runtime_type::bytes_required(shapes, rank, N, adam_options(), buffers);
-  runtime_type runtime(memkit::host, comm, tracked, llama::stage3_units(*model), adam_options(), 0x5743, buffers);
+  const memkit::distributed::stage3_bytes predicted =
+      runtime_type::bytes_required(shapes, rank, N, adam_options(max_grad_norm), buffers);
+  runtime_type runtime(memkit::host, comm, tracked, llama::stage3_units(*model), adam_options(max_grad_norm), 0x5743, buffers);
 
   for (int s = 0; s < steps; ++s) {
     const float theirs = reference.step(s, N)[static_cast<std::size_t>(rank)];
@@ -279,6 +363,14 @@ outcome run(const C& comm, int steps, bool prefetch = false) {
   out.current_total = tracker.current_bytes();
   out.gathers = runtime.gathers();
   out.prefetches = runtime.prefetches();
+  out.grad_norm = runtime.optimizer(0).control(memkit::host).grad_norm;
+  out.reference_grad_norm = reference.state->control(memkit::host).grad_norm;
+  for (std::size_t u = 0; u < runtime.unit_count(); ++u) {
+    const auto c = runtime.optimizer(u).control(memkit::host);
+    if (!same_bits(c.grad_norm, out.grad_norm) || !same_bits(c.grad_multiplier, runtime.optimizer(0).control(memkit::host).grad_multiplier) ||
+        c.applied != runtime.optimizer(0).control(memkit::host).applied)
+      ++out.norm_disagreements;
+  }
   return out;
 }
 

@@ -92,14 +92,15 @@ elseif(MODE STREQUAL "svg")
   message(STATUS "svg: text escaped, write errors before any output")
 elseif(MODE STREQUAL "runtime_misuse")
   # #35: what the memkit runtime does not have is refused, not silently modelled as PyTorch would run it.
-  expect_refused("ZeRO-3 with the memkit runtime" "ZeRO-3 is not available with the memkit runtime"
-                 --preset llama-3.1-8b --runtime memkit --logits fused --zero 3 --gpus 8)
+  # memkit's stage 3 shards trainable tensors or NF4 bases; a frozen bf16 base would stay whole on every rank.
+  expect_refused("ZeRO-3 LoRA over a bf16 base with the memkit runtime" "NF4 bases"
+                 --preset llama-3.1-8b --runtime memkit --logits fused --zero 3 --gpus 8 --method lora)
   expect_refused("--optimizer-impl with the memkit runtime" "--optimizer-impl chooses between torch AdamW"
                  --preset llama-3.1-8b --runtime memkit --logits fused --optimizer-impl foreach)
   # A GPU count past any real run (2^62 made a 70B model fit one H100 through ZeRO-3's 1/N shares).
   expect_refused("--gpus 2^62" "--gpus is at most 65536" --preset llama-3.1-70b --gpus 4611686018427387904 --zero 3)
   expect_refused("--gpus 65537" "--gpus is at most 65536" --preset llama-3.1-8b --gpus 65537)
-  message(STATUS "runtime_misuse: ZeRO-3 and --optimizer-impl refused with the memkit runtime; --gpus capped")
+  message(STATUS "runtime_misuse: ZeRO-3 over a bf16 LoRA base and --optimizer-impl refused with the memkit runtime; --gpus capped")
 else()
   message(FATAL_ERROR "unknown MODE ${MODE}")
 endif()

@@ -30,6 +30,7 @@
 #include "memkit/budget/model.hpp"
 #include "memkit/budget/plan.hpp"
 #include "memkit/budget/presets.hpp"
+#include "memkit/budget/stage3.hpp"
 #include "memkit/checkpoint/cost.hpp"
 #include "memkit/core/checked_math.hpp"
 
@@ -158,9 +159,10 @@ constexpr std::string_view plan_problem(const model_config& m, const training_pl
     if (p.placement == optimizer_placement::paged) return "paged optimizer state is bitsandbytes': not with the memkit runtime";
     if (p.optimizer_in_backward)
       return "memkit's adam_state steps every tensor once after backward (one step counter, global-norm clipping)";
-    if (p.gpus > 1 && p.zero_stage == 3)
-      return "memkit shards the weights (distributed::sharded_dense / sharded_quantized, whose bytes ZeRO-3 is "
-             "modelled with) but has no stage-3 training loop yet: ZeRO-3 is not available with the memkit runtime";
+    if (p.gpus > 1 && p.zero_stage == 3) {
+      const std::string_view stage3 = stage3_problem(m, p);
+      if (!stage3.empty()) return stage3;
+    }
   }
   if (p.host_threads > 0 && !p.memkit_runtime()) return "host execution (host_threads) is modelled for the memkit runtime only";
   if (p.memory_cap != 0 && !p.memkit_runtime()) return "memory_cap (the loss's chunk from the memory left) is modelled for the memkit runtime only";
@@ -330,6 +332,7 @@ struct parameter_totals {
   std::uint64_t layer_gradients = 0;  // one block's gradients
   std::uint64_t head_gradients = 0;   // gradient of the LM head (or tied embedding), produced first
   std::uint64_t embedding_gradients = 0;  // produced last (untied / position embeddings)
+  std::uint64_t stage3_sharded_whole = 0;  // of `weights`, what memkit's stage 3 shards: the NF4 bases (QLoRA) or all
   // Tensor-size profiles of the categories, for the allocator model (budget/allocator.hpp).
   pool_usage weights_pool, gradients_pool, master_pool, optimizer_pool, temporary_pool;
 };
@@ -395,6 +398,7 @@ constexpr parameter_totals parameter_bytes(const model_config& m, const training
   };
   if (!p.lora_training()) {
     for_each_parameter(m, trainable);
+    r.stage3_sharded_whole = r.weights;
   } else {
     for_each_parameter(m, [&](const parameter_tensor& in) {
       // Lightning's bitsandbytes plugin quantizes the (untied) LM head like any other linear.
@@ -410,6 +414,7 @@ constexpr parameter_totals parameter_bytes(const model_config& m, const training
       r.weights_pool.add(packed, t.count);
       r.weights_pool.add(w - packed, t.count);
       if (t.per_block) r.layer_weights += w * (t.count / m.layers);
+      if (t.role == tensor_role::linear_weight && p.weights.format == weight_format::nf4) r.stage3_sharded_whole += w * t.count;
       if (t.role == tensor_role::linear_weight && p.weights.quantized())
         r.largest_frozen_linear = max_of(r.largest_frozen_linear, t.elements());
     });
@@ -455,7 +460,12 @@ constexpr memory_estimate estimate_memory(const model_config& m, const training_
   const detail::parameter_totals params = detail::parameter_bytes(m, p);
   const std::uint64_t N = p.gpus;
   const int zero = N > 1 ? p.zero_stage : 0;
-  const detail::stage3_totals stage3 = zero == 3 ? detail::stage3_weight_bytes(m, p) : detail::stage3_totals{};
+  // ZeRO-3: the PyTorch runtime's (FSDP's) terms from the shard classes' byte functions; the memkit runtime's
+  // are what stage3_parameters allocates (budget/stage3.hpp), the worst rank per category.
+  const bool memkit_stage3 = zero == 3 && p.memkit_runtime();
+  const detail::stage3_totals stage3 =
+      zero == 3 && !memkit_stage3 ? detail::stage3_weight_bytes(m, p) : detail::stage3_totals{};
+  const distributed::stage3_bytes runtime3 = memkit_stage3 ? stage3_runtime_bytes(m, p) : distributed::stage3_bytes{};
   const bool host_optimizer = p.placement == optimizer_placement::host;
 
   // --- persistent device and host state ---
@@ -464,6 +474,12 @@ constexpr memory_estimate estimate_memory(const model_config& m, const training_
   if (p.offload_parameters) {
     host[category::weights] = params.weights;
     persistent[category::weights] = 2 * params.layer_weights;  // the layer in use and the one prefetched
+  } else if (memkit_stage3) {
+    // The runtime's slices and gather buffers, plus what stays whole on every rank: a QLoRA model's frozen
+    // dense tensors and its adapters (full training: nothing, every tensor is a unit's).
+    persistent[category::weights] =
+        round_up(runtime3.weights, p.overhead.allocation_granularity) + params.weights - params.stage3_sharded_whole;
+    persistent[category::workspace] = round_up(stage3_transient_workspace_bytes(m, p), p.overhead.allocation_granularity);
   } else if (zero == 3) {
     persistent[category::weights] = stage3.shards + stage3.gathered;
     persistent[category::workspace] = stage3.staging;  // the all_gather's receive buffer
@@ -474,13 +490,22 @@ constexpr memory_estimate estimate_memory(const model_config& m, const training_
   const bool sharded_adam = zero >= 1 && detail::is_adam(p.optimizer);
   const detail::sharded_totals sharded = sharded_adam ? detail::sharded_adam_bytes(m, p) : detail::sharded_totals{};
   const std::uint64_t granularity = p.overhead.allocation_granularity;
-  const std::uint64_t master = !(zero >= 1)     ? params.master
-                               : sharded_adam   ? round_up(sharded.master, granularity)
-                                                : ceil_div(params.master, N);
-  const std::uint64_t optimizer = !(zero >= 1)   ? params.optimizer
-                                  : sharded_adam ? round_up(sharded.optimizer, granularity)
-                                                 : ceil_div(params.optimizer, N);
+  std::uint64_t master = !(zero >= 1)   ? params.master
+                         : sharded_adam ? round_up(sharded.master, granularity)
+                                        : ceil_div(params.master, N);
+  std::uint64_t optimizer = !(zero >= 1)   ? params.optimizer
+                            : sharded_adam ? round_up(sharded.optimizer, granularity)
+                                           : ceil_div(params.optimizer, N);
   std::uint64_t gradients = zero >= 2 ? ceil_div(params.gradients, N) + params.layer_gradients : params.gradients;
+  if (memkit_stage3) {
+    // Full training: the runtime's gradient slices, its slots' gradient buffers and the reduction's staging;
+    // QLoRA: the replicated adapters' whole gradients and Adam states (params' LoRA terms) besides.
+    const std::uint64_t lora = p.lora_training() ? 1 : 0;
+    const std::uint64_t g3 = p.overhead.allocation_granularity;
+    gradients = round_up(runtime3.gradients, g3) + lora * params.gradients;
+    master = round_up(runtime3.master, g3) + lora * params.master;
+    optimizer = round_up(runtime3.optimizer_state - runtime3.master, g3) + lora * params.optimizer;
+  }
   std::uint64_t step_temporary = zero >= 1 ? ceil_div(params.step_temporary, N) : params.step_temporary;
   // torchtune's optimizer_in_bwd: a parameter's step runs (and its gradient is freed) as soon as its
   // gradient is accumulated, so at most the largest one is alive, with that one tensor's step temporaries,

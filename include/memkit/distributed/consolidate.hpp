@@ -1,5 +1,6 @@
 // memkit/distributed/consolidate.hpp — one checkpoint that a peer reads, made offline from the per-rank shard
-// files of a sharded model (sharded_dense<T>::save / sharded_quantized<F>::save on every rank), or from the
+// files of a sharded model (sharded_dense<T>::save / sharded_quantized<F>::save, or stage3_parameters::save, on
+// every rank: a stage-3 unit's dense tensors are cut from the ranks' flat slices by its layout), or from the
 // live shards (consolidated_export, at the end of this file: gathered tensor by tensor, one written at a time).
 //
 //   export_consolidated(rank_files, path, options, workspace)
@@ -39,6 +40,7 @@
 #include "memkit/config.hpp"
 #include "memkit/core/checked_math.hpp"
 #include "memkit/core/rounded_math.hpp"
+#include "memkit/distributed/sharded_adam_bytes.hpp"
 #include "memkit/distributed/sharded_parameters.hpp"
 #include "memkit/io/files.hpp"
 #include "memkit/io/json.hpp"
@@ -142,11 +144,12 @@ inline saved_tensor parse_saved_layout(const safetensors::reader& image, const s
 // Copies `bytes` bytes of `piece` in `image` (from its start) to `out` through `chunk`; with `floats`, every
 // value must be finite (what save_linear4bit requires of scales).
 inline void stream_piece(const safetensors::reader& image, const std::string& piece, std::uint64_t bytes,
-                         std::span<std::byte> chunk, safetensors::stream_writer& out, bool floats, const std::string& what) {
+                         std::span<std::byte> chunk, safetensors::stream_writer& out, bool floats, const std::string& what,
+                         std::uint64_t first = 0) {  // first: where in the piece to start
   const safetensors::tensor_info& t = image.info(piece);
   for (std::uint64_t done = 0; done < bytes;) {
     const std::uint64_t n = std::min<std::uint64_t>(chunk.size(), bytes - done);
-    image.read_range(t, done, chunk.data(), n);
+    image.read_range(t, first + done, chunk.data(), n);
     if (floats)
       for (std::uint64_t at = 0; at < n; at += 4) {
         float value;
@@ -156,6 +159,69 @@ inline void stream_piece(const safetensors::reader& image, const std::string& pi
     out.write(chunk.data(), n);
     done += n;
   }
+}
+
+// A stage3_parameters::save unit (format "memkit.stage3": distributed/stage3.hpp): its dense tensors live in one
+// flat buffer (each padded to the 4096-element granule), rank r's file holding elements [r * shard, (r + 1) *
+// shard) as "<unit>.values". Each tensor is exported whole under its own name.
+struct flat_tensor {
+  saved_tensor tensor;
+  std::int64_t flat_offset = 0;  // of element 0 in the unit's flat buffer
+};
+inline bool is_stage3_unit(const safetensors::reader& image, const std::string& key) {
+  const std::string* text = image.find_metadata(key);
+  return text != nullptr && text->find("\"format\":\"memkit.stage3\"") != std::string::npos;
+}
+inline std::vector<flat_tensor> parse_stage3_unit(const safetensors::reader& image, const std::string& key,
+                                                  const std::string& what, std::int64_t& flat_size_out) {
+  const std::string where = what + ": '" + image.path() + "': the stage-3 unit '" + key + "'";
+  const json::value layout = json::parse(*image.find_metadata(key), image.path());
+  require(layout.is_object(), where + " is not a JSON object");
+  const auto list = [&](const char* field) -> const std::vector<json::value>& {
+    const json::value* v = layout.find(field);
+    require(v != nullptr && v->is_array(), where + " has no list '" + field + "' (saved before names were recorded?)");
+    return v->as_array();
+  };
+  const json::value* dtype = layout.find("dtype");
+  require(dtype != nullptr && dtype->is_string() && safetensors::dtype_size(dtype->as_string()) != 0,
+          where + ": 'dtype' is not a safetensors dtype");
+  const auto& sizes = list("sizes");
+  const auto& names = list("names");
+  const auto& shapes = list("shapes");
+  require(names.size() == sizes.size() && shapes.size() == sizes.size(),
+          where + ": " + std::to_string(sizes.size()) + " sizes, " + std::to_string(names.size()) + " names, " +
+              std::to_string(shapes.size()) + " shapes");
+  std::vector<flat_tensor> out;
+  std::int64_t flat = 0;
+  for (std::size_t i = 0; i < sizes.size(); ++i) {
+    require(names[i].is_string() && !names[i].as_string().empty(), where + ": name " + std::to_string(i) + " is not a string");
+    require(sizes[i].is_number() && sizes[i].as_double() >= 1 && sizes[i].as_double() <= double(std::int64_t{1} << 40),
+            where + ": size " + std::to_string(i) + " is not an integer in 1..2^40");
+    require(shapes[i].is_array() && !shapes[i].as_array().empty() && shapes[i].as_array().size() <= 8,
+            where + ": shape " + std::to_string(i) + " is not a list of 1 to 8 extents");
+    flat_tensor t;
+    t.tensor.name = names[i].as_string();
+    t.tensor.dtype = dtype->as_string();
+    t.tensor.element_bytes = safetensors::dtype_size(t.tensor.dtype);
+    t.tensor.dims.rank = static_cast<int>(shapes[i].as_array().size());
+    std::int64_t numel = 1;
+    for (int d = 0; d < t.tensor.dims.rank; ++d) {
+      const json::value& e = shapes[i].as_array()[static_cast<std::size_t>(d)];
+      require(e.is_number() && e.as_double() >= 0 && e.as_double() <= double(std::int64_t{1} << 40),
+              where + ": an extent of shape " + std::to_string(i) + " is not an integer in 0..2^40");
+      t.tensor.dims.extents[d] = e.as_int();
+      const checked<std::int64_t> product = try_mul(numel, e.as_int());
+      require(product && product.value <= (std::int64_t{1} << 40), where + ": more than 2^40 elements");
+      numel = product.value;
+    }
+    require(numel == sizes[i].as_int(), where + ": '" + t.tensor.name + "' has shape of " + std::to_string(numel) +
+                                            " elements and size " + sizes[i].number_text());
+    t.flat_offset = flat;
+    flat += sharded_adam_layout<float>::padded(numel);
+    out.push_back(std::move(t));
+  }
+  flat_size_out = flat;
+  return out;
 }
 
 // Declares the output keys of `t` (see the header): for a 4-bit tensor bitsandbytes' keys, in
@@ -227,6 +293,8 @@ inline consolidate_report export_consolidated(std::span<const safetensors::reade
   struct planned {
     detail::saved_tensor tensor;
     std::vector<const safetensors::reader*> by_rank;
+    std::string unit;  // a stage-3 unit's tensor: the unit's key ("" otherwise), its flat offset and shard size
+    std::int64_t flat_offset = 0, shard_elements = 0;
   };
   std::vector<planned> plan;
   plan.reserve(names.size());
@@ -238,6 +306,33 @@ inline consolidate_report export_consolidated(std::span<const safetensors::reade
       require(detail::layout_without_rank(*image, name) == agreed,
               what + ": '" + image->path() + "' and '" + p.by_rank[0]->path() + "' hold different layouts of '" + name +
                   "' (files of different models or saves?)");
+    if (detail::is_stage3_unit(*p.by_rank[0], name)) {
+      // A stage-3 unit: its tensors, each whole under its name, from the ranks' flat slices.
+      std::int64_t logical = 0;
+      const std::vector<detail::flat_tensor> tensors = detail::parse_stage3_unit(*p.by_rank[0], name, what, logical);
+      std::vector<std::int64_t> sizes;
+      for (const detail::flat_tensor& t : tensors) sizes.push_back(t.tensor.dims.numel());
+      const int unit_ranks = static_cast<int>(p.by_rank.size());
+      const std::int64_t shard = sizes.empty() ? 0 : sharded_adam_layout<float>::shard_size(sizes, unit_ranks);
+      const std::uint64_t bytes =
+          static_cast<std::uint64_t>(shard) * (tensors.empty() ? 0 : tensors.front().tensor.element_bytes);
+      for (const safetensors::reader* image : p.by_rank) {
+        const safetensors::tensor_info* t = image->find(name + ".values");
+        require(t != nullptr && t->dtype == "U8" && t->bytes() == bytes,
+                what + ": '" + image->path() + "': '" + name + ".values' is missing or not " + std::to_string(bytes) +
+                    " bytes of U8, as its layout implies");
+      }
+      for (const detail::flat_tensor& t : tensors) {
+        planned q;
+        q.tensor = t.tensor;
+        q.by_rank = p.by_rank;
+        q.unit = name;
+        q.flat_offset = t.flat_offset;
+        q.shard_elements = shard;
+        plan.push_back(std::move(q));
+      }
+      continue;
+    }
     p.tensor = detail::parse_saved_layout(*p.by_rank[0], name, *p.by_rank[0]->find_metadata(name), what);  // present: order_images
     const int ranks = static_cast<int>(p.by_rank.size());
     std::vector<std::pair<const char*, std::uint64_t>> pieces;
@@ -282,6 +377,18 @@ inline consolidate_report export_consolidated(std::span<const safetensors::reade
     for (std::size_t i = 0; i < plan.size(); ++i) {
       const planned& p = plan[i];
       const detail::saved_tensor& t = p.tensor;
+      if (!p.unit.empty()) {
+        // Rank r holds flat elements [r * shard, (r + 1) * shard) of the unit: the tensor's part of each, in order.
+        const std::int64_t begin = p.flat_offset, end = begin + t.dims.numel();
+        for (int r = 0; r < ranks; ++r) {
+          const std::int64_t low = std::max(begin, r * p.shard_elements), high = std::min(end, (r + 1) * p.shard_elements);
+          if (low >= high) continue;
+          detail::stream_piece(*p.by_rank[static_cast<std::size_t>(r)], p.unit + ".values",
+                               static_cast<std::uint64_t>(high - low) * t.element_bytes, copy, out, false, what,
+                               static_cast<std::uint64_t>(low - r * p.shard_elements) * t.element_bytes);
+        }
+        continue;
+      }
       if (!t.quantized) {
         const shard_layout l = dense_shard_layout(t.dims, ranks);
         for (int r = 0; r < ranks; ++r)

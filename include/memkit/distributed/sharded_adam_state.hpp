@@ -271,6 +271,54 @@ class sharded_adam_state : public sharded_adam_layout<State, Block> {
     step_on(exec, comm, param_shard, shard_begin(), false, grad_shard.data(), shard_begin(), groups, options, master);
   }
 
+  // Stage 3 with ONE gradient norm over several states (stage3_parameters on the host: a state per unit), in two
+  // calls. param_shard_chunk_sums: the norm pass over this rank's pieces of `grad_shard` and the all-reduce of the
+  // chunk sums (exact: one rank contributes each chunk), returned in this state's chunk order. Then the caller
+  // adds every state's sums in order with optim::detail::add_chunk_sums (what one adam_state over all the states'
+  // tensors adds, in the same order) and calls step_param_shard_with_norm on every state with the total: every
+  // state on every rank takes the same decision (clip factor, skip on a non-finite sum anywhere). Host only.
+  template <executor E, class C, float_storage G>
+    requires communicator<C, E>
+  std::span<const double> param_shard_chunk_sums(const E& exec, const C& comm, tensor_view<const G> grad_shard) {
+    static_assert(!E::on_device, "sharded_adam_state::param_shard_chunk_sums: host only");
+    const char* op = "sharded_adam_state::param_shard_chunk_sums";
+    require(comm.size() == ranks_ && comm.rank() == rank_, std::string(op) + ": the communicator is not this state's");
+    require(grad_shard.size() == shard_size_, std::string(op) + ": grad_shard has " + std::to_string(grad_shard.size()) +
+                                                  " elements, the shard " + std::to_string(shard_size_));
+    require_accessible(exec, grad_shard, op, "grad_shard");
+    double* sums = core_.host_chunk_sums();
+    std::fill(sums, sums + core_.total_chunks(), 0.0);
+    for (std::size_t k = 0; k < pieces_.size(); ++k)
+      core_.host_norm(piece_layouts_[k], grad_of(pieces_[k], grad_shard.data(), shard_begin()));
+    comm.all_reduce(exec, sums, sums, core_.total_chunks());
+    return {sums, static_cast<std::size_t>(core_.total_chunks())};
+  }
+  // The decision from `total` (the sum of squares over all states' chunks) and `first_bad` (the first non-finite
+  // chunk, -1: none), then, if it applies, the update of this rank's slice as step_param_shard does. Returns
+  // whether the step applied.
+  template <executor E, class C, float_storage P, float_storage G>
+    requires communicator<C, E>
+  bool step_param_shard_with_norm(const E& exec, const C& comm, double total, std::int64_t first_bad,
+                                  tensor_view<P> param_shard, tensor_view<const G> grad_shard,
+                                  std::span<const optim::adam_group> groups, const sharded_step_options& options = {},
+                                  tensor_view<float> master = {}) {
+    static_assert(!E::on_device, "sharded_adam_state::step_param_shard_with_norm: host only");
+    const char* op = "sharded_adam_state::step_param_shard_with_norm";
+    validate_step(exec, comm, op, param_shard, grad_shard, shard_size_, groups, options, master, shard_size_);
+    run_id_bound_ = true;
+    optim::detail::decide_step(core_.host_control(), total, first_bad, core_.options().max_grad_norm,
+                               core_.options().loss_scaling, options.gradient_scale);
+    if (core_.host_control().applied == 0) return false;
+    for (std::size_t k = 0; k < pieces_.size(); ++k) {
+      const shard_piece& p = pieces_[k];
+      core_.host_update(piece_layouts_[k],
+                        core_.host_access(p.tensor, param_of(p, param_shard, shard_begin()),
+                                          grad_of(p, grad_shard.data(), shard_begin()), master_of(p, master), p.begin),
+                        groups[static_cast<std::size_t>(group_of(p, options))]);
+    }
+    return true;
+  }
+
   // Copies this rank's shard of `params` into `master` (fp32): the start of training with master weights.
   // Host-accessible views (copy device parameters to the host first, or convert on the device yourself).
   template <float_storage P>

@@ -35,8 +35,10 @@
 // Bit-identity with one process: the gradients of rank r are rank r's micro-batch's; the owner adds them in
 // rank order (((g0 + g1) + g2) ...), what one process accumulating the micro-batches one after the other
 // computes, and the Adam update is sharded_adam_state's (bit-identical to adam_state for the same gradients).
-// Limits of this version: the gradient norm is per unit, so gradient clipping (max_grad_norm > 0) is refused
-// (a global norm would clip differently); a non-finite gradient skips only its own unit's step. Each unit's
+// The gradient norm is global on the host: every unit's chunk sums added in the order one adam_state over all
+// the units' tensors adds them, so clipping (max_grad_norm > 0) is bit-identical to one process and a non-finite
+// gradient anywhere skips the step of every unit on every rank. On a device each unit decides on its own norm
+// (clipping refused there in this version). Each unit's
 // gradients are reduced once per step (one backward per unit; no accumulation over micro-steps on one rank).
 // On CUDA the collectives and copies are enqueued on the executor's stream, a prefetch on a second stream
 // ordered with events (compiled; not yet run on a device). Frozen dense tensors and LoRA adapters are
@@ -60,6 +62,7 @@
 #include "memkit/distributed/communicator.hpp"
 #include "memkit/distributed/sharded_adam_state.hpp"
 #include "memkit/distributed/sharded_parameters.hpp"
+#include "memkit/distributed/stage3_bytes.hpp"
 #include "memkit/layers/parameter.hpp"
 #include "memkit/layers/tensor_ops.hpp"
 #include "memkit/memory/buffer.hpp"
@@ -82,6 +85,25 @@ struct rank_order_sum {
     out[i] = sum;
   }
 };
+
+// `text` as a JSON string (quotes, backslashes and control characters escaped).
+inline std::string json_quoted(const std::string& text) {
+  std::string out = "\"";
+  for (const char c : text) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      const char* hex = "0123456789abcdef";
+      out += "\\u00";
+      out += hex[(c >> 4) & 0xf];
+      out += hex[c & 0xf];
+    } else {
+      out += c;
+    }
+  }
+  return out + "\"";
+}
 
 // A resource that hands out one address given in advance: how a parameter's buffer<W> is made to point into
 // the gather buffer without owning it (deallocation does nothing; the gather buffer owns the bytes).
@@ -118,10 +140,6 @@ class slab_resource final : public memory_resource {
   }
   memory_kind kind() const noexcept override { return kind_; }
   const char* name() const noexcept override { return "stage3 quantized gather buffer"; }
-  // What a run of allocations of these sizes takes (each start aligned to default_alignment).
-  static constexpr std::size_t aligned(std::size_t bytes) noexcept {
-    return (bytes + default_alignment - 1) / default_alignment * default_alignment;
-  }
 
  private:
   void* do_allocate(std::size_t bytes, std::size_t alignment) override {
@@ -186,13 +204,6 @@ void ordered_reduce_scatter(const E& exec, const C& comm, tensor_view<const floa
   layers::for_each_index(exec, count, detail::rank_order_sum{staging.data(), recv.data(), count, static_cast<int>(ranks)});
 }
 
-// The workspace ordered_all_reduce takes for `count` elements on `ranks` ranks: the padded send and staging
-// (ranks * ceil(count / ranks) each) and this rank's sum.
-constexpr std::size_t ordered_all_reduce_workspace_bytes(std::int64_t count, int ranks) noexcept {
-  const std::int64_t n = ranks > 0 ? ranks : 1, chunk = (count + n - 1) / n;
-  return count == 0 ? 0 : 2 * buffer<float>::bytes_required(shape{n * chunk}) + buffer<float>::bytes_required(shape{chunk});
-}
-
 // data = the sum over ranks of data, added in rank order on every rank (ordered_reduce_scatter of the padded
 // data, then all_gather): for replicated tensors (LoRA adapters' gradients under stage 3).
 template <executor E, class C>
@@ -211,23 +222,6 @@ void ordered_all_reduce(const E& exec, const C& comm, tensor_view<float> data, m
   layers::copy_view(exec, tensor_view<const float>(send.view().flat_slice(0, count)), data);
 }
 
-// What a unit is made of, for the byte functions: its tensors' element counts, its slot, and whether its
-// parameters keep an fp32 master copy (16-bit values trained with layers::trainability::bf16_master).
-struct stage3_unit_shape {
-  std::vector<std::int64_t> sizes;  // trainable dense tensors (sharded with their optimizer state)
-  int slot = 0;
-  bool master = false;
-  std::vector<std::pair<shape, quant::quant_options>> quantized{};  // frozen NF4 tensors (sharded, gathered)
-};
-
-// The bytes one rank allocates, per tracking category (weights: parameter slices and gather buffers;
-// gradients: gradient slices, gradient buffers and the reduction's staging; optimizer_state: sharded Adam
-// states and master slices).
-struct stage3_bytes {
-  std::size_t weights = 0, gradients = 0, optimizer_state = 0;
-  std::size_t total() const noexcept { return weights + gradients + optimizer_state; }
-};
-
 // A unit: the parameters of one layer (trainable, all with or all without master copies) and its slot.
 // Either list may be empty (a QLoRA block has only frozen NF4 weights; its adapters are replicated).
 template <class W>
@@ -236,6 +230,8 @@ struct stage3_unit {
   int slot = 0;
   std::vector<int> tensor_groups{};  // the Adam group of each parameter; empty: all in group 0
   std::vector<quant::quantized_tensor<quant::NF4>*> quantized{};  // frozen NF4 tensors
+  // Optional: each NF4 tensor's name in checkpoints (save, load, export_consolidated); empty: "stage3.k.nf4.j".
+  std::vector<std::string> quantized_names;  // (no default member initializer: gcc 12 under nvcc fails on one)
 };
 
 template <class W, class State = float, int Block = optim::adam_state_traits<State>::default_block>
@@ -248,83 +244,28 @@ class stage3_parameters {
 
   using unit_spec = stage3_unit<W>;
 
-  // ---- byte functions (exact: a tracker measures these) ----
-  // Elements of a unit's flat dense parameters (0 without any) and of one rank's slice.
-  static std::int64_t flat_size(const stage3_unit_shape& u, int ranks) {
-    return u.sizes.empty() ? 0 : optimizer_type::flat_size(u.sizes, ranks);
-  }
-  static std::int64_t shard_size(const stage3_unit_shape& u, int ranks) {
-    return u.sizes.empty() ? 0 : optimizer_type::shard_size(u.sizes, ranks);
-  }
-  // Bytes of a unit's gathered quantized tensors in its slot (each of a tensor's four buffers aligned).
-  static std::size_t quantized_gather_bytes(const stage3_unit_shape& u) {
-    std::size_t bytes = 0;
-    for (const auto& [dims, o] : u.quantized) {
-      const std::int64_t blocks = quant::block_count(dims.numel(), o.block_size);
-      bytes += detail::slab_resource::aligned(static_cast<std::size_t>(quant::code_bytes(quant::NF4, dims.numel())));
-      bytes += detail::slab_resource::aligned(static_cast<std::size_t>(o.double_quant ? blocks : 4 * blocks));
-      if (o.double_quant) bytes += detail::slab_resource::aligned(static_cast<std::size_t>(4 * (quant::nested_group_count(blocks) + 1)));
-    }
-    return bytes;
-  }
-  // The workspace gather takes (and returns before it returns): the largest quantized tensor's staging.
+  // ---- byte functions (exact: a tracker measures these): stage3_layout's (distributed/stage3_bytes.hpp) ----
+  using layout = stage3_layout<State, Block>;
+  static_assert(stage3_slab_alignment == default_alignment, "stage3: the NF4 gather area is laid out at the resources' alignment");
+  static std::int64_t flat_size(const stage3_unit_shape& u, int ranks) { return layout::flat_size(u, ranks); }
+  static std::int64_t shard_size(const stage3_unit_shape& u, int ranks) { return layout::shard_size(u, ranks); }
+  static std::size_t quantized_gather_bytes(const stage3_unit_shape& u) { return layout::quantized_gather_bytes(u); }
   static std::size_t gather_workspace_bytes(std::span<const stage3_unit_shape> units, int ranks) {
-    std::size_t most = 0;
-    for (const stage3_unit_shape& u : units)
-      for (const auto& [dims, o] : u.quantized) most = std::max(most, quantized_shard::gather_workspace_bytes(dims, o, ranks));
-    return most;
+    return layout::gather_workspace_bytes(units, ranks);
   }
-  // What rank `rank` keeps for one unit between its gathers: its slices and its optimizer state.
   static stage3_bytes shard_bytes(const stage3_unit_shape& u, int rank, int ranks, const optim::adam_options& options = {}) {
-    const shape slice{shard_size(u, ranks)};
-    stage3_bytes b;
-    b.weights = buffer<W>::bytes_required(slice);
-    for (const auto& [dims, o] : u.quantized) b.weights += quantized_shard::shard_bytes(dims, o, ranks);
-    if (u.sizes.empty()) return b;
-    b.gradients = buffer<float>::bytes_required(slice);
-    b.optimizer_state = optimizer_type::bytes_required(u.sizes, rank, ranks, options) + (u.master ? buffer<float>::bytes_required(slice) : 0);
-    return b;
+    return layout::shard_bytes(u, sizeof(W), rank, ranks, options.min_quantized_size);
   }
-  // The buffers made once: per slot a gather buffer and a gradient buffer of its largest unit's flat size,
-  // and the reduction's staging (the largest unit's flat gradients).
-  // buffers_per_slot[k]: gather buffers of slot k (1, or 2 to prefetch the next unit while one runs; missing: 1).
   static int buffers_of(std::span<const int> buffers_per_slot, std::size_t slot) {
-    return slot < buffers_per_slot.size() ? buffers_per_slot[slot] : 1;
+    return layout::buffers_of(buffers_per_slot, slot);
   }
   static stage3_bytes buffer_bytes(std::span<const stage3_unit_shape> units, int ranks, std::span<const int> buffers_per_slot = {}) {
-    std::vector<std::int64_t> slot_flat;
-    std::vector<std::size_t> slot_quantized;
-    std::int64_t largest = 0;
-    for (const stage3_unit_shape& u : units) {
-      const auto k = static_cast<std::size_t>(u.slot);
-      if (k >= slot_flat.size()) {
-        slot_flat.resize(k + 1, 0);
-        slot_quantized.resize(k + 1, 0);
-      }
-      slot_flat[k] = std::max(slot_flat[k], flat_size(u, ranks));
-      slot_quantized[k] = std::max(slot_quantized[k], quantized_gather_bytes(u));
-      largest = std::max(largest, flat_size(u, ranks));
-    }
-    stage3_bytes b;
-    for (std::size_t k = 0; k < slot_flat.size(); ++k) {
-      b.weights += static_cast<std::size_t>(buffers_of(buffers_per_slot, k)) *
-                   (buffer<W>::bytes_required(shape{slot_flat[k]}) + slot_quantized[k]);
-      b.gradients += buffer<float>::bytes_required(shape{slot_flat[k]});
-    }
-    b.gradients += buffer<float>::bytes_required(shape{largest});
-    return b;
+    return layout::buffer_bytes(units, sizeof(W), ranks, buffers_per_slot);
   }
   // Everything rank `rank` of `ranks` allocates (what the constructor takes, held until destruction).
   static stage3_bytes bytes_required(std::span<const stage3_unit_shape> units, int rank, int ranks,
                                      const optim::adam_options& options = {}, std::span<const int> buffers_per_slot = {}) {
-    stage3_bytes b = buffer_bytes(units, ranks, buffers_per_slot);
-    for (const stage3_unit_shape& u : units) {
-      const stage3_bytes s = shard_bytes(u, rank, ranks, options);
-      b.weights += s.weights;
-      b.gradients += s.gradients;
-      b.optimizer_state += s.optimizer_state;
-    }
-    return b;
+    return layout::bytes_required(units, sizeof(W), rank, ranks, options.min_quantized_size, buffers_per_slot);
   }
 
   // ---- construction ----
@@ -337,17 +278,18 @@ class stage3_parameters {
     requires ordered_communicator<C, E>
   stage3_parameters(const E& exec, const C& comm, const layers::memory_resources& memory, std::vector<unit_spec> units,
                     const optim::adam_options& options = {}, std::uint64_t run_id = 0, std::span<const int> buffers_per_slot = {})
-      : rank_(comm.rank()), ranks_(comm.size()), workspace_(memory.workspace), weights_(memory.weights),
+      : rank_(comm.rank()), ranks_(comm.size()), max_grad_norm_(options.max_grad_norm), workspace_(memory.workspace),
+        weights_(memory.weights),
         placement_(memory.weights->kind()) {
     const char* op = "stage3_parameters";
     require(!units.empty(), std::string(op) + ": no units");
-    require(options.max_grad_norm == 0.0f,
-            std::string(op) + ": gradient clipping (max_grad_norm " + std::to_string(options.max_grad_norm) +
-                ") needs the norm over every unit; stage 3 keeps one norm per unit, so set max_grad_norm = 0");
     for (std::size_t k = 0; k < units.size(); ++k) {
       unit_spec& spec = units[k];
       const std::string which = std::string(op) + ": unit " + std::to_string(k);
       require(spec.slot >= 0 && spec.slot < 64, which + ": slot " + std::to_string(spec.slot));
+      require(spec.quantized_names.empty() || spec.quantized_names.size() == spec.quantized.size(),
+              which + ": quantized_names has " + std::to_string(spec.quantized_names.size()) + " entries for " +
+                  std::to_string(spec.quantized.size()) + " NF4 tensors");
       require(spec.tensor_groups.empty() || spec.tensor_groups.size() == spec.parameters.size(),
               which + ": tensor_groups has " + std::to_string(spec.tensor_groups.size()) + " entries for " +
                   std::to_string(spec.parameters.size()) + " parameters");
@@ -580,21 +522,52 @@ class stage3_parameters {
       require(!units_[u].optimizer || units_[u].reduced,
               std::string(op) + ": unit " + std::to_string(u) +
                   "'s gradients were not reduced since the last step (gather it with gradients for its backward)");
-    for (unit& x : units_) {
-      if (!x.optimizer) continue;
-      x.reduced = false;
-      const sharded_step_options o{.tensor_groups = x.spec.tensor_groups, .gradient_scale = gradient_scale};
-      x.optimizer->step_param_shard(exec, comm, x.param_shard.view(), tensor_view<const float>(x.grad_shard.view()),
-                                    groups, o, x.shape.master ? x.master_shard.view() : tensor_view<float>::none());
+    if constexpr (!E::on_device) {
+      // One gradient norm over every unit: each unit's chunk sums (its own chunks' sums of squares, all-reduced
+      // exactly), added unit after unit in chunk order, as one adam_state over all the units' tensors adds them.
+      // Every unit on every rank decides from that total: one clip factor, and a non-finite sum anywhere skips
+      // the step everywhere.
+      double total = 0.0;
+      std::int64_t first_bad = -1, first_chunk = 0;
+      for (unit& x : units_) {
+        if (!x.optimizer) continue;
+        const std::span<const double> sums =
+            x.optimizer->param_shard_chunk_sums(exec, comm, tensor_view<const float>(x.grad_shard.view()));
+        optim::detail::add_chunk_sums(sums.data(), static_cast<std::int64_t>(sums.size()), first_chunk, total, first_bad);
+        first_chunk += static_cast<std::int64_t>(sums.size());
+      }
+      for (unit& x : units_) {
+        if (!x.optimizer) continue;
+        x.reduced = false;
+        const sharded_step_options o{.tensor_groups = x.spec.tensor_groups, .gradient_scale = gradient_scale};
+        x.optimizer->step_param_shard_with_norm(exec, comm, total, first_bad, x.param_shard.view(),
+                                                tensor_view<const float>(x.grad_shard.view()), groups, o,
+                                                x.shape.master ? x.master_shard.view() : tensor_view<float>::none());
+      }
+    } else {
+      // On a device each unit's state decides on its own norm (the decision stays on the device); clipping
+      // needs the global norm, which is host-only in this version.
+      require(max_grad_norm_ == 0.0f, std::string(op) + ": gradient clipping (max_grad_norm " + std::to_string(max_grad_norm_) +
+                                          ") under stage 3 needs the global norm, computed on the host only in this "
+                                          "version; on a device set max_grad_norm = 0");
+      for (unit& x : units_) {
+        if (!x.optimizer) continue;
+        x.reduced = false;
+        const sharded_step_options o{.tensor_groups = x.spec.tensor_groups, .gradient_scale = gradient_scale};
+        x.optimizer->step_param_shard(exec, comm, x.param_shard.view(), tensor_view<const float>(x.grad_shard.view()),
+                                      groups, o, x.shape.master ? x.master_shard.view() : tensor_view<float>::none());
+      }
     }
   }
 
   // ---- checkpoints: one file per rank, re-sharded on load (N -> M) ----
 
   // Adds this rank's part to `out` (every unit released). Per unit k with dense parameters: metadata "stage3.k"
-  // (element type, sizes, master, rank count, rank), U8 tensors "stage3.k.values" (this rank's parameter
-  // slice), "stage3.k.master" (with master copies) and "stage3.k.adam" (the unit's sharded_adam_state image);
-  // per NF4 tensor j, sharded_quantized::save under "stage3.k.nf4.j". Metadata "stage3" holds the unit count.
+  // (element type, sizes, master, the tensors' names and shapes, rank count, rank: what
+  // distributed::export_consolidated reads to write each tensor whole), U8 tensors "stage3.k.values" (this
+  // rank's parameter slice), "stage3.k.master" (with master copies) and "stage3.k.adam" (the unit's sharded_adam_state image);
+  // per NF4 tensor j, sharded_quantized::save under its quantized_names entry (or "stage3.k.nf4.j"). Metadata
+  // "stage3" holds the unit count.
   template <executor E>
   void save(const E& exec, safetensors::writer& out) const {
     const char* op = "stage3_parameters::save";
@@ -603,7 +576,7 @@ class stage3_parameters {
       const unit& x = units_[k];
       require(!x.gathered && x.held_in < 0, std::string(op) + ": unit " + std::to_string(k) + " is gathered or prefetched; release it first");
       const std::string name = "stage3." + std::to_string(k);
-      for (std::size_t j = 0; j < x.quantized_shards.size(); ++j) x.quantized_shards[j].save(out, name + ".nf4." + std::to_string(j));
+      for (std::size_t j = 0; j < x.quantized_shards.size(); ++j) x.quantized_shards[j].save(out, quantized_name(x, name, j));
       if (!x.optimizer) continue;
       std::ostringstream image;
       x.optimizer->save(exec, image);
@@ -613,7 +586,7 @@ class stage3_parameters {
           {".values", reinterpret_cast<const std::uint8_t*>(x.param_shard.data()), x.param_shard.bytes()}};
       if (x.shape.master)
         pieces.push_back({".master", reinterpret_cast<const std::uint8_t*>(x.master_shard.data()), x.master_shard.bytes()});
-      detail::save_shard(out, name, layout_json(x.shape) + ",\"ranks\":" + std::to_string(ranks_) + ",\"rank\":" +
+      detail::save_shard(out, name, layout_json(x) + ",\"ranks\":" + std::to_string(ranks_) + ",\"rank\":" +
                                         std::to_string(rank_) + "}", pieces);
     }
   }
@@ -644,7 +617,7 @@ class stage3_parameters {
         const std::string what = op + " (unit " + std::to_string(k) + ")";
         const std::vector<const safetensors::reader*> old = detail::order_images(images, name, what);
         const int old_ranks = static_cast<int>(old.size());
-        const std::string expected = layout_json(x.shape) + ",\"ranks\":" + std::to_string(old_ranks);
+        const std::string expected = layout_json(x) + ",\"ranks\":" + std::to_string(old_ranks);
         for (const safetensors::reader* image : old)
           require(detail::layout_without_rank(*image, name) == expected,
                   what + ": '" + image->path() + "' holds another unit (" + detail::layout_without_rank(*image, name) +
@@ -692,7 +665,7 @@ class stage3_parameters {
         if (x.shape.master) layers::copy_in(reinterpret_cast<const float*>(masters.data()), x.master_shard.view());
       }
       for (std::size_t j = 0; j < x.quantized_shards.size(); ++j) {
-        quantized_shard loaded = quantized_shard::load(images, name + ".nf4." + std::to_string(j), rank_, ranks_, *weights_);
+        quantized_shard loaded = quantized_shard::load(images, quantized_name(x, name, j), rank_, ranks_, *weights_);
         require(loaded.logical_shape() == x.quantized_shards[j].logical_shape() &&
                     loaded.options().block_size == x.quantized_shards[j].options().block_size &&
                     loaded.options().double_quant == x.quantized_shards[j].options().double_quant,
@@ -703,13 +676,6 @@ class stage3_parameters {
   }
 
  private:
-  // A unit's saved layout up to its rank count: element type, master copies, sizes.
-  static std::string layout_json(const stage3_unit_shape& u) {
-    std::string text = std::string("{\"format\":\"memkit.stage3\",\"dtype\":\"") + safetensors::dtype_of<W>() +
-                       "\",\"master\":" + (u.master ? "true" : "false") + ",\"sizes\":[";
-    for (std::size_t i = 0; i < u.sizes.size(); ++i) text += (i ? "," : "") + std::to_string(u.sizes[i]);
-    return text + "]";
-  }
   struct unit {
     unit_spec spec;
     stage3_unit_shape shape;
@@ -723,6 +689,27 @@ class stage3_parameters {
     bool gathered = false, with_gradients = false;
     bool reduced = false;  // its gradient slice holds this step's reduction
   };
+  // The checkpoint name of unit x's NF4 tensor j (`name`: the unit's "stage3.k").
+  static std::string quantized_name(const unit& x, const std::string& name, std::size_t j) {
+    return x.spec.quantized_names.empty() ? name + ".nf4." + std::to_string(j) : x.spec.quantized_names[j];
+  }
+  // A unit's saved layout up to its rank count: element type, master copies, sizes, and each tensor's name and
+  // shape (what distributed::export_consolidated needs to write the tensors whole under their names).
+  static std::string layout_json(const unit& x) {
+    const stage3_unit_shape& u = x.shape;
+    std::string text = std::string("{\"format\":\"memkit.stage3\",\"dtype\":\"") + safetensors::dtype_of<W>() +
+                       "\",\"master\":" + (u.master ? "true" : "false") + ",\"sizes\":[";
+    for (std::size_t i = 0; i < u.sizes.size(); ++i) text += (i ? "," : "") + std::to_string(u.sizes[i]);
+    text += "],\"names\":[";
+    for (std::size_t i = 0; i < x.spec.parameters.size(); ++i) text += (i ? "," : "") + detail::json_quoted(x.spec.parameters[i]->name);
+    text += "],\"shapes\":[";
+    for (std::size_t i = 0; i < x.dims.size(); ++i) {
+      text += i ? ",[" : "[";
+      for (int d = 0; d < x.dims[i].rank; ++d) text += (d ? "," : "") + std::to_string(x.dims[i].extents[d]);
+      text += "]";
+    }
+    return text + "]";
+  }
   // One gather buffer of a slot: the dense values and the NF4 area of the slot's largest unit.
   struct gather_buffer {
     explicit gather_buffer(memory_kind kind) : slab(std::make_unique<detail::slab_resource>(kind)) {}
@@ -796,6 +783,7 @@ class stage3_parameters {
   }
 
   int rank_ = 0, ranks_ = 1;
+  float max_grad_norm_ = 0.0f;
   std::int64_t gathers_ = 0, prefetches_ = 0;
   memory_resource* workspace_ = nullptr;
   memory_resource* weights_ = nullptr;

@@ -65,7 +65,10 @@ std::vector<distributed::stage3_unit<T>> stage3_units(causal_lm<T, Linear>& mode
       c.add(b.k_norm.weight);
     }
     for (Linear* l : {&b.q, &b.k, &b.v, &b.o, &b.gate, &b.up, &b.down}) {
-      if constexpr (detail::is_nf4_projection<Linear>) unit.quantized.push_back(l->base.get());
+      if constexpr (detail::is_nf4_projection<Linear>) {
+        unit.quantized.push_back(l->base.get());
+        unit.quantized_names.push_back(l->path + ".weight");  // the checkpoint's name: exports load in transformers
+      }
       else l->register_parameters(c);
     }
     unit.parameters = std::move(c.list);
@@ -75,7 +78,7 @@ std::vector<distributed::stage3_unit<T>> stage3_units(causal_lm<T, Linear>& mode
   outer.add(model.embed.weight);
   outer.add(model.final_norm.weight);
   if (!model.config.tie_embeddings) outer.add(model.head);
-  units.push_back({std::move(outer.list), 1, {}, {}});
+  units.push_back({std::move(outer.list), 1, {}, {}, {}});
   return units;
 }
 
@@ -85,28 +88,12 @@ std::vector<distributed::stage3_unit<T>> stage3_units(causal_lm<T, Linear>& mode
 template <class T>
 std::vector<distributed::stage3_unit_shape> stage3_unit_shapes(const model_config& c, layers::trainability mode,
                                                                const memkit::quant::quant_options* nf4 = nullptr) {
-  const bool trains = mode != layers::trainability::frozen;
-  const bool master = mode == layers::trainability::bf16_master && !std::is_same_v<T, float>;
-  std::vector<distributed::stage3_unit_shape> units;
-  for (std::int64_t i = 0; i < c.layers; ++i) {
-    distributed::stage3_unit_shape u{{}, 0, master, {}};
-    if (trains) u.sizes = {c.hidden, c.hidden};
-    if (trains && c.qk_norm) u.sizes.insert(u.sizes.end(), {c.head_dim, c.head_dim});
-    for (const projection& p : projections_of(c, i)) {
-      if (nf4 != nullptr) {
-        u.quantized.emplace_back(shape{p.out, p.in}, *nf4);
-      } else if (trains) {
-        u.sizes.push_back(p.out * p.in);
-        if (p.bias) u.sizes.push_back(p.out);
-      }
-    }
-    units.push_back(std::move(u));
-  }
-  distributed::stage3_unit_shape outer{{}, 1, master, {}};
-  if (trains) outer.sizes = {c.vocab * c.hidden, c.hidden};
-  if (trains && !c.tie_embeddings) outer.sizes.push_back(c.vocab * c.hidden);
-  units.push_back(std::move(outer));
-  return units;
+  distributed::decoder_stage3_dims d;
+  d.vocab = c.vocab, d.hidden = c.hidden, d.layers = c.layers, d.intermediate = c.intermediate;
+  d.q_width = c.heads * c.head_dim, d.kv_width = c.kv_heads * c.head_dim, d.qk_norm = c.qk_norm ? c.head_dim : 0;
+  d.qkv_bias = c.qkv_bias, d.o_bias = c.o_bias, d.mlp_bias = c.mlp_bias, d.tied_embeddings = c.tie_embeddings;
+  return distributed::decoder_stage3_unit_shapes(d, mode != layers::trainability::frozen,
+                                                 mode == layers::trainability::bf16_master && !std::is_same_v<T, float>, nf4);
 }
 
 // LoRA adapters are replicated under stage 3 (a few MB even for a 70B model): after the pass, every
