@@ -16,11 +16,20 @@
 MEMKIT_NAMESPACE_BEGIN
 namespace attention {
 
+// Which CUDA kernel runs the forward pass (the host ignores it). `wmma`: the WMMA kernel, every dtype and head_dim
+// <= 128. `mma`: the FlashAttention-2-structured kernel (mma.sync m16n8k16 + ldmatrix, cp.async double-buffered
+// K/V, Q and the softmax state in registers) for bf16 / fp16 at head_dim 64 or 128, 16-byte-aligned tensors;
+// other problems fall back to `wmma`. Backward runs the WMMA kernels under either. `automatic` picks `wmma` today:
+// the mma kernel was written without a GPU and switches to the default once a GPU run has passed
+// tests/cuda/attention_test.cu with it (issue 29).
+enum class attention_kernel : std::uint8_t { automatic, wmma, mma };
+
 struct attention_options {
   bool causal = true;
   std::int64_t window = 0;  // 0: no sliding window; else query i sees keys with |i - j| < window
   float scale = 0;          // 0: 1 / sqrt(head_dim)
   int host_threads = 0;     // 0: every hardware thread
+  attention_kernel kernel = attention_kernel::automatic;  // CUDA only (above)
 };
 
 // Host tile sizes: a 64 x 64 fp32 score tile and 64-row K/V tiles (D = 128: 32 KiB each) stay in L1/L2.
