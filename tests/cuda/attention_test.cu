@@ -90,10 +90,12 @@ struct device_results {
 template <class T>
 device_results<T> gpu_matches_host(std::int64_t B, std::int64_t Hq, std::int64_t Hkv, std::int64_t S, std::int64_t D,
                                    bool causal, std::int64_t window, double tolerance,
-                                   const std::vector<std::int32_t>& offsets = {}) {
+                                   const std::vector<std::int32_t>& offsets = {},
+                                   att::attention_kernel kernel = att::attention_kernel::automatic) {
   att::attention_options o;
   o.causal = causal;
   o.window = window;
+  o.kernel = kernel;
   o.host_threads = 2;
   const std::int64_t nq = B * Hq * S * D, nkv = B * Hkv * S * D, nl = B * Hq * S;
   const auto q = memkit_test::convert<T>(memkit_test::standard_normal(nq, 1));
@@ -131,6 +133,9 @@ device_results<T> gpu_matches_host(std::int64_t B, std::int64_t Hq, std::int64_t
     up(offsets_, offsets);
     device_docs = offsets_.view();
   }
+  // A test of the mma kernel must run it, not the fallback.
+  if (kernel == att::attention_kernel::mma)
+    REQUIRE(att::detail::use_mma_forward<T>(o, D, {q_.data(), k_.data(), v_.data(), out_.data()}));
   att::forward<T>(exec, q_.view(), k_.view(), v_.view(), device_docs, out_.view(), lse_.view(), o, device);
   att::backward<T>(exec, {q_.view(), k_.view(), v_.view(), out_.view(), lse_.view(), device_docs}, dout_.view(),
                    {dq_.view(), dk_.view(), dv_.view()}, o, device);
@@ -155,10 +160,11 @@ device_results<T> gpu_matches_host(std::int64_t B, std::int64_t Hq, std::int64_t
   CAPTURE(causal);
   CAPTURE(window);
   CAPTURE(offsets.size());
+  CAPTURE(static_cast<int>(kernel));
   const double e_out = scaled(g_out, out), e_lse = scaled(g_lse, lse), e_dq = scaled(g_dq, dq),
                e_dk = scaled(g_dk, dk), e_dv = scaled(g_dv, dv);
-  std::printf("attention gpu vs host (S %lld D %lld): out %.3g lse %.3g dq %.3g dk %.3g dv %.3g\n",
-              static_cast<long long>(S), static_cast<long long>(D), e_out, e_lse, e_dq, e_dk, e_dv);
+  std::printf("attention gpu (kernel %d) vs host (S %lld D %lld): out %.3g lse %.3g dq %.3g dk %.3g dv %.3g\n",
+              static_cast<int>(kernel), static_cast<long long>(S), static_cast<long long>(D), e_out, e_lse, e_dq, e_dk, e_dv);
   CHECK(e_out <= tolerance);
   CHECK(e_lse <= 1e-4);
   CHECK(e_dq <= tolerance);
@@ -205,5 +211,41 @@ MEMKIT_GPU_TEST_CASE("gpu: flash attention with one document per row is bit-iden
     CHECK(bits(plain.dq, one.dq));
     CHECK(bits(plain.dk, one.dk));
     CHECK(bits(plain.dv, one.dv));
+  }
+}
+
+// The mma forward kernel (attention_options::kernel = mma; backward stays on the WMMA kernels) on every problem it
+// runs: bf16 and fp16, head_dim 64 and 128, causal or not, sliding windows, GQA and MQA, packed documents (boundaries
+// inside its 64-row tiles), sequences not a multiple of its 64-row / 64-key tiles. Tolerances are those of the WMMA
+// kernel against the host (max |error| over max |value|; lse 1e-4): both round the weights to the 16-bit type before
+// P V, only the fp32 accumulation order differs. Then the two kernels against each other on the same inputs.
+MEMKIT_GPU_TEST_CASE("gpu: the mma forward kernel agrees with the host path on every problem it runs") {
+  const auto mma = att::attention_kernel::mma;
+  const std::vector<std::int32_t> two_rows{0, 1, 2, 70, 71, 150, /**/ 0, 64, 130, 149, 150, 150};
+  const std::vector<std::int32_t> one_row{0, 37, 38, 101, 257};
+  for (bool causal : {true, false}) {
+    for (std::int64_t D : {64, 128}) {
+      gpu_matches_host<memkit::bf16>(2, 4, 2, 130, D, causal, 0, 2e-2, {}, mma);
+      gpu_matches_host<memkit::fp16>(2, 4, 2, 130, D, causal, 0, 4e-3, {}, mma);
+      gpu_matches_host<memkit::bf16>(1, 6, 3, 257, D, causal, 33, 2e-2, {}, mma);
+      gpu_matches_host<memkit::fp16>(1, 4, 1, 200, D, causal, causal ? 0 : 50, 4e-3, {}, mma);
+      gpu_matches_host<memkit::bf16>(2, 4, 2, 150, D, causal, 0, 2e-2, two_rows, mma);
+      gpu_matches_host<memkit::fp16>(1, 6, 3, 257, D, causal, causal ? 0 : 50, 4e-3, one_row, mma);
+      gpu_matches_host<memkit::bf16>(1, 2, 1, 257, D, causal, 33, 2e-2, one_row, mma);
+      gpu_matches_host<memkit::bf16>(1, 2, 2, 64, D, causal, 0, 2e-2, {}, mma);  // exactly one tile
+      gpu_matches_host<memkit::fp16>(1, 2, 2, 1, D, causal, 0, 4e-3, {}, mma);   // one row
+    }
+  }
+  for (bool causal : {true, false}) {
+    const auto wmma = gpu_matches_host<memkit::bf16>(2, 4, 2, 300, 128, causal, 0, 2e-2, {}, att::attention_kernel::wmma);
+    const auto mine = gpu_matches_host<memkit::bf16>(2, 4, 2, 300, 128, causal, 0, 2e-2, {}, mma);
+    double worst = 0, lse_worst = 0;
+    for (std::size_t i = 0; i < wmma.out.size(); ++i)
+      worst = std::max(worst, double(std::abs(float(wmma.out[i]) - float(mine.out[i]))));
+    for (std::size_t i = 0; i < wmma.lse.size(); ++i)
+      lse_worst = std::max(lse_worst, double(std::abs(wmma.lse[i] - mine.lse[i])));
+    std::printf("attention mma vs wmma forward: out %.3g lse %.3g (absolute)\n", worst, lse_worst);
+    CHECK(worst <= 2e-2);      // a few bf16 ulps of |out| < 1
+    CHECK(lse_worst <= 1e-4);  // fp32 sums in another order
   }
 }
