@@ -133,9 +133,10 @@ device_results<T> gpu_matches_host(std::int64_t B, std::int64_t Hq, std::int64_t
     up(offsets_, offsets);
     device_docs = offsets_.view();
   }
-  // A test of the mma kernel must run it, not the fallback.
+  // A test of the mma kernels must run them, not the fallback (forward: q, k, v, out; dq pass: also dout, dq).
   if (kernel == att::attention_kernel::mma)
-    REQUIRE(att::detail::use_mma_forward<T>(o, D, {q_.data(), k_.data(), v_.data(), out_.data()}));
+    REQUIRE(att::detail::use_mma_kernel<T>(o, D, {q_.data(), k_.data(), v_.data(), out_.data(), dout_.data(),
+                                                  dq_.data()}));
   att::forward<T>(exec, q_.view(), k_.view(), v_.view(), device_docs, out_.view(), lse_.view(), o, device);
   att::backward<T>(exec, {q_.view(), k_.view(), v_.view(), out_.view(), lse_.view(), device_docs}, dout_.view(),
                    {dq_.view(), dk_.view(), dv_.view()}, o, device);
@@ -214,12 +215,13 @@ MEMKIT_GPU_TEST_CASE("gpu: flash attention with one document per row is bit-iden
   }
 }
 
-// The mma forward kernel (attention_options::kernel = mma; backward stays on the WMMA kernels) on every problem it
-// runs: bf16 and fp16, head_dim 64 and 128, causal or not, sliding windows, GQA and MQA, packed documents (boundaries
-// inside its 64-row tiles), sequences not a multiple of its 64-row / 64-key tiles. Tolerances are those of the WMMA
-// kernel against the host (max |error| over max |value|; lse 1e-4): both round the weights to the 16-bit type before
-// P V, only the fp32 accumulation order differs. Then the two kernels against each other on the same inputs.
-MEMKIT_GPU_TEST_CASE("gpu: the mma forward kernel agrees with the host path on every problem it runs") {
+// The mma kernels (attention_options::kernel = mma: the forward and backward's dq pass; the key pass stays WMMA) on
+// every problem they run: bf16 and fp16, head_dim 64 and 128, causal or not, sliding windows, GQA and MQA, packed
+// documents (boundaries inside the 64-row tiles), sequences not a multiple of the 64-row / 64-key tiles. Tolerances
+// are those of the WMMA kernels against the host (max |error| over max |value|; lse 1e-4): both round the weights
+// (and dS) to the 16-bit type before their products, only the fp32 accumulation order differs. Then the two
+// kernels against each other on the same inputs.
+MEMKIT_GPU_TEST_CASE("gpu: the mma kernels agree with the host path on every problem they run") {
   const auto mma = att::attention_kernel::mma;
   const std::vector<std::int32_t> two_rows{0, 1, 2, 70, 71, 150, /**/ 0, 64, 130, 149, 150, 150};
   const std::vector<std::int32_t> one_row{0, 37, 38, 101, 257};
@@ -239,13 +241,23 @@ MEMKIT_GPU_TEST_CASE("gpu: the mma forward kernel agrees with the host path on e
   for (bool causal : {true, false}) {
     const auto wmma = gpu_matches_host<memkit::bf16>(2, 4, 2, 300, 128, causal, 0, 2e-2, {}, att::attention_kernel::wmma);
     const auto mine = gpu_matches_host<memkit::bf16>(2, 4, 2, 300, 128, causal, 0, 2e-2, {}, mma);
-    double worst = 0, lse_worst = 0;
-    for (std::size_t i = 0; i < wmma.out.size(); ++i)
-      worst = std::max(worst, double(std::abs(float(wmma.out[i]) - float(mine.out[i]))));
-    for (std::size_t i = 0; i < wmma.lse.size(); ++i)
-      lse_worst = std::max(lse_worst, double(std::abs(wmma.lse[i] - mine.lse[i])));
-    std::printf("attention mma vs wmma forward: out %.3g lse %.3g (absolute)\n", worst, lse_worst);
-    CHECK(worst <= 2e-2);      // a few bf16 ulps of |out| < 1
-    CHECK(lse_worst <= 1e-4);  // fp32 sums in another order
+    const auto apart = [](const auto& a, const auto& b) {  // max |a - b| over max |a|
+      double worst = 0, largest = 1e-30;
+      for (std::size_t i = 0; i < a.size(); ++i) {
+        worst = std::max(worst, std::abs(double(memkit::to_float(a[i])) - double(memkit::to_float(b[i]))));
+        largest = std::max(largest, std::abs(double(memkit::to_float(a[i]))));
+      }
+      return worst / largest;
+    };
+    // (dk, dv come from the same WMMA key pass, but read the forward's out and lse, which differ in their last bits.)
+    const double out = apart(wmma.out, mine.out), lse = apart(wmma.lse, mine.lse), dq = apart(wmma.dq, mine.dq),
+                 dk = apart(wmma.dk, mine.dk), dv = apart(wmma.dv, mine.dv);
+    std::printf("attention mma vs wmma: out %.3g lse %.3g dq %.3g dk %.3g dv %.3g (relative to the largest)\n", out,
+                lse, dq, dk, dv);
+    CHECK(out <= 2e-2);  // a few bf16 ulps
+    CHECK(lse <= 1e-4);  // fp32 sums in another order
+    CHECK(dq <= 2e-2);
+    CHECK(dk <= 2e-2);
+    CHECK(dv <= 2e-2);
   }
 }

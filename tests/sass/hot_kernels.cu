@@ -64,7 +64,7 @@ template __global__ void fused_gemv_t_tiled_kernel<format::int8, float, device_f
 template __global__ void gemv_t_reduce_kernel<bf16>(const float*, std::int64_t, std::int64_t, bf16*);
 }  // namespace quant::detail
 namespace attention::detail {
-// Attention forward: the mma kernel (attention_kernel::mma) at both head_dims it runs, and the WMMA kernel that
+// Attention: the forward mma kernel (attention_kernel::mma) at both head_dims it runs, and the WMMA kernel that
 // `automatic` still picks, kept here so the check shows which of the mma rules it breaks.
 template __global__ void mma_forward_kernel<bf16, 128>(cuda_problem, const bf16*, const bf16*, const bf16*, bf16*,
                                                        float*);
@@ -72,5 +72,12 @@ template __global__ void mma_forward_kernel<bf16, 64>(cuda_problem, const bf16*,
                                                       float*);
 template __global__ void flash_forward_kernel<bf16>(cuda_problem, const bf16*, const bf16*, const bf16*, bf16*,
                                                     float*);
+// Backward's dq pass: the mma one and the WMMA one.
+template __global__ void mma_query_pass_kernel<bf16, 128>(cuda_problem, const bf16*, const bf16*, const bf16*,
+                                                          const bf16*, const float*, const float*, bf16*);
+template __global__ void mma_query_pass_kernel<bf16, 64>(cuda_problem, const bf16*, const bf16*, const bf16*,
+                                                         const bf16*, const float*, const float*, bf16*);
+template __global__ void flash_query_pass_kernel<bf16>(cuda_problem, const bf16*, const bf16*, const bf16*,
+                                                       const bf16*, const float*, const float*, bf16*);
 }  // namespace attention::detail
 MEMKIT_NAMESPACE_END

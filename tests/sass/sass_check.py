@@ -81,7 +81,7 @@ KERNELS = [
     ("gemv_t_tiled<int8,f32>", "quant::detail::fused_gemv_t_tiled_kernel<(memkit::v0_1::quant::format)2, float, 8>", 256,
      {"no_local", "ldg128"}),
     ("gemv_t_reduce<bf16>", "quant::detail::gemv_t_reduce_kernel<memkit::v0_1::bf16>", 256, {"no_local"}),
-    # Attention forward (issue 29). An optional fifth field: the launch's dynamic shared bytes, for the occupancy.
+    # Attention (issue 29). An optional fifth field: the launch's dynamic shared bytes, for the occupancy.
     # mma: (64 query rows + 2 x 64 K rows + 2 x 64 V rows) x (head_dim + 8) x 2 bytes (mma_forward_smem_bytes).
     ("attention_fwd_mma<bf16,128>", "attention::detail::mma_forward_kernel<memkit::v0_1::bf16, 128>", 128,
      {"no_local", "no_fp64", "mma", "ldsm", "async_copy"}, 320 * 136 * 2),
@@ -91,6 +91,15 @@ KERNELS = [
     # fp32 O 32 KiB, m/l/correction 768 B, row spans 512 B).
     ("attention_fwd_wmma<bf16>", "attention::detail::flash_forward_kernel<memkit::v0_1::bf16>", 128,
      {"no_local", "no_fp64", "mma", "ldsm", "async_copy"}, 3 * 16384 + 16384 + 8192 + 32768 + 768 + 512),
+    # Backward's dq pass. mma: (2 x 64 rows of Q and dO + 2 x 64 K + 2 x 64 V) x (head_dim + 8) x 2 bytes
+    # (mma_query_pass_smem_bytes); WMMA (query_pass_smem<bf16>, head_dim 128): Q, dO 16 KiB each, K, V 8 KiB each,
+    # fp32 S and dP 8 KiB each, dS 4 KiB, fp32 dQ 32 KiB, lse/delta 512 B, row spans 512 B.
+    ("attention_dq_mma<bf16,128>", "attention::detail::mma_query_pass_kernel<memkit::v0_1::bf16, 128>", 128,
+     {"no_local", "no_fp64", "mma", "ldsm", "async_copy"}, 384 * 136 * 2),
+    ("attention_dq_mma<bf16,64>", "attention::detail::mma_query_pass_kernel<memkit::v0_1::bf16, 64>", 128,
+     {"no_local", "no_fp64", "mma", "ldsm", "async_copy"}, 384 * 72 * 2),
+    ("attention_dq_wmma<bf16>", "attention::detail::flash_query_pass_kernel<memkit::v0_1::bf16>", 128,
+     {"no_local", "no_fp64", "mma", "ldsm", "async_copy"}, 2 * 16384 + 4 * 8192 + 4096 + 32768 + 512 + 512),
 ]
 
 # --- Rules today's kernels break, each with the fix it waits for (issue 14). Remove an entry with its fix:
@@ -99,6 +108,8 @@ EXEMPTIONS = {
     # `automatic` still runs this kernel until the mma kernel has passed on a GPU; then it leaves the table.
     ("attention_fwd_wmma<bf16>", "ldsm"): "WMMA loads its fragments from generic pointers: attention_kernel::mma",
     ("attention_fwd_wmma<bf16>", "async_copy"): "plain tile loads through registers: attention_kernel::mma",
+    ("attention_dq_wmma<bf16>", "ldsm"): "WMMA loads its fragments from generic pointers: attention_kernel::mma",
+    ("attention_dq_wmma<bf16>", "async_copy"): "plain tile loads through registers: attention_kernel::mma",
 }
 
 # --- Documented per-SM limits (CUDA C++ Programming Guide, "Compute Capabilities", and the occupancy

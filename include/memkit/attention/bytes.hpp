@@ -16,12 +16,12 @@
 MEMKIT_NAMESPACE_BEGIN
 namespace attention {
 
-// Which CUDA kernel runs the forward pass (the host ignores it). `wmma`: the WMMA kernel, every dtype and head_dim
-// <= 128. `mma`: the FlashAttention-2-structured kernel (mma.sync m16n8k16 + ldmatrix, cp.async double-buffered
-// K/V, Q and the softmax state in registers) for bf16 / fp16 at head_dim 64 or 128, 16-byte-aligned tensors;
-// other problems fall back to `wmma`. Backward runs the WMMA kernels under either. `automatic` picks `wmma` today:
-// the mma kernel was written without a GPU and switches to the default once a GPU run has passed
-// tests/cuda/attention_test.cu with it (issue 29).
+// Which CUDA kernels run (the host ignores it). `wmma`: the WMMA kernels, every dtype and head_dim <= 128. `mma`:
+// the FlashAttention-2-structured kernels (mma.sync m16n8k16 + ldmatrix, cp.async double-buffered K/V, the row
+// state in registers) for the forward and backward's dq pass, bf16 / fp16 at head_dim 64 or 128 with 16-byte-aligned
+// tensors; other problems, and backward's delta and dk/dv passes, run the WMMA kernels. `automatic` picks `wmma`
+// today: the mma kernels were written without a GPU, and `automatic` switches to them only once a GPU run has
+// passed tests/cuda/attention_test.cu with them (issue 29). Same saved tensors and byte functions under all.
 enum class attention_kernel : std::uint8_t { automatic, wmma, mma };
 
 struct attention_options {

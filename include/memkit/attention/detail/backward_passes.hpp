@@ -8,8 +8,10 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "memkit/attention/detail/common.hpp"
+#include "memkit/attention/detail/mma_backward.hpp"
 #include "memkit/core/host_threads.hpp"
 #include "memkit/memory/buffer.hpp"
 #include "memkit/memory/resource.hpp"
@@ -329,6 +331,17 @@ void run_backward(const host_executor&, const tensor_view<const T>& q, const ten
 }
 
 #if MEMKIT_HAS_CUDA
+template <class T, int D>
+void launch_mma_query_pass(const cuda_executor& exec, const cuda_problem& p, const T* q, const T* k, const T* v,
+                           const T* dout, const float* lse, const float* delta, T* dq) {
+  const std::int64_t smem = mma_query_pass_smem_bytes(D, sizeof(T));
+  prepare_smem(exec, mma_query_pass_kernel<T, D>, smem, "backward");
+  const std::int64_t blocks = std::int64_t{p.B} * p.Hq * ((p.S + mma_tiles::rows - 1) / mma_tiles::rows);
+  mma_query_pass_kernel<T, D><<<static_cast<unsigned>(blocks), mma_tiles::threads, static_cast<std::size_t>(smem),
+                                exec.stream>>>(p, q, k, v, dout, lse, delta, dq);
+  MEMKIT_CUDA_CHECK(cudaGetLastError());
+}
+
 // backward on CUDA: the delta kernel, then the key pass and the query pass, all on exec.stream; delta comes from
 // `workspace`, stream-ordered.
 template <class T>
@@ -354,6 +367,16 @@ void run_backward(const cuda_executor& exec, const tensor_view<const T>& q, cons
                                        static_cast<std::size_t>(smem_bytes<key_pass_smem<T>>(p.D)), exec.stream>>>(
         p, q.data(), k.data(), v.data(), dout.data(), lse.data(), delta.data(), dk.data(), dv.data());
     MEMKIT_CUDA_CHECK(cudaGetLastError());
+    if constexpr (!std::is_same_v<T, float>) {
+      // attention_kernel::mma: the dq pass in FA2's structure (detail/mma_backward.hpp); the key pass above stays.
+      if (use_mma_kernel<T>(options, p.D, {q.data(), k.data(), v.data(), dout.data(), dq.data()})) {
+        if (p.D == 64) launch_mma_query_pass<T, 64>(exec, p, q.data(), k.data(), v.data(), dout.data(), lse.data(),
+                                                    delta.data(), dq.data());
+        else launch_mma_query_pass<T, 128>(exec, p, q.data(), k.data(), v.data(), dout.data(), lse.data(),
+                                           delta.data(), dq.data());
+        return 0;
+      }
+    }
     flash_query_pass_kernel<T><<<static_cast<unsigned>(std::int64_t{p.B} * p.Hq * row_tiles), C::threads,
                                          static_cast<std::size_t>(smem_bytes<query_pass_smem<T>>(p.D)), exec.stream>>>(
         p, q.data(), k.data(), v.data(), dout.data(), lse.data(), delta.data(), dq.data());

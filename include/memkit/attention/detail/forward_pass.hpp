@@ -7,7 +7,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <initializer_list>
 #include <type_traits>
 
 #include "memkit/attention/detail/common.hpp"
@@ -191,16 +190,6 @@ void run_forward(const host_executor&, const tensor_view<const T>& q, const tens
 }
 
 #if MEMKIT_HAS_CUDA
-// Whether attention_options::kernel selects the mma kernel and it runs this problem: bf16 / fp16, head_dim 64 or
-// 128, and q, k, v, out 16-byte aligned (its cp.async chunks). Otherwise the WMMA kernel runs (documented).
-template <class T>
-bool use_mma_forward(const attention_options& o, std::int64_t D, std::initializer_list<const void*> tensors) {
-  if (o.kernel != attention_kernel::mma || !mma_forward_supports<T>(D)) return false;
-  for (const void* t : tensors)
-    if (reinterpret_cast<std::uintptr_t>(t) % 16 != 0) return false;
-  return true;
-}
-
 template <class T, int D>
 void launch_mma_forward(const cuda_executor& exec, const cuda_problem& p, const T* q, const T* k, const T* v, T* out,
                         float* lse) {
@@ -220,7 +209,7 @@ void run_forward(const cuda_executor& exec, const tensor_view<const T>& q, const
                  memory_resource&) {
   const cuda_problem p = make_cuda_problem<T>(q.shape(), k.shape()[1], options, documents, "forward");
   if constexpr (!std::is_same_v<T, float>) {
-    if (use_mma_forward<T>(options, p.D, {q.data(), k.data(), v.data(), out.data()})) {
+    if (use_mma_kernel<T>(options, p.D, {q.data(), k.data(), v.data(), out.data()})) {
       ::memkit::detail::with_device(exec.device, [&] {
         if (p.D == 64) launch_mma_forward<T, 64>(exec, p, q.data(), k.data(), v.data(), out.data(), lse.data());
         else launch_mma_forward<T, 128>(exec, p, q.data(), k.data(), v.data(), out.data(), lse.data());

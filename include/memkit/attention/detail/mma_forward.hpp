@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 #include <type_traits>
 
 #include "memkit/attention/detail/common.hpp"
@@ -29,10 +30,19 @@ struct mma_tiles {
 MEMKIT_HOST_DEVICE constexpr std::int64_t mma_forward_smem_bytes(int D, std::int64_t element_bytes) noexcept {
   return (std::int64_t{mma_tiles::rows} + 4 * mma_tiles::cols) * (D + mma_tiles::pad) * element_bytes;
 }
-// The problems the mma kernel runs; others fall back to the WMMA kernel.
+// The problems the mma kernels run; others fall back to the WMMA kernels.
 template <class T>
 constexpr bool mma_forward_supports(std::int64_t D) noexcept {
   return !std::is_same_v<T, float> && (D == 64 || D == 128);
+}
+// Whether attention_options::kernel selects the mma kernels and they run this problem: bf16 / fp16, head_dim 64 or
+// 128, and every tensor they copy by cp.async 16-byte aligned. Otherwise the WMMA kernels run (documented).
+template <class T>
+bool use_mma_kernel(const attention_options& o, std::int64_t D, std::initializer_list<const void*> tensors) {
+  if (o.kernel != attention_kernel::mma || !mma_forward_supports<T>(D)) return false;
+  for (const void* t : tensors)
+    if (reinterpret_cast<std::uintptr_t>(t) % 16 != 0) return false;
+  return true;
 }
 
 __device__ inline std::uint32_t shared_address(const void* p) {
