@@ -2,9 +2,9 @@
 // events on a stream. Counters: TFLOP/s of the useful causal flops (2 * 2 * S^2 * D / 2 forward, twice that
 // backward), the device bytes beyond q, k, v, out and the gradients (lse + delta) and what a materialized fp32
 // attention would hold (eager_attention_bytes). bench/peers/gpu_peers.py times torch's SDPA on the same shapes.
-// BM_flash_cuda runs attention_kernel::automatic (the WMMA kernels today), BM_flash_cuda_mma the mma kernels (forward
-// and backward's dq pass; delta and the dk/dv pass are WMMA), and BM_flash_forward_cuda the forward alone with each
-// kernel (kernel:1 = wmma, 2 = mma).
+// BM_flash_cuda runs attention_kernel::automatic (the WMMA kernels today), BM_flash_cuda_mma the mma kernels (forward,
+// backward's dk/dv and dq passes), and BM_flash_forward_cuda the forward alone with each kernel (kernel:1 = wmma,
+// 2 = mma).
 #include <benchmark/benchmark.h>
 #include <memkit/attention/flash_attention.hpp>
 #include <memkit/memory/resource.hpp>

@@ -133,10 +133,11 @@ device_results<T> gpu_matches_host(std::int64_t B, std::int64_t Hq, std::int64_t
     up(offsets_, offsets);
     device_docs = offsets_.view();
   }
-  // A test of the mma kernels must run them, not the fallback (forward: q, k, v, out; dq pass: also dout, dq).
+  // A test of the mma kernels must run them, not the fallback (forward: q, k, v, out; backward: also dout and the
+  // gradients).
   if (kernel == att::attention_kernel::mma)
     REQUIRE(att::detail::use_mma_kernel<T>(o, D, {q_.data(), k_.data(), v_.data(), out_.data(), dout_.data(),
-                                                  dq_.data()}));
+                                                  dq_.data(), dk_.data(), dv_.data()}));
   att::forward<T>(exec, q_.view(), k_.view(), v_.view(), device_docs, out_.view(), lse_.view(), o, device);
   att::backward<T>(exec, {q_.view(), k_.view(), v_.view(), out_.view(), lse_.view(), device_docs}, dout_.view(),
                    {dq_.view(), dk_.view(), dv_.view()}, o, device);
@@ -215,8 +216,8 @@ MEMKIT_GPU_TEST_CASE("gpu: flash attention with one document per row is bit-iden
   }
 }
 
-// The mma kernels (attention_options::kernel = mma: the forward and backward's dq pass; the key pass stays WMMA) on
-// every problem they run: bf16 and fp16, head_dim 64 and 128, causal or not, sliding windows, GQA and MQA, packed
+// The mma kernels (attention_options::kernel = mma: the forward and backward's dk/dv and dq passes) on every
+// problem they run: bf16 and fp16, head_dim 64 and 128, causal or not, sliding windows, GQA and MQA, packed
 // documents (boundaries inside the 64-row tiles), sequences not a multiple of the 64-row / 64-key tiles. Tolerances
 // are those of the WMMA kernels against the host (max |error| over max |value|; lse 1e-4): both round the weights
 // (and dS) to the 16-bit type before their products, only the fp32 accumulation order differs. Then the two
@@ -249,7 +250,6 @@ MEMKIT_GPU_TEST_CASE("gpu: the mma kernels agree with the host path on every pro
       }
       return worst / largest;
     };
-    // (dk, dv come from the same WMMA key pass, but read the forward's out and lse, which differ in their last bits.)
     const double out = apart(wmma.out, mine.out), lse = apart(wmma.lse, mine.lse), dq = apart(wmma.dq, mine.dq),
                  dk = apart(wmma.dk, mine.dk), dv = apart(wmma.dv, mine.dv);
     std::printf("attention mma vs wmma: out %.3g lse %.3g dq %.3g dk %.3g dv %.3g (relative to the largest)\n", out,

@@ -72,7 +72,13 @@ template __global__ void mma_forward_kernel<bf16, 64>(cuda_problem, const bf16*,
                                                       float*);
 template __global__ void flash_forward_kernel<bf16>(cuda_problem, const bf16*, const bf16*, const bf16*, bf16*,
                                                     float*);
-// Backward's dq pass: the mma one and the WMMA one.
+// Backward's key pass (dk, dv) and dq pass: the mma ones and the WMMA ones.
+template __global__ void mma_key_pass_kernel<bf16, 128>(cuda_problem, const bf16*, const bf16*, const bf16*,
+                                                        const bf16*, const float*, const float*, bf16*, bf16*);
+template __global__ void mma_key_pass_kernel<bf16, 64>(cuda_problem, const bf16*, const bf16*, const bf16*,
+                                                       const bf16*, const float*, const float*, bf16*, bf16*);
+template __global__ void flash_key_pass_kernel<bf16>(cuda_problem, const bf16*, const bf16*, const bf16*, const bf16*,
+                                                     const float*, const float*, bf16*, bf16*);
 template __global__ void mma_query_pass_kernel<bf16, 128>(cuda_problem, const bf16*, const bf16*, const bf16*,
                                                           const bf16*, const float*, const float*, bf16*);
 template __global__ void mma_query_pass_kernel<bf16, 64>(cuda_problem, const bf16*, const bf16*, const bf16*,

@@ -91,6 +91,16 @@ KERNELS = [
     # fp32 O 32 KiB, m/l/correction 768 B, row spans 512 B).
     ("attention_fwd_wmma<bf16>", "attention::detail::flash_forward_kernel<memkit::v0_1::bf16>", 128,
      {"no_local", "no_fp64", "mma", "ldsm", "async_copy"}, 3 * 16384 + 16384 + 8192 + 32768 + 768 + 512),
+    # Backward's key pass. mma: (2 x 64 rows of K and V + 2 x 64 Q + 2 x 64 dO) x (head_dim + 8) x 2 bytes, plus
+    # 2 x 2 x 64 floats of lse and delta (mma_key_pass_smem_bytes); WMMA (key_pass_smem<bf16>, head_dim 128): K, V
+    # 16 KiB each, Q, dO 8 KiB each, fp32 S^T and dP^T 8 KiB each, P^T, dS^T 4 KiB each, fp32 dK, dV 32 KiB each,
+    # lse/delta 256 B, row spans 512 B.
+    ("attention_dkdv_mma<bf16,128>", "attention::detail::mma_key_pass_kernel<memkit::v0_1::bf16, 128>", 128,
+     {"no_local", "no_fp64", "mma", "ldsm", "async_copy"}, 384 * 136 * 2 + 1024),
+    ("attention_dkdv_mma<bf16,64>", "attention::detail::mma_key_pass_kernel<memkit::v0_1::bf16, 64>", 128,
+     {"no_local", "no_fp64", "mma", "ldsm", "async_copy"}, 384 * 72 * 2 + 1024),
+    ("attention_dkdv_wmma<bf16>", "attention::detail::flash_key_pass_kernel<memkit::v0_1::bf16>", 128,
+     {"no_local", "no_fp64", "mma", "ldsm", "async_copy"}, 2 * 16384 + 4 * 8192 + 2 * 4096 + 2 * 32768 + 256 + 512),
     # Backward's dq pass. mma: (2 x 64 rows of Q and dO + 2 x 64 K + 2 x 64 V) x (head_dim + 8) x 2 bytes
     # (mma_query_pass_smem_bytes); WMMA (query_pass_smem<bf16>, head_dim 128): Q, dO 16 KiB each, K, V 8 KiB each,
     # fp32 S and dP 8 KiB each, dS 4 KiB, fp32 dQ 32 KiB, lse/delta 512 B, row spans 512 B.
@@ -108,6 +118,8 @@ EXEMPTIONS = {
     # `automatic` still runs this kernel until the mma kernel has passed on a GPU; then it leaves the table.
     ("attention_fwd_wmma<bf16>", "ldsm"): "WMMA loads its fragments from generic pointers: attention_kernel::mma",
     ("attention_fwd_wmma<bf16>", "async_copy"): "plain tile loads through registers: attention_kernel::mma",
+    ("attention_dkdv_wmma<bf16>", "ldsm"): "WMMA loads its fragments from generic pointers: attention_kernel::mma",
+    ("attention_dkdv_wmma<bf16>", "async_copy"): "plain tile loads through registers: attention_kernel::mma",
     ("attention_dq_wmma<bf16>", "ldsm"): "WMMA loads its fragments from generic pointers: attention_kernel::mma",
     ("attention_dq_wmma<bf16>", "async_copy"): "plain tile loads through registers: attention_kernel::mma",
 }
