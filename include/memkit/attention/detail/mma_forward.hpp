@@ -63,7 +63,7 @@ __device__ inline void cp_async_commit() {
 template <int pending>
 __device__ inline void cp_async_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(pending));
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(pending) : "memory");  // no shared access moves above it
 #endif
 }
 // Four 8x8 matrices of 16-bit elements; lane l gives the address of row l % 8 of matrix l / 8.
