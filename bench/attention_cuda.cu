@@ -2,6 +2,9 @@
 // events on a stream. Counters: TFLOP/s of the useful causal flops (2 * 2 * S^2 * D / 2 forward, twice that
 // backward), the device bytes beyond q, k, v, out and the gradients (lse + delta) and what a materialized fp32
 // attention would hold (eager_attention_bytes). bench/peers/gpu_peers.py times torch's SDPA on the same shapes.
+// BM_flash_cuda runs attention_kernel::automatic (the WMMA kernels today), BM_flash_cuda_mma the mma kernels (forward,
+// backward's dk/dv and dq passes), and BM_flash_forward_cuda the forward alone with each kernel (kernel:1 = wmma,
+// 2 = mma).
 #include <benchmark/benchmark.h>
 #include <memkit/attention/flash_attention.hpp>
 #include <memkit/memory/resource.hpp>
@@ -16,7 +19,8 @@ namespace {
 namespace att = memkit::attention;
 constexpr std::int64_t heads = 8;
 
-void BM_flash_cuda(benchmark::State& state) {
+// Forward and backward (forward alone when `backward` is false) with the given kernel.
+void run_flash(benchmark::State& state, att::attention_kernel kernel, bool backward) {
   const std::int64_t S = state.range(0), D = state.range(1);
   cudaStream_t stream{};
   MEMKIT_CUDA_CHECK(cudaStreamCreate(&stream));
@@ -30,16 +34,18 @@ void BM_flash_cuda(benchmark::State& state) {
     for (auto* b : {&q, &k, &v, &dout})
       MEMKIT_CUDA_CHECK(cudaMemcpyAsync(b->data(), ones.data(), b->bytes(), cudaMemcpyHostToDevice, stream));
     const memkit::cuda_executor exec{0, stream};
-    const att::attention_options o;
+    att::attention_options o;
+    o.kernel = kernel;
     const double seconds = memkit_bench::time_with_events(
         state,
         [&] {
           att::forward<memkit::bf16>(exec, q.view(), k.view(), v.view(), out.view(), lse.view(), o, device);
-          att::backward<memkit::bf16>(exec, {q.view(), k.view(), v.view(), out.view(), lse.view()}, dout.view(),
-                                      {dq.view(), dk.view(), dv.view()}, o, device);
+          if (backward)
+            att::backward<memkit::bf16>(exec, {q.view(), k.view(), v.view(), out.view(), lse.view()}, dout.view(),
+                                        {dq.view(), dk.view(), dv.view()}, o, device);
         },
         stream);
-    const double flops = 3.0 * 2.0 * 2.0 * double(S) * double(S) * double(D) / 2 * heads;
+    const double flops = (backward ? 3.0 : 1.0) * 2.0 * 2.0 * double(S) * double(S) * double(D) / 2 * heads;
     state.counters["TFLOPs"] = flops * double(state.iterations()) / seconds * 1e-12;
     const att::backward_arguments problem{{.batch = 1, .query_heads = heads, .kv_heads = heads, .sequence = S,
                                             .head_dim = D, .element_bytes = 2, .on_device = true, .options = o}};
@@ -51,6 +57,12 @@ void BM_flash_cuda(benchmark::State& state) {
   MEMKIT_CUDA_CHECK(cudaStreamDestroy(stream));
 }
 
+void BM_flash_cuda(benchmark::State& state) { run_flash(state, att::attention_kernel::automatic, true); }
+void BM_flash_cuda_mma(benchmark::State& state) { run_flash(state, att::attention_kernel::mma, true); }
+void BM_flash_forward_cuda(benchmark::State& state) {
+  run_flash(state, static_cast<att::attention_kernel>(state.range(2)), false);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -58,6 +70,18 @@ int main(int argc, char** argv) {
     benchmark::RegisterBenchmark("BM_flash_cuda", BM_flash_cuda)
         ->ArgsProduct({{1024, 4096, 16384}, {64, 128}})
         ->ArgNames({"seq", "head_dim"})
+        ->UseManualTime()
+        ->Unit(benchmark::kMillisecond);
+    benchmark::RegisterBenchmark("BM_flash_cuda_mma", BM_flash_cuda_mma)
+        ->ArgsProduct({{1024, 4096, 16384}, {64, 128}})
+        ->ArgNames({"seq", "head_dim"})
+        ->UseManualTime()
+        ->Unit(benchmark::kMillisecond);
+    benchmark::RegisterBenchmark("BM_flash_forward_cuda", BM_flash_forward_cuda)
+        ->ArgsProduct({{1024, 4096, 16384},
+                       {64, 128},
+                       {static_cast<int>(att::attention_kernel::wmma), static_cast<int>(att::attention_kernel::mma)}})
+        ->ArgNames({"seq", "head_dim", "kernel"})
         ->UseManualTime()
         ->Unit(benchmark::kMillisecond);
   });

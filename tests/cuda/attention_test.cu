@@ -90,10 +90,12 @@ struct device_results {
 template <class T>
 device_results<T> gpu_matches_host(std::int64_t B, std::int64_t Hq, std::int64_t Hkv, std::int64_t S, std::int64_t D,
                                    bool causal, std::int64_t window, double tolerance,
-                                   const std::vector<std::int32_t>& offsets = {}) {
+                                   const std::vector<std::int32_t>& offsets = {},
+                                   att::attention_kernel kernel = att::attention_kernel::automatic) {
   att::attention_options o;
   o.causal = causal;
   o.window = window;
+  o.kernel = kernel;
   o.host_threads = 2;
   const std::int64_t nq = B * Hq * S * D, nkv = B * Hkv * S * D, nl = B * Hq * S;
   const auto q = memkit_test::convert<T>(memkit_test::standard_normal(nq, 1));
@@ -131,6 +133,11 @@ device_results<T> gpu_matches_host(std::int64_t B, std::int64_t Hq, std::int64_t
     up(offsets_, offsets);
     device_docs = offsets_.view();
   }
+  // A test of the mma kernels must run them, not the fallback (forward: q, k, v, out; backward: also dout and the
+  // gradients).
+  if (kernel == att::attention_kernel::mma)
+    REQUIRE(att::detail::use_mma_kernel<T>(o, D, {q_.data(), k_.data(), v_.data(), out_.data(), dout_.data(),
+                                                  dq_.data(), dk_.data(), dv_.data()}));
   att::forward<T>(exec, q_.view(), k_.view(), v_.view(), device_docs, out_.view(), lse_.view(), o, device);
   att::backward<T>(exec, {q_.view(), k_.view(), v_.view(), out_.view(), lse_.view(), device_docs}, dout_.view(),
                    {dq_.view(), dk_.view(), dv_.view()}, o, device);
@@ -155,10 +162,11 @@ device_results<T> gpu_matches_host(std::int64_t B, std::int64_t Hq, std::int64_t
   CAPTURE(causal);
   CAPTURE(window);
   CAPTURE(offsets.size());
+  CAPTURE(static_cast<int>(kernel));
   const double e_out = scaled(g_out, out), e_lse = scaled(g_lse, lse), e_dq = scaled(g_dq, dq),
                e_dk = scaled(g_dk, dk), e_dv = scaled(g_dv, dv);
-  std::printf("attention gpu vs host (S %lld D %lld): out %.3g lse %.3g dq %.3g dk %.3g dv %.3g\n",
-              static_cast<long long>(S), static_cast<long long>(D), e_out, e_lse, e_dq, e_dk, e_dv);
+  std::printf("attention gpu (kernel %d) vs host (S %lld D %lld): out %.3g lse %.3g dq %.3g dk %.3g dv %.3g\n",
+              static_cast<int>(kernel), static_cast<long long>(S), static_cast<long long>(D), e_out, e_lse, e_dq, e_dk, e_dv);
   CHECK(e_out <= tolerance);
   CHECK(e_lse <= 1e-4);
   CHECK(e_dq <= tolerance);
@@ -194,9 +202,10 @@ MEMKIT_GPU_TEST_CASE("gpu: flash attention over packed documents agrees with the
 }
 
 MEMKIT_GPU_TEST_CASE("gpu: flash attention with one document per row is bit-identical to no offsets") {
+  for (auto kernel : {att::attention_kernel::automatic, att::attention_kernel::mma})
   for (bool causal : {true, false}) {
-    const auto plain = gpu_matches_host<memkit::bf16>(2, 4, 2, 130, 64, causal, 0, 2e-2);
-    const auto one = gpu_matches_host<memkit::bf16>(2, 4, 2, 130, 64, causal, 0, 2e-2, {0, 130, 0, 130});
+    const auto plain = gpu_matches_host<memkit::bf16>(2, 4, 2, 130, 64, causal, 0, 2e-2, {}, kernel);
+    const auto one = gpu_matches_host<memkit::bf16>(2, 4, 2, 130, 64, causal, 0, 2e-2, {0, 130, 0, 130}, kernel);
     const auto bits = [](const auto& a, const auto& b) {
       return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(a[0])) == 0;
     };
@@ -205,5 +214,51 @@ MEMKIT_GPU_TEST_CASE("gpu: flash attention with one document per row is bit-iden
     CHECK(bits(plain.dq, one.dq));
     CHECK(bits(plain.dk, one.dk));
     CHECK(bits(plain.dv, one.dv));
+  }
+}
+
+// The mma kernels (attention_options::kernel = mma: the forward and backward's dk/dv and dq passes) on every
+// problem they run: bf16 and fp16, head_dim 64 and 128, causal or not, sliding windows, GQA and MQA, packed
+// documents (boundaries inside the 64-row tiles), sequences not a multiple of the 64-row / 64-key tiles. Tolerances
+// are those of the WMMA kernels against the host (max |error| over max |value|; lse 1e-4): both round the weights
+// (and dS) to the 16-bit type before their products, only the fp32 accumulation order differs. Then the two
+// kernels against each other on the same inputs.
+MEMKIT_GPU_TEST_CASE("gpu: the mma kernels agree with the host path on every problem they run") {
+  const auto mma = att::attention_kernel::mma;
+  const std::vector<std::int32_t> two_rows{0, 1, 2, 70, 71, 150, /**/ 0, 64, 130, 149, 150, 150};
+  const std::vector<std::int32_t> one_row{0, 37, 38, 101, 257};
+  for (bool causal : {true, false}) {
+    for (std::int64_t D : {64, 128}) {
+      gpu_matches_host<memkit::bf16>(2, 4, 2, 130, D, causal, 0, 2e-2, {}, mma);
+      gpu_matches_host<memkit::fp16>(2, 4, 2, 130, D, causal, 0, 4e-3, {}, mma);
+      gpu_matches_host<memkit::bf16>(1, 6, 3, 257, D, causal, 33, 2e-2, {}, mma);
+      gpu_matches_host<memkit::fp16>(1, 4, 1, 200, D, causal, causal ? 0 : 50, 4e-3, {}, mma);
+      gpu_matches_host<memkit::bf16>(2, 4, 2, 150, D, causal, 0, 2e-2, two_rows, mma);
+      gpu_matches_host<memkit::fp16>(1, 6, 3, 257, D, causal, causal ? 0 : 50, 4e-3, one_row, mma);
+      gpu_matches_host<memkit::bf16>(1, 2, 1, 257, D, causal, 33, 2e-2, one_row, mma);
+      gpu_matches_host<memkit::bf16>(1, 2, 2, 64, D, causal, 0, 2e-2, {}, mma);  // exactly one tile
+      gpu_matches_host<memkit::fp16>(1, 2, 2, 1, D, causal, 0, 4e-3, {}, mma);   // one row
+    }
+  }
+  for (bool causal : {true, false}) {
+    const auto wmma = gpu_matches_host<memkit::bf16>(2, 4, 2, 300, 128, causal, 0, 2e-2, {}, att::attention_kernel::wmma);
+    const auto mine = gpu_matches_host<memkit::bf16>(2, 4, 2, 300, 128, causal, 0, 2e-2, {}, mma);
+    const auto apart = [](const auto& a, const auto& b) {  // max |a - b| over max |a|
+      double worst = 0, largest = 1e-30;
+      for (std::size_t i = 0; i < a.size(); ++i) {
+        worst = std::max(worst, std::abs(double(memkit::to_float(a[i])) - double(memkit::to_float(b[i]))));
+        largest = std::max(largest, std::abs(double(memkit::to_float(a[i]))));
+      }
+      return worst / largest;
+    };
+    const double out = apart(wmma.out, mine.out), lse = apart(wmma.lse, mine.lse), dq = apart(wmma.dq, mine.dq),
+                 dk = apart(wmma.dk, mine.dk), dv = apart(wmma.dv, mine.dv);
+    std::printf("attention mma vs wmma: out %.3g lse %.3g dq %.3g dk %.3g dv %.3g (relative to the largest)\n", out,
+                lse, dq, dk, dv);
+    CHECK(out <= 2e-2);  // a few bf16 ulps
+    CHECK(lse <= 1e-4);  // fp32 sums in another order
+    CHECK(dq <= 2e-2);
+    CHECK(dk <= 2e-2);
+    CHECK(dv <= 2e-2);
   }
 }

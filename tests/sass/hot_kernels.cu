@@ -2,6 +2,7 @@
 // tests/sass/sass_check.py for sm_80 and sm_90 so that the SASS of exactly these kernels can be read.
 // The instantiations are the ones the library launches (same template arguments and block sizes); the
 // script's table (KERNELS) names each and the rules it must satisfy.
+#include "memkit/attention/flash_attention.hpp"
 #include "memkit/optim/adam_state.hpp"
 #include "memkit/optim/grad_accumulation.hpp"
 #include "memkit/quant/blockwise.hpp"
@@ -79,4 +80,27 @@ template __global__ void fused_gemv_t_tiled_kernel<format::int8, float, device_f
     float*, std::int64_t, code_table<256>, code_table<256>);
 template __global__ void gemv_t_reduce_kernel<bf16>(const float*, std::int64_t, std::int64_t, bf16*);
 }  // namespace quant::detail
+namespace attention::detail {
+// Attention: the forward mma kernel (attention_kernel::mma) at both head_dims it runs, and the WMMA kernel that
+// `automatic` still picks, kept here so the check shows which of the mma rules it breaks.
+template __global__ void mma_forward_kernel<bf16, 128>(cuda_problem, const bf16*, const bf16*, const bf16*, bf16*,
+                                                       float*);
+template __global__ void mma_forward_kernel<bf16, 64>(cuda_problem, const bf16*, const bf16*, const bf16*, bf16*,
+                                                      float*);
+template __global__ void flash_forward_kernel<bf16>(cuda_problem, const bf16*, const bf16*, const bf16*, bf16*,
+                                                    float*);
+// Backward's key pass (dk, dv) and dq pass: the mma ones and the WMMA ones.
+template __global__ void mma_key_pass_kernel<bf16, 128>(cuda_problem, const bf16*, const bf16*, const bf16*,
+                                                        const bf16*, const float*, const float*, bf16*, bf16*);
+template __global__ void mma_key_pass_kernel<bf16, 64>(cuda_problem, const bf16*, const bf16*, const bf16*,
+                                                       const bf16*, const float*, const float*, bf16*, bf16*);
+template __global__ void flash_key_pass_kernel<bf16>(cuda_problem, const bf16*, const bf16*, const bf16*, const bf16*,
+                                                     const float*, const float*, bf16*, bf16*);
+template __global__ void mma_query_pass_kernel<bf16, 128>(cuda_problem, const bf16*, const bf16*, const bf16*,
+                                                          const bf16*, const float*, const float*, bf16*);
+template __global__ void mma_query_pass_kernel<bf16, 64>(cuda_problem, const bf16*, const bf16*, const bf16*,
+                                                         const bf16*, const float*, const float*, bf16*);
+template __global__ void flash_query_pass_kernel<bf16>(cuda_problem, const bf16*, const bf16*, const bf16*,
+                                                       const bf16*, const float*, const float*, bf16*);
+}  // namespace attention::detail
 MEMKIT_NAMESPACE_END

@@ -13,12 +13,18 @@ Compiles tests/sass/hot_kernels.cu (one instantiation of each hot kernel) for sm
   lds<=N     at most N shared-memory loads (LDS) in the whole kernel: for kernels whose code lookups moved out
              of shared memory into registers or shuffles, what stays is a bounded prologue or a per-block
              scale lookup, never one LDS per decoded element
+  mma        tensor-core MMA instructions (HMMA): the products run on the tensor cores
+  ldsm       ldmatrix (LDSM): MMA operands go from shared memory to registers in the fragment layout, one
+             instruction per four 8x8 matrices, instead of element loads
+  async_copy asynchronous global -> shared copies (LDGSTS: cp.async, or UTMALDG: TMA): tiles arrive while the
+             tensor cores work, without passing through registers
 
 A rule a kernel does not meet yet is listed in EXEMPTIONS with the fix it waits for; the check fails when
 a rule is broken without an exemption, and also when an exemption is no longer needed (remove it), so the
 list always shows exactly what is left. It prints a table per kernel: registers, local bytes, 128-bit
 loads and stores, FP64 instructions, and the static occupancy on sm_80 and sm_90 computed from the
-registers, the static shared memory and the launch's block size with the documented per-SM limits.
+registers, the shared memory (static, plus the launch's dynamic bytes where KERNELS gives them) and the
+launch's block size with the documented per-SM limits.
 
 Exit status: 0 when every rule holds or is exempt, 1 otherwise, 2 when the tools fail.
 """
@@ -97,11 +103,47 @@ KERNELS = [
     ("gemv_t_tiled<int8,f32>", "quant::detail::fused_gemv_t_tiled_kernel<(memkit::v0_1::quant::format)2, float, 8>", 256,
      {"no_local", "ldg128"}),
     ("gemv_t_reduce<bf16>", "quant::detail::gemv_t_reduce_kernel<memkit::v0_1::bf16>", 256, {"no_local"}),
+    # Attention (issue 29). An optional fifth field: the launch's dynamic shared bytes, for the occupancy.
+    # mma: (64 query rows + 2 x 64 K rows + 2 x 64 V rows) x (head_dim + 8) x 2 bytes (mma_forward_smem_bytes).
+    ("attention_fwd_mma<bf16,128>", "attention::detail::mma_forward_kernel<memkit::v0_1::bf16, 128>", 128,
+     {"no_local", "no_fp64", "mma", "ldsm", "async_copy"}, 320 * 136 * 2),
+    ("attention_fwd_mma<bf16,64>", "attention::detail::mma_forward_kernel<memkit::v0_1::bf16, 64>", 128,
+     {"no_local", "no_fp64", "mma", "ldsm", "async_copy"}, 320 * 72 * 2),
+    # The WMMA kernel (forward_smem<bf16> at head_dim 128: Q, K, V 16 KiB each, fp32 scores 16 KiB, weights 8 KiB,
+    # fp32 O 32 KiB, m/l/correction 768 B, row spans 512 B).
+    ("attention_fwd_wmma<bf16>", "attention::detail::flash_forward_kernel<memkit::v0_1::bf16>", 128,
+     {"no_local", "no_fp64", "mma", "ldsm", "async_copy"}, 3 * 16384 + 16384 + 8192 + 32768 + 768 + 512),
+    # Backward's key pass. mma: (2 x 64 rows of K and V + 2 x 64 Q + 2 x 64 dO) x (head_dim + 8) x 2 bytes, plus
+    # 2 x 2 x 64 floats of lse and delta (mma_key_pass_smem_bytes); WMMA (key_pass_smem<bf16>, head_dim 128): K, V
+    # 16 KiB each, Q, dO 8 KiB each, fp32 S^T and dP^T 8 KiB each, P^T, dS^T 4 KiB each, fp32 dK, dV 32 KiB each,
+    # lse/delta 256 B, row spans 512 B.
+    ("attention_dkdv_mma<bf16,128>", "attention::detail::mma_key_pass_kernel<memkit::v0_1::bf16, 128>", 128,
+     {"no_local", "no_fp64", "mma", "ldsm", "async_copy"}, 384 * 136 * 2 + 1024),
+    ("attention_dkdv_mma<bf16,64>", "attention::detail::mma_key_pass_kernel<memkit::v0_1::bf16, 64>", 128,
+     {"no_local", "no_fp64", "mma", "ldsm", "async_copy"}, 384 * 72 * 2 + 1024),
+    ("attention_dkdv_wmma<bf16>", "attention::detail::flash_key_pass_kernel<memkit::v0_1::bf16>", 128,
+     {"no_local", "no_fp64", "mma", "ldsm", "async_copy"}, 2 * 16384 + 4 * 8192 + 2 * 4096 + 2 * 32768 + 256 + 512),
+    # Backward's dq pass. mma: (2 x 64 rows of Q and dO + 2 x 64 K + 2 x 64 V) x (head_dim + 8) x 2 bytes
+    # (mma_query_pass_smem_bytes); WMMA (query_pass_smem<bf16>, head_dim 128): Q, dO 16 KiB each, K, V 8 KiB each,
+    # fp32 S and dP 8 KiB each, dS 4 KiB, fp32 dQ 32 KiB, lse/delta 512 B, row spans 512 B.
+    ("attention_dq_mma<bf16,128>", "attention::detail::mma_query_pass_kernel<memkit::v0_1::bf16, 128>", 128,
+     {"no_local", "no_fp64", "mma", "ldsm", "async_copy"}, 384 * 136 * 2),
+    ("attention_dq_mma<bf16,64>", "attention::detail::mma_query_pass_kernel<memkit::v0_1::bf16, 64>", 128,
+     {"no_local", "no_fp64", "mma", "ldsm", "async_copy"}, 384 * 72 * 2),
+    ("attention_dq_wmma<bf16>", "attention::detail::flash_query_pass_kernel<memkit::v0_1::bf16>", 128,
+     {"no_local", "no_fp64", "mma", "ldsm", "async_copy"}, 2 * 16384 + 4 * 8192 + 4096 + 32768 + 512 + 512),
 ]
 
 # --- Rules today's kernels break, each with the fix it waits for (issue 14). Remove an entry with its fix:
 #     the check fails on an entry that is no longer needed.
 EXEMPTIONS = {
+    # `automatic` still runs this kernel until the mma kernel has passed on a GPU; then it leaves the table.
+    ("attention_fwd_wmma<bf16>", "ldsm"): "WMMA loads its fragments from generic pointers: attention_kernel::mma",
+    ("attention_fwd_wmma<bf16>", "async_copy"): "plain tile loads through registers: attention_kernel::mma",
+    ("attention_dkdv_wmma<bf16>", "ldsm"): "WMMA loads its fragments from generic pointers: attention_kernel::mma",
+    ("attention_dkdv_wmma<bf16>", "async_copy"): "plain tile loads through registers: attention_kernel::mma",
+    ("attention_dq_wmma<bf16>", "ldsm"): "WMMA loads its fragments from generic pointers: attention_kernel::mma",
+    ("attention_dq_wmma<bf16>", "async_copy"): "plain tile loads through registers: attention_kernel::mma",
 }
 
 # --- Documented per-SM limits (CUDA C++ Programming Guide, "Compute Capabilities", and the occupancy
@@ -176,7 +218,7 @@ def parse_sass(text):
         m = re.match(r"\s*Function : (\S+)", line)
         if m:
             function = (arch, m.group(1))
-            counts[function] = dict(ldg128=0, stg128=0, fp64=0, local=0, lds=0, shfl=0, fp64_ops=set())
+            counts[function] = dict(ldg128=0, stg128=0, fp64=0, local=0, lds=0, shfl=0, fp64_ops=set(), hmma=0, ldsm=0, async_copy=0)
             continue
         if function is None:
             continue
@@ -185,7 +227,7 @@ def parse_sass(text):
             continue
         op = m.group(1)
         c = counts[function]
-        if op.startswith("LDG") and ".128" in op:
+        if op.startswith("LDG") and not op.startswith("LDGSTS") and ".128" in op:  # LDGSTS: async_copy
             c["ldg128"] += 1
         if op.startswith("STG") and ".128" in op:
             c["stg128"] += 1
@@ -195,6 +237,12 @@ def parse_sass(text):
             c["shfl"] += 1
         if op.startswith("LDL") or op.startswith("STL"):
             c["local"] += 1
+        if op.startswith("HMMA"):
+            c["hmma"] += 1
+        if op.startswith("LDSM"):
+            c["ldsm"] += 1
+        if op.startswith("LDGSTS") or op.startswith("UTMALDG"):
+            c["async_copy"] += 1
         if FP64_PATTERN.match(op):
             c["fp64"] += 1
             c["fp64_ops"].add(op.split(".")[0])
@@ -214,6 +262,9 @@ def broken_rules(rules, p, s):
     for rule in rules:
         if rule.startswith("lds<=") and s["lds"] > int(rule[5:]):
             broken.append(rule)
+    for rule, count in (("mma", "hmma"), ("ldsm", "ldsm"), ("async_copy", "async_copy")):
+        if rule in rules and not s[count]:
+            broken.append(rule)
     return broken
 
 
@@ -227,7 +278,11 @@ def main():
     parser.add_argument("--source", default=os.path.join(here, "hot_kernels.cu"))
     parser.add_argument("--work", default=os.path.join(os.getcwd(), "sass_check"))
     parser.add_argument("--markdown", help="also write the table as Markdown to this file")
+    parser.add_argument("--no-exemptions", action="store_true",
+                        help="apply every rule, ignoring EXEMPTIONS (shows what the exempt kernels break)")
     args = parser.parse_args()
+    if args.no_exemptions:
+        EXEMPTIONS.clear()
     if not args.cuobjdump:
         print("sass_check: cuobjdump not found (./dev.sh installs it)", file=sys.stderr)
         return 2
@@ -254,7 +309,8 @@ def main():
     names = demangle(sorted({name for _, name in ptxas}), args.cxxfilt)
 
     failures, rows, seen = [], [], set()
-    for label, pattern, threads, rules in KERNELS:
+    for label, pattern, threads, rules, *dynamic in KERNELS:
+        dynamic_shared = dynamic[0] if dynamic else 0
         matches = sorted({mangled for mangled, pretty in names.items() if pattern + "(" in pretty})
         if len(matches) != 1:
             failures.append(f"{label}: {len(matches)} compiled kernels match '{pattern}' (expected 1)")
@@ -268,7 +324,7 @@ def main():
             if p is None or s is None:
                 failures.append(f"{label}: no {arch} code found")
                 continue
-            occ, limiter = occupancy(arch, p["registers"], p["shared"], threads)
+            occ, limiter = occupancy(arch, p["registers"], p["shared"] + dynamic_shared, threads)
             row["arch"][arch] = dict(p, **s, occupancy=occ, limiter=limiter)
             broken_any.update(broken_rules(rules, p, s))
         status = []
@@ -292,7 +348,7 @@ def main():
             failures.append(f"exemption for an unknown kernel: {key}")
 
     header = ["kernel", "threads", "regs 80/90", "stack+spill B 80/90", "LDL+STL", "LDG.128", "STG.128", "LDS", "SHFL", "FP64",
-              "occupancy 80", "occupancy 90", "rules"]
+              "HMMA", "LDSM", "LDGSTS", "occupancy 80", "occupancy 90", "rules"]
     table = []
     for r in rows:
         a, b = r["arch"].get("sm_80"), r["arch"].get("sm_90")
@@ -301,13 +357,14 @@ def main():
         local = lambda x: x["stack"] + x["spill_stores"] + x["spill_loads"]
         fp64 = str(b["fp64"]) + (" (" + ",".join(sorted(b["fp64_ops"])) + ")" if b["fp64"] else "")
         table.append([r["label"], str(r["threads"]), f"{a['registers']}/{b['registers']}", f"{local(a)}/{local(b)}",
-                      str(b["local"]), str(b["ldg128"]), str(b["stg128"]), str(b["lds"]), str(b["shfl"]), fp64, f"{a['occupancy']:.0%} ({a['limiter']})",
+                      str(b["local"]), str(b["ldg128"]), str(b["stg128"]), str(b["lds"]), str(b["shfl"]), fp64, str(b["hmma"]),
+                      str(b["ldsm"]), str(b["async_copy"]), f"{a['occupancy']:.0%} ({a['limiter']})",
                       f"{b['occupancy']:.0%} ({b['limiter']})", r["status"]])
     widths = [max(len(h), *(len(t[i]) for t in table)) if table else len(h) for i, h in enumerate(header)]
     print("  ".join(h.ljust(w) for h, w in zip(header, widths)))
     for t in table:
         print("  ".join(c.ljust(w) for c, w in zip(t, widths)))
-    print("(LDL+STL, LDG.128, STG.128, LDS, SHFL, FP64: instruction counts in the sm_90 SASS; stack+spill B: ptxas's stack frame"
+    print("(LDL+STL, LDG.128, STG.128, LDS, SHFL, FP64, HMMA, LDSM, LDGSTS (+UTMALDG): instruction counts in the sm_90 SASS; stack+spill B: ptxas's stack frame"
           " plus spill bytes; occupancy: resident warps / 64 at the launch's block size, and what limits it)")
     if args.markdown:
         with open(args.markdown, "w") as f:

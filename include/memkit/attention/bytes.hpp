@@ -16,11 +16,20 @@
 MEMKIT_NAMESPACE_BEGIN
 namespace attention {
 
+// Which CUDA kernels run (the host ignores it). `wmma`: the WMMA kernels, every dtype and head_dim <= 128. `mma`:
+// the FlashAttention-2-structured kernels (mma.sync m16n8k16 + ldmatrix, cp.async double-buffered tiles, the
+// accumulators in registers) for the forward and backward's dk/dv and dq passes, bf16 / fp16 at head_dim 64 or 128
+// with 16-byte-aligned tensors; other problems (and backward's small delta kernel) run the WMMA / plain kernels. `automatic` picks `wmma`
+// today: the mma kernels were written without a GPU, and `automatic` switches to them only once a GPU run has
+// passed tests/cuda/attention_test.cu with them (issue 29). Same saved tensors and byte functions under all.
+enum class attention_kernel : std::uint8_t { automatic, wmma, mma };
+
 struct attention_options {
   bool causal = true;
   std::int64_t window = 0;  // 0: no sliding window; else query i sees keys with |i - j| < window
   float scale = 0;          // 0: 1 / sqrt(head_dim)
   int host_threads = 0;     // 0: every hardware thread
+  attention_kernel kernel = attention_kernel::automatic;  // CUDA only (above)
 };
 
 // Host tile sizes: a 64 x 64 fp32 score tile and 64-row K/V tiles (D = 128: 32 KiB each) stay in L1/L2.

@@ -8,8 +8,10 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "memkit/attention/detail/common.hpp"
+#include "memkit/attention/detail/mma_backward.hpp"
 #include "memkit/core/host_threads.hpp"
 #include "memkit/memory/buffer.hpp"
 #include "memkit/memory/resource.hpp"
@@ -329,6 +331,23 @@ void run_backward(const host_executor&, const tensor_view<const T>& q, const ten
 }
 
 #if MEMKIT_HAS_CUDA
+// The mma key pass (dk, dv: one CTA per 64 keys of a kv head) and query pass (dq: one CTA per 64 queries of a head).
+template <class T, int D>
+void launch_mma_backward(const cuda_executor& exec, const cuda_problem& p, const T* q, const T* k, const T* v,
+                         const T* dout, const float* lse, const float* delta, T* dq, T* dk, T* dv) {
+  const std::int64_t key_smem = mma_key_pass_smem_bytes(D, sizeof(T));
+  const std::int64_t query_smem = mma_query_pass_smem_bytes(D, sizeof(T));
+  prepare_smem(exec, mma_key_pass_kernel<T, D>, key_smem, "backward");
+  prepare_smem(exec, mma_query_pass_kernel<T, D>, query_smem, "backward");
+  const std::int64_t tiles = (p.S + mma_tiles::rows - 1) / mma_tiles::rows;
+  mma_key_pass_kernel<T, D><<<static_cast<unsigned>(std::int64_t{p.B} * p.Hkv * tiles), mma_tiles::threads,
+                              static_cast<std::size_t>(key_smem), exec.stream>>>(p, q, k, v, dout, lse, delta, dk, dv);
+  MEMKIT_CUDA_CHECK(cudaGetLastError());
+  mma_query_pass_kernel<T, D><<<static_cast<unsigned>(std::int64_t{p.B} * p.Hq * tiles), mma_tiles::threads,
+                                static_cast<std::size_t>(query_smem), exec.stream>>>(p, q, k, v, dout, lse, delta, dq);
+  MEMKIT_CUDA_CHECK(cudaGetLastError());
+}
+
 // backward on CUDA: the delta kernel, then the key pass and the query pass, all on exec.stream; delta comes from
 // `workspace`, stream-ordered.
 template <class T>
@@ -344,12 +363,23 @@ void run_backward(const cuda_executor& exec, const tensor_view<const T>& q, cons
   require(cuda_executor::can_access(delta.where()), "attention::backward (CUDA): the workspace resource gives " +
                                                         std::string(to_string(delta.where())) + " memory");
   ::memkit::detail::with_device(exec.device, [&] {
-    prepare_smem(exec, flash_key_pass_kernel<T>, smem_bytes<key_pass_smem<T>>(p.D), "backward");
-    prepare_smem(exec, flash_query_pass_kernel<T>, smem_bytes<query_pass_smem<T>>(p.D), "backward");
     flash_delta_kernel<T><<<static_cast<unsigned>((rows * 32 + 255) / 256), 256, 0, exec.stream>>>(
         dout.data(), out.data(), delta.data(), rows, p.D);
     MEMKIT_CUDA_CHECK(cudaGetLastError());
     const std::int64_t row_tiles = (p.S + C::rows - 1) / C::rows;
+    // attention_kernel::mma: both passes in FA2's structure (detail/mma_backward.hpp); the delta kernel stays.
+    if constexpr (!std::is_same_v<T, float>) {
+      if (use_mma_kernel<T>(options, p.D,
+                            {q.data(), k.data(), v.data(), dout.data(), dq.data(), dk.data(), dv.data()})) {
+        if (p.D == 64) launch_mma_backward<T, 64>(exec, p, q.data(), k.data(), v.data(), dout.data(), lse.data(),
+                                                  delta.data(), dq.data(), dk.data(), dv.data());
+        else launch_mma_backward<T, 128>(exec, p, q.data(), k.data(), v.data(), dout.data(), lse.data(),
+                                         delta.data(), dq.data(), dk.data(), dv.data());
+        return 0;
+      }
+    }
+    prepare_smem(exec, flash_key_pass_kernel<T>, smem_bytes<key_pass_smem<T>>(p.D), "backward");
+    prepare_smem(exec, flash_query_pass_kernel<T>, smem_bytes<query_pass_smem<T>>(p.D), "backward");
     flash_key_pass_kernel<T><<<static_cast<unsigned>(std::int64_t{p.B} * p.Hkv * row_tiles), C::threads,
                                        static_cast<std::size_t>(smem_bytes<key_pass_smem<T>>(p.D)), exec.stream>>>(
         p, q.data(), k.data(), v.data(), dout.data(), lse.data(), delta.data(), dk.data(), dv.data());

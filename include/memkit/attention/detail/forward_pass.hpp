@@ -7,8 +7,10 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "memkit/attention/detail/common.hpp"
+#include "memkit/attention/detail/mma_forward.hpp"
 #include "memkit/core/host_threads.hpp"
 #include "memkit/memory/buffer.hpp"
 #include "memkit/memory/resource.hpp"
@@ -188,6 +190,17 @@ void run_forward(const host_executor&, const tensor_view<const T>& q, const tens
 }
 
 #if MEMKIT_HAS_CUDA
+template <class T, int D>
+void launch_mma_forward(const cuda_executor& exec, const cuda_problem& p, const T* q, const T* k, const T* v, T* out,
+                        float* lse) {
+  const std::int64_t smem = mma_forward_smem_bytes(D, sizeof(T));
+  prepare_smem(exec, mma_forward_kernel<T, D>, smem, "forward");
+  const std::int64_t blocks = std::int64_t{p.B} * p.Hq * ((p.S + mma_tiles::rows - 1) / mma_tiles::rows);
+  mma_forward_kernel<T, D><<<static_cast<unsigned>(blocks), mma_tiles::threads, static_cast<std::size_t>(smem),
+                             exec.stream>>>(p, q, k, v, out, lse);
+  MEMKIT_CUDA_CHECK(cudaGetLastError());
+}
+
 // forward on CUDA: one CTA per (batch, head, query tile); no workspace.
 template <class T>
 void run_forward(const cuda_executor& exec, const tensor_view<const T>& q, const tensor_view<const T>& k,
@@ -195,6 +208,16 @@ void run_forward(const cuda_executor& exec, const tensor_view<const T>& q, const
                  const tensor_view<T>& out, const tensor_view<float>& lse, const attention_options& options,
                  memory_resource&) {
   const cuda_problem p = make_cuda_problem<T>(q.shape(), k.shape()[1], options, documents, "forward");
+  if constexpr (!std::is_same_v<T, float>) {
+    if (use_mma_kernel<T>(options, p.D, {q.data(), k.data(), v.data(), out.data()})) {
+      ::memkit::detail::with_device(exec.device, [&] {
+        if (p.D == 64) launch_mma_forward<T, 64>(exec, p, q.data(), k.data(), v.data(), out.data(), lse.data());
+        else launch_mma_forward<T, 128>(exec, p, q.data(), k.data(), v.data(), out.data(), lse.data());
+        return 0;
+      });
+      return;
+    }
+  }
   using C = cuda_tiles<T>;
   const std::int64_t smem = smem_bytes<forward_smem<T>>(p.D);
   ::memkit::detail::with_device(exec.device, [&] {

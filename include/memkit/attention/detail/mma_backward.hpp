@@ -1,0 +1,321 @@
+// memkit/attention/detail/mma_backward.hpp — backward's key pass (dK, dV) and query pass (dQ) in FlashAttention-2's
+// structure, for attention_kernel::mma: the same tiles and instructions as the mma forward (detail/mma_forward.hpp).
+// The delta kernel (delta = rowsum(dO * O), FA2's preprocessing pass) stays the one of backward_passes.hpp. Not a
+// public header: backward_passes.hpp includes it.
+//
+// FA2 computes dK, dV per key tile and adds dQ with fp32 atomics from the same loop. Here dQ has its own pass: each
+// gradient is accumulated in fp32 registers by the one CTA that owns its tile, walking the other side's tiles in a
+// fixed order, so no atomics and no fp32 dQ buffer — dq, dk, dv are deterministic (bit-identical run to run) and
+// the workspace stays delta alone — at the price of computing the scores a second time (both passes do). That is
+// the trade today's kernels make; an atomic dQ would be the thing to measure against once a GPU can.
+// Same mathematics as the WMMA passes and the host: P = exp2(scale log2e q.k - lse log2e) on the visible pairs,
+// dS = P (dP - delta) scale; P and dS rounded to T for their products.
+#pragma once
+
+#include <cstdint>
+#include <type_traits>
+
+#include "memkit/attention/detail/common.hpp"
+#include "memkit/attention/detail/mma_forward.hpp"
+
+MEMKIT_NAMESPACE_BEGIN
+namespace attention::detail {
+
+#if MEMKIT_HAS_CUDA
+
+// Shared memory of the mma query pass: Q and dO [rows][D + pad], K and V [2 buffers][cols][D + pad].
+MEMKIT_HOST_DEVICE constexpr std::int64_t mma_query_pass_smem_bytes(int D, std::int64_t element_bytes) noexcept {
+  return (2 * std::int64_t{mma_tiles::rows} + 4 * mma_tiles::cols) * (D + mma_tiles::pad) * element_bytes;
+}
+
+// dQ of one CTA: 64 query rows of one head, 16 per warp, against the key tiles its rows see. Q and dO stay in
+// shared memory (their fragments are re-read by ldmatrix per tile, which keeps the registers for dQ, S and dP).
+template <class T, int D>
+__global__ void __launch_bounds__(mma_tiles::threads)
+    mma_query_pass_kernel(cuda_problem p, const T* q, const T* k, const T* v, const T* dout, const float* lse,
+                          const float* delta, T* dq) {
+  constexpr int R = mma_tiles::rows, N = mma_tiles::cols, LD = D + mma_tiles::pad;
+  constexpr int dk = D / 16, on = D / 8, sn = N / 8;
+  extern __shared__ __align__(32) unsigned char smem[];  // ldmatrix and cp.async need 16
+  T* Qs = reinterpret_cast<T*>(smem);
+  T* dOs = Qs + R * LD;
+  T* Ks = dOs + R * LD;  // [2][N][LD]
+  T* Vs = Ks + 2 * N * LD;
+  const int S = p.S;
+  const block_tile place = block_tile_of<R>(S);
+  const std::int64_t bh = place.head, bkv = kv_head_of(p, bh), b = bh / p.Hq;
+  const int i0 = place.first;
+  const int warp = static_cast<int>(threadIdx.x / 32), lane = static_cast<int>(threadIdx.x % 32);
+  const int g = lane / 4, t = lane % 4;
+  const T* kh = k + bkv * S * D;
+  const T* vh = v + bkv * S * D;
+
+  const int last_row = (i0 + R < S ? i0 + R : S) - 1;
+  const int j_begin = static_cast<int>(visible_keys(p, b, i0).begin) / N * N;
+  const int j_end = static_cast<int>(visible_keys(p, b, last_row).end);
+  cp_async_tile<T, D>(Qs, q + bh * S * D, i0, R, S);
+  cp_async_tile<T, D>(dOs, dout + bh * S * D, i0, R, S);
+  if (j_begin < j_end) {
+    cp_async_tile<T, D>(Ks, kh, j_begin, N, S);
+    cp_async_tile<T, D>(Vs, vh, j_begin, N, S);
+  }
+  cp_async_commit();
+
+  const int row0 = i0 + warp * 16 + g, row1 = row0 + 8;
+  const position_span see0 = row0 < S ? visible_keys(p, b, row0) : position_span{0, 0};
+  const position_span see1 = row1 < S ? visible_keys(p, b, row1) : position_span{0, 0};
+  const position_span warp_keys = warp_span(p, b, i0 + warp * 16, S, true);
+  const int lo0 = static_cast<int>(see0.begin), hi0 = static_cast<int>(see0.end);
+  const int lo1 = static_cast<int>(see1.begin), hi1 = static_cast<int>(see1.end);
+  const float lse0 = row0 < S ? lse[bh * S + row0] * log2e : 0.0f, lse1 = row1 < S ? lse[bh * S + row1] * log2e : 0.0f;
+  const float delta0 = row0 < S ? delta[bh * S + row0] : 0.0f, delta1 = row1 < S ? delta[bh * S + row1] : 0.0f;
+  const T* Qw = Qs + (warp * 16 + lane % 16) * LD + (lane / 16) * 8;  // this lane's ldmatrix row of Q / dO
+  const T* dOw = dOs + (warp * 16 + lane % 16) * LD + (lane / 16) * 8;
+
+  float dqa[on][4];
+#pragma unroll
+  for (int n = 0; n < on; ++n) dqa[n][0] = dqa[n][1] = dqa[n][2] = dqa[n][3] = 0.0f;
+
+  int buffer = 0;
+  for (int j0 = j_begin; j0 < j_end; j0 += N, buffer ^= 1) {
+    if (j0 + N < j_end) {
+      cp_async_tile<T, D>(Ks + (buffer ^ 1) * N * LD, kh, j0 + N, N, S);
+      cp_async_tile<T, D>(Vs + (buffer ^ 1) * N * LD, vh, j0 + N, N, S);
+    }
+    cp_async_commit();
+    cp_async_wait<1>();  // Q, dO and this tile landed; the next tile may be in flight
+    __syncthreads();
+    const T* Kt = Ks + buffer * N * LD;
+    const T* Vt = Vs + buffer * N * LD;
+    if (j0 < warp_keys.end && j0 + N > warp_keys.begin) {
+      // S = Q K^T and dP = dO V^T: K and V are [key][d], B column-major, ldmatrix without transpose.
+      float sc[sn][4], dp[sn][4];
+#pragma unroll
+      for (int n = 0; n < sn; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) sc[n][e] = dp[n][e] = 0.0f;
+#pragma unroll
+      for (int s = 0; s < dk; ++s) {
+        std::uint32_t qa[4], da[4];
+        ldmatrix_x4<false>(qa, Qw + s * 16);
+        ldmatrix_x4<false>(da, dOw + s * 16);
+#pragma unroll
+        for (int n = 0; n < sn; n += 2) {
+          std::uint32_t kb[4], vb[4];
+          const int at = (n * 8 + (lane / 16) * 8 + lane % 8) * LD + s * 16 + ((lane / 8) % 2) * 8;
+          ldmatrix_x4<false>(kb, Kt + at);
+          ldmatrix_x4<false>(vb, Vt + at);
+          mma_16816<T>(sc[n], qa, kb[0], kb[1]);
+          mma_16816<T>(sc[n + 1], qa, kb[2], kb[3]);
+          mma_16816<T>(dp[n], da, vb[0], vb[1]);
+          mma_16816<T>(dp[n + 1], da, vb[2], vb[3]);
+        }
+      }
+      // dS = P (dP - delta) scale on the visible keys, rounded to T, as A fragments of dQ += dS K.
+      const bool full = j0 >= lo0 && j0 >= lo1 && j0 + N <= hi0 && j0 + N <= hi1;
+      std::uint32_t dsa[sn / 2][4];
+#pragma unroll
+      for (int n = 0; n < sn; ++n) {
+        float ds[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int j = j0 + n * 8 + 2 * t + (e & 1);
+          const bool upper = e < 2;
+          const bool visible = full || (upper ? (j >= lo0 && j < hi0) : (j >= lo1 && j < hi1));
+          const float pr = visible ? exp2_nonpositive(sc[n][e] * p.scale_log2 - (upper ? lse0 : lse1)) : 0.0f;
+          ds[e] = pr * (dp[n][e] - (upper ? delta0 : delta1)) * p.scale;
+        }
+        dsa[n / 2][(n % 2) * 2 + 0] = pack2<T>(ds[0], ds[1]);
+        dsa[n / 2][(n % 2) * 2 + 1] = pack2<T>(ds[2], ds[3]);
+      }
+      // dQ += dS K: K is [key][d], B (key x d) row-major: ldmatrix.trans.
+#pragma unroll
+      for (int s = 0; s < sn / 2; ++s)
+#pragma unroll
+        for (int n = 0; n < on; n += 2) {
+          std::uint32_t kb[4];
+          ldmatrix_x4<true>(kb, Kt + (s * 16 + ((lane / 8) % 2) * 8 + lane % 8) * LD + n * 8 + (lane / 16) * 8);
+          mma_16816<T>(dqa[n], dsa[s], kb[0], kb[1]);
+          mma_16816<T>(dqa[n + 1], dsa[s], kb[2], kb[3]);
+        }
+    }
+    __syncthreads();  // the buffer is refilled by the next iteration's copy
+  }
+  cp_async_wait<0>();
+
+#pragma unroll
+  for (int n = 0; n < on; ++n) {
+    const int d = n * 8 + 2 * t;
+    if (row0 < S) {
+      dq[(bh * S + row0) * D + d] = from_float<T>(dqa[n][0]);
+      dq[(bh * S + row0) * D + d + 1] = from_float<T>(dqa[n][1]);
+    }
+    if (row1 < S) {
+      dq[(bh * S + row1) * D + d] = from_float<T>(dqa[n][2]);
+      dq[(bh * S + row1) * D + d + 1] = from_float<T>(dqa[n][3]);
+    }
+  }
+}
+
+// Shared memory of the mma key pass: K and V [rows][D + pad], Q and dO [2 buffers][cols][D + pad], and the query
+// tiles' lse (base 2) and delta [2 buffers][2][cols] floats.
+MEMKIT_HOST_DEVICE constexpr std::int64_t mma_key_pass_smem_bytes(int D, std::int64_t element_bytes) noexcept {
+  return (2 * std::int64_t{mma_tiles::rows} + 4 * mma_tiles::cols) * (D + mma_tiles::pad) * element_bytes +
+         4 * std::int64_t{mma_tiles::cols} * 4;
+}
+
+// dK, dV of one CTA: 64 key rows of one kv head, 16 per warp, against every query tile of the kv head's query-head
+// group that sees them (the (head, tile) items walked in order, the next one in flight). Thread (g, t) holds key
+// rows g and g + 8 of its warp's 16. dK and dV are accumulated in fp32 registers by this CTA alone: no atomics.
+// Same mathematics as the WMMA key pass: P^T = exp2(K.Q scale log2e - lse log2e) on the queries that see the key,
+// rounded to T for dV += P^T dO; dS^T = P^T (dP^T - delta) scale rounded to T for dK += dS^T Q.
+template <class T, int D>
+__global__ void __launch_bounds__(mma_tiles::threads)
+    mma_key_pass_kernel(cuda_problem p, const T* q, const T* k, const T* v, const T* dout, const float* lse,
+                        const float* delta, T* dk, T* dv) {
+  constexpr int R = mma_tiles::rows, N = mma_tiles::cols, LD = D + mma_tiles::pad;
+  constexpr int dk_steps = D / 16, on = D / 8, sn = N / 8;
+  extern __shared__ __align__(32) unsigned char smem[];  // ldmatrix and cp.async need 16
+  T* Ks = reinterpret_cast<T*>(smem);
+  T* Vs = Ks + R * LD;
+  T* Qs = Vs + R * LD;   // [2][N][LD]
+  T* dOs = Qs + 2 * N * LD;
+  float* rows_of = reinterpret_cast<float*>(dOs + 2 * N * LD);  // [2][lse2 N, delta N]
+  const int S = p.S;
+  const block_tile place = block_tile_of<R>(S);
+  const std::int64_t bkv = place.head, b = bkv / p.Hkv;
+  const int j0 = place.first, kvh = static_cast<int>(bkv % p.Hkv);
+  const int warp = static_cast<int>(threadIdx.x / 32), lane = static_cast<int>(threadIdx.x % 32);
+  const int g = lane / 4, t = lane % 4;
+
+  const int last_key = (j0 + R < S ? j0 + R : S) - 1;
+  const int i_start = static_cast<int>(visible_queries(p, b, j0).begin) / N * N;
+  const int i_end = static_cast<int>(visible_queries(p, b, last_key).end);
+  const int tiles = i_end > i_start ? (i_end - i_start + N - 1) / N : 0;
+  const int items = tiles * p.group;
+  // Item n: query head kvh * group + n / tiles, query tile i_start + (n % tiles) N. Brings its Q, dO (cp.async) and
+  // its rows' lse, delta (plain loads, visible after the next barrier) into buffer `to`.
+  const auto bring = [&](int n, int to) {
+    const std::int64_t bh = b * p.Hq + kvh * p.group + n / tiles;
+    const int i0 = i_start + (n % tiles) * N;
+    cp_async_tile<T, D>(Qs + to * N * LD, q + bh * S * D, i0, N, S);
+    cp_async_tile<T, D>(dOs + to * N * LD, dout + bh * S * D, i0, N, S);
+    for (int c = static_cast<int>(threadIdx.x); c < N; c += mma_tiles::threads) {
+      const bool valid = i0 + c < S;
+      rows_of[to * 2 * N + c] = valid ? lse[bh * S + i0 + c] * log2e : 0.0f;
+      rows_of[to * 2 * N + N + c] = valid ? delta[bh * S + i0 + c] : 0.0f;
+    }
+  };
+  cp_async_tile<T, D>(Ks, k + bkv * S * D, j0, R, S);
+  cp_async_tile<T, D>(Vs, v + bkv * S * D, j0, R, S);
+  if (items > 0) bring(0, 0);
+  cp_async_commit();
+
+  const int key0 = j0 + warp * 16 + g, key1 = key0 + 8;
+  const position_span by0 = key0 < S ? visible_queries(p, b, key0) : position_span{0, 0};
+  const position_span by1 = key1 < S ? visible_queries(p, b, key1) : position_span{0, 0};
+  const position_span warp_queries = warp_span(p, b, j0 + warp * 16, S, false);
+  const int lo0 = static_cast<int>(by0.begin), hi0 = static_cast<int>(by0.end);
+  const int lo1 = static_cast<int>(by1.begin), hi1 = static_cast<int>(by1.end);
+  const T* Kw = Ks + (warp * 16 + lane % 16) * LD + (lane / 16) * 8;  // this lane's ldmatrix row of K / V
+  const T* Vw = Vs + (warp * 16 + lane % 16) * LD + (lane / 16) * 8;
+
+  float dka[on][4], dva[on][4];
+#pragma unroll
+  for (int n = 0; n < on; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dka[n][e] = dva[n][e] = 0.0f;
+
+  for (int n_item = 0, buffer = 0; n_item < items; ++n_item, buffer ^= 1) {
+    if (n_item + 1 < items) bring(n_item + 1, buffer ^ 1);
+    cp_async_commit();
+    cp_async_wait<1>();  // K, V and this item landed; the next item may be in flight
+    __syncthreads();
+    const int i0 = i_start + (n_item % tiles) * N;
+    const T* Qt = Qs + buffer * N * LD;
+    const T* dOt = dOs + buffer * N * LD;
+    const float* lse2 = rows_of + buffer * 2 * N;
+    const float* delta_t = lse2 + N;
+    if (i0 < warp_queries.end && i0 + N > warp_queries.begin) {
+      // S^T = K Q^T and dP^T = V dO^T: Q and dO are [query][d], B column-major, ldmatrix without transpose.
+      float st[sn][4], dpt[sn][4];
+#pragma unroll
+      for (int n = 0; n < sn; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) st[n][e] = dpt[n][e] = 0.0f;
+#pragma unroll
+      for (int s = 0; s < dk_steps; ++s) {
+        std::uint32_t ka[4], va[4];
+        ldmatrix_x4<false>(ka, Kw + s * 16);
+        ldmatrix_x4<false>(va, Vw + s * 16);
+#pragma unroll
+        for (int n = 0; n < sn; n += 2) {
+          std::uint32_t qb[4], ob[4];
+          const int at = (n * 8 + (lane / 16) * 8 + lane % 8) * LD + s * 16 + ((lane / 8) % 2) * 8;
+          ldmatrix_x4<false>(qb, Qt + at);
+          ldmatrix_x4<false>(ob, dOt + at);
+          mma_16816<T>(st[n], ka, qb[0], qb[1]);
+          mma_16816<T>(st[n + 1], ka, qb[2], qb[3]);
+          mma_16816<T>(dpt[n], va, ob[0], ob[1]);
+          mma_16816<T>(dpt[n + 1], va, ob[2], ob[3]);
+        }
+      }
+      const bool full = i0 >= lo0 && i0 >= lo1 && i0 + N <= hi0 && i0 + N <= hi1;  // every query sees both keys
+      std::uint32_t pa[sn / 2][4], dsa[sn / 2][4];
+#pragma unroll
+      for (int n = 0; n < sn; ++n) {
+        float pr[4], ds[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int c = n * 8 + 2 * t + (e & 1), i = i0 + c;
+          const bool upper = e < 2;
+          const bool visible = full || (upper ? (i >= lo0 && i < hi0) : (i >= lo1 && i < hi1));
+          pr[e] = visible ? exp2_nonpositive(st[n][e] * p.scale_log2 - lse2[c]) : 0.0f;
+          ds[e] = pr[e] * (dpt[n][e] - delta_t[c]) * p.scale;
+        }
+        pa[n / 2][(n % 2) * 2 + 0] = pack2<T>(pr[0], pr[1]);
+        pa[n / 2][(n % 2) * 2 + 1] = pack2<T>(pr[2], pr[3]);
+        dsa[n / 2][(n % 2) * 2 + 0] = pack2<T>(ds[0], ds[1]);
+        dsa[n / 2][(n % 2) * 2 + 1] = pack2<T>(ds[2], ds[3]);
+      }
+      // dV += P^T dO and dK += dS^T Q: dO and Q are [query][d], B (query x d) row-major: ldmatrix.trans.
+#pragma unroll
+      for (int s = 0; s < sn / 2; ++s)
+#pragma unroll
+        for (int n = 0; n < on; n += 2) {
+          std::uint32_t ob[4], qb[4];
+          const int at = (s * 16 + ((lane / 8) % 2) * 8 + lane % 8) * LD + n * 8 + (lane / 16) * 8;
+          ldmatrix_x4<true>(ob, dOt + at);
+          ldmatrix_x4<true>(qb, Qt + at);
+          mma_16816<T>(dva[n], pa[s], ob[0], ob[1]);
+          mma_16816<T>(dva[n + 1], pa[s], ob[2], ob[3]);
+          mma_16816<T>(dka[n], dsa[s], qb[0], qb[1]);
+          mma_16816<T>(dka[n + 1], dsa[s], qb[2], qb[3]);
+        }
+    }
+    __syncthreads();  // the buffer is refilled by the next iteration's copy
+  }
+  cp_async_wait<0>();
+
+#pragma unroll
+  for (int n = 0; n < on; ++n) {
+    const int d = n * 8 + 2 * t;
+    if (key0 < S) {
+      dk[(bkv * S + key0) * D + d] = from_float<T>(dka[n][0]);
+      dk[(bkv * S + key0) * D + d + 1] = from_float<T>(dka[n][1]);
+      dv[(bkv * S + key0) * D + d] = from_float<T>(dva[n][0]);
+      dv[(bkv * S + key0) * D + d + 1] = from_float<T>(dva[n][1]);
+    }
+    if (key1 < S) {
+      dk[(bkv * S + key1) * D + d] = from_float<T>(dka[n][2]);
+      dk[(bkv * S + key1) * D + d + 1] = from_float<T>(dka[n][3]);
+      dv[(bkv * S + key1) * D + d] = from_float<T>(dva[n][2]);
+      dv[(bkv * S + key1) * D + d + 1] = from_float<T>(dva[n][3]);
+    }
+  }
+}
+
+#endif  // MEMKIT_HAS_CUDA
+
+}  // namespace attention::detail
+MEMKIT_NAMESPACE_END

@@ -1,0 +1,279 @@
+// memkit/attention/detail/mma_forward.hpp — the forward pass in FlashAttention-2's structure (attention_kernel::mma):
+// bf16 / fp16 mma.sync m16n8k16 with fp32 accumulation, operands from shared memory by ldmatrix, K/V tiles brought
+// in by cp.async and double-buffered, Q and the whole softmax state (running max, sum, output) in registers.
+// Opt-in until a GPU run has passed the tests (attention_options::kernel). Not a public header: forward_pass.hpp
+// includes it. Written from the PTX ISA's fragment layouts (mma.m16n8k16, ldmatrix) and FlashAttention-2's
+// algorithm (Dao 2023), not from its code.
+//
+// Same mathematics as the WMMA kernel and the host (so backward and the byte functions hold): scores in fp32,
+// scaled by scale * log2(e) after the product, masked with visible_keys, exp2_nonpositive, row sums of the unrounded
+// fp32 weights, the weights rounded to T for the P V product, out = O / l, lse = (m + log2 l) ln 2.
+#pragma once
+
+#include <cstdint>
+#include <initializer_list>
+#include <type_traits>
+
+#include "memkit/attention/detail/common.hpp"
+
+MEMKIT_NAMESPACE_BEGIN
+namespace attention::detail {
+
+#if MEMKIT_HAS_CUDA
+
+// A CTA: 4 warps, 16 query rows each (64 rows); key tiles of 64. Shared rows are padded by 8 elements (16 bytes) so
+// the 8 row addresses of each ldmatrix phase fall in 8 different 16-byte bank groups (no conflicts).
+struct mma_tiles {
+  static constexpr int warps = 4, rows = 16 * warps, cols = 64, threads = 32 * warps, pad = 8;
+};
+// Shared memory of the mma forward kernel, in elements of T: Q [rows][D + pad], K and V [2 buffers][cols][D + pad].
+MEMKIT_HOST_DEVICE constexpr std::int64_t mma_forward_smem_bytes(int D, std::int64_t element_bytes) noexcept {
+  return (std::int64_t{mma_tiles::rows} + 4 * mma_tiles::cols) * (D + mma_tiles::pad) * element_bytes;
+}
+// The problems the mma kernels run; others fall back to the WMMA kernels.
+template <class T>
+constexpr bool mma_forward_supports(std::int64_t D) noexcept {
+  return !std::is_same_v<T, float> && (D == 64 || D == 128);
+}
+// Whether attention_options::kernel selects the mma kernels and they run this problem: bf16 / fp16, head_dim 64 or
+// 128, and every tensor they copy by cp.async 16-byte aligned. Otherwise the WMMA kernels run (documented).
+template <class T>
+bool use_mma_kernel(const attention_options& o, std::int64_t D, std::initializer_list<const void*> tensors) {
+  if (o.kernel != attention_kernel::mma || !mma_forward_supports<T>(D)) return false;
+  for (const void* t : tensors)
+    if (reinterpret_cast<std::uintptr_t>(t) % 16 != 0) return false;
+  return true;
+}
+
+__device__ inline std::uint32_t shared_address(const void* p) {
+  return static_cast<std::uint32_t>(__cvta_generic_to_shared(p));
+}
+// 16 bytes global -> shared without passing through registers; `valid` false fills zeros and reads nothing.
+__device__ inline void cp_async16(void* dst, const void* src, bool valid) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(shared_address(dst)), "l"(src),
+               "r"(valid ? 16 : 0));
+#endif
+}
+__device__ inline void cp_async_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;\n" ::);
+#endif
+}
+template <int pending>
+__device__ inline void cp_async_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(pending) : "memory");  // no shared access moves above it
+#endif
+}
+// Four 8x8 matrices of 16-bit elements; lane l gives the address of row l % 8 of matrix l / 8.
+template <bool transposed>
+__device__ inline void ldmatrix_x4(std::uint32_t (&r)[4], const void* row) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  if constexpr (transposed)
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(shared_address(row)));
+  else
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(shared_address(row)));
+#endif
+}
+// c[16 x 8] += a[16 x 16] b[16 x 8], fp32 accumulators (the PTX ISA's m16n8k16 fragment layouts).
+template <class T>
+__device__ inline void mma_16816(float (&c)[4], const std::uint32_t (&a)[4], std::uint32_t b0, std::uint32_t b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  if constexpr (std::is_same_v<T, bf16>)
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+                 "{%0, %1, %2, %3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  else
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+                 "{%0, %1, %2, %3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
+}
+// Two floats rounded to T (the same from_float as everywhere) packed low-first into one register.
+template <class T>
+__device__ inline std::uint32_t pack2(float lo, float hi) {
+  return static_cast<std::uint32_t>(from_float<T>(lo).bits) | (static_cast<std::uint32_t>(from_float<T>(hi).bits) << 16);
+}
+
+// rows x D of T from global (row `first` of a head at `head`, `valid` rows before S) into shared [rows][D + pad] by
+// 16-byte cp.async chunks of the whole block; rows past S are zero-filled.
+template <class T, int D>
+__device__ inline void cp_async_tile(T* dst, const T* head, int first, int rows, int S) {
+  constexpr int chunks = D * static_cast<int>(sizeof(T)) / 16, per_chunk = 16 / static_cast<int>(sizeof(T));
+  for (int e = static_cast<int>(threadIdx.x); e < rows * chunks; e += mma_tiles::threads) {
+    const int r = e / chunks, c = e % chunks;
+    const bool valid = first + r < S;
+    const T* src = head + (valid ? std::int64_t{first + r} * D + c * per_chunk : 0);
+    cp_async16(dst + r * (D + mma_tiles::pad) + c * per_chunk, src, valid);
+  }
+}
+
+// Forward of one CTA: 64 query rows of one head, each warp 16 rows; thread (g = lane / 4, t = lane % 4) holds rows
+// g and g + 8 of its warp's 16, and of each 8-column block the columns 2t, 2t + 1 (the m16n8 accumulator layout).
+template <class T, int D>
+__global__ void __launch_bounds__(mma_tiles::threads)
+    mma_forward_kernel(cuda_problem p, const T* q, const T* k, const T* v, T* out, float* lse) {
+  constexpr int R = mma_tiles::rows, N = mma_tiles::cols, LD = D + mma_tiles::pad;
+  constexpr int dk = D / 16, on = D / 8, sn = N / 8;  // k-steps of Q K^T, 8-column blocks of O and of S
+  extern __shared__ __align__(32) unsigned char smem[];  // ldmatrix and cp.async need 16
+  T* Qs = reinterpret_cast<T*>(smem);
+  T* Ks = Qs + R * LD;  // [2][N][LD]
+  T* Vs = Ks + 2 * N * LD;
+  const int S = p.S;
+  const block_tile place = block_tile_of<R>(S);
+  const std::int64_t bh = place.head, bkv = kv_head_of(p, bh), b = bh / p.Hq;
+  const int i0 = place.first;
+  const int warp = static_cast<int>(threadIdx.x / 32), lane = static_cast<int>(threadIdx.x % 32);
+  const int g = lane / 4, t = lane % 4;
+  const T* kh = k + bkv * S * D;
+  const T* vh = v + bkv * S * D;
+
+  const int last_row = (i0 + R < S ? i0 + R : S) - 1;
+  const int j_begin = static_cast<int>(visible_keys(p, b, i0).begin) / N * N;
+  const int j_end = static_cast<int>(visible_keys(p, b, last_row).end);
+  // Q and the first K/V tile in flight together.
+  cp_async_tile<T, D>(Qs, q + bh * S * D, i0, R, S);
+  cp_async_commit();
+  if (j_begin < j_end) {
+    cp_async_tile<T, D>(Ks, kh, j_begin, N, S);
+    cp_async_tile<T, D>(Vs, vh, j_begin, N, S);
+  }
+  cp_async_commit();
+
+  // This thread's two rows: what they see, and the warp's span (tiles outside it are skipped by the warp).
+  const int row0 = i0 + warp * 16 + g, row1 = row0 + 8;
+  const position_span see0 = row0 < S ? visible_keys(p, b, row0) : position_span{0, 0};
+  const position_span see1 = row1 < S ? visible_keys(p, b, row1) : position_span{0, 0};
+  const position_span warp_keys = warp_span(p, b, i0 + warp * 16, S, true);
+  const int lo0 = static_cast<int>(see0.begin), hi0 = static_cast<int>(see0.end);
+  const int lo1 = static_cast<int>(see1.begin), hi1 = static_cast<int>(see1.end);
+
+  cp_async_wait<1>();  // Q landed (the K/V group may still be in flight)
+  __syncthreads();
+  std::uint32_t qa[dk][4];
+  #pragma unroll
+  for (int s = 0; s < dk; ++s)
+    ldmatrix_x4<false>(qa[s], Qs + (warp * 16 + lane % 16) * LD + s * 16 + (lane / 16) * 8);
+
+  float o[on][4];
+  #pragma unroll
+  for (int n = 0; n < on; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+  float m0 = minus_infinity, m1 = minus_infinity, l0 = 0.0f, l1 = 0.0f;
+
+  int buffer = 0;
+  for (int j0 = j_begin; j0 < j_end; j0 += N, buffer ^= 1) {
+    // Bring the next tile into the other buffer while this one is used (its previous readers passed the
+    // barrier at the end of the last iteration).
+    if (j0 + N < j_end) {
+      cp_async_tile<T, D>(Ks + (buffer ^ 1) * N * LD, kh, j0 + N, N, S);
+      cp_async_tile<T, D>(Vs + (buffer ^ 1) * N * LD, vh, j0 + N, N, S);
+    }
+    cp_async_commit();
+    cp_async_wait<1>();  // everything but the tile just issued
+    __syncthreads();
+    const T* Kt = Ks + buffer * N * LD;
+    const T* Vt = Vs + buffer * N * LD;
+    if (j0 < warp_keys.end && j0 + N > warp_keys.begin) {
+      // S = Q K^T: K is [key][d], i.e. B (d x key) column-major: ldmatrix without transpose gives b0, b1 of two
+      // 8-key blocks at once.
+      float sc[sn][4];
+      #pragma unroll
+      for (int n = 0; n < sn; ++n) sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.0f;
+      #pragma unroll
+      for (int s = 0; s < dk; ++s)
+        #pragma unroll
+        for (int n = 0; n < sn; n += 2) {
+          std::uint32_t kb[4];
+          ldmatrix_x4<false>(kb, Kt + (n * 8 + (lane / 16) * 8 + lane % 8) * LD + s * 16 + ((lane / 8) % 2) * 8);
+          mma_16816<T>(sc[n], qa[s], kb[0], kb[1]);
+          mma_16816<T>(sc[n + 1], qa[s], kb[2], kb[3]);
+        }
+      // Online softmax on the two rows; a row's 64 columns live in the 4 threads of its quad.
+      const bool full = j0 >= lo0 && j0 >= lo1 && j0 + N <= hi0 && j0 + N <= hi1;  // no column masked
+      float max0 = minus_infinity, max1 = minus_infinity;
+      #pragma unroll
+      for (int n = 0; n < sn; ++n)
+        #pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int j = j0 + n * 8 + 2 * t + (e & 1);
+          const bool upper = e < 2;
+          const bool visible = full || (upper ? (j >= lo0 && j < hi0) : (j >= lo1 && j < hi1));
+          const float x = visible ? sc[n][e] * p.scale_log2 : minus_infinity;
+          sc[n][e] = x;
+          if (upper) max0 = fmaxf(max0, x);
+          else max1 = fmaxf(max1, x);
+        }
+      #pragma unroll
+      for (int x = 1; x < 4; x <<= 1) {
+        max0 = fmaxf(max0, __shfl_xor_sync(0xffffffffu, max0, x));
+        max1 = fmaxf(max1, __shfl_xor_sync(0xffffffffu, max1, x));
+      }
+      const float n0 = fmaxf(m0, max0), n1 = fmaxf(m1, max1);
+      const float c0 = n0 == minus_infinity ? 1.0f : exp2_nonpositive(m0 - n0);
+      const float c1 = n1 == minus_infinity ? 1.0f : exp2_nonpositive(m1 - n1);
+      float sum0 = 0.0f, sum1 = 0.0f;
+      std::uint32_t pa[sn / 2][4];  // the weights as A fragments of P V (two 8-key blocks make one k-step)
+      #pragma unroll
+      for (int n = 0; n < sn; ++n) {
+        const float p0 = n0 == minus_infinity ? 0.0f : exp2_nonpositive(sc[n][0] - n0);
+        const float p1 = n0 == minus_infinity ? 0.0f : exp2_nonpositive(sc[n][1] - n0);
+        const float p2 = n1 == minus_infinity ? 0.0f : exp2_nonpositive(sc[n][2] - n1);
+        const float p3 = n1 == minus_infinity ? 0.0f : exp2_nonpositive(sc[n][3] - n1);
+        sum0 += p0 + p1;  // unrounded, as the host sums
+        sum1 += p2 + p3;
+        pa[n / 2][(n % 2) * 2 + 0] = pack2<T>(p0, p1);
+        pa[n / 2][(n % 2) * 2 + 1] = pack2<T>(p2, p3);
+      }
+      #pragma unroll
+      for (int x = 1; x < 4; x <<= 1) {
+        sum0 += __shfl_xor_sync(0xffffffffu, sum0, x);
+        sum1 += __shfl_xor_sync(0xffffffffu, sum1, x);
+      }
+      l0 = l0 * c0 + sum0, l1 = l1 * c1 + sum1;
+      m0 = n0, m1 = n1;
+      #pragma unroll
+      for (int n = 0; n < on; ++n) o[n][0] *= c0, o[n][1] *= c0, o[n][2] *= c1, o[n][3] *= c1;
+      // O += P V: V is [key][d], B (key x d) row-major: ldmatrix.trans gives b0, b1 of two 8-wide d blocks.
+      #pragma unroll
+      for (int s = 0; s < sn / 2; ++s)
+        #pragma unroll
+        for (int n = 0; n < on; n += 2) {
+          std::uint32_t vb[4];
+          ldmatrix_x4<true>(vb, Vt + (s * 16 + ((lane / 8) % 2) * 8 + lane % 8) * LD + n * 8 + (lane / 16) * 8);
+          mma_16816<T>(o[n], pa[s], vb[0], vb[1]);
+          mma_16816<T>(o[n + 1], pa[s], vb[2], vb[3]);
+        }
+    }
+    __syncthreads();  // the buffer is refilled by the next iteration's copy
+  }
+  cp_async_wait<0>();
+
+  #pragma unroll
+  for (int n = 0; n < on; ++n) {
+    const int d = n * 8 + 2 * t;
+    if (row0 < S) {
+      out[(bh * S + row0) * D + d] = from_float<T>(o[n][0] / l0);
+      out[(bh * S + row0) * D + d + 1] = from_float<T>(o[n][1] / l0);
+    }
+    if (row1 < S) {
+      out[(bh * S + row1) * D + d] = from_float<T>(o[n][2] / l1);
+      out[(bh * S + row1) * D + d + 1] = from_float<T>(o[n][3] / l1);
+    }
+  }
+  if (t == 0) {
+    if (row0 < S) lse[bh * S + row0] = (m0 + log2f(l0)) * ln2;
+    if (row1 < S) lse[bh * S + row1] = (m1 + log2f(l1)) * ln2;
+  }
+}
+
+#endif  // MEMKIT_HAS_CUDA
+
+}  // namespace attention::detail
+MEMKIT_NAMESPACE_END
