@@ -9,7 +9,8 @@
 
 #include <doctest/doctest.h>
 
-#include <barrier>
+#include "support/thread_communicator.hpp"
+
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -120,49 +121,8 @@ struct saved {
   }
 };
 
-// `size` threads, one per rank, exchanging through shared slots: all_gather copies every rank's send buffer.
-// (The same in-process communicator as sharded_parameters_test.cpp.)
-class thread_group {
- public:
-  explicit thread_group(int size) : size_(size), slots_(static_cast<std::size_t>(size)), barrier_(size) {}
-
-  class communicator {
-   public:
-    communicator(thread_group& g, int rank) : group_(&g), rank_(rank) {}
-    int rank() const noexcept { return rank_; }
-    int size() const noexcept { return group_->size_; }
-    template <class T>
-    void all_gather(const memkit::host_executor&, const T* send, T* recv, std::int64_t count) const {
-      group_->slots_[static_cast<std::size_t>(rank_)] = send;
-      group_->barrier_.arrive_and_wait();
-      for (int r = 0; r < size(); ++r)
-        std::memcpy(recv + r * count, group_->slots_[static_cast<std::size_t>(r)], static_cast<std::size_t>(count) * sizeof(T));
-      group_->barrier_.arrive_and_wait();
-    }
-    template <class T>
-    void all_reduce(const memkit::host_executor&, const T*, T*, std::int64_t) const {}
-    template <class T>
-    void reduce_scatter(const memkit::host_executor&, const T*, T*, std::int64_t) const {}
-    template <class T>
-    void broadcast(const memkit::host_executor&, T*, std::int64_t, int) const {}
-
-   private:
-    thread_group* group_;
-    int rank_;
-  };
-
-  void run(const std::function<void(const communicator&)>& body) {
-    std::vector<std::thread> threads;
-    for (int r = 0; r < size_; ++r) threads.emplace_back([&, r] { body(communicator(*this, r)); });
-    for (std::thread& t : threads) t.join();
-  }
-
- private:
-  int size_;
-  std::vector<const void*> slots_;
-  std::barrier<> barrier_;
-};
-static_assert(dist::communicator<thread_group::communicator, memkit::host_executor>);
+// Ranks as threads (tests/support/thread_communicator.hpp, shared with the stage-3 tests).
+using thread_group = memkit_test::thread_ranks;
 
 // Runs the export and returns its error, or "" when it succeeded.
 std::string export_error(std::span<const st::reader* const> files, const std::string& path,
