@@ -41,12 +41,21 @@
 //   --finetune lora    the same over the bf16 base
 //   --finetune full    every parameter, bf16 with fp32 master weights (or --rounding), 8-bit AdamW
 // The adapter is saved in PEFT's format (full: the whole checkpoint) and reloaded to check it.
+// --zero 3 (the MPI build, memkit_example_train_llama_mpi, under mpirun; #32): --init random --config FILE
+// --finetune full with every tensor sharded over the ranks (distributed/stage3.hpp), each layer gathered around
+// its forward and its backward; every rank trains on the same batches, checks its own tracked peak and prints
+// a checksum of the trained parameters (rank 0 prints the rest).
 #include <memkit/memkit.hpp>
 
 #include <memkit/models/llama/model.hpp>
 #include <memkit/models/llama/load.hpp>
 #include <memkit/models/llama/nf4_lora.hpp>
+#include <memkit/models/llama/stage3.hpp>
 #include <memkit/models/tokens.hpp>
+#if defined(MEMKIT_EXAMPLE_MPI)
+#include <memkit/distributed/mpi_communicator.hpp>
+#include <mpi.h>
+#endif
 #include "llama/report.hpp"
 #include "llama/text.hpp"
 
@@ -165,6 +174,8 @@ struct options {
   offload_choice offload = offload_choice::automatic;  // --offload-checkpoints on|off|auto (auto acts under a cap)
   bool loss_chunk_given = false;    // --loss-chunk on the command line (else, under a cap, the whole micro-batch)
   bool trial = false;               // one step of a search: no validation, nothing saved
+  int zero = 0;                     // --zero 3: ZeRO stage 3 over the MPI ranks (the MPI build only)
+  int ranks = 1;                    // the MPI ranks (the MPI build); 1 otherwise
   std::vector<std::string> targets{"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
   bool from_checkpoint() const { return !model_dir.empty() || !config_file.empty(); }
 };
@@ -174,7 +185,7 @@ constexpr const char* flag_list =
     "--layers L --heads H --kv-heads K --intermediate F --rank R --threads T --rounding --adam32 --loss-chunk TOKENS "
     "--mlp-chunk TOKENS --no-checkpointing --pack --sample N --data DIR --out DIR | --model DIR | --init random --config FILE, "
     "with --data FILE (tokens) --finetune qlora|lora|full --targets q_proj,v_proj,... --merge; --memory-cap MIB "
-    "--max-seq-search --offload-checkpoints on|off|auto";
+    "--max-seq-search --offload-checkpoints on|off|auto; --zero 3 (MPI build, under mpirun)";
 
 // A bad command line: one line naming the flag, exit 2, before anything is allocated or trained.
 [[noreturn]] void usage(const std::string& problem) {
@@ -239,6 +250,7 @@ options parse(int argc, char** argv) {
     else if (a == "--batch") o.batch = number(1, 4096);
     else if (a == "--seq") o.seq = number(2, 65536);
     else if (a == "--accum") o.accum = number(1, 4096);
+    else if (a == "--zero") o.zero = static_cast<int>(number(0, 3));
     else if (a == "--hidden") o.model.hidden = number(1, 65536);
     else if (a == "--layers") {
       o.model.layers = number(1, 1024);
@@ -299,6 +311,21 @@ options parse(int argc, char** argv) {
     }
     else usage("unknown flag '" + a + "'");
   }
+  if (o.zero == 1 || o.zero == 2)
+    usage("--zero takes 0 or 3 (stage 3: every tensor sharded over the MPI ranks), not " + std::to_string(o.zero));
+#if !defined(MEMKIT_EXAMPLE_MPI)
+  if (o.zero == 3)
+    usage("--zero 3: this build has no MPI; run memkit_example_train_llama_mpi under mpirun (built when CMake finds MPI)");
+#else
+  if (o.zero == 3) {  // the one stage-3 run this example has: dense full fine-tuning, on the host
+    if (!(init_random && !o.config_file.empty() && o.full))
+      usage("--zero 3 runs --init random --config FILE --finetune full (every tensor sharded over the ranks)");
+    if (o.accum != 1) usage("--zero 3 reduces each layer's gradients once per step: --accum 1");
+    if (o.device != device_choice::host) usage("--zero 3 runs on the host (the ranks are MPI processes)");
+    if (o.memory_cap_mib > 0 || o.offload == offload_choice::on || o.mlp_chunk_tokens > 0)
+      usage("--zero 3 runs without --memory-cap, --offload-checkpoints on or --mlp-chunk");
+  }
+#endif
   if (o.offload == offload_choice::on && !o.checkpointing)
     usage("--offload-checkpoints on keeps checkpoints in host memory: not with --no-checkpointing");
   if (o.offload == offload_choice::on && o.model_dir.empty() && o.config_file.empty() && !init_random)
@@ -489,6 +516,11 @@ budget::training_plan budget_plan(const options& o, bool qlora, bool on_device) 
   if (!qlora && o.adam32) p.optimizer = budget::optimizer_kind::adamw;
   p.logits_chunk_tokens = static_cast<std::uint64_t>(o.loss_chunk_tokens > 0 ? o.loss_chunk_tokens : o.batch * o.seq);
   p.mlp_token_chunk = static_cast<std::uint64_t>(o.mlp_chunk_tokens);
+  if (o.zero == 3) {  // memory_budget's --runtime memkit --zero 3: stage3_parameters' terms, the worst rank
+    p.gpus = static_cast<std::uint64_t>(o.ranks);
+    p.zero_stage = 3;
+    p.gather_prefetch = false;  // distributed::stage3_layer gathers each block when it runs: one buffer
+  }
   if (!on_device) {
     p.host_threads = static_cast<std::uint64_t>(o.threads);
     p.overhead = budget::host_overhead;
@@ -715,10 +747,14 @@ float train_micro_batch(const E& exec, Model& model, Stack& stack, step_buffers&
 }
 
 // Mean loss over held-out windows, without checkpointing or gradients (each layer's saved tensors are
-// dropped as soon as it has run).
-template <memkit::executor E, class Model>
+// dropped as soon as it has run). `around(i, before)`: called before and after block i runs (--zero 3 gathers
+// and releases the block there).
+struct no_block_hook {
+  void operator()(std::int64_t, bool) const {}
+};
+template <memkit::executor E, class Model, class BlockHook = no_block_hook>
 double validation_loss(const E& exec, Model& model, const example::text_dataset& data, step_buffers& b, const resources& r,
-                       const options& o) {
+                       const options& o, BlockHook around = {}) {
   const std::int64_t tokens = o.batch * o.seq, h = model.config.hidden;
   r.meter.set_phase("validation");
   memkit::activation_store store(r.activations);
@@ -733,8 +769,10 @@ double validation_loss(const E& exec, Model& model, const example::text_dataset&
     act_t* y = b.hn.data();
     const shape in{o.batch, o.seq, h};
     const memkit::memory_kind where = b.h0.where();
-    for (auto& block : model.blocks) {
-      block.forward(exec, ctx, tensor_view<const act_t>(x, in, where), tensor_view<act_t>(y, in, where), store);
+    for (std::size_t i = 0; i < model.blocks.size(); ++i) {
+      around(static_cast<std::int64_t>(i), true);
+      model.blocks[i].forward(exec, ctx, tensor_view<const act_t>(x, in, where), tensor_view<act_t>(y, in, where), store);
+      around(static_cast<std::int64_t>(i), false);
       store.clear();
       std::swap(x, y);
     }
@@ -1483,12 +1521,159 @@ finetune_outcome finetune_checkpoint(const E& exec, const options& o, memory_met
   return outcome;
 }
 
+// FNV-1a: the trained parameters' checksum (--finetune full, host), printed so that two runs (one process,
+// and --zero 3 on MPI ranks) can be compared bit for bit. Over every tensor's values in stage3_units' order.
+constexpr std::uint64_t fnv1a_start = 0xcbf29ce484222325ull;
+std::uint64_t fnv1a(std::uint64_t h, const void* data, std::size_t bytes) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  for (std::size_t i = 0; i < bytes; ++i) h = (h ^ p[i]) * 0x100000001b3ull;
+  return h;
+}
+void print_checksum(std::uint64_t checksum) {
+  std::printf("trained parameters: checksum %016llx (FNV-1a over every tensor's bf16 values, stage-3 unit order)\n",
+              static_cast<unsigned long long>(checksum));
+}
+
+#if defined(MEMKIT_EXAMPLE_MPI)
+const memkit::distributed::mpi_communicator& world() {
+  static const memkit::distributed::mpi_communicator comm(MPI_COMM_WORLD);
+  return comm;
+}
+
+// --zero 3 (#32): --finetune full with every tensor sharded over the MPI ranks (stage3_parameters over
+// stage3_units: one unit per block, one for the embedding, final norm and head). Every rank builds the whole
+// model from the same draws as the one-process run, keeps its slices and frees the rest; from then on its
+// tracker holds what stage3_parameters::bytes_required says, and memory_budget's --zero 3 models the same.
+// Each block is gathered around its forward and again around its backward (checkpoint::segment recomputes
+// through distributed::stage3_layer); the embedding, final norm and head stay gathered through the pass. Every
+// rank trains on the same batches, so the mean of the ranks' gradients is each one's: the run must equal one
+// rank's bit for bit (the CTest compares the checksum).
+template <memkit::executor E>
+finetune_outcome finetune_full_stage3(const E& exec, const options& o, memory_meter& meter,
+                                      std::vector<example::step_record>& records) {
+  static_assert(!E::on_device, "--zero 3 runs on the host");
+  const auto& comm = world();
+  const resources r = make_resources(meter, o.threads);
+  const memkit::layers::trainability mode = o.rounding ? memkit::layers::trainability::bf16_rounding : memkit::layers::trainability::bf16_master;
+  const example::text_dataset data = checkpoint_dataset(o);
+  meter.reset_peak();
+  finetune_outcome outcome;
+  stage_result& result = outcome.result;
+
+  auto model = std::make_unique<pretrain_model>(o.model, r.model, mode, [&](const llama::projection& p, std::int64_t, int) {
+    return llama::make_dense_linear<act_t>(p, r.model, mode);
+  });
+  {  // the one-process run's draws (finetune_full_checkpoint)
+    const llama::random_weights fill{o.seed, 0.02f, &llama::host_staging(r.model)};
+    std::vector<memkit::layers::parameter*> all = model->shared_parameters();
+    for (auto* l : model->linears()) all.push_back(&l->weight);
+    for (memkit::layers::parameter* p : all) {
+      fill(p->name, p->value.view());
+      if (p->has_master()) fill(p->name, p->master.view());
+    }
+  }
+  memkit::optim::adam_options adam_options;
+  adam_options.max_grad_norm = o.max_grad_norm;
+  adam_options.host_threads = o.threads;
+  adam_options.seed = o.seed;
+  using runtime_type = memkit::distributed::stage3_parameters<act_t, std::int8_t, 256>;
+  auto units = llama::stage3_units(*model);
+  std::vector<std::vector<memkit::layers::parameter*>> unit_parameters;
+  for (const auto& u : units) unit_parameters.push_back(u.parameters);
+  const auto shapes = llama::stage3_unit_shapes<act_t>(o.model, mode);
+  const memkit::distributed::stage3_bytes planned = runtime_type::bytes_required(shapes, comm.rank(), comm.size(), adam_options);
+  runtime_type runtime(exec, comm, r.model, std::move(units), adam_options, o.seed);
+  const std::size_t outer = runtime.unit_count() - 1;
+  // The whole model existed on this rank until the runtime took its slices: a loader that reads only a rank's
+  // slices would not hold it (not in this example). Measured from here on.
+  const std::uint64_t built_peak = meter.tracker.peak_bytes();
+  meter.reset_peak();
+
+  memory_prediction predicted;
+  predicted.peak[memory_category::weights] =
+      planned.weights + llama::rotary<act_t>::table_bytes(o.model.head_dim, o.model.max_positions);
+  predicted.peak[memory_category::gradients] = planned.gradients;
+  predicted.peak[memory_category::optimizer_state] = planned.optimizer_state;
+  predicted.peak[memory_category::other] = step_buffers::other_bytes(o.batch, o.seq, offsets_per_row(o));
+
+  step_buffers buffers(r, o.batch, o.seq, o.model.hidden, true, offsets_per_row(o));
+  using block_type = typename decltype(model->blocks)::value_type;
+  std::vector<memkit::distributed::stage3_layer<block_type, runtime_type, memkit::distributed::mpi_communicator>> wrapped;
+  for (std::size_t i = 0; i < model->blocks.size(); ++i) wrapped.push_back({&model->blocks[i], &runtime, &comm, i});
+  auto stack = memkit::checkpoint::segment(
+      memkit::checkpoint::layer_sequence(wrapped, model->final_norm),
+      {.schedule = o.checkpointing ? memkit::checkpoint::schedule::every_layer() : memkit::checkpoint::schedule::none()});
+  predicted.peak[memory_category::activations] = activation_peak(*model, stack, o, true);
+  predicted.peak[memory_category::workspace] = std::max<std::uint64_t>(
+      workspace_peak(*model, o), runtime_type::gather_workspace_bytes(shapes, comm.size()));
+  predicted.total = predicted.peak.total();
+
+  const auto around = [&](std::int64_t i, bool before) {
+    if (before) runtime.gather(exec, comm, static_cast<std::size_t>(i), false);
+    else runtime.release(exec, comm, static_cast<std::size_t>(i));
+  };
+  const auto validate = [&] {
+    runtime.gather(exec, comm, outer, false);
+    const double loss = validation_loss(exec, *model, data, buffers, r, o, around);
+    runtime.release(exec, comm, outer);
+    return loss;
+  };
+  result.validation_before = validate();
+  std::printf("\nfull fine-tuning under ZeRO stage 3 on %d ranks (rank 0 prints; every rank the same batches) on %s "
+              "(%lld tokens), %lld steps\nbuilt whole before sharding: peak %s on this rank; from then on measured\n"
+              "validation loss before: %.4f\n",
+              comm.size(), o.token_file.empty() ? "random token ids" : o.token_file.c_str(),
+              static_cast<long long>(data.size()), static_cast<long long>(o.finetune_steps),
+              memkit::format_bytes(built_peak).c_str(), result.validation_before);
+  const float mean = 1.0f / static_cast<float>(comm.size());
+  run_stage(
+      exec, 2, *model, stack, data, buffers, r, o, o.finetune_steps, o.finetune_lr,
+      [&](float lr, float scale) {
+        runtime.release(exec, comm, outer);  // the embedding's and head's gradients to their owners
+        const memkit::optim::adam_group group{.lr = lr, .beta2 = 0.99f, .weight_decay = 0.0f};
+        runtime.step(exec, comm, std::span<const memkit::optim::adam_group>(&group, 1), scale * mean);
+      },
+      [&] { runtime.gather(exec, comm, outer, true); },  // zeroed gradient buffers for the pass
+      records, result);
+  result.validation_after = validate();
+  std::printf("validation loss after:  %.4f\n", result.validation_after);
+  result.loss_chunk = o.loss_chunk_tokens > 0 ? o.loss_chunk_tokens : o.batch * o.seq;
+  result.measured = meter.peaks();
+  result.predicted = predicted.peak;
+  result.measured_peak = meter.tracker.peak_bytes();
+  result.predicted_peak = predicted.total;
+  result.budget = budget_estimate(o, false, E::on_device);
+  print_memory_table("full fine-tuning, ZeRO stage 3", predicted, meter, result.budget);
+
+  // Every unit gathered once more: the checksum of the whole trained model, in unit order.
+  std::uint64_t checksum = fnv1a_start;
+  for (std::size_t u = 0; u < unit_parameters.size(); ++u) {
+    runtime.gather(exec, comm, u, false);
+    for (const memkit::layers::parameter* p : unit_parameters[u])
+      checksum = fnv1a(checksum, p->value.data(), static_cast<std::size_t>(p->size()) * sizeof(act_t));
+    runtime.release(exec, comm, u);
+  }
+  print_checksum(checksum);
+  // memory_budget models ZeRO on 2 or more GPUs: on one rank its plan is the unsharded one.
+  std::fprintf(stderr, "train_llama: rank %d of %d: tracked peak %s, predicted %s (%+.2f%%), memory_budget %s %s "
+               "(%+.2f%%); checksum %016llx\n", comm.rank(), comm.size(), memkit::format_bytes(result.measured_peak).c_str(),
+               memkit::format_bytes(result.predicted_peak).c_str(), percent_error(result.predicted_peak, result.measured_peak),
+               comm.size() > 1 ? "--zero 3" : "(one GPU: no sharding)", memkit::format_bytes(result.budget.peak).c_str(), percent_error(result.budget.peak, result.measured_peak),
+               static_cast<unsigned long long>(checksum));
+  outcome.loss_before_save = outcome.loss_after_reload = result.validation_after;  // random weights are not saved
+  return outcome;
+}
+#endif
+
 // --finetune full: every parameter of the checkpoint trains (bf16 values with fp32 master copies, or
 // stochastic rounding with --rounding), with stage 1's 8-bit AdamW; saved as out/finetuned/ (config.json +
 // model.safetensors) for transformers.
 template <memkit::executor E>
 finetune_outcome finetune_full_checkpoint(const E& exec, const options& o, memory_meter& meter,
                                           std::vector<example::step_record>& records) {
+#if defined(MEMKIT_EXAMPLE_MPI)
+  if (o.zero == 3) return finetune_full_stage3(exec, o, meter, records);
+#endif
   const resources r = make_resources(meter, o.threads);
   const memkit::layers::trainability mode = o.rounding ? memkit::layers::trainability::bf16_rounding : memkit::layers::trainability::bf16_master;
   const example::text_dataset data = checkpoint_dataset(o);
@@ -1552,6 +1737,13 @@ finetune_outcome finetune_full_checkpoint(const E& exec, const options& o, memor
       [&] { memkit::layers::zero_grad(exec, params); },
       records, result);
 
+  if constexpr (!E::on_device) {  // the values' bytes, in the order --zero 3 prints them
+    std::uint64_t checksum = fnv1a_start;
+    for (const auto& u : llama::stage3_units(*model))
+      for (const memkit::layers::parameter* p : u.parameters)
+        checksum = fnv1a(checksum, p->value.data(), static_cast<std::size_t>(p->size()) * sizeof(act_t));
+    print_checksum(checksum);
+  }
   // Saved as a checkpoint directory; reloaded, it must give the same validation loss.
   outcome.loss_before_save = result.validation_after;
   if (!o.model_dir.empty()) {
@@ -1965,6 +2157,7 @@ int run(const E& exec, const options& o, memkit::memory_resource& upstream, cons
 int run_main(const options& o);
 
 // Every failure after the command line is one line and exit code 1 (the command line's own errors exit 2).
+#if !defined(MEMKIT_EXAMPLE_MPI)
 int main(int argc, char** argv) {
   const options o = parse(argc, argv);
   try {
@@ -1976,6 +2169,35 @@ int main(int argc, char** argv) {
   }
   return 1;
 }
+#else
+// The MPI build: every rank runs the same command line; rank 0 prints, the others only their one line on
+// stderr (and any error). An error on one rank aborts all of them (the others would wait in a collective).
+int main(int argc, char** argv) {
+  options o = parse(argc, argv);
+  MPI_Init(&argc, &argv);
+  int rank = 0, size = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  o.ranks = size;
+  if (o.zero != 3 && size > 1) {
+    if (rank == 0) std::fprintf(stderr, "train_llama: %d MPI ranks without --zero 3: each would train alone\n", size);
+    MPI_Finalize();
+    return 2;
+  }
+  if (rank != 0 && std::freopen("/dev/null", "w", stdout) == nullptr) MPI_Abort(MPI_COMM_WORLD, 1);
+  int status = 1;
+  try {
+    status = run_main(o);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "train_llama: rank %d: error: %s\n", rank, e.what());
+    std::fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
+  std::fflush(stdout);
+  MPI_Finalize();
+  return status;
+}
+#endif
 
 int run_main(const options& o) {
 #if defined(MEMKIT_EXAMPLE_SMOKE_BUILD)
