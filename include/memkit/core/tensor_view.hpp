@@ -69,7 +69,10 @@ struct shape {
 
 inline std::string to_string(const shape& s) {
   std::string text = "[";
-  for (int i = 0; i < s.rank; ++i) text += (i ? ", " : "") + std::to_string(s.extents[i]);
+  for (int i = 0; i < s.rank; ++i) {
+    text += i ? ", " : "";  // two appends, not "," + to_string(...): GCC 12 at -O3 warns (-Wrestrict) on that
+    text += std::to_string(s.extents[i]);
+  }
   return text + "]";
 }
 

@@ -259,7 +259,10 @@ class sharded_dense {
   // The layout's JSON up to (not including) the rank count: element type and shape.
   static std::string layout_json(const shape& dims) {
     std::string text = std::string("{\"format\":\"") + safetensors::dtype_of<T>() + "\",\"shape\":[";
-    for (int i = 0; i < dims.rank; ++i) text += (i ? "," : "") + std::to_string(dims[i]);
+    for (int i = 0; i < dims.rank; ++i) {
+      text += i ? "," : "";  // two appends, not "," + to_string(...): GCC 12 at -O3 warns (-Wrestrict) on that
+      text += std::to_string(dims[i]);
+    }
     return text + "]";
   }
 
@@ -366,7 +369,10 @@ class sharded_quantized {
   // Adds this rank's shard to `out` under `name` (see the header).
   void save(safetensors::writer& out, const std::string& name) const {
     std::string dims = "[";
-    for (int i = 0; i < shape_.rank; ++i) dims += (i ? "," : "") + std::to_string(shape_[i]);
+    for (int i = 0; i < shape_.rank; ++i) {
+      dims += i ? "," : "";  // two appends, not "," + to_string(...): GCC 12 at -O3 warns (-Wrestrict) on that
+      dims += std::to_string(shape_[i]);
+    }
     const std::string layout = std::string("{\"format\":\"") + quant::to_string(F) + "\",\"shape\":" + dims +
                                "],\"block_size\":" + std::to_string(options_.block_size) +
                                ",\"double_quant\":" + (options_.double_quant ? "true" : "false") +

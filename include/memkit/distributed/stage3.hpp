@@ -699,13 +699,22 @@ class stage3_parameters {
     const stage3_unit_shape& u = x.shape;
     std::string text = std::string("{\"format\":\"memkit.stage3\",\"dtype\":\"") + safetensors::dtype_of<W>() +
                        "\",\"master\":" + (u.master ? "true" : "false") + ",\"sizes\":[";
-    for (std::size_t i = 0; i < u.sizes.size(); ++i) text += (i ? "," : "") + std::to_string(u.sizes[i]);
+    for (std::size_t i = 0; i < u.sizes.size(); ++i) {
+      text += i ? "," : "";  // two appends, not "," + to_string(...): GCC 12 at -O3 warns (-Wrestrict) on that
+      text += std::to_string(u.sizes[i]);
+    }
     text += "],\"names\":[";
-    for (std::size_t i = 0; i < x.spec.parameters.size(); ++i) text += (i ? "," : "") + detail::json_quoted(x.spec.parameters[i]->name);
+    for (std::size_t i = 0; i < x.spec.parameters.size(); ++i) {
+      text += i ? "," : "";
+      text += detail::json_quoted(x.spec.parameters[i]->name);
+    }
     text += "],\"shapes\":[";
     for (std::size_t i = 0; i < x.dims.size(); ++i) {
       text += i ? ",[" : "[";
-      for (int d = 0; d < x.dims[i].rank; ++d) text += (d ? "," : "") + std::to_string(x.dims[i].extents[d]);
+      for (int d = 0; d < x.dims[i].rank; ++d) {
+        text += d ? "," : "";  // two appends, not "," + to_string(...): GCC 12 at -O3 warns (-Wrestrict) on that
+        text += std::to_string(x.dims[i].extents[d]);
+      }
       text += "]";
     }
     return text + "]";

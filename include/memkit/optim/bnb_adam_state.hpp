@@ -130,7 +130,10 @@ std::vector<T> read_exactly(const safetensors::reader& in, const std::string& ke
 
 inline std::string dims_text(const std::vector<std::int64_t>& dims) {
   std::string text = "[";
-  for (std::size_t i = 0; i < dims.size(); ++i) text += (i ? ", " : "") + std::to_string(dims[i]);
+  for (std::size_t i = 0; i < dims.size(); ++i) {
+    text += i ? ", " : "";  // two appends, not "," + to_string(...): GCC 12 at -O3 warns (-Wrestrict) on that
+    text += std::to_string(dims[i]);
+  }
   return text + "]";
 }
 

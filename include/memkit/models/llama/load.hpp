@@ -130,7 +130,10 @@ namespace detail {
 
 inline std::string dims_text(const std::vector<std::int64_t>& dims) {
   std::string s = "[";
-  for (std::size_t i = 0; i < dims.size(); ++i) s += (i ? ", " : "") + std::to_string(dims[i]);
+  for (std::size_t i = 0; i < dims.size(); ++i) {
+    s += i ? ", " : "";  // two appends, not "," + to_string(...): GCC 12 at -O3 warns (-Wrestrict) on that
+    s += std::to_string(dims[i]);
+  }
   return s + "]";
 }
 
