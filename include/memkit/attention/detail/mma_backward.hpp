@@ -120,18 +120,7 @@ __global__ void __launch_bounds__(mma_tiles::threads)
   }
   cp_async_wait<0>();
 
-#pragma unroll
-  for (int n = 0; n < on; ++n) {
-    const int d = n * 8 + 2 * t;
-    if (row0 < S) {
-      dq[(bh * S + row0) * D + d] = from_float<T>(dqa[n][0]);
-      dq[(bh * S + row0) * D + d + 1] = from_float<T>(dqa[n][1]);
-    }
-    if (row1 < S) {
-      dq[(bh * S + row1) * D + d] = from_float<T>(dqa[n][2]);
-      dq[(bh * S + row1) * D + d + 1] = from_float<T>(dqa[n][3]);
-    }
-  }
+  store_accumulator_rows<T, D>(dq, bh * S, dqa, row0, row1, S, t);
 }
 
 // Shared memory of the mma key pass: K and V [rows][D + pad], Q and dO [2 buffers][cols][D + pad], and the query
@@ -247,22 +236,8 @@ __global__ void __launch_bounds__(mma_tiles::threads)
   }
   cp_async_wait<0>();
 
-#pragma unroll
-  for (int n = 0; n < on; ++n) {
-    const int d = n * 8 + 2 * t;
-    if (key0 < S) {
-      dk[(bkv * S + key0) * D + d] = from_float<T>(dka[n][0]);
-      dk[(bkv * S + key0) * D + d + 1] = from_float<T>(dka[n][1]);
-      dv[(bkv * S + key0) * D + d] = from_float<T>(dva[n][0]);
-      dv[(bkv * S + key0) * D + d + 1] = from_float<T>(dva[n][1]);
-    }
-    if (key1 < S) {
-      dk[(bkv * S + key1) * D + d] = from_float<T>(dka[n][2]);
-      dk[(bkv * S + key1) * D + d + 1] = from_float<T>(dka[n][3]);
-      dv[(bkv * S + key1) * D + d] = from_float<T>(dva[n][2]);
-      dv[(bkv * S + key1) * D + d + 1] = from_float<T>(dva[n][3]);
-    }
-  }
+  store_accumulator_rows<T, D>(dk, bkv * S, dka, key0, key1, S, t);
+  store_accumulator_rows<T, D>(dv, bkv * S, dva, key0, key1, S, t);
 }
 
 #endif  // MEMKIT_HAS_CUDA

@@ -142,7 +142,8 @@ __device__ MEMKIT_FORCEINLINE fragment_offset b_fragment(int lane, int s, int n)
 }
 // One k-step s of c[n] += A B over the 8-column blocks n < nb: A fragment `a` in registers, B from `tile`.
 template <class T, bool transposed, int LD, int nb>
-__device__ MEMKIT_FORCEINLINE void mma_step(float (&c)[nb][4], const std::uint32_t (&a)[4], const T* tile, int lane, int s) {
+__device__ MEMKIT_FORCEINLINE void mma_step(float (&c)[nb][4], const std::uint32_t (&a)[4], const T* tile, int lane,
+    int s) {
   #pragma unroll
   for (int n = 0; n < nb; n += 2) {
     std::uint32_t b[4];
@@ -154,8 +155,8 @@ __device__ MEMKIT_FORCEINLINE void mma_step(float (&c)[nb][4], const std::uint32
 }
 // One k-step of two products over the same blocks, loads and MMAs interleaved: c1 += A1 B1, c2 += A2 B2.
 template <class T, bool transposed, int LD, int nb>
-__device__ MEMKIT_FORCEINLINE void mma_step2(float (&c1)[nb][4], const std::uint32_t (&a1)[4], const T* tile1, float (&c2)[nb][4],
-                                 const std::uint32_t (&a2)[4], const T* tile2, int lane, int s) {
+__device__ MEMKIT_FORCEINLINE void mma_step2(float (&c1)[nb][4], const std::uint32_t (&a1)[4], const T* tile1,
+    float (&c2)[nb][4], const std::uint32_t (&a2)[4], const T* tile2, int lane, int s) {
   #pragma unroll
   for (int n = 0; n < nb; n += 2) {
     std::uint32_t b1[4], b2[4];
@@ -171,28 +172,48 @@ __device__ MEMKIT_FORCEINLINE void mma_step2(float (&c1)[nb][4], const std::uint
 }
 // c[n] += A B over every k-step s < ks, the A fragments a[s] in registers.
 template <class T, bool transposed, int LD, int ks, int nb>
-__device__ MEMKIT_FORCEINLINE void mma_rows_by_tile(float (&c)[nb][4], const std::uint32_t (&a)[ks][4], const T* tile, int lane) {
+__device__ MEMKIT_FORCEINLINE void mma_rows_by_tile(float (&c)[nb][4], const std::uint32_t (&a)[ks][4], const T* tile,
+    int lane) {
   #pragma unroll
   for (int s = 0; s < ks; ++s) mma_step<T, transposed, LD>(c, a[s], tile, lane, s);
 }
 template <class T, bool transposed, int LD, int ks, int nb>
-__device__ MEMKIT_FORCEINLINE void mma_rows_by_tile2(float (&c1)[nb][4], const std::uint32_t (&a1)[ks][4], const T* tile1,
-                                         float (&c2)[nb][4], const std::uint32_t (&a2)[ks][4], const T* tile2,
-                                         int lane) {
+__device__ MEMKIT_FORCEINLINE void mma_rows_by_tile2(float (&c1)[nb][4], const std::uint32_t (&a1)[ks][4],
+    const T* tile1, float (&c2)[nb][4], const std::uint32_t (&a2)[ks][4], const T* tile2, int lane) {
   #pragma unroll
   for (int s = 0; s < ks; ++s) mma_step2<T, transposed, LD>(c1, a1[s], tile1, c2, a2[s], tile2, lane, s);
 }
 // c1 += A1 B1^T, c2 += A2 B2^T over ks k-steps with the A fragments re-read from shared memory per k-step (a1, a2:
 // this lane's ldmatrix rows at k-step 0), which keeps registers for the accumulators: backward's S and dP.
 template <class T, int LD, int ks, int nb>
-__device__ MEMKIT_FORCEINLINE void mma_shared_rows_by_tile2(float (&c1)[nb][4], const T* a1, const T* tile1, float (&c2)[nb][4],
-                                                const T* a2, const T* tile2, int lane) {
+__device__ MEMKIT_FORCEINLINE void mma_shared_rows_by_tile2(float (&c1)[nb][4], const T* a1, const T* tile1,
+    float (&c2)[nb][4], const T* a2, const T* tile2, int lane) {
   #pragma unroll
   for (int s = 0; s < ks; ++s) {
     std::uint32_t f1[4], f2[4];
     ldmatrix_x4<false>(f1, a1 + s * 16);
     ldmatrix_x4<false>(f2, a2 + s * 16);
     mma_step2<T, false, LD>(c1, f1, tile1, c2, f2, tile2, lane, s);
+  }
+}
+
+// Stores this thread's accumulator rows of an [S][D] output at row offset `base` (head * S): row r0 gets c[n][0..1],
+// row r1 c[n][2..3], divided by div0 / div1 (1 where nothing divides: x / 1 is exact), rows at or past S skipped.
+template <class T, int D>
+__device__ MEMKIT_FORCEINLINE void store_accumulator_rows(T* out, std::int64_t base, const float (&c)[D / 8][4],
+                                                         int r0, int r1, int S, int t, float div0 = 1.0f,
+                                                         float div1 = 1.0f) {
+  #pragma unroll
+  for (int n = 0; n < D / 8; ++n) {
+    const int d = n * 8 + 2 * t;
+    if (r0 < S) {
+      out[(base + r0) * D + d] = from_float<T>(c[n][0] / div0);
+      out[(base + r0) * D + d + 1] = from_float<T>(c[n][1] / div0);
+    }
+    if (r1 < S) {
+      out[(base + r1) * D + d] = from_float<T>(c[n][2] / div1);
+      out[(base + r1) * D + d + 1] = from_float<T>(c[n][3] / div1);
+    }
   }
 }
 
@@ -323,18 +344,7 @@ __global__ void __launch_bounds__(mma_tiles::threads)
   }
   cp_async_wait<0>();
 
-  #pragma unroll
-  for (int n = 0; n < on; ++n) {
-    const int d = n * 8 + 2 * t;
-    if (row0 < S) {
-      out[(bh * S + row0) * D + d] = from_float<T>(o[n][0] / l0);
-      out[(bh * S + row0) * D + d + 1] = from_float<T>(o[n][1] / l0);
-    }
-    if (row1 < S) {
-      out[(bh * S + row1) * D + d] = from_float<T>(o[n][2] / l1);
-      out[(bh * S + row1) * D + d + 1] = from_float<T>(o[n][3] / l1);
-    }
-  }
+  store_accumulator_rows<T, D>(out, bh * S, o, row0, row1, S, t, l0, l1);
   if (t == 0) {
     if (row0 < S) lse[bh * S + row0] = (m0 + log2f(l0)) * ln2;
     if (row1 < S) lse[bh * S + row1] = (m1 + log2f(l1)) * ln2;
