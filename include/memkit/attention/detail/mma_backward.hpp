@@ -236,8 +236,24 @@ __global__ void __launch_bounds__(mma_tiles::threads)
   }
   cp_async_wait<0>();
 
-  store_accumulator_rows<T, D>(dk, bkv * S, dka, key0, key1, S, t);
-  store_accumulator_rows<T, D>(dv, bkv * S, dva, key0, key1, S, t);
+  // dK and dV stored together: they share each address (two store_accumulator_rows calls recompute it, +80 to +168
+  // integer instructions in the SASS).
+#pragma unroll
+  for (int n = 0; n < on; ++n) {
+    const int d = n * 8 + 2 * t;
+    if (key0 < S) {
+      dk[(bkv * S + key0) * D + d] = from_float<T>(dka[n][0]);
+      dk[(bkv * S + key0) * D + d + 1] = from_float<T>(dka[n][1]);
+      dv[(bkv * S + key0) * D + d] = from_float<T>(dva[n][0]);
+      dv[(bkv * S + key0) * D + d + 1] = from_float<T>(dva[n][1]);
+    }
+    if (key1 < S) {
+      dk[(bkv * S + key1) * D + d] = from_float<T>(dka[n][2]);
+      dk[(bkv * S + key1) * D + d + 1] = from_float<T>(dka[n][3]);
+      dv[(bkv * S + key1) * D + d] = from_float<T>(dva[n][2]);
+      dv[(bkv * S + key1) * D + d + 1] = from_float<T>(dva[n][3]);
+    }
+  }
 }
 
 #endif  // MEMKIT_HAS_CUDA
