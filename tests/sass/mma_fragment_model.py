@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """A model of the PTX ISA's documented fragment layouts (ldmatrix .x4 with and without .trans, mma.m16n8k16
 row.col with fp32 accumulators), driven by the index formulas of include/memkit/attention/detail/mma_forward.hpp
-and mma_backward.hpp (copied here: keep them in step), checked against NumPy products.
+(a_fragment and b_fragment, which the forward and both backward passes use; copied here as (row, col) pairs: keep
+them in step), checked against NumPy products.
 
 It checks the kernels' indexing against the documentation as read, not the hardware (tests/cuda/attention_test.cu
 does that on a GPU). The formulas: Q / dO A fragments, K (and V in the dq pass) as non-transposed B fragments,
@@ -38,14 +39,24 @@ def mma(c, a, b0, b1):
         g, t = l // 4, l % 4
         c[l] = [C[g, 2 * t], C[g, 2 * t + 1], C[g + 8, 2 * t], C[g + 8, 2 * t + 1]]
 
+def a_fragment(l, s):
+    # a_fragment<LD>(lane, 0, s): {row * LD, s * 16, (lane / 16) * 8}
+    return (l % 16, s * 16 + (l // 16) * 8)
+
+def b_fragment(transposed, l, s, n):
+    # b_fragment<transposed, LD>(lane, s, n)
+    if transposed:
+        return (s * 16 + ((l // 8) % 2) * 8 + l % 8, n * 8 + (l // 16) * 8)
+    return (n * 8 + (l // 16) * 8 + l % 8, s * 16 + ((l // 8) % 2) * 8)
+
 for D in (64, 128):
     N, dk, on, sn = 64, D // 16, D // 8, 64 // 8
     Q = rng.standard_normal((16, D)); K = rng.standard_normal((N, D)); V = rng.standard_normal((N, D))
-    qa = [ldmatrix_x4(Q, lambda l, s=s: (l % 16, s * 16 + (l // 16) * 8), False) for s in range(dk)]
+    qa = [ldmatrix_x4(Q, lambda l, s=s: a_fragment(l, s), False) for s in range(dk)]
     sc = [[[0.0] * 4 for _ in range(32)] for _ in range(sn)]
     for s in range(dk):
         for n in range(0, sn, 2):
-            kb = ldmatrix_x4(K, lambda l: (n * 8 + (l // 16) * 8 + l % 8, s * 16 + ((l // 8) % 2) * 8), False)
+            kb = ldmatrix_x4(K, lambda l: b_fragment(False, l, s, n), False)
             mma(sc[n], [qa[s][l] for l in range(32)], [kb[l][0] for l in range(32)], [kb[l][1] for l in range(32)])
             mma(sc[n + 1], [qa[s][l] for l in range(32)], [kb[l][2] for l in range(32)], [kb[l][3] for l in range(32)])
     Sref = Q @ K.T
@@ -66,7 +77,7 @@ for D in (64, 128):
     o = [[[0.0] * 4 for _ in range(32)] for _ in range(on)]
     for s in range(sn // 2):
         for n in range(0, on, 2):
-            vb = ldmatrix_x4(V, lambda l: (s * 16 + ((l // 8) % 2) * 8 + l % 8, n * 8 + (l // 16) * 8), True)
+            vb = ldmatrix_x4(V, lambda l: b_fragment(True, l, s, n), True)
             mma(o[n], pa[s], [vb[l][0] for l in range(32)], [vb[l][1] for l in range(32)])
             mma(o[n + 1], pa[s], [vb[l][2] for l in range(32)], [vb[l][3] for l in range(32)])
     Oref = P @ V

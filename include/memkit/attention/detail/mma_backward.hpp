@@ -69,8 +69,9 @@ __global__ void __launch_bounds__(mma_tiles::threads)
   const int lo1 = static_cast<int>(see1.begin), hi1 = static_cast<int>(see1.end);
   const float lse0 = row0 < S ? lse[bh * S + row0] * log2e : 0.0f, lse1 = row1 < S ? lse[bh * S + row1] * log2e : 0.0f;
   const float delta0 = row0 < S ? delta[bh * S + row0] : 0.0f, delta1 = row1 < S ? delta[bh * S + row1] : 0.0f;
-  const T* Qw = Qs + (warp * 16 + lane % 16) * LD + (lane / 16) * 8;  // this lane's ldmatrix row of Q / dO
-  const T* dOw = dOs + (warp * 16 + lane % 16) * LD + (lane / 16) * 8;
+  const fragment_offset qw = a_fragment<LD>(lane, warp * 16, 0);
+  const T* Qw = Qs + qw.row + qw.lane;  // this lane's ldmatrix row of Q / dO
+  const T* dOw = dOs + qw.row + qw.lane;
 
   float dqa[on][4];
 #pragma unroll
@@ -94,23 +95,7 @@ __global__ void __launch_bounds__(mma_tiles::threads)
       for (int n = 0; n < sn; ++n)
 #pragma unroll
         for (int e = 0; e < 4; ++e) sc[n][e] = dp[n][e] = 0.0f;
-#pragma unroll
-      for (int s = 0; s < dk; ++s) {
-        std::uint32_t qa[4], da[4];
-        ldmatrix_x4<false>(qa, Qw + s * 16);
-        ldmatrix_x4<false>(da, dOw + s * 16);
-#pragma unroll
-        for (int n = 0; n < sn; n += 2) {
-          std::uint32_t kb[4], vb[4];
-          const int at = (n * 8 + (lane / 16) * 8 + lane % 8) * LD + s * 16 + ((lane / 8) % 2) * 8;
-          ldmatrix_x4<false>(kb, Kt + at);
-          ldmatrix_x4<false>(vb, Vt + at);
-          mma_16816<T>(sc[n], qa, kb[0], kb[1]);
-          mma_16816<T>(sc[n + 1], qa, kb[2], kb[3]);
-          mma_16816<T>(dp[n], da, vb[0], vb[1]);
-          mma_16816<T>(dp[n + 1], da, vb[2], vb[3]);
-        }
-      }
+      mma_shared_rows_by_tile2<T, LD, dk>(sc, Qw, Kt, dp, dOw, Vt, lane);
       // dS = P (dP - delta) scale on the visible keys, rounded to T, as A fragments of dQ += dS K.
       const bool full = j0 >= lo0 && j0 >= lo1 && j0 + N <= hi0 && j0 + N <= hi1;
       std::uint32_t dsa[sn / 2][4];
@@ -129,32 +114,13 @@ __global__ void __launch_bounds__(mma_tiles::threads)
         dsa[n / 2][(n % 2) * 2 + 1] = pack2<T>(ds[2], ds[3]);
       }
       // dQ += dS K: K is [key][d], B (key x d) row-major: ldmatrix.trans.
-#pragma unroll
-      for (int s = 0; s < sn / 2; ++s)
-#pragma unroll
-        for (int n = 0; n < on; n += 2) {
-          std::uint32_t kb[4];
-          ldmatrix_x4<true>(kb, Kt + (s * 16 + ((lane / 8) % 2) * 8 + lane % 8) * LD + n * 8 + (lane / 16) * 8);
-          mma_16816<T>(dqa[n], dsa[s], kb[0], kb[1]);
-          mma_16816<T>(dqa[n + 1], dsa[s], kb[2], kb[3]);
-        }
+      mma_rows_by_tile<T, true, LD>(dqa, dsa, Kt, lane);
     }
     __syncthreads();  // the buffer is refilled by the next iteration's copy
   }
   cp_async_wait<0>();
 
-#pragma unroll
-  for (int n = 0; n < on; ++n) {
-    const int d = n * 8 + 2 * t;
-    if (row0 < S) {
-      dq[(bh * S + row0) * D + d] = from_float<T>(dqa[n][0]);
-      dq[(bh * S + row0) * D + d + 1] = from_float<T>(dqa[n][1]);
-    }
-    if (row1 < S) {
-      dq[(bh * S + row1) * D + d] = from_float<T>(dqa[n][2]);
-      dq[(bh * S + row1) * D + d + 1] = from_float<T>(dqa[n][3]);
-    }
-  }
+  store_accumulator_rows<T, D>(dq, bh * S, dqa, row0, row1, S, t);
 }
 
 // Shared memory of the mma key pass: K and V [rows][D + pad], Q and dO [2 buffers][cols][D + pad], and the query
@@ -217,8 +183,9 @@ __global__ void __launch_bounds__(mma_tiles::threads)
   const position_span warp_queries = warp_span(p, b, j0 + warp * 16, S, false);
   const int lo0 = static_cast<int>(by0.begin), hi0 = static_cast<int>(by0.end);
   const int lo1 = static_cast<int>(by1.begin), hi1 = static_cast<int>(by1.end);
-  const T* Kw = Ks + (warp * 16 + lane % 16) * LD + (lane / 16) * 8;  // this lane's ldmatrix row of K / V
-  const T* Vw = Vs + (warp * 16 + lane % 16) * LD + (lane / 16) * 8;
+  const fragment_offset kw = a_fragment<LD>(lane, warp * 16, 0);
+  const T* Kw = Ks + kw.row + kw.lane;  // this lane's ldmatrix row of K / V
+  const T* Vw = Vs + kw.row + kw.lane;
 
   float dka[on][4], dva[on][4];
 #pragma unroll
@@ -243,23 +210,7 @@ __global__ void __launch_bounds__(mma_tiles::threads)
       for (int n = 0; n < sn; ++n)
 #pragma unroll
         for (int e = 0; e < 4; ++e) st[n][e] = dpt[n][e] = 0.0f;
-#pragma unroll
-      for (int s = 0; s < dk_steps; ++s) {
-        std::uint32_t ka[4], va[4];
-        ldmatrix_x4<false>(ka, Kw + s * 16);
-        ldmatrix_x4<false>(va, Vw + s * 16);
-#pragma unroll
-        for (int n = 0; n < sn; n += 2) {
-          std::uint32_t qb[4], ob[4];
-          const int at = (n * 8 + (lane / 16) * 8 + lane % 8) * LD + s * 16 + ((lane / 8) % 2) * 8;
-          ldmatrix_x4<false>(qb, Qt + at);
-          ldmatrix_x4<false>(ob, dOt + at);
-          mma_16816<T>(st[n], ka, qb[0], qb[1]);
-          mma_16816<T>(st[n + 1], ka, qb[2], qb[3]);
-          mma_16816<T>(dpt[n], va, ob[0], ob[1]);
-          mma_16816<T>(dpt[n + 1], va, ob[2], ob[3]);
-        }
-      }
+      mma_shared_rows_by_tile2<T, LD, dk_steps>(st, Kw, Qt, dpt, Vw, dOt, lane);
       const bool full = i0 >= lo0 && i0 >= lo1 && i0 + N <= hi0 && i0 + N <= hi1;  // every query sees both keys
       std::uint32_t pa[sn / 2][4], dsa[sn / 2][4];
 #pragma unroll
@@ -279,24 +230,14 @@ __global__ void __launch_bounds__(mma_tiles::threads)
         dsa[n / 2][(n % 2) * 2 + 1] = pack2<T>(ds[2], ds[3]);
       }
       // dV += P^T dO and dK += dS^T Q: dO and Q are [query][d], B (query x d) row-major: ldmatrix.trans.
-#pragma unroll
-      for (int s = 0; s < sn / 2; ++s)
-#pragma unroll
-        for (int n = 0; n < on; n += 2) {
-          std::uint32_t ob[4], qb[4];
-          const int at = (s * 16 + ((lane / 8) % 2) * 8 + lane % 8) * LD + n * 8 + (lane / 16) * 8;
-          ldmatrix_x4<true>(ob, dOt + at);
-          ldmatrix_x4<true>(qb, Qt + at);
-          mma_16816<T>(dva[n], pa[s], ob[0], ob[1]);
-          mma_16816<T>(dva[n + 1], pa[s], ob[2], ob[3]);
-          mma_16816<T>(dka[n], dsa[s], qb[0], qb[1]);
-          mma_16816<T>(dka[n + 1], dsa[s], qb[2], qb[3]);
-        }
+      mma_rows_by_tile2<T, true, LD>(dva, pa, dOt, dka, dsa, Qt, lane);
     }
     __syncthreads();  // the buffer is refilled by the next iteration's copy
   }
   cp_async_wait<0>();
 
+  // dK and dV stored together: they share each address (two store_accumulator_rows calls recompute it, +80 to +168
+  // integer instructions in the SASS).
 #pragma unroll
   for (int n = 0; n < on; ++n) {
     const int d = n * 8 + 2 * t;

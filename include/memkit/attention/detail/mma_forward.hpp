@@ -115,6 +115,108 @@ __device__ inline void cp_async_tile(T* dst, const T* head, int first, int rows,
   }
 }
 
+// The fragment math shared by the forward and both backward passes, each formula once. An m16n8k16 product takes its
+// A fragment (16 x 16) from registers and its B fragments from a shared tile by ldmatrix_x4, which yields b0, b1 of
+// two 8-column blocks at once (so n steps by 2). LD is the shared row stride in elements (D + pad).
+//
+// Where this lane's ldmatrix_x4 row lies in a shared [rows][LD] tile, in elements: row + col + lane. Kept as three
+// terms so every caller adds them in the same order; these helpers are force-inlined so the kernels compile as if
+// the loops were written out (optimizing a helper before inlining it changes register allocation and scheduling).
+struct fragment_offset {
+  int row, col, lane;
+};
+// A: the 16 x 16 block of rows first.., k-step s (matrices: rows 0-7 / 8-15 x columns 0-7 / 8-15).
+template <int LD>
+__device__ MEMKIT_FORCEINLINE fragment_offset a_fragment(int lane, int first, int s) {
+  return {(first + lane % 16) * LD, s * 16, (lane / 16) * 8};
+}
+// B of 8-column blocks n, n + 1 at k-step s. Not transposed: the tile is [column][k] (K, Q, V, dO for X Y^T
+// products), B column-major. Transposed (ldmatrix.trans): the tile is [k][column] (V, K, dO, Q for P V-like
+// products), B row-major.
+template <bool transposed, int LD>
+__device__ MEMKIT_FORCEINLINE fragment_offset b_fragment(int lane, int s, int n) {
+  if constexpr (transposed)
+    return {(s * 16 + ((lane / 8) % 2) * 8 + lane % 8) * LD, n * 8, (lane / 16) * 8};
+  else
+    return {(n * 8 + (lane / 16) * 8 + lane % 8) * LD, s * 16, ((lane / 8) % 2) * 8};
+}
+// One k-step s of c[n] += A B over the 8-column blocks n < nb: A fragment `a` in registers, B from `tile`.
+template <class T, bool transposed, int LD, int nb>
+__device__ MEMKIT_FORCEINLINE void mma_step(float (&c)[nb][4], const std::uint32_t (&a)[4], const T* tile, int lane,
+    int s) {
+  #pragma unroll
+  for (int n = 0; n < nb; n += 2) {
+    std::uint32_t b[4];
+    const fragment_offset at = b_fragment<transposed, LD>(lane, s, n);
+    ldmatrix_x4<transposed>(b, tile + at.row + at.col + at.lane);
+    mma_16816<T>(c[n], a, b[0], b[1]);
+    mma_16816<T>(c[n + 1], a, b[2], b[3]);
+  }
+}
+// One k-step of two products over the same blocks, loads and MMAs interleaved: c1 += A1 B1, c2 += A2 B2.
+template <class T, bool transposed, int LD, int nb>
+__device__ MEMKIT_FORCEINLINE void mma_step2(float (&c1)[nb][4], const std::uint32_t (&a1)[4], const T* tile1,
+    float (&c2)[nb][4], const std::uint32_t (&a2)[4], const T* tile2, int lane, int s) {
+  #pragma unroll
+  for (int n = 0; n < nb; n += 2) {
+    std::uint32_t b1[4], b2[4];
+    const fragment_offset f = b_fragment<transposed, LD>(lane, s, n);
+    const int at = f.row + f.col + f.lane;
+    ldmatrix_x4<transposed>(b1, tile1 + at);
+    ldmatrix_x4<transposed>(b2, tile2 + at);
+    mma_16816<T>(c1[n], a1, b1[0], b1[1]);
+    mma_16816<T>(c1[n + 1], a1, b1[2], b1[3]);
+    mma_16816<T>(c2[n], a2, b2[0], b2[1]);
+    mma_16816<T>(c2[n + 1], a2, b2[2], b2[3]);
+  }
+}
+// c[n] += A B over every k-step s < ks, the A fragments a[s] in registers.
+template <class T, bool transposed, int LD, int ks, int nb>
+__device__ MEMKIT_FORCEINLINE void mma_rows_by_tile(float (&c)[nb][4], const std::uint32_t (&a)[ks][4], const T* tile,
+    int lane) {
+  #pragma unroll
+  for (int s = 0; s < ks; ++s) mma_step<T, transposed, LD>(c, a[s], tile, lane, s);
+}
+template <class T, bool transposed, int LD, int ks, int nb>
+__device__ MEMKIT_FORCEINLINE void mma_rows_by_tile2(float (&c1)[nb][4], const std::uint32_t (&a1)[ks][4],
+    const T* tile1, float (&c2)[nb][4], const std::uint32_t (&a2)[ks][4], const T* tile2, int lane) {
+  #pragma unroll
+  for (int s = 0; s < ks; ++s) mma_step2<T, transposed, LD>(c1, a1[s], tile1, c2, a2[s], tile2, lane, s);
+}
+// c1 += A1 B1^T, c2 += A2 B2^T over ks k-steps with the A fragments re-read from shared memory per k-step (a1, a2:
+// this lane's ldmatrix rows at k-step 0), which keeps registers for the accumulators: backward's S and dP.
+template <class T, int LD, int ks, int nb>
+__device__ MEMKIT_FORCEINLINE void mma_shared_rows_by_tile2(float (&c1)[nb][4], const T* a1, const T* tile1,
+    float (&c2)[nb][4], const T* a2, const T* tile2, int lane) {
+  #pragma unroll
+  for (int s = 0; s < ks; ++s) {
+    std::uint32_t f1[4], f2[4];
+    ldmatrix_x4<false>(f1, a1 + s * 16);
+    ldmatrix_x4<false>(f2, a2 + s * 16);
+    mma_step2<T, false, LD>(c1, f1, tile1, c2, f2, tile2, lane, s);
+  }
+}
+
+// Stores this thread's accumulator rows of an [S][D] output at row offset `base` (head * S): row r0 gets c[n][0..1],
+// row r1 c[n][2..3], divided by div0 / div1 (1 where nothing divides: x / 1 is exact), rows at or past S skipped.
+template <class T, int D>
+__device__ MEMKIT_FORCEINLINE void store_accumulator_rows(T* out, std::int64_t base, const float (&c)[D / 8][4],
+                                                         int r0, int r1, int S, int t, float div0 = 1.0f,
+                                                         float div1 = 1.0f) {
+  #pragma unroll
+  for (int n = 0; n < D / 8; ++n) {
+    const int d = n * 8 + 2 * t;
+    if (r0 < S) {
+      out[(base + r0) * D + d] = from_float<T>(c[n][0] / div0);
+      out[(base + r0) * D + d + 1] = from_float<T>(c[n][1] / div0);
+    }
+    if (r1 < S) {
+      out[(base + r1) * D + d] = from_float<T>(c[n][2] / div1);
+      out[(base + r1) * D + d + 1] = from_float<T>(c[n][3] / div1);
+    }
+  }
+}
+
 // Forward of one CTA: 64 query rows of one head, each warp 16 rows; thread (g = lane / 4, t = lane % 4) holds rows
 // g and g + 8 of its warp's 16, and of each 8-column block the columns 2t, 2t + 1 (the m16n8 accumulator layout).
 template <class T, int D>
@@ -160,7 +262,10 @@ __global__ void __launch_bounds__(mma_tiles::threads)
   std::uint32_t qa[dk][4];
   #pragma unroll
   for (int s = 0; s < dk; ++s)
-    ldmatrix_x4<false>(qa[s], Qs + (warp * 16 + lane % 16) * LD + s * 16 + (lane / 16) * 8);
+  {
+    const fragment_offset at = a_fragment<LD>(lane, warp * 16, s);
+    ldmatrix_x4<false>(qa[s], Qs + at.row + at.col + at.lane);
+  }
 
   float o[on][4];
   #pragma unroll
@@ -186,15 +291,7 @@ __global__ void __launch_bounds__(mma_tiles::threads)
       float sc[sn][4];
       #pragma unroll
       for (int n = 0; n < sn; ++n) sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.0f;
-      #pragma unroll
-      for (int s = 0; s < dk; ++s)
-        #pragma unroll
-        for (int n = 0; n < sn; n += 2) {
-          std::uint32_t kb[4];
-          ldmatrix_x4<false>(kb, Kt + (n * 8 + (lane / 16) * 8 + lane % 8) * LD + s * 16 + ((lane / 8) % 2) * 8);
-          mma_16816<T>(sc[n], qa[s], kb[0], kb[1]);
-          mma_16816<T>(sc[n + 1], qa[s], kb[2], kb[3]);
-        }
+      mma_rows_by_tile<T, false, LD>(sc, qa, Kt, lane);
       // Online softmax on the two rows; a row's 64 columns live in the 4 threads of its quad.
       const bool full = j0 >= lo0 && j0 >= lo1 && j0 + N <= hi0 && j0 + N <= hi1;  // no column masked
       float max0 = minus_infinity, max1 = minus_infinity;
@@ -241,32 +338,13 @@ __global__ void __launch_bounds__(mma_tiles::threads)
       #pragma unroll
       for (int n = 0; n < on; ++n) o[n][0] *= c0, o[n][1] *= c0, o[n][2] *= c1, o[n][3] *= c1;
       // O += P V: V is [key][d], B (key x d) row-major: ldmatrix.trans gives b0, b1 of two 8-wide d blocks.
-      #pragma unroll
-      for (int s = 0; s < sn / 2; ++s)
-        #pragma unroll
-        for (int n = 0; n < on; n += 2) {
-          std::uint32_t vb[4];
-          ldmatrix_x4<true>(vb, Vt + (s * 16 + ((lane / 8) % 2) * 8 + lane % 8) * LD + n * 8 + (lane / 16) * 8);
-          mma_16816<T>(o[n], pa[s], vb[0], vb[1]);
-          mma_16816<T>(o[n + 1], pa[s], vb[2], vb[3]);
-        }
+      mma_rows_by_tile<T, true, LD>(o, pa, Vt, lane);
     }
     __syncthreads();  // the buffer is refilled by the next iteration's copy
   }
   cp_async_wait<0>();
 
-  #pragma unroll
-  for (int n = 0; n < on; ++n) {
-    const int d = n * 8 + 2 * t;
-    if (row0 < S) {
-      out[(bh * S + row0) * D + d] = from_float<T>(o[n][0] / l0);
-      out[(bh * S + row0) * D + d + 1] = from_float<T>(o[n][1] / l0);
-    }
-    if (row1 < S) {
-      out[(bh * S + row1) * D + d] = from_float<T>(o[n][2] / l1);
-      out[(bh * S + row1) * D + d + 1] = from_float<T>(o[n][3] / l1);
-    }
-  }
+  store_accumulator_rows<T, D>(out, bh * S, o, row0, row1, S, t, l0, l1);
   if (t == 0) {
     if (row0 < S) lse[bh * S + row0] = (m0 + log2f(l0)) * ln2;
     if (row1 < S) lse[bh * S + row1] = (m1 + log2f(l1)) * ln2;
