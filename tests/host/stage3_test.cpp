@@ -24,16 +24,7 @@ using memkit::distributed::single_communicator;
 namespace llama = memkit::models::llama;
 
 TEST_CASE("stage3: one rank trains the decoder bit-identically to adam_state on the whole model") {
-  const auto out = stage3_test::run(single_communicator{}, 3);
-  INFO(out.first_problem);
-  CHECK(out.steps == 3);
-  CHECK(out.loss_mismatches == 0);
-  CHECK(out.param_mismatches == 0);
-  CHECK(out.changed > 1000);
-  CHECK(out.peak_weights == out.predicted_weights);
-  CHECK(out.peak_gradients == out.predicted_gradients);
-  CHECK(out.peak_optimizer == out.predicted_optimizer);
-  CHECK(out.current_total == out.predicted_weights + out.predicted_gradients + out.predicted_optimizer);
+  stage3_test::check_like_one_process(stage3_test::run(single_communicator{}, 3), 3);
 }
 
 TEST_CASE("stage3: with two buffers in slot 0, each block's gather prefetches the next: the same bits, the memory predicted") {
@@ -65,23 +56,8 @@ TEST_CASE("stage3: 2 and 3 ranks as threads: dense and QLoRA bit-identical to on
       dense[static_cast<std::size_t>(comm.rank())] = stage3_test::run(comm, 2, comm.size() == 3);  // prefetch on 3
       qlora[static_cast<std::size_t>(comm.rank())] = stage3_test::run_qlora(comm, 2);
     });
-    for (const auto& out : dense) {
-      INFO(out.first_problem);
-      CHECK(out.loss_mismatches == 0);
-      CHECK(out.param_mismatches == 0);
-      CHECK(out.changed > 1000);
-      CHECK(out.peak_weights == out.predicted_weights);
-      CHECK(out.peak_gradients == out.predicted_gradients);
-      CHECK(out.peak_optimizer == out.predicted_optimizer);
-    }
-    for (const auto& out : qlora) {
-      INFO(out.first_problem);
-      CHECK(out.loss_mismatches == 0);
-      CHECK(out.adapter_mismatches == 0);
-      CHECK(out.base_mismatches == 0);
-      CHECK(out.peak_weights == out.predicted_weights);
-      CHECK(out.peak_workspace == out.predicted_workspace);
-    }
+    for (const auto& out : dense) stage3_test::check_like_one_process(out, 2);
+    for (const auto& out : qlora) stage3_test::check_like_one_process(out, 2);
   }
 }
 
@@ -123,17 +99,7 @@ TEST_CASE("stage3: gradient clipping by the global norm on 1, 2 and 3 ranks equa
 }
 
 TEST_CASE("stage3: one rank trains QLoRA adapters over gathered NF4 bases bit-identically") {
-  const auto out = stage3_test::run_qlora(single_communicator{}, 3);
-  INFO(out.first_problem);
-  CHECK(out.steps == 3);
-  CHECK(out.loss_mismatches == 0);
-  CHECK(out.adapter_mismatches == 0);
-  CHECK(out.base_mismatches == 0);
-  CHECK(out.changed > 1000);
-  CHECK(out.peak_weights == out.predicted_weights);
-  CHECK(out.peak_workspace == out.predicted_workspace);
-  CHECK(out.peak_gradients == 0);
-  CHECK(out.peak_optimizer == 0);
+  stage3_test::check_like_one_process(stage3_test::run_qlora(single_communicator{}, 3), 3);
 }
 
 TEST_CASE("stage3: checkpoint::segment over stage3_layer gathers again for the recompute, bit-identical") {

@@ -9,6 +9,8 @@
 // rank's tracker must hold exactly what stage3_parameters::bytes_required predicts, category by category.
 #pragma once
 
+#include <doctest/doctest.h>
+
 #include <memkit/distributed/consolidate.hpp>
 #include <memkit/distributed/stage3.hpp>
 #include <memkit/memory/tracking.hpp>
@@ -543,6 +545,32 @@ qlora_outcome run_qlora(const C& comm, int steps) {
   out.peak_gradients = tracker.stats(memkit::memory_category::gradients).peak_bytes;
   out.peak_optimizer = tracker.stats(memkit::memory_category::optimizer_state).peak_bytes;
   return out;
+}
+
+// What every stage-3 run must show against the one-process reference, for the host and MPI suites alike (doctest
+// assertions: call them on the test's thread, after the ranks have finished).
+inline void check_like_one_process(const outcome& out, int steps) {
+  INFO(out.first_problem);
+  CHECK(out.steps == steps);
+  CHECK(out.loss_mismatches == 0);
+  CHECK(out.param_mismatches == 0);
+  CHECK(out.changed > 1000);
+  CHECK(out.peak_weights == out.predicted_weights);
+  CHECK(out.peak_gradients == out.predicted_gradients);
+  CHECK(out.peak_optimizer == out.predicted_optimizer);
+  CHECK(out.current_total == out.predicted_weights + out.predicted_gradients + out.predicted_optimizer);
+}
+inline void check_like_one_process(const qlora_outcome& out, int steps) {
+  INFO(out.first_problem);
+  CHECK(out.steps == steps);
+  CHECK(out.loss_mismatches == 0);
+  CHECK(out.adapter_mismatches == 0);
+  CHECK(out.base_mismatches == 0);
+  CHECK(out.changed > 1000);
+  CHECK(out.peak_weights == out.predicted_weights);
+  CHECK(out.peak_workspace == out.predicted_workspace);
+  CHECK(out.peak_gradients == 0);  // the bases are frozen; the adapters' tensors are not stage 3's
+  CHECK(out.peak_optimizer == 0);
 }
 
 }  // namespace stage3_test
