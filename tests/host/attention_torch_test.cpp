@@ -42,21 +42,7 @@ ts::measured run_case(const ts::reference_case& c) {
   ts::inputs<T> in(c);
   REQUIRE_MESSAGE(in.match(c), "the regenerated inputs of ", c.name,
                   " differ from torch's (memkit::random_word or the rounding changed?)");
-  const memkit::shape qs{c.B, c.Hq, c.S, c.D}, ks{c.B, c.Hkv, c.S, c.D}, ls{c.B, c.Hq, c.S};
-  std::vector<T> out(in.q.size()), dq(in.q.size()), dk(in.k.size()), dv(in.v.size());
-  std::vector<float> lse(static_cast<std::size_t>(c.B * c.Hq * c.S));
-  const auto hv = [](auto& x, const memkit::shape& s) { return memkit::host_view(x.data(), s); };
-  const memkit::tensor_view<const std::int32_t> docs =
-      c.offsets.empty() ? memkit::tensor_view<const std::int32_t>::none()
-                        : memkit::host_view(c.offsets.data(),
-                                            memkit::shape{c.B, static_cast<std::int64_t>(c.offsets.size()) / c.B});
-  att::attention_options o = c.options();
-  o.host_threads = 2;
-  auto& ws = memkit::default_host_resource();
-  att::forward<T>(memkit::host, hv(in.q, qs), hv(in.k, ks), hv(in.v, ks), docs, hv(out, qs), hv(lse, ls), o, ws);
-  att::backward<T>(memkit::host, {hv(in.q, qs), hv(in.k, ks), hv(in.v, ks), hv(out, qs), hv(lse, ls), docs},
-                   hv(in.dout, qs), {hv(dq, qs), hv(dk, ks), hv(dv, ks)}, o, ws);
-  return ts::compare(c, out, lse, dq, dk, dv);
+  return ts::compare(ts::run_host(c, in), c);
 }
 
 }  // namespace
@@ -81,9 +67,7 @@ TEST_CASE("attention vs PyTorch: memkit's host forward and backward match torch'
     CHECK(m.e.dk <= value_bound);
     CHECK(m.e.dv <= value_bound);
     CHECK(m.lse <= lse_bound);
-    ts::measured& w = is_fp32 ? worst_fp32 : worst_bf16;
-    w.e = {std::max(w.e.out, m.e.out), std::max(w.e.dq, m.e.dq), std::max(w.e.dk, m.e.dk), std::max(w.e.dv, m.e.dv)};
-    w.lse = std::max(w.lse, m.lse);
+    (is_fp32 ? worst_fp32 : worst_bf16).widen(m);
     (is_fp32 ? fp32 : bf16) += 1;
     packed += !c.offsets.empty();
     gqa += c.Hq != c.Hkv;

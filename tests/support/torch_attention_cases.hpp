@@ -1,10 +1,10 @@
 // PyTorch's scaled-dot-product attention results (tests/data/attention/torch_sdpa.safetensors, written by
 // make_attention_data.py beside it) for the host and CUDA attention tests: the cases, their inputs regenerated
-// bit for bit from memkit's counter-based generator (checked against the bit sums the script recorded), and the
-// error measure both tests report.
+// bit for bit from memkit's counter-based generator (checked against the bit sums the script recorded), memkit's
+// host run of a case, and the error measures both tests report.
 #pragma once
 
-#include <memkit/attention/bytes.hpp>
+#include <memkit/attention/flash_attention.hpp>
 #include <memkit/core/float16.hpp>
 #include <memkit/core/random.hpp>
 #include <memkit/io/json.hpp>
@@ -134,13 +134,44 @@ struct inputs {
   }
 };
 
+// The five results of forward + backward.
+template <class T>
+struct results {
+  std::vector<T> out, dq, dk, dv;
+  std::vector<float> lse;
+};
+
+// The case's document offsets as a view (none when it has none).
+inline memkit::tensor_view<const std::int32_t> offsets_view(const reference_case& c) {
+  if (c.offsets.empty()) return memkit::tensor_view<const std::int32_t>::none();
+  return memkit::host_view(c.offsets.data(), memkit::shape{c.B, static_cast<std::int64_t>(c.offsets.size()) / c.B});
+}
+
+// memkit's host forward + backward on a case's inputs.
+template <class T>
+results<T> run_host(const reference_case& c, inputs<T>& in) {
+  namespace att = memkit::attention;
+  const memkit::shape qs{c.B, c.Hq, c.S, c.D}, ks{c.B, c.Hkv, c.S, c.D}, ls{c.B, c.Hq, c.S};
+  results<T> r{std::vector<T>(in.q.size()), std::vector<T>(in.q.size()), std::vector<T>(in.k.size()),
+               std::vector<T>(in.v.size()), std::vector<float>(static_cast<std::size_t>(c.B * c.Hq * c.S))};
+  const auto hv = [](auto& x, const memkit::shape& s) { return memkit::host_view(x.data(), s); };
+  att::attention_options o = c.options();
+  o.host_threads = 2;
+  auto& ws = memkit::default_host_resource();
+  const auto docs = offsets_view(c);
+  att::forward<T>(memkit::host, hv(in.q, qs), hv(in.k, ks), hv(in.v, ks), docs, hv(r.out, qs), hv(r.lse, ls), o, ws);
+  att::backward<T>(memkit::host, {hv(in.q, qs), hv(in.k, ks), hv(in.v, ks), hv(r.out, qs), hv(r.lse, ls), docs},
+                   hv(in.dout, qs), {hv(r.dq, qs), hv(r.dk, ks), hv(r.dv, ks)}, o, ws);
+  return r;
+}
+
 // max |x - ref| / max |ref|; max |x - ref| where the reference is zero but for float64 rounding (below 1e-12): dq
 // and dk of a length-1 sequence, whose one weight is 1, so dS = P (dP - delta) = 0.
-template <class V>
-double scaled_error(const std::vector<V>& x, const std::vector<float>& ref) {
+template <class V, class R>
+double scaled_error(const std::vector<V>& x, const std::vector<R>& ref) {
   double worst = 0, largest = 0;
   for (std::size_t i = 0; i < ref.size(); ++i) {
-    const double r = ref[i];
+    const double r = memkit::to_float(ref[i]);
     worst = std::max(worst, std::abs(static_cast<double>(memkit::to_float(x[i])) - r));
     largest = std::max(largest, std::abs(r));
   }
@@ -155,17 +186,27 @@ inline double absolute_error(const std::vector<float>& x, const std::vector<floa
   return worst;
 }
 
-// memkit's errors of one run against the reference.
+// The errors of one run against torch's reference or against another run.
 struct measured {
   errors e;
   double lse = 0;
+  void widen(const measured& m) {  // the worst of both
+    e = {std::max(e.out, m.e.out), std::max(e.dq, m.e.dq), std::max(e.dk, m.e.dk), std::max(e.dv, m.e.dv)};
+    lse = std::max(lse, m.lse);
+  }
 };
 
 template <class T>
-measured compare(const reference_case& c, const std::vector<T>& out, const std::vector<float>& lse,
-                 const std::vector<T>& dq, const std::vector<T>& dk, const std::vector<T>& dv) {
-  return {{scaled_error(out, c.out), scaled_error(dq, c.dq), scaled_error(dk, c.dk), scaled_error(dv, c.dv)},
-          absolute_error(lse, c.lse)};
+measured compare(const results<T>& r, const reference_case& c) {
+  return {{scaled_error(r.out, c.out), scaled_error(r.dq, c.dq), scaled_error(r.dk, c.dk), scaled_error(r.dv, c.dv)},
+          absolute_error(r.lse, c.lse)};
+}
+
+template <class T>
+measured compare(const results<T>& r, const results<T>& ref) {
+  return {{scaled_error(r.out, ref.out), scaled_error(r.dq, ref.dq), scaled_error(r.dk, ref.dk),
+           scaled_error(r.dv, ref.dv)},
+          absolute_error(r.lse, ref.lse)};
 }
 
 }  // namespace memkit_test::torch_sdpa
