@@ -204,6 +204,8 @@ def main():
         "generator": "x = (unit_float(random_word(seed, counter, i)) - 0.5f) * 3.4641016f, counter q 0 k 1 v 2 dout 3, "
                      "rounded to the dtype to nearest even",
     }
+    # Reruns give the same tensors and metadata values; the header's bytes may differ (the safetensors library
+    # orders the metadata keys through a hash map).
     save_file(tensors, OUTPUT, metadata=metadata)
     with open(os.path.join(HERE, "versions.json"), "w") as f:
         json.dump({"torch": torch.__version__, "numpy": np.__version__}, f, indent=1)
