@@ -24,7 +24,7 @@ inline std::string data_path() {
   return std::string(MEMKIT_TEST_SOURCE_DIR) + "/tests/data/attention/torch_sdpa.safetensors";
 }
 
-// The four errors torch's own run in the case's dtype has against the float64 reference (a yardstick).
+// Errors against a reference: out, dq, dk, dv relative to the reference's largest value.
 struct errors {
   double out = 0, dq = 0, dk = 0, dv = 0;
   double worst() const { return std::max({out, dq, dk, dv}); }
@@ -38,7 +38,8 @@ struct reference_case {
   double scale = 0;  // 0: 1 / sqrt(D)
   std::uint64_t seed = 0;
   std::uint64_t input_bits[4] = {};  // q, k, v, dout: the sum of the elements' bit patterns
-  errors torch;
+  errors torch;            // torch's own run in the case's dtype against the float64 reference (a yardstick)
+  double torch_lse = 0;    // and its flash kernel's lse, absolute
   std::vector<float> out, lse, dq, dk, dv;  // [B, Hq, S, D], [B, Hq, S], [B, Hq, S, D], [B, Hkv, S, D] x 2
   std::vector<std::int32_t> offsets;        // [B, N + 1] for packed documents, else empty
 
@@ -78,6 +79,7 @@ inline std::vector<reference_case> load_cases() {
     for (int i = 0; i < 4; ++i) r.input_bits[i] = std::stoull(c.at("input_bits").at(inputs[i]).as_string());
     const memkit::json::value& t = c.at("torch_error");
     r.torch = {t.at("out").as_double(), t.at("dq").as_double(), t.at("dk").as_double(), t.at("dv").as_double()};
+    r.torch_lse = t.at("lse").as_double();
     r.out = file.read_vector<float>(r.name + ".out");
     r.lse = file.read_vector<float>(r.name + ".lse");
     r.dq = file.read_vector<float>(r.name + ".dq");

@@ -24,9 +24,14 @@ References, per case "<name>." (all F32):
 They are computed in float64 from the (rounded) inputs, then stored as fp32 (a relative rounding of 6e-8, far below
 every tolerance):
 
-    out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
+    with torch.nn.attention.sdpa_kernel([SDPBackend.FLASH_ATTENTION]):   # torch's flash backend (CPU, float64)
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
     dq, dk, dv = torch.autograd.grad(out, (q, k, v), dout)
     lse = torch.logsumexp(scores.masked_fill(~mask, -inf), dim=-1),  scores = scale * q @ k^T (k heads repeated)
+
+and lse is checked to agree within 1e-12 with the logsumexp the flash kernel itself saves
+(torch.ops.aten._scaled_dot_product_flash_attention_for_cpu; the measured difference is in the case's
+"lse_vs_flash_kernel_float64").
 
 with mask the boolean [S, S] matrix of memkit's rule (docs/attention.md): query i sees key j when
 (!causal or j <= i) and (window == 0 or |i - j| < window). A causal case without a window passes is_causal=True
@@ -35,11 +40,11 @@ per document (the slices [o[d], o[d+1]) of a row) and writes each result into it
 
 The metadata (safetensors "__metadata__") holds "cases" (a JSON list of the problems: name, dtype, batch,
 query_heads, kv_heads, sequence, head_dim, causal, window, scale (0: 1/sqrt(D)), seed, document_offsets,
-input_bits, and torch_error), "torch" (the version), "call" (the call above) and "generator".
+input_bits, torch_error and lse_vs_flash_kernel_float64), "torch" (the version), "call" (the call above) and "generator".
 
-torch_error: how far torch's own run in the case's dtype (the same call on the rounded inputs in bf16 / fp32, on
-the CPU, whatever backend torch picks there) is from the float64 reference, as max |x - ref| / max |ref| per tensor
-(out, dq, dk, dv): a yardstick for memkit's errors in the tests.
+torch_error: how far torch's own run in the case's dtype (the same call, flash backend, on the rounded inputs in
+bf16 / fp32 on the CPU) is from the float64 reference, as max |x - ref| / max |ref| per tensor (out, dq, dk, dv) and
+max |x - ref| for the lse its flash kernel saves: a yardstick for memkit's errors in the tests.
 """
 import json
 import math
@@ -49,6 +54,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from safetensors.torch import save_file
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 OUTPUT = os.path.join(HERE, "torch_sdpa.safetensors")
@@ -117,12 +123,25 @@ def memkit_mask(S, causal, window):
 
 
 def sdpa(q, k, v, causal, window, scale):
-    """The call the references come from, on one document: [Bq, H, s, D] slices."""
+    """The call the references come from, on one document: [Bq, H, s, D] slices; torch's flash backend (its CPU
+    kernel, which runs float64 too), so that no other backend is picked silently."""
     S = q.shape[-2]
     kwargs = dict(scale=scale if scale > 0 else None, enable_gqa=True)
-    if causal and window == 0:
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True, **kwargs)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=memkit_mask(S, causal, window), **kwargs)
+    with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
+        if causal and window == 0:
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, **kwargs)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=memkit_mask(S, causal, window), **kwargs)
+
+
+def flash_lse(q, k, v, causal, window, scale):
+    """The logsumexp torch's CPU flash kernel saves for its backward (the aten op under the call above; it takes no
+    enable_gqa, so k and v heads are repeated, and an additive mask)."""
+    Hq, Hkv, S = q.shape[1], k.shape[1], q.shape[2]
+    k, v = k.repeat_interleave(Hq // Hkv, dim=1), v.repeat_interleave(Hq // Hkv, dim=1)
+    mask = torch.zeros(S, S, dtype=q.dtype).masked_fill(~memkit_mask(S, causal, window), float("-inf"))
+    _, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, False, attn_mask=mask,
+                                                                       scale=scale if scale > 0 else None)
+    return lse
 
 
 def logsumexp(q, k, causal, window, scale):
@@ -135,11 +154,13 @@ def logsumexp(q, k, causal, window, scale):
 
 
 def attention(q, k, v, dout, causal, window, scale, offsets):
-    """out, lse, dq, dk, dv in q's dtype (lse too), per document when `offsets` (list of rows) is given."""
+    """out, lse, dq, dk, dv in q's dtype, per document when `offsets` (list of rows) is given, and the flash
+    kernel's own logsumexp (float64 for float64 inputs, else fp32)."""
     q, k, v = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
     B, S = q.shape[0], q.shape[2]
     out = torch.zeros_like(q)
-    lse = torch.zeros(q.shape[:3], dtype=q.dtype)
+    lse = torch.zeros(q.shape[:3], dtype=torch.float64)
+    kernel_lse = torch.zeros(q.shape[:3], dtype=torch.float64)
     pieces = []
     for b in range(B):
         row = offsets[b] if offsets is not None else [0, S]
@@ -152,11 +173,12 @@ def attention(q, k, v, dout, causal, window, scale, offsets):
             pieces.append((sl, o))
             with torch.no_grad():
                 out[sl] = o
-                lse[sl] = logsumexp(q[sl].double(), k[sl].double(), causal, window, scale).to(q.dtype)
+                lse[sl] = logsumexp(q[sl].double(), k[sl].double(), causal, window, scale)
+                kernel_lse[sl] = flash_lse(q[sl], k[sl], v[sl], causal, window, scale).double()
     # One backward over every document's output, each getting its slice of dout.
     total = sum((o * dout[sl]).sum() for sl, o in pieces)
     dq, dk, dv = torch.autograd.grad(total, (q, k, v))
-    return out.detach(), lse, dq, dk, dv
+    return (out.detach(), lse, dq, dk, dv), kernel_lse
 
 
 def scaled_error(x, ref):
@@ -181,26 +203,33 @@ def main():
             width = len(flat) // B
             offsets = [flat[b * width:(b + 1) * width] for b in range(B)]
             tensors[name + ".document_offsets"] = torch.tensor(flat, dtype=torch.int32).reshape(B, width)
-        ref = attention(q.double(), k.double(), v.double(), dout.double(), causal, window, scale, offsets)
-        mine = attention(q, k, v, dout, causal, window, scale, offsets)  # torch in the case's own dtype
+        ref, ref_kernel_lse = attention(q.double(), k.double(), v.double(), dout.double(), causal, window, scale,
+                                        offsets)
+        mine, mine_lse = attention(q, k, v, dout, causal, window, scale, offsets)  # torch in the case's own dtype
         labels = ("out", "lse", "dq", "dk", "dv")
         for label, t in zip(labels, ref):
             tensors[f"{name}.{label}"] = t.float().contiguous()
-        # lse is left out: torch's public call does not return it (the reference's comes from logsumexp above).
         torch_error = {label: scaled_error(x, r) for label, x, r in zip(labels, mine, ref) if label != "lse"}
+        torch_error["lse"] = float((mine_lse - ref[1]).abs().max())  # the kernel's own lse in this dtype
+        # The stored lse (logsumexp above) against the one torch's flash kernel saves, both float64.
+        lse_check = float((ref_kernel_lse - ref[1]).abs().max())
+        assert lse_check < 1e-12, (name, lse_check)
         cases.append(dict(name=name, dtype=dtype, batch=B, query_heads=Hq, kv_heads=Hkv, sequence=S, head_dim=D,
                           causal=causal, window=window, scale=scale, seed=seed,
                           document_offsets=flat is not None,
                           input_bits={lab: str(bit_sum(t)) for lab, t in zip(("q", "k", "v", "dout"), (q, k, v, dout))},
-                          torch_error=torch_error))
-        print(f"{name}: torch {dtype} vs float64 " + " ".join(f"{k} {v:.3g}" for k, v in torch_error.items()))
+                          torch_error=torch_error, lse_vs_flash_kernel_float64=lse_check))
+        print(f"{name}: torch {dtype} vs float64 " + " ".join(f"{k} {v:.3g}" for k, v in torch_error.items()) +
+              f"; lse vs the flash kernel's (float64) {lse_check:.2g}")
     metadata = {
         "cases": json.dumps(cases),
         "torch": torch.__version__,
-        "call": "torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask or None, "
+        "call": "with torch.nn.attention.sdpa_kernel([SDPBackend.FLASH_ATTENTION]): "
+                "torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask or None, "
                 "is_causal=(causal and window == 0), scale=(scale or None), enable_gqa=True) in float64 on the CPU, "
                 "per document; dq, dk, dv = torch.autograd.grad(out, (q, k, v), dout); "
-                "lse = torch.logsumexp(scale * q @ repeat_interleave(k)^T masked with -inf, dim=-1)",
+                "lse = torch.logsumexp(scale * q @ repeat_interleave(k)^T masked with -inf, dim=-1), equal within "
+                "1e-12 to the logsumexp of torch.ops.aten._scaled_dot_product_flash_attention_for_cpu (float64)",
         "generator": "x = (unit_float(random_word(seed, counter, i)) - 0.5f) * 3.4641016f, counter q 0 k 1 v 2 dout 3, "
                      "rounded to the dtype to nearest even",
     }
