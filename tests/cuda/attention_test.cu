@@ -360,8 +360,8 @@ void device_matches_torch(const ts::reference_case& c, ts::measured& worst_torch
 }  // namespace
 
 // PyTorch as the oracle on the device: every case of tests/data/attention/torch_sdpa.safetensors (fp32 and bf16,
-// causal and not, sliding windows, GQA and MQA, head_dim 16-128, lengths 1-130, packed documents; make_attention_data.py
-// there), the WMMA kernels and, where they run, the mma kernels, forward and backward.
+// causal and not, sliding windows, GQA and MQA, head_dim 16-128, lengths 1-130, packed documents;
+// make_attention_data.py there), the WMMA kernels and, where they run, the mma kernels, forward and backward.
 MEMKIT_GPU_TEST_CASE("gpu: flash attention forward and backward agree with PyTorch's SDPA (tests/data/attention)") {
   const std::vector<ts::reference_case> cases = ts::load_cases();
   REQUIRE(cases.size() == 13);
@@ -372,7 +372,8 @@ MEMKIT_GPU_TEST_CASE("gpu: flash attention forward and backward agree with PyTor
     else if (c.dtype == "bf16") device_matches_torch<memkit::bf16>(c, torch_bf16, host_bf16);
     else FAIL("unknown dtype " << c.dtype);
   }
-  std::printf("attention gpu vs torch, worst: fp32 %.3g (lse %.3g), bf16 %.3g (lse %.3g); vs host: fp32 %.3g, bf16 %.3g\n",
+  std::printf("attention gpu vs torch, worst: fp32 %.3g (lse %.3g), bf16 %.3g (lse %.3g); vs host: fp32 %.3g, "
+              "bf16 %.3g\n",
               torch_fp32.e.worst(), torch_fp32.lse, torch_bf16.e.worst(), torch_bf16.lse, host_fp32.e.worst(),
               host_bf16.e.worst());
 }

@@ -171,6 +171,8 @@ results<T> run_host(const reference_case& c, inputs<T>& in) {
 // and dk of a length-1 sequence, whose one weight is 1, so dS = P (dP - delta) = 0.
 template <class V, class R>
 double scaled_error(const std::vector<V>& x, const std::vector<R>& ref) {
+  memkit::require(x.size() == ref.size(),
+                  "scaled_error: " + std::to_string(x.size()) + " values against " + std::to_string(ref.size()));
   double worst = 0, largest = 0;
   for (std::size_t i = 0; i < ref.size(); ++i) {
     const double r = memkit::to_float(ref[i]);
@@ -182,6 +184,7 @@ double scaled_error(const std::vector<V>& x, const std::vector<R>& ref) {
 
 // max |x - ref| (lse is compared absolutely: its scale is log S, not the values').
 inline double absolute_error(const std::vector<float>& x, const std::vector<float>& ref) {
+  memkit::require(x.size() == ref.size(), "absolute_error: sizes differ");
   double worst = 0;
   for (std::size_t i = 0; i < ref.size(); ++i)
     worst = std::max(worst, std::abs(static_cast<double>(x[i]) - static_cast<double>(ref[i])));
