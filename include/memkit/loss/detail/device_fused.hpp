@@ -206,47 +206,26 @@ __global__ void __launch_bounds__(logit_row_threads)
   }
 }
 
-// The running (max, sum of exp(z - max)) of a softmax: `value` joins it. exp is taken once per value, and once
-// more when the max grows. From (-inf, 0) a first value v gives (v, 1); a row of -inf gives NaN, as in the
-// classic kernel (exp(-inf - -inf)).
-MEMKIT_DEVICE inline void online_softmax_add(float& m, float& s, float value) {
-  if (value > m) {
-    s *= expf(m - value);
-    m = value;
-  }
-  s += expf(value - m);
-}
-// Two running states merged (a state with max -inf has sum 0 and adds nothing).
-MEMKIT_DEVICE inline void online_softmax_merge(float& m, float& s, float m2, float s2) {
-  const float top = fmaxf(m, m2);
-  if (top == -INFINITY) {
-    s += s2;
-    return;
-  }
-  s = s * expf(m - top) + s2 * expf(m2 - top);
-  m = top;
-}
-// online_softmax_merge over the block (blockDim.x a multiple of 32); every thread gets the result. The order is
+// online_softmax::merge over the block (blockDim.x a multiple of 32); every thread gets the result. The order is
 // fixed by blockDim, as block_reduce's.
-MEMKIT_DEVICE inline void block_reduce_softmax(float& m, float& s, float* scratch /* 64 floats */) {
+MEMKIT_DEVICE inline void block_reduce_softmax(online_softmax& state, float* scratch /* 64 floats */) {
   for (int offset = 16; offset > 0; offset >>= 1)
-    online_softmax_merge(m, s, __shfl_xor_sync(0xffffffffu, m, offset), __shfl_xor_sync(0xffffffffu, s, offset));
+    state.merge(__shfl_xor_sync(0xffffffffu, state.max, offset), __shfl_xor_sync(0xffffffffu, state.sum, offset));
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   __syncthreads();
   if (lane == 0) {
-    scratch[warp] = m;
-    scratch[32 + warp] = s;
+    scratch[warp] = state.max;
+    scratch[32 + warp] = state.sum;
   }
   __syncthreads();
   const bool held = lane < static_cast<int>(blockDim.x >> 5);
-  m = held ? scratch[lane] : -INFINITY;
-  s = held ? scratch[32 + lane] : 0.0f;
+  state = held ? online_softmax{scratch[lane], scratch[32 + lane]} : online_softmax{};
   for (int offset = 16; offset > 0; offset >>= 1)
-    online_softmax_merge(m, s, __shfl_xor_sync(0xffffffffu, m, offset), __shfl_xor_sync(0xffffffffu, s, offset));
+    state.merge(__shfl_xor_sync(0xffffffffu, state.max, offset), __shfl_xor_sync(0xffffffffu, state.sum, offset));
 }
 
 // A row too long for shared memory (Llama 3's 128,256 fp32 logits are 501 KiB): two reads, one write. Pass 1
-// forms the max, the sum of exp and the sum of z in one read (online softmax: the sum is rescaled when the max
+// forms the max, the sum of exp and the sum of z in one read (online_softmax, common.hpp: the sum is rescaled when the max
 // grows); pass 2 recomputes `capped` and writes the gradient. Against the classic kernel two reductions change
 // order, so the bits differ (not the math): the sum of exp is accumulated against a running max instead of the
 // row's max (each rescale rounds once more), and with `vector` each thread takes four consecutive values
@@ -275,32 +254,27 @@ __global__ void __launch_bounds__(logit_row_threads)
     const float scale = row_scale != nullptr ? row_scale[r] : mean_scale;
     // Read before pass 2 can overwrite it (the reductions' barriers order the two).
     const float z_target = threadIdx.x == 0 ? math.capped(z[t]) : 0.0f;
-    float largest = -INFINITY, sum = 0.0f, z_sum = 0.0f;
+    online_softmax softmax;
+    float z_sum = 0.0f;
     if (vector) {
       const float4* z4 = reinterpret_cast<const float4*>(z);
 #pragma unroll 4
       for (std::int64_t i = threadIdx.x; i < V / 4; i += blockDim.x) {
         const float4 raw = z4[i];
         const float a = math.capped(raw.x), b = math.capped(raw.y), c = math.capped(raw.z), d = math.capped(raw.w);
-        // One rescale per four values at most: the four's max first.
-        const float top = fmaxf(fmaxf(a, b), fmaxf(c, d));
-        if (top > largest) {
-          sum *= expf(largest - top);
-          largest = top;
-        }
-        sum += expf(a - largest) + expf(b - largest) + expf(c - largest) + expf(d - largest);
+        softmax.add4(a, b, c, d);
         z_sum += (a + b) + (c + d);
       }
     } else {
       for (std::int64_t j = threadIdx.x; j < V; j += blockDim.x) {
         const float value = math.capped(z[j]);
-        online_softmax_add(largest, sum, value);
+        softmax.add(value);
         z_sum += value;
       }
     }
-    block_reduce_softmax(largest, sum, scratch);
+    block_reduce_softmax(softmax, scratch);
     z_sum = block_reduce(z_sum, sum_op{}, 0.0f, scratch);
-    const float lse = largest + logf(sum);
+    const float lse = softmax.lse();
     if (threadIdx.x == 0) row_loss[r] = math.token_loss(lse, z_target, z_sum);
     if (vector) {
       const float4* z4 = reinterpret_cast<const float4*>(z);
