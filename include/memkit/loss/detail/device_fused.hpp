@@ -306,31 +306,44 @@ bool staged_row_fits(int device, std::int64_t V) {
   return static_cast<std::size_t>(V) * sizeof(float) + attributes.sharedSizeBytes <= static_cast<std::size_t>(limit);
 }
 
-// The row pass over `rows` rows of a chunk, with the kernel options.row_pass names.
+// Which row kernel a call runs, decided once per call (the buffers and V are the same for every chunk).
+struct row_pass_plan {
+  device_row_pass pass = device_row_pass::classic;
+  bool staged = false;  // staged pass, the row fits in shared memory: logit_rows_staged_kernel (else two-pass)
+  bool vector = false;  // 16-byte loads of the logits, 4-element stores of the gradient
+};
+
 template <class D>
-void launch_row_pass(const cuda_executor& exec, device_row_pass pass, float* logits, D* gradient, std::int64_t rows,
-                     std::int64_t V, const std::int32_t* targets, std::int64_t ignore_index, const row_math& math,
-                     const int* counters, float* row_loss, const float* row_scale, bool per_token) {
+row_pass_plan plan_row_pass(const cuda_executor& exec, device_row_pass pass, const float* logits, const D* gradient,
+                            std::int64_t V) {
+  row_pass_plan plan{pass};
+  if (pass == device_row_pass::classic) return plan;
+  // Every row starts aligned when the buffers do and V % 4 == 0.
+  const auto aligned = [](const void* p, std::size_t bytes) { return reinterpret_cast<std::uintptr_t>(p) % bytes == 0; };
+  plan.vector = V % 4 == 0 && aligned(logits, 16) && aligned(gradient, 4 * sizeof(D));
+  plan.staged = staged_row_fits<D>(exec.device, V);
+  if (plan.staged)
+    MEMKIT_CUDA_CHECK(cudaFuncSetAttribute(logit_rows_staged_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           static_cast<int>(V * static_cast<std::int64_t>(sizeof(float)))));
+  return plan;
+}
+
+// The row pass over `rows` rows of a chunk, with the kernel the plan names.
+template <class D>
+void launch_row_pass(const cuda_executor& exec, const row_pass_plan& plan, float* logits, D* gradient,
+                     std::int64_t rows, std::int64_t V, const std::int32_t* targets, std::int64_t ignore_index,
+                     const row_math& math, const int* counters, float* row_loss, const float* row_scale,
+                     bool per_token) {
   const int grid = ::memkit::detail::grid_for(rows, 1);
-  if (pass == device_row_pass::classic) {
+  if (plan.pass == device_row_pass::classic)
     logit_rows_kernel<D><<<grid, logit_row_threads, 0, exec.stream>>>(logits, gradient, rows, V, targets, ignore_index,
                                                                       math, counters, row_loss, row_scale, per_token);
-    MEMKIT_CUDA_CHECK(cudaGetLastError());
-    return;
-  }
-  // 16-byte loads of the logits and 4-element stores of the gradient: every row starts aligned when V % 4 == 0.
-  const auto aligned = [](const void* p, std::size_t bytes) { return reinterpret_cast<std::uintptr_t>(p) % bytes == 0; };
-  const bool vector = V % 4 == 0 && aligned(logits, 16) && aligned(gradient, 4 * sizeof(D));
-  if (staged_row_fits<D>(exec.device, V)) {
-    const std::size_t bytes = static_cast<std::size_t>(V) * sizeof(float);
-    MEMKIT_CUDA_CHECK(
-        cudaFuncSetAttribute(logit_rows_staged_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
-    logit_rows_staged_kernel<D><<<grid, logit_row_threads, bytes, exec.stream>>>(
-        logits, gradient, rows, V, targets, ignore_index, math, counters, row_loss, row_scale, per_token, vector);
-  } else {
+  else if (plan.staged)
+    logit_rows_staged_kernel<D><<<grid, logit_row_threads, static_cast<std::size_t>(V) * sizeof(float), exec.stream>>>(
+        logits, gradient, rows, V, targets, ignore_index, math, counters, row_loss, row_scale, per_token, plan.vector);
+  else
     logit_rows_two_pass_kernel<D><<<grid, logit_row_threads, 0, exec.stream>>>(
-        logits, gradient, rows, V, targets, ignore_index, math, counters, row_loss, row_scale, per_token, vector);
-  }
+        logits, gradient, rows, V, targets, ignore_index, math, counters, row_loss, row_scale, per_token, plan.vector);
   MEMKIT_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -397,6 +410,7 @@ void device_fused(const cuda_executor& exec, const tensor_view<const T>& hidden,
   MEMKIT_CUDA_CHECK(cudaGetLastError());
   cublasHandle_t handle = ::memkit::detail::cublas_handle_for(exec);  // on exec.stream, its own workspace
   const row_math math = make_row_math(options, V);
+  const row_pass_plan row_pass = plan_row_pass<T>(exec, options.row_pass, logits.data(), gradient, V);
   for (std::int64_t first = 0; first < N; first += c) {
     const std::int64_t rows = std::min(c, N - first);
     const T* x = hidden.data() + first * H;
@@ -406,7 +420,7 @@ void device_fused(const cuda_executor& exec, const tensor_view<const T>& hidden,
       device_gemm(handle, CUBLAS_OP_T, CUBLAS_OP_N, nt, rows, H, head_rows(n0, nt), t_type, H, x, t_type, H, 0.0f,
                   logits.data() + n0, CUDA_R_32F, V);
     }
-    launch_row_pass<T>(exec, options.row_pass, logits.data(), gradient, rows, V, targets.data() + first,
+    launch_row_pass<T>(exec, row_pass, logits.data(), gradient, rows, V, targets.data() + first,
                        options.ignore_index, math, counters.data(), row_loss + first,
                        row_scale != nullptr ? row_scale + first : nullptr, per_token);
     // d_head^T [H, V] += x^T [H, rows] * gradient [rows, V]   (before d_hidden, which may alias hidden)
