@@ -214,6 +214,18 @@ def side_by_side(memkit, peers):
             pairs.append((f"linear cross-entropy fwd+bwd, {case} head, 8192 tokens", f"memkit {variant}",
                           mk("loss", rf"loss_bf16/{case}/{variant}(/manual_time)?"), "torch materialized",
                           peer(f"materialized_ce/{case}")))
+    # #30: the staged row pass beside the classic one at the same chunk budget, and next to torch's materialized
+    # step, in runs that measured it (older runs have no _staged rows: no pair, so their reports rebuild unchanged).
+    for case in ("llama2_7b", "llama3_8b"):
+        for variant in ("fused", "fused_eighth", "materialized"):
+            staged = mk("loss", rf"loss_bf16/{case}/{variant}_staged(/manual_time)?")
+            if staged is None:
+                continue
+            pairs.append((f"linear cross-entropy fwd+bwd, {case} head, 8192 tokens", f"memkit {variant} (staged row pass)",
+                          staged, f"memkit {variant} (classic row pass)",
+                          mk("loss", rf"loss_bf16/{case}/{variant}(/manual_time)?")))
+            pairs.append((f"linear cross-entropy fwd+bwd, {case} head, 8192 tokens", f"memkit {variant} (staged row pass)",
+                          staged, "torch materialized", peer(f"materialized_ce/{case}")))
     for state, peer_name in (("fp32_state", "torch_fused_adamw/fp32"), ("fp32_state", "torch_fused_adamw_clip/fp32"),
                              ("bf16_state", "torch_fused_adamw/fp32"), ("int8_256_state", "bnb_adamw8bit"),
                              ("int8_256_state", "torch_fused_adamw/fp32"), ("int4_state", "torch_fused_adamw/fp32")):

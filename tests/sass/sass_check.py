@@ -103,6 +103,20 @@ KERNELS = [
     ("gemv_t_tiled<int8,f32>", "quant::detail::fused_gemv_t_tiled_kernel<(memkit::v0_1::quant::format)2, float, 8>", 256,
      {"no_local", "ldg128"}),
     ("gemv_t_reduce<bf16>", "quant::detail::gemv_t_reduce_kernel<memkit::v0_1::bf16>", 256, {"no_local"}),
+    # The fused loss's row pass (#30). classic: one CTA of 1,024 threads per row, scalar loads, three reads and two
+    # writes. staged: the row in dynamic shared memory (Llama 2's 32,000 fp32 logits, 128,000 bytes: one CTA per
+    # SM), 16-byte loads; two_pass: rows too long to stage (Llama 3's 128,256), 16-byte loads, no shared row.
+    # bf16 gradients are stored four at a time (8 bytes: STG.64), fp32 ones as STG.128.
+    ("loss_rows_classic<f32>", "loss::detail::logit_rows_kernel<float>", 1024, {"no_local", "no_fp64"}),
+    ("loss_rows_classic<bf16>", "loss::detail::logit_rows_kernel<memkit::v0_1::bf16>", 1024, {"no_local", "no_fp64"}),
+    ("loss_rows_staged<f32>", "loss::detail::logit_rows_staged_kernel<float>", 1024,
+     {"no_local", "no_fp64", "ldg128", "stg128"}, 32000 * 4),
+    ("loss_rows_staged<bf16>", "loss::detail::logit_rows_staged_kernel<memkit::v0_1::bf16>", 1024,
+     {"no_local", "no_fp64", "ldg128"}, 32000 * 4),
+    ("loss_rows_two_pass<f32>", "loss::detail::logit_rows_two_pass_kernel<float>", 1024,
+     {"no_local", "no_fp64", "ldg128", "stg128"}),
+    ("loss_rows_two_pass<bf16>", "loss::detail::logit_rows_two_pass_kernel<memkit::v0_1::bf16>", 1024,
+     {"no_local", "no_fp64", "ldg128"}),
     # Attention (issue 29). An optional fifth field: the launch's dynamic shared bytes, for the occupancy.
     # mma: (64 query rows + 2 x 64 K rows + 2 x 64 V rows) x (head_dim + 8) x 2 bytes (mma_forward_smem_bytes).
     ("attention_fwd_mma<bf16,128>", "attention::detail::mma_forward_kernel<memkit::v0_1::bf16, 128>", 128,
