@@ -77,7 +77,8 @@ TEST_CASE("cudnn: a malformed node is rejected by cuDNN at finalize, with its st
   CHECK_THROWS_WITH_AS(g.matmul(q, kt, s), doctest::Contains("finalize matmul operation: CUDNN_STATUS_BAD_PARAM"),
                        memkit::error);
   // A ternary select without its mask.
-  CHECK_THROWS_WITH_AS(g.pointwise(CUDNN_POINTWISE_BINARY_SELECT, s, g.scalar(1.0f), nullptr, g.virtual_tensor({1, 2, 64, 64})),
+  auto y = g.virtual_tensor({1, 2, 64, 64});
+  CHECK_THROWS_WITH_AS(g.pointwise(CUDNN_POINTWISE_BINARY_SELECT, s, g.scalar(1.0f), nullptr, y),
                        doctest::Contains("CUDNN_STATUS_BAD_PARAM"), memkit::error);
   // A reduction to a head count that does not divide the input's.
   CHECK_THROWS_WITH_AS(g.reduction(CUDNN_REDUCE_TENSOR_ADD, q, g.virtual_tensor({1, 3, 64, 1})),
@@ -106,7 +107,8 @@ TEST_CASE("cudnn: the entry points check their arguments before touching the dev
                        doctest::Contains("for device problems"), memkit::error);
   // fp32 never asks cuDNN (no device needed to know): the built-in kernel's bytes.
   a.element_bytes = 4, a.on_device = true;
-  CHECK(att::cudnn::workspace_bytes<float>(exec, att::backward_arguments{a}) == att::workspace_bytes(att::backward_arguments{a}));
+  CHECK(att::cudnn::workspace_bytes<float>(exec, att::backward_arguments{a}) ==
+        att::workspace_bytes(att::backward_arguments{a}));
   CHECK_FALSE(att::cudnn::path_for<float>(exec, a, false).uses_cudnn);
 }
 

@@ -74,7 +74,8 @@ constexpr std::size_t dq_accum_bytes(const problem_arguments& a) noexcept {
 template <class T>
 std::string kind_of(bool backward, const problem_arguments& a) {
   const char* type = std::is_same_v<T, bf16> ? "bf16" : std::is_same_v<T, fp16> ? "fp16" : "fp32";
-  std::string kind = std::string(backward ? "backward " : "forward ") + type + " head_dim " + std::to_string(a.head_dim);
+  std::string kind = std::string(backward ? "backward " : "forward ") + type;
+  kind += " head_dim " + std::to_string(a.head_dim);
   kind += a.options.causal ? ", causal" : ", not causal";
   if (a.options.window > 0) kind += ", sliding window";
   if (a.kv_heads != a.query_heads) kind += ", grouped-query heads";
@@ -223,7 +224,8 @@ void backward(const E& exec, const forward_tensors<std::type_identity_t<T>>& sav
     }
     // One allocation: softmax_sum, dQ's fp32 accumulator, cuDNN's workspace (each 256-byte aligned).
     const std::size_t sum_bytes = detail::softmax_sum_bytes(a), accum_bytes = detail::dq_accum_bytes(a);
-    const std::size_t bytes = sum_bytes + accum_bytes + detail::round_region(static_cast<std::size_t>(choice.plan->workspace));
+    const std::size_t bytes =
+        sum_bytes + accum_bytes + detail::round_region(static_cast<std::size_t>(choice.plan->workspace));
     buffer<float> scratch(workspace, shape{static_cast<std::int64_t>(bytes / sizeof(float))}, on_stream{exec.stream});
     require(cuda_executor::can_access(scratch.where()), "attention::cudnn::backward: the workspace resource gives " +
                                                             std::string(to_string(scratch.where())) + " memory");

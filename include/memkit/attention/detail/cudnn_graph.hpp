@@ -32,6 +32,7 @@
 #include <cstdio>
 #include <cstring>
 #include <deque>
+#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -111,7 +112,9 @@ struct sdpa_key {
   std::int64_t batch = 0, query_heads = 0, kv_heads = 0, sequence = 0, head_dim = 0;
   bool causal = true;
   std::int64_t window = 0;
-  auto tie() const { return std::tie(device, backward, io, batch, query_heads, kv_heads, sequence, head_dim, causal, window); }
+  auto tie() const {
+    return std::tie(device, backward, io, batch, query_heads, kv_heads, sequence, head_dim, causal, window);
+  }
   bool operator<(const sdpa_key& other) const { return tie() < other.tie(); }
 };
 
@@ -274,7 +277,12 @@ class graph_builder {
   }
 
  private:
-  cudnnBackendDescriptor_t negative_infinity() { return scalar(-__builtin_huge_valf()); }
+  // What masked scores become: -inf, or the lowest float before cuDNN 9.1, whose engines preferred it (as
+  // cudnn-frontend does; the version is the loaded library's).
+  cudnnBackendDescriptor_t negative_infinity() {
+    return scalar(cudnnGetVersion() < 91000 ? std::numeric_limits<float>::lowest()
+                                            : -std::numeric_limits<float>::infinity());
+  }
 
   sdpa_key key_;
   std::int64_t next_virtual_ = uid_first_virtual;
@@ -475,7 +483,8 @@ inline std::shared_ptr<plan> make_plan(cudnnHandle_t handle, const sdpa_key& key
   }
   std::vector<descriptor> configs;
   std::vector<cudnnBackendDescriptor_t> raw;
-  for (std::int64_t i = 0; i < count; ++i) raw.push_back(configs.emplace_back(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR).get());
+  for (std::int64_t i = 0; i < count; ++i)
+    raw.push_back(configs.emplace_back(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR, "engine configuration").get());
   std::int64_t returned = 0;
   check(cudnnBackendGetAttribute(heuristics.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, count,
                                  &returned, raw.data()),
