@@ -583,14 +583,16 @@ inline void execute(const sdpa_key& key, const plan& p, cudaStream_t stream,
   });
 }
 
-// Says once per configuration kind (not per call) on stderr that cuDNN's path was not taken, and why.
-inline void report_fallback_once(const std::string& kind, const std::string& reason) {
+// Says once per configuration kind (not per call) on stderr that cuDNN's path was not taken, and why. Returns
+// whether this call said it.
+inline bool report_fallback_once(const std::string& kind, const std::string& reason) {
   static std::mutex mutex;
   static std::set<std::string> said;
   const std::lock_guard<std::mutex> lock(mutex);
-  if (!said.insert(kind).second) return;
+  if (!said.insert(kind).second) return false;
   std::fprintf(stderr, "memkit: attention (cuDNN path): %s: %s; memkit's built-in kernel runs instead\n", kind.c_str(),
                reason.c_str());
+  return true;
 }
 
 }  // namespace attention::detail::cudnn_sdpa
