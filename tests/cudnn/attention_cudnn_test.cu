@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <set>
 #include <vector>
 
 #include "support/gpu_test.hpp"
@@ -43,6 +44,19 @@ TEST_CASE("cudnn: every tensor and operation descriptor of the forward and backw
   std::printf("memkit: cuDNN %zu (headers %d)\n", cudnnGetVersion(), CUDNN_VERSION);
   CHECK(cudnnGetVersion() >= 90000);
   int built = 0;
+  // The ids attention::cudnn::forward / backward bind (the same functions they call).
+  const auto ids = [](const att::cudnn::detail::bindings& b) {
+    std::set<std::int64_t> s;
+    for (const auto& binding : b) s.insert(binding.first);
+    return s;
+  };
+  memkit::bf16* t = nullptr;
+  float* f = nullptr;
+  const std::set<std::int64_t> forward_uids = ids(att::cudnn::detail::forward_bindings(t, t, t, t, f));
+  const std::set<std::int64_t> backward_uids =
+      ids(att::cudnn::detail::backward_bindings(t, t, t, t, f, t, t, t, t, nullptr, nullptr));
+  CHECK(forward_uids.size() == 5);
+  CHECK(backward_uids.size() == 11);
   for (bool backward : {false, true})
     for (cudnnDataType_t io : {CUDNN_DATA_BFLOAT16, CUDNN_DATA_HALF})
       for (std::int64_t D : {64, 128})
@@ -61,6 +75,10 @@ TEST_CASE("cudnn: every tensor and operation descriptor of the forward and backw
                 CAPTURE(S);
                 sdpa::graph_builder graph = sdpa::build_graph(key);
                 CHECK(graph.operations().size() == expected_operations(key));
+                // The tensors in memory are the ones attention::cudnn binds (execute checks it again).
+                const std::set<std::int64_t> memory(graph.memory_uids().begin(), graph.memory_uids().end());
+                CHECK(memory.size() == graph.memory_uids().size());
+                CHECK(memory == (backward ? backward_uids : forward_uids));
                 ++built;
               }
   CHECK(built == 192);

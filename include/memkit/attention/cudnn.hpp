@@ -35,6 +35,8 @@
 #include <memory>
 #include <string>
 #include <type_traits>
+#include <utility>
+#include <vector>
 
 #include "memkit/attention/bytes.hpp"
 #include "memkit/attention/detail/common.hpp"
@@ -130,6 +132,22 @@ problem_arguments arguments_of(const tensor_view<const T>& q, const tensor_view<
   return a;
 }
 
+// The variant pack's pointers by tensor id (cuDNN takes void*; inputs are only read).
+using bindings = std::vector<std::pair<std::int64_t, void*>>;
+template <class T>
+bindings forward_bindings(const T* q, const T* k, const T* v, T* out, float* lse) {
+  return {{uid_q, const_cast<T*>(q)}, {uid_k, const_cast<T*>(k)}, {uid_v, const_cast<T*>(v)}, {uid_o, out},
+          {uid_stats, lse}};
+}
+template <class T>
+bindings backward_bindings(const T* q, const T* k, const T* v, const T* out, const float* lse, const T* dout, T* dq,
+                           T* dk, T* dv, void* softmax_sum, void* dq_accum) {
+  return {{uid_q, const_cast<T*>(q)},         {uid_k, const_cast<T*>(k)},       {uid_v, const_cast<T*>(v)},
+          {uid_o, const_cast<T*>(out)},       {uid_stats, const_cast<float*>(lse)}, {uid_dout, const_cast<T*>(dout)},
+          {uid_dq, dq},                       {uid_dk, dk},                     {uid_dv, dv},
+          {uid_softmax_sum, softmax_sum},     {uid_dq_accum, dq_accum}};
+}
+
 inline void require_matching(const problem_arguments& a, std::size_t element_bytes, const char* who) {
   require(a.on_device, std::string(who) + ": the cuDNN path's byte functions are for device problems (on_device)");
   require(a.element_bytes == element_bytes, std::string(who) + ": arguments' element_bytes (" +
@@ -187,11 +205,9 @@ void forward(const E& exec, tensor_view<const std::type_identity_t<T>> q, tensor
     buffer<float> scratch;
     if (bytes > 0) scratch = buffer<float>(workspace, shape{static_cast<std::int64_t>(bytes / sizeof(float))},
                                            on_stream{exec.stream});
-    namespace c = ::memkit::attention::detail::cudnn_sdpa;
     detail::execute(choice.plan->key, *choice.plan, exec.stream,
-            {{c::uid_q, const_cast<T*>(q.data())}, {c::uid_k, const_cast<T*>(k.data())},
-             {c::uid_v, const_cast<T*>(v.data())}, {c::uid_o, out.data()}, {c::uid_stats, lse.data()}},
-            attention::detail::resolved_scale(options, a.head_dim), bytes > 0 ? scratch.data() : nullptr);
+                    detail::forward_bindings(q.data(), k.data(), v.data(), out.data(), lse.data()),
+                    attention::detail::resolved_scale(options, a.head_dim), bytes > 0 ? scratch.data() : nullptr);
   }
 }
 // One document per batch row (no offsets).
@@ -239,13 +255,10 @@ void backward(const E& exec, const forward_tensors<std::type_identity_t<T>>& sav
         MEMKIT_CUDA_CHECK(cudaMemsetAsync(dq_accum, 0, accum_bytes, exec.stream));
         return 0;
       });
-    namespace c = ::memkit::attention::detail::cudnn_sdpa;
     detail::execute(choice.plan->key, *choice.plan, exec.stream,
-                    {{c::uid_q, const_cast<T*>(saved.q.data())}, {c::uid_k, const_cast<T*>(saved.k.data())},
-                     {c::uid_v, const_cast<T*>(saved.v.data())}, {c::uid_o, const_cast<T*>(saved.out.data())},
-                     {c::uid_stats, const_cast<float*>(saved.lse.data())}, {c::uid_dout, const_cast<T*>(dout.data())},
-                     {c::uid_dq, grads.dq.data()}, {c::uid_dk, grads.dk.data()}, {c::uid_dv, grads.dv.data()},
-                     {c::uid_softmax_sum, softmax_sum}, {c::uid_dq_accum, dq_accum}},
+                    detail::backward_bindings(saved.q.data(), saved.k.data(), saved.v.data(), saved.out.data(),
+                                              saved.lse.data(), dout.data(), grads.dq.data(), grads.dk.data(),
+                                              grads.dv.data(), softmax_sum, dq_accum),
                     attention::detail::resolved_scale(options, a.head_dim), cudnn_workspace);
     // `scratch` is released here, stream-ordered on exec.stream (as attention::backward releases its delta).
   }

@@ -141,6 +141,8 @@ class graph_builder {
   explicit graph_builder(const sdpa_key& key) : key_(key) {}
 
   std::vector<descriptor>& operations() noexcept { return ops_; }
+  // The ids of the graph's tensors in device memory (bound to pointers at execution), in the order made.
+  const std::vector<std::int64_t>& memory_uids() const noexcept { return memory_uids_; }
   const std::deque<constant>& constants() const noexcept { return constants_; }
   std::int64_t tensor_count() const noexcept { return static_cast<std::int64_t>(tensors_.size()); }
 
@@ -159,6 +161,7 @@ class graph_builder {
     if (is_virtual) t.set(CUDNN_ATTR_TENSOR_IS_VIRTUAL, CUDNN_TYPE_BOOLEAN, 1, &is_virtual, "tensor is-virtual");
     if (by_value) t.set(CUDNN_ATTR_TENSOR_IS_BY_VALUE, CUDNN_TYPE_BOOLEAN, 1, &by_value, "tensor by-value");
     t.finalize("tensor descriptor");
+    if (!is_virtual && !by_value) memory_uids_.push_back(id);
     return t.get();
   }
   // An intermediate tensor of the graph (never in memory outside cuDNN's kernels).
@@ -290,6 +293,7 @@ class graph_builder {
   std::deque<descriptor> keep_;     // the pointwise / matmul / reduction descriptors the operations reference
   std::vector<descriptor> ops_;
   std::deque<constant> constants_;
+  std::vector<std::int64_t> memory_uids_;
 };
 
 // The tensors a caller binds, in memkit's layouts: q, out, dout, dq [B, Hq, S, D] and k, v, dk, dv [B, Hkv, S, D]
@@ -446,6 +450,10 @@ struct device_handle {
 inline std::shared_ptr<plan> make_plan(cudnnHandle_t handle, const sdpa_key& key) {
   auto result = std::make_shared<plan>();
   result->key = key;
+  if (cudnnGetVersion() / 10000 != 9) {
+    result->reason = "cuDNN " + std::to_string(cudnnGetVersion()) + " is loaded; these graphs are written for cuDNN 9";
+    return result;
+  }
   try {
     result->graph = std::make_unique<graph_builder>(build_graph(key));
   } catch (const error& e) {
@@ -561,6 +569,10 @@ inline void execute(const sdpa_key& key, const plan& p, cudaStream_t stream,
   std::vector<std::int64_t> uids;
   std::vector<void*> pointers;
   for (const auto& [id, pointer] : bindings) uids.push_back(id), pointers.push_back(pointer);
+  // Every tensor of the graph in memory is bound, and nothing else: a mismatch is memkit's bug, said plainly.
+  if (std::set<std::int64_t>(uids.begin(), uids.end()) !=
+      std::set<std::int64_t>(p.graph->memory_uids().begin(), p.graph->memory_uids().end()))
+    throw error("attention (cuDNN): the tensors bound do not match the graph's (memkit bug)");
   uids.push_back(uid_scale), pointers.push_back(&scale);
   // By-value scalars are read from host memory when the plan is enqueued.
   std::vector<std::array<unsigned char, 4>> values;
