@@ -52,7 +52,7 @@ namespace attention::detail::cudnn_sdpa {
 // The message of a failed cuDNN call: the status name and cuDNN's own last error text.
 inline std::string status_text(cudnnStatus_t status) {
   std::string text = cudnnGetErrorString(status);
-  char detail[512] = {};
+  char detail[1024] = {};
   cudnnGetLastErrorString(detail, sizeof detail);
   if (detail[0] != '\0') text += std::string(" (") + detail + ")";
   return text;
@@ -471,55 +471,61 @@ inline std::shared_ptr<plan> make_plan(cudnnHandle_t handle, const sdpa_key& key
     result->reason = "operation graph rejected: " + status_text(s);
     return result;
   }
-  descriptor heuristics(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR, "engine heuristics");
-  const cudnnBackendHeurMode_t mode = CUDNN_HEUR_MODE_A;
+  // The heuristics' configurations in their order, mode A first, then the fallback list (as cudnn-frontend's
+  // build({A, FALLBACK})); the first whose plan finalizes is taken. Anything cuDNN refuses becomes the reason.
+  std::string why;
   const cudnnBackendDescriptor_t graph_handle = graph.get();
-  heuristics.set(CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &graph_handle,
-                 "heuristics' operation graph")
-      .set(CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode, "heuristics' mode");
-  if (const cudnnStatus_t s = heuristics.try_finalize(); s != CUDNN_STATUS_SUCCESS) {
-    result->reason = "engine heuristics failed: " + status_text(s);
-    return result;
-  }
-  std::int64_t count = 0;
-  check(cudnnBackendGetAttribute(heuristics.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, 0,
-                                 &count, nullptr),
-        "count the heuristics' engine configurations");
-  if (count <= 0) {
-    result->reason = "no engine: cuDNN's heuristics offer no engine configuration for this graph";
-    return result;
-  }
-  std::vector<descriptor> configs;
-  std::vector<cudnnBackendDescriptor_t> raw;
-  for (std::int64_t i = 0; i < count; ++i)
-    raw.push_back(configs.emplace_back(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR, "engine configuration").get());
-  std::int64_t returned = 0;
-  check(cudnnBackendGetAttribute(heuristics.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, count,
-                                 &returned, raw.data()),
-        "get the heuristics' engine configurations");
-  std::string last = "none returned";
-  // The first configuration (in the heuristics' order) whose plan finalizes.
-  for (std::int64_t i = 0; i < returned && i < count; ++i) {
-    auto candidate = std::make_unique<descriptor>(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, "execution plan");
-    const cudnnBackendDescriptor_t config = configs[static_cast<std::size_t>(i)].get();
-    candidate->set(CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle, "plan's handle")
-        .set(CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &config, "plan's engine");
-    if (const cudnnStatus_t s = candidate->try_finalize(); s != CUDNN_STATUS_SUCCESS) {
-      last = status_text(s);
+  for (const cudnnBackendHeurMode_t mode : {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK}) {
+    const char* mode_name = mode == CUDNN_HEUR_MODE_A ? "heuristics A" : "heuristics FALLBACK";
+    descriptor heuristics(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR, "engine heuristics");
+    heuristics.set(CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &graph_handle,
+                   "heuristics' operation graph")
+        .set(CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode, "heuristics' mode");
+    if (const cudnnStatus_t s = heuristics.try_finalize(); s != CUDNN_STATUS_SUCCESS) {
+      why += std::string(why.empty() ? "" : "; ") + mode_name + " failed: " + status_text(s);
       continue;
     }
-    std::int64_t bytes = 0, got = 0;
-    check(cudnnBackendGetAttribute(candidate->get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1,
-                                   &got, &bytes),
-          "get the plan's workspace size");
-    result->workspace = bytes;
-    result->engine_config = std::make_unique<descriptor>(std::move(configs[static_cast<std::size_t>(i)]));
-    result->execution_plan = std::move(candidate);
-    result->supported = true;
-    return result;
+    std::int64_t count = 0;
+    if (const cudnnStatus_t s = cudnnBackendGetAttribute(heuristics.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS,
+                                                         CUDNN_TYPE_BACKEND_DESCRIPTOR, 0, &count, nullptr);
+        s != CUDNN_STATUS_SUCCESS || count <= 0) {
+      why += std::string(why.empty() ? "" : "; ") + mode_name + " offer no engine configuration (" +
+             status_text(s) + ")";
+      continue;
+    }
+    std::vector<descriptor> configs;
+    std::vector<cudnnBackendDescriptor_t> raw;
+    for (std::int64_t i = 0; i < count; ++i)
+      raw.push_back(configs.emplace_back(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR, "engine configuration").get());
+    std::int64_t returned = 0;
+    const cudnnStatus_t got_configs = cudnnBackendGetAttribute(
+        heuristics.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, count, &returned, raw.data());
+    // cuDNN's last message says why configurations were dropped, when they were.
+    std::string last = status_text(got_configs);
+    if (got_configs != CUDNN_STATUS_SUCCESS) returned = 0;
+    for (std::int64_t i = 0; i < returned && i < count; ++i) {
+      auto candidate = std::make_unique<descriptor>(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, "execution plan");
+      const cudnnBackendDescriptor_t config = configs[static_cast<std::size_t>(i)].get();
+      candidate->set(CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle, "plan's handle")
+          .set(CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &config, "plan's engine");
+      if (const cudnnStatus_t s = candidate->try_finalize(); s != CUDNN_STATUS_SUCCESS) {
+        last = status_text(s);
+        continue;
+      }
+      std::int64_t bytes = 0, got = 0;
+      check(cudnnBackendGetAttribute(candidate->get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1,
+                                     &got, &bytes),
+            "get the plan's workspace size");
+      result->workspace = bytes;
+      result->engine_config = std::make_unique<descriptor>(std::move(configs[static_cast<std::size_t>(i)]));
+      result->execution_plan = std::move(candidate);
+      result->supported = true;
+      return result;
+    }
+    why += std::string(why.empty() ? "" : "; ") + "none of the " + std::to_string(returned) + " configurations of " +
+           mode_name + " finalized (last: " + last + ")";
   }
-  result->reason = "no engine: none of the " + std::to_string(returned) +
-                   " engine configurations of the heuristics finalized (last: " + last + ")";
+  result->reason = "no engine: " + why;
   return result;
 }
 
