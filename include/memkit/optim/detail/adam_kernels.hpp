@@ -325,6 +325,10 @@ __global__ void __launch_bounds__(Threads, 2) adam_update_kernel(update_launch<S
   // 8-bit codes come from the maps' buckets (dynamic_code_bucketed: traits::code's codes in two
   // probes each), staged in shared memory; 4-bit ones from searching the 16-entry tables.
   constexpr bool bucketed = traits::quantized && traits::bits == 8;
+  // Prefetch, 4-bit: the tables live in registers (a lane of each warp holds one entry of m's or v's, read by a
+  // shuffle) and the new codes come from the midpoints as compile-time constants (constant_code): no shared
+  // loads per element. The shared tables remain for a tensor's last, partial block.
+  constexpr bool register_tables = Prefetch && traits::quantized && traits::bits == 4;
   constexpr int m_buckets = bucketed ? static_cast<int>(int8_m_buckets_host.bucket_count) : 4;
   constexpr int v_buckets = bucketed ? static_cast<int>(int8_v_buckets_host.bucket_count) : 4;
   // Prefetch reads a probe's two thresholds as one pair (one 8-byte shared load instead of two 4-byte ones).
@@ -365,7 +369,8 @@ __global__ void __launch_bounds__(Threads, 2) adam_update_kernel(update_launch<S
   // The code of x in m's map (first = std::true_type) or v's (std::false_type).
   auto code_of = [&]([[maybe_unused]] auto first, [[maybe_unused]] float x) -> unsigned {
     [[maybe_unused]] constexpr bool m = decltype(first)::value;
-    if constexpr (bucketed && Prefetch)
+    if constexpr (register_tables) return traits::template constant_code<m>(x);
+    else if constexpr (bucketed && Prefetch)
       return dynamic_code_bucketed(m ? m_pairs : v_pairs, reinterpret_cast<const std::uint8_t*>(m ? m_low : v_low),
                                    m ? int8_m_buckets_host.first_key : int8_v_buckets_host.first_key,
                                    m ? int8_m_buckets_host.positive : int8_v_buckets_host.positive, x);
@@ -397,6 +402,11 @@ __global__ void __launch_bounds__(Threads, 2) adam_update_kernel(update_launch<S
   constexpr int RP = prefetch_plain ? R : 1, SP = Prefetch && traits::quantized ? S : 1;
   float pre_p[RP][V], pre_g[RP][V], pre_m[RP][V], pre_v[RP][V];
   unsigned pre_m_code[SP][V], pre_v_code[SP][V];
+  if constexpr (register_tables)  // lanes without a block still take part in the shuffles below: code 0
+#pragma unroll
+    for (int s = 0; s < SP; ++s)
+#pragma unroll
+      for (int k = 0; k < V; ++k) pre_m_code[s][k] = pre_v_code[s][k] = 0u;
   float pre_m_absmax = 0.0f, pre_v_absmax = 0.0f;
   if constexpr (Prefetch) {
     const param_access<P, G> loads{static_cast<P*>(a.param), static_cast<const G*>(a.grad), a.master, false, 0, 0, 0, 0};
@@ -492,6 +502,23 @@ __global__ void __launch_bounds__(Threads, 2) adam_update_kernel(update_launch<S
     }
     float m_new[S * V], v_new[S * V];
     float m_max = 0.0f, v_max = 0.0f;
+    // register_tables: lane l of a warp holds m's entry l (l < 16) or v's entry l - 16, and every lane reads
+    // its codes' values with one shuffle each (the index is the code, or the code + 16), outside any branch
+    // (a shuffle needs the whole warp). The values are the tables' own, so the bits are unchanged.
+    constexpr int RV = register_tables ? SP : 1;
+    float table_m[RV][V], table_v[RV][V];
+    if constexpr (register_tables) {
+      static_assert(launch_tables<State>::entries == 16);
+      const int warp_lane = static_cast<int>(threadIdx.x) % 32;
+      const float entry = warp_lane < 16 ? batch.tables.m[warp_lane] : batch.tables.v[warp_lane - 16];
+#pragma unroll
+      for (int s = 0; s < RV; ++s)
+#pragma unroll
+        for (int k = 0; k < V; ++k) {
+          table_m[s][k] = __shfl_sync(0xffffffffu, entry, static_cast<int>(pre_m_code[s][k]));
+          table_v[s][k] = __shfl_sync(0xffffffffu, entry, static_cast<int>(pre_v_code[s][k] | 16u));
+        }
+    }
 #pragma unroll
     for (int s = 0; s < S; ++s) {
       const std::int64_t e0 = static_cast<std::int64_t>(s * L + lane) * V;
@@ -511,8 +538,13 @@ __global__ void __launch_bounds__(Threads, 2) adam_update_kernel(update_launch<S
         }
 #pragma unroll
         for (int k = 0; k < V; ++k) {
-          m[k] = mul_rn(m_table[m_code[k]], m_absmax);
-          v[k] = mul_rn(v_table[v_code[k]], v_absmax);
+          if constexpr (register_tables) {
+            m[k] = mul_rn(table_m[s][k], m_absmax);
+            v[k] = mul_rn(table_v[s][k], v_absmax);
+          } else {
+            m[k] = mul_rn(m_table[m_code[k]], m_absmax);
+            v[k] = mul_rn(v_table[v_code[k]], v_absmax);
+          }
         }
         if (a.vector) {
           float p[V], g[V];
