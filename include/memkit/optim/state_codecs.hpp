@@ -56,25 +56,25 @@ constexpr midpoints16 constant_midpoints16(const std::array<float, 16>& table) {
   return midpoints;
 }
 
-// b ? a : c, on the bit patterns: nvcc turned the ternary tree below into divergent branches (BSSY/BRA in the
-// SASS), which a warp takes both sides of.
+// b ? a : c, on the bit patterns: nvcc turned a ternary selection of constants into divergent branches
+// (BSSY/BRA in the SASS), which a warp takes both sides of.
 MEMKIT_HOST_DEVICE MEMKIT_FORCEINLINE float select_bits(bool b, float a, float c) noexcept {
   const std::uint32_t ua = bit_cast<std::uint32_t>(a), uc = bit_cast<std::uint32_t>(c);
   return bit_cast<float>(uc ^ ((ua ^ uc) & (0u - static_cast<std::uint32_t>(b))));
 }
 
-// The number of the 15 sorted thresholds t below x (strict >; NaN: 0): a 4-level binary search whose probes are
-// selected among the thresholds, compile-time constants where t is one, so it loads nothing. The CUDA update's
-// 4-bit requantization: 27 instructions per code in the sm_90 SASS, none a memory access, against 33 with 5 LDS
-// for nearest_in_table's search of a shared table.
-MEMKIT_HOST_DEVICE MEMKIT_FORCEINLINE unsigned count_below16(const midpoints16& midpoints, float x) noexcept {
+// The number of the 15 sorted thresholds t below x (strict >; NaN: 0), by a 4-level binary search. The first two
+// levels' probes are selected among t's entries (compile-time constants where t is one); the last two are
+// probe(k), which must return t[k]: the CUDA update reads them from warp lane k's register with a shuffle, the
+// host from t. On sm_90: 19 instructions and 2 shuffles per code, no branch, where nearest_in_table's search of a
+// shared table took 33 with 5 dependent LDS (docs/cuda.md, "The #30 kernels").
+template <class Probe>
+MEMKIT_HOST_DEVICE MEMKIT_FORCEINLINE unsigned count_below16(const midpoints16& midpoints, float x, const Probe& probe) noexcept {
   const float* t = midpoints.t;
   const bool b8 = x > t[7];
-  const bool b4 = x > select_bits(b8, t[11], t[3]);
-  const bool b2 = x > select_bits(b8, select_bits(b4, t[13], t[9]), select_bits(b4, t[5], t[1]));
-  const float last = select_bits(b8, select_bits(b4, select_bits(b2, t[14], t[12]), select_bits(b2, t[10], t[8])),
-                                 select_bits(b4, select_bits(b2, t[6], t[4]), select_bits(b2, t[2], t[0])));
-  return (b8 ? 8u : 0u) | (b4 ? 4u : 0u) | (b2 ? 2u : 0u) | (x > last ? 1u : 0u);
+  const unsigned c4 = (b8 ? 8u : 0u) | (x > select_bits(b8, t[11], t[3]) ? 4u : 0u);
+  const unsigned c2 = c4 | (x > probe(c4 + 1) ? 2u : 0u);
+  return c2 | (x > probe(c2) ? 1u : 0u);
 }
 
 template <int Bits>
@@ -180,12 +180,19 @@ struct adam_state_traits<four_bit> : adam_moment_format<four_bit>, detail::coded
   MEMKIT_HOST_DEVICE static MEMKIT_FORCEINLINE unsigned code(const float* table, float x) noexcept {
     return detail::nearest_in_table<16>(table, x);
   }
-  // code() in the state's own maps, m's (M = true) or v's, from their midpoints as compile-time constants: no
-  // table loads (the CUDA update; tests/host/adam_codes_test.cpp checks it against code() over every float).
-  template <bool M>
-  MEMKIT_HOST_DEVICE static MEMKIT_FORCEINLINE unsigned constant_code(float x) noexcept {
+  // code() in the state's own maps, m's (M = true) or v's, by count_below16 over their midpoints; probe(k)
+  // returns midpoint k (the CUDA update: a shuffle from the warp lane holding it). tests/host/adam_codes_test.cpp
+  // checks it against code() over every float.
+  template <bool M, class Probe>
+  MEMKIT_HOST_DEVICE static MEMKIT_FORCEINLINE unsigned constant_code(float x, const Probe& probe) noexcept {
     constexpr detail::midpoints16 midpoints = M ? detail::int4_m_midpoints : detail::int4_v_midpoints;
-    return detail::count_below16(midpoints, x);
+    return detail::count_below16(midpoints, x, probe);
+  }
+  // The same with the midpoints read from the constants (host).
+  template <bool M>
+  static unsigned constant_code(float x) noexcept {
+    const float* midpoints = (M ? detail::int4_m_midpoints : detail::int4_v_midpoints).t;
+    return constant_code<M>(x, [midpoints](unsigned k) { return midpoints[k]; });
   }
   // The host loop's lookups (the same codes as code()).
   struct host_coder {

@@ -294,6 +294,11 @@ inline constexpr dynamic_code_buckets int8_m_buckets_host = make_dynamic_code_bu
 inline constexpr dynamic_code_buckets int8_v_buckets_host = make_dynamic_code_buckets(quant::dynamic_map_unsigned);
 static __device__ const dynamic_code_buckets int8_m_buckets = int8_m_buckets_host;
 static __device__ const dynamic_code_buckets int8_v_buckets = int8_v_buckets_host;
+// The 4-bit maps' midpoints, which the update's lanes hold for count_below16's shuffled probes (device copies of the
+// constants, as for the buckets).
+static __device__ const midpoints16 int4_m_midpoints_device = int4_m_midpoints;
+static __device__ const midpoints16 int4_v_midpoints_device = int4_v_midpoints;
+static_assert(&adam_state_traits<four_bit>::tables() == &int4_maps, "the midpoints are the 4-bit state's maps'");
 static_assert(&adam_state_traits<std::int8_t>::tables().m == &int8_maps.m && int8_maps.m == quant::dynamic_map_signed &&
               int8_maps.v == quant::dynamic_map_unsigned, "the buckets are built from the 8-bit state's maps");
 
@@ -325,9 +330,9 @@ __global__ void __launch_bounds__(Threads, 2) adam_update_kernel(update_launch<S
   // 8-bit codes come from the maps' buckets (dynamic_code_bucketed: traits::code's codes in two
   // probes each), staged in shared memory; 4-bit ones from searching the 16-entry tables.
   constexpr bool bucketed = traits::quantized && traits::bits == 8;
-  // Prefetch, 4-bit: the tables live in registers (a lane of each warp holds one entry of m's or v's, read by a
-  // shuffle) and the new codes come from the midpoints as compile-time constants (constant_code): no shared
-  // loads per element. The shared tables remain for a tensor's last, partial block.
+  // Prefetch, 4-bit: the tables and their midpoints live in registers (a lane of each warp holds one entry of m's
+  // or v's, and one midpoint, read by shuffles) and the new codes come from count_below16 (constant_code): no
+  // shared loads per element. The shared tables remain for a tensor's last, partial block.
   constexpr bool register_tables = Prefetch && traits::quantized && traits::bits == 4;
   constexpr int m_buckets = bucketed ? static_cast<int>(int8_m_buckets_host.bucket_count) : 4;
   constexpr int v_buckets = bucketed ? static_cast<int>(int8_v_buckets_host.bucket_count) : 4;
@@ -369,8 +374,7 @@ __global__ void __launch_bounds__(Threads, 2) adam_update_kernel(update_launch<S
   // The code of x in m's map (first = std::true_type) or v's (std::false_type).
   auto code_of = [&]([[maybe_unused]] auto first, [[maybe_unused]] float x) -> unsigned {
     [[maybe_unused]] constexpr bool m = decltype(first)::value;
-    if constexpr (register_tables) return traits::template constant_code<m>(x);
-    else if constexpr (bucketed && Prefetch)
+    if constexpr (bucketed && Prefetch)
       return dynamic_code_bucketed(m ? m_pairs : v_pairs, reinterpret_cast<const std::uint8_t*>(m ? m_low : v_low),
                                    m ? int8_m_buckets_host.first_key : int8_v_buckets_host.first_key,
                                    m ? int8_m_buckets_host.positive : int8_v_buckets_host.positive, x);
@@ -604,25 +608,47 @@ __global__ void __launch_bounds__(Threads, 2) adam_update_kernel(update_launch<S
         v_max = max_abs(v_max, warp_max[1][first_warp + w]);
       }
     }
+    const float m_inverse = inverse_scale(m_max), v_inverse = inverse_scale(v_max);
+    // register_tables: every lane finds its new codes here, before any lane returns (a shuffle needs the whole
+    // warp; a lane without a block codes zeros): count_below16 compares with two of the midpoints as constants,
+    // then with two read by shuffles from the lanes holding them (lane j: m's midpoint j, lane 16 + j: v's).
+    unsigned m_new_code[RV * V], v_new_code[RV * V];
+    if constexpr (register_tables) {
+      const int warp_lane = static_cast<int>(threadIdx.x) % 32, j = warp_lane % 16;
+      const float midpoint = j == 15 ? 0.0f : warp_lane < 16 ? int4_m_midpoints_device.t[j] : int4_v_midpoints_device.t[j];
+      const auto m_probe = [midpoint](unsigned k) { return __shfl_sync(0xffffffffu, midpoint, static_cast<int>(k)); };
+      const auto v_probe = [midpoint](unsigned k) { return __shfl_sync(0xffffffffu, midpoint, static_cast<int>(k | 16u)); };
+#pragma unroll
+      for (int i = 0; i < RV * V; ++i) {
+        m_new_code[i] = traits::template constant_code<true>(mul_rn(m_new[i], m_inverse), m_probe);
+        v_new_code[i] = traits::template constant_code<false>(mul_rn(v_new[i], v_inverse), v_probe);
+      }
+    }
+    // The new code of element i (s * V + k) of this lane's values.
+    auto m_requant = [&](int i) -> unsigned {
+      if constexpr (register_tables) return m_new_code[i];
+      else return m_code_of(mul_rn(m_new[i], m_inverse));
+    };
+    auto v_requant = [&](int i) -> unsigned {
+      if constexpr (register_tables) return v_new_code[i];
+      else return v_code_of(mul_rn(v_new[i], v_inverse));
+    };
     if (!quantized_unit) return;
     if (lane == 0) {
       a.m_scale[local] = m_max;
       a.v_scale[local] = v_max;
     }
-    const float m_inverse = inverse_scale(m_max), v_inverse = inverse_scale(v_max);
     auto* m_out = static_cast<std::uint8_t*>(a.m);
     auto* v_out = static_cast<std::uint8_t*>(a.v);
 #pragma unroll
     for (int s = 0; s < S; ++s) {
       const std::int64_t e0 = static_cast<std::int64_t>(s * L + lane) * V;
-      const float* m = m_new + s * V;
-      const float* v = v_new + s * V;
       if (e0 + V <= count) {
         unsigned m_code[V], v_code[V];
 #pragma unroll
         for (int k = 0; k < V; ++k) {
-          m_code[k] = m_code_of(mul_rn(m[k], m_inverse));
-          v_code[k] = v_code_of(mul_rn(v[k], v_inverse));
+          m_code[k] = m_requant(s * V + k);
+          v_code[k] = v_requant(s * V + k);
         }
         store_codes<traits::bits, V>(m_out, begin + e0, m_code);
         store_codes<traits::bits, V>(v_out, begin + e0, v_code);
@@ -630,18 +656,18 @@ __global__ void __launch_bounds__(Threads, 2) adam_update_kernel(update_launch<S
 #pragma unroll
         for (int k = 0; k < V; ++k)
           if (e0 + k < count) {
-            m_out[begin + e0 + k] = static_cast<std::uint8_t>(m_code_of(mul_rn(m[k], m_inverse)));
-            v_out[begin + e0 + k] = static_cast<std::uint8_t>(v_code_of(mul_rn(v[k], v_inverse)));
+            m_out[begin + e0 + k] = static_cast<std::uint8_t>(m_requant(s * V + k));
+            v_out[begin + e0 + k] = static_cast<std::uint8_t>(v_requant(s * V + k));
           }
       } else {
 #pragma unroll
         for (int k = 0; k < V; k += 2) {
           const std::int64_t e = e0 + k;
           if (e >= count) continue;
-          const unsigned m_hi = m_code_of(mul_rn(m[k], m_inverse));
-          const unsigned v_hi = v_code_of(mul_rn(v[k], v_inverse));
-          const unsigned m_lo = e + 1 < count ? m_code_of(mul_rn(m[k + 1], m_inverse)) : 0u;
-          const unsigned v_lo = e + 1 < count ? v_code_of(mul_rn(v[k + 1], v_inverse)) : 0u;
+          const unsigned m_hi = m_requant(s * V + k);
+          const unsigned v_hi = v_requant(s * V + k);
+          const unsigned m_lo = e + 1 < count ? m_requant(s * V + k + 1) : 0u;
+          const unsigned v_lo = e + 1 < count ? v_requant(s * V + k + 1) : 0u;
           m_out[(begin + e) / 2] = static_cast<std::uint8_t>((m_hi << 4) | m_lo);
           v_out[(begin + e) / 2] = static_cast<std::uint8_t>((v_hi << 4) | v_lo);
         }
