@@ -288,6 +288,16 @@ def side_by_side(memkit, peers):
         pairs.append((f"dx = dy W, W 8192x8192, M {M}", "memkit NF4", m, "memkit dense bf16 (cuBLAS)",
                       mk("quant", rf"BM_cuda_matmul_input_grad_dense_bf16/{M}(/manual_time)?")))
         pairs.append((f"dx = dy W, W 8192x8192, M {M}", "memkit NF4", m, "torch bf16", peer(f"torch_bf16_input_grad/{M}")))
+    # #30: Llama-8B layer shapes at training M, the NF4 product and dense bf16 cuBLAS timed in the same iterations
+    # (bench/quant_cuda.cu, BM_cuda_matmul_nf4_vs_dense; target: ratio at most 1.25). Older runs have no such rows.
+    for row in memkit.get("quant", []):
+        shape = re.fullmatch(r"BM_cuda_matmul_nf4_vs_dense/(forward|input_grad)/M:(\d+)/K:(\d+)/N:(\d+)(/manual_time)?",
+                             row["name"])
+        if shape is None or "dense_ms" not in row:
+            continue
+        product = "y = x W^T" if shape[1] == "forward" else "dx = dy W"
+        pairs.append((f"{product}, K {shape[3]} x N {shape[4]}, M {shape[2]}, same iterations (target ratio <= 1.25)",
+                      "memkit NF4", row, "memkit dense bf16 (cuBLAS)", {"ms": row["dense_ms"]}))
     pairs.append(("dequantize NF4 -> bf16, 2^28 values", "memkit", mk("quant", r"BM_cuda_dequantize/nf4(/manual_time)?"),
                   "bnb dequantize_4bit", peer("bnb_dequantize_nf4/2^28")))
     out = []
