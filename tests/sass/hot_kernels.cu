@@ -81,10 +81,12 @@ template __global__ void fused_gemv_t_tiled_kernel<format::int8, float, device_f
 template __global__ void gemv_t_reduce_kernel<bf16>(const float*, std::int64_t, std::int64_t, bf16*);
 }  // namespace quant::detail
 namespace attention::detail {
-// Attention: the forward mma kernel (attention_kernel::mma) at both head_dims it runs, and the WMMA kernel that
-// `automatic` still picks, kept here so the check shows which of the mma rules it breaks.
+// Attention: the forward mma kernel (attention_kernel::mma) at every head_dim it runs (mma_head_dims), and the WMMA
+// kernel that `automatic` still picks, kept here so the check shows which of the mma rules it breaks.
 template __global__ void mma_forward_kernel<bf16, 128>(cuda_problem, const bf16*, const bf16*, const bf16*, bf16*,
                                                        float*);
+template __global__ void mma_forward_kernel<bf16, 96>(cuda_problem, const bf16*, const bf16*, const bf16*, bf16*,
+                                                     float*);
 template __global__ void mma_forward_kernel<bf16, 64>(cuda_problem, const bf16*, const bf16*, const bf16*, bf16*,
                                                       float*);
 template __global__ void flash_forward_kernel<bf16>(cuda_problem, const bf16*, const bf16*, const bf16*, bf16*,
@@ -92,12 +94,16 @@ template __global__ void flash_forward_kernel<bf16>(cuda_problem, const bf16*, c
 // Backward's key pass (dk, dv) and dq pass: the mma ones and the WMMA ones.
 template __global__ void mma_key_pass_kernel<bf16, 128>(cuda_problem, const bf16*, const bf16*, const bf16*,
                                                         const bf16*, const float*, const float*, bf16*, bf16*);
+template __global__ void mma_key_pass_kernel<bf16, 96>(cuda_problem, const bf16*, const bf16*, const bf16*,
+                                                      const bf16*, const float*, const float*, bf16*, bf16*);
 template __global__ void mma_key_pass_kernel<bf16, 64>(cuda_problem, const bf16*, const bf16*, const bf16*,
                                                        const bf16*, const float*, const float*, bf16*, bf16*);
 template __global__ void flash_key_pass_kernel<bf16>(cuda_problem, const bf16*, const bf16*, const bf16*, const bf16*,
                                                      const float*, const float*, bf16*, bf16*);
 template __global__ void mma_query_pass_kernel<bf16, 128>(cuda_problem, const bf16*, const bf16*, const bf16*,
                                                           const bf16*, const float*, const float*, bf16*);
+template __global__ void mma_query_pass_kernel<bf16, 96>(cuda_problem, const bf16*, const bf16*, const bf16*,
+                                                        const bf16*, const float*, const float*, bf16*);
 template __global__ void mma_query_pass_kernel<bf16, 64>(cuda_problem, const bf16*, const bf16*, const bf16*,
                                                          const bf16*, const float*, const float*, bf16*);
 template __global__ void flash_query_pass_kernel<bf16>(cuda_problem, const bf16*, const bf16*, const bf16*,

@@ -7,7 +7,8 @@ them in step), checked against NumPy products.
 It checks the kernels' indexing against the documentation as read, not the hardware (tests/cuda/attention_test.cu
 does that on a GPU). The formulas: Q / dO A fragments, K (and V in the dq pass) as non-transposed B fragments,
 V (and K in the dq pass) through ldmatrix.trans, and the m16n8 accumulators of two 8-key blocks reused as the A
-fragment of one 16-key step. Run by hand (needs NumPy): python3 tests/sass/mma_fragment_model.py
+fragment of one 16-key step, at every head_dim the kernels run (mma_head_dims: 64, 96, 128). It also checks that the
+shared tiles' row stride (head_dim + 8 elements) keeps every ldmatrix phase free of bank conflicts. Run by hand (needs NumPy): python3 tests/sass/mma_fragment_model.py
 """
 import sys
 
@@ -49,7 +50,29 @@ def b_fragment(transposed, l, s, n):
         return (s * 16 + ((l // 8) % 2) * 8 + l % 8, n * 8 + (l // 16) * 8)
     return (n * 8 + (l // 16) * 8 + l % 8, s * 16 + ((l // 8) % 2) * 8)
 
-for D in (64, 128):
+def bank_conflicts(LD, addr_of_lane):
+    # ldmatrix reads each 8x8 matrix (8 rows of 16 bytes) in one shared-memory phase: the 8 row addresses must fall
+    # in 8 different 16-byte groups of the 128-byte bank window, or the phase serializes. Returns the worst phase's
+    # conflict degree (1: none). addr_of_lane gives (row, col) in elements of a [rows][LD] 16-bit tile.
+    worst = 1
+    for m in range(4):
+        groups = [((r * LD + c) * 2 // 16) % 8 for r, c in (addr_of_lane(8 * m + i) for i in range(8))]
+        worst = max(worst, max(groups.count(x) for x in set(groups)))
+    return worst
+
+PAD = 8  # mma_tiles::pad
+for D in (64, 96, 128):
+    # Every ldmatrix pattern of the kernels (A rows, B plain and .trans) at every k-step and column block: no
+    # conflicts with the padded stride D + 8, conflicts without it (so the check can tell).
+    for LD, expect_free in ((D + PAD, True), (D, False)):
+        worst = max([bank_conflicts(LD, lambda l, s=s: a_fragment(l, s)) for s in range(D // 16)] +
+                    [bank_conflicts(LD, lambda l, s=s, n=n: b_fragment(False, l, s, n))  # K: n over keys
+                     for s in range(D // 16) for n in range(0, 64 // 8, 2)] +
+                    [bank_conflicts(LD, lambda l, s=s, n=n: b_fragment(True, l, s, n))  # V: s over keys
+                     for s in range(64 // 16) for n in range(0, D // 8, 2)])
+        print("D", D, "row stride", LD, "elements: worst ldmatrix phase conflict", worst)
+        assert (worst == 1) == expect_free, "shared padding"
+for D in (64, 96, 128):
     N, dk, on, sn = 64, D // 16, D // 8, 64 // 8
     Q = rng.standard_normal((16, D)); K = rng.standard_normal((N, D)); V = rng.standard_normal((N, D))
     qa = [ldmatrix_x4(Q, lambda l, s=s: a_fragment(l, s), False) for s in range(dk)]
@@ -89,4 +112,4 @@ for D in (64, 128):
             Ogot[g + 8, n * 8 + 2 * t: n * 8 + 2 * t + 2] = o[n][l][2:4]
     print("D", D, "O = P V max err", np.abs(Ogot - Oref).max() / np.abs(Oref).max())
     assert np.abs(Sgot - Sref).max() < 1e-9 and np.abs(Ogot - Oref).max() / np.abs(Oref).max() < 1e-12, "layout mismatch"
-print("mma fragment model: the kernels' index formulas give Q K^T and P V")
+print("mma fragment model: the kernels' index formulas give Q K^T and P V; the padded tiles are conflict-free")

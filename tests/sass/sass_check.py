@@ -107,6 +107,8 @@ KERNELS = [
     # mma: (64 query rows + 2 x 64 K rows + 2 x 64 V rows) x (head_dim + 8) x 2 bytes (mma_forward_smem_bytes).
     ("attention_fwd_mma<bf16,128>", "attention::detail::mma_forward_kernel<memkit::v0_1::bf16, 128>", 128,
      {"no_local", "no_fp64", "mma", "ldsm", "async_copy"}, 320 * 136 * 2),
+    ("attention_fwd_mma<bf16,96>", "attention::detail::mma_forward_kernel<memkit::v0_1::bf16, 96>", 128,
+     {"no_local", "no_fp64", "mma", "ldsm", "async_copy"}, 320 * 104 * 2),
     ("attention_fwd_mma<bf16,64>", "attention::detail::mma_forward_kernel<memkit::v0_1::bf16, 64>", 128,
      {"no_local", "no_fp64", "mma", "ldsm", "async_copy"}, 320 * 72 * 2),
     # The WMMA kernel (forward_smem<bf16> at head_dim 128: Q, K, V 16 KiB each, fp32 scores 16 KiB, weights 8 KiB,
@@ -119,6 +121,8 @@ KERNELS = [
     # lse/delta 256 B, row spans 512 B.
     ("attention_dkdv_mma<bf16,128>", "attention::detail::mma_key_pass_kernel<memkit::v0_1::bf16, 128>", 128,
      {"no_local", "no_fp64", "mma", "ldsm", "async_copy"}, 384 * 136 * 2 + 1024),
+    ("attention_dkdv_mma<bf16,96>", "attention::detail::mma_key_pass_kernel<memkit::v0_1::bf16, 96>", 128,
+     {"no_local", "no_fp64", "mma", "ldsm", "async_copy"}, 384 * 104 * 2 + 1024),
     ("attention_dkdv_mma<bf16,64>", "attention::detail::mma_key_pass_kernel<memkit::v0_1::bf16, 64>", 128,
      {"no_local", "no_fp64", "mma", "ldsm", "async_copy"}, 384 * 72 * 2 + 1024),
     ("attention_dkdv_wmma<bf16>", "attention::detail::flash_key_pass_kernel<memkit::v0_1::bf16>", 128,
@@ -128,6 +132,8 @@ KERNELS = [
     # fp32 S and dP 8 KiB each, dS 4 KiB, fp32 dQ 32 KiB, lse/delta 512 B, row spans 512 B.
     ("attention_dq_mma<bf16,128>", "attention::detail::mma_query_pass_kernel<memkit::v0_1::bf16, 128>", 128,
      {"no_local", "no_fp64", "mma", "ldsm", "async_copy"}, 384 * 136 * 2),
+    ("attention_dq_mma<bf16,96>", "attention::detail::mma_query_pass_kernel<memkit::v0_1::bf16, 96>", 128,
+     {"no_local", "no_fp64", "mma", "ldsm", "async_copy"}, 384 * 104 * 2),
     ("attention_dq_mma<bf16,64>", "attention::detail::mma_query_pass_kernel<memkit::v0_1::bf16, 64>", 128,
      {"no_local", "no_fp64", "mma", "ldsm", "async_copy"}, 384 * 72 * 2),
     ("attention_dq_wmma<bf16>", "attention::detail::flash_query_pass_kernel<memkit::v0_1::bf16>", 128,

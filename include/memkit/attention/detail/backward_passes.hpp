@@ -371,10 +371,10 @@ void run_backward(const cuda_executor& exec, const tensor_view<const T>& q, cons
     if constexpr (!std::is_same_v<T, float>) {
       if (use_mma_kernel<T>(options, p.D,
                             {q.data(), k.data(), v.data(), dout.data(), dq.data(), dk.data(), dv.data()})) {
-        if (p.D == 64) launch_mma_backward<T, 64>(exec, p, q.data(), k.data(), v.data(), dout.data(), lse.data(),
-                                                  delta.data(), dq.data(), dk.data(), dv.data());
-        else launch_mma_backward<T, 128>(exec, p, q.data(), k.data(), v.data(), dout.data(), lse.data(),
-                                         delta.data(), dq.data(), dk.data(), dv.data());
+        with_mma_head_dim(p.D, [&](auto D) {
+          launch_mma_backward<T, decltype(D)::value>(exec, p, q.data(), k.data(), v.data(), dout.data(), lse.data(),
+                                                     delta.data(), dq.data(), dk.data(), dv.data());
+        });
         return 0;
       }
     }

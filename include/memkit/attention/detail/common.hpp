@@ -10,6 +10,7 @@
 #include <limits>
 #include <string>
 #include <type_traits>
+#include <utility>
 
 #include "memkit/attention/bytes.hpp"
 #include "memkit/config.hpp"
@@ -265,7 +266,8 @@ inline void axpy(float w, const float* __restrict x, std::int64_t D, float* __re
 // masking and the backward's elementwise step use the same first_key / last_key / exp2_nonpositive as the host.
 // Every warp only ever touches its own rows between the block-wide tile loads, so warps synchronize with
 // __syncwarp and the block only around loads. All launches go on the executor's stream; nothing synchronizes.
-// Limits: head_dim <= 128, and a multiple of 16 for bf16 / fp16 (the MMA shape).
+// Limits: head_dim <= 128, and a multiple of 16 for bf16 / fp16 (the MMA shape); mma_head_dims below for the
+// opt-in mma kernels.
 // ---------------------------------------------------------------------------------------------------------------
 #if MEMKIT_HAS_CUDA
 
@@ -389,13 +391,28 @@ std::int64_t smem_bytes(int D) {
   return count.used;
 }
 
+// The head_dims the mma kernels (attention_kernel::mma, detail/mma_forward.hpp) are instantiated for, bf16 / fp16
+// only; every other head_dim runs the WMMA kernels. Listed once: the mma dispatch and the messages below read it.
+using mma_head_dims = std::integer_sequence<int, 64, 96, 128>;
+// What CUDA runs, for the messages that refuse a head_dim.
+inline std::string cuda_head_dims_text() {
+  std::string mma;
+  [&]<int... Ds>(std::integer_sequence<int, Ds...>) {
+    ((mma += (mma.empty() ? "" : ", "), mma += std::to_string(Ds)), ...);
+  }(mma_head_dims{});
+  return "CUDA runs head_dim <= 128, a multiple of 16 for bf16/fp16: attention_kernel::mma's kernels at " + mma +
+         " in bf16/fp16, the WMMA kernels every other size";
+}
+
 template <class T>
 cuda_problem make_cuda_problem(const shape& qs, std::int64_t Hkv, const attention_options& o,
                                const tensor_view<const std::int32_t>& documents, const char* op) {
   const std::string who = std::string("attention::") + op + " (CUDA)";
-  require(qs[3] <= 128, who + ": head_dim " + std::to_string(qs[3]) + " is above the CUDA kernel's 128");
-  require(std::is_same_v<T, float> || qs[3] % 16 == 0,
-          who + ": head_dim " + std::to_string(qs[3]) + " must be a multiple of 16 for bf16/fp16 (the MMA shape)");
+  require(qs[3] <= 128, who + ": head_dim " + std::to_string(qs[3]) + " is above the CUDA kernels' 128. " +
+                            cuda_head_dims_text());
+  require(std::is_same_v<T, float> || qs[3] % 16 == 0, who + ": head_dim " + std::to_string(qs[3]) +
+                                                           " must be a multiple of 16 for bf16/fp16 (the MMA shape). " +
+                                                           cuda_head_dims_text());
   require(qs[2] < (std::int64_t{1} << 30) && qs[0] * qs[1] * qs[2] < (std::int64_t{1} << 31),
           who + ": batch * heads * seq must stay below 2^31 on CUDA");
   const problem h = make_problem(qs, Hkv, o, documents);

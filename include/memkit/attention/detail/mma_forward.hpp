@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <initializer_list>
 #include <type_traits>
+#include <utility>
 
 #include "memkit/attention/detail/common.hpp"
 
@@ -30,13 +31,24 @@ struct mma_tiles {
 MEMKIT_HOST_DEVICE constexpr std::int64_t mma_forward_smem_bytes(int D, std::int64_t element_bytes) noexcept {
   return (std::int64_t{mma_tiles::rows} + 4 * mma_tiles::cols) * (D + mma_tiles::pad) * element_bytes;
 }
-// The problems the mma kernels run; others fall back to the WMMA kernels.
+// The problems the mma kernels run (bf16 / fp16 at the head_dims of mma_head_dims); others fall back to the WMMA
+// kernels.
 template <class T>
 constexpr bool mma_forward_supports(std::int64_t D) noexcept {
-  return !std::is_same_v<T, float> && (D == 64 || D == 128);
+  return !std::is_same_v<T, float> && []<int... Ds>(std::int64_t d, std::integer_sequence<int, Ds...>) {
+    return ((d == Ds) || ...);
+  }(D, mma_head_dims{});
 }
-// Whether attention_options::kernel selects the mma kernels and they run this problem: bf16 / fp16, head_dim 64 or
-// 128, and every tensor they copy by cp.async 16-byte aligned. Otherwise the WMMA kernels run (documented).
+// Calls launch(std::integral_constant<int, D>{}) for the head_dim D of mma_head_dims equal to `head_dim` (the
+// kernels take D as a template argument so every tile loop unrolls); callers checked mma_forward_supports.
+template <class F>
+void with_mma_head_dim(std::int64_t head_dim, F&& launch) {
+  [&]<int... Ds>(std::integer_sequence<int, Ds...>) {
+    (void)((head_dim == Ds ? (launch(std::integral_constant<int, Ds>{}), true) : false) || ...);
+  }(mma_head_dims{});
+}
+// Whether attention_options::kernel selects the mma kernels and they run this problem: bf16 / fp16, a head_dim of
+// mma_head_dims, and every tensor they copy by cp.async 16-byte aligned. Otherwise the WMMA kernels run (documented).
 template <class T>
 bool use_mma_kernel(const attention_options& o, std::int64_t D, std::initializer_list<const void*> tensors) {
   if (o.kernel != attention_kernel::mma || !mma_forward_supports<T>(D)) return false;
