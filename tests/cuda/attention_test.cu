@@ -44,22 +44,41 @@ TEST_CASE("attention cuda build: the CUDA entry points reject bad arguments befo
                                                   fake_device<memkit::bf16>(1, 1, 8, 24),
                                                   fake_device<memkit::bf16>(1, 1, 8, 24),
                                                   fake_device<memkit::bf16>(1, 2, 8, 24), lse, o, workspace),
-                       doctest::Contains("attention_kernel::mma's kernels at 64, 96, 128 in bf16/fp16"), memkit::error);
+                       doctest::Contains("attention_kernel::mma's kernels run bf16/fp16 at 64, 96, 128, 256"),
+                       memkit::error);
   CHECK_THROWS_WITH_AS(att::forward<float>(exec, fake_device<float>(1, 2, 8, 256), fake_device<float>(1, 1, 8, 256),
                                            fake_device<float>(1, 1, 8, 256), fake_device<float>(1, 2, 8, 256), lse, o,
                                            workspace),
-                       doctest::Contains("above the CUDA kernels' 128. CUDA runs head_dim <= 128"), memkit::error);
-  o.kernel = att::attention_kernel::mma;  // the mma kernels do not lift the limit
+                       doctest::Contains("head_dim 256 is above the WMMA kernels' 128. CUDA runs"), memkit::error);
+  // head_dim 256 runs only on the mma kernels: refused under `automatic` (the WMMA kernels), in fp32 and at sizes
+  // the mma kernels lack, and with a tensor cp.async cannot copy (there is no kernel to fall back to).
   CHECK_THROWS_WITH_AS(att::forward<memkit::bf16>(exec, fake_device<memkit::bf16>(1, 2, 8, 256),
                                                   fake_device<memkit::bf16>(1, 1, 8, 256),
                                                   fake_device<memkit::bf16>(1, 1, 8, 256),
                                                   fake_device<memkit::bf16>(1, 2, 8, 256), lse, o, workspace),
-                       doctest::Contains("head_dim 256 is above the CUDA kernels' 128"), memkit::error);
+                       doctest::Contains("(above 128 only with that option)"), memkit::error);
+  o.kernel = att::attention_kernel::mma;
+  CHECK_THROWS_WITH_AS(att::forward<float>(exec, fake_device<float>(1, 2, 8, 256), fake_device<float>(1, 1, 8, 256),
+                                           fake_device<float>(1, 1, 8, 256), fake_device<float>(1, 2, 8, 256), lse, o,
+                                           workspace),
+                       doctest::Contains("head_dim 256 is above the WMMA kernels' 128"), memkit::error);
+  CHECK_THROWS_WITH_AS(att::forward<memkit::fp16>(exec, fake_device<memkit::fp16>(1, 2, 8, 192),
+                                                  fake_device<memkit::fp16>(1, 1, 8, 192),
+                                                  fake_device<memkit::fp16>(1, 1, 8, 192),
+                                                  fake_device<memkit::fp16>(1, 2, 8, 192), lse, o, workspace),
+                       doctest::Contains("head_dim 192 is above the WMMA kernels' 128"), memkit::error);
+  const memkit::tensor_view<memkit::bf16> unaligned{reinterpret_cast<memkit::bf16*>(std::uintptr_t{4096 + 2}),
+                                                    memkit::shape{1, 2, 8, 256}, memkit::memory_kind::device};
+  CHECK_THROWS_WITH_AS(att::forward<memkit::bf16>(exec, fake_device<memkit::bf16>(1, 2, 8, 256),
+                                                  fake_device<memkit::bf16>(1, 1, 8, 256),
+                                                  fake_device<memkit::bf16>(1, 1, 8, 256), unaligned, lse, o,
+                                                  workspace),
+                       doctest::Contains("must be 16-byte aligned"), memkit::error);
   o.kernel = att::attention_kernel::automatic;
-  // Which problems the mma kernels take (the rest runs the WMMA kernels): bf16 / fp16 at 64, 96, 128.
-  for (std::int64_t D : {16, 32, 48, 64, 80, 96, 112, 128, 256}) {
+  // Which problems the mma kernels take (the rest runs the WMMA kernels): bf16 / fp16 at 64, 96, 128, 256.
+  for (std::int64_t D : {16, 32, 48, 64, 80, 96, 112, 128, 192, 256, 512}) {
     CAPTURE(D);
-    const bool mine = D == 64 || D == 96 || D == 128;
+    const bool mine = D == 64 || D == 96 || D == 128 || D == 256;
     CHECK(att::detail::mma_forward_supports<memkit::bf16>(D) == mine);
     CHECK(att::detail::mma_forward_supports<memkit::fp16>(D) == mine);
     CHECK_FALSE(att::detail::mma_forward_supports<float>(D));
@@ -239,17 +258,18 @@ MEMKIT_GPU_TEST_CASE("gpu: flash attention with one document per row is bit-iden
 }
 
 // The mma kernels (attention_options::kernel = mma: the forward and backward's dk/dv and dq passes) on every
-// problem they run: bf16 and fp16, head_dim 64, 96 and 128, causal or not, sliding windows, GQA and MQA, packed
-// documents (boundaries inside the 64-row tiles), sequences not a multiple of the 64-row / 64-key tiles. Tolerances
-// are those of the WMMA kernels against the host (max |error| over max |value|; lse 1e-4): both round the weights
-// (and dS) to the 16-bit type before their products, only the fp32 accumulation order differs. Then the two
-// kernels against each other on the same inputs.
+// problem they run: bf16 and fp16, head_dim 64, 96, 128 and 256 (256: only they run it; the key pass as two
+// launches), causal or not, sliding windows, GQA and MQA, packed documents (boundaries inside the 64-row tiles),
+// sequences not a multiple of the 64-row / 64-key tiles. Tolerances are those of the WMMA kernels against the host
+// (max |error| over max |value|; lse 1e-4): both round the weights (and dS) to the 16-bit type before their
+// products, only the fp32 accumulation order differs. Then the two kernels against each other on the same inputs
+// (head_dim 96 and 128; the WMMA kernels stop at 128).
 MEMKIT_GPU_TEST_CASE("gpu: the mma kernels agree with the host path on every problem they run") {
   const auto mma = att::attention_kernel::mma;
   const std::vector<std::int32_t> two_rows{0, 1, 2, 70, 71, 150, /**/ 0, 64, 130, 149, 150, 150};
   const std::vector<std::int32_t> one_row{0, 37, 38, 101, 257};
   for (bool causal : {true, false}) {
-    for (std::int64_t D : {64, 96, 128}) {
+    for (std::int64_t D : {64, 96, 128, 256}) {
       gpu_matches_host<memkit::bf16>(2, 4, 2, 130, D, causal, 0, 2e-2, {}, mma);
       gpu_matches_host<memkit::fp16>(2, 4, 2, 130, D, causal, 0, 4e-3, {}, mma);
       gpu_matches_host<memkit::bf16>(1, 6, 3, 257, D, causal, 33, 2e-2, {}, mma);

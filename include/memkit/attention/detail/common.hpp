@@ -392,24 +392,29 @@ std::int64_t smem_bytes(int D) {
 }
 
 // The head_dims the mma kernels (attention_kernel::mma, detail/mma_forward.hpp) are instantiated for, bf16 / fp16
-// only; every other head_dim runs the WMMA kernels. Listed once: the mma dispatch and the messages below read it.
-using mma_head_dims = std::integer_sequence<int, 64, 96, 128>;
+// only; every other head_dim up to 128 runs the WMMA kernels, and 256 runs on the mma kernels alone. Listed once:
+// the mma dispatch, mma_forward_supports and the messages below read it.
+using mma_head_dims = std::integer_sequence<int, 64, 96, 128, 256>;
+constexpr bool is_mma_head_dim(std::int64_t D) noexcept {
+  return []<int... Ds>(std::int64_t d, std::integer_sequence<int, Ds...>) { return ((d == Ds) || ...); }(D, mma_head_dims{});
+}
 // What CUDA runs, for the messages that refuse a head_dim.
 inline std::string cuda_head_dims_text() {
   std::string mma;
   [&]<int... Ds>(std::integer_sequence<int, Ds...>) {
     ((mma += (mma.empty() ? "" : ", "), mma += std::to_string(Ds)), ...);
   }(mma_head_dims{});
-  return "CUDA runs head_dim <= 128, a multiple of 16 for bf16/fp16: attention_kernel::mma's kernels at " + mma +
-         " in bf16/fp16, the WMMA kernels every other size";
+  return "CUDA runs bf16/fp16 at a multiple of 16 up to 128 and fp32 at any head_dim up to 128 (the WMMA kernels), "
+         "and attention_kernel::mma's kernels run bf16/fp16 at " + mma + " (above 128 only with that option)";
 }
 
 template <class T>
 cuda_problem make_cuda_problem(const shape& qs, std::int64_t Hkv, const attention_options& o,
                                const tensor_view<const std::int32_t>& documents, const char* op) {
   const std::string who = std::string("attention::") + op + " (CUDA)";
-  require(qs[3] <= 128, who + ": head_dim " + std::to_string(qs[3]) + " is above the CUDA kernels' 128. " +
-                            cuda_head_dims_text());
+  const bool mma = o.kernel == attention_kernel::mma && !std::is_same_v<T, float> && is_mma_head_dim(qs[3]);
+  require(qs[3] <= 128 || mma, who + ": head_dim " + std::to_string(qs[3]) + " is above the WMMA kernels' 128. " +
+                                   cuda_head_dims_text());
   require(std::is_same_v<T, float> || qs[3] % 16 == 0, who + ": head_dim " + std::to_string(qs[3]) +
                                                            " must be a multiple of 16 for bf16/fp16 (the MMA shape). " +
                                                            cuda_head_dims_text());
