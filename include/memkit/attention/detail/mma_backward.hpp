@@ -90,7 +90,6 @@ __global__ void __launch_bounds__(mma_tiles::threads)
     const T* Kt = Ks + buffer * N * LD;
     const T* Vt = Vs + buffer * N * LD;
     if (j0 < warp_keys.end && j0 + N > warp_keys.begin) {
-      const bool full = j0 >= lo0 && j0 >= lo1 && j0 + N <= hi0 && j0 + N <= hi1;
       // The tile's keys KS at a time (all 64 up to head_dim 128; halves above, where dQ takes D / 2 registers).
       for (int h = 0; h < N; h += KS) {
         const T* Kh = Kt + h * LD;
@@ -102,6 +101,7 @@ __global__ void __launch_bounds__(mma_tiles::threads)
           for (int e = 0; e < 4; ++e) sc[n][e] = dp[n][e] = 0.0f;
         mma_shared_rows_by_tile2<T, LD, dk>(sc, Qw, Kh, dp, dOw, Vt + h * LD, lane);
         // dS = P (dP - delta) scale on the visible keys, rounded to T, as A fragments of dQ += dS K.
+        const bool full = j0 >= lo0 && j0 >= lo1 && j0 + N <= hi0 && j0 + N <= hi1;
         std::uint32_t dsa[sn / 2][4];
 #pragma unroll
         for (int n = 0; n < sn; ++n) {
@@ -139,6 +139,19 @@ MEMKIT_HOST_DEVICE constexpr std::int64_t mma_key_pass_smem_bytes(int D, std::in
 // dK and dV together would take D registers per thread for their accumulators alone. The dV launch computes S^T
 // only, the dK launch S^T and dP^T, so splitting costs one more S^T product.
 enum class key_pass_outputs : int { dk_dv, dv, dk };
+
+// The key pass's S^T = K Q^T and, when dK is wanted (std::true_type), dP^T = V dO^T. Overloads rather than an
+// `if constexpr` in the kernel, which changed the PTX of the kernels at head_dim 64 and 128 (CUDA 13.0).
+template <class T, int LD, int ks, int nb, int dpt_blocks>
+__device__ MEMKIT_FORCEINLINE void key_pass_scores(std::true_type, float (&st)[nb][4], const T* Kw, const T* Qh,
+                                                   float (&dpt)[dpt_blocks][4], const T* Vw, const T* dOh, int lane) {
+  mma_shared_rows_by_tile2<T, LD, ks>(st, Kw, Qh, dpt, Vw, dOh, lane);
+}
+template <class T, int LD, int ks, int nb, int dpt_blocks>
+__device__ MEMKIT_FORCEINLINE void key_pass_scores(std::false_type, float (&st)[nb][4], const T* Kw, const T* Qh,
+                                                   float (&)[dpt_blocks][4], const T*, const T*, int lane) {
+  mma_shared_rows_by_tile<T, LD, ks>(st, Kw, Qh, lane);
+}
 
 // dK, dV of one CTA: 64 key rows of one kv head, 16 per warp, against every query tile of the kv head's query-head
 // group that sees them (the (head, tile) items walked in order, the next one in flight). Thread (g, t) holds key
@@ -219,7 +232,6 @@ __global__ void __launch_bounds__(mma_tiles::threads)
     const float* lse2 = rows_of + buffer * 2 * N;
     const float* delta_t = lse2 + N;
     if (i0 < warp_queries.end && i0 + N > warp_queries.begin) {
-      const bool full = i0 >= lo0 && i0 >= lo1 && i0 + N <= hi0 && i0 + N <= hi1;  // every query sees both keys
       for (int h = 0; h < N; h += QS) {
         const T* Qh = Qt + h * LD;
         const T* dOh = dOt + h * LD;
@@ -233,8 +245,8 @@ __global__ void __launch_bounds__(mma_tiles::threads)
             st[n][e] = 0.0f;
             if constexpr (want_dk) dpt[n][e] = 0.0f;
           }
-        if constexpr (want_dk) mma_shared_rows_by_tile2<T, LD, dk_steps>(st, Kw, Qh, dpt, Vw, dOh, lane);
-        else mma_shared_rows_by_tile<T, LD, dk_steps>(st, Kw, Qh, lane);
+        key_pass_scores<T, LD, dk_steps>(std::bool_constant<want_dk>{}, st, Kw, Qh, dpt, Vw, dOh, lane);
+        const bool full = i0 >= lo0 && i0 >= lo1 && i0 + N <= hi0 && i0 + N <= hi1;  // every query sees both keys
         [[maybe_unused]] std::uint32_t pa[sn / 2][4], dsa[sn / 2][4];
 #pragma unroll
         for (int n = 0; n < sn; ++n) {

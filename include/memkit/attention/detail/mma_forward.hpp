@@ -225,6 +225,21 @@ __device__ MEMKIT_FORCEINLINE void mma_shared_rows_by_tile2(float (&c1)[nb][4], 
   }
 }
 
+// The forward's S = Q K^T with Q's fragments in registers (qa), or (std::false_type) re-read from the shared Q tile
+// per k-step. Overloads, not `if constexpr` in the kernel: with the `if constexpr` the PTX of the kernels at
+// head_dim 64 and 128 changed (CUDA 13.0), with these it is the same as before head_dim 256 existed.
+template <class T, int LD, int ks, int nb>
+__device__ MEMKIT_FORCEINLINE void forward_scores(std::true_type, float (&c)[nb][4], const std::uint32_t (&qa)[ks][4],
+                                                  const T*, const T* tile, int lane, int) {
+  mma_rows_by_tile<T, false, LD>(c, qa, tile, lane);
+}
+template <class T, int LD, int ks, int nb, int qa_steps>
+__device__ MEMKIT_FORCEINLINE void forward_scores(std::false_type, float (&c)[nb][4], const std::uint32_t (&)[qa_steps][4],
+                                                  const T* Qs, const T* tile, int lane, int warp) {
+  const fragment_offset qw = a_fragment<LD>(lane, warp * 16, 0);  // this lane's ldmatrix row of Q
+  mma_shared_rows_by_tile<T, LD, ks>(c, Qs + qw.row + qw.lane, tile, lane);
+}
+
 // Stores this thread's accumulator rows of an [S][D] output at row offset `base` (head * S): row r0 gets c[n][0..1],
 // row r1 c[n][2..3], divided by div0 / div1 (1 where nothing divides: x / 1 is exact), rows at or past S skipped.
 template <class T, int D>
@@ -291,8 +306,6 @@ __global__ void __launch_bounds__(mma_tiles::threads)
   // and Q's fragments are re-read from shared memory per key tile instead.
   constexpr bool q_in_registers = D <= 128;
   [[maybe_unused]] std::uint32_t qa[q_in_registers ? dk : 1][4];
-  const fragment_offset qw = a_fragment<LD>(lane, warp * 16, 0);
-  [[maybe_unused]] const T* Qw = Qs + qw.row + qw.lane;  // this lane's ldmatrix row of Q
   if constexpr (q_in_registers) {
     #pragma unroll
     for (int s = 0; s < dk; ++s)
@@ -326,8 +339,7 @@ __global__ void __launch_bounds__(mma_tiles::threads)
       float sc[sn][4];
       #pragma unroll
       for (int n = 0; n < sn; ++n) sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.0f;
-      if constexpr (q_in_registers) mma_rows_by_tile<T, false, LD>(sc, qa, Kt, lane);
-      else mma_shared_rows_by_tile<T, LD, dk>(sc, Qw, Kt, lane);
+      forward_scores<T, LD, dk>(std::bool_constant<q_in_registers>{}, sc, qa, Qs, Kt, lane, warp);
       // Online softmax on the two rows; a row's 64 columns live in the 4 threads of its quad.
       const bool full = j0 >= lo0 && j0 >= lo1 && j0 + N <= hi0 && j0 + N <= hi1;  // no column masked
       float max0 = minus_infinity, max1 = minus_infinity;
