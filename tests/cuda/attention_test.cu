@@ -14,6 +14,7 @@
 
 #include "support/gpu_test.hpp"
 #include "support/test_values.hpp"
+#include "support/torch_attention_cases.hpp"
 
 namespace {
 
@@ -303,4 +304,119 @@ MEMKIT_GPU_TEST_CASE("gpu: the mma kernels agree with the host path on every pro
     CHECK(dk <= 2e-2);
     CHECK(dv <= 2e-2);
   }
+}
+
+namespace {
+
+namespace ts = memkit_test::torch_sdpa;
+
+// One case of tests/data/attention/torch_sdpa.safetensors on the device with `kernel`; returns the results.
+template <class T>
+ts::results<T> run_on_device(const ts::reference_case& c, const ts::inputs<T>& in, att::attention_kernel kernel) {
+  att::attention_options o = c.options();
+  o.kernel = kernel;
+  const memkit::shape qs{c.B, c.Hq, c.S, c.D}, ks{c.B, c.Hkv, c.S, c.D}, ls{c.B, c.Hq, c.S};
+  cudaStream_t stream{};
+  MEMKIT_CUDA_CHECK(cudaStreamCreate(&stream));
+  memkit::device_async_resource device(stream);
+  const memkit::cuda_executor exec{0, stream};
+  memkit::buffer<T> q(device, qs), k(device, ks), v(device, ks), dout(device, qs), out(device, qs), dq(device, qs),
+      dk(device, ks), dv(device, ks);
+  memkit::buffer<float> lse(device, ls);
+  memkit::buffer<std::int32_t> offsets;
+  const auto up = [&](auto& dst, const auto& src) {
+    MEMKIT_CUDA_CHECK(cudaMemcpyAsync(dst.data(), src.data(), dst.bytes(), cudaMemcpyHostToDevice, stream));
+  };
+  up(q, in.q), up(k, in.k), up(v, in.v), up(dout, in.dout);
+  memkit::tensor_view<const std::int32_t> docs = memkit::tensor_view<const std::int32_t>::none();
+  if (!c.offsets.empty()) {
+    offsets = memkit::buffer<std::int32_t>(device, ts::offsets_view(c).shape());
+    up(offsets, c.offsets);
+    docs = offsets.view();
+  }
+  if (kernel == att::attention_kernel::mma)  // a test of the mma kernels must run them, not the fallback
+    REQUIRE(att::detail::use_mma_kernel<T>(o, c.D, {q.data(), k.data(), v.data(), out.data(), dout.data(), dq.data(),
+                                                    dk.data(), dv.data()}));
+  att::forward<T>(exec, q.view(), k.view(), v.view(), docs, out.view(), lse.view(), o, device);
+  att::backward<T>(exec, {q.view(), k.view(), v.view(), out.view(), lse.view(), docs}, dout.view(),
+                   {dq.view(), dk.view(), dv.view()}, o, device);
+  const auto down = [&](const auto& src) {
+    std::vector<std::remove_cv_t<std::remove_reference_t<decltype(*src.data())>>> host(src.size());
+    MEMKIT_CUDA_CHECK(cudaMemcpyAsync(host.data(), src.data(), src.bytes(), cudaMemcpyDeviceToHost, stream));
+    return host;
+  };
+  ts::results<T> r{down(out), down(dq), down(dk), down(dv), down(lse)};
+  MEMKIT_CUDA_CHECK(cudaStreamSynchronize(stream));
+  q = {}, k = {}, v = {}, dout = {}, out = {}, dq = {}, dk = {}, dv = {}, lse = {}, offsets = {};
+  MEMKIT_CUDA_CHECK(cudaStreamSynchronize(stream));
+  MEMKIT_CUDA_CHECK(cudaStreamDestroy(stream));
+  return r;
+}
+
+// Bounds of the device against torch (max |x - ref| / max |ref|; lse absolute). Not yet measured on a GPU: they
+// are the host's measured worst against torch (fp32 7.0e-7, bf16 3.9e-3, lse 1.9e-6; tests/host/
+// attention_torch_test.cpp) plus the device's measured worst against the host (fp32 6.4e-7, bf16 7.3e-3 (WMMA),
+// lse 2.3e-7; docs/attention.md), rounded up. Against the host: the bounds of the tests above.
+struct device_bounds {
+  double torch_value, torch_lse, host_value, host_lse;
+};
+template <class T>
+constexpr device_bounds bounds_of() {
+  if constexpr (std::is_same_v<T, float>) return {1e-5, 2e-5, 1e-4, 1e-4};
+  else return {1.2e-2, 2e-5, 2e-2, 1e-4};
+}
+
+// Each kernel that runs the case (WMMA up to head_dim 128; mma for bf16 at the head_dims it runs, 64, 96, 128 and
+// 256) against torch's reference and against memkit's host path on the same inputs.
+template <class T>
+void device_matches_torch(const ts::reference_case& c, ts::measured& worst_torch, ts::measured& worst_host) {
+  ts::inputs<T> in(c);
+  REQUIRE_MESSAGE(in.match(c), "the regenerated inputs of ", c.name, " differ from torch's");
+  const ts::results<T> host = ts::run_host(c, in);
+  constexpr device_bounds b = bounds_of<T>();
+  std::vector<att::attention_kernel> kernels;
+  if (c.D <= 128) kernels.push_back(att::attention_kernel::wmma);
+  if (att::detail::mma_forward_supports<T>(c.D)) kernels.push_back(att::attention_kernel::mma);
+  for (const att::attention_kernel kernel : kernels) {
+    CAPTURE(static_cast<int>(kernel));
+    const ts::results<T> gpu = run_on_device(c, in, kernel);
+    const ts::measured t = ts::compare(gpu, c), h = ts::compare(gpu, host);
+    std::printf("attention gpu (kernel %d) %-32s vs torch: out %.2g dq %.2g dk %.2g dv %.2g lse %.2g | vs host: "
+                "out %.2g dq %.2g dk %.2g dv %.2g lse %.2g\n",
+                static_cast<int>(kernel), c.name.c_str(), t.e.out, t.e.dq, t.e.dk, t.e.dv, t.lse, h.e.out, h.e.dq,
+                h.e.dk, h.e.dv, h.lse);
+    CHECK(t.e.out <= b.torch_value);
+    CHECK(t.e.dq <= b.torch_value);
+    CHECK(t.e.dk <= b.torch_value);
+    CHECK(t.e.dv <= b.torch_value);
+    CHECK(t.lse <= b.torch_lse);
+    CHECK(h.e.out <= b.host_value);
+    CHECK(h.e.dq <= b.host_value);
+    CHECK(h.e.dk <= b.host_value);
+    CHECK(h.e.dv <= b.host_value);
+    CHECK(h.lse <= b.host_lse);
+    worst_torch.widen(t);
+    worst_host.widen(h);
+  }
+}
+
+}  // namespace
+
+// PyTorch as the oracle on the device: every case of tests/data/attention/torch_sdpa.safetensors (fp32 and bf16,
+// causal and not, sliding windows, GQA and MQA, head_dim 16-128, lengths 1-130, packed documents;
+// make_attention_data.py there), the WMMA kernels and, where they run, the mma kernels, forward and backward.
+MEMKIT_GPU_TEST_CASE("gpu: flash attention forward and backward agree with PyTorch's SDPA (tests/data/attention)") {
+  const std::vector<ts::reference_case> cases = ts::load_cases();
+  REQUIRE(cases.size() == 13);
+  ts::measured torch_fp32, torch_bf16, host_fp32, host_bf16;
+  for (const ts::reference_case& c : cases) {
+    CAPTURE(c.name);
+    if (c.dtype == "fp32") device_matches_torch<float>(c, torch_fp32, host_fp32);
+    else if (c.dtype == "bf16") device_matches_torch<memkit::bf16>(c, torch_bf16, host_bf16);
+    else FAIL("unknown dtype " << c.dtype);
+  }
+  std::printf("attention gpu vs torch, worst: fp32 %.3g (lse %.3g), bf16 %.3g (lse %.3g); vs host: fp32 %.3g, "
+              "bf16 %.3g\n",
+              torch_fp32.e.worst(), torch_fp32.lse, torch_bf16.e.worst(), torch_bf16.lse, host_fp32.e.worst(),
+              host_bf16.e.worst());
 }
