@@ -42,9 +42,10 @@ constexpr bool mma_forward_supports(std::int64_t D) noexcept {
 // kernels take D as a template argument so every tile loop unrolls); callers checked mma_forward_supports.
 template <class F>
 void with_mma_head_dim(std::int64_t head_dim, F&& launch) {
-  [&]<int... Ds>(std::integer_sequence<int, Ds...>) {
-    (void)((head_dim == Ds ? (launch(std::integral_constant<int, Ds>{}), true) : false) || ...);
+  const bool launched = [&]<int... Ds>(std::integer_sequence<int, Ds...>) {
+    return ((head_dim == Ds ? (launch(std::integral_constant<int, Ds>{}), true) : false) || ...);
   }(mma_head_dims{});
+  require(launched, "attention (CUDA): no mma kernel for head_dim " + std::to_string(head_dim));
 }
 // Whether attention_options::kernel selects the mma kernels and they run this problem: bf16 / fp16, a head_dim of
 // mma_head_dims, and every tensor they copy by cp.async 16-byte aligned. Otherwise the WMMA kernels run (documented),
