@@ -396,7 +396,9 @@ std::int64_t smem_bytes(int D) {
 // the mma dispatch, mma_forward_supports and the messages below read it.
 using mma_head_dims = std::integer_sequence<int, 64, 96, 128, 256>;
 constexpr bool is_mma_head_dim(std::int64_t D) noexcept {
-  return []<int... Ds>(std::int64_t d, std::integer_sequence<int, Ds...>) { return ((d == Ds) || ...); }(D, mma_head_dims{});
+  return []<int... Ds>(std::int64_t d, std::integer_sequence<int, Ds...>) {
+    return ((d == Ds) || ...);
+  }(D, mma_head_dims{});
 }
 // What CUDA runs, for the messages that refuse a head_dim.
 inline std::string cuda_head_dims_text() {

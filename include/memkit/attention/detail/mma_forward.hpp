@@ -235,8 +235,9 @@ __device__ MEMKIT_FORCEINLINE void forward_scores(std::true_type, float (&c)[nb]
   mma_rows_by_tile<T, false, LD>(c, qa, tile, lane);
 }
 template <class T, int LD, int ks, int nb, int qa_steps>
-__device__ MEMKIT_FORCEINLINE void forward_scores(std::false_type, float (&c)[nb][4], const std::uint32_t (&)[qa_steps][4],
-                                                  const T* Qs, const T* tile, int lane, int warp) {
+__device__ MEMKIT_FORCEINLINE void forward_scores(std::false_type, float (&c)[nb][4],
+                                                  const std::uint32_t (&)[qa_steps][4], const T* Qs, const T* tile,
+                                                  int lane, int warp) {
   const fragment_offset qw = a_fragment<LD>(lane, warp * 16, 0);  // this lane's ldmatrix row of Q
   mma_shared_rows_by_tile<T, LD, ks>(c, Qs + qw.row + qw.lane, tile, lane);
 }
