@@ -105,9 +105,17 @@ def main():
         for D in attention_matrix.HEAD_DIMS:
             for causal in (True, False):
                 B, H = attention_matrix.batch(S), attention_matrix.heads(D)
-                g = torch.Generator(device=dev).manual_seed(0)
-                q, k, v, dout = (torch.randn(B, H, S, D, device=dev, dtype=torch.bfloat16, generator=g)
-                                 for _ in range(4))
+                try:
+                    g = torch.Generator(device=dev).manual_seed(0)
+                    q, k, v, dout = (torch.randn(B, H, S, D, device=dev, dtype=torch.bfloat16, generator=g)
+                                     for _ in range(4))
+                except Exception as e:  # noqa: BLE001 - no inputs: every row of the shape is skipped
+                    for backward in (True, False):
+                        for label, _ in backends:
+                            skipped("attention", attention_matrix.peer_name(label, S, D, causal, backward),
+                                    f"inputs: {type(e).__name__}: {str(e).splitlines()[0][:200]}")
+                    torch.cuda.empty_cache()
+                    continue
                 for backward in (True, False):
                     for label, backend in backends:
                         name = attention_matrix.peer_name(label, S, D, causal, backward)
