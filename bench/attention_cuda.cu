@@ -8,10 +8,15 @@
 // bench/gpu/measure.py; tests/tools/measure_attention_check.py checks that the two agree.
 // Every family's arguments start seq, head_dim, causal (run_flash reads them). BM_flash_cuda runs
 // attention_kernel::automatic (the WMMA kernels today), BM_flash_cuda_mma the mma kernels (forward, backward's dk/dv
-// and dq passes), and BM_flash_forward_cuda the forward alone with each kernel (kernel:0 = automatic, 2 = mma).
-// The whole matrix takes about 150 s at 5 TFLOP/s (docs/attention.md, "Speed (CUDA)"); ./dev.sh gpu runs the
+// and dq passes; also head_dim 96 and 256, causal, at 4K and 16K), and BM_flash_forward_cuda the forward alone with
+// each kernel (kernel:0 = automatic, 2 = mma). Built with MEMKIT_USE_CUDNN (CMake -DMEMKIT_USE_CUDNN=ON;
+// ./dev.sh gpu-build with MEMKIT_GPU_CUDNN=1), BM_flash_cuda_cudnn and BM_flash_forward_cuda_cudnn run
+// attention::cudnn (cuDNN's fused attention); their counter cudnn is 1 when cuDNN ran every direction timed, 0 when
+// the row measured the built-in fallback instead.
+// The whole matrix takes about 160 s at 5 TFLOP/s (docs/attention.md, "Speed (CUDA)"); ./dev.sh gpu runs the
 // 32K rows only as far as its time budget allows.
 #include <benchmark/benchmark.h>
+#include <memkit/attention/cudnn.hpp>
 #include <memkit/attention/flash_attention.hpp>
 #include <memkit/core/random.hpp>
 #include <memkit/memory/resource.hpp>
@@ -28,6 +33,7 @@ namespace att = memkit::attention;
 constexpr std::int64_t tokens = 16384, width = 2048;  // batch x seq (at least one sequence), heads x head_dim
 const std::vector<std::int64_t> seqs{1024, 2048, 4096, 8192, 16384, 32768};
 const std::vector<std::int64_t> head_dims{64, 128};
+const std::vector<std::int64_t> extra_seqs{4096, 16384}, extra_head_dims{96, 256};  // mma-only head_dims
 
 // Uniform values in [-1, 1) from memkit::random_word, written on the device: the peers time randn inputs, and
 // constant inputs could change the tensor cores' power draw (and so the clocks) against them.
@@ -37,9 +43,10 @@ __global__ void fill_uniform(memkit::bf16* out, std::int64_t n, std::uint64_t co
     out[i] = memkit::bf16(2.0f * memkit::unit_float(memkit::random_word(29, counter, std::uint64_t(i))) - 1.0f);
 }
 
-// Forward and backward (forward alone when `backward` is false) with the given kernel; arguments seq, head_dim,
-// causal (0 or 1) first.
-void run_flash(benchmark::State& state, att::attention_kernel kernel, bool backward) {
+// Forward and backward (forward alone when `backward` is false) with the given kernel, or through cuDNN; arguments
+// seq, head_dim, causal (0 or 1) first.
+void run_flash(benchmark::State& state, att::attention_kernel kernel, bool backward,
+               [[maybe_unused]] bool cudnn = false) {
   const std::int64_t S = state.range(0), D = state.range(1), B = std::max<std::int64_t>(1, tokens / S),
                      heads = width / D;
   cudaStream_t stream{};
@@ -59,22 +66,36 @@ void run_flash(benchmark::State& state, att::attention_kernel kernel, bool backw
     att::attention_options o;
     o.kernel = kernel;
     o.causal = state.range(2) != 0;
-    const double seconds = memkit_bench::time_with_events(
-        state,
-        [&] {
-          att::forward<memkit::bf16>(exec, q.view(), k.view(), v.view(), out.view(), lse.view(), o, device);
-          if (backward)
-            att::backward<memkit::bf16>(exec, {q.view(), k.view(), v.view(), out.view(), lse.view()}, dout.view(),
-                                        {dq.view(), dk.view(), dv.view()}, o, device);
-        },
-        stream);
+    const att::backward_arguments problem{{.batch = B, .query_heads = heads, .kv_heads = heads, .sequence = S,
+                                            .head_dim = D, .element_bytes = 2, .on_device = true, .options = o}};
+    std::size_t workspace = att::workspace_bytes(problem);
+    const auto step = [&] {
+#if defined(MEMKIT_USE_CUDNN)
+      if (cudnn) {
+        att::cudnn::forward<memkit::bf16>(exec, q.view(), k.view(), v.view(), out.view(), lse.view(), o, device);
+        if (backward)
+          att::cudnn::backward<memkit::bf16>(exec, {q.view(), k.view(), v.view(), out.view(), lse.view()},
+                                             dout.view(), {dq.view(), dk.view(), dv.view()}, o, device);
+        return;
+      }
+#endif
+      att::forward<memkit::bf16>(exec, q.view(), k.view(), v.view(), out.view(), lse.view(), o, device);
+      if (backward)
+        att::backward<memkit::bf16>(exec, {q.view(), k.view(), v.view(), out.view(), lse.view()}, dout.view(),
+                                    {dq.view(), dk.view(), dv.view()}, o, device);
+    };
+#if defined(MEMKIT_USE_CUDNN)
+    if (cudnn) {
+      state.counters["cudnn"] = att::cudnn::path_for<memkit::bf16>(exec, problem, false).uses_cudnn &&
+                                (!backward || att::cudnn::path_for<memkit::bf16>(exec, problem, true).uses_cudnn);
+      workspace = att::cudnn::workspace_bytes<memkit::bf16>(exec, problem);
+    }
+#endif
+    const double seconds = memkit_bench::time_with_events(state, step, stream);
     const double flops = (backward ? 3.5 : 1.0) * 4.0 * double(B * heads) * double(S) * double(S) * double(D) /
                          (o.causal ? 2 : 1);
     state.counters["TFLOPs"] = flops * double(state.iterations()) / seconds * 1e-12;
-    const att::backward_arguments problem{{.batch = B, .query_heads = heads, .kv_heads = heads, .sequence = S,
-                                            .head_dim = D, .element_bytes = 2, .on_device = true, .options = o}};
-    state.counters["extra_MiB"] = double(lse.bytes() + att::workspace_bytes(problem)) /
-                                  (1 << 20);
+    state.counters["extra_MiB"] = double(lse.bytes() + workspace) / (1 << 20);
     state.counters["materialized_MiB"] = double(att::eager_attention_bytes(B, heads, S)) / (1 << 20);
     MEMKIT_CUDA_CHECK(cudaStreamSynchronize(stream));
   }
@@ -83,6 +104,12 @@ void run_flash(benchmark::State& state, att::attention_kernel kernel, bool backw
 
 void BM_flash_cuda(benchmark::State& state) { run_flash(state, att::attention_kernel::automatic, true); }
 void BM_flash_cuda_mma(benchmark::State& state) { run_flash(state, att::attention_kernel::mma, true); }
+#if defined(MEMKIT_USE_CUDNN)
+void BM_flash_cuda_cudnn(benchmark::State& state) { run_flash(state, att::attention_kernel::automatic, true, true); }
+void BM_flash_forward_cuda_cudnn(benchmark::State& state) {
+  run_flash(state, att::attention_kernel::automatic, false, true);
+}
+#endif
 void BM_flash_forward_cuda(benchmark::State& state) {
   run_flash(state, static_cast<att::attention_kernel>(state.range(3)), false);
 }
@@ -101,6 +128,24 @@ int main(int argc, char** argv) {
         ->ArgNames({"seq", "head_dim", "causal"})
         ->UseManualTime()
         ->Unit(benchmark::kMillisecond);
+    // head_dim 96 and 256 (which only the mma kernels run) at two lengths, causal: ./dev.sh gpu has an 8-minute budget.
+    benchmark::RegisterBenchmark("BM_flash_cuda_mma", BM_flash_cuda_mma)
+        ->ArgsProduct({extra_seqs, extra_head_dims, {1}})
+        ->ArgNames({"seq", "head_dim", "causal"})
+        ->UseManualTime()
+        ->Unit(benchmark::kMillisecond);
+#if defined(MEMKIT_USE_CUDNN)
+    benchmark::RegisterBenchmark("BM_flash_cuda_cudnn", BM_flash_cuda_cudnn)
+        ->ArgsProduct({seqs, head_dims, {0, 1}})
+        ->ArgNames({"seq", "head_dim", "causal"})
+        ->UseManualTime()
+        ->Unit(benchmark::kMillisecond);
+    benchmark::RegisterBenchmark("BM_flash_forward_cuda_cudnn", BM_flash_forward_cuda_cudnn)
+        ->ArgsProduct({seqs, head_dims, {0, 1}})
+        ->ArgNames({"seq", "head_dim", "causal"})
+        ->UseManualTime()
+        ->Unit(benchmark::kMillisecond);
+#endif
     benchmark::RegisterBenchmark("BM_flash_forward_cuda", BM_flash_forward_cuda)
         ->ArgsProduct({seqs,
                        head_dims,

@@ -16,6 +16,9 @@ TOKENS = 16384
 WIDTH = 2048  # heads x head_dim
 SEQS = (1024, 2048, 4096, 8192, 16384, 32768)
 HEAD_DIMS = (64, 128)
+# head_dims only the mma kernels run: causal forward + backward at two lengths (heads = 2048 // head_dim: 21 at 96)
+EXTRA_SEQS = (4096, 16384)
+EXTRA_HEAD_DIMS = (96, 256)
 PEERS = ("sdpa_flash", "sdpa_cudnn")
 # The issue's targets, as memkit's throughput over torch's flash SDPA forward + backward at the same shape.
 TARGET_BUILT_IN = 0.5
@@ -25,6 +28,20 @@ TARGET_CUDNN = 0.9
 # older 3x count on the H200 (docs/cuda.md), 3.0-10 in FA's; torch's flash backend FA2-class, 300-400.
 MEMKIT_TFLOPS = 5.0
 TORCH_TFLOPS = 300.0
+
+
+def peer_shapes(quick=False):
+    """(seq, head_dim, causal, passes) the peers time: the matrix (forward + backward and forward alone) and the
+    extra head_dims (forward + backward, causal); --quick leaves out seq 32K, as measure.py does on memkit's side."""
+    for S in SEQS:
+        if quick and S >= 32768:
+            continue
+        for D in HEAD_DIMS:
+            for causal in (True, False):
+                yield S, D, causal, (True, False)
+    for S in EXTRA_SEQS:
+        for D in EXTRA_HEAD_DIMS:
+            yield S, D, True, (True,)
 
 
 def batch(seq):
@@ -83,10 +100,12 @@ def seconds_estimate(seq, head_dim, causal, backward, tflops, executions):
     return executions * flops(seq, head_dim, causal, backward) / (tflops * 1e12)
 
 
-def memkit_row_estimate(row, min_time, tflops=MEMKIT_TFLOPS):
+def memkit_row_estimate(row, min_time):
     """Seconds Google Benchmark spends on one memkit row: time_with_events runs one untimed warm-up per call and
     the benchmark runs at least min_time of timed iterations (a slow row: one call of one iteration, so twice its
-    time; a fast row: a few calls growing towards min_time, about 3 min_time), plus ~0.05 s of allocation."""
+    time; a fast row: a few calls growing towards min_time, about 3 min_time), plus ~0.05 s of allocation. A
+    cuDNN-path row is assumed as fast as torch's backends, the built-in kernels at MEMKIT_TFLOPS."""
+    tflops = TORCH_TFLOPS if row["cudnn"] else MEMKIT_TFLOPS
     one = seconds_estimate(row["seq"], row["head_dim"], row["causal"], row["backward"], tflops, 1)
     return (2 * one if one >= min_time else 3 * min_time + one) + 0.05
 

@@ -100,52 +100,49 @@ def main():
         backends = []
         skipped("attention", "sdpa", f"torch.nn.attention.sdpa_kernel unavailable: {e}")
     # Per shape, one set of inputs for every backend and pass; a backend that refuses a shape is a skipped row.
-    seqs = [S for S in attention_matrix.SEQS if S < 32768] if args.quick else attention_matrix.SEQS
-    for S in seqs:
-        for D in attention_matrix.HEAD_DIMS:
-            for causal in (True, False):
-                B, H = attention_matrix.batch(S), attention_matrix.heads(D)
+    for S, D, causal, passes in attention_matrix.peer_shapes(args.quick):
+        B, H = attention_matrix.batch(S), attention_matrix.heads(D)
+        try:
+            g = torch.Generator(device=dev).manual_seed(0)
+            q, k, v, dout = (torch.randn(B, H, S, D, device=dev, dtype=torch.bfloat16, generator=g)
+                             for _ in range(4))
+        except Exception as e:  # noqa: BLE001 - no inputs: every row of the shape is skipped
+            for backward in passes:
+                for label, _ in backends:
+                    skipped("attention", attention_matrix.peer_name(label, S, D, causal, backward),
+                            f"inputs: {type(e).__name__}: {str(e).splitlines()[0][:200]}")
+            torch.cuda.empty_cache()
+            continue
+        for backward in passes:
+            for label, backend in backends:
+                name = attention_matrix.peer_name(label, S, D, causal, backward)
                 try:
-                    g = torch.Generator(device=dev).manual_seed(0)
-                    q, k, v, dout = (torch.randn(B, H, S, D, device=dev, dtype=torch.bfloat16, generator=g)
-                                     for _ in range(4))
-                except Exception as e:  # noqa: BLE001 - no inputs: every row of the shape is skipped
-                    for backward in (True, False):
-                        for label, _ in backends:
-                            skipped("attention", attention_matrix.peer_name(label, S, D, causal, backward),
-                                    f"inputs: {type(e).__name__}: {str(e).splitlines()[0][:200]}")
-                    torch.cuda.empty_cache()
-                    continue
-                for backward in (True, False):
-                    for label, backend in backends:
-                        name = attention_matrix.peer_name(label, S, D, causal, backward)
-                        try:
-                            if backward:
-                                for t in (q, k, v):
-                                    t.requires_grad_()
+                    if backward:
+                        for t in (q, k, v):
+                            t.requires_grad_()
 
-                                def step():
-                                    with sdpa_kernel(backend):
-                                        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
-                                    q.grad = k.grad = v.grad = None
-                                    out.backward(dout)
-                            else:
-                                def step():
-                                    with torch.no_grad(), sdpa_kernel(backend):
-                                        torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
-
-                            ms = timed(step)
-                            flops = attention_matrix.flops(S, D, causal, backward)
-                            rows.append({"group": "attention", "name": name, "ms": ms, "batch": B, "heads": H,
-                                         "TFLOPs": flops / (ms * 1e-3) / 1e12})
-                        except Exception as e:  # noqa: BLE001
-                            skipped("attention", name, f"{type(e).__name__}: {str(e).splitlines()[0][:200]}")
-                        finally:
+                        def step():
+                            with sdpa_kernel(backend):
+                                out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
                             q.grad = k.grad = v.grad = None
-                    for t in (q, k, v):
-                        t.requires_grad_(False)
-                del q, k, v, dout
-                torch.cuda.empty_cache()
+                            out.backward(dout)
+                    else:
+                        def step():
+                            with torch.no_grad(), sdpa_kernel(backend):
+                                torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+                    ms = timed(step)
+                    flops = attention_matrix.flops(S, D, causal, backward)
+                    rows.append({"group": "attention", "name": name, "ms": ms, "batch": B, "heads": H,
+                                 "TFLOPs": flops / (ms * 1e-3) / 1e12})
+                except Exception as e:  # noqa: BLE001
+                    skipped("attention", name, f"{type(e).__name__}: {str(e).splitlines()[0][:200]}")
+                finally:
+                    q.grad = k.grad = v.grad = None
+            for t in (q, k, v):
+                t.requires_grad_(False)
+        del q, k, v, dout
+        torch.cuda.empty_cache()
     save()
 
     # --- materialized logits + cross-entropy ---

@@ -40,10 +40,50 @@ TEST_CASE("attention cuda build: the CUDA entry points reject bad arguments befo
                                                   fake_device<memkit::bf16>(1, 1, 8, 24),
                                                   fake_device<memkit::bf16>(1, 2, 8, 24), lse, o, workspace),
                        doctest::Contains("multiple of 16"), memkit::error);
+  // Both refusals name what CUDA runs, the mma kernels' head_dims included.
+  CHECK_THROWS_WITH_AS(att::forward<memkit::bf16>(exec, fake_device<memkit::bf16>(1, 2, 8, 24),
+                                                  fake_device<memkit::bf16>(1, 1, 8, 24),
+                                                  fake_device<memkit::bf16>(1, 1, 8, 24),
+                                                  fake_device<memkit::bf16>(1, 2, 8, 24), lse, o, workspace),
+                       doctest::Contains("attention_kernel::mma's kernels run bf16/fp16 at 64, 96, 128, 256"),
+                       memkit::error);
   CHECK_THROWS_WITH_AS(att::forward<float>(exec, fake_device<float>(1, 2, 8, 256), fake_device<float>(1, 1, 8, 256),
                                            fake_device<float>(1, 1, 8, 256), fake_device<float>(1, 2, 8, 256), lse, o,
                                            workspace),
-                       doctest::Contains("above the CUDA kernel's 128"), memkit::error);
+                       doctest::Contains("head_dim 256 is above the WMMA kernels' 128. CUDA runs"), memkit::error);
+  // head_dim 256 runs only on the mma kernels: refused under `automatic` (the WMMA kernels), in fp32 and at sizes
+  // the mma kernels lack, and with a tensor cp.async cannot copy (there is no kernel to fall back to).
+  CHECK_THROWS_WITH_AS(att::forward<memkit::bf16>(exec, fake_device<memkit::bf16>(1, 2, 8, 256),
+                                                  fake_device<memkit::bf16>(1, 1, 8, 256),
+                                                  fake_device<memkit::bf16>(1, 1, 8, 256),
+                                                  fake_device<memkit::bf16>(1, 2, 8, 256), lse, o, workspace),
+                       doctest::Contains("(above 128 only with that option)"), memkit::error);
+  o.kernel = att::attention_kernel::mma;
+  CHECK_THROWS_WITH_AS(att::forward<float>(exec, fake_device<float>(1, 2, 8, 256), fake_device<float>(1, 1, 8, 256),
+                                           fake_device<float>(1, 1, 8, 256), fake_device<float>(1, 2, 8, 256), lse, o,
+                                           workspace),
+                       doctest::Contains("head_dim 256 is above the WMMA kernels' 128"), memkit::error);
+  CHECK_THROWS_WITH_AS(att::forward<memkit::fp16>(exec, fake_device<memkit::fp16>(1, 2, 8, 192),
+                                                  fake_device<memkit::fp16>(1, 1, 8, 192),
+                                                  fake_device<memkit::fp16>(1, 1, 8, 192),
+                                                  fake_device<memkit::fp16>(1, 2, 8, 192), lse, o, workspace),
+                       doctest::Contains("head_dim 192 is above the WMMA kernels' 128"), memkit::error);
+  const memkit::tensor_view<memkit::bf16> unaligned{reinterpret_cast<memkit::bf16*>(std::uintptr_t{4096 + 2}),
+                                                    memkit::shape{1, 2, 8, 256}, memkit::memory_kind::device};
+  CHECK_THROWS_WITH_AS(att::forward<memkit::bf16>(exec, fake_device<memkit::bf16>(1, 2, 8, 256),
+                                                  fake_device<memkit::bf16>(1, 1, 8, 256),
+                                                  fake_device<memkit::bf16>(1, 1, 8, 256), unaligned, lse, o,
+                                                  workspace),
+                       doctest::Contains("must be 16-byte aligned"), memkit::error);
+  o.kernel = att::attention_kernel::automatic;
+  // Which problems the mma kernels take (the rest runs the WMMA kernels): bf16 / fp16 at 64, 96, 128, 256.
+  for (std::int64_t D : {16, 32, 48, 64, 80, 96, 112, 128, 192, 256, 512}) {
+    CAPTURE(D);
+    const bool mine = D == 64 || D == 96 || D == 128 || D == 256;
+    CHECK(att::detail::mma_forward_supports<memkit::bf16>(D) == mine);
+    CHECK(att::detail::mma_forward_supports<memkit::fp16>(D) == mine);
+    CHECK_FALSE(att::detail::mma_forward_supports<float>(D));
+  }
   std::vector<float> host_q(1 * 2 * 8 * 16);
   CHECK_THROWS_WITH_AS(att::forward<float>(exec, memkit::host_view(host_q.data(), memkit::shape{1, 2, 8, 16}),
                                            fake_device<float>(1, 1, 8, 16), fake_device<float>(1, 1, 8, 16),
@@ -219,17 +259,18 @@ MEMKIT_GPU_TEST_CASE("gpu: flash attention with one document per row is bit-iden
 }
 
 // The mma kernels (attention_options::kernel = mma: the forward and backward's dk/dv and dq passes) on every
-// problem they run: bf16 and fp16, head_dim 64 and 128, causal or not, sliding windows, GQA and MQA, packed
-// documents (boundaries inside the 64-row tiles), sequences not a multiple of the 64-row / 64-key tiles. Tolerances
-// are those of the WMMA kernels against the host (max |error| over max |value|; lse 1e-4): both round the weights
-// (and dS) to the 16-bit type before their products, only the fp32 accumulation order differs. Then the two
-// kernels against each other on the same inputs.
+// problem they run: bf16 and fp16, head_dim 64, 96, 128 and 256 (256: only they run it; the key pass as two
+// launches), causal or not, sliding windows, GQA and MQA, packed documents (boundaries inside the 64-row tiles),
+// sequences not a multiple of the 64-row / 64-key tiles. Tolerances are those of the WMMA kernels against the host
+// (max |error| over max |value|; lse 1e-4): both round the weights (and dS) to the 16-bit type before their
+// products, only the fp32 accumulation order differs. Then the two kernels against each other on the same inputs
+// (head_dim 96 and 128; the WMMA kernels stop at 128).
 MEMKIT_GPU_TEST_CASE("gpu: the mma kernels agree with the host path on every problem they run") {
   const auto mma = att::attention_kernel::mma;
   const std::vector<std::int32_t> two_rows{0, 1, 2, 70, 71, 150, /**/ 0, 64, 130, 149, 150, 150};
   const std::vector<std::int32_t> one_row{0, 37, 38, 101, 257};
   for (bool causal : {true, false}) {
-    for (std::int64_t D : {64, 128}) {
+    for (std::int64_t D : {64, 96, 128, 256}) {
       gpu_matches_host<memkit::bf16>(2, 4, 2, 130, D, causal, 0, 2e-2, {}, mma);
       gpu_matches_host<memkit::fp16>(2, 4, 2, 130, D, causal, 0, 4e-3, {}, mma);
       gpu_matches_host<memkit::bf16>(1, 6, 3, 257, D, causal, 33, 2e-2, {}, mma);
@@ -241,9 +282,10 @@ MEMKIT_GPU_TEST_CASE("gpu: the mma kernels agree with the host path on every pro
       gpu_matches_host<memkit::fp16>(1, 2, 2, 1, D, causal, 0, 4e-3, {}, mma);   // one row
     }
   }
+  for (std::int64_t D : {96, 128})
   for (bool causal : {true, false}) {
-    const auto wmma = gpu_matches_host<memkit::bf16>(2, 4, 2, 300, 128, causal, 0, 2e-2, {}, att::attention_kernel::wmma);
-    const auto mine = gpu_matches_host<memkit::bf16>(2, 4, 2, 300, 128, causal, 0, 2e-2, {}, mma);
+    const auto wmma = gpu_matches_host<memkit::bf16>(2, 4, 2, 300, D, causal, 0, 2e-2, {}, att::attention_kernel::wmma);
+    const auto mine = gpu_matches_host<memkit::bf16>(2, 4, 2, 300, D, causal, 0, 2e-2, {}, mma);
     const auto apart = [](const auto& a, const auto& b) {  // max |a - b| over max |a|
       double worst = 0, largest = 1e-30;
       for (std::size_t i = 0; i < a.size(); ++i) {
@@ -254,8 +296,8 @@ MEMKIT_GPU_TEST_CASE("gpu: the mma kernels agree with the host path on every pro
     };
     const double out = apart(wmma.out, mine.out), lse = apart(wmma.lse, mine.lse), dq = apart(wmma.dq, mine.dq),
                  dk = apart(wmma.dk, mine.dk), dv = apart(wmma.dv, mine.dv);
-    std::printf("attention mma vs wmma: out %.3g lse %.3g dq %.3g dk %.3g dv %.3g (relative to the largest)\n", out,
-                lse, dq, dk, dv);
+    std::printf("attention mma vs wmma (D %lld): out %.3g lse %.3g dq %.3g dk %.3g dv %.3g (relative to the largest)\n",
+                static_cast<long long>(D), out, lse, dq, dk, dv);
     CHECK(out <= 2e-2);  // a few bf16 ulps
     CHECK(lse <= 1e-4);  // fp32 sums in another order
     CHECK(dq <= 2e-2);
@@ -324,16 +366,17 @@ constexpr device_bounds bounds_of() {
   else return {1.2e-2, 2e-5, 2e-2, 1e-4};
 }
 
-// Each kernel that runs the case (WMMA always; mma for bf16 at head_dim 64 and 128) against torch's reference and
-// against memkit's host path on the same inputs.
+// Each kernel that runs the case (WMMA up to head_dim 128; mma for bf16 at the head_dims it runs, 64, 96, 128 and
+// 256) against torch's reference and against memkit's host path on the same inputs.
 template <class T>
 void device_matches_torch(const ts::reference_case& c, ts::measured& worst_torch, ts::measured& worst_host) {
   ts::inputs<T> in(c);
   REQUIRE_MESSAGE(in.match(c), "the regenerated inputs of ", c.name, " differ from torch's");
   const ts::results<T> host = ts::run_host(c, in);
   constexpr device_bounds b = bounds_of<T>();
-  std::vector<att::attention_kernel> kernels{att::attention_kernel::wmma};
-  if (!std::is_same_v<T, float> && (c.D == 64 || c.D == 128)) kernels.push_back(att::attention_kernel::mma);
+  std::vector<att::attention_kernel> kernels;
+  if (c.D <= 128) kernels.push_back(att::attention_kernel::wmma);
+  if (att::detail::mma_forward_supports<T>(c.D)) kernels.push_back(att::attention_kernel::mma);
   for (const att::attention_kernel kernel : kernels) {
     CAPTURE(static_cast<int>(kernel));
     const ts::results<T> gpu = run_on_device(c, in, kernel);

@@ -103,23 +103,40 @@ template __global__ void logit_rows_two_pass_kernel<bf16>(const float*, bf16*, s
                                                           float*, const float*, bool, bool);
 }  // namespace loss::detail
 namespace attention::detail {
-// Attention: the forward mma kernel (attention_kernel::mma) at both head_dims it runs, and the WMMA kernel that
-// `automatic` still picks, kept here so the check shows which of the mma rules it breaks.
+// Attention: the forward mma kernel (attention_kernel::mma) at every head_dim it runs (mma_head_dims), and the WMMA
+// kernel that `automatic` still picks, kept here so the check shows which of the mma rules it breaks.
+template __global__ void mma_forward_kernel<bf16, 256>(cuda_problem, const bf16*, const bf16*, const bf16*, bf16*,
+                                                       float*);
 template __global__ void mma_forward_kernel<bf16, 128>(cuda_problem, const bf16*, const bf16*, const bf16*, bf16*,
                                                        float*);
+template __global__ void mma_forward_kernel<bf16, 96>(cuda_problem, const bf16*, const bf16*, const bf16*, bf16*,
+                                                     float*);
 template __global__ void mma_forward_kernel<bf16, 64>(cuda_problem, const bf16*, const bf16*, const bf16*, bf16*,
                                                       float*);
 template __global__ void flash_forward_kernel<bf16>(cuda_problem, const bf16*, const bf16*, const bf16*, bf16*,
                                                     float*);
 // Backward's key pass (dk, dv) and dq pass: the mma ones and the WMMA ones.
+// Above head_dim 128 the key pass runs twice, dV then dK (key_pass_outputs).
+template __global__ void mma_key_pass_kernel<bf16, 256, key_pass_outputs::dv>(cuda_problem, const bf16*, const bf16*,
+                                                                             const bf16*, const bf16*, const float*,
+                                                                             const float*, bf16*, bf16*);
+template __global__ void mma_key_pass_kernel<bf16, 256, key_pass_outputs::dk>(cuda_problem, const bf16*, const bf16*,
+                                                                             const bf16*, const bf16*, const float*,
+                                                                             const float*, bf16*, bf16*);
 template __global__ void mma_key_pass_kernel<bf16, 128>(cuda_problem, const bf16*, const bf16*, const bf16*,
                                                         const bf16*, const float*, const float*, bf16*, bf16*);
+template __global__ void mma_key_pass_kernel<bf16, 96>(cuda_problem, const bf16*, const bf16*, const bf16*,
+                                                      const bf16*, const float*, const float*, bf16*, bf16*);
 template __global__ void mma_key_pass_kernel<bf16, 64>(cuda_problem, const bf16*, const bf16*, const bf16*,
                                                        const bf16*, const float*, const float*, bf16*, bf16*);
 template __global__ void flash_key_pass_kernel<bf16>(cuda_problem, const bf16*, const bf16*, const bf16*, const bf16*,
                                                      const float*, const float*, bf16*, bf16*);
+template __global__ void mma_query_pass_kernel<bf16, 256>(cuda_problem, const bf16*, const bf16*, const bf16*,
+                                                          const bf16*, const float*, const float*, bf16*);
 template __global__ void mma_query_pass_kernel<bf16, 128>(cuda_problem, const bf16*, const bf16*, const bf16*,
                                                           const bf16*, const float*, const float*, bf16*);
+template __global__ void mma_query_pass_kernel<bf16, 96>(cuda_problem, const bf16*, const bf16*, const bf16*,
+                                                        const bf16*, const float*, const float*, bf16*);
 template __global__ void mma_query_pass_kernel<bf16, 64>(cuda_problem, const bf16*, const bf16*, const bf16*,
                                                          const bf16*, const float*, const float*, bf16*);
 template __global__ void flash_query_pass_kernel<bf16>(cuda_problem, const bf16*, const bf16*, const bf16*,

@@ -24,12 +24,16 @@ def expect(ok, what):
 cu = (ROOT / "bench" / "attention_cuda.cu").read_text()
 m = re.search(r"constexpr std::int64_t tokens = (\d+), width = (\d+);", cu)
 expect(m and (int(m[1]), int(m[2])) == (am.TOKENS, am.WIDTH), f"tokens / width in attention_cuda.cu: {m and m.groups()}")
-for name, values in (("seqs", am.SEQS), ("head_dims", am.HEAD_DIMS)):
-    m = re.search(name + r"\{([\d, ]+)\}", cu)
+for name, values in (("seqs", am.SEQS), ("head_dims", am.HEAD_DIMS), ("extra_seqs", am.EXTRA_SEQS),
+                     ("extra_head_dims", am.EXTRA_HEAD_DIMS)):
+    m = re.search(r"\b" + name + r"\{([\d, ]+)\}", cu)
     expect(m and tuple(int(v) for v in m[1].split(",")) == values, f"{name} in attention_cuda.cu: {m and m[1]}")
-for family in ("BM_flash_cuda", "BM_flash_cuda_mma", "BM_flash_forward_cuda"):
-    m = re.search(r'RegisterBenchmark\("' + family + r'",[^;]*?ArgNames\(\{"seq", "head_dim", "causal"', cu, re.S)
-    expect(m is not None, f"{family}'s arguments do not start seq, head_dim, causal")
+registrations = re.findall(r'RegisterBenchmark\("(\w+)",[^;]*?ArgNames\(\{([^}]*)\}', cu, re.S)
+expect({f for f, _ in registrations} >= {"BM_flash_cuda", "BM_flash_cuda_mma", "BM_flash_forward_cuda",
+                                          "BM_flash_cuda_cudnn", "BM_flash_forward_cuda_cudnn"}, f"{registrations}")
+for family, names in registrations:
+    expect(names.startswith('"seq", "head_dim", "causal"'), f"{family}'s arguments do not start seq, head_dim, causal")
+    expect(am.MEMKIT_FAMILY.fullmatch(family) is not None, f"{family} is not a family the pairing reads")
 expect("(backward ? 3.5 : 1.0) * 4.0 * double(B * heads)" in cu and "(o.causal ? 2 : 1)" in cu,
        "attention_cuda.cu's TFLOPs counter is not FlashAttention's count")
 
@@ -119,6 +123,15 @@ expect(abs(fast - (0.3 + am.seconds_estimate(1024, 64, True, True, am.MEMKIT_TFL
 chosen, rest = measure.attention_choose(long, long[0][1] + long[1][1] + 0.01)
 expect([n for n, _ in chosen] == [names[4], names[3]] and len(rest) == 2, f"chosen: {chosen}")
 expect(measure.attention_choose(long, 0) == ([], long), "nothing fits")
+cudnn_row = P("BM_flash_cuda_cudnn/seq:32768/head_dim:64/causal:1")
+expect(abs(am.memkit_row_estimate(cudnn_row, 0.1) - (0.3 + am.seconds_estimate(32768, 64, True, True, am.TORCH_TFLOPS, 1)
+                                                     + 0.05)) < 1e-9, "a cuDNN-path row is estimated at torch's rate")
+shapes = list(am.peer_shapes())
+expect(len(shapes) == 6 * 2 * 2 + 4 and (4096, 96, True, (True,)) in shapes and (32768, 128, False, (True, False)) in
+       shapes, f"the peers' shapes: {shapes}")
+expect(all(S < 32768 for S, *_ in am.peer_shapes(quick=True)) and len(list(am.peer_shapes(quick=True))) == 24,
+       "--quick leaves out 32K")
+expect(am.heads(96) == 21 and am.heads(256) == 8, "heads of the extra head_dims")
 expect(measure.exact_filter(names[:2]) == f"^({names[0]}|{names[1]})$", measure.exact_filter(names[:2]))
 try:
     measure.exact_filter(["BM_x<float>(1)"])

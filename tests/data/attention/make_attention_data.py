@@ -61,7 +61,7 @@ OUTPUT = os.path.join(HERE, "torch_sdpa.safetensors")
 
 # name, dtype, B, Hq, Hkv, S, D, causal, window, scale, document_offsets (flattened [B, N + 1]) or None.
 # Lengths 1, 20, 24, 33, 40, 70, 77, 130 (inside, across and two past the 64-row tiles of the host and the CUDA
-# kernels; 32 rows for fp32 on CUDA); head_dim 64, 128, 96 (the CUDA mma kernel runs bf16 at 64 and 128, the WMMA
+# kernels; 32 rows for fp32 on CUDA); head_dim 64, 128, 96 (the CUDA mma kernels run bf16 at 64, 96, 128, the WMMA
 # kernel the rest), 32 and, in fp32, 16 and 40 (not a multiple of 16); GQA 4 -> 2 (tells h / (Hq / Hkv) from other head mappings), MQA
 # 2 -> 1; sliding windows, causal and two-sided; an explicit scale; packed documents with documents of length 1 and
 # empty ones. Sizes are small on purpose: the references are stored as fp32 and the file stays under 1 MiB.
