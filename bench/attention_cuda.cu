@@ -147,10 +147,9 @@ int main(int argc, char** argv) {
         ->Unit(benchmark::kMillisecond);
 #endif
     benchmark::RegisterBenchmark("BM_flash_forward_cuda", BM_flash_forward_cuda)
-        ->ArgsProduct({seqs,
-                       head_dims,
-                       {0, 1},
-                       {static_cast<int>(att::attention_kernel::automatic), static_cast<int>(att::attention_kernel::mma)}})
+        ->ArgsProduct({seqs, head_dims, {0, 1},
+                       {static_cast<int>(att::attention_kernel::automatic),
+                        static_cast<int>(att::attention_kernel::mma)}})
         ->ArgNames({"seq", "head_dim", "causal", "kernel"})
         ->UseManualTime()
         ->Unit(benchmark::kMillisecond);
