@@ -38,6 +38,10 @@ import subprocess
 import sys
 import time
 
+sys.dont_write_bytecode = True  # no __pycache__ in the source tree
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import attention_matrix  # noqa: E402
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 BENCHMARKS = ["bandwidth", "quant", "adam", "attention", "loss"]
@@ -84,6 +88,27 @@ def torch_cudnn_lib():
         if lib.is_dir():
             return str(lib)
     return None
+
+
+def attention_plan(binary, runner, min_time, report):
+    """Lists the attention binary's rows and splits them (attention_split); records the plan in
+    report["attention_plan"] and returns the 32K rows, or None where the binary does not list (then it runs whole,
+    as before the matrix)."""
+    try:
+        proc = subprocess.run([binary, "--benchmark_list_tests=true"], capture_output=True, text=True, timeout=60,
+                              env=runner.env)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    names = [l.strip() for l in proc.stdout.splitlines() if l.strip().startswith("BM_")]
+    if proc.returncode != 0 or not names:
+        return None
+    short, long = attention_split(names, min_time)
+    report["attention_plan"] = {"tflops": attention_matrix.MEMKIT_TFLOPS, "short_rows": len(short),
+                                "short_estimate_s": round(sum(e for _, e in short), 1), "long_rows": len(long),
+                                "long_estimate_s": round(sum(e for _, e in long), 1)}
+    print(f"memkit gpu: attention: {len(short)} rows below 32K (estimate {sum(e for _, e in short):.0f} s), "
+          f"{len(long)} at 32K ({sum(e for _, e in long):.0f} s) at {attention_matrix.MEMKIT_TFLOPS:g} TFLOP/s", flush=True)
+    return long
 
 
 class Runner:
@@ -321,6 +346,48 @@ def side_by_side(memkit, peers):
     return out
 
 
+# #29's attention matrix: the rows below 32K run with the other benchmarks; the 32K rows (two thirds of the matrix's
+# time) run after the peers, as many as the budget leaves room for after keeping this much for the later steps.
+ATTENTION_LONG_SEQ = 32768
+ATTENTION_RESERVE_S = 180
+
+
+def attention_split(names, min_time):
+    """The attention binary's rows (its --benchmark_list_tests) as (rows below 32K, 32K rows), each a list of
+    (name, estimated seconds); the 32K rows in the order they are worth running: kernels other than `automatic`
+    first (automatic runs the WMMA kernels today), forward + backward before forward, causal first."""
+    short, long = [], []
+    for name in names:
+        m = attention_matrix.parse_memkit(name)
+        if m is None:  # not a matrix row: a guess, and it runs with the short part
+            short.append((name, 1.0))
+            continue
+        row = (name, attention_matrix.memkit_row_estimate(m, min_time), m)
+        (long if m["seq"] >= ATTENTION_LONG_SEQ else short).append(row)
+    long.sort(key=lambda r: (r[2]["variant"] == "automatic", not r[2]["backward"], not r[2]["causal"], r[2]["head_dim"],
+                             r[0]))
+    return [r[:2] for r in short], [r[:2] for r in long]
+
+
+def attention_choose(rows, seconds):
+    """The first rows (in the given order) whose estimates fit in `seconds`, and the rest."""
+    chosen, total = [], 0.0
+    for name, estimate in rows:
+        if total + estimate > seconds:
+            break
+        chosen.append((name, estimate))
+        total += estimate
+    return chosen, rows[len(chosen):]
+
+
+def exact_filter(names):
+    """A --benchmark_filter matching exactly these rows (their names hold no regular-expression syntax)."""
+    for n in names:
+        if not re.fullmatch(r"[\w/:]+", n):
+            raise ValueError(f"benchmark name {n!r} needs escaping")
+    return "^(" + "|".join(names) + ")$"
+
+
 def fmt(v, digits=3):
     if v is None:
         return "-"
@@ -471,6 +538,17 @@ def write_report(out, report):
         peer_ms = fmt(r["peer_ms"]) if r["peer_ms"] is not None else f"skipped: {r['peer_skipped']}"
         lines.append(f"| {r['operation']} | {r['memkit']} | {fmt(r['memkit_ms'])} | {r['peer']} | {peer_ms} | "
                      f"{fmt(r.get('ratio'))} | {figure or '-'} |")
+    attention = report.get("attention")
+    if attention:  # runs before #29's matrix have no such rows: their reports rebuild unchanged
+        plan = report.get("attention_plan") or {}
+        lines += ["", "## Attention against torch's SDPA (#29)", "",
+                  "bf16, batch = 16384 / seq (at least 1), heads = 2048 / head_dim; TFLOP/s in FlashAttention's count "
+                  "(causal halves it, backward 2.5x forward) for both sides; memkit / peer = peer time / memkit time; "
+                  f"target: the issue's, forward + backward against sdpa_flash ({attention_matrix.TARGET_BUILT_IN:g} "
+                  f"built-in, {attention_matrix.TARGET_CUDNN:g} cuDNN path)."
+                  + (f" 32K rows: {plan['long_run']} of {plan['long_rows']} run (estimate {plan['long_estimate_s']:.0f} s "
+                     f"at {plan['tflops']:g} TFLOP/s)." if plan.get("long_rows") else ""), ""]
+        lines += attention_matrix.table(attention, fmt)
     lines += ["", "## Every benchmark row", "", "| benchmark | row | ms | counters |", "|---|---|---|---|"]
     for bench, rows in report["benchmarks"].items():
         for r in rows:
@@ -536,6 +614,9 @@ def main():
     if args.report_from:
         report = json.loads(pathlib.Path(args.report_from).read_text())
         report["side_by_side"] = side_by_side(report["benchmarks"], report["peers"])
+        attention = attention_matrix.pairs(report["benchmarks"].get("attention", []), report["peers"])
+        if attention or "attention" in report:
+            report["attention"] = attention
         out = pathlib.Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         write_report(out, report)
@@ -573,6 +654,7 @@ def main():
         rc, output = runner.run("cudnn_gpu_suite", [binaries["cudnn_tests"], "--memkit-gpu-suite"], 120)
         report["cudnn_gpu_suite"] = parse_doctest(output)
     min_time = "0.05" if args.quick else "0.1"
+    attention_long = None
     if "bench" in only:
         for b in BENCHMARKS:
             if f"bench_{b}" not in binaries:
@@ -583,6 +665,15 @@ def main():
                    f"--benchmark_min_time={min_time}"]
             if args.benchmark_filter:
                 cmd.append(f"--benchmark_filter={args.benchmark_filter}")
+            elif b == "attention":
+                # The matrix below 32K now, its 32K rows after the peers; a binary that does not list its rows still
+                # leaves out the 32K ones (two thirds of the time), which would overrun the step's limit.
+                attention_long = attention_plan(binaries[f"bench_{b}"], runner, float(min_time), report)
+                cmd.append(f"--benchmark_filter=-seq:{ATTENTION_LONG_SEQ}")
+                limit = 2 * report["attention_plan"]["short_estimate_s"] if attention_long is not None else 0
+                runner.run(f"bench_{b}", cmd, max(120, limit))
+                report["benchmarks"][b] = load_bench(json_path)
+                continue
             runner.run(f"bench_{b}", cmd, 120)
             report["benchmarks"][b] = load_bench(json_path)
     if "peers" in only:
@@ -606,6 +697,25 @@ def main():
         except (OSError, ValueError):
             report["sdpa_device"] = [{"group": "sdpa_device", "name": "all",
                                       "skipped": "the script wrote nothing (see sdpa_device.log)"}]
+    if attention_long:
+        # #29's 32K rows, in what the budget leaves after ATTENTION_RESERVE_S for the steps below.
+        plan = report["attention_plan"]
+        if args.quick:
+            chosen, left_out, why = [], attention_long, "--quick"
+        else:
+            chosen, left_out = attention_choose(attention_long, runner.left() - ATTENTION_RESERVE_S)
+            why = "the time budget"
+        plan.update(long_run=len(chosen), long_left_out=[n for n, _ in left_out])
+        if chosen:
+            json_path = out / "bench_attention_32k.json"
+            runner.run("bench_attention_32k", [binaries["bench_attention"], f"--benchmark_out={json_path}",
+                                               "--benchmark_out_format=json", f"--benchmark_min_time={min_time}",
+                                               f"--benchmark_filter={exact_filter([n for n, _ in chosen])}"],
+                       2 * sum(e for _, e in chosen) + 30)
+            report["benchmarks"]["attention"] = report["benchmarks"].get("attention", []) + load_bench(json_path)
+        if left_out:
+            runner.steps.append({"step": "bench_attention_32k", "status": f"skipped: {len(left_out)} of "
+                                 f"{len(attention_long)} rows ({why})"})
     if "example" in only and "example" in binaries:
         rc, output = runner.run("example", [binaries["example"], "--device", "cuda", "--short", "--check",
                                                "--data", str(ROOT / "examples/data")], 120, cwd=out)
@@ -679,6 +789,7 @@ def main():
             for r in searched:
                 r["peer"] = {"skipped": "not enough of the budget left"}
     report["side_by_side"] = side_by_side(report["benchmarks"], report["peers"])
+    report["attention"] = attention_matrix.pairs(report["benchmarks"].get("attention", []), report["peers"])
     report["steps"] = runner.steps
     report["seconds"] = time.monotonic() - started
     write_report(out, report)

@@ -3,8 +3,10 @@
 Each row is what a PyTorch user runs today for the operation a memkit benchmark times (bench/*.cu), with
 the same shapes, dtypes and timing (CUDA events around the work, after a warm-up):
 
-  attention  torch.nn.functional.scaled_dot_product_attention, causal, bf16, B=1, H=8, forward + backward
-             (bench/attention_cuda.cu), with the flash backend and, where torch has it, cuDNN's
+  attention  torch.nn.functional.scaled_dot_product_attention in bf16 with the flash backend and, where torch
+             has it, cuDNN's: issue #29's matrix (bench/gpu/attention_matrix.py, which bench/attention_cuda.cu
+             registers too): forward alone and forward + backward, causal and not, head_dim 64 and 128, seq
+             1K-32K at batch = 16384 / seq (at least 1), heads = 2048 / head_dim; FlashAttention's FLOP count
   loss       materialized logits: hidden @ head^T in bf16, fp32 cross-entropy, backward into hidden and
              head (bench/loss_cuda.cu's llama2_7b and llama3_8b heads, 8,192 tokens)
   adamw      torch.optim.AdamW(fused=True), with and without clip_grad_norm_, on the 48 fp32 tensors of
@@ -19,8 +21,12 @@ torch is never a memkit dependency: this runs where torch is already installed (
 """
 import argparse
 import json
+import pathlib
 import sys
-import time
+
+sys.dont_write_bytecode = True  # no __pycache__ in the source tree
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "gpu"))
+import attention_matrix  # noqa: E402
 
 
 def main():
@@ -93,31 +99,50 @@ def main():
     except Exception as e:  # noqa: BLE001
         backends = []
         skipped("attention", "sdpa", f"torch.nn.attention.sdpa_kernel unavailable: {e}")
-    heads = 8
-    seqs = [1024, 4096] if args.quick else [1024, 4096, 16384]
-    for label, backend in backends:
-        for S in seqs:
-            for D in (64, 128):
-                name = f"{label}/seq:{S}/head_dim:{D}"
+    # Per shape, one set of inputs for every backend and pass; a backend that refuses a shape is a skipped row.
+    for S, D, causal, passes in attention_matrix.peer_shapes(args.quick):
+        B, H = attention_matrix.batch(S), attention_matrix.heads(D)
+        try:
+            g = torch.Generator(device=dev).manual_seed(0)
+            q, k, v, dout = (torch.randn(B, H, S, D, device=dev, dtype=torch.bfloat16, generator=g)
+                             for _ in range(4))
+        except Exception as e:  # noqa: BLE001 - no inputs: every row of the shape is skipped
+            for backward in passes:
+                for label, _ in backends:
+                    skipped("attention", attention_matrix.peer_name(label, S, D, causal, backward),
+                            f"inputs: {type(e).__name__}: {str(e).splitlines()[0][:200]}")
+            torch.cuda.empty_cache()
+            continue
+        for backward in passes:
+            for label, backend in backends:
+                name = attention_matrix.peer_name(label, S, D, causal, backward)
                 try:
-                    g = torch.Generator(device=dev).manual_seed(0)
-                    q, k, v = (torch.randn(1, heads, S, D, device=dev, dtype=torch.bfloat16, generator=g).requires_grad_()
-                               for _ in range(3))
-                    dout = torch.randn(1, heads, S, D, device=dev, dtype=torch.bfloat16, generator=g)
+                    if backward:
+                        for t in (q, k, v):
+                            t.requires_grad_()
 
-                    def step():
-                        with sdpa_kernel(backend):
-                            out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
-                        q.grad = k.grad = v.grad = None
-                        out.backward(dout)
+                        def step():
+                            with sdpa_kernel(backend):
+                                out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+                            q.grad = k.grad = v.grad = None
+                            out.backward(dout)
+                    else:
+                        def step():
+                            with torch.no_grad(), sdpa_kernel(backend):
+                                torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
 
                     ms = timed(step)
-                    flops = 3.0 * 2.0 * 2.0 * S * S * D / 2 * heads  # bench/attention_cuda.cu's count
-                    rows.append({"group": "attention", "name": name, "ms": ms, "TFLOPs": flops / (ms * 1e-3) / 1e12})
-                    del q, k, v, dout
-                except Exception as e:  # noqa: BLE001 - a backend that refuses a shape is a skipped row
+                    flops = attention_matrix.flops(S, D, causal, backward)
+                    rows.append({"group": "attention", "name": name, "ms": ms, "batch": B, "heads": H,
+                                 "TFLOPs": flops / (ms * 1e-3) / 1e12})
+                except Exception as e:  # noqa: BLE001
                     skipped("attention", name, f"{type(e).__name__}: {str(e).splitlines()[0][:200]}")
-                torch.cuda.empty_cache()
+                finally:
+                    q.grad = k.grad = v.grad = None
+            for t in (q, k, v):
+                t.requires_grad_(False)
+        del q, k, v, dout
+        torch.cuda.empty_cache()
     save()
 
     # --- materialized logits + cross-entropy ---

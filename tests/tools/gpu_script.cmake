@@ -17,6 +17,14 @@ if(NOT rc EQUAL 0 OR NOT out MATCHES "measure_longctx_check: ok")
   message(FATAL_ERROR "the longctx step's parser: exit ${rc}: ${out}${err}")
 endif()
 
+# #29's attention matrix: shapes shared with bench/attention_cuda.cu, FlashAttention's count, the pairing with
+# torch's SDPA rows, the table and targets, and how the 32K rows are fitted into the time budget.
+execute_process(COMMAND ${PYTHON} ${SOURCE_DIR}/tests/tools/measure_attention_check.py
+  RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+if(NOT rc EQUAL 0 OR NOT out MATCHES "measure_attention_check: ok")
+  message(FATAL_ERROR "the attention matrix: exit ${rc}: ${out}${err}")
+endif()
+
 # ... and the PyTorch search it runs beside memkit's: memory_grid.py's plan for it (--list needs no torch).
 execute_process(COMMAND ${PYTHON} ${SOURCE_DIR}/bench/peers/memory_grid.py --list --models llama-3.1-8b
     --longest qlora:8,24 --no-rows --lora-rank 32
@@ -76,12 +84,14 @@ list(GET runs -1 newest)
 get_filename_component(newest_dir ${newest} DIRECTORY)
 file(READ ${newest_dir}/results.md newest_md)
 string(FIND "${newest_md}" "## Side by side" begin)
-string(FIND "${newest_md}" "## Every benchmark row" end)
-if(begin LESS 0 OR end LESS begin)
+if(begin LESS 0)
   message(FATAL_ERROR "${newest_dir}/results.md has no side-by-side section")
 endif()
-math(EXPR length "${end} - ${begin}")
-string(SUBSTRING "${newest_md}" ${begin} ${length} section)
+string(SUBSTRING "${newest_md}" ${begin} -1 section)
+string(FIND "${section}" "\n## " end)  # the section ends at the next heading
+if(end GREATER 0)
+  string(SUBSTRING "${section}" 0 ${end} section)
+endif()
 string(FIND "${section}" "| operation |" table_begin)
 string(SUBSTRING "${section}" ${table_begin} -1 table)
 string(STRIP "${table}" table)
@@ -91,3 +101,23 @@ if(found LESS 0)
   message(FATAL_ERROR "docs/cuda.md does not carry the side-by-side table of ${newest_dir}/results.md verbatim")
 endif()
 message(STATUS "docs/cuda.md carries the table of ${newest_dir}")
+
+# Where the newest run measured #29's attention matrix, docs/attention.md carries its table verbatim (the rows of
+# results.md's "## Attention against torch's SDPA (#29)" section; runs before the matrix have none).
+string(FIND "${newest_md}" "## Attention against torch's SDPA (#29)" begin)
+if(begin GREATER_EQUAL 0)
+  string(SUBSTRING "${newest_md}" ${begin} -1 section)
+  string(FIND "${section}" "| pass |" table_begin)
+  string(SUBSTRING "${section}" ${table_begin} -1 table)
+  string(FIND "${table}" "\n## " end)
+  if(end GREATER 0)
+    string(SUBSTRING "${table}" 0 ${end} table)
+  endif()
+  string(STRIP "${table}" table)
+  file(READ ${SOURCE_DIR}/docs/attention.md attention_md)
+  string(FIND "${attention_md}" "${table}" found)
+  if(found LESS 0)
+    message(FATAL_ERROR "docs/attention.md does not carry the attention table of ${newest_dir}/results.md verbatim")
+  endif()
+  message(STATUS "docs/attention.md carries the attention table of ${newest_dir}")
+endif()
