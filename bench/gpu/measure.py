@@ -6,7 +6,9 @@ run it, read it and run it again):
   2. the GPU test suite (memkit_cuda_tests --memkit-gpu-suite), and attention::cudnn's tests (memkit_cudnn_tests,
      whole, when the binaries were built with MEMKIT_GPU_CUDNN=1);
   3. every CUDA benchmark (Google Benchmark, JSON);
-  4. the PyTorch side of each comparison (bench/peers/gpu_peers.py, with the machine's python3);
+  4. the PyTorch side of each comparison (bench/peers/gpu_peers.py, with the machine's python3), and torch's own
+     CUDA attention (flash and cuDNN backends) against tests/data/attention's float64 reference
+     (bench/peers/sdpa_device.py: the yardstick for memkit's device bounds against torch);
   5. the example's device run (memkit_example_train_llama_cuda --device cuda --short --check);
   6. memory_budget's ground truth (bench/peers/memory_grid.py, its grid v2: real transformers + PEFT (+ bitsandbytes)
      steps, peak memory; commit the rows under tests/data/budget_measured/, annotate them with
@@ -472,6 +474,31 @@ def longctx_table(rows):
     return lines
 
 
+def sdpa_device_table(rows):
+    """results.md's section for bench/peers/sdpa_device.py's rows (none for runs before it existed)."""
+    if not rows:
+        return []
+    info = next((r for r in rows if r.get("name") == "info"), {})
+    lines = ["", "## torch's SDPA on the device against the float64 reference (tests/data/attention)", "",
+             f"torch {info.get('torch', '?')} (CUDA {info.get('cuda', '?')}, cuDNN {info.get('cudnn', '?')}) on "
+             f"{info.get('device', '?')}; max |x - ref| / max |ref| per tensor, lse absolute (the lse the backend's "
+             "aten op saves); torch CPU: torch's own CPU run in that dtype, from the file "
+             "(bench/peers/sdpa_device.py).",
+             "", "| case | backend | out | dq | dk | dv | lse | torch CPU |", "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if r.get("name") == "info":
+            continue
+        if "skipped" in r:
+            lines.append(f"| {r.get('case', r.get('name'))} | {r.get('backend', '-')} | skipped: {r['skipped']} "
+                         "| | | | | |")
+            continue
+        lse = fmt(r["lse"]) if "lse" in r else f"skipped: {r.get('lse_skipped', '?')}"
+        backend = r["backend"] + (" (K, V heads repeated)" if r.get("kv_heads") == "repeated" else "")
+        lines.append(f"| {r['case']} | {backend} | {fmt(r['out'])} | {fmt(r['dq'])} | {fmt(r['dk'])} | "
+                     f"{fmt(r['dv'])} | {lse} | {fmt(r['torch_cpu'])} |")
+    return lines
+
+
 def write_report(out, report):
     (out / "results.json").write_text(json.dumps(report, indent=1))
     lines = ["# memkit GPU measurements", ""]
@@ -531,6 +558,7 @@ def write_report(out, report):
     for r in report["peers"]:
         extra = ", ".join(f"{k} {fmt(v)}" for k, v in r.items() if k not in ("group", "name", "ms"))
         lines.append(f"| {r.get('group')} | {r.get('name')} | {fmt(r.get('ms'))} | {extra} |")
+    lines += sdpa_device_table(report.get("sdpa_device"))
     grid = report.get("memory_grid")
     if grid:
         lines += ["", "## memory_budget's ground truth", "",
@@ -568,7 +596,8 @@ def main():
     parser.add_argument("--bin-dir", help="where the CUDA binaries are (default build-gpu/carry, then build-gpu)")
     parser.add_argument("--budget", type=float, default=480, help="seconds for the whole run (default 480)")
     parser.add_argument("--quick", action="store_true", help="fewer benchmark repetitions and peer shapes")
-    parser.add_argument("--only", default="tests,bench,peers,example,models,grid", help="comma-separated steps to run")
+    parser.add_argument("--only", default="tests,bench,peers,sdpa,example,models,grid",
+                        help="comma-separated steps to run")
     parser.add_argument("--benchmark-filter", default=None, help="passed to every benchmark binary")
     parser.add_argument("--longctx-caps", default="8192",
                         help="MiB caps of the longctx step (not run unless --only names it). The default fits one "
@@ -658,6 +687,16 @@ def main():
         versions = [f"{r['name']} {r.get('version')}" + (f" (CUDA {r['cuda']}, cuDNN {r['cudnn']})" if "cuda" in r else "")
                     for r in report["peers"] if r.get("group") == "info"]
         report["peer_versions"] = ", ".join(versions) or "-"
+    if "sdpa" in only:
+        # torch's CUDA SDPA on tests/data/attention's cases: how far torch itself is from the float64 reference.
+        sdpa_json = out / "sdpa_device.json"
+        runner.run("sdpa_device", [sys.executable, str(ROOT / "bench/peers/sdpa_device.py"), "--out", str(sdpa_json)],
+                   90)
+        try:
+            report["sdpa_device"] = json.loads(sdpa_json.read_text())
+        except (OSError, ValueError):
+            report["sdpa_device"] = [{"group": "sdpa_device", "name": "all",
+                                      "skipped": "the script wrote nothing (see sdpa_device.log)"}]
     if attention_long:
         # #29's 32K rows, in what the budget leaves after ATTENTION_RESERVE_S for the steps below.
         plan = report["attention_plan"]

@@ -32,7 +32,7 @@ struct errors {
 
 // One problem and torch's float64 results for it, stored as fp32.
 struct reference_case {
-  std::string name, dtype;  // dtype: "fp32" or "bf16"
+  std::string name, dtype;  // dtype: "fp32", "bf16" or "fp16"
   std::int64_t B = 0, Hq = 0, Hkv = 0, S = 0, D = 0, window = 0;
   bool causal = false;
   double scale = 0;  // 0: 1 / sqrt(D)

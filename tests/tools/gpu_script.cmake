@@ -2,7 +2,7 @@
 # path says so in one line and exits 0, and the report writer rebuilds the committed report of the last device
 # run (docs/gpu/) from its results.json byte for byte, side-by-side table included.
 # Run as: cmake -DPYTHON=... -DSOURCE_DIR=... -DWORK_DIR=... -P gpu_script.cmake
-foreach(script bench/gpu/measure.py bench/peers/gpu_peers.py)
+foreach(script bench/gpu/measure.py bench/peers/gpu_peers.py bench/peers/sdpa_device.py)
   execute_process(COMMAND ${PYTHON} -c "import ast, sys; ast.parse(open(sys.argv[1]).read(), sys.argv[1])" ${SOURCE_DIR}/${script}
     RESULT_VARIABLE rc ERROR_VARIABLE err)
   if(NOT rc EQUAL 0)
@@ -34,6 +34,18 @@ if(NOT rc EQUAL 0 OR NOT out STREQUAL "longest llama-3.1-8b qlora r=32 alpha=64 
 endif()
 
 file(REMOVE_RECURSE ${WORK_DIR})
+# torch's SDPA against tests/data/attention (bench/peers/sdpa_device.py) without a device: one line, exit 0, and a
+# skipped row for measure.py (CUDA_VISIBLE_DEVICES empty, so that a CI machine with a GPU and torch takes it too).
+execute_process(COMMAND ${CMAKE_COMMAND} -E env CUDA_VISIBLE_DEVICES= ${PYTHON} ${SOURCE_DIR}/bench/peers/sdpa_device.py
+    --out ${WORK_DIR}/sdpa_device.json
+  RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+if(NOT rc EQUAL 0 OR NOT out MATCHES "^sdpa_device: [^\n]*: nothing measured\n$")
+  message(FATAL_ERROR "sdpa_device.py without a GPU: exit ${rc}, output '${out}${err}'")
+endif()
+file(READ ${WORK_DIR}/sdpa_device.json rows)
+if(NOT rows MATCHES "\"skipped\"")
+  message(FATAL_ERROR "sdpa_device.py without a GPU wrote no skipped row: ${rows}")
+endif()
 execute_process(COMMAND ${PYTHON} ${SOURCE_DIR}/bench/gpu/measure.py ${WORK_DIR}/none --nvidia-smi ${WORK_DIR}/no-such-nvidia-smi
   RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
 if(NOT rc EQUAL 0 OR NOT out MATCHES "^memkit gpu: no NVIDIA GPU here \\([^\n]*\\): nothing measured\n$")

@@ -43,8 +43,9 @@ query_heads, kv_heads, sequence, head_dim, causal, window, scale (0: 1/sqrt(D)),
 input_bits, torch_error and lse_vs_flash_kernel_float64), "torch" (the version), "call" (the call above) and "generator".
 
 torch_error: how far torch's own run in the case's dtype (the same call, flash backend, on the rounded inputs in
-bf16 / fp32 on the CPU) is from the float64 reference, as max |x - ref| / max |ref| per tensor (out, dq, dk, dv) and
-max |x - ref| for the lse its flash kernel saves: a yardstick for memkit's errors in the tests.
+fp32 / bf16 / fp16 on the CPU) is from the float64 reference, as max |x - ref| / max |ref| per tensor (out, dq, dk,
+dv) and max |x - ref| for the lse its flash kernel saves: a yardstick for memkit's errors in the tests.
+bench/peers/sdpa_device.py measures the same on a GPU (torch's CUDA flash and cuDNN backends).
 """
 import json
 import math
@@ -53,7 +54,6 @@ import os
 import numpy as np
 import torch
 import torch.nn.functional as F
-from safetensors.torch import save_file
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -61,10 +61,11 @@ OUTPUT = os.path.join(HERE, "torch_sdpa.safetensors")
 
 # name, dtype, B, Hq, Hkv, S, D, causal, window, scale, document_offsets (flattened [B, N + 1]) or None.
 # Lengths 1, 20, 24, 33, 40, 70, 77, 130 (inside, across and two past the 64-row tiles of the host and the CUDA
-# kernels; 32 rows for fp32 on CUDA); head_dim 64, 128, 96 (the CUDA mma kernels run bf16 at 64, 96, 128, the WMMA
-# kernel the rest), 32 and, in fp32, 16 and 40 (not a multiple of 16); GQA 4 -> 2 (tells h / (Hq / Hkv) from other head mappings), MQA
-# 2 -> 1; sliding windows, causal and two-sided; an explicit scale; packed documents with documents of length 1 and
-# empty ones. Sizes are small on purpose: the references are stored as fp32 and the file stays under 1 MiB.
+# kernels; 32 rows for fp32 on CUDA); head_dim 64, 128, 96 (the CUDA mma kernels run bf16 and fp16 at 64, 96, 128,
+# the WMMA kernel the rest), 32 and, in fp32, 16 and 40 (not a multiple of 16); GQA 4 -> 2 (tells h / (Hq / Hkv) from
+# other head mappings), MQA 2 -> 1; sliding windows, causal and two-sided; an explicit scale; packed documents with
+# documents of length 1 and empty ones. Sizes are small on purpose: the references are stored as fp32 and the file
+# stays near 1 MiB (1.2 MiB with the three fp16 cases).
 CASES = [
     ("fp32_causal_gqa_d16_s77", "fp32", 1, 4, 2, 77, 16, True, 0, 0.0, None),
     ("fp32_full_mqa_d40_s70", "fp32", 1, 2, 1, 70, 40, False, 0, 0.0, None),
@@ -79,6 +80,11 @@ CASES = [
     ("bf16_len1_d128", "bf16", 1, 2, 1, 1, 128, False, 0, 0.0, None),
     ("bf16_packed_mqa_d64_s77", "bf16", 1, 2, 1, 77, 64, True, 0, 0.0, [0, 1, 70, 77]),
     ("bf16_packed_gqa_window_d32_s24", "bf16", 2, 4, 2, 24, 32, False, 5, 0.0, [0, 1, 10, 24, 0, 24, 24, 24]),
+    # fp16 (appended: a case's seed is 1000 + its index, so the cases above keep their inputs): the host, WMMA and
+    # mma kernels' fp16 paths at head_dim 64, 128 and 96 (all three run by the mma kernels).
+    ("fp16_causal_gqa_d64_s24", "fp16", 1, 4, 2, 24, 64, True, 0, 0.0, None),
+    ("fp16_full_d128_s70", "fp16", 1, 1, 1, 70, 128, False, 0, 0.0, None),
+    ("fp16_packed_mqa_d96_s40", "fp16", 1, 2, 1, 40, 96, True, 0, 0.0, [0, 1, 17, 40]),
 ]
 
 TORCH_DTYPE = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -189,6 +195,10 @@ def scaled_error(x, ref):
 
 
 def main():
+    # Imported here, not above: bench/peers/sdpa_device.py imports this module for `generated` and CASES on a GPU
+    # machine whose python has torch and numpy but maybe not safetensors.
+    from safetensors.torch import save_file
+
     torch.manual_seed(0)
     tensors, cases = {}, []
     for n, (name, dtype, B, Hq, Hkv, S, D, causal, window, scale, flat) in enumerate(CASES):
