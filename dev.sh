@@ -5,7 +5,11 @@
 #   ./dev.sh bench     build (in build-bench/, optimized) and run the benchmarks
 #   ./dev.sh fuzz [seconds]  run each libFuzzer target (tests/fuzz/) for [seconds] (default 120: 10 minutes)
 #   ./dev.sh gpu-build       build the CUDA tests, benchmarks and example for a GPU (sm_90 unless MEMKIT_GPU_ARCH
-#                            says otherwise; no GPU needed) in build-gpu/ and stage them in build-gpu/carry/
+#                            says otherwise; no GPU needed) in build-gpu/ and stage them in build-gpu/carry/;
+#                            MEMKIT_GPU_CUDNN=1 also builds attention::cudnn (-DMEMKIT_USE_CUDNN=ON: its tests and
+#                            the BM_flash_cuda_cudnn rows; cuDNN's libraries are not carried: the GPU machine's own,
+#                            or PyTorch's nvidia-cudnn wheel, which `./dev.sh gpu` puts on LD_LIBRARY_PATH);
+#                            MEMKIT_GPU_CUDNN=0 turns it off again in an existing build-gpu/
 #   ./dev.sh gpu [OUTDIR] [options]  on a machine with an NVIDIA GPU: the GPU suite, every CUDA benchmark, the
 #                            PyTorch peers and the example's device run, in at most 8 minutes; writes
 #                            OUTDIR/results.md and results.json (bench/gpu/measure.py --help). Without a GPU it
@@ -93,6 +97,10 @@ if [[ ${1:-} == gpu-build && ! -f $build_dir/CMakeCache.txt ]]; then
   cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="${MEMKIT_GPU_ARCH:-90}" \
     -DMEMKIT_CLANG_CHECKS=OFF
 fi
+# attention::cudnn for the GPU build (option off unless asked; the setting stays in build-gpu/'s cache).
+if [[ ${1:-} == gpu-build && -n ${MEMKIT_GPU_CUDNN:-} ]]; then
+  cmake -S . -B "$build_dir" -DMEMKIT_USE_CUDNN="$([[ $MEMKIT_GPU_CUDNN == 1 ]] && echo ON || echo OFF)" >/dev/null
+fi
 if [[ ! -f $build_dir/CMakeCache.txt ]]; then
   configure=(-G Ninja -DCMAKE_BUILD_TYPE=Release)
   [[ ${1:-} == bench || ${1:-} == example ]] || configure+=(-DMEMKIT_BENCHMARK_SMOKE_BUILD=ON -DMEMKIT_EXAMPLE_SMOKE_BUILD=ON)
@@ -122,6 +130,8 @@ case ${1:-} in
   gpu-build)
     gpu_targets=(memkit_cuda_tests memkit_example_train_llama_cuda memkit_bench_bandwidth_cuda memkit_bench_quant_cuda
       memkit_bench_adam_cuda memkit_bench_attention_cuda memkit_bench_loss_cuda)
+    with_cudnn=$(sed -n 's/^MEMKIT_USE_CUDNN:BOOL=//p' "$build_dir/CMakeCache.txt")
+    [[ $with_cudnn == ON ]] && gpu_targets+=(memkit_cudnn_tests)
     cmake --build "$build_dir" -j "$jobs" --target "${gpu_targets[@]}"
     # build-gpu/carry/: the binaries (host symbols stripped) and the libraries they need beyond glibc, libstdc++
     # and the CUDA Toolkit (Google Benchmark), small enough to carry to a GPU machine; commit.json says what
@@ -129,16 +139,19 @@ case ${1:-} in
     carry=$build_dir/carry
     rm -rf "$carry" && mkdir -p "$carry/tests" "$carry/examples" "$carry/bench" "$carry/lib"
     cp "$build_dir/tests/memkit_cuda_tests" "$carry/tests/"
+    # Not libcudnn*: about 530 MB (its engine libraries), past what a GPU visit can carry (64 MiB).
+    [[ $with_cudnn == ON ]] && cp "$build_dir/tests/memkit_cudnn_tests" "$carry/tests/"
     cp "$build_dir/examples/memkit_example_train_llama_cuda" "$carry/examples/"
     cp "$build_dir"/bench/memkit_bench_*_cuda "$carry/bench/"
     strip --strip-unneeded "$carry"/tests/* "$carry"/examples/* "$carry"/bench/* 2>/dev/null || true
     for binary in "$carry"/tests/* "$carry"/examples/* "$carry"/bench/*; do
       ldd "$binary" | awk '/=> \// {print $3}' | grep -E 'libbenchmark' || true
     done | sort -u | while read -r lib; do cp -L "$lib" "$carry/lib/"; done
-    printf '{"commit": "%s", "describe": "%s", "source_dir": "%s", "built": "%s", "nvcc": "%s", "arch": "%s"}\n' \
+    printf '{"commit": "%s", "describe": "%s", "source_dir": "%s", "built": "%s", "nvcc": "%s", "arch": "%s", "cudnn": "%s"}\n' \
       "$(git rev-parse HEAD 2>/dev/null || echo unknown)" "$(git describe --always --dirty 2>/dev/null || echo unknown)" \
       "$PWD" "$(date -u '+%Y-%m-%d %H:%M UTC')" "$(nvcc --version | sed -n 's/.*release \([0-9.]*\).*/\1/p')" \
-      "$(sed -n 's/^CMAKE_CUDA_ARCHITECTURES:[A-Z]*=//p' "$build_dir/CMakeCache.txt")" >"$carry/commit.json"
+      "$(sed -n 's/^CMAKE_CUDA_ARCHITECTURES:[A-Z]*=//p' "$build_dir/CMakeCache.txt")" "${with_cudnn:-OFF}" \
+      >"$carry/commit.json"
     du -sh "$carry"
     echo "memkit: carry $carry to the GPU machine and run ./dev.sh gpu OUTDIR there"
     ;;

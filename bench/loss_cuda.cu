@@ -2,7 +2,9 @@
 // chunk reads and writes the whole fp32 head gradient, so fewer chunks move fewer bytes) against the same call
 // with one chunk holding every token's logits (the materialized baseline: cuBLAS for all [N, V] logits, the softmax
 // kernel, cuBLAS for both gradients). Device time per call (CUDA events), GFLOP/s of the three products and
-// the peak workspace bytes of each (tracking_resource). bf16 hidden and head, fp32 d_head.
+// the peak workspace bytes of each (tracking_resource). bf16 hidden and head, fp32 d_head. Rows ending in
+// `_staged` run the staged row pass (cross_entropy_options::row_pass, #30: the row staged once in shared memory
+// for Llama 2's 32,000 logits, two reads for Llama 3's 128,256) in the same binary run as the classic rows.
 #include <benchmark/benchmark.h>
 
 #include <cstdint>
@@ -32,7 +34,7 @@ constexpr loss_case cases[] = {
 
 // chunk_mib: the chunk budget in MiB; 0 for the default, -1 for one chunk of every token (materialized), -8 for
 // an eighth of the materialized chunk (#30's target: at most 1.2x the materialized time at 1/8 of its memory).
-void BM_loss_cuda(benchmark::State& state, loss_case c, int chunk_mib) {
+void BM_loss_cuda(benchmark::State& state, loss_case c, int chunk_mib, ls::device_row_pass row_pass) {
   const bool materialized = chunk_mib == -1;
   const auto [name, N, H, V] = c;
   memkit::device_resource device(0);
@@ -44,6 +46,7 @@ void BM_loss_cuda(benchmark::State& state, loss_case c, int chunk_mib) {
   MEMKIT_CUDA_CHECK(cudaMemset(d_head.data(), 0, d_head.bytes()));
   MEMKIT_CUDA_CHECK(cudaMemset(targets.data(), 0, targets.bytes()));
   ls::cross_entropy_options options;
+  options.row_pass = row_pass;
   if (materialized) options.chunk_bytes = ls::detail::chunk_row_bytes(V, sizeof(bf16), true) * static_cast<std::size_t>(N);
   else if (chunk_mib == -8) options.chunk_bytes = ls::detail::chunk_row_bytes(V, sizeof(bf16), true) * static_cast<std::size_t>(N) / 8;
   else if (chunk_mib > 0) options.chunk_bytes = static_cast<std::size_t>(chunk_mib) << 20;
@@ -105,7 +108,14 @@ int main(int argc, char** argv) {
         {0, "/fused"}, {-8, "/fused_eighth"}, {256, "/fused_chunk_256MiB"}, {1024, "/fused_chunk_1GiB"}, {-1, "/materialized"}};
     for (const loss_case& c : cases) {
       for (const auto& [chunk_mib, suffix] : variants)
-        benchmark::RegisterBenchmark((std::string("loss_bf16/") + c.name + suffix).c_str(), BM_loss_cuda, c, chunk_mib)
+        benchmark::RegisterBenchmark((std::string("loss_bf16/") + c.name + suffix).c_str(), BM_loss_cuda, c, chunk_mib,
+                                     ls::device_row_pass::classic)
+            ->UseManualTime()
+            ->Unit(benchmark::kMillisecond);
+      // The staged row pass at the default budget (174 / 43 rows per chunk), the issue's eighth and materialized.
+      for (const auto& [chunk_mib, suffix] : {variants[0], variants[1], variants[4]})
+        benchmark::RegisterBenchmark((std::string("loss_bf16/") + c.name + suffix + "_staged").c_str(), BM_loss_cuda, c,
+                                     chunk_mib, ls::device_row_pass::staged)
             ->UseManualTime()
             ->Unit(benchmark::kMillisecond);
       for (const bool nf4 : {false, true})

@@ -1,4 +1,5 @@
 // CUDA quantization throughput and the quantized matmul against cuBLAS on dense bf16 weights.
+// BM_cuda_matmul_nf4_vs_dense: Llama-8B layer shapes at M = 1,024 and 8,192, NF4 and dense in the same loop.
 //
 // Quantize / dequantize 256 Mi values (bytes moved = values + codes + scales), timed with CUDA events,
 // reported as bytes/s and as a fraction of the measured device-to-device copy bandwidth (the roofline a
@@ -12,7 +13,9 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <initializer_list>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "support/cuda_timing.hpp"
@@ -138,9 +141,21 @@ void BM_cuda_matmul_input_grad_nf4(benchmark::State& state, std::int64_t tile_fl
                 run_timed(state, [&] { q::matmul_input_grad(c.gpu, c.input(), c.w, c.out.view(), config, workspace); }, c.bytes));
 }
 
-// The dense bf16 peer of both NF4 products, cublasGemmEx on the same shapes: y = x * W^T (input_grad false)
-// or dx = dy * W (true). Row-major [rows, cols] is column-major [cols, rows], so y^T = (W^T)^T-op * x^T and
-// dx^T = W^T * dy^T.
+// The dense bf16 product, cublasGemmEx: y = x * W^T (input_grad false) or dx = dy * W (true), W [n, k]
+// row-major. Row-major [rows, cols] is column-major [cols, rows], so y^T = (W^T)^T-op * x^T and dx^T = W^T * dy^T.
+void dense_bf16_product(cublasHandle_t handle, bool input_grad, std::int64_t M, std::int64_t N, std::int64_t K,
+                        const memkit::bf16* w, const memkit::bf16* x, memkit::bf16* y) {
+  const float one = 1.0f, zero = 0.0f;
+  const int n = static_cast<int>(N), k = static_cast<int>(K), m = static_cast<int>(M);
+  memkit::detail::cublas_check(
+      input_grad ? cublasGemmEx(handle, CUBLAS_OP_N, CUBLAS_OP_N, k, m, n, &one, w, CUDA_R_16BF, k, x, CUDA_R_16BF, n,
+                                &zero, y, CUDA_R_16BF, k, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT)
+                 : cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, n, m, k, &one, w, CUDA_R_16BF, k, x, CUDA_R_16BF, k,
+                                &zero, y, CUDA_R_16BF, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+      "cublasGemmEx");
+}
+
+// The dense bf16 peer of both NF4 products on W [kN, kK].
 void BM_cuda_matmul_dense_bf16(benchmark::State& state, bool input_grad) {
   const std::int64_t M = state.range(0);
   memkit::device_resource device;
@@ -151,23 +166,54 @@ void BM_cuda_matmul_dense_bf16(benchmark::State& state, bool input_grad) {
   MEMKIT_CUDA_CHECK(cudaGetLastError());
   cublasHandle_t handle;
   memkit::detail::cublas_check(cublasCreate(&handle), "cublasCreate");
-  const float one = 1.0f, zero = 0.0f;
   const double bytes = static_cast<double>(w.bytes() + x.bytes() + y.bytes());
-  const int n = static_cast<int>(kN), k = static_cast<int>(kK), m = static_cast<int>(M);
-  const double seconds = run_timed(state,
-            [&] {
-              memkit::detail::cublas_check(
-                  input_grad ? cublasGemmEx(handle, CUBLAS_OP_N, CUBLAS_OP_N, k, m, n, &one, w.data(), CUDA_R_16BF, k,
-                                            x.data(), CUDA_R_16BF, n, &zero, y.data(), CUDA_R_16BF, k,
-                                            CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT)
-                             : cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, n, m, k, &one, w.data(), CUDA_R_16BF, k,
-                                            x.data(), CUDA_R_16BF, k, &zero, y.data(), CUDA_R_16BF, n,
-                                            CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-                  "cublasGemmEx");
-            },
-            bytes);
+  const double seconds =
+      run_timed(state, [&] { dense_bf16_product(handle, input_grad, M, kN, kK, w.data(), x.data(), y.data()); }, bytes);
   report_tflops(state, M, seconds);
   cublasDestroy(handle);
+}
+
+// #30's training shapes: the NF4 product (forward, or input gradient when input_grad) and the dense bf16 cuBLAS
+// product of the same W [N, K] and M, timed alternately in the same iterations (same clocks, same process), with
+// the default matmul_config (the device tile holds each of these W whole: one dequantize per weight per call).
+// Args: M, K, N. Manual time: memkit's; counters: dense_ms (cuBLAS, per call) and ratio = memkit / dense (the
+// target is 1.25 at most).
+void BM_cuda_matmul_nf4_vs_dense(benchmark::State& state, bool input_grad) {
+  const std::int64_t M = state.range(0), K = state.range(1), N = state.range(2);
+  memkit::device_resource device;
+  const memkit::cuda_executor gpu = memkit::cuda_executor::legacy_default_stream();
+  memkit::buffer<memkit::bf16> dense(device, {N, K}), in(device, {M, input_grad ? N : K}), out(device, {M, input_grad ? K : N});
+  fill_normalish<<<1024, 256>>>(dense.data(), N * K);
+  MEMKIT_CUDA_CHECK(cudaGetLastError());
+  fill_normalish<<<1024, 256>>>(in.data(), in.size());
+  MEMKIT_CUDA_CHECK(cudaGetLastError());
+  const auto w = q::quantized_tensor<q::NF4>::quantize(gpu, memkit::tensor_view<const memkit::bf16>(dense.view()), {64, true}, device);
+  memkit::device_async_resource workspace(gpu.stream);
+  const q::matmul_config config;
+  const memkit::tensor_view<const memkit::bf16> input = in.view();
+  cublasHandle_t handle;
+  memkit::detail::cublas_check(cublasCreate(&handle), "cublasCreate");
+  auto quantized = [&] {
+    if (input_grad) q::matmul_input_grad(gpu, input, w, out.view(), config, workspace);
+    else q::matmul(gpu, input, w, out.view(), config, workspace);
+  };
+  auto reference = [&] { dense_bf16_product(handle, input_grad, M, N, K, dense.data(), in.data(), out.data()); };
+  memkit_bench::event_timer timer;
+  quantized();  // warm-up: cuBLAS' heuristics, the pool's first mapping of the tile
+  reference();
+  double memkit_seconds = 0.0, dense_seconds = 0.0;
+  for (auto _ : state) {
+    const double seconds = timer.seconds(quantized);
+    dense_seconds += timer.seconds(reference);
+    state.SetIterationTime(seconds);
+    memkit_seconds += seconds;
+  }
+  cublasDestroy(handle);
+  const double iterations = static_cast<double>(state.iterations());
+  state.counters["dense_ms"] = dense_seconds / iterations * 1e3;
+  state.counters["ratio"] = memkit_seconds / dense_seconds;
+  state.counters["TFLOPs"] = 2.0 * double(M) * double(N) * double(K) * iterations / memkit_seconds * 1e-12;
+  state.counters["dense_TFLOPs"] = 2.0 * double(M) * double(N) * double(K) * iterations / dense_seconds * 1e-12;
 }
 
 }  // namespace
@@ -201,6 +247,14 @@ int main(int argc, char** argv) {
       benchmark::RegisterBenchmark("BM_cuda_matmul_input_grad_nf4", BM_cuda_matmul_input_grad_nf4, 0)->Arg(m)->UseManualTime()->Unit(benchmark::kMicrosecond);
       benchmark::RegisterBenchmark("BM_cuda_matmul_input_grad_dense_bf16", BM_cuda_matmul_dense_bf16, true)->Arg(m)->UseManualTime()->Unit(benchmark::kMicrosecond);
     }
+    // Llama-3-8B's layer shapes (K x N: attention 4096 x 4096, MLP up 4096 x 14336, down 14336 x 4096) at M = 1,024
+    // and 8,192 tokens, each NF4 product beside dense bf16 in the same iterations: 12 rows, about 0.2 s each.
+    for (const bool input_grad : {false, true})
+      for (const auto& [K, N] : std::initializer_list<std::pair<int, int>>{{4096, 4096}, {4096, 14336}, {14336, 4096}})
+        for (int m : {1024, 8192})
+          benchmark::RegisterBenchmark(input_grad ? "BM_cuda_matmul_nf4_vs_dense/input_grad" : "BM_cuda_matmul_nf4_vs_dense/forward",
+                                       BM_cuda_matmul_nf4_vs_dense, input_grad)
+              ->Args({m, K, N})->ArgNames({"M", "K", "N"})->UseManualTime()->Unit(benchmark::kMicrosecond);
     // The previous fused kernel, side by side with the shuffle-codebook one above.
     for (int m : {1, 8})
       benchmark::RegisterBenchmark("BM_cuda_matmul_nf4_shared_codebook", BM_cuda_matmul_nf4, 0, false)->Arg(m)->UseManualTime()->Unit(benchmark::kMicrosecond);

@@ -3,7 +3,8 @@
 Runs, each with a time limit, within a total budget (default 480 s, so one short visit to a GPU machine can
 run it, read it and run it again):
   1. the device's name, clocks, driver and the commit the binaries were built from;
-  2. the GPU test suite (memkit_cuda_tests --memkit-gpu-suite);
+  2. the GPU test suite (memkit_cuda_tests --memkit-gpu-suite), and attention::cudnn's tests (memkit_cudnn_tests,
+     whole, when the binaries were built with MEMKIT_GPU_CUDNN=1);
   3. every CUDA benchmark (Google Benchmark, JSON);
   4. the PyTorch side of each comparison (bench/peers/gpu_peers.py, with the machine's python3);
   5. the example's device run (memkit_example_train_llama_cuda --device cuda --short --check);
@@ -57,7 +58,8 @@ def find_binaries(bin_dir):
     candidates = [pathlib.Path(bin_dir)] if bin_dir else [ROOT / "build-gpu" / "carry", ROOT / "build-gpu"]
     for base in candidates:
         found = {}
-        for role, rel in [("tests", "tests/memkit_cuda_tests"), ("example", "examples/memkit_example_train_llama_cuda")] + [
+        for role, rel in [("tests", "tests/memkit_cuda_tests"), ("cudnn_tests", "tests/memkit_cudnn_tests"),
+                          ("example", "examples/memkit_example_train_llama_cuda")] + [
                 (f"bench_{b}", f"bench/memkit_bench_{b}_cuda") for b in BENCHMARKS]:
             for p in (base / rel, base / pathlib.Path(rel).name):
                 if p.is_file() and os.access(p, os.X_OK):
@@ -66,6 +68,20 @@ def find_binaries(bin_dir):
         if found:
             return base, found
     return None, {}
+
+
+def torch_cudnn_lib():
+    """The lib/ folder of the nvidia-cudnn wheel PyTorch depends on, if this python has it (not imported: found)."""
+    import importlib.util
+    try:
+        spec = importlib.util.find_spec("nvidia.cudnn")
+    except (ImportError, ValueError):
+        return None
+    for location in (spec.submodule_search_locations or []) if spec else []:
+        lib = pathlib.Path(location) / "lib"
+        if lib.is_dir():
+            return str(lib)
+    return None
 
 
 class Runner:
@@ -79,6 +95,11 @@ class Runner:
                                   pathlib.Path("/usr/local/cuda/targets/x86_64-linux/lib")) if p and p.is_dir()]
         if self.env.get("LD_LIBRARY_PATH"):
             paths.append(self.env["LD_LIBRARY_PATH"])
+        # cuDNN for binaries built with MEMKIT_GPU_CUDNN=1: its libraries (about 530 MB) are not carried; the
+        # machine's own (beside the CUDA Toolkit) come first, else the ones PyTorch ships (nvidia-cudnn wheel).
+        cudnn = torch_cudnn_lib()
+        if cudnn:
+            paths.append(cudnn)
         self.env["LD_LIBRARY_PATH"] = ":".join(paths)
 
     def left(self):
@@ -209,11 +230,30 @@ def side_by_side(memkit, peers):
             for p in ("sdpa_flash", "sdpa_cudnn"):
                 pairs.append((f"attention fwd+bwd, causal bf16, 1x8 heads, seq {S}, head_dim {D}", "memkit", m,
                               p, peer(f"{p}/seq:{S}/head_dim:{D}")))
+            # #29: memkit's cuDNN path (binaries built with MEMKIT_GPU_CUDNN=1 only; its counter cudnn is 0 when
+            # the row measured the built-in fallback). Runs without it have no row and no pair.
+            c = mk("attention", rf"BM_flash_cuda_cudnn/seq:{S}/head_dim:{D}(/manual_time)?")
+            if c is not None:
+                for p in ("sdpa_flash", "sdpa_cudnn"):
+                    pairs.append((f"attention fwd+bwd, causal bf16, 1x8 heads, seq {S}, head_dim {D}",
+                                  "memkit cuDNN path", c, p, peer(f"{p}/seq:{S}/head_dim:{D}")))
     for case in ("llama2_7b", "llama3_8b"):
         for variant in ("fused", "fused_eighth", "fused_chunk_256MiB", "fused_chunk_1GiB", "materialized"):
             pairs.append((f"linear cross-entropy fwd+bwd, {case} head, 8192 tokens", f"memkit {variant}",
                           mk("loss", rf"loss_bf16/{case}/{variant}(/manual_time)?"), "torch materialized",
                           peer(f"materialized_ce/{case}")))
+    # #30: the staged row pass beside the classic one at the same chunk budget, and next to torch's materialized
+    # step, in runs that measured it (older runs have no _staged rows: no pair, so their reports rebuild unchanged).
+    for case in ("llama2_7b", "llama3_8b"):
+        for variant in ("fused", "fused_eighth", "materialized"):
+            staged = mk("loss", rf"loss_bf16/{case}/{variant}_staged(/manual_time)?")
+            if staged is None:
+                continue
+            pairs.append((f"linear cross-entropy fwd+bwd, {case} head, 8192 tokens", f"memkit {variant} (staged row pass)",
+                          staged, f"memkit {variant} (classic row pass)",
+                          mk("loss", rf"loss_bf16/{case}/{variant}(/manual_time)?")))
+            pairs.append((f"linear cross-entropy fwd+bwd, {case} head, 8192 tokens", f"memkit {variant} (staged row pass)",
+                          staged, "torch materialized", peer(f"materialized_ce/{case}")))
     for state, peer_name in (("fp32_state", "torch_fused_adamw/fp32"), ("fp32_state", "torch_fused_adamw_clip/fp32"),
                              ("bf16_state", "torch_fused_adamw/fp32"), ("int8_256_state", "bnb_adamw8bit"),
                              ("int8_256_state", "torch_fused_adamw/fp32"), ("int4_state", "torch_fused_adamw/fp32")):
@@ -248,6 +288,16 @@ def side_by_side(memkit, peers):
         pairs.append((f"dx = dy W, W 8192x8192, M {M}", "memkit NF4", m, "memkit dense bf16 (cuBLAS)",
                       mk("quant", rf"BM_cuda_matmul_input_grad_dense_bf16/{M}(/manual_time)?")))
         pairs.append((f"dx = dy W, W 8192x8192, M {M}", "memkit NF4", m, "torch bf16", peer(f"torch_bf16_input_grad/{M}")))
+    # #30: Llama-8B layer shapes at training M, the NF4 product and dense bf16 cuBLAS timed in the same iterations
+    # (bench/quant_cuda.cu, BM_cuda_matmul_nf4_vs_dense; target: ratio at most 1.25). Older runs have no such rows.
+    for row in memkit.get("quant", []):
+        shape = re.fullmatch(r"BM_cuda_matmul_nf4_vs_dense/(forward|input_grad)/M:(\d+)/K:(\d+)/N:(\d+)(/manual_time)?",
+                             row["name"])
+        if shape is None or "dense_ms" not in row:
+            continue
+        product = "y = x W^T" if shape[1] == "forward" else "dx = dy W"
+        pairs.append((f"{product}, K {shape[3]} x N {shape[4]}, M {shape[2]}, same iterations (target ratio <= 1.25)",
+                      "memkit NF4", row, "memkit dense bf16 (cuBLAS)", {"ms": row["dense_ms"]}))
     pairs.append(("dequantize NF4 -> bf16, 2^28 values", "memkit", mk("quant", r"BM_cuda_dequantize/nf4(/manual_time)?"),
                   "bnb dequantize_4bit", peer("bnb_dequantize_nf4/2^28")))
     out = []
@@ -256,7 +306,7 @@ def side_by_side(memkit, peers):
                "peer_ms": p.get("ms") if p else None, "peer_skipped": p.get("skipped") if p else "not measured"}
         if row["memkit_ms"] and row["peer_ms"]:
             row["ratio"] = row["memkit_ms"] / row["peer_ms"]
-        for key in ("TFLOPs", "GFLOPs", "fraction_of_roofline", "peak_workspace_MiB"):
+        for key in ("TFLOPs", "GFLOPs", "fraction_of_roofline", "peak_workspace_MiB", "cudnn"):
             if m and key in m:
                 row[f"memkit_{key}"] = m[key]
             if p and key in p:
@@ -381,6 +431,12 @@ def write_report(out, report):
                      + (f" ({', '.join(t['failed_cases'])})" if t["failed_cases"] else "") + ".")
     else:
         lines.append("GPU suite: no doctest summary (see gpu_suite.log).")
+    t = report.get("cudnn_gpu_suite")
+    if t is not None:  # only runs whose binaries were built with MEMKIT_GPU_CUDNN=1
+        lines.append("")
+        lines.append(f"cuDNN path's GPU suite: {t['passed']} of {t['cases']} cases passed, {t['failed']} failed"
+                     + (f" ({', '.join(t['failed_cases'])})" if t["failed_cases"] else "") + "." if t.get("parsed")
+                     else "cuDNN path's GPU suite: no doctest summary (see cudnn_gpu_suite.log).")
     lines += ["", "## Side by side", "", "ratio = memkit time / peer time (below 1: memkit faster).", "",
               "| operation | memkit | ms | peer | ms | ratio | memkit figure |", "|---|---|---|---|---|---|---|"]
     for r in report["side_by_side"]:
@@ -482,6 +538,11 @@ def main():
     if "tests" in only and "tests" in binaries:
         rc, output = runner.run("gpu_suite", [binaries["tests"], "--memkit-gpu-suite"], 200)
         report["gpu_suite"] = parse_doctest(output)
+    if "tests" in only and "cudnn_tests" in binaries:
+        # The whole binary: its host cases (cuDNN finalizes the graphs' descriptors) and its gpu suite.
+        runner.run("cudnn_tests", [binaries["cudnn_tests"]], 60)
+        rc, output = runner.run("cudnn_gpu_suite", [binaries["cudnn_tests"], "--memkit-gpu-suite"], 120)
+        report["cudnn_gpu_suite"] = parse_doctest(output)
     min_time = "0.05" if args.quick else "0.1"
     if "bench" in only:
         for b in BENCHMARKS:

@@ -148,6 +148,12 @@ MEMKIT_GPU_TEST_CASE("gpu: the prefetching adam update kernel (device_prefetch_u
       device, device, false, {.max_grad_norm = 0.5f, .device_prefetch_update = true});
   check_host_device_agreement<adam_state<memkit::optim::four_bit, 128>, bf16, bf16>(device, device, true,
                                                                                   {.device_prefetch_update = true});
+  // The 4-bit register tables and constant-midpoint codes with fp32 parameters, and with 2048-element blocks (256
+  // lanes per block: eight warps' shuffles and the cross-warp absmax).
+  check_host_device_agreement<adam_state<memkit::optim::four_bit, 128>, float, float>(device, device, false,
+                                                                                    {.device_prefetch_update = true});
+  check_host_device_agreement<adam_state<memkit::optim::four_bit, 2048>, float, float>(device, device, false,
+                                                                                     {.device_prefetch_update = true});
 }
 
 MEMKIT_GPU_TEST_CASE("gpu: adam state in managed (paged) memory and in pinned host memory steps on the device") {

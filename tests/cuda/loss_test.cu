@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 #include "support/gpu_test.hpp"
@@ -57,7 +58,18 @@ std::vector<float> widen(const std::vector<T>& values) {
   return out;
 }
 
-// Device result vs host result for one element type and option set; `quantized` uses an NF4 head.
+// One device call's outputs, copied back.
+template <class T>
+struct device_outputs {
+  float loss = 0;
+  std::vector<T> d_hidden;
+  std::vector<float> d_head;
+};
+
+// Device result vs host result for one element type and option set; `quantized` uses an NF4 head. The device runs
+// once per row pass (options.row_pass: classic, staged), each held to the same tolerances against the host; where
+// the staged pass stages the row in shared memory (V * 4 bytes within the device's limit) it must also give the
+// classic kernel's bits, as it walks the row in the same order.
 template <class T>
 void check_device_against_host(std::int64_t N, std::int64_t H, std::int64_t V, const ls::cross_entropy_options& o,
                                bool quantized) {
@@ -82,54 +94,76 @@ void check_device_against_host(std::int64_t N, std::int64_t H, std::int64_t V, c
                                    memkit::default_host_resource());
 
   memkit::device_resource device(0);
-  memkit::tracking_resource workspace(device, "loss");
   auto d_hidden_in = to_device(device, hidden);
   auto d_head_w = to_device(device, head);
   auto d_targets = to_device(device, targets);
-  memkit::buffer<float> d_loss(device, memkit::shape{1});
-  memkit::buffer<T> d_grad_hidden(device, memkit::shape{N, H});
-  auto d_grad_head = to_device(device, std::vector<float>(static_cast<std::size_t>(V * H), 0.5f));
   // The host-quantized head's storage copied into a device tensor.
   q::quantized_tensor<q::NF4> nf4_device(device, memkit::shape{V, H}, {64, false});
   MEMKIT_CUDA_CHECK(cudaMemcpy(nf4_device.codes().data(), nf4.codes().data(), nf4.codes().size(), cudaMemcpyHostToDevice));
   MEMKIT_CUDA_CHECK(cudaMemcpy(nf4_device.absmax().data(), nf4.absmax().data(), nf4.absmax().bytes(), cudaMemcpyHostToDevice));
-  cudaStream_t stream = nullptr;
-  MEMKIT_CUDA_CHECK(cudaStreamCreate(&stream));
-  const memkit::cuda_executor exec{0, stream};
-  const tensor_view<float> device_head_grad =
-      quantized ? tensor_view<float>{} : tensor_view<float>(d_grad_head.data(), {V, H}, memkit::memory_kind::device);
-  const tensor_view<const T> x(d_hidden_in.data(), {N, H}, memkit::memory_kind::device);
-  const tensor_view<const std::int32_t> t(d_targets.data(), {N}, memkit::memory_kind::device);
-  if (quantized)
-    ls::fused_linear_cross_entropy(exec, x, nf4_device, t, d_loss.view(), d_grad_hidden.view(), device_head_grad, o, workspace);
-  else
-    ls::fused_linear_cross_entropy(exec, x, tensor_view<const T>(d_head_w.data(), {V, H}, memkit::memory_kind::device), t,
-                                   d_loss.view(), d_grad_hidden.view(), device_head_grad, o, workspace);
-  exec.synchronize();
-  MEMKIT_CUDA_CHECK(cudaStreamDestroy(stream));
-  CHECK(workspace.peak_bytes() ==
-        ls::workspace_bytes({.tokens = N, .hidden = H, .vocab = V, .hidden_element_bytes = sizeof(T),
-                             .quantized_head = quantized, .head_grad = !quantized, .on_device = true, .options = o}));
+  const auto run_device = [&](const ls::cross_entropy_options& options) {
+    memkit::tracking_resource workspace(device, "loss");
+    memkit::buffer<float> d_loss(device, memkit::shape{1});
+    memkit::buffer<T> d_grad_hidden(device, memkit::shape{N, H});
+    auto d_grad_head = to_device(device, std::vector<float>(static_cast<std::size_t>(V * H), 0.5f));
+    cudaStream_t stream = nullptr;
+    MEMKIT_CUDA_CHECK(cudaStreamCreate(&stream));
+    const memkit::cuda_executor exec{0, stream};
+    const tensor_view<float> device_head_grad =
+        quantized ? tensor_view<float>{} : tensor_view<float>(d_grad_head.data(), {V, H}, memkit::memory_kind::device);
+    const tensor_view<const T> x(d_hidden_in.data(), {N, H}, memkit::memory_kind::device);
+    const tensor_view<const std::int32_t> t(d_targets.data(), {N}, memkit::memory_kind::device);
+    if (quantized)
+      ls::fused_linear_cross_entropy(exec, x, nf4_device, t, d_loss.view(), d_grad_hidden.view(), device_head_grad,
+                                     options, workspace);
+    else
+      ls::fused_linear_cross_entropy(exec, x, tensor_view<const T>(d_head_w.data(), {V, H}, memkit::memory_kind::device),
+                                     t, d_loss.view(), d_grad_hidden.view(), device_head_grad, options, workspace);
+    exec.synchronize();
+    MEMKIT_CUDA_CHECK(cudaStreamDestroy(stream));
+    CHECK(workspace.peak_bytes() ==
+          ls::workspace_bytes({.tokens = N, .hidden = H, .vocab = V, .hidden_element_bytes = sizeof(T),
+                               .quantized_head = quantized, .head_grad = !quantized, .on_device = true,
+                               .options = options}));
+    device_outputs<T> out;
+    out.loss = to_host(d_loss.data(), 1)[0];
+    out.d_hidden = to_host(d_grad_hidden.data(), static_cast<std::size_t>(N * H));
+    if (!quantized) out.d_head = to_host(d_grad_head.data(), static_cast<std::size_t>(V * H));
+    return out;
+  };
 
-  const float device_loss = to_host(d_loss.data(), 1)[0];
-  // A 16-bit quantized head: the device dequantizes its tiles into T (cuBLAS takes one operand type), the host
-  // into fp32, so each weight differs by up to 2^-9 relative (bf16) and the logits by the sum of those.
-  const double loss_epsilon = quantized && !std::is_same_v<T, float> ? 1e-3 : 1e-5;
-  CHECK(device_loss == doctest::Approx(host_loss).epsilon(loss_epsilon));
-  // 16-bit: the device multiplies a 16-bit gradient of the logits (cuBLAS takes one operand type).
-  const double tolerance = std::is_same_v<T, float> ? 1e-4 : 2e-2;
-  // The difference first, then the scale it set: operands of <= are unordered.
-  double scale = 0;
-  const double hidden_difference = max_abs_difference(
-      widen(to_host(d_grad_hidden.data(), static_cast<std::size_t>(N * H))), widen(host_d_hidden), &scale);
-  CHECK(hidden_difference <= tolerance * scale);
-  if (!quantized) {
-    std::vector<float> shifted_device = to_host(d_grad_head.data(), static_cast<std::size_t>(V * H));
-    std::vector<float> shifted_host = host_d_head;
-    for (float& v : shifted_device) v -= 0.5f;
-    for (float& v : shifted_host) v -= 0.5f;
-    const double head_difference = max_abs_difference(shifted_device, shifted_host, &scale);
-    CHECK(head_difference <= tolerance * scale);
+  std::vector<device_outputs<T>> results;
+  for (const ls::device_row_pass pass : {ls::device_row_pass::classic, ls::device_row_pass::staged}) {
+    CAPTURE(static_cast<int>(pass));
+    ls::cross_entropy_options with_pass = o;
+    with_pass.row_pass = pass;
+    results.push_back(run_device(with_pass));
+    const device_outputs<T>& out = results.back();
+    // A 16-bit quantized head: the device dequantizes its tiles into T (cuBLAS takes one operand type), the host
+    // into fp32, so each weight differs by up to 2^-9 relative (bf16) and the logits by the sum of those.
+    const double loss_epsilon = quantized && !std::is_same_v<T, float> ? 1e-3 : 1e-5;
+    CHECK(out.loss == doctest::Approx(host_loss).epsilon(loss_epsilon));
+    // 16-bit: the device multiplies a 16-bit gradient of the logits (cuBLAS takes one operand type).
+    const double tolerance = std::is_same_v<T, float> ? 1e-4 : 2e-2;
+    // The difference first, then the scale it set: operands of <= are unordered.
+    double scale = 0;
+    const double hidden_difference = max_abs_difference(widen(out.d_hidden), widen(host_d_hidden), &scale);
+    CHECK(hidden_difference <= tolerance * scale);
+    if (!quantized) {
+      std::vector<float> shifted_device = out.d_head;
+      std::vector<float> shifted_host = host_d_head;
+      for (float& v : shifted_device) v -= 0.5f;
+      for (float& v : shifted_host) v -= 0.5f;
+      const double head_difference = max_abs_difference(shifted_device, shifted_host, &scale);
+      CHECK(head_difference <= tolerance * scale);
+    }
+  }
+  if (ls::detail::staged_row_fits<T>(0, V)) {  // the staged kernel ran: the classic kernel's bits
+    const auto bits = [](const auto& v) { return std::vector<unsigned char>(reinterpret_cast<const unsigned char*>(v.data()),
+                                                                            reinterpret_cast<const unsigned char*>(v.data() + v.size())); };
+    CHECK(std::memcmp(&results[0].loss, &results[1].loss, sizeof(float)) == 0);
+    CHECK(bits(results[0].d_hidden) == bits(results[1].d_hidden));
+    CHECK(bits(results[0].d_head) == bits(results[1].d_head));
   }
 }
 
@@ -161,6 +195,23 @@ MEMKIT_GPU_TEST_CASE("loss: CUDA matches the host path (fp32, bf16; options; chu
   }
   // Several dequantized tiles (V * H above quantized_tile_values), bf16 with the fp32 accumulator.
   check_device_against_host<memkit::bf16>(17, 4096, 1100, plain, true);
+  // V not a multiple of 4: the staged pass's scalar loads and stores.
+  check_device_against_host<float>(61, 96, 701, all, false);
+  check_device_against_host<memkit::bf16>(61, 96, 701, all, false);
+}
+
+MEMKIT_GPU_TEST_CASE("loss: CUDA's staged row pass on rows too long for shared memory (the two-pass kernel)") {
+  // 60,000 fp32 logits (240,000 bytes) exceed every device's opt-in shared memory per block (227 KiB on sm_90):
+  // the staged pass reads such a row twice (online softmax) instead; 60,002 takes its scalar path.
+  CHECK_FALSE(ls::detail::staged_row_fits<float>(0, 60000));
+  const ls::cross_entropy_options plain{.chunk_bytes = 3 * 60002 * 6};
+  const ls::cross_entropy_options all{.ignore_index = 3, .label_smoothing = 0.1f, .logit_softcap = 2.0f,
+                                      .z_loss = 1e-3f, .chunk_bytes = 3 * 60002 * 6};
+  for (const auto& o : {plain, all}) {
+    check_device_against_host<float>(7, 32, 60000, o, false);
+    check_device_against_host<memkit::bf16>(7, 32, 60000, o, false);
+    check_device_against_host<float>(7, 32, 60002, o, false);
+  }
 }
 
 MEMKIT_GPU_TEST_CASE("loss: CUDA reports a target out of range as a NaN loss; all ignored gives 0") {
@@ -190,9 +241,10 @@ namespace {
 
 // Reduction none on the device against the host: per-token losses, and the gradients for per-token weights d_loss.
 template <class T>
-void check_per_token_device_against_host(std::int64_t N, std::int64_t H, std::int64_t V, bool quantized) {
+void check_per_token_device_against_host(std::int64_t N, std::int64_t H, std::int64_t V, bool quantized,
+                                         ls::device_row_pass pass = ls::device_row_pass::classic) {
   const ls::cross_entropy_options o{.label_smoothing = 0.1f, .z_loss = 1e-3f, .chunk_bytes = 9 * 700 * 6,
-                                    .reduction = ls::reduction_mode::none};
+                                    .reduction = ls::reduction_mode::none, .row_pass = pass};
   const std::vector<T> hidden = memkit_test::convert<T>(memkit_test::uniform_values(N * H, 1));
   const std::vector<T> head = memkit_test::convert<T>(memkit_test::uniform_values(V * H, 2));
   const std::vector<std::int32_t> targets = targets_for(N, V, o.ignore_index);
@@ -262,6 +314,10 @@ MEMKIT_GPU_TEST_CASE("loss: CUDA reduction none matches the host path (per-token
   check_per_token_device_against_host<memkit::bf16>(61, 96, 700, false);
   check_per_token_device_against_host<float>(61, 96, 700, true);
   check_per_token_device_against_host<memkit::bf16>(17, 4096, 1100, true);
+  // The staged row pass: the row in shared memory, and a row too long for it (two reads).
+  check_per_token_device_against_host<float>(61, 96, 700, false, ls::device_row_pass::staged);
+  check_per_token_device_against_host<memkit::bf16>(61, 96, 700, false, ls::device_row_pass::staged);
+  check_per_token_device_against_host<memkit::bf16>(7, 32, 60000, false, ls::device_row_pass::staged);
 }
 
 MEMKIT_GPU_TEST_CASE("loss: CUDA reduction none reports a target out of range as that token's NaN loss") {

@@ -6,8 +6,10 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <limits>
 #include <random>
 #include <vector>
@@ -120,6 +122,50 @@ TEST_CASE("adam codes: the 4-bit maps are torchao's and round to the nearest ent
       not_nearest += std::abs(maps.m[code] - x) > std::abs(maps.m[static_cast<std::size_t>(j)] - x) + 1e-7f;
   }
   CHECK(not_nearest == 0);
+}
+
+// constant_code<M>'s tree over compile-time midpoints against code()'s search of the table, for one float.
+template <bool M>
+bool same_4bit_code(std::uint32_t bits) {
+  using traits = memkit::optim::adam_state_traits<memkit::optim::four_bit>;
+  const auto& maps = memkit::optim::detail::int4_maps;
+  const float x = std::bit_cast<float>(bits);
+  return traits::constant_code<M>(x) == traits::code(M ? maps.m.data() : maps.v.data(), x);
+}
+
+TEST_CASE("adam codes: the 4-bit codes from constant midpoints are code()'s, for every float checked") {
+  // Every 257th bit pattern (all exponents, both signs, NaN and Inf among them) and every float within 2^12
+  // ulps of each entry and midpoint (where a code changes). MEMKIT_EXHAUSTIVE_CODES=1 checks all 2^32 floats
+  // (about a minute at -O2).
+  const auto& maps = memkit::optim::detail::int4_maps;
+  const bool exhaustive = std::getenv("MEMKIT_EXHAUSTIVE_CODES") != nullptr;
+  std::uint64_t checked = 0, wrong_m = 0, wrong_v = 0;
+  auto check = [&](std::uint32_t bits) {
+    wrong_m += !same_4bit_code<true>(bits);
+    wrong_v += !same_4bit_code<false>(bits);
+    ++checked;
+  };
+  const std::uint64_t stride = exhaustive ? 1 : 257;
+  for (std::uint64_t bits = 0; bits < (std::uint64_t{1} << 32); bits += stride) check(static_cast<std::uint32_t>(bits));
+  for (const auto* table : {&maps.m, &maps.v})
+    for (std::size_t k = 0; k < 16; ++k) {
+      const float middle = k + 1 < 16 ? ((*table)[k] + (*table)[k + 1]) * 0.5f : 2.0f;
+      for (const float centre : {(*table)[k], middle, -(*table)[k], -middle}) {
+        const std::uint32_t c = std::bit_cast<std::uint32_t>(centre);
+        for (std::uint32_t d = 0; d <= 4096; ++d) {
+          check(c + d);
+          check(c - d);
+        }
+      }
+    }
+  CHECK(checked > 16'000'000);
+  CHECK(wrong_m == 0);
+  CHECK(wrong_v == 0);
+  using traits = memkit::optim::adam_state_traits<memkit::optim::four_bit>;
+  CHECK(traits::constant_code<true>(std::numeric_limits<float>::quiet_NaN()) == 0u);
+  CHECK(traits::constant_code<false>(std::numeric_limits<float>::infinity()) == 15u);
+  CHECK(traits::constant_code<true>(-std::numeric_limits<float>::infinity()) == 0u);
+  MESSAGE("4-bit constant-midpoint codes: " << checked << " floats checked against code()");
 }
 
 TEST_CASE("adam codes: the 8-bit index keeps only the magnitudes between the smallest midpoint and 1") {

@@ -3,6 +3,8 @@
 
 #include <cmath>
 #include <cstdint>
+#include <initializer_list>
+#include <utility>
 #include <vector>
 
 #include "memkit/core/host_simd.hpp"
@@ -201,6 +203,28 @@ TEST_CASE("quant matmul: the CUDA workspace prediction follows the path the CUDA
   limit_4.small_batch_limit = 4;
   CHECK(workspace_bytes(q::matmul_arguments{q::matmul_kind::forward, q::NF4, 64, 4, N, K, 2, true, limit_4}) == 0);
   CHECK(workspace_bytes(q::matmul_arguments{q::matmul_kind::forward, q::NF4, 64, 5, N, K, 2, true, limit_4}) == tile);
+}
+
+// #30's training shapes (bench/quant_cuda.cu, BM_cuda_matmul_nf4_vs_dense): with the default config, the CUDA path
+// holds each Llama-8B layer's W whole in one tile, so a forward or input-gradient call at M = 1,024-8,192
+// dequantizes every weight once and makes one cuBLAS call (no fp32 accumulator for a 16-bit dx). A Llama-70B MLP
+// weight (28,672 x 8,192) does not fit: four tiles.
+TEST_CASE("quant matmul: Llama-8B layers at training M take one dequantize of W per CUDA call") {
+  const q::matmul_config config;
+  for (const auto& shape : std::initializer_list<std::pair<std::int64_t, std::int64_t>>{{4096, 4096}, {4096, 14336}, {14336, 4096}}) {
+    const std::int64_t K = shape.first, N = shape.second;  // no structured binding: clang 14 cannot capture one
+    CAPTURE(K);
+    CAPTURE(N);
+    CHECK(q::detail::tile_rows(N, K, config, true) == N);
+    for (std::int64_t M : {1024, 4096, 8192}) {
+      CHECK(workspace_bytes(q::matmul_arguments{q::matmul_kind::forward, q::NF4, 64, M, N, K, 2, true, config}) ==
+            static_cast<std::size_t>(N * K) * 2);
+      CHECK(workspace_bytes(q::matmul_arguments{q::matmul_kind::input_grad, q::NF4, 64, M, N, K, 2, true, config}) ==
+            static_cast<std::size_t>(N * K) * 2);
+    }
+  }
+  const std::int64_t rows_70b = q::detail::tile_rows(28672, 8192, config, true);
+  CHECK((28672 + rows_70b - 1) / rows_70b == 4);
 }
 
 // The CUDA large-batch path dequantizes device_tile_floats values per cuBLAS call (hundreds of rows of a

@@ -3,6 +3,7 @@
 // The instantiations are the ones the library launches (same template arguments and block sizes); the
 // script's table (KERNELS) names each and the rules it must satisfy.
 #include "memkit/attention/flash_attention.hpp"
+#include "memkit/loss/fused_linear_cross_entropy.hpp"
 #include "memkit/optim/adam_state.hpp"
 #include "memkit/optim/grad_accumulation.hpp"
 #include "memkit/quant/blockwise.hpp"
@@ -80,24 +81,62 @@ template __global__ void fused_gemv_t_tiled_kernel<format::int8, float, device_f
     float*, std::int64_t, code_table<256>, code_table<256>);
 template __global__ void gemv_t_reduce_kernel<bf16>(const float*, std::int64_t, std::int64_t, bf16*);
 }  // namespace quant::detail
+namespace loss::detail {
+// The fused loss's row pass: the classic kernel (row_pass = classic, the default) and the staged pass's two
+// kernels (a row staged in shared memory; two reads for rows past it), for fp32 hidden (the gradient written over
+// the logits) and bf16 (a separate 16-bit gradient).
+template __global__ void logit_rows_kernel<float>(float*, float*, std::int64_t, std::int64_t, const std::int32_t*,
+                                                  std::int64_t, row_math, const int*, float*, const float*, bool);
+template __global__ void logit_rows_kernel<bf16>(float*, bf16*, std::int64_t, std::int64_t, const std::int32_t*,
+                                                 std::int64_t, row_math, const int*, float*, const float*, bool);
+template __global__ void logit_rows_staged_kernel<float>(const float*, float*, std::int64_t, std::int64_t,
+                                                         const std::int32_t*, std::int64_t, row_math, const int*, float*,
+                                                         const float*, bool, bool);
+template __global__ void logit_rows_staged_kernel<bf16>(const float*, bf16*, std::int64_t, std::int64_t,
+                                                        const std::int32_t*, std::int64_t, row_math, const int*, float*,
+                                                        const float*, bool, bool);
+template __global__ void logit_rows_two_pass_kernel<float>(const float*, float*, std::int64_t, std::int64_t,
+                                                           const std::int32_t*, std::int64_t, row_math, const int*,
+                                                           float*, const float*, bool, bool);
+template __global__ void logit_rows_two_pass_kernel<bf16>(const float*, bf16*, std::int64_t, std::int64_t,
+                                                          const std::int32_t*, std::int64_t, row_math, const int*,
+                                                          float*, const float*, bool, bool);
+}  // namespace loss::detail
 namespace attention::detail {
-// Attention: the forward mma kernel (attention_kernel::mma) at both head_dims it runs, and the WMMA kernel that
-// `automatic` still picks, kept here so the check shows which of the mma rules it breaks.
+// Attention: the forward mma kernel (attention_kernel::mma) at every head_dim it runs (mma_head_dims), and the WMMA
+// kernel that `automatic` still picks, kept here so the check shows which of the mma rules it breaks.
+template __global__ void mma_forward_kernel<bf16, 256>(cuda_problem, const bf16*, const bf16*, const bf16*, bf16*,
+                                                       float*);
 template __global__ void mma_forward_kernel<bf16, 128>(cuda_problem, const bf16*, const bf16*, const bf16*, bf16*,
                                                        float*);
+template __global__ void mma_forward_kernel<bf16, 96>(cuda_problem, const bf16*, const bf16*, const bf16*, bf16*,
+                                                     float*);
 template __global__ void mma_forward_kernel<bf16, 64>(cuda_problem, const bf16*, const bf16*, const bf16*, bf16*,
                                                       float*);
 template __global__ void flash_forward_kernel<bf16>(cuda_problem, const bf16*, const bf16*, const bf16*, bf16*,
                                                     float*);
 // Backward's key pass (dk, dv) and dq pass: the mma ones and the WMMA ones.
+// Above head_dim 128 the key pass runs twice, dV then dK (key_pass_outputs).
+template __global__ void mma_key_pass_kernel<bf16, 256, key_pass_outputs::dv>(cuda_problem, const bf16*, const bf16*,
+                                                                             const bf16*, const bf16*, const float*,
+                                                                             const float*, bf16*, bf16*);
+template __global__ void mma_key_pass_kernel<bf16, 256, key_pass_outputs::dk>(cuda_problem, const bf16*, const bf16*,
+                                                                             const bf16*, const bf16*, const float*,
+                                                                             const float*, bf16*, bf16*);
 template __global__ void mma_key_pass_kernel<bf16, 128>(cuda_problem, const bf16*, const bf16*, const bf16*,
                                                         const bf16*, const float*, const float*, bf16*, bf16*);
+template __global__ void mma_key_pass_kernel<bf16, 96>(cuda_problem, const bf16*, const bf16*, const bf16*,
+                                                      const bf16*, const float*, const float*, bf16*, bf16*);
 template __global__ void mma_key_pass_kernel<bf16, 64>(cuda_problem, const bf16*, const bf16*, const bf16*,
                                                        const bf16*, const float*, const float*, bf16*, bf16*);
 template __global__ void flash_key_pass_kernel<bf16>(cuda_problem, const bf16*, const bf16*, const bf16*, const bf16*,
                                                      const float*, const float*, bf16*, bf16*);
+template __global__ void mma_query_pass_kernel<bf16, 256>(cuda_problem, const bf16*, const bf16*, const bf16*,
+                                                          const bf16*, const float*, const float*, bf16*);
 template __global__ void mma_query_pass_kernel<bf16, 128>(cuda_problem, const bf16*, const bf16*, const bf16*,
                                                           const bf16*, const float*, const float*, bf16*);
+template __global__ void mma_query_pass_kernel<bf16, 96>(cuda_problem, const bf16*, const bf16*, const bf16*,
+                                                        const bf16*, const float*, const float*, bf16*);
 template __global__ void mma_query_pass_kernel<bf16, 64>(cuda_problem, const bf16*, const bf16*, const bf16*,
                                                          const bf16*, const float*, const float*, bf16*);
 template __global__ void flash_query_pass_kernel<bf16>(cuda_problem, const bf16*, const bf16*, const bf16*,

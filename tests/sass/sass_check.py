@@ -47,10 +47,12 @@ KERNELS = [
      {"no_local", "no_fp64", "ldg128", "stg128", "lds<=96"}),
     ("adam8_update<bf16,bf16>", "detail::adam_update_kernel<signed char, 256, 256, memkit::v0_1::bf16, memkit::v0_1::bf16, true>", 256,
      {"no_local", "no_fp64", "ldg128", "stg128", "lds<=96"}),
+    # lds<=16: the 4-bit tables and midpoints in registers (a shuffle per dequantized moment, two per new code from
+    # count_below16); the 16 LDS left decode a tensor's last, partial block (202 LDS before).
     ("adam4_update<f32,f32>", "detail::adam_update_kernel<memkit::v0_1::optim::four_bit, 128, 256, float, float, true>", 256,
-     {"no_local", "no_fp64", "ldg128", "stg128"}),
+     {"no_local", "no_fp64", "ldg128", "stg128", "lds<=16"}),
     ("adam4_update<bf16,bf16>", "detail::adam_update_kernel<memkit::v0_1::optim::four_bit, 128, 256, memkit::v0_1::bf16, memkit::v0_1::bf16, true>", 256,
-     {"no_local", "no_fp64", "ldg128", "stg128"}),
+     {"no_local", "no_fp64", "ldg128", "stg128", "lds<=16"}),
     ("adam32_update<f32,f32>", "detail::adam_update_kernel<float, 0, 256, float, float, true>", 256,
      {"no_local", "no_fp64", "ldg128", "stg128"}),
     ("adam16_update<bf16,bf16>", "detail::adam_update_kernel<memkit::v0_1::bf16, 0, 256, memkit::v0_1::bf16, memkit::v0_1::bf16, true>", 256,
@@ -103,10 +105,30 @@ KERNELS = [
     ("gemv_t_tiled<int8,f32>", "quant::detail::fused_gemv_t_tiled_kernel<(memkit::v0_1::quant::format)2, float, 8>", 256,
      {"no_local", "ldg128"}),
     ("gemv_t_reduce<bf16>", "quant::detail::gemv_t_reduce_kernel<memkit::v0_1::bf16>", 256, {"no_local"}),
+    # The fused loss's row pass (#30). classic: one CTA of 1,024 threads per row, scalar loads, three reads and two
+    # writes. staged: the row in dynamic shared memory (Llama 2's 32,000 fp32 logits, 128,000 bytes: one CTA per
+    # SM), 16-byte loads; two_pass: rows too long to stage (Llama 3's 128,256), 16-byte loads, no shared row.
+    # bf16 gradients are stored four at a time (8 bytes: STG.64), fp32 ones as STG.128.
+    ("loss_rows_classic<f32>", "loss::detail::logit_rows_kernel<float>", 1024, {"no_local", "no_fp64"}),
+    ("loss_rows_classic<bf16>", "loss::detail::logit_rows_kernel<memkit::v0_1::bf16>", 1024, {"no_local", "no_fp64"}),
+    ("loss_rows_staged<f32>", "loss::detail::logit_rows_staged_kernel<float>", 1024,
+     {"no_local", "no_fp64", "ldg128", "stg128"}, 32000 * 4),
+    ("loss_rows_staged<bf16>", "loss::detail::logit_rows_staged_kernel<memkit::v0_1::bf16>", 1024,
+     {"no_local", "no_fp64", "ldg128"}, 32000 * 4),
+    ("loss_rows_two_pass<f32>", "loss::detail::logit_rows_two_pass_kernel<float>", 1024,
+     {"no_local", "no_fp64", "ldg128", "stg128"}),
+    ("loss_rows_two_pass<bf16>", "loss::detail::logit_rows_two_pass_kernel<memkit::v0_1::bf16>", 1024,
+     {"no_local", "no_fp64", "ldg128"}),
     # Attention (issue 29). An optional fifth field: the launch's dynamic shared bytes, for the occupancy.
     # mma: (64 query rows + 2 x 64 K rows + 2 x 64 V rows) x (head_dim + 8) x 2 bytes (mma_forward_smem_bytes).
+    # head_dim 256: Q's fragments re-read from shared memory per key tile (O alone takes 128 registers); 168,960
+    # bytes of shared memory, above sm_80's 163 KiB opt-in (occupancy 0 there: the launch refuses with a message).
+    ("attention_fwd_mma<bf16,256>", "attention::detail::mma_forward_kernel<memkit::v0_1::bf16, 256>", 128,
+     {"no_local", "no_fp64", "mma", "ldsm", "async_copy"}, 320 * 264 * 2),
     ("attention_fwd_mma<bf16,128>", "attention::detail::mma_forward_kernel<memkit::v0_1::bf16, 128>", 128,
      {"no_local", "no_fp64", "mma", "ldsm", "async_copy"}, 320 * 136 * 2),
+    ("attention_fwd_mma<bf16,96>", "attention::detail::mma_forward_kernel<memkit::v0_1::bf16, 96>", 128,
+     {"no_local", "no_fp64", "mma", "ldsm", "async_copy"}, 320 * 104 * 2),
     ("attention_fwd_mma<bf16,64>", "attention::detail::mma_forward_kernel<memkit::v0_1::bf16, 64>", 128,
      {"no_local", "no_fp64", "mma", "ldsm", "async_copy"}, 320 * 72 * 2),
     # The WMMA kernel (forward_smem<bf16> at head_dim 128: Q, K, V 16 KiB each, fp32 scores 16 KiB, weights 8 KiB,
@@ -117,17 +139,29 @@ KERNELS = [
     # 2 x 2 x 64 floats of lse and delta (mma_key_pass_smem_bytes); WMMA (key_pass_smem<bf16>, head_dim 128): K, V
     # 16 KiB each, Q, dO 8 KiB each, fp32 S^T and dP^T 8 KiB each, P^T, dS^T 4 KiB each, fp32 dK, dV 32 KiB each,
     # lse/delta 256 B, row spans 512 B.
-    ("attention_dkdv_mma<bf16,128>", "attention::detail::mma_key_pass_kernel<memkit::v0_1::bf16, 128>", 128,
+    # head_dim 256: one launch for dV and one for dK (key_pass_outputs 1 and 2), the query tile in halves.
+    ("attention_dv_mma<bf16,256>", "attention::detail::mma_key_pass_kernel<memkit::v0_1::bf16, 256, (memkit::v0_1::attention::detail::key_pass_outputs)1>", 128,
+     {"no_local", "no_fp64", "mma", "ldsm", "async_copy"}, 384 * 264 * 2 + 1024),
+    ("attention_dk_mma<bf16,256>", "attention::detail::mma_key_pass_kernel<memkit::v0_1::bf16, 256, (memkit::v0_1::attention::detail::key_pass_outputs)2>", 128,
+     {"no_local", "no_fp64", "mma", "ldsm", "async_copy"}, 384 * 264 * 2 + 1024),
+    ("attention_dkdv_mma<bf16,128>", "attention::detail::mma_key_pass_kernel<memkit::v0_1::bf16, 128, (memkit::v0_1::attention::detail::key_pass_outputs)0>", 128,
      {"no_local", "no_fp64", "mma", "ldsm", "async_copy"}, 384 * 136 * 2 + 1024),
-    ("attention_dkdv_mma<bf16,64>", "attention::detail::mma_key_pass_kernel<memkit::v0_1::bf16, 64>", 128,
+    ("attention_dkdv_mma<bf16,96>", "attention::detail::mma_key_pass_kernel<memkit::v0_1::bf16, 96, (memkit::v0_1::attention::detail::key_pass_outputs)0>", 128,
+     {"no_local", "no_fp64", "mma", "ldsm", "async_copy"}, 384 * 104 * 2 + 1024),
+    ("attention_dkdv_mma<bf16,64>", "attention::detail::mma_key_pass_kernel<memkit::v0_1::bf16, 64, (memkit::v0_1::attention::detail::key_pass_outputs)0>", 128,
      {"no_local", "no_fp64", "mma", "ldsm", "async_copy"}, 384 * 72 * 2 + 1024),
     ("attention_dkdv_wmma<bf16>", "attention::detail::flash_key_pass_kernel<memkit::v0_1::bf16>", 128,
      {"no_local", "no_fp64", "mma", "ldsm", "async_copy"}, 2 * 16384 + 4 * 8192 + 2 * 4096 + 2 * 32768 + 256 + 512),
     # Backward's dq pass. mma: (2 x 64 rows of Q and dO + 2 x 64 K + 2 x 64 V) x (head_dim + 8) x 2 bytes
     # (mma_query_pass_smem_bytes); WMMA (query_pass_smem<bf16>, head_dim 128): Q, dO 16 KiB each, K, V 8 KiB each,
     # fp32 S and dP 8 KiB each, dS 4 KiB, fp32 dQ 32 KiB, lse/delta 512 B, row spans 512 B.
+    # head_dim 256: the key tile in halves (dQ alone takes 128 registers).
+    ("attention_dq_mma<bf16,256>", "attention::detail::mma_query_pass_kernel<memkit::v0_1::bf16, 256>", 128,
+     {"no_local", "no_fp64", "mma", "ldsm", "async_copy"}, 384 * 264 * 2),
     ("attention_dq_mma<bf16,128>", "attention::detail::mma_query_pass_kernel<memkit::v0_1::bf16, 128>", 128,
      {"no_local", "no_fp64", "mma", "ldsm", "async_copy"}, 384 * 136 * 2),
+    ("attention_dq_mma<bf16,96>", "attention::detail::mma_query_pass_kernel<memkit::v0_1::bf16, 96>", 128,
+     {"no_local", "no_fp64", "mma", "ldsm", "async_copy"}, 384 * 104 * 2),
     ("attention_dq_mma<bf16,64>", "attention::detail::mma_query_pass_kernel<memkit::v0_1::bf16, 64>", 128,
      {"no_local", "no_fp64", "mma", "ldsm", "async_copy"}, 384 * 72 * 2),
     ("attention_dq_wmma<bf16>", "attention::detail::flash_query_pass_kernel<memkit::v0_1::bf16>", 128,

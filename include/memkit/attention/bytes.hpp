@@ -18,8 +18,9 @@ namespace attention {
 
 // Which CUDA kernels run (the host ignores it). `wmma`: the WMMA kernels, every dtype and head_dim <= 128. `mma`:
 // the FlashAttention-2-structured kernels (mma.sync m16n8k16 + ldmatrix, cp.async double-buffered tiles, the
-// accumulators in registers) for the forward and backward's dk/dv and dq passes, bf16 / fp16 at head_dim 64 or 128
-// with 16-byte-aligned tensors; other problems (and backward's small delta kernel) run the WMMA / plain kernels. `automatic` picks `wmma`
+// accumulators in registers) for the forward and backward's dk/dv and dq passes, bf16 / fp16 at head_dim 64, 96,
+// 128 or 256 with 16-byte-aligned tensors; other problems (and backward's small delta kernel) run the WMMA / plain
+// kernels, except head_dim 256, which only `mma` runs (an error otherwise). `automatic` picks `wmma`
 // today: the mma kernels were written without a GPU, and `automatic` switches to them only once a GPU run has
 // passed tests/cuda/attention_test.cu with them (issue 29). Same saved tensors and byte functions under all.
 enum class attention_kernel : std::uint8_t { automatic, wmma, mma };

@@ -20,7 +20,8 @@
 // the host routine of one tile (fp32 tiles, K and V transposed so every inner loop is a contiguous multiply-add,
 // a vectorizable exp2, compiled for AVX-512, AVX2 and plain x86-64 and chosen at run time by core/host_simd.hpp;
 // threads over (batch, head, tile) with core/host_threads.hpp) and, under nvcc, the CUDA kernel of one CTA
-// (tensor-core tiles for bf16 / fp16; head_dim <= 128, a multiple of 16 for bf16 / fp16). detail/common.hpp holds
+// (tensor-core tiles for bf16 / fp16; head_dim <= 128, a multiple of 16 for bf16 / fp16, and 256 on the opt-in mma
+// kernels, detail/mma_forward.hpp and detail/mma_backward.hpp). detail/common.hpp holds
 // what both share: the masking and exp2 math, the checks and the geometry.
 #pragma once
 

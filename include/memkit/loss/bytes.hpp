@@ -22,6 +22,14 @@ namespace loss {
 // those of sum_i d_loss_i * loss_i for the per-token upstream gradient d_loss the caller passes.
 enum class reduction_mode : std::uint8_t { mean, none };
 
+// Which kernel turns a chunk's fp32 logits into their gradient on CUDA (the host ignores it). classic: three
+// reads of each row and two writes (the capped logits written back, then the gradient). staged (#30, opt-in until
+// a GPU has timed it): a row that fits in shared memory (V * 4 bytes within the device's opt-in limit) is read
+// once into it and the gradient written once, with the classic kernel's reduction order (the same bits); a larger
+// row is read twice (an online max and sum of exp, then the gradient) with nothing written back, in a different
+// reduction order (docs/loss.md, "The device row pass").
+enum class device_row_pass : std::uint8_t { classic, staged };
+
 struct cross_entropy_options {
   std::int64_t ignore_index = -100;  // tokens with this target add nothing to the loss or the gradients
   float label_smoothing = 0;         // eps in [0, 1]: the target distribution is (1 - eps) one-hot + eps uniform
@@ -30,6 +38,7 @@ struct cross_entropy_options {
   std::size_t chunk_bytes = 0;       // budget of one chunk's logits buffers; 0: default_chunk_bytes
   int host_threads = 0;              // host: 0 = every hardware thread
   reduction_mode reduction = reduction_mode::mean;  // mean: loss [1]; none: loss [N] per token (above)
+  device_row_pass row_pass = device_row_pass::classic;  // CUDA's row kernel (above); no effect on bytes
 };
 
 // 32 MiB: a few hundred tokens of a 32K-128K vocabulary per chunk, big enough for efficient products.

@@ -38,6 +38,45 @@ MEMKIT_HOST_DEVICE MEMKIT_FORCEINLINE unsigned nearest_in_table(const float* tab
   return low + static_cast<unsigned>((x > mul_rn(add_rn(table[low], table[next]), 0.5f)) & (next != low));
 }
 
+// nearest_in_table<16>'s midpoint test in every position: midpoint k separates codes k and k + 1 (the same
+// float expression, evaluated at compile time). Each must lie in [table[k], table[k + 1]) and the table be
+// strictly increasing (throws otherwise: not a constant expression), which makes nearest_in_table's code the
+// number of midpoints below x (x >= table[k + 1] passes midpoint k strictly; NaN passes none).
+// A plain array, not std::array, whose operator[] is host-only for nvcc.
+struct midpoints16 {
+  float t[15];
+};
+constexpr midpoints16 constant_midpoints16(const std::array<float, 16>& table) {
+  midpoints16 midpoints{};
+  for (std::size_t k = 0; k < 15; ++k) {
+    midpoints.t[k] = (table[k] + table[k + 1]) * 0.5f;
+    if (!(table[k] < table[k + 1] && table[k] <= midpoints.t[k] && midpoints.t[k] < table[k + 1]))
+      throw error("memkit: a 4-bit table is not strictly increasing with midpoints between its entries");
+  }
+  return midpoints;
+}
+
+// b ? a : c, on the bit patterns: nvcc turned a ternary selection of constants into divergent branches
+// (BSSY/BRA in the SASS), which a warp takes both sides of.
+MEMKIT_HOST_DEVICE MEMKIT_FORCEINLINE float select_bits(bool b, float a, float c) noexcept {
+  const std::uint32_t ua = bit_cast<std::uint32_t>(a), uc = bit_cast<std::uint32_t>(c);
+  return bit_cast<float>(uc ^ ((ua ^ uc) & (0u - static_cast<std::uint32_t>(b))));
+}
+
+// The number of the 15 sorted thresholds t below x (strict >; NaN: 0), by a 4-level binary search. The first two
+// levels' probes are selected among t's entries (compile-time constants where t is one); the last two are
+// probe(k), which must return t[k]: the CUDA update reads them from warp lane k's register with a shuffle, the
+// host from t. On sm_90: 19 instructions and 2 shuffles per code, no branch, where nearest_in_table's search of a
+// shared table took 33 with 5 dependent LDS (docs/cuda.md, "The #30 kernels").
+template <class Probe>
+MEMKIT_HOST_DEVICE MEMKIT_FORCEINLINE unsigned count_below16(const midpoints16& midpoints, float x, const Probe& probe) noexcept {
+  const float* t = midpoints.t;
+  const bool b8 = x > t[7];
+  const unsigned c4 = (b8 ? 8u : 0u) | (x > select_bits(b8, t[11], t[3]) ? 4u : 0u);
+  const unsigned c2 = c4 | (x > probe(c4 + 1) ? 2u : 0u);
+  return c2 | (x > probe(c2) ? 1u : 0u);
+}
+
 template <int Bits>
 MEMKIT_HOST_DEVICE MEMKIT_FORCEINLINE unsigned load_code(const std::uint8_t* codes, std::int64_t index) noexcept {
   if constexpr (Bits == 8) return codes[index];
@@ -96,6 +135,8 @@ constexpr int4_tables make_int4_tables() noexcept {
 }
 
 inline constexpr int4_tables int4_maps = make_int4_tables();
+inline constexpr midpoints16 int4_m_midpoints = constant_midpoints16(int4_maps.m);
+inline constexpr midpoints16 int4_v_midpoints = constant_midpoints16(int4_maps.v);
 
 // A fingerprint of a pair of tables, saved with the state so a change of map is caught on load.
 template <std::size_t N>
@@ -138,6 +179,20 @@ struct adam_state_traits<four_bit> : adam_moment_format<four_bit>, detail::coded
   // The code of x in `table` (m's or v's map: one rule for both).
   MEMKIT_HOST_DEVICE static MEMKIT_FORCEINLINE unsigned code(const float* table, float x) noexcept {
     return detail::nearest_in_table<16>(table, x);
+  }
+  // code() in the state's own maps, m's (M = true) or v's, by count_below16 over their midpoints; probe(k)
+  // returns midpoint k (the CUDA update: a shuffle from the warp lane holding it). tests/host/adam_codes_test.cpp
+  // checks it against code() over every float.
+  template <bool M, class Probe>
+  MEMKIT_HOST_DEVICE static MEMKIT_FORCEINLINE unsigned constant_code(float x, const Probe& probe) noexcept {
+    constexpr detail::midpoints16 midpoints = M ? detail::int4_m_midpoints : detail::int4_v_midpoints;
+    return detail::count_below16(midpoints, x, probe);
+  }
+  // The same with the midpoints read from the constants (host).
+  template <bool M>
+  static unsigned constant_code(float x) noexcept {
+    const float* midpoints = (M ? detail::int4_m_midpoints : detail::int4_v_midpoints).t;
+    return constant_code<M>(x, [midpoints](unsigned k) { return midpoints[k]; });
   }
   // The host loop's lookups (the same codes as code()).
   struct host_coder {

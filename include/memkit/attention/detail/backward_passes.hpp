@@ -328,18 +328,27 @@ void run_backward(const host_executor&, const tensor_view<const T>& q, const ten
 }
 
 #if MEMKIT_HAS_CUDA
-// The mma key pass (dk, dv: one CTA per 64 keys of a kv head) and query pass (dq: one CTA per 64 queries of a head).
+// The mma key pass (dk, dv: one CTA per 64 keys of a kv head; two launches above head_dim 128) and query pass (dq:
+// one CTA per 64 queries of a head).
 template <class T, int D>
 void launch_mma_backward(const cuda_executor& exec, const cuda_problem& p, const T* q, const T* k, const T* v,
                          const T* dout, const float* lse, const float* delta, T* dq, T* dk, T* dv) {
   const std::int64_t key_smem = mma_key_pass_smem_bytes(D, sizeof(T));
   const std::int64_t query_smem = mma_query_pass_smem_bytes(D, sizeof(T));
-  prepare_smem(exec, mma_key_pass_kernel<T, D>, key_smem, "backward");
   prepare_smem(exec, mma_query_pass_kernel<T, D>, query_smem, "backward");
   const std::int64_t tiles = (p.S + mma_tiles::rows - 1) / mma_tiles::rows;
-  mma_key_pass_kernel<T, D><<<static_cast<unsigned>(std::int64_t{p.B} * p.Hkv * tiles), mma_tiles::threads,
-                              static_cast<std::size_t>(key_smem), exec.stream>>>(p, q, k, v, dout, lse, delta, dk, dv);
-  MEMKIT_CUDA_CHECK(cudaGetLastError());
+  const auto key_pass = [&](auto kernel) {  // dk and dv in one launch up to head_dim 128, one launch each above
+    prepare_smem(exec, kernel, key_smem, "backward");
+    kernel<<<static_cast<unsigned>(std::int64_t{p.B} * p.Hkv * tiles), mma_tiles::threads,
+             static_cast<std::size_t>(key_smem), exec.stream>>>(p, q, k, v, dout, lse, delta, dk, dv);
+    MEMKIT_CUDA_CHECK(cudaGetLastError());
+  };
+  if constexpr (D <= 128) {
+    key_pass(mma_key_pass_kernel<T, D, key_pass_outputs::dk_dv>);
+  } else {
+    key_pass(mma_key_pass_kernel<T, D, key_pass_outputs::dv>);
+    key_pass(mma_key_pass_kernel<T, D, key_pass_outputs::dk>);
+  }
   mma_query_pass_kernel<T, D><<<static_cast<unsigned>(std::int64_t{p.B} * p.Hq * tiles), mma_tiles::threads,
                                 static_cast<std::size_t>(query_smem), exec.stream>>>(p, q, k, v, dout, lse, delta, dq);
   MEMKIT_CUDA_CHECK(cudaGetLastError());
@@ -368,10 +377,10 @@ void run_backward(const cuda_executor& exec, const tensor_view<const T>& q, cons
     if constexpr (!std::is_same_v<T, float>) {
       if (use_mma_kernel<T>(options, p.D,
                             {q.data(), k.data(), v.data(), dout.data(), dq.data(), dk.data(), dv.data()})) {
-        if (p.D == 64) launch_mma_backward<T, 64>(exec, p, q.data(), k.data(), v.data(), dout.data(), lse.data(),
-                                                  delta.data(), dq.data(), dk.data(), dv.data());
-        else launch_mma_backward<T, 128>(exec, p, q.data(), k.data(), v.data(), dout.data(), lse.data(),
-                                         delta.data(), dq.data(), dk.data(), dv.data());
+        with_mma_head_dim(p.D, [&](auto D) {
+          launch_mma_backward<T, decltype(D)::value>(exec, p, q.data(), k.data(), v.data(), dout.data(), lse.data(),
+                                                     delta.data(), dq.data(), dk.data(), dv.data());
+        });
         return 0;
       }
     }

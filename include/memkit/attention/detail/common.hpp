@@ -10,6 +10,7 @@
 #include <limits>
 #include <string>
 #include <type_traits>
+#include <utility>
 
 #include "memkit/attention/bytes.hpp"
 #include "memkit/config.hpp"
@@ -283,7 +284,8 @@ inline void axpy(float w, const float* __restrict x, std::int64_t D, float* __re
 // masking and the backward's elementwise step use the same first_key / last_key / exp2_nonpositive as the host.
 // Every warp only ever touches its own rows between the block-wide tile loads, so warps synchronize with
 // __syncwarp and the block only around loads. All launches go on the executor's stream; nothing synchronizes.
-// Limits: head_dim <= 128, and a multiple of 16 for bf16 / fp16 (the MMA shape).
+// Limits: head_dim <= 128, and a multiple of 16 for bf16 / fp16 (the MMA shape); mma_head_dims below for the
+// opt-in mma kernels.
 // ---------------------------------------------------------------------------------------------------------------
 #if MEMKIT_HAS_CUDA
 
@@ -407,13 +409,35 @@ std::int64_t smem_bytes(int D) {
   return count.used;
 }
 
+// The head_dims the mma kernels (attention_kernel::mma, detail/mma_forward.hpp) are instantiated for, bf16 / fp16
+// only; every other head_dim up to 128 runs the WMMA kernels, and 256 runs on the mma kernels alone. Listed once:
+// the mma dispatch, mma_forward_supports and the messages below read it.
+using mma_head_dims = std::integer_sequence<int, 64, 96, 128, 256>;
+constexpr bool is_mma_head_dim(std::int64_t D) noexcept {
+  return []<int... Ds>(std::int64_t d, std::integer_sequence<int, Ds...>) {
+    return ((d == Ds) || ...);
+  }(D, mma_head_dims{});
+}
+// What CUDA runs, for the messages that refuse a head_dim.
+inline std::string cuda_head_dims_text() {
+  std::string mma;
+  [&]<int... Ds>(std::integer_sequence<int, Ds...>) {
+    ((mma += (mma.empty() ? "" : ", "), mma += std::to_string(Ds)), ...);
+  }(mma_head_dims{});
+  return "CUDA runs bf16/fp16 at a multiple of 16 up to 128 and fp32 at any head_dim up to 128 (the WMMA kernels), "
+         "and attention_kernel::mma's kernels run bf16/fp16 at " + mma + " (above 128 only with that option)";
+}
+
 template <class T>
 cuda_problem make_cuda_problem(const shape& qs, std::int64_t Hkv, const attention_options& o,
                                const tensor_view<const std::int32_t>& documents, const char* op) {
   const std::string who = std::string("attention::") + op + " (CUDA)";
-  require(qs[3] <= 128, who + ": head_dim " + std::to_string(qs[3]) + " is above the CUDA kernel's 128");
-  require(std::is_same_v<T, float> || qs[3] % 16 == 0,
-          who + ": head_dim " + std::to_string(qs[3]) + " must be a multiple of 16 for bf16/fp16 (the MMA shape)");
+  const bool mma = o.kernel == attention_kernel::mma && !std::is_same_v<T, float> && is_mma_head_dim(qs[3]);
+  require(qs[3] <= 128 || mma, who + ": head_dim " + std::to_string(qs[3]) + " is above the WMMA kernels' 128. " +
+                                   cuda_head_dims_text());
+  require(std::is_same_v<T, float> || qs[3] % 16 == 0, who + ": head_dim " + std::to_string(qs[3]) +
+                                                           " must be a multiple of 16 for bf16/fp16 (the MMA shape). " +
+                                                           cuda_head_dims_text());
   require(qs[2] < (std::int64_t{1} << 30) && qs[0] * qs[1] * qs[2] < (std::int64_t{1} << 31),
           who + ": batch * heads * seq must stay below 2^31 on CUDA");
   const problem h = make_problem(qs, Hkv, o, documents);

@@ -206,8 +206,9 @@ void run_forward(const cuda_executor& exec, const tensor_view<const T>& q, const
   if constexpr (!std::is_same_v<T, float>) {
     if (use_mma_kernel<T>(options, p.D, {q.data(), k.data(), v.data(), out.data()})) {
       ::memkit::detail::with_device(exec.device, [&] {
-        if (p.D == 64) launch_mma_forward<T, 64>(exec, p, q.data(), k.data(), v.data(), out.data(), lse.data());
-        else launch_mma_forward<T, 128>(exec, p, q.data(), k.data(), v.data(), out.data(), lse.data());
+        with_mma_head_dim(p.D, [&](auto D) {
+          launch_mma_forward<T, decltype(D)::value>(exec, p, q.data(), k.data(), v.data(), out.data(), lse.data());
+        });
         return 0;
       });
       return;

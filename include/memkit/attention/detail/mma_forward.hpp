@@ -12,7 +12,9 @@
 
 #include <cstdint>
 #include <initializer_list>
+#include <string>
 #include <type_traits>
+#include <utility>
 
 #include "memkit/attention/detail/common.hpp"
 
@@ -30,18 +32,34 @@ struct mma_tiles {
 MEMKIT_HOST_DEVICE constexpr std::int64_t mma_forward_smem_bytes(int D, std::int64_t element_bytes) noexcept {
   return (std::int64_t{mma_tiles::rows} + 4 * mma_tiles::cols) * (D + mma_tiles::pad) * element_bytes;
 }
-// The problems the mma kernels run; others fall back to the WMMA kernels.
+// The problems the mma kernels run (bf16 / fp16 at the head_dims of mma_head_dims); others fall back to the WMMA
+// kernels.
 template <class T>
 constexpr bool mma_forward_supports(std::int64_t D) noexcept {
-  return !std::is_same_v<T, float> && (D == 64 || D == 128);
+  return !std::is_same_v<T, float> && is_mma_head_dim(D);
 }
-// Whether attention_options::kernel selects the mma kernels and they run this problem: bf16 / fp16, head_dim 64 or
-// 128, and every tensor they copy by cp.async 16-byte aligned. Otherwise the WMMA kernels run (documented).
+// Calls launch(std::integral_constant<int, D>{}) for the head_dim D of mma_head_dims equal to `head_dim` (the
+// kernels take D as a template argument so every tile loop unrolls); callers checked mma_forward_supports.
+template <class F>
+void with_mma_head_dim(std::int64_t head_dim, F&& launch) {
+  const bool launched = [&]<int... Ds>(std::integer_sequence<int, Ds...>) {
+    return ((head_dim == Ds ? (launch(std::integral_constant<int, Ds>{}), true) : false) || ...);
+  }(mma_head_dims{});
+  require(launched, "attention (CUDA): no mma kernel for head_dim " + std::to_string(head_dim));
+}
+// Whether attention_options::kernel selects the mma kernels and they run this problem: bf16 / fp16, a head_dim of
+// mma_head_dims, and every tensor they copy by cp.async 16-byte aligned. Otherwise the WMMA kernels run (documented),
+// except above head_dim 128, which only the mma kernels run: there an unaligned tensor is an error.
 template <class T>
 bool use_mma_kernel(const attention_options& o, std::int64_t D, std::initializer_list<const void*> tensors) {
   if (o.kernel != attention_kernel::mma || !mma_forward_supports<T>(D)) return false;
   for (const void* t : tensors)
-    if (reinterpret_cast<std::uintptr_t>(t) % 16 != 0) return false;
+    if (reinterpret_cast<std::uintptr_t>(t) % 16 != 0) {
+      require(D <= 128, "attention (CUDA): head_dim " + std::to_string(D) +
+                            " runs only on attention_kernel::mma's kernels, which copy by 16-byte cp.async: every "
+                            "tensor (q, k, v, out, and in backward dout, dq, dk, dv) must be 16-byte aligned");
+      return false;
+    }
   return true;
 }
 
@@ -183,6 +201,17 @@ __device__ MEMKIT_FORCEINLINE void mma_rows_by_tile2(float (&c1)[nb][4], const s
   #pragma unroll
   for (int s = 0; s < ks; ++s) mma_step2<T, transposed, LD>(c1, a1[s], tile1, c2, a2[s], tile2, lane, s);
 }
+// c += A B^T over ks k-steps with the A fragments re-read from shared memory per k-step (a: this lane's ldmatrix row
+// at k-step 0): the forward's S at head_dims where Q's fragments would not fit in registers beside O.
+template <class T, int LD, int ks, int nb>
+__device__ MEMKIT_FORCEINLINE void mma_shared_rows_by_tile(float (&c)[nb][4], const T* a, const T* tile, int lane) {
+  #pragma unroll
+  for (int s = 0; s < ks; ++s) {
+    std::uint32_t f[4];
+    ldmatrix_x4<false>(f, a + s * 16);
+    mma_step<T, false, LD>(c, f, tile, lane, s);
+  }
+}
 // c1 += A1 B1^T, c2 += A2 B2^T over ks k-steps with the A fragments re-read from shared memory per k-step (a1, a2:
 // this lane's ldmatrix rows at k-step 0), which keeps registers for the accumulators: backward's S and dP.
 template <class T, int LD, int ks, int nb>
@@ -195,6 +224,22 @@ __device__ MEMKIT_FORCEINLINE void mma_shared_rows_by_tile2(float (&c1)[nb][4], 
     ldmatrix_x4<false>(f2, a2 + s * 16);
     mma_step2<T, false, LD>(c1, f1, tile1, c2, f2, tile2, lane, s);
   }
+}
+
+// The forward's S = Q K^T with Q's fragments in registers (qa), or (std::false_type) re-read from the shared Q tile
+// per k-step. Overloads, not `if constexpr` in the kernel: with the `if constexpr` the PTX of the kernels at
+// head_dim 64 and 128 changed (CUDA 13.0), with these it is the same as before head_dim 256 existed.
+template <class T, int LD, int ks, int nb>
+__device__ MEMKIT_FORCEINLINE void forward_scores(std::true_type, float (&c)[nb][4], const std::uint32_t (&qa)[ks][4],
+                                                  const T*, const T* tile, int lane, int) {
+  mma_rows_by_tile<T, false, LD>(c, qa, tile, lane);
+}
+template <class T, int LD, int ks, int nb, int qa_steps>
+__device__ MEMKIT_FORCEINLINE void forward_scores(std::false_type, float (&c)[nb][4],
+                                                  const std::uint32_t (&)[qa_steps][4], const T* Qs, const T* tile,
+                                                  int lane, int warp) {
+  const fragment_offset qw = a_fragment<LD>(lane, warp * 16, 0);  // this lane's ldmatrix row of Q
+  mma_shared_rows_by_tile<T, LD, ks>(c, Qs + qw.row + qw.lane, tile, lane);
 }
 
 // Stores this thread's accumulator rows of an [S][D] output at row offset `base` (head * S): row r0 gets c[n][0..1],
@@ -259,12 +304,17 @@ __global__ void __launch_bounds__(mma_tiles::threads)
 
   cp_async_wait<1>();  // Q landed (the K/V group may still be in flight)
   __syncthreads();
-  std::uint32_t qa[dk][4];
-  #pragma unroll
-  for (int s = 0; s < dk; ++s)
-  {
-    const fragment_offset at = a_fragment<LD>(lane, warp * 16, s);
-    ldmatrix_x4<false>(qa[s], Qs + at.row + at.col + at.lane);
+  // Q's A fragments: in registers up to head_dim 128 (4 registers per k-step); above, O alone takes D / 2 registers
+  // and Q's fragments are re-read from shared memory per key tile instead.
+  constexpr bool q_in_registers = D <= 128;
+  [[maybe_unused]] std::uint32_t qa[q_in_registers ? dk : 1][4];
+  if constexpr (q_in_registers) {
+    #pragma unroll
+    for (int s = 0; s < dk; ++s)
+    {
+      const fragment_offset at = a_fragment<LD>(lane, warp * 16, s);
+      ldmatrix_x4<false>(qa[s], Qs + at.row + at.col + at.lane);
+    }
   }
 
   float o[on][4];
@@ -291,7 +341,7 @@ __global__ void __launch_bounds__(mma_tiles::threads)
       float sc[sn][4];
       #pragma unroll
       for (int n = 0; n < sn; ++n) sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.0f;
-      mma_rows_by_tile<T, false, LD>(sc, qa, Kt, lane);
+      forward_scores<T, LD, dk>(std::bool_constant<q_in_registers>{}, sc, qa, Qs, Kt, lane, warp);
       // Online softmax on the two rows; a row's 64 columns live in the 4 threads of its quad.
       const bool full = j0 >= lo0 && j0 >= lo1 && j0 + N <= hi0 && j0 + N <= hi1;  // no column masked
       float max0 = minus_infinity, max1 = minus_infinity;

@@ -44,6 +44,44 @@ struct row_math {
   }
 };
 
+// The running max and sum of exp(z - max) of a row's softmax, formed in one read (the device's two-pass row kernel,
+// #30) instead of a max pass and then an exp pass. When the max grows the sum is rescaled by exp(old - new): one
+// more rounding per rescale, which the host test (loss_online_softmax_test) bounds against a double reference.
+// From the empty state (-inf, 0) a first value v gives (v, 1); a row of -inf gives NaN (exp(-inf - -inf)), as the
+// two-pass form does.
+struct online_softmax {
+  float max = -INFINITY, sum = 0.0f;
+
+  MEMKIT_HOST_DEVICE void add(float value) noexcept {
+    if (value > max) {
+      sum *= expf(max - value);
+      max = value;
+    }
+    sum += expf(value - max);
+  }
+  // Four values with at most one rescale: their max first.
+  MEMKIT_HOST_DEVICE void add4(float a, float b, float c, float d) noexcept {
+    const float top = fmaxf(fmaxf(a, b), fmaxf(c, d));
+    if (top > max) {
+      sum *= expf(max - top);
+      max = top;
+    }
+    sum += expf(a - max) + expf(b - max) + expf(c - max) + expf(d - max);
+  }
+  // Another state joins this one (a state whose max is -inf adds nothing). Symmetric: merging a into b and b
+  // into a give the same bits, as a shuffle tree needs.
+  MEMKIT_HOST_DEVICE void merge(float other_max, float other_sum) noexcept {
+    const float top = fmaxf(max, other_max);
+    if (top == -INFINITY) {
+      sum += other_sum;
+      return;
+    }
+    sum = sum * expf(max - top) + other_sum * expf(other_max - top);
+    max = top;
+  }
+  MEMKIT_HOST_DEVICE float lse() const noexcept { return max + logf(sum); }
+};
+
 inline row_math make_row_math(const cross_entropy_options& options, std::int64_t V) {
   return {options.logit_softcap, options.z_loss, options.label_smoothing, V};
 }

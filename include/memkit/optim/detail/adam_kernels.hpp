@@ -294,6 +294,11 @@ inline constexpr dynamic_code_buckets int8_m_buckets_host = make_dynamic_code_bu
 inline constexpr dynamic_code_buckets int8_v_buckets_host = make_dynamic_code_buckets(quant::dynamic_map_unsigned);
 static __device__ const dynamic_code_buckets int8_m_buckets = int8_m_buckets_host;
 static __device__ const dynamic_code_buckets int8_v_buckets = int8_v_buckets_host;
+// The 4-bit maps' midpoints, which the update's lanes hold for count_below16's shuffled probes (device copies of the
+// constants, as for the buckets).
+static __device__ const midpoints16 int4_m_midpoints_device = int4_m_midpoints;
+static __device__ const midpoints16 int4_v_midpoints_device = int4_v_midpoints;
+static_assert(&adam_state_traits<four_bit>::tables() == &int4_maps, "the midpoints are the 4-bit state's maps'");
 static_assert(&adam_state_traits<std::int8_t>::tables().m == &int8_maps.m && int8_maps.m == quant::dynamic_map_signed &&
               int8_maps.v == quant::dynamic_map_unsigned, "the buckets are built from the 8-bit state's maps");
 
@@ -325,6 +330,10 @@ __global__ void __launch_bounds__(Threads, 2) adam_update_kernel(update_launch<S
   // 8-bit codes come from the maps' buckets (dynamic_code_bucketed: traits::code's codes in two
   // probes each), staged in shared memory; 4-bit ones from searching the 16-entry tables.
   constexpr bool bucketed = traits::quantized && traits::bits == 8;
+  // Prefetch, 4-bit: the tables and their midpoints live in registers (a lane of each warp holds one entry of m's
+  // or v's, and one midpoint, read by shuffles) and the new codes come from count_below16 (constant_code): no
+  // shared loads per element. The shared tables remain for a tensor's last, partial block.
+  constexpr bool register_tables = Prefetch && traits::quantized && traits::bits == 4;
   constexpr int m_buckets = bucketed ? static_cast<int>(int8_m_buckets_host.bucket_count) : 4;
   constexpr int v_buckets = bucketed ? static_cast<int>(int8_v_buckets_host.bucket_count) : 4;
   // Prefetch reads a probe's two thresholds as one pair (one 8-byte shared load instead of two 4-byte ones).
@@ -397,6 +406,11 @@ __global__ void __launch_bounds__(Threads, 2) adam_update_kernel(update_launch<S
   constexpr int RP = prefetch_plain ? R : 1, SP = Prefetch && traits::quantized ? S : 1;
   float pre_p[RP][V], pre_g[RP][V], pre_m[RP][V], pre_v[RP][V];
   unsigned pre_m_code[SP][V], pre_v_code[SP][V];
+  if constexpr (register_tables)  // lanes without a block still take part in the shuffles below: code 0
+#pragma unroll
+    for (int s = 0; s < SP; ++s)
+#pragma unroll
+      for (int k = 0; k < V; ++k) pre_m_code[s][k] = pre_v_code[s][k] = 0u;
   float pre_m_absmax = 0.0f, pre_v_absmax = 0.0f;
   if constexpr (Prefetch) {
     const param_access<P, G> loads{static_cast<P*>(a.param), static_cast<const G*>(a.grad), a.master, false, 0, 0, 0, 0};
@@ -492,6 +506,23 @@ __global__ void __launch_bounds__(Threads, 2) adam_update_kernel(update_launch<S
     }
     float m_new[S * V], v_new[S * V];
     float m_max = 0.0f, v_max = 0.0f;
+    // register_tables: lane l of a warp holds m's entry l (l < 16) or v's entry l - 16, and every lane reads
+    // its codes' values with one shuffle each (the index is the code, or the code + 16), outside any branch
+    // (a shuffle needs the whole warp). The values are the tables' own, so the bits are unchanged.
+    constexpr int RV = register_tables ? SP : 1;
+    float table_m[RV][V], table_v[RV][V];
+    if constexpr (register_tables) {
+      static_assert(launch_tables<State>::entries == 16);
+      const int warp_lane = static_cast<int>(threadIdx.x) % 32;
+      const float entry = warp_lane < 16 ? batch.tables.m[warp_lane] : batch.tables.v[warp_lane - 16];
+#pragma unroll
+      for (int s = 0; s < RV; ++s)
+#pragma unroll
+        for (int k = 0; k < V; ++k) {
+          table_m[s][k] = __shfl_sync(0xffffffffu, entry, static_cast<int>(pre_m_code[s][k]));
+          table_v[s][k] = __shfl_sync(0xffffffffu, entry, static_cast<int>(pre_v_code[s][k] | 16u));
+        }
+    }
 #pragma unroll
     for (int s = 0; s < S; ++s) {
       const std::int64_t e0 = static_cast<std::int64_t>(s * L + lane) * V;
@@ -511,8 +542,13 @@ __global__ void __launch_bounds__(Threads, 2) adam_update_kernel(update_launch<S
         }
 #pragma unroll
         for (int k = 0; k < V; ++k) {
-          m[k] = mul_rn(m_table[m_code[k]], m_absmax);
-          v[k] = mul_rn(v_table[v_code[k]], v_absmax);
+          if constexpr (register_tables) {
+            m[k] = mul_rn(table_m[s][k], m_absmax);
+            v[k] = mul_rn(table_v[s][k], v_absmax);
+          } else {
+            m[k] = mul_rn(m_table[m_code[k]], m_absmax);
+            v[k] = mul_rn(v_table[v_code[k]], v_absmax);
+          }
         }
         if (a.vector) {
           float p[V], g[V];
@@ -572,25 +608,47 @@ __global__ void __launch_bounds__(Threads, 2) adam_update_kernel(update_launch<S
         v_max = max_abs(v_max, warp_max[1][first_warp + w]);
       }
     }
+    const float m_inverse = inverse_scale(m_max), v_inverse = inverse_scale(v_max);
+    // register_tables: every lane finds its new codes here, before any lane returns (a shuffle needs the whole
+    // warp; a lane without a block codes zeros): count_below16 compares with two of the midpoints as constants,
+    // then with two read by shuffles from the lanes holding them (lane j: m's midpoint j, lane 16 + j: v's).
+    unsigned m_new_code[RV * V], v_new_code[RV * V];
+    if constexpr (register_tables) {
+      const int warp_lane = static_cast<int>(threadIdx.x) % 32, j = warp_lane % 16;
+      const float midpoint = j == 15 ? 0.0f : warp_lane < 16 ? int4_m_midpoints_device.t[j] : int4_v_midpoints_device.t[j];
+      const auto m_probe = [midpoint](unsigned k) { return __shfl_sync(0xffffffffu, midpoint, static_cast<int>(k)); };
+      const auto v_probe = [midpoint](unsigned k) { return __shfl_sync(0xffffffffu, midpoint, static_cast<int>(k | 16u)); };
+#pragma unroll
+      for (int i = 0; i < RV * V; ++i) {
+        m_new_code[i] = traits::template constant_code<true>(mul_rn(m_new[i], m_inverse), m_probe);
+        v_new_code[i] = traits::template constant_code<false>(mul_rn(v_new[i], v_inverse), v_probe);
+      }
+    }
+    // The new code of element i (s * V + k) of this lane's values.
+    auto m_requant = [&](int i) -> unsigned {
+      if constexpr (register_tables) return m_new_code[i];
+      else return m_code_of(mul_rn(m_new[i], m_inverse));
+    };
+    auto v_requant = [&](int i) -> unsigned {
+      if constexpr (register_tables) return v_new_code[i];
+      else return v_code_of(mul_rn(v_new[i], v_inverse));
+    };
     if (!quantized_unit) return;
     if (lane == 0) {
       a.m_scale[local] = m_max;
       a.v_scale[local] = v_max;
     }
-    const float m_inverse = inverse_scale(m_max), v_inverse = inverse_scale(v_max);
     auto* m_out = static_cast<std::uint8_t*>(a.m);
     auto* v_out = static_cast<std::uint8_t*>(a.v);
 #pragma unroll
     for (int s = 0; s < S; ++s) {
       const std::int64_t e0 = static_cast<std::int64_t>(s * L + lane) * V;
-      const float* m = m_new + s * V;
-      const float* v = v_new + s * V;
       if (e0 + V <= count) {
         unsigned m_code[V], v_code[V];
 #pragma unroll
         for (int k = 0; k < V; ++k) {
-          m_code[k] = m_code_of(mul_rn(m[k], m_inverse));
-          v_code[k] = v_code_of(mul_rn(v[k], v_inverse));
+          m_code[k] = m_requant(s * V + k);
+          v_code[k] = v_requant(s * V + k);
         }
         store_codes<traits::bits, V>(m_out, begin + e0, m_code);
         store_codes<traits::bits, V>(v_out, begin + e0, v_code);
@@ -598,18 +656,18 @@ __global__ void __launch_bounds__(Threads, 2) adam_update_kernel(update_launch<S
 #pragma unroll
         for (int k = 0; k < V; ++k)
           if (e0 + k < count) {
-            m_out[begin + e0 + k] = static_cast<std::uint8_t>(m_code_of(mul_rn(m[k], m_inverse)));
-            v_out[begin + e0 + k] = static_cast<std::uint8_t>(v_code_of(mul_rn(v[k], v_inverse)));
+            m_out[begin + e0 + k] = static_cast<std::uint8_t>(m_requant(s * V + k));
+            v_out[begin + e0 + k] = static_cast<std::uint8_t>(v_requant(s * V + k));
           }
       } else {
 #pragma unroll
         for (int k = 0; k < V; k += 2) {
           const std::int64_t e = e0 + k;
           if (e >= count) continue;
-          const unsigned m_hi = m_code_of(mul_rn(m[k], m_inverse));
-          const unsigned v_hi = v_code_of(mul_rn(v[k], v_inverse));
-          const unsigned m_lo = e + 1 < count ? m_code_of(mul_rn(m[k + 1], m_inverse)) : 0u;
-          const unsigned v_lo = e + 1 < count ? v_code_of(mul_rn(v[k + 1], v_inverse)) : 0u;
+          const unsigned m_hi = m_requant(s * V + k);
+          const unsigned v_hi = v_requant(s * V + k);
+          const unsigned m_lo = e + 1 < count ? m_requant(s * V + k + 1) : 0u;
+          const unsigned v_lo = e + 1 < count ? v_requant(s * V + k + 1) : 0u;
           m_out[(begin + e) / 2] = static_cast<std::uint8_t>((m_hi << 4) | m_lo);
           v_out[(begin + e) / 2] = static_cast<std::uint8_t>((v_hi << 4) | v_lo);
         }

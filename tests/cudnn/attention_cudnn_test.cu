@@ -1,0 +1,293 @@
+// memkit::attention::cudnn (MEMKIT_USE_CUDNN): cuDNN itself checks every descriptor of the forward and backward
+// graphs (no device needed: tensor and operation descriptors finalize without a cuDNN handle), the entry points'
+// argument checks, and (gpu suite, NOT RUN YET: written without a GPU) cuDNN's results against the host
+// reference, the fallback and the exact workspace bytes.
+#include <doctest/doctest.h>
+
+#include <memkit/attention/cudnn.hpp>
+#include <memkit/memory/resource.hpp>
+#include <memkit/memory/tracking.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <set>
+#include <vector>
+
+#include "support/gpu_test.hpp"
+#include "support/test_values.hpp"
+
+#if !defined(MEMKIT_USE_CUDNN)
+#error "tests/cudnn is built with MEMKIT_USE_CUDNN (tests/CMakeLists.txt)"
+#endif
+
+namespace {
+
+namespace att = memkit::attention;
+namespace sdpa = memkit::attention::detail::cudnn_sdpa;
+
+// The nodes memkit's graphs have: forward 10 (2 matmuls, scale, max, sub, exp, sum, log, add, div), backward 18
+// (rowsum(dO * O) in 3, scale, sub Stats, exp, 2 transposes, 5 matmuls, dS in 3, K's reshape, dQ's copy) plus a
+// reduction per gradient of grouped heads; a right bound (causal or a window) adds 2 index nodes, a compare and a
+// select, plus an add for a window without causality; a left bound (a window) adds 5.
+std::size_t expected_operations(const sdpa::sdpa_key& k) {
+  std::size_t n = k.backward ? 18 + (k.query_heads != k.kv_heads ? 2 : 0) : 10;
+  if (k.causal || k.window > 0) n += k.causal ? 4 : 5;
+  if (k.window > 0) n += 5;
+  return n;
+}
+
+}  // namespace
+
+TEST_CASE("cudnn: every tensor and operation descriptor of the forward and backward graphs finalizes (no device)") {
+  std::printf("memkit: cuDNN %zu (headers %d)\n", cudnnGetVersion(), CUDNN_VERSION);
+  CHECK(cudnnGetVersion() >= 90000);
+  int built = 0;
+  // The ids attention::cudnn::forward / backward bind (the same functions they call).
+  const auto ids = [](const att::cudnn::detail::bindings& b) {
+    std::set<std::int64_t> s;
+    for (const auto& binding : b) s.insert(binding.first);
+    return s;
+  };
+  memkit::bf16* t = nullptr;
+  float* f = nullptr;
+  const std::set<std::int64_t> forward_uids = ids(att::cudnn::detail::forward_bindings(t, t, t, t, f));
+  const std::set<std::int64_t> backward_uids =
+      ids(att::cudnn::detail::backward_bindings(t, t, t, t, f, t, t, t, t, nullptr, nullptr));
+  CHECK(forward_uids.size() == 5);
+  CHECK(backward_uids.size() == 11);
+  for (bool backward : {false, true})
+    for (cudnnDataType_t io : {CUDNN_DATA_BFLOAT16, CUDNN_DATA_HALF})
+      for (std::int64_t D : {64, 128})
+        for (bool causal : {true, false})
+          for (std::int64_t window : {0, 33})
+            for (std::int64_t kv_heads : {8, 2, 1})  // MHA, GQA, MQA
+              for (std::int64_t S : {1, 257}) {
+                sdpa::sdpa_key key;
+                key.backward = backward, key.io = io, key.batch = 2, key.query_heads = 8, key.kv_heads = kv_heads;
+                key.sequence = S, key.head_dim = D, key.causal = causal, key.window = window;
+                CAPTURE(backward);
+                CAPTURE(D);
+                CAPTURE(causal);
+                CAPTURE(window);
+                CAPTURE(kv_heads);
+                CAPTURE(S);
+                sdpa::graph_builder graph = sdpa::build_graph(key);
+                CHECK(graph.operations().size() == expected_operations(key));
+                // The tensors in memory are the ones attention::cudnn binds (execute checks it again).
+                const std::set<std::int64_t> memory(graph.memory_uids().begin(), graph.memory_uids().end());
+                CHECK(memory.size() == graph.memory_uids().size());
+                CHECK(memory == (backward ? backward_uids : forward_uids));
+                ++built;
+              }
+  CHECK(built == 192);
+}
+
+TEST_CASE("cudnn: a malformed node is rejected by cuDNN at finalize, with its status and message") {
+  sdpa::sdpa_key key;
+  key.batch = 1, key.query_heads = 2, key.kv_heads = 2, key.sequence = 64, key.head_dim = 64;
+  sdpa::graph_builder g(key);
+  // Q [1, 2, 64, 64] times a "K^T" of inner extent 32: the matmul's shapes do not chain.
+  auto q = g.tensor(sdpa::uid_q, {1, 2, 64, 64}, {8192, 4096, 64, 1}, CUDNN_DATA_HALF);
+  auto kt = g.tensor(sdpa::uid_k, {1, 2, 32, 64}, {4096, 2048, 64, 1}, CUDNN_DATA_HALF);
+  auto s = g.virtual_tensor({1, 2, 64, 64});
+  CHECK_THROWS_WITH_AS(g.matmul(q, kt, s), doctest::Contains("finalize matmul operation: CUDNN_STATUS_BAD_PARAM"),
+                       memkit::error);
+  // A ternary select without its mask.
+  auto y = g.virtual_tensor({1, 2, 64, 64});
+  CHECK_THROWS_WITH_AS(g.pointwise(CUDNN_POINTWISE_BINARY_SELECT, s, g.scalar(1.0f), nullptr, y),
+                       doctest::Contains("CUDNN_STATUS_BAD_PARAM"), memkit::error);
+  // A reduction to a head count that does not divide the input's.
+  CHECK_THROWS_WITH_AS(g.reduction(CUDNN_REDUCE_TENSOR_ADD, q, g.virtual_tensor({1, 3, 64, 1})),
+                       doctest::Contains("CUDNN_STATUS_BAD_PARAM"), memkit::error);
+}
+
+TEST_CASE("cudnn: the entry points check their arguments before touching the device") {
+  const memkit::cuda_executor exec = memkit::cuda_executor::legacy_default_stream(0);
+  memkit::host_resource workspace;
+  att::attention_options o;
+  auto fake = [](std::int64_t a, std::int64_t b, std::int64_t c, std::int64_t d) {
+    return memkit::tensor_view<memkit::bf16>{reinterpret_cast<memkit::bf16*>(std::uintptr_t{4096}),
+                                             memkit::shape{a, b, c, d}, memkit::memory_kind::device};
+  };
+  const memkit::tensor_view<float> lse{reinterpret_cast<float*>(std::uintptr_t{4096}), memkit::shape{1, 3, 8},
+                                       memkit::memory_kind::device};
+  CHECK_THROWS_WITH_AS(att::cudnn::forward<memkit::bf16>(exec, fake(1, 3, 8, 64), fake(1, 2, 8, 64), fake(1, 2, 8, 64),
+                                                         fake(1, 3, 8, 64), lse, o, workspace),
+                       doctest::Contains("must divide"), memkit::error);
+  att::problem_arguments a{.batch = 1, .query_heads = 2, .kv_heads = 2, .sequence = 8, .head_dim = 64,
+                           .element_bytes = 4, .on_device = true, .options = o};
+  CHECK_THROWS_WITH_AS(att::cudnn::workspace_bytes<memkit::bf16>(exec, att::forward_arguments{a}),
+                       doctest::Contains("is not sizeof(T)"), memkit::error);
+  a.element_bytes = 2, a.on_device = false;
+  CHECK_THROWS_WITH_AS(att::cudnn::workspace_bytes<memkit::bf16>(exec, att::backward_arguments{a}),
+                       doctest::Contains("for device problems"), memkit::error);
+  // fp32 and packed documents never ask cuDNN (no device needed to know): the built-in kernel runs, with its bytes.
+  a.element_bytes = 2, a.on_device = true;
+  const att::cudnn::path_choice packed = att::cudnn::path_for<memkit::bf16>(exec, a, true, true);
+  CHECK_FALSE(packed.uses_cudnn);
+  CHECK(packed.reason.find("packed documents") != std::string::npos);
+  CHECK(att::cudnn::workspace_bytes<memkit::bf16>(exec, att::backward_arguments{a}, true) ==
+        att::workspace_bytes(att::backward_arguments{a}));
+  a.element_bytes = 4, a.on_device = true;
+  CHECK(att::cudnn::workspace_bytes<float>(exec, att::backward_arguments{a}) ==
+        att::workspace_bytes(att::backward_arguments{a}));
+  CHECK_FALSE(att::cudnn::path_for<float>(exec, a, false).uses_cudnn);
+}
+
+TEST_CASE("cudnn: a fallback is said once per configuration kind, not per call") {
+  att::problem_arguments a{.batch = 1, .query_heads = 4, .kv_heads = 2, .sequence = 8, .head_dim = 64,
+                           .element_bytes = 2, .on_device = true, .options = {}};
+  a.options.window = 16;
+  const std::string kind = att::cudnn::detail::kind_of<memkit::fp16>(true, a);
+  CHECK(kind == "backward fp16 head_dim 64, causal, sliding window, grouped-query heads");
+  CHECK(sdpa::report_fallback_once(kind, "a reason (test)"));
+  CHECK_FALSE(sdpa::report_fallback_once(kind, "a reason (test)"));
+  CHECK_FALSE(sdpa::report_fallback_once(kind, "another reason"));
+  CHECK(sdpa::report_fallback_once(att::cudnn::detail::kind_of<memkit::fp16>(false, a), "a reason (test)"));
+}
+
+// --- On a GPU (NOT RUN YET: this file was written without a device). ---
+namespace {
+
+// Forward and backward through the cuDNN path on the device against memkit's host path on the same inputs; the
+// workspace each takes, measured by a tracking_resource, against workspace_bytes. Returns whether cuDNN ran.
+template <class T>
+bool cudnn_matches_host(std::int64_t B, std::int64_t Hq, std::int64_t Hkv, std::int64_t S, std::int64_t D, bool causal,
+                        std::int64_t window, double tolerance, const std::vector<std::int32_t>& offsets = {}) {
+  att::attention_options o;
+  o.causal = causal;
+  o.window = window;
+  o.host_threads = 2;
+  const std::int64_t nq = B * Hq * S * D, nkv = B * Hkv * S * D, nl = B * Hq * S;
+  const auto q = memkit_test::convert<T>(memkit_test::standard_normal(nq, 1));
+  const auto k = memkit_test::convert<T>(memkit_test::standard_normal(nkv, 2));
+  const auto v = memkit_test::convert<T>(memkit_test::standard_normal(nkv, 3));
+  const auto dout = memkit_test::convert<T>(memkit_test::standard_normal(nq, 4));
+  std::vector<T> out(nq), dq(nq), dk(nkv), dv(nkv);
+  std::vector<float> lse(nl);
+  const memkit::shape qs{B, Hq, S, D}, ks{B, Hkv, S, D}, ls{B, Hq, S};
+  const memkit::shape os{B, offsets.empty() ? 0 : static_cast<std::int64_t>(offsets.size()) / B};
+  auto hv = [](auto& x, memkit::shape s) { return memkit::host_view(x.data(), s); };
+  const memkit::tensor_view<const std::int32_t> host_docs =
+      offsets.empty() ? memkit::tensor_view<const std::int32_t>::none() : memkit::host_view(offsets.data(), os);
+  att::forward<T>(memkit::host, hv(q, qs), hv(k, ks), hv(v, ks), host_docs, hv(out, qs), hv(lse, ls), o,
+                  memkit::default_host_resource());
+  att::backward<T>(memkit::host, {hv(q, qs), hv(k, ks), hv(v, ks), hv(out, qs), hv(lse, ls), host_docs}, hv(dout, qs),
+                   {hv(dq, qs), hv(dk, ks), hv(dv, ks)}, o, memkit::default_host_resource());
+
+  cudaStream_t stream{};
+  MEMKIT_CUDA_CHECK(cudaStreamCreate(&stream));
+  memkit::device_async_resource device(stream);
+  const memkit::cuda_executor exec{0, stream};
+  memkit::buffer<T> dq_(device, qs), dk_(device, ks), dv_(device, ks), dout_(device, qs), q_(device, qs),
+      k_(device, ks), v_(device, ks), out_(device, qs);
+  memkit::buffer<float> lse_(device, ls);
+  memkit::buffer<std::int32_t> offsets_;
+  auto up = [&](auto& dst, const auto& src) {
+    MEMKIT_CUDA_CHECK(cudaMemcpyAsync(dst.data(), src.data(), dst.bytes(), cudaMemcpyHostToDevice, stream));
+  };
+  up(q_, q), up(k_, k), up(v_, v), up(dout_, dout);
+  memkit::tensor_view<const std::int32_t> device_docs = memkit::tensor_view<const std::int32_t>::none();
+  if (!offsets.empty()) {
+    offsets_ = memkit::buffer<std::int32_t>(device, os);
+    up(offsets_, offsets);
+    device_docs = offsets_.view();
+  }
+  const att::problem_arguments a{.batch = B, .query_heads = Hq, .kv_heads = Hkv, .sequence = S, .head_dim = D,
+                                 .element_bytes = sizeof(T), .on_device = true, .options = o};
+  const bool packed = !offsets.empty();
+  const bool forward_cudnn = att::cudnn::path_for<T>(exec, a, false, packed).uses_cudnn;
+  const bool backward_cudnn = att::cudnn::path_for<T>(exec, a, true, packed).uses_cudnn;
+  memkit::tracking_resource forward_workspace(device, "cudnn forward");
+  att::cudnn::forward<T>(exec, q_.view(), k_.view(), v_.view(), device_docs, out_.view(), lse_.view(), o,
+                         forward_workspace);
+  memkit::tracking_resource backward_workspace(device, "cudnn backward");
+  att::cudnn::backward<T>(exec, {q_.view(), k_.view(), v_.view(), out_.view(), lse_.view(), device_docs}, dout_.view(),
+                          {dq_.view(), dk_.view(), dv_.view()}, o, backward_workspace);
+  auto down = [&](const auto& src) {
+    std::vector<std::remove_cv_t<std::remove_reference_t<decltype(*src.data())>>> host(src.size());
+    MEMKIT_CUDA_CHECK(cudaMemcpyAsync(host.data(), src.data(), src.bytes(), cudaMemcpyDeviceToHost, stream));
+    return host;
+  };
+  const auto g_out = down(out_), g_dq = down(dq_), g_dk = down(dk_), g_dv = down(dv_);
+  const auto g_lse = down(lse_);
+  MEMKIT_CUDA_CHECK(cudaStreamSynchronize(stream));
+  const auto scaled = [](const auto& x, const auto& y) {
+    double worst = 0, largest = 1e-30;
+    for (std::size_t i = 0; i < x.size(); ++i) {
+      worst = std::max(worst, std::abs(double(memkit::to_float(x[i])) - double(memkit::to_float(y[i]))));
+      largest = std::max(largest, std::abs(double(memkit::to_float(y[i]))));
+    }
+    return worst / largest;
+  };
+  CAPTURE(S);
+  CAPTURE(D);
+  CAPTURE(Hkv);
+  CAPTURE(causal);
+  CAPTURE(window);
+  CAPTURE(packed);
+  const double e_out = scaled(g_out, out), e_lse = scaled(g_lse, lse), e_dq = scaled(g_dq, dq),
+               e_dk = scaled(g_dk, dk), e_dv = scaled(g_dv, dv);
+  std::printf("attention cuDNN path (forward %s, backward %s) vs host (S %lld D %lld Hkv %lld): out %.3g lse %.3g "
+              "dq %.3g dk %.3g dv %.3g\n",
+              forward_cudnn ? "cuDNN" : "fallback", backward_cudnn ? "cuDNN" : "fallback", static_cast<long long>(S),
+              static_cast<long long>(D), static_cast<long long>(Hkv), e_out, e_lse, e_dq, e_dk, e_dv);
+  CHECK(e_out <= tolerance);
+  CHECK(e_lse <= 1e-4);
+  CHECK(e_dq <= tolerance);
+  CHECK(e_dk <= tolerance);
+  CHECK(e_dv <= tolerance);
+  // The byte functions are exact: what each call took at its peak.
+  CHECK(forward_workspace.peak_bytes() == att::cudnn::workspace_bytes<T>(exec, att::forward_arguments{a}, packed));
+  CHECK(backward_workspace.peak_bytes() == att::cudnn::workspace_bytes<T>(exec, att::backward_arguments{a}, packed));
+  dq_ = {}, dk_ = {}, dv_ = {}, dout_ = {}, q_ = {}, k_ = {}, v_ = {}, out_ = {}, lse_ = {}, offsets_ = {};
+  MEMKIT_CUDA_CHECK(cudaStreamSynchronize(stream));
+  MEMKIT_CUDA_CHECK(cudaStreamDestroy(stream));
+  return forward_cudnn && backward_cudnn;
+}
+
+}  // namespace
+
+// Tolerances are the mma / WMMA kernels' against the host (max |error| over max |value|; lse 1e-4): cuDNN also
+// rounds P and dS to the 16-bit type before their products and accumulates in fp32.
+MEMKIT_GPU_TEST_CASE("gpu: the cuDNN path agrees with the host path (bf16 / fp16, causal or not, window, GQA)") {
+  int core = 0, other = 0;
+  for (bool causal : {true, false}) {
+    for (std::int64_t D : {64, 128}) {
+      core += cudnn_matches_host<memkit::bf16>(2, 4, 4, 130, D, causal, 0, 2e-2);
+      core += cudnn_matches_host<memkit::fp16>(2, 4, 2, 130, D, causal, 0, 4e-3);  // GQA
+      core += cudnn_matches_host<memkit::bf16>(1, 4, 1, 257, D, causal, 0, 2e-2);  // MQA
+      other += cudnn_matches_host<memkit::bf16>(1, 6, 3, 257, D, causal, 33, 2e-2);  // sliding window (or fallback)
+      other += cudnn_matches_host<memkit::fp16>(1, 2, 2, 1, D, causal, 0, 4e-3);    // one row (or fallback)
+    }
+  }
+  std::printf("attention cuDNN path: cuDNN ran both directions of %d of 12 plain problems and %d of 8 with a window "
+              "or one row\n", core, other);
+  // cuDNN's SDPA engines take plain bf16 / fp16 attention at head_dim 64 / 128 on Ampere and Hopper, MHA, GQA and
+  // MQA: those must not quietly be the fallback.
+  CHECK(core == 12);
+}
+
+MEMKIT_GPU_TEST_CASE("gpu: the cuDNN path falls back, and says why, for problems it does not take") {
+  const memkit::cuda_executor exec = memkit::cuda_executor::legacy_default_stream(0);
+  const att::problem_arguments a{.batch = 1, .query_heads = 2, .kv_heads = 2, .sequence = 150, .head_dim = 64,
+                                 .element_bytes = 2, .on_device = true, .options = {}};
+  const att::cudnn::path_choice packed = att::cudnn::path_for<memkit::bf16>(exec, a, false, true);
+  CHECK_FALSE(packed.uses_cudnn);
+  CHECK(packed.reason.find("packed documents") != std::string::npos);
+  att::problem_arguments f = a;
+  f.element_bytes = 4;
+  CHECK(att::cudnn::path_for<float>(exec, f, true).reason.find("fp32") != std::string::npos);
+  // head_dim 36: rows of 72 bytes, not the 16-byte multiple cuDNN's engines read (only the path is asked here).
+  att::problem_arguments odd = a;
+  odd.head_dim = 36;
+  const att::cudnn::path_choice rejected = att::cudnn::path_for<memkit::fp16>(exec, odd, false);
+  CHECK_FALSE(rejected.uses_cudnn);
+  std::printf("attention cuDNN path, head_dim 36: %s\n", rejected.reason.c_str());
+  // The fallbacks still give the host path's results (and the built-in kernel's bytes).
+  const std::vector<std::int32_t> two_rows{0, 1, 2, 70, 71, 150, /**/ 0, 64, 130, 149, 150, 150};
+  CHECK_FALSE(cudnn_matches_host<memkit::bf16>(2, 4, 2, 150, 64, true, 0, 2e-2, two_rows));
+  CHECK_FALSE(cudnn_matches_host<float>(2, 4, 2, 100, 40, false, 0, 1e-4));
+}
