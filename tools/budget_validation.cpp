@@ -24,6 +24,8 @@
 #include <string>
 #include <vector>
 
+#include "tool_main.hpp"
+
 namespace {
 
 namespace json = memkit::json;
@@ -467,14 +469,4 @@ int run(int argc, char** argv) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  try {
-    return run(argc, argv);
-  } catch (const std::exception& e) {
-    std::string message = e.what();
-    for (char& c : message)
-      if (c == '\n') c = ' ';
-    std::fprintf(stderr, "memkit-budget-validation: error: %s\n", message.c_str());
-    return 2;
-  }
-}
+int main(int argc, char** argv) { return memkit_tools::main_reporting_errors("memkit-budget-validation", run, argc, argv); }

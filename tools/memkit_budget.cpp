@@ -16,6 +16,8 @@
 #include <string>
 #include <vector>
 
+#include "tool_main.hpp"
+
 #include "hf_config.hpp"
 
 namespace {
@@ -817,14 +819,4 @@ int run(int argc, char** argv) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  try {
-    return run(argc, argv);
-  } catch (const std::exception& failure) {
-    std::string message = failure.what();
-    for (char& c : message)
-      if (c == '\n') c = ' ';
-    std::fprintf(stderr, "memkit-budget: error: %s\n", message.c_str());
-    return 2;
-  }
-}
+int main(int argc, char** argv) { return memkit_tools::main_reporting_errors("memkit-budget", run, argc, argv); }

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "support/gpu_test.hpp"
+#include "support/tracked_memory.hpp"
 
 namespace llama = memkit::models::llama;
 
@@ -44,13 +45,7 @@ struct device_memory {
   memkit::cuda_executor exec = memkit::cuda_executor::legacy_default_stream();
   memkit::device_async_resource device{exec.stream, exec.device};
   memkit::tracking_resource tracker{device, "models-cuda"};
-  memkit::layers::memory_resources memory;
-  device_memory() {
-    memory.weights = &tracker.category(memkit::memory_category::weights);
-    memory.gradients = &tracker.category(memkit::memory_category::gradients);
-    memory.optimizer = &tracker.category(memkit::memory_category::optimizer_state);
-    memory.workspace = &tracker.category(memkit::memory_category::workspace);
-  }
+  memkit::layers::memory_resources memory = memkit_test::tracked_resources(tracker);
 };
 
 // Logits [B*S, V] on the device for the reference ids, copied to the host.

@@ -15,6 +15,7 @@
 #include "memkit/memory/tracking.hpp"
 #include "memkit/optim/adam_bytes.hpp"
 #include "memkit/optim/adam_state.hpp"
+#include "support/tracked_memory.hpp"
 
 namespace {
 
@@ -79,12 +80,7 @@ TEST_CASE("budget::layer_list predicts a small MLP's weights, gradients, optimiz
       const budget::breakdown want = mlp_budget(rows, false, threads).bytes();
 
       memkit::tracking_resource tracker(memkit::default_host_resource(), "mlp");
-      ml::memory_resources memory;
-      memory.weights = &tracker.category(memory_category::weights);
-      memory.gradients = &tracker.category(memory_category::gradients);
-      memory.optimizer = &tracker.category(memory_category::optimizer_state);
-      memory.workspace = &tracker.category(memory_category::workspace);
-      memory.host_threads = threads;
+      const ml::memory_resources memory = memkit_test::tracked_resources(tracker, threads);
 
       const auto values = [](std::int64_t n, float scale) {
         std::vector<float> v(static_cast<std::size_t>(n));

@@ -13,6 +13,8 @@
 #include <random>
 #include <vector>
 
+#include "support/tracked_memory.hpp"
+
 namespace llama = memkit::models::llama;
 
 namespace {
@@ -22,16 +24,8 @@ using memkit::tensor_view;
 using block_f = llama::decoder_block<float, memkit::layers::dense_linear<float>>;
 
 llama::model_config small_config() {
-  llama::model_config c;
-  c.vocab = 23;
-  c.hidden = 16;
-  c.layers = 2;
-  c.heads = 4;
-  c.kv_heads = 2;
-  c.head_dim = 4;
-  c.intermediate = 24;
-  c.max_positions = 8;
-  return c;
+  return {.vocab = 23, .hidden = 16, .layers = 2, .heads = 4, .kv_heads = 2, .head_dim = 4, .intermediate = 24,
+          .max_positions = 8};
 }
 
 std::vector<float> random_vector(std::size_t n, std::uint32_t seed, float scale) {
@@ -49,12 +43,8 @@ struct block_fixture {
   llama::rotary<float> rope;
   block_f block;
 
-  block_fixture() : rope(4, 8, 10000.0f, tracker.category(memkit::memory_category::other)) {
-    memory.weights = &tracker.category(memkit::memory_category::weights);
-    memory.gradients = &tracker.category(memkit::memory_category::gradients);
-    memory.optimizer = &tracker.category(memkit::memory_category::optimizer_state);
-    memory.workspace = &tracker.category(memkit::memory_category::workspace);
-    memory.host_threads = 2;
+  block_fixture()
+      : memory(memkit_test::tracked_resources(tracker, 2)), rope(4, 8, 10000.0f, tracker.category(memkit::memory_category::other)) {
     const auto mode = memkit::layers::trainability::bf16_master;
     auto linear = [&](const char* name, std::int64_t in, std::int64_t out, std::uint64_t stream) {
       memkit::layers::dense_linear<float> l(name, in, out, memory, mode);

@@ -18,6 +18,8 @@
 #include <utility>
 #include <vector>
 
+#include "support/tracked_memory.hpp"
+
 namespace ml = memkit::layers;
 using memkit::memory_kind;
 using memkit::shape;
@@ -157,11 +159,7 @@ TEST_CASE("layers::dense_linear_forward / _backward: y = x W^T (+ b) and its gra
 TEST_CASE("layers::dense_linear: the layer saves x when it trains, its byte functions are what it takes") {
   const std::int64_t rows = 6, in = 37, out = 11;
   memkit::tracking_resource tracker(memkit::default_host_resource(), "dense_linear");
-  ml::memory_resources memory;
-  memory.weights = &tracker.category(memkit::memory_category::weights);
-  memory.gradients = &tracker.category(memkit::memory_category::gradients);
-  memory.optimizer = &tracker.category(memkit::memory_category::optimizer_state);
-  memory.workspace = &tracker.category(memkit::memory_category::workspace);
+  const ml::memory_resources memory = memkit_test::tracked_resources(tracker);
   const std::vector<float> x = values(rows * in, 1), w = values(out * in, 2), b = values(out, 3), dy = values(rows * out, 4);
   for (const bool with_bias : {false, true})
     for (const ml::trainability mode : {ml::trainability::frozen, ml::trainability::bf16_master}) {

@@ -15,6 +15,8 @@
 #include <memkit/models/llama/load.hpp>
 #include <memkit/models/llama/nf4_lora.hpp>
 
+#include "support/tracked_memory.hpp"
+
 namespace llama = memkit::models::llama;
 using memkit::shape;
 using memkit::tensor_view;
@@ -26,17 +28,8 @@ using T = memkit::bf16;
 constexpr std::int64_t batch = 2, seq = 48;
 
 llama::model_config small_config() {
-  llama::model_config c;
-  c.vocab = 512;
-  c.hidden = 96;
-  c.layers = 3;
-  c.heads = 3;
-  c.kv_heads = 1;
-  c.head_dim = 32;
-  c.intermediate = 256;
-  c.max_positions = seq;
-  c.tie_embeddings = true;
-  return c;
+  return {.vocab = 512, .hidden = 96, .layers = 3, .heads = 3, .kv_heads = 1, .head_dim = 32, .intermediate = 256,
+          .max_positions = seq, .tie_embeddings = true};
 }
 
 struct step_result {
@@ -60,12 +53,7 @@ step_result train_step(bool offload, std::size_t cap, std::int64_t built_positio
   c.max_positions = built_positions;
   memkit::capped_resource capped(memkit::default_host_resource(), cap != 0 ? cap : std::numeric_limits<std::size_t>::max());
   memkit::tracking_resource tracker(capped, "device");
-  memkit::layers::memory_resources memory;
-  memory.weights = &tracker.category(memory_category::weights);
-  memory.gradients = &tracker.category(memory_category::gradients);
-  memory.optimizer = &tracker.category(memory_category::optimizer_state);
-  memory.workspace = &tracker.category(memory_category::workspace);
-  memory.host_threads = 2;
+  const memkit::layers::memory_resources memory = memkit_test::tracked_resources(tracker, 2);
   memkit::memory_resource& activations = tracker.category(memory_category::activations);
   memkit::tracking_resource host_memory(memkit::default_host_resource(), "offloaded");
   memkit::checkpoint::offload offloaded(host_memory);

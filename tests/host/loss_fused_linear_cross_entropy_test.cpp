@@ -14,6 +14,7 @@
 #include "memkit/loss/fused_linear_cross_entropy.hpp"
 #include "memkit/core/host_simd.hpp"
 #include "memkit/memory/tracking.hpp"
+#include "support/finite_differences.hpp"
 #include "support/loss_reference.hpp"
 #include "support/test_values.hpp"
 #include "support/host_isa_scope.hpp"
@@ -293,23 +294,8 @@ TEST_CASE("loss: gradients agree with central finite differences of the loss") {
                                    tensor_view<float>{}, o, memkit::default_host_resource());
     return static_cast<double>(l);
   };
-  const float h = 1e-2f;
-  for (std::size_t i = 0; i < p.hidden.size(); i += 3) {
-    problem<float> plus = p, minus = p;
-    plus.hidden[i] += h;
-    minus.hidden[i] -= h;
-    const double fd = (loss_at(plus) - loss_at(minus)) / (2.0 * h);
-    CAPTURE(i);
-    CHECK(std::fabs(fd - analytic.d_hidden_f[i]) <= 2e-4 + 2e-2 * std::fabs(fd));
-  }
-  for (std::size_t i = 0; i < p.head.size(); i += 4) {
-    problem<float> plus = p, minus = p;
-    plus.head[i] += h;
-    minus.head[i] -= h;
-    const double fd = (loss_at(plus) - loss_at(minus)) / (2.0 * h);
-    CAPTURE(i);
-    CHECK(std::fabs(fd - analytic.d_head[i]) <= 2e-4 + 2e-2 * std::fabs(fd));
-  }
+  memkit_test::check_central_differences(p, &problem<float>::hidden, 3, 1e-2f, loss_at, analytic.d_hidden_f);
+  memkit_test::check_central_differences(p, &problem<float>::head, 4, 1e-2f, loss_at, analytic.d_head);
 }
 
 TEST_CASE("loss: the result does not depend on the thread count; d_hidden may alias hidden") {

@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "support/finite_differences.hpp"
 #include "support/test_values.hpp"
 
 namespace ls = memkit::loss;
@@ -114,26 +115,9 @@ TEST_CASE("loss reduction none: gradients are those of sum_i d_loss_i * loss_i (
     for (std::int64_t i = 0; i < q.N; ++i) j += double(p.d_loss[static_cast<std::size_t>(i)]) * r.loss[static_cast<std::size_t>(i)];
     return j;
   };
-  const float h = 1e-2f;
-  double worst = 0;
-  for (std::size_t i = 0; i < p.hidden.size(); i += 2) {
-    problem<float> plus = p, minus = p;
-    plus.hidden[i] += h;
-    minus.hidden[i] -= h;
-    const double fd = (objective(plus) - objective(minus)) / (2.0 * h);
-    CAPTURE(i);
-    CHECK(std::fabs(fd - analytic.d_hidden[i]) <= 2e-4 + 2e-2 * std::fabs(fd));
-    worst = std::max(worst, std::fabs(fd - analytic.d_hidden[i]));
-  }
-  for (std::size_t i = 0; i < p.head.size(); i += 3) {
-    problem<float> plus = p, minus = p;
-    plus.head[i] += h;
-    minus.head[i] -= h;
-    const double fd = (objective(plus) - objective(minus)) / (2.0 * h);
-    CAPTURE(i);
-    CHECK(std::fabs(fd - analytic.d_head[i]) <= 2e-4 + 2e-2 * std::fabs(fd));
-    worst = std::max(worst, std::fabs(fd - analytic.d_head[i]));
-  }
+  const double worst =
+      std::max(memkit_test::check_central_differences(p, &problem<float>::hidden, 2, 1e-2f, objective, analytic.d_hidden),
+               memkit_test::check_central_differences(p, &problem<float>::head, 3, 1e-2f, objective, analytic.d_head));
   MESSAGE("reduction none vs finite differences: worst |difference| " << worst);
   // Ignored tokens get no gradient whatever their d_loss.
   for (std::int64_t i = 0; i < p.N; ++i)

@@ -19,6 +19,8 @@
 #include <string>
 #include <vector>
 
+#include "support/tracked_memory.hpp"
+
 namespace llama = memkit::models::llama;
 namespace fs = std::filesystem;
 
@@ -44,17 +46,8 @@ struct reference {
   }
 };
 
-struct tracked_memory {
-  memkit::tracking_resource tracker{memkit::default_host_resource(), "models"};
-  memkit::layers::memory_resources memory;
-  tracked_memory() {
-    memory.weights = &tracker.category(memkit::memory_category::weights);
-    memory.gradients = &tracker.category(memkit::memory_category::gradients);
-    memory.optimizer = &tracker.category(memkit::memory_category::optimizer_state);
-    memory.workspace = &tracker.category(memkit::memory_category::workspace);
-    memory.host_threads = 2;
-  }
-  memkit::memory_resource& activations() { return tracker.category(memkit::memory_category::activations); }
+struct tracked_memory : memkit_test::tracked_memory {
+  tracked_memory() : memkit_test::tracked_memory("models") {}
 };
 
 // The model's final hidden states [B*S, H] for the reference ids.

@@ -18,6 +18,8 @@
 #include <string>
 #include <vector>
 
+#include "support/tracked_memory.hpp"
+
 namespace llama = memkit::models::llama;
 
 namespace {
@@ -33,17 +35,8 @@ constexpr std::int64_t chunks[] = {1, 7, tokens, 50};
 // of the largest element.
 constexpr double mlp_weight_grad_bound = 1e-6;
 
-struct tracked_memory {
-  memkit::tracking_resource tracker{memkit::default_host_resource(), "tiled-mlp"};
-  memkit::layers::memory_resources memory;
-  tracked_memory() {
-    memory.weights = &tracker.category(memkit::memory_category::weights);
-    memory.gradients = &tracker.category(memkit::memory_category::gradients);
-    memory.optimizer = &tracker.category(memkit::memory_category::optimizer_state);
-    memory.workspace = &tracker.category(memkit::memory_category::workspace);
-    memory.host_threads = 2;
-  }
-  memkit::memory_resource& activations() { return tracker.category(memkit::memory_category::activations); }
+struct tracked_memory : memkit_test::tracked_memory {
+  tracked_memory() : memkit_test::tracked_memory("tiled-mlp") {}
 };
 
 struct pass_result {

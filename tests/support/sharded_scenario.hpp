@@ -6,6 +6,8 @@
 // any order: the reference does not depend on the order the communicator adds in.
 #pragma once
 
+#include <doctest/doctest.h>
+
 #include <memkit/distributed/communicator.hpp>
 #include <memkit/distributed/sharded_adam_state.hpp>
 #include <memkit/optim/adam_state.hpp>
@@ -143,6 +145,17 @@ outcome run(const C& comm, int stage, int steps, bool with_master, int nan_step,
     }
   }
   return out;
+}
+
+// What a run of `steps` steps must show, on any number of ranks: every step taken, no bit of a parameter, a step
+// report or a moment different from the reference, and the NaN step (nan_step >= 0) skipped like the reference's.
+inline void check_like_reference(const outcome& out, int steps, int nan_step) {
+  INFO(out.first_problem);
+  CHECK(out.steps == steps);
+  CHECK(out.param_mismatches == 0);
+  CHECK(out.report_mismatches == 0);
+  CHECK(out.moment_mismatches == 0);
+  CHECK(out.skipped == (nan_step >= 0 ? 1 : 0));
 }
 
 }  // namespace sharded_test

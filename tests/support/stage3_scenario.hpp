@@ -36,17 +36,9 @@ namespace llama = memkit::models::llama;
 using model_type = llama::causal_lm<float, memkit::layers::dense_linear<float>>;
 
 inline llama::model_config config() {
-  llama::model_config c;
-  c.vocab = 64;
-  c.hidden = 32;
-  c.layers = 3;
-  c.heads = 2;
-  c.kv_heads = 1;
-  c.head_dim = 16;
-  c.intermediate = 48;
-  c.max_positions = 16;
-  c.qkv_bias = true;  // biases in the units too
-  return c;
+  // qkv_bias: biases in the units too
+  return {.vocab = 64, .hidden = 32, .layers = 3, .heads = 2, .kv_heads = 1, .head_dim = 16, .intermediate = 48,
+          .max_positions = 16, .qkv_bias = true};
 }
 constexpr std::int64_t batch = 2, sequence = 8;
 

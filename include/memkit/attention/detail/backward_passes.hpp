@@ -184,8 +184,8 @@ inline void backward_query_item(const problem& p, const T* q, const T* k, const 
                                 const float* lse, const float* delta, T* dq, std::int64_t item,
                                 float* scratch) noexcept {
   const std::int64_t D = p.D, S = p.S, BQ = host_query_tile, BK = host_key_tile;
-  const auto [bh, i0, rows, bkv] = query_tile_at(p, item);
-  const std::int64_t b = bh / p.Hq;
+  const query_tile_place tile = query_tile_at(p, item);
+  const auto [bh, i0, rows, bkv] = tile;
   float* Kt = scratch;
   float* Vt = Kt + BK * D;
   float* K = Vt + BK * D;
@@ -199,26 +199,23 @@ inline void backward_query_item(const problem& p, const T* q, const T* k, const 
   for (std::int64_t e = 0; e < rows * D; ++e) dQ[e] = 0.0f;
   const T* kh = k + bkv * S * D;
   const T* vh = v + bkv * S * D;
-  const std::int64_t j_begin = visible_keys(p, b, i0).begin, j_end = visible_keys(p, b, i0 + rows - 1).end;
-  for (std::int64_t j0 = j_begin / BK * BK; j0 < j_end; j0 += BK) {
-    const std::int64_t cols = std::min(BK, S - j0);
+  const auto load = [&](std::int64_t j0, std::int64_t cols) {
     load_transposed(kh + j0 * D, cols, D, BK, Kt);
     load_transposed(vh + j0 * D, cols, D, BK, Vt);
     load_rows(kh + j0 * D, cols, D, K);
-    for (std::int64_t r = 0; r < rows; ++r) {
-      const std::int64_t i = i0 + r;
-      const auto [lo, hi] = key_columns_of(p, b, i, j0, cols);
-      if (lo >= hi) continue;
-      const float lse2 = lse[bh * S + i] * log2e, di = delta[bh * S + i];
-      row_times_transposed(Q + r * D, Kt, D, BK, cols, prob);
-      row_times_transposed(dO + r * D, Vt, D, BK, cols, dprob);
-      for (std::int64_t j = lo; j < hi; ++j) {
-        const float pj = exp2_nonpositive(prob[j] * p.scale_log2 - lse2);
-        dprob[j] = pj * (dprob[j] - di) * p.scale;
-      }
-      for (std::int64_t j = lo; j < hi; ++j) axpy(dprob[j], K + j * D, D, dQ + r * D);
+  };
+  const std::int64_t head_row = bh * S;  // (clang 14 cannot capture the structured binding bh)
+  const auto dq_row = [&](std::int64_t r, std::int64_t i, std::int64_t cols, std::int64_t lo, std::int64_t hi) {
+    const float lse2 = lse[head_row + i] * log2e, di = delta[head_row + i];
+    row_times_transposed(Q + r * D, Kt, D, BK, cols, prob);
+    row_times_transposed(dO + r * D, Vt, D, BK, cols, dprob);
+    for (std::int64_t j = lo; j < hi; ++j) {
+      const float pj = exp2_nonpositive(prob[j] * p.scale_log2 - lse2);
+      dprob[j] = pj * (dprob[j] - di) * p.scale;
     }
-  }
+    for (std::int64_t j = lo; j < hi; ++j) axpy(dprob[j], K + j * D, D, dQ + r * D);
+  };
+  for_each_visible_key_tile(p, tile, load, dq_row);
   T* dq_out = dq + (bh * S + i0) * D;
   for (std::int64_t e = 0; e < rows * D; ++e) dq_out[e] = from_float<T>(dQ[e]);
 }

@@ -210,7 +210,6 @@ inline query_tile_place query_tile_at(const problem& p, std::int64_t item) noexc
   const std::int64_t b = bh / p.Hq, kvh = (bh % p.Hq) / p.group;
   return {bh, i0, std::min(host_query_tile, p.S - i0), b * p.Hkv + kvh};
 }
-// The columns [lo, hi) of the key tile starting at j0 (cols keys) that query i sees; empty when lo >= hi.
 // The keys query i of batch row b sees, [begin, end): the mask within i's document.
 inline position_span visible_keys(const problem& p, std::int64_t b, std::int64_t i) noexcept {
   const position_span doc = document_of(p.offsets, p.offsets_per_row, b, i, p.S);
@@ -221,6 +220,7 @@ inline position_span visible_queries(const problem& p, std::int64_t b, std::int6
   const position_span doc = document_of(p.offsets, p.offsets_per_row, b, j, p.S);
   return {std::max(first_query(j, p.o), doc.begin), std::min(last_query(j, p.S, p.o), doc.end)};
 }
+// The columns [lo, hi) of the key tile starting at j0 (cols keys) that query i sees; empty when lo >= hi.
 struct key_columns {
   std::int64_t lo, hi;
 };
@@ -228,6 +228,24 @@ inline key_columns key_columns_of(const problem& p, std::int64_t b, std::int64_t
                                   std::int64_t cols) noexcept {
   const position_span keys = visible_keys(p, b, i);
   return {std::max<std::int64_t>(keys.begin - j0, 0), std::min<std::int64_t>(keys.end - j0, cols)};
+}
+// The host walk of one query tile's keys: every key tile that rows [t.i0, t.i0 + t.rows) of batch row b can see
+// (both ends of the visible keys grow with i, so the tiles of [first row's begin, last row's end)), each loaded
+// once by load(j0, cols), then row(r, i, cols, lo, hi) for each row r (query i) that sees the columns
+// [lo, hi) of it. The forward and the dQ pass share it, so they visit the same keys in the same order.
+template <class Load, class Row>
+inline void for_each_visible_key_tile(const problem& p, const query_tile_place& t, Load&& load, Row&& row) noexcept {
+  const std::int64_t BK = host_key_tile, b = t.bh / p.Hq;
+  const std::int64_t j_begin = visible_keys(p, b, t.i0).begin, j_end = visible_keys(p, b, t.i0 + t.rows - 1).end;
+  for (std::int64_t j0 = j_begin / BK * BK; j0 < j_end; j0 += BK) {
+    const std::int64_t cols = std::min(BK, p.S - j0);
+    load(j0, cols);
+    for (std::int64_t r = 0; r < t.rows; ++r) {
+      const std::int64_t i = t.i0 + r;
+      const key_columns c = key_columns_of(p, b, i, j0, cols);
+      if (c.lo < c.hi) row(r, i, cols, c.lo, c.hi);
+    }
+  }
 }
 // acc[0..D) += w * x[0..D)
 inline void axpy(float w, const float* __restrict x, std::int64_t D, float* __restrict acc) noexcept {

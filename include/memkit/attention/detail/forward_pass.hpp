@@ -23,8 +23,8 @@ template <class T>
 inline void forward_item(const problem& p, const T* q, const T* k, const T* v, T* out, float* lse, std::int64_t item,
                          float* scratch) noexcept {
   const std::int64_t D = p.D, S = p.S, BQ = host_query_tile, BK = host_key_tile;
-  const auto [bh, i0, rows, bkv] = query_tile_at(p, item);
-  const std::int64_t b = bh / p.Hq;
+  const query_tile_place tile = query_tile_at(p, item);
+  const auto [bh, i0, rows, bkv] = tile;
   float* Q = scratch;
   float* O = Q + BQ * D;
   float* Kt = O + BQ * D;
@@ -40,34 +40,29 @@ inline void forward_item(const problem& p, const T* q, const T* k, const T* v, T
   for (std::int64_t r = 0; r < rows; ++r) m[r] = minus_infinity, l[r] = 0.0f;
   const T* kh = k + bkv * S * D;
   const T* vh = v + bkv * S * D;
-  // Both ends of the visible keys grow with i, so the tile's keys are [first row's begin, last row's end).
-  const std::int64_t j_begin = visible_keys(p, b, i0).begin, j_end = visible_keys(p, b, i0 + rows - 1).end;
-  for (std::int64_t j0 = j_begin / BK * BK; j0 < j_end; j0 += BK) {
-    const std::int64_t cols = std::min(BK, S - j0);
+  const auto load = [&](std::int64_t j0, std::int64_t cols) {
     load_transposed(kh + j0 * D, cols, D, BK, Kt);
     load_rows(vh + j0 * D, cols, D, V);
-    for (std::int64_t r = 0; r < rows; ++r) {
-      const std::int64_t i = i0 + r;
-      const auto [lo, hi] = key_columns_of(p, b, i, j0, cols);
-      if (lo >= hi) continue;
-      row_times_transposed(Q + r * D, Kt, D, BK, cols, row);
-      float tile_max = minus_infinity;
-      for (std::int64_t j = lo; j < hi; ++j) tile_max = std::max(tile_max, row[j]);
-      const float m_new = std::max(m[r], tile_max);
-      const float correction = exp2_nonpositive(m[r] - m_new);
-      float sum = 0.0f;
-      for (std::int64_t j = lo; j < hi; ++j) {
-        row[j] = exp2_nonpositive(row[j] - m_new);
-        sum += row[j];
-      }
-      float* o_row = O + r * D;
-      if (correction != 1.0f)
-        for (std::int64_t d = 0; d < D; ++d) o_row[d] *= correction;
-      for (std::int64_t j = lo; j < hi; ++j) axpy(row[j], V + j * D, D, o_row);
-      l[r] = l[r] * correction + sum;
-      m[r] = m_new;
+  };
+  const auto online_softmax_row = [&](std::int64_t r, std::int64_t, std::int64_t cols, std::int64_t lo, std::int64_t hi) {
+    row_times_transposed(Q + r * D, Kt, D, BK, cols, row);
+    float tile_max = minus_infinity;
+    for (std::int64_t j = lo; j < hi; ++j) tile_max = std::max(tile_max, row[j]);
+    const float m_new = std::max(m[r], tile_max);
+    const float correction = exp2_nonpositive(m[r] - m_new);
+    float sum = 0.0f;
+    for (std::int64_t j = lo; j < hi; ++j) {
+      row[j] = exp2_nonpositive(row[j] - m_new);
+      sum += row[j];
     }
-  }
+    float* o_row = O + r * D;
+    if (correction != 1.0f)
+      for (std::int64_t d = 0; d < D; ++d) o_row[d] *= correction;
+    for (std::int64_t j = lo; j < hi; ++j) axpy(row[j], V + j * D, D, o_row);
+    l[r] = l[r] * correction + sum;
+    m[r] = m_new;
+  };
+  for_each_visible_key_tile(p, tile, load, online_softmax_row);
   T* o_out = out + (bh * S + i0) * D;
   for (std::int64_t r = 0; r < rows; ++r) {
     const float inv = 1.0f / l[r];
