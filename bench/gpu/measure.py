@@ -28,6 +28,7 @@ a machine without a GPU, to be carried over), else build-gpu/ itself; --bin-dir 
 it says so in one line and exits 0. Standard library only: the peers script imports torch, this one does not.
 """
 import argparse
+import atexit
 import datetime
 import json
 import os
@@ -36,11 +37,13 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 
 sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import attention_matrix  # noqa: E402
+import peer_wheels  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -128,6 +131,25 @@ class Runner:
         if cudnn:
             paths.append(cudnn)
         self.env["LD_LIBRARY_PATH"] = ":".join(paths)
+        # The peer scripts (this python's steps) also see the carried peers' folders (install_peers); the memkit
+        # binaries do not.
+        self.peer_env = self.env
+
+    def install_peers(self, wheel_dir, report):
+        """Unpacks the carried wheels (build-gpu/carry/wheels, ./dev.sh gpu-build) into a temporary folder, checks
+        that each imports, and puts those that do on the peer scripts' PYTHONPATH; report["peer_wheels"] says, per
+        peer, its version and where it came from, or why it is skipped."""
+        started = time.monotonic()
+        site = tempfile.mkdtemp(prefix="memkit-peers-")
+        atexit.register(shutil.rmtree, site, ignore_errors=True)
+        records, paths = peer_wheels.install(wheel_dir, site, python=sys.executable, env=self.env)
+        if paths:
+            self.peer_env = dict(self.env, PYTHONPATH=os.pathsep.join(
+                paths + ([self.env["PYTHONPATH"]] if self.env.get("PYTHONPATH") else [])))
+        report["peer_wheels"] = records
+        summary = "; ".join(peer_wheel_line(r) for r in records)
+        self.steps.append({"step": "peer_wheels", "status": "ok", "seconds": round(time.monotonic() - started, 1)})
+        print(f"memkit gpu: peer packages: {summary} ({time.monotonic() - started:.0f} s)", flush=True)
 
     def left(self):
         return self.deadline - time.monotonic()
@@ -142,7 +164,8 @@ class Runner:
         started = time.monotonic()
         print(f"memkit gpu: {name} (limit {limit:.0f} s) ...", flush=True)
         try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=limit, env=self.env, cwd=cwd or ROOT)
+            env = self.peer_env if cmd and cmd[0] == sys.executable else self.env
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=limit, env=env, cwd=cwd or ROOT)
             rc, output = proc.returncode, proc.stdout + proc.stderr
         except subprocess.TimeoutExpired as e:
             rc = None
@@ -154,6 +177,12 @@ class Runner:
         self.steps.append({"step": name, "status": status, "seconds": round(seconds, 1)})
         print(f"memkit gpu: {name}: {status} in {seconds:.1f} s", flush=True)
         return rc, output
+
+
+def peer_wheel_line(r):
+    if "skipped" in r:
+        return f"{r['peer']} skipped ({r['skipped']})"
+    return f"{r['peer']} {r['version']} ({r['source']})"
 
 
 def device_info(nvidia_smi):
@@ -510,6 +539,8 @@ def write_report(out, report):
     lines.append(f"- binaries: {report['binaries']}, built from {c.get('describe')} ({c.get('commit', '?')}), "
                  f"nvcc {c.get('nvcc', '?')}, CUDA architectures {c.get('arch', '?')}, {c.get('built', '?')}")
     lines.append(f"- peers: {report.get('peer_versions', '-')}")
+    if report.get("peer_wheels"):
+        lines.append(f"- peer packages: {'; '.join(peer_wheel_line(r) for r in report['peer_wheels'])}")
     lines.append(f"- command: `{report['command']}`, {report['date']}, {report['seconds']:.0f} s")
     lines.append("")
     lines.append("## Steps")
@@ -645,6 +676,11 @@ def main():
     print(f"memkit gpu: {report['device'].get('name', '?')}, binaries from {report['binaries']} "
           f"({report['commit'].get('describe')}){'; ' + report['source_link'] if report['source_link'] else ''}", flush=True)
 
+    if only & {"peers", "sdpa", "models", "grid", "longctx"}:
+        # The wheels beside the binaries (build-gpu/carry/wheels), else build-gpu/carry's where the binaries are
+        # build-gpu's own.
+        wheels = next((d for d in (base / "wheels", ROOT / "build-gpu" / "carry" / "wheels") if d.is_dir()), None)
+        runner.install_peers(wheels, report)
     if "tests" in only and "tests" in binaries:
         rc, output = runner.run("gpu_suite", [binaries["tests"], "--memkit-gpu-suite"], 200)
         report["gpu_suite"] = parse_doctest(output)
