@@ -310,6 +310,15 @@ def side_by_side(memkit, peers):
                           mk("loss", rf"loss_bf16/{case}/{variant}(/manual_time)?")))
             pairs.append((f"linear cross-entropy fwd+bwd, {case} head, 8192 tokens", f"memkit {variant} (staged row pass)",
                           staged, "torch materialized", peer(f"materialized_ce/{case}")))
+    # #30: Liger's fused linear cross-entropy (carried as a wheel) beside memkit's fused loss, in runs that recorded it
+    # (measured, or skipped with its reason); older runs (liger_kernel never tried) get no pairs and rebuild unchanged.
+    if liger_recorded(peers):
+        for case in ("llama2_7b", "llama3_8b"):
+            for variant in ("fused", "fused_eighth"):
+                m = mk("loss", rf"loss_bf16/{case}/{variant}(/manual_time)?")
+                for label, name in (("liger flce", "liger_flce"), ("liger flce, fp32 accumulation", "liger_flce_fp32_accum")):
+                    pairs.append((f"linear cross-entropy fwd+bwd, {case} head, 8192 tokens", f"memkit {variant}", m,
+                                  label, peer(f"{name}/{case}") or peer("liger_flce")))
     for state, peer_name in (("fp32_state", "torch_fused_adamw/fp32"), ("fp32_state", "torch_fused_adamw_clip/fp32"),
                              ("bf16_state", "torch_fused_adamw/fp32"), ("int8_256_state", "bnb_adamw8bit"),
                              ("int8_256_state", "torch_fused_adamw/fp32"), ("int4_state", "torch_fused_adamw/fp32")):
@@ -372,6 +381,52 @@ def side_by_side(memkit, peers):
         if m is None and row["peer_ms"] is None:
             continue
         out.append(row)
+    return out
+
+
+# Skipped-row reasons of gpu_peers.py before it timed Liger: runs carrying them never tried liger_kernel.
+LIGER_LEGACY = ("liger_kernel not installed", "liger_kernel imports but is not timed yet")
+
+
+def liger_recorded(peers):
+    return any(r.get("name", "").startswith("liger_flce/") or
+               (r.get("name") == "liger_flce" and r.get("skipped") not in LIGER_LEGACY) for r in peers)
+
+
+def loss_table(memkit, peers):
+    """#30's linear cross-entropy comparison, per head: memkit's loss rows and the peers' (torch's materialized
+    logits, Liger), each with its time and memory beside torch's materialized step. Memory is what the step needs
+    beyond its inputs and the gradients it returns: memkit's peak workspace (tracking_resource), the peers' peak
+    allocation minus their gradients. Empty for runs that did not record Liger (their reports rebuild unchanged)."""
+    if not liger_recorded(peers):
+        return []
+    out = []
+    for case in ("llama2_7b", "llama3_8b"):
+        rows = []
+        for r in memkit.get("loss", []):
+            m = re.fullmatch(rf"loss_bf16/{case}/((?:fused|materialized)\w*)(/manual_time)?", r["name"])
+            if m:
+                rows.append({"implementation": f"memkit {m[1]}", "ms": r["ms"], "MiB": r.get("peak_workspace_MiB")})
+        for name, label in (("materialized_ce", "torch materialized"), ("liger_flce", "liger flce"),
+                            ("liger_flce_fp32_accum", "liger flce, fp32 accumulation")):
+            r = next((p for p in peers if p.get("name") == f"{name}/{case}"), None)
+            if r is None and name.startswith("liger"):
+                r = next((p for p in peers if p.get("name") == "liger_flce"), None)
+            if r is None:
+                continue
+            if "skipped" in r:
+                rows.append({"implementation": label, "skipped": r["skipped"]})
+            else:
+                rows.append({"implementation": label, "ms": r["ms"], "loss": r.get("loss"),
+                             "MiB": r["peak_MiB"] - r["grads_MiB"] if "grads_MiB" in r else None})
+        base = next((r for r in rows if r["implementation"] == "torch materialized" and "ms" in r), None)
+        for r in rows:
+            r["case"] = case
+            if base and r.get("ms"):
+                r["time_vs_materialized"] = r["ms"] / base["ms"]
+            if base and base.get("MiB") and r.get("MiB") is not None:
+                r["memory_vs_materialized"] = r["MiB"] / base["MiB"]
+        out += rows
     return out
 
 
@@ -569,6 +624,22 @@ def write_report(out, report):
         peer_ms = fmt(r["peer_ms"]) if r["peer_ms"] is not None else f"skipped: {r['peer_skipped']}"
         lines.append(f"| {r['operation']} | {r['memkit']} | {fmt(r['memkit_ms'])} | {r['peer']} | {peer_ms} | "
                      f"{fmt(r.get('ratio'))} | {figure or '-'} |")
+    loss = report.get("loss_peers")
+    if loss:  # runs before Liger was carried have none: their reports rebuild unchanged
+        lines += ["", "## Linear cross-entropy: memkit, Liger and torch (#30)", "",
+                  "bf16 hidden and head, forward + backward into both, 8,192 tokens (bench/loss_cuda.cu's shapes). "
+                  "MiB: what the step needs beyond its inputs and the gradients it returns (memkit: peak workspace; "
+                  "peers: peak allocation minus their gradients). x materialized: against torch's materialized "
+                  "logits + cross-entropy; #30's target for memkit's fused loss is at most 1.2x its time at most "
+                  "1/8 of its memory.", "",
+                  "| head | implementation | ms | x materialized time | MiB | x materialized memory | loss |",
+                  "|---|---|---|---|---|---|---|"]
+        for r in loss:
+            if "skipped" in r:
+                lines.append(f"| {r['case']} | {r['implementation']} | skipped: {r['skipped']} | | | | |")
+                continue
+            lines.append(f"| {r['case']} | {r['implementation']} | {fmt(r.get('ms'))} | {fmt(r.get('time_vs_materialized'))} | "
+                         f"{fmt(r.get('MiB'))} | {fmt(r.get('memory_vs_materialized'))} | {fmt(r.get('loss'), 6)} |")
     attention = report.get("attention")
     if attention:  # runs before #29's matrix have no such rows: their reports rebuild unchanged
         plan = report.get("attention_plan") or {}
@@ -648,6 +719,9 @@ def main():
         attention = attention_matrix.pairs(report["benchmarks"].get("attention", []), report["peers"])
         if attention or "attention" in report:
             report["attention"] = attention
+        loss = loss_table(report["benchmarks"], report["peers"])
+        if loss or "loss_peers" in report:
+            report["loss_peers"] = loss
         out = pathlib.Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         write_report(out, report)
@@ -826,6 +900,7 @@ def main():
                 r["peer"] = {"skipped": "not enough of the budget left"}
     report["side_by_side"] = side_by_side(report["benchmarks"], report["peers"])
     report["attention"] = attention_matrix.pairs(report["benchmarks"].get("attention", []), report["peers"])
+    report["loss_peers"] = loss_table(report["benchmarks"], report["peers"])
     report["steps"] = runner.steps
     report["seconds"] = time.monotonic() - started
     write_report(out, report)
