@@ -68,7 +68,7 @@ def stage(dest, carry_limit_mib, python_version, pip):
     for old in dest.glob("*.whl"):
         old.unlink()
     keep_cuda = os.environ.get("MEMKIT_GPU_BNB_CUDA", BNB_CUDA_DEFAULT).split()
-    staged = []
+    staged, failed = [], []
     with tempfile.TemporaryDirectory() as tmp:
         for dist, _, _ in PEERS:
             cmd = pip + ["download", "-q", "--no-deps", "--only-binary=:all:", "--python-version", python_version,
@@ -83,7 +83,7 @@ def stage(dest, carry_limit_mib, python_version, pip):
                 why = (proc.stderr.strip().splitlines() or ["?"])[-1]
             wheels = sorted(pathlib.Path(tmp).glob(dist.replace("-", "_") + "-*.whl"))
             if proc is None or proc.returncode != 0 or not wheels:
-                print(f"memkit peer wheels: {dist}: not downloaded (no registry here?): {why[:200]}")
+                failed.append(f"{dist}: {why[:160]}")
                 continue
             wheel = wheels[-1]
             note = ""
@@ -92,6 +92,11 @@ def stage(dest, carry_limit_mib, python_version, pip):
                 note = (f" (slimmed from {before / 2**20:.1f} MiB: {dropped} native libraries dropped, kept CPU and "
                         f"CUDA {', '.join(keep_cuda)})")
             staged.append((wheel, note))
+        if not staged:  # no registry here: one line, nothing staged
+            print(f"memkit peer wheels: none downloaded (no package registry?): {'; '.join(failed)}")
+            return 0
+        for f in failed:
+            print(f"memkit peer wheels: not downloaded: {f}")
         # Smallest first, so that one wheel too big does not crowd out the others.
         for wheel, note in sorted(staged, key=lambda w: w[0].stat().st_size):
             total = tree_bytes(dest.parent) + wheel.stat().st_size
