@@ -14,8 +14,8 @@ of files (the CUDA binaries of build-gpu/carry/ are about 15 MiB of it). So:
                not overridden (its own build matches its torch); a wheel that fails to import is skipped, not put
                on PYTHONPATH.
 
-flash-attn is not carried: PyPI has only its source (building it takes hours of nvcc), and its prebuilt wheels
-(GitHub releases, one per torch / CUDA / python / C++ ABI) are some hundreds of MB (docs/cuda.md).
+flash-attn is not carried: PyPI has only its source (building it takes hours of nvcc); its prebuilt wheels are
+GitHub release files, one per torch / CUDA / python / C++ ABI (docs/cuda.md, "The carried peers").
 Standard library only.
 """
 import argparse
