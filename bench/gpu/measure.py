@@ -6,7 +6,9 @@ run it, read it and run it again):
   2. the GPU test suite (memkit_cuda_tests --memkit-gpu-suite), and attention::cudnn's tests (memkit_cudnn_tests,
      whole, when the binaries were built with MEMKIT_GPU_CUDNN=1);
   3. every CUDA benchmark (Google Benchmark, JSON);
-  4. the PyTorch side of each comparison (bench/peers/gpu_peers.py, with the machine's python3), and torch's own
+  4. the PyTorch side of each comparison (bench/peers/gpu_peers.py, with the machine's python3; the peers it
+     lacks, Liger and bitsandbytes, from the wheels ./dev.sh gpu-build carries: bench/gpu/peer_wheels.py, installed
+     into a temporary folder at the start, for the peer scripts only), and torch's own
      CUDA attention (flash and cuDNN backends) against tests/data/attention's float64 reference
      (bench/peers/sdpa_device.py: the yardstick for memkit's device bounds against torch);
   5. the example's device run (memkit_example_train_llama_cuda --device cuda --short --check);

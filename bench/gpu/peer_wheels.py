@@ -26,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+from concurrent.futures import ThreadPoolExecutor
 
 sys.dont_write_bytecode = True
 
@@ -35,7 +36,7 @@ PEERS = [
     ("bitsandbytes", "bitsandbytes", "4-bit dequantize / matmul / GEMV, 8-bit AdamW"),
 ]
 # bitsandbytes' libraries kept: CPU and CUDA 13.x (the GPU machine's torch was 2.11.0+cu130 on its last visit,
-# docs/gpu/). MEMKIT_GPU_BNB_CUDA="128" (say) keeps another (the CUDA 12 ones are 21-27 MB each, unpacked).
+# docs/gpu/). MEMKIT_GPU_BNB_CUDA="128" (say) keeps CUDA 12.8's instead (the CUDA 12 ones are 21-27 MB unpacked).
 BNB_CUDA_DEFAULT = "130 132"
 CARRY_LIMIT_MIB = 60
 
@@ -141,40 +142,43 @@ def probe(module, dist, env, python):
 
 
 def install(wheel_dir, site, python=sys.executable, env=None):
-    """Unpacks and checks each wheel of wheel_dir; returns (records, folders to put on PYTHONPATH)."""
+    """Unpacks and checks each wheel of wheel_dir; returns (records, folders to put on PYTHONPATH). The imports run
+    side by side (each child imports torch: seconds), first the machine's own peers, then the carried wheels."""
     env = dict(os.environ if env is None else env)
-    records, paths = [], []
     wheels = sorted(pathlib.Path(wheel_dir).glob("*.whl")) if wheel_dir and pathlib.Path(wheel_dir).is_dir() else []
     carried = {import_name(w.name)[0]: w for w in wheels}
-    for dist, module, _ in PEERS:
-        own, why_not = probe(module, dist, env, python)
-        wheel = carried.pop(dist, None)
-        if own is not None:
-            records.append({"peer": dist, "version": own["version"], "source": "the machine's own",
-                            "path": own["file"]} | ({"wheel_not_used": wheel.name} if wheel else {}))
-            continue
-        if wheel is None:
-            records.append({"peer": dist, "skipped": f"not installed here ({why_not}) and no wheel carried"})
-            continue
-        records.append(unpack_and_probe(dist, module, wheel, site, env, python, paths))
-    for dist, wheel in carried.items():  # a wheel of a peer not in PEERS: unpacked and checked the same way
-        records.append(unpack_and_probe(dist, dist.replace("-", "_"), wheel, site, env, python, paths))
-    return records, paths
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        own = list(pool.map(lambda peer: probe(peer[1], peer[0], env, python), PEERS))
+        records, trials = [], []
+        for (dist, module, _), (found, why_not) in zip(PEERS, own):
+            wheel = carried.pop(dist, None)
+            if found is not None:
+                records.append({"peer": dist, "version": found["version"], "source": "the machine's own",
+                                "path": found["file"]} | ({"wheel_not_used": wheel.name} if wheel else {}))
+            elif wheel is None:
+                records.append({"peer": dist, "skipped": f"not installed here ({why_not}) and no wheel carried"})
+            else:
+                trials.append((dist, module, wheel))
+        # A wheel of a peer not in PEERS is unpacked and checked the same way.
+        trials += [(dist, dist.replace("-", "_"), wheel) for dist, wheel in carried.items()]
+        tried = list(pool.map(lambda t: unpack_and_probe(*t, site, env, python), trials))
+    records += [record for record, _ in tried]
+    return records, [folder for _, folder in tried if folder]
 
 
-def unpack_and_probe(dist, module, wheel, site, env, python, paths):
+def unpack_and_probe(dist, module, wheel, site, env, python):
+    """(record, the folder for PYTHONPATH or None)."""
     folder = pathlib.Path(site) / dist
     try:
         with zipfile.ZipFile(wheel) as z:
             z.extractall(folder)
     except (OSError, zipfile.BadZipFile) as e:
-        return {"peer": dist, "wheel": wheel.name, "skipped": f"could not unpack: {e}"}
+        return {"peer": dist, "wheel": wheel.name, "skipped": f"could not unpack: {e}"}, None
     trial = dict(env, PYTHONPATH=os.pathsep.join([str(folder)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])))
     got, why = probe(module, dist, trial, python)
     if got is None:
-        return {"peer": dist, "wheel": wheel.name, "skipped": f"the carried wheel does not import: {why}"}
-    paths.append(str(folder))
-    return {"peer": dist, "version": got["version"], "source": f"carried wheel {wheel.name}", "path": got["file"]}
+        return {"peer": dist, "wheel": wheel.name, "skipped": f"the carried wheel does not import: {why}"}, None
+    return {"peer": dist, "version": got["version"], "source": f"carried wheel {wheel.name}", "path": got["file"]}, str(folder)
 
 
 def main():
