@@ -11,7 +11,8 @@ the same shapes, dtypes and timing (CUDA events around the work, after a warm-up
              head (bench/loss_cuda.cu's llama2_7b and llama3_8b heads, 8,192 tokens); Liger's
              LigerFusedLinearCrossEntropyLoss on the same inputs, where liger_kernel imports (carried as a
              wheel: bench/gpu/peer_wheels.py), with its default and with fp32 head-gradient accumulation;
-             each with the peak memory the step allocates beyond its inputs
+             each with the peak memory the step allocates beyond its inputs (peak_MiB, its gradients included:
+             grads_MiB) and its loss
   adamw      torch.optim.AdamW(fused=True), with and without clip_grad_norm_, on the 48 fp32 tensors of
              bench/adam_cuda.cu (75.0M parameters), four steps back to back (ms per step)
   matmul     bf16 x @ W^T, W [8192, 8192] (cuBLAS through torch; bench/quant_cuda.cu's dense rows)
@@ -204,9 +205,11 @@ def main():
                         return loss
 
                 ms = timed(step, repetitions=max(3, reps // 2))
-                mib = peak_mib(step)
-                # The gradients the step returns (memkit's caller allocates them beforehand: its peak workspace
+                # No gradients held when the peak's base is taken: peak_MiB is everything the step allocates,
+                # its returned gradients included (memkit's caller allocates those beforehand: its peak workspace
                 # leaves them out; peak_MiB - grads_MiB is the comparable figure).
+                hidden.grad = head.grad = None
+                mib = peak_mib(step)
                 grads = sum(t.grad.numel() * t.grad.element_size() for t in (hidden, head)) / 2**20
                 # The loss on the same inputs (seed 0): every variant's should agree to bf16 rounding.
                 rows.append({"group": "loss", "name": name, "ms": ms,
