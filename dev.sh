@@ -9,7 +9,9 @@
 #                            MEMKIT_GPU_CUDNN=1 also builds attention::cudnn (-DMEMKIT_USE_CUDNN=ON: its tests and
 #                            the BM_flash_cuda_cudnn rows; cuDNN's libraries are not carried: the GPU machine's own,
 #                            or PyTorch's nvidia-cudnn wheel, which `./dev.sh gpu` puts on LD_LIBRARY_PATH);
-#                            MEMKIT_GPU_CUDNN=0 turns it off again in an existing build-gpu/
+#                            MEMKIT_GPU_CUDNN=0 turns it off again in an existing build-gpu/; the peers' wheels
+#                            (Liger, bitsandbytes slimmed to CUDA 13) go to build-gpu/carry/wheels/ when pip can
+#                            download them (alone: python3 bench/gpu/peer_wheels.py stage DIR)
 #   ./dev.sh gpu [OUTDIR] [options]  on a machine with an NVIDIA GPU: the GPU suite, every CUDA benchmark, the
 #                            PyTorch peers and the example's device run, in at most 8 minutes; writes
 #                            OUTDIR/results.md and results.json (bench/gpu/measure.py --help). Without a GPU it
@@ -152,6 +154,11 @@ case ${1:-} in
       "$PWD" "$(date -u '+%Y-%m-%d %H:%M UTC')" "$(nvcc --version | sed -n 's/.*release \([0-9.]*\).*/\1/p')" \
       "$(sed -n 's/^CMAKE_CUDA_ARCHITECTURES:[A-Z]*=//p' "$build_dir/CMakeCache.txt")" "${with_cudnn:-OFF}" \
       >"$carry/commit.json"
+    # The PyTorch peers a GPU machine may lack (Liger, bitsandbytes) as wheels, as far as the carry's 64 MiB allow
+    # (bench/gpu/peer_wheels.py; MEMKIT_GPU_PEER_WHEELS=0 leaves them out). measure.py installs them there.
+    if [[ ${MEMKIT_GPU_PEER_WHEELS:-1} != 0 ]]; then
+      python3 bench/gpu/peer_wheels.py stage "$carry/wheels" || echo "memkit: peer wheels not staged" >&2
+    fi
     du -sh "$carry"
     echo "memkit: carry $carry to the GPU machine and run ./dev.sh gpu OUTDIR there"
     ;;

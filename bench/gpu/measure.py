@@ -6,7 +6,9 @@ run it, read it and run it again):
   2. the GPU test suite (memkit_cuda_tests --memkit-gpu-suite), and attention::cudnn's tests (memkit_cudnn_tests,
      whole, when the binaries were built with MEMKIT_GPU_CUDNN=1);
   3. every CUDA benchmark (Google Benchmark, JSON);
-  4. the PyTorch side of each comparison (bench/peers/gpu_peers.py, with the machine's python3), and torch's own
+  4. the PyTorch side of each comparison (bench/peers/gpu_peers.py, with the machine's python3; the peers it
+     lacks, Liger and bitsandbytes, from the wheels ./dev.sh gpu-build carries: bench/gpu/peer_wheels.py, installed
+     into a temporary folder at the start, for the peer scripts only), and torch's own
      CUDA attention (flash and cuDNN backends) against tests/data/attention's float64 reference
      (bench/peers/sdpa_device.py: the yardstick for memkit's device bounds against torch);
   5. the example's device run (memkit_example_train_llama_cuda --device cuda --short --check);
@@ -28,6 +30,7 @@ a machine without a GPU, to be carried over), else build-gpu/ itself; --bin-dir 
 it says so in one line and exits 0. Standard library only: the peers script imports torch, this one does not.
 """
 import argparse
+import atexit
 import datetime
 import json
 import os
@@ -36,11 +39,13 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 
 sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import attention_matrix  # noqa: E402
+import peer_wheels  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -128,6 +133,25 @@ class Runner:
         if cudnn:
             paths.append(cudnn)
         self.env["LD_LIBRARY_PATH"] = ":".join(paths)
+        # The peer scripts (this python's steps) also see the carried peers' folders (install_peers); the memkit
+        # binaries do not.
+        self.peer_env = self.env
+
+    def install_peers(self, wheel_dir, report):
+        """Unpacks the carried wheels (build-gpu/carry/wheels, ./dev.sh gpu-build) into a temporary folder, checks
+        that each imports, and puts those that do on the peer scripts' PYTHONPATH; report["peer_wheels"] says, per
+        peer, its version and where it came from, or why it is skipped."""
+        started = time.monotonic()
+        site = tempfile.mkdtemp(prefix="memkit-peers-")
+        atexit.register(shutil.rmtree, site, ignore_errors=True)
+        records, paths = peer_wheels.install(wheel_dir, site, python=sys.executable, env=self.env)
+        if paths:
+            self.peer_env = dict(self.env, PYTHONPATH=os.pathsep.join(
+                paths + ([self.env["PYTHONPATH"]] if self.env.get("PYTHONPATH") else [])))
+        report["peer_wheels"] = records
+        summary = "; ".join(peer_wheel_line(r) for r in records)
+        self.steps.append({"step": "peer_wheels", "status": "ok", "seconds": round(time.monotonic() - started, 1)})
+        print(f"memkit gpu: peer packages: {summary} ({time.monotonic() - started:.0f} s)", flush=True)
 
     def left(self):
         return self.deadline - time.monotonic()
@@ -142,7 +166,8 @@ class Runner:
         started = time.monotonic()
         print(f"memkit gpu: {name} (limit {limit:.0f} s) ...", flush=True)
         try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=limit, env=self.env, cwd=cwd or ROOT)
+            env = self.peer_env if cmd and cmd[0] == sys.executable else self.env
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=limit, env=env, cwd=cwd or ROOT)
             rc, output = proc.returncode, proc.stdout + proc.stderr
         except subprocess.TimeoutExpired as e:
             rc = None
@@ -154,6 +179,12 @@ class Runner:
         self.steps.append({"step": name, "status": status, "seconds": round(seconds, 1)})
         print(f"memkit gpu: {name}: {status} in {seconds:.1f} s", flush=True)
         return rc, output
+
+
+def peer_wheel_line(r):
+    if "skipped" in r:
+        return f"{r['peer']} skipped ({r['skipped']})"
+    return f"{r['peer']} {r['version']} ({r['source']})"
 
 
 def device_info(nvidia_smi):
@@ -281,6 +312,15 @@ def side_by_side(memkit, peers):
                           mk("loss", rf"loss_bf16/{case}/{variant}(/manual_time)?")))
             pairs.append((f"linear cross-entropy fwd+bwd, {case} head, 8192 tokens", f"memkit {variant} (staged row pass)",
                           staged, "torch materialized", peer(f"materialized_ce/{case}")))
+    # #30: Liger's fused linear cross-entropy (carried as a wheel) beside memkit's fused loss, in runs that recorded it
+    # (measured, or skipped with its reason); older runs (liger_kernel never tried) get no pairs and rebuild unchanged.
+    if liger_recorded(peers):
+        for case in ("llama2_7b", "llama3_8b"):
+            for variant in ("fused", "fused_eighth"):
+                m = mk("loss", rf"loss_bf16/{case}/{variant}(/manual_time)?")
+                for label, name in (("liger flce", "liger_flce"), ("liger flce, fp32 accumulation", "liger_flce_fp32_accum")):
+                    pairs.append((f"linear cross-entropy fwd+bwd, {case} head, 8192 tokens", f"memkit {variant}", m,
+                                  label, peer(f"{name}/{case}") or peer("liger_flce")))
     for state, peer_name in (("fp32_state", "torch_fused_adamw/fp32"), ("fp32_state", "torch_fused_adamw_clip/fp32"),
                              ("bf16_state", "torch_fused_adamw/fp32"), ("int8_256_state", "bnb_adamw8bit"),
                              ("int8_256_state", "torch_fused_adamw/fp32"), ("int4_state", "torch_fused_adamw/fp32")):
@@ -343,6 +383,52 @@ def side_by_side(memkit, peers):
         if m is None and row["peer_ms"] is None:
             continue
         out.append(row)
+    return out
+
+
+# Skipped-row reasons of gpu_peers.py before it timed Liger: runs carrying them never tried liger_kernel.
+LIGER_LEGACY = ("liger_kernel not installed", "liger_kernel imports but is not timed yet")
+
+
+def liger_recorded(peers):
+    return any(r.get("name", "").startswith("liger_flce/") or
+               (r.get("name") == "liger_flce" and r.get("skipped") not in LIGER_LEGACY) for r in peers)
+
+
+def loss_table(memkit, peers):
+    """#30's linear cross-entropy comparison, per head: memkit's loss rows and the peers' (torch's materialized
+    logits, Liger), each with its time and memory beside torch's materialized step. Memory is what the step needs
+    beyond its inputs and the gradients it returns: memkit's peak workspace (tracking_resource), the peers' peak
+    allocation minus their gradients. Empty for runs that did not record Liger (their reports rebuild unchanged)."""
+    if not liger_recorded(peers):
+        return []
+    out = []
+    for case in ("llama2_7b", "llama3_8b"):
+        rows = []
+        for r in memkit.get("loss", []):
+            m = re.fullmatch(rf"loss_bf16/{case}/((?:fused|materialized)\w*)(/manual_time)?", r["name"])
+            if m:
+                rows.append({"implementation": f"memkit {m[1]}", "ms": r["ms"], "MiB": r.get("peak_workspace_MiB")})
+        for name, label in (("materialized_ce", "torch materialized"), ("liger_flce", "liger flce"),
+                            ("liger_flce_fp32_accum", "liger flce, fp32 accumulation")):
+            r = next((p for p in peers if p.get("name") == f"{name}/{case}"), None)
+            if r is None and name.startswith("liger"):
+                r = next((p for p in peers if p.get("name") == "liger_flce"), None)
+            if r is None:
+                continue
+            if "skipped" in r:
+                rows.append({"implementation": label, "skipped": r["skipped"]})
+            else:
+                rows.append({"implementation": label, "ms": r["ms"], "loss": r.get("loss"),
+                             "MiB": r["peak_MiB"] - r["grads_MiB"] if "grads_MiB" in r else None})
+        base = next((r for r in rows if r["implementation"] == "torch materialized" and "ms" in r), None)
+        for r in rows:
+            r["case"] = case
+            if base and r.get("ms"):
+                r["time_vs_materialized"] = r["ms"] / base["ms"]
+            if base and base.get("MiB") and r.get("MiB") is not None:
+                r["memory_vs_materialized"] = r["MiB"] / base["MiB"]
+        out += rows
     return out
 
 
@@ -510,6 +596,8 @@ def write_report(out, report):
     lines.append(f"- binaries: {report['binaries']}, built from {c.get('describe')} ({c.get('commit', '?')}), "
                  f"nvcc {c.get('nvcc', '?')}, CUDA architectures {c.get('arch', '?')}, {c.get('built', '?')}")
     lines.append(f"- peers: {report.get('peer_versions', '-')}")
+    if report.get("peer_wheels"):
+        lines.append(f"- peer packages: {'; '.join(peer_wheel_line(r) for r in report['peer_wheels'])}")
     lines.append(f"- command: `{report['command']}`, {report['date']}, {report['seconds']:.0f} s")
     lines.append("")
     lines.append("## Steps")
@@ -538,6 +626,22 @@ def write_report(out, report):
         peer_ms = fmt(r["peer_ms"]) if r["peer_ms"] is not None else f"skipped: {r['peer_skipped']}"
         lines.append(f"| {r['operation']} | {r['memkit']} | {fmt(r['memkit_ms'])} | {r['peer']} | {peer_ms} | "
                      f"{fmt(r.get('ratio'))} | {figure or '-'} |")
+    loss = report.get("loss_peers")
+    if loss:  # runs before Liger was carried have none: their reports rebuild unchanged
+        lines += ["", "## Linear cross-entropy: memkit, Liger and torch (#30)", "",
+                  "bf16 hidden and head, forward + backward into both, 8,192 tokens (bench/loss_cuda.cu's shapes). "
+                  "MiB: what the step needs beyond its inputs and the gradients it returns (memkit: peak workspace; "
+                  "peers: peak allocation minus their gradients). x materialized: against torch's materialized "
+                  "logits + cross-entropy; #30's target for memkit's fused loss is at most 1.2x its time at most "
+                  "1/8 of its memory.", "",
+                  "| head | implementation | ms | x materialized time | MiB | x materialized memory | loss |",
+                  "|---|---|---|---|---|---|---|"]
+        for r in loss:
+            if "skipped" in r:
+                lines.append(f"| {r['case']} | {r['implementation']} | skipped: {r['skipped']} | | | | |")
+                continue
+            lines.append(f"| {r['case']} | {r['implementation']} | {fmt(r.get('ms'))} | {fmt(r.get('time_vs_materialized'))} | "
+                         f"{fmt(r.get('MiB'))} | {fmt(r.get('memory_vs_materialized'))} | {fmt(r.get('loss'), 6)} |")
     attention = report.get("attention")
     if attention:  # runs before #29's matrix have no such rows: their reports rebuild unchanged
         plan = report.get("attention_plan") or {}
@@ -617,6 +721,9 @@ def main():
         attention = attention_matrix.pairs(report["benchmarks"].get("attention", []), report["peers"])
         if attention or "attention" in report:
             report["attention"] = attention
+        loss = loss_table(report["benchmarks"], report["peers"])
+        if loss or "loss_peers" in report:
+            report["loss_peers"] = loss
         out = pathlib.Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         write_report(out, report)
@@ -645,6 +752,11 @@ def main():
     print(f"memkit gpu: {report['device'].get('name', '?')}, binaries from {report['binaries']} "
           f"({report['commit'].get('describe')}){'; ' + report['source_link'] if report['source_link'] else ''}", flush=True)
 
+    if only & {"peers", "sdpa", "models", "grid", "longctx"}:
+        # The wheels beside the binaries (build-gpu/carry/wheels), else build-gpu/carry's where the binaries are
+        # build-gpu's own.
+        wheels = next((d for d in (base / "wheels", ROOT / "build-gpu" / "carry" / "wheels") if d.is_dir()), None)
+        runner.install_peers(wheels, report)
     if "tests" in only and "tests" in binaries:
         rc, output = runner.run("gpu_suite", [binaries["tests"], "--memkit-gpu-suite"], 200)
         report["gpu_suite"] = parse_doctest(output)
@@ -790,6 +902,7 @@ def main():
                 r["peer"] = {"skipped": "not enough of the budget left"}
     report["side_by_side"] = side_by_side(report["benchmarks"], report["peers"])
     report["attention"] = attention_matrix.pairs(report["benchmarks"].get("attention", []), report["peers"])
+    report["loss_peers"] = loss_table(report["benchmarks"], report["peers"])
     report["steps"] = runner.steps
     report["seconds"] = time.monotonic() - started
     write_report(out, report)

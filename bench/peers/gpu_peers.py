@@ -8,12 +8,16 @@ the same shapes, dtypes and timing (CUDA events around the work, after a warm-up
              registers too): forward alone and forward + backward, causal and not, head_dim 64 and 128, seq
              1K-32K at batch = 16384 / seq (at least 1), heads = 2048 / head_dim; FlashAttention's FLOP count
   loss       materialized logits: hidden @ head^T in bf16, fp32 cross-entropy, backward into hidden and
-             head (bench/loss_cuda.cu's llama2_7b and llama3_8b heads, 8,192 tokens)
+             head (bench/loss_cuda.cu's llama2_7b and llama3_8b heads, 8,192 tokens); Liger's
+             LigerFusedLinearCrossEntropyLoss on the same inputs, where liger_kernel imports (carried as a
+             wheel: bench/gpu/peer_wheels.py), with its default and with fp32 head-gradient accumulation;
+             each with the peak memory the step allocates beyond its inputs (peak_MiB, its gradients included:
+             grads_MiB) and its loss
   adamw      torch.optim.AdamW(fused=True), with and without clip_grad_norm_, on the 48 fp32 tensors of
              bench/adam_cuda.cu (75.0M parameters), four steps back to back (ms per step)
   matmul     bf16 x @ W^T, W [8192, 8192] (cuBLAS through torch; bench/quant_cuda.cu's dense rows)
-  bnb_*      bitsandbytes' 4-bit dequantize and matmul, 8-bit AdamW: only where bitsandbytes imports
-             (never installed by memkit; carried as a wheel when wanted); otherwise a skipped row says so
+  bnb_*      bitsandbytes' 4-bit dequantize and matmul (its GEMV at M = 1), 8-bit AdamW: only where bitsandbytes
+             imports (the machine's own, else the wheel ./dev.sh gpu-build carries); otherwise a skipped row says so
   qlora_step end-to-end QLoRA steps of the models issue: skipped until memkit's decoder loads real models
 
 Writes a JSON list of rows {"group", "name", "ms", ...} (or {"group", "name", "skipped": reason}) to --out.
@@ -22,11 +26,25 @@ torch is never a memkit dependency: this runs where torch is already installed (
 import argparse
 import json
 import pathlib
+import re
 import sys
 
 sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "gpu"))
 import attention_matrix  # noqa: E402
+
+
+LOSS_CASE = re.compile(r'\{"(\w+)", (\d+), (\d+), (\d+)\},')
+
+
+def loss_cases():
+    """bench/loss_cuda.cu's cases as (name, tokens N, hidden H, vocabulary V): the peers' loss rows use its shapes."""
+    source = (pathlib.Path(__file__).resolve().parents[1] / "loss_cuda.cu").read_text()
+    block = source[source.index("constexpr loss_case cases[] = {"):]
+    cases = [(m[1], int(m[2]), int(m[3]), int(m[4])) for m in LOSS_CASE.finditer(block[:block.index("};")])]
+    if not cases:
+        raise ValueError("bench/loss_cuda.cu: no loss cases found")
+    return cases
 
 
 def main():
@@ -145,35 +163,62 @@ def main():
         torch.cuda.empty_cache()
     save()
 
-    # --- materialized logits + cross-entropy ---
-    for case, V in (("llama2_7b", 32000), ("llama3_8b", 128256)):
-        N, H = 8192, 4096
-        name = f"materialized_ce/{case}"
-        try:
-            g = torch.Generator(device=dev).manual_seed(0)
-            hidden = (0.02 * torch.randn(N, H, device=dev, generator=g)).to(torch.bfloat16).requires_grad_()
-            head = (0.02 * torch.randn(V, H, device=dev, generator=g)).to(torch.bfloat16).requires_grad_()
-            targets = torch.randint(0, V, (N,), device=dev, generator=g)
-
-            def step():
-                logits = hidden @ head.t()
-                loss = torch.nn.functional.cross_entropy(logits.float(), targets)
-                hidden.grad = head.grad = None
-                loss.backward()
-
-            ms = timed(step, repetitions=max(3, reps // 2))
-            mib = peak_mib(step)
-            rows.append({"group": "loss", "name": name, "ms": ms, "GFLOPs": 3 * 2 * N * V * H / (ms * 1e-3) / 1e9,
-                         "peak_MiB": mib})
-            del hidden, head, targets
-        except Exception as e:  # noqa: BLE001
-            skipped("loss", name, f"{type(e).__name__}: {str(e).splitlines()[0][:200]}")
-        torch.cuda.empty_cache()
+    # --- linear cross-entropy: materialized logits, and Liger's fused kernel where it imports ---
+    # bench/loss_cuda.cu's shapes: 8,192 tokens, hidden 4,096, the Llama-2 and Llama-3 vocabularies; bf16 hidden and
+    # head, forward and backward into both. Liger is timed as users call it (gradients in the head's dtype, bf16)
+    # and with accum_dtype=float32 (its head gradient accumulated in fp32, as memkit's d_head is).
     try:
-        import liger_kernel  # noqa: F401
-        skipped("loss", "liger_flce", "liger_kernel imports but is not timed yet")
-    except Exception:  # noqa: BLE001
-        skipped("loss", "liger_flce", "liger_kernel not installed")
+        from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss
+        from importlib.metadata import version as dist_version
+        import liger_kernel
+        rows.append({"group": "info", "name": "liger_kernel", "version": dist_version("liger-kernel"),
+                     "path": str(pathlib.Path(liger_kernel.__file__).parent)})
+    except Exception as e:  # noqa: BLE001 - not installed, or a wheel that does not import here
+        LigerFusedLinearCrossEntropyLoss = None
+        skipped("loss", "liger_flce", f"liger_kernel does not import here ({type(e).__name__}: "
+                                      f"{str(e).splitlines()[0][:120] if str(e) else ''})")
+    for case, N, H, V in loss_cases():
+        variants = [("materialized_ce", None)]
+        if LigerFusedLinearCrossEntropyLoss is not None:
+            variants += [("liger_flce", LigerFusedLinearCrossEntropyLoss()),
+                         ("liger_flce_fp32_accum", LigerFusedLinearCrossEntropyLoss(accum_dtype=torch.float32))]
+        for label, liger in variants:
+            name = f"{label}/{case}"
+            try:
+                g = torch.Generator(device=dev).manual_seed(0)
+                hidden = (0.02 * torch.randn(N, H, device=dev, generator=g)).to(torch.bfloat16).requires_grad_()
+                head = (0.02 * torch.randn(V, H, device=dev, generator=g)).to(torch.bfloat16).requires_grad_()
+                targets = torch.randint(0, V, (N,), device=dev, generator=g)
+
+                if liger is None:
+                    def step():
+                        logits = hidden @ head.t()
+                        loss = torch.nn.functional.cross_entropy(logits.float(), targets)
+                        hidden.grad = head.grad = None
+                        loss.backward()
+                        return loss
+                else:
+                    def step(liger=liger):
+                        loss = liger(head, hidden, targets)
+                        hidden.grad = head.grad = None
+                        loss.backward()
+                        return loss
+
+                ms = timed(step, repetitions=max(3, reps // 2))
+                # No gradients held when the peak's base is taken: peak_MiB is everything the step allocates,
+                # its returned gradients included (memkit's caller allocates those beforehand: its peak workspace
+                # leaves them out; peak_MiB - grads_MiB is the comparable figure).
+                hidden.grad = head.grad = None
+                mib = peak_mib(step)
+                grads = sum(t.grad.numel() * t.grad.element_size() for t in (hidden, head)) / 2**20
+                # The loss on the same inputs (seed 0): every variant's should agree to bf16 rounding.
+                rows.append({"group": "loss", "name": name, "ms": ms,
+                             "GFLOPs": 3 * 2 * N * V * H / (ms * 1e-3) / 1e9, "peak_MiB": mib, "grads_MiB": grads,
+                             "tokens": N, "loss": float(step().detach())})
+                del hidden, head, targets
+            except Exception as e:  # noqa: BLE001
+                skipped("loss", name, f"{type(e).__name__}: {str(e).splitlines()[0][:200]}")
+            torch.cuda.empty_cache()
     save()
 
     # --- AdamW on bench/adam_cuda.cu's 48 tensors ---
@@ -226,7 +271,8 @@ def main():
         for name in ("bnb_dequantize_nf4", "bnb_matmul_4bit", "bnb_adamw8bit"):
             skipped("bnb", name, reason)
     else:
-        rows.append({"group": "info", "name": "bitsandbytes", "version": bnb.__version__})
+        rows.append({"group": "info", "name": "bitsandbytes", "version": bnb.__version__,
+                     "path": str(pathlib.Path(bnb.__file__).parent)})
         try:
             values = torch.randn(2**28, device=dev).to(torch.bfloat16)
             codes, qstate = bnbf.quantize_4bit(values, blocksize=64, quant_type="nf4")

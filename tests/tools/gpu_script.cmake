@@ -2,7 +2,7 @@
 # path says so in one line and exits 0, and the report writer rebuilds the committed report of the last device
 # run (docs/gpu/) from its results.json byte for byte, side-by-side table included.
 # Run as: cmake -DPYTHON=... -DSOURCE_DIR=... -DWORK_DIR=... -P gpu_script.cmake
-foreach(script bench/gpu/measure.py bench/peers/gpu_peers.py bench/peers/sdpa_device.py)
+foreach(script bench/gpu/measure.py bench/gpu/peer_wheels.py bench/peers/gpu_peers.py bench/peers/sdpa_device.py)
   execute_process(COMMAND ${PYTHON} -c "import ast, sys; ast.parse(open(sys.argv[1]).read(), sys.argv[1])" ${SOURCE_DIR}/${script}
     RESULT_VARIABLE rc ERROR_VARIABLE err)
   if(NOT rc EQUAL 0)
@@ -23,6 +23,13 @@ execute_process(COMMAND ${PYTHON} ${SOURCE_DIR}/tests/tools/measure_attention_ch
   RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
 if(NOT rc EQUAL 0 OR NOT out MATCHES "measure_attention_check: ok")
   message(FATAL_ERROR "the attention matrix: exit ${rc}: ${out}${err}")
+endif()
+
+# #30's carried peers: Liger's loss rows paired and tabulated (runs before them unchanged), the wheels installed.
+execute_process(COMMAND ${PYTHON} ${SOURCE_DIR}/tests/tools/measure_peers_check.py
+  RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+if(NOT rc EQUAL 0 OR NOT out MATCHES "measure_peers_check: ok")
+  message(FATAL_ERROR "the carried peers: exit ${rc}: ${out}${err}")
 endif()
 
 # ... and the PyTorch search it runs beside memkit's: memory_grid.py's plan for it (--list needs no torch).
