@@ -149,6 +149,8 @@ class graph_builder {
   const std::vector<std::int64_t>& memory_uids() const noexcept { return memory_uids_; }
   const std::deque<constant>& constants() const noexcept { return constants_; }
   std::int64_t tensor_count() const noexcept { return static_cast<std::int64_t>(tensors_.size()); }
+  // Every tensor descriptor of the graph, in the order made (tests read their attributes back from cuDNN).
+  const std::deque<descriptor>& tensors() const noexcept { return tensors_; }
 
   using dims = std::array<std::int64_t, 4>;
   static constexpr dims contiguous(const dims& d) noexcept { return {d[1] * d[2] * d[3], d[2] * d[3], d[3], 1}; }
