@@ -84,6 +84,53 @@ TEST_CASE("cudnn: every tensor and operation descriptor of the forward and backw
   CHECK(built == 192);
 }
 
+namespace {
+
+// A tensor descriptor's attributes, read back from cuDNN.
+struct tensor_signature {
+  cudnnDataType_t type{};
+  std::vector<std::int64_t> dims, strides;
+  bool is_virtual = false, by_value = false;
+  bool operator==(const tensor_signature&) const = default;
+};
+tensor_signature signature(const sdpa::descriptor& t) {
+  tensor_signature s;
+  std::int64_t n = 0, dims[8] = {}, strides[8] = {};
+  REQUIRE(cudnnBackendGetAttribute(t.get(), CUDNN_ATTR_TENSOR_DATA_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &n, &s.type) == 0);
+  REQUIRE(cudnnBackendGetAttribute(t.get(), CUDNN_ATTR_TENSOR_DIMENSIONS, CUDNN_TYPE_INT64, 8, &n, dims) == 0);
+  s.dims.assign(dims, dims + n);
+  REQUIRE(cudnnBackendGetAttribute(t.get(), CUDNN_ATTR_TENSOR_STRIDES, CUDNN_TYPE_INT64, 8, &n, strides) == 0);
+  s.strides.assign(strides, strides + n);
+  REQUIRE(cudnnBackendGetAttribute(t.get(), CUDNN_ATTR_TENSOR_IS_VIRTUAL, CUDNN_TYPE_BOOLEAN, 1, &n,
+                                   &s.is_virtual) == 0);
+  REQUIRE(cudnnBackendGetAttribute(t.get(), CUDNN_ATTR_TENSOR_IS_BY_VALUE, CUDNN_TYPE_BOOLEAN, 1, &n,
+                                   &s.by_value) == 0);
+  return s;
+}
+
+}  // namespace
+
+// cudnn-frontend's composite backward lowering (the graph cuDNN's SDPA engines are exercised with) gives K's reshape
+// the intermediate type (fp32) and dO * O a row stride of H * D; memkit's graph once differed in both (found by
+// comparing the two graphs' tensors on the host, docs/attention.md). Every descriptor finalized either way.
+TEST_CASE("cudnn: the backward graph's intermediate tensors are the ones cudnn-frontend's lowering makes") {
+  sdpa::sdpa_key key;
+  key.backward = true, key.io = CUDNN_DATA_BFLOAT16, key.batch = 2, key.query_heads = 8, key.kv_heads = 2;
+  key.sequence = 96, key.head_dim = 64;
+  const sdpa::graph_builder graph = sdpa::build_graph(key);
+  std::vector<tensor_signature> all;
+  for (const sdpa::descriptor& t : graph.tensors()) all.push_back(signature(t));
+  const auto count = [&](const tensor_signature& wanted) { return std::count(all.begin(), all.end(), wanted); };
+  const std::int64_t B = key.batch, H = key.query_heads, G = key.kv_heads, S = key.sequence, D = key.head_dim;
+  // K^T reshaped to K [B, Hkv, S, D]: fp32 virtual, contiguous; never the io type.
+  CHECK(count({CUDNN_DATA_FLOAT, {B, G, S, D}, {G * S * D, S * D, D, 1}, true, false}) == 1);
+  CHECK(count({CUDNN_DATA_BFLOAT16, {B, G, S, D}, {G * S * D, S * D, D, 1}, true, false}) == 0);
+  // dO * O [B, Hq, S, D]: fp32 virtual with the frontend's stride hint.
+  CHECK(count({CUDNN_DATA_FLOAT, {B, H, S, D}, {H * S * D, S * D, H * D, 1}, true, false}) == 1);
+  // The per-query-head dK and dV before the group reduction: io type, contiguous (as the frontend's).
+  CHECK(count({CUDNN_DATA_BFLOAT16, {B, H, S, D}, {H * S * D, S * D, D, 1}, true, false}) == 2);
+}
+
 TEST_CASE("cudnn: a malformed node is rejected by cuDNN at finalize, with its status and message") {
   sdpa::sdpa_key key;
   key.batch = 1, key.query_heads = 2, key.kv_heads = 2, key.sequence = 64, key.head_dim = 64;

@@ -4,11 +4,13 @@
 // includes it, only when MEMKIT_USE_CUDNN is defined under nvcc.
 //
 // NOT RUN ON A GPU YET: written and compiled without a device. On the build machine cuDNN itself finalized every
-// tensor and operation descriptor of both graphs (tests/cudnn/attention_cudnn_test.cu, no GPU needed); the
-// operation graph, the engine heuristics, the plans and their execution need a device and have not run.
+// tensor and operation descriptor of both graphs (tests/cudnn/attention_cudnn_test.cu, no GPU needed); engine
+// selection, the plans and their execution need a device and have not run.
 //
-// The graphs are the ones cuDNN's runtime-fusion SDPA engines recognize (the "composite" lowering that
-// cudnn-frontend also emits; cuDNN developer guide, "Scaled Dot Product Attention"):
+// The graphs follow the "composite" lowering cudnn-frontend emits for cuDNN before 9.21 (CompositeSDPANode,
+// CompositeSDPABackwardNode, CompositeSoftmaxNode, CompositeDiagonalBandMaskNode): the same nodes in the same
+// order, with the same dims, strides, data types, virtual and by-value tensors (compared tensor by tensor with
+// cudnn-frontend's own graphs, bf16 B 2, Hq 8, S 256, D 64, causal / window / GQA / MQA; docs/attention.md):
 //   forward:  S = Q K^T (fp32) -> S * scale -> [mask] -> softmax with Stats = max + log(sum exp) -> P (io type)
 //             -> O = P V
 //   backward: softmax_sum = rowsum(dO * O) (fp32, in the workspace) ; S = Q K^T * scale - Stats -> [mask] ->
@@ -49,12 +51,14 @@
 MEMKIT_NAMESPACE_BEGIN
 namespace attention::detail::cudnn_sdpa {
 
-// The message of a failed cuDNN call: the status name and cuDNN's own last error text.
+// The message of a failed cuDNN call: the status name and cuDNN's own last error text. After a heuristics query
+// that text has a paragraph per engine configuration (about 400 bytes each), so the buffer is large: 1 KiB kept
+// only the first engine's reason, which for the forward graph without a device is the misleading one.
 inline std::string status_text(cudnnStatus_t status) {
   std::string text = cudnnGetErrorString(status);
-  char detail[1024] = {};
-  cudnnGetLastErrorString(detail, sizeof detail);
-  if (detail[0] != '\0') text += std::string(" (") + detail + ")";
+  std::vector<char> detail(std::size_t{1} << 15, '\0');
+  cudnnGetLastErrorString(detail.data(), detail.size());
+  if (detail[0] != '\0') text += std::string(" (") + detail.data() + ")";
   return text;
 }
 inline void check(cudnnStatus_t status, const std::string& what) {
@@ -145,6 +149,8 @@ class graph_builder {
   const std::vector<std::int64_t>& memory_uids() const noexcept { return memory_uids_; }
   const std::deque<constant>& constants() const noexcept { return constants_; }
   std::int64_t tensor_count() const noexcept { return static_cast<std::int64_t>(tensors_.size()); }
+  // Every tensor descriptor of the graph, in the order made (tests read their attributes back from cuDNN).
+  const std::deque<descriptor>& tensors() const noexcept { return tensors_; }
 
   using dims = std::array<std::int64_t, 4>;
   static constexpr dims contiguous(const dims& d) noexcept { return {d[1] * d[2] * d[3], d[2] * d[3], d[3], 1}; }
@@ -368,8 +374,12 @@ inline void build_backward(graph_builder& g, const sdpa_key& key) {
   cudnnBackendDescriptor_t dq_accum = g.tensor(uid_dq_accum, l.q, l.q_strides, CUDNN_DATA_FLOAT);
   cudnnBackendDescriptor_t scale = g.scalar(0.0f, uid_scale);
 
-  // softmax_sum = rowsum(dO * O) (memkit's delta), times 1 as the engines' pattern has it.
-  cudnnBackendDescriptor_t product = g.virtual_tensor(l.q);
+  // softmax_sum = rowsum(dO * O) (memkit's delta), times 1 as the engines' pattern has it. The product's strides
+  // are the ones cudnn-frontend's composite lowering gives it ([B, H, S, D] with a row stride of H * D, a layout
+  // hint for a tensor that never exists in memory): the graph the SDPA engines are exercised with.
+  const graph_builder::dims product_strides{key.query_heads * key.sequence * key.head_dim,
+                                            key.sequence * key.head_dim, key.query_heads * key.head_dim, 1};
+  cudnnBackendDescriptor_t product = g.virtual_tensor(l.q, product_strides, CUDNN_DATA_FLOAT);
   g.pointwise(CUDNN_POINTWISE_MUL, dout, o, nullptr, product);
   cudnnBackendDescriptor_t row_sum = g.virtual_tensor(rows);
   g.reduction(CUDNN_REDUCE_TENSOR_ADD, product, row_sum);
@@ -413,8 +423,9 @@ inline void build_backward(graph_builder& g, const sdpa_key& key) {
     g.matmul(dst, q, dk_heads);
     g.reduction(CUDNN_REDUCE_TENSOR_ADD, dk_heads, dk);
   }
-  // dQ = dS K, accumulated in fp32 (workspace), then converted into dq.
-  cudnnBackendDescriptor_t k = g.virtual_tensor(l.kv, l.kv_strides, key.io);
+  // dQ = dS K, accumulated in fp32 (workspace), then converted into dq. K's reshape (K^T seen as K) is an fp32
+  // virtual tensor as in cudnn-frontend's lowering (the intermediate type; the engine reads K in the io type).
+  cudnnBackendDescriptor_t k = g.virtual_tensor(l.kv, l.kv_strides, CUDNN_DATA_FLOAT);
   g.reshape(kt, k);
   g.matmul(ds, k, dq_accum);
   g.pointwise(CUDNN_POINTWISE_IDENTITY, dq_accum, nullptr, nullptr, dq);
