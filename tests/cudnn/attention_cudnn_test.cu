@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <set>
 #include <vector>
 
@@ -135,6 +136,47 @@ TEST_CASE("cudnn: the entry points check their arguments before touching the dev
   CHECK(att::cudnn::workspace_bytes<float>(exec, att::backward_arguments{a}) ==
         att::workspace_bytes(att::backward_arguments{a}));
   CHECK_FALSE(att::cudnn::path_for<float>(exec, a, false).uses_cudnn);
+}
+
+// The entry points take any executor (as attention::forward / backward do): a host one runs the host path, bit for
+// bit, with no cuDNN, no device and no message.
+TEST_CASE("cudnn: a host executor runs memkit's host path (the same bits)") {
+  using T = memkit::bf16;
+  const std::int64_t B = 1, Hq = 4, Hkv = 2, S = 70, D = 64;
+  const memkit::shape qs{B, Hq, S, D}, ks{B, Hkv, S, D}, ls{B, Hq, S};
+  const auto q = memkit_test::convert<T>(memkit_test::standard_normal(B * Hq * S * D, 1));
+  const auto k = memkit_test::convert<T>(memkit_test::standard_normal(B * Hkv * S * D, 2));
+  const auto v = memkit_test::convert<T>(memkit_test::standard_normal(B * Hkv * S * D, 3));
+  const auto dout = memkit_test::convert<T>(memkit_test::standard_normal(B * Hq * S * D, 4));
+  att::attention_options o;
+  o.window = 33;
+  o.host_threads = 1;
+  auto hv = [](auto& x, memkit::shape s) { return memkit::host_view(x.data(), s); };
+  const auto run = [&](bool through_cudnn) {
+    memkit_test::attention_results<T> r{std::vector<T>(q.size()), std::vector<T>(q.size()), std::vector<T>(k.size()),
+                                        std::vector<T>(v.size()), std::vector<float>(B * Hq * S)};
+    const att::forward_tensors<T> saved{hv(q, qs), hv(k, ks), hv(v, ks), hv(r.out, qs), hv(r.lse, ls)};
+    const att::gradients<T> grads{hv(r.dq, qs), hv(r.dk, ks), hv(r.dv, ks)};
+    if (through_cudnn) {
+      att::cudnn::forward<T>(memkit::host, hv(q, qs), hv(k, ks), hv(v, ks), hv(r.out, qs), hv(r.lse, ls), o,
+                             memkit::default_host_resource());
+      att::cudnn::backward<T>(memkit::host, saved, hv(dout, qs), grads, o, memkit::default_host_resource());
+    } else {
+      att::forward<T>(memkit::host, hv(q, qs), hv(k, ks), hv(v, ks), hv(r.out, qs), hv(r.lse, ls), o,
+                      memkit::default_host_resource());
+      att::backward<T>(memkit::host, saved, hv(dout, qs), grads, o, memkit::default_host_resource());
+    }
+    return r;
+  };
+  const memkit_test::attention_results<T> plain = run(false), cudnn = run(true);
+  const auto same = [](const auto& a, const auto& b) {
+    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(a[0])) == 0;
+  };
+  CHECK(same(cudnn.out, plain.out));
+  CHECK(same(cudnn.lse, plain.lse));
+  CHECK(same(cudnn.dq, plain.dq));
+  CHECK(same(cudnn.dk, plain.dk));
+  CHECK(same(cudnn.dv, plain.dv));
 }
 
 TEST_CASE("cudnn: a fallback is said once per configuration kind, not per call") {
