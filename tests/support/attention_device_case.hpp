@@ -10,13 +10,12 @@
 #include <memkit/memory/buffer.hpp>
 #include <memkit/memory/resource.hpp>
 
-#include <algorithm>
-#include <cmath>
 #include <cstdint>
 #include <type_traits>
 #include <vector>
 
 #include "support/test_values.hpp"
+#include "support/torch_attention_cases.hpp"  // scaled_error: max |x - ref| / max |ref|
 
 namespace memkit_test {
 
@@ -26,17 +25,6 @@ struct attention_results {
   std::vector<T> out, dq, dk, dv;
   std::vector<float> lse;
 };
-
-// max |x - y| / max |y|: a result's error relative to the reference tensor's scale.
-template <class A, class B>
-double scaled_difference(const std::vector<A>& x, const std::vector<B>& y) {
-  double worst = 0, largest = 1e-30;
-  for (std::size_t i = 0; i < x.size(); ++i) {
-    worst = std::max(worst, std::abs(double(memkit::to_float(x[i])) - double(memkit::to_float(y[i]))));
-    largest = std::max(largest, std::abs(double(memkit::to_float(y[i]))));
-  }
-  return worst / largest;
-}
 
 struct attention_errors {
   double out, lse, dq, dk, dv;
@@ -95,9 +83,10 @@ class attention_device_case {
     return r;
   }
   attention_errors errors(const attention_results<T>& device_results) const {
-    return {scaled_difference(device_results.out, host.out), scaled_difference(device_results.lse, host.lse),
-            scaled_difference(device_results.dq, host.dq), scaled_difference(device_results.dk, host.dk),
-            scaled_difference(device_results.dv, host.dv)};
+    using torch_sdpa::scaled_error;
+    return {scaled_error(device_results.out, host.out), scaled_error(device_results.lse, host.lse),
+            scaled_error(device_results.dq, host.dq), scaled_error(device_results.dk, host.dk),
+            scaled_error(device_results.dv, host.dv)};
   }
 
   const memkit::shape qs, ks, ls;
