@@ -376,7 +376,7 @@ void run_backward(const cuda_executor& exec, const tensor_view<const T>& q, cons
     // attention_kernel::mma: both passes in FA2's structure (detail/mma_backward.hpp); the delta kernel stays.
     if constexpr (!std::is_same_v<T, float>) {
       if (use_mma_kernel<T>(options, p.D,
-                            {q.data(), k.data(), v.data(), dout.data(), dq.data(), dk.data(), dv.data()})) {
+                            {q.data(), k.data(), v.data(), dout.data(), dq.data(), dk.data(), dv.data()}, "backward")) {
         with_mma_head_dim(p.D, [&](auto D) {
           launch_mma_backward<T, decltype(D)::value>(exec, p, q.data(), k.data(), v.data(), dout.data(), lse.data(),
                                                      delta.data(), dq.data(), dk.data(), dv.data());
