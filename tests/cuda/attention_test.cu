@@ -78,6 +78,11 @@ TEST_CASE("attention cuda build: the CUDA entry points reject bad arguments befo
                        doctest::Contains("attention::forward (CUDA): head_dim 256 runs only on attention_kernel::mma's "
                                          "kernels, which copy by 16-byte cp.async"),
                        memkit::error);
+  // Backward refuses it before it takes its workspace (a host resource here, which would be refused after).
+  const auto aligned = [](std::int64_t heads) { return fake_device<memkit::bf16>(1, heads, 8, 256); };
+  CHECK_THROWS_WITH_AS(att::backward<memkit::bf16>(exec, {aligned(2), aligned(1), aligned(1), aligned(2), lse},
+                                                   aligned(2), {unaligned, aligned(1), aligned(1)}, o, workspace),
+                       doctest::Contains("attention::backward (CUDA): head_dim 256 runs only on"), memkit::error);
   o.kernel = att::attention_kernel::automatic;
   // Which problems the mma kernels take (the rest runs the WMMA kernels): bf16 / fp16 at 64, 96, 128, 256.
   for (std::int64_t D : {16, 32, 48, 64, 80, 96, 112, 128, 192, 256, 512}) {
