@@ -32,6 +32,7 @@ import sys
 sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "gpu"))
 import attention_matrix  # noqa: E402
+from error_line import error_line  # noqa: E402  (this folder: first on sys.path when run as a script)
 
 
 LOSS_CASE = re.compile(r'\{"(\w+)", (\d+), (\d+), (\d+)\},')
@@ -128,7 +129,7 @@ def main():
             for backward in passes:
                 for label, _ in backends:
                     skipped("attention", attention_matrix.peer_name(label, S, D, causal, backward),
-                            f"inputs: {type(e).__name__}: {str(e).splitlines()[0][:200]}")
+                            f"inputs: {error_line(e)}")
             torch.cuda.empty_cache()
             continue
         for backward in passes:
@@ -154,7 +155,7 @@ def main():
                     rows.append({"group": "attention", "name": name, "ms": ms, "batch": B, "heads": H,
                                  "TFLOPs": flops / (ms * 1e-3) / 1e12})
                 except Exception as e:  # noqa: BLE001
-                    skipped("attention", name, f"{type(e).__name__}: {str(e).splitlines()[0][:200]}")
+                    skipped("attention", name, error_line(e))
                 finally:
                     q.grad = k.grad = v.grad = None
             for t in (q, k, v):
@@ -175,8 +176,7 @@ def main():
                      "path": str(pathlib.Path(liger_kernel.__file__).parent)})
     except Exception as e:  # noqa: BLE001 - not installed, or a wheel that does not import here
         LigerFusedLinearCrossEntropyLoss = None
-        skipped("loss", "liger_flce", f"liger_kernel does not import here ({type(e).__name__}: "
-                                      f"{str(e).splitlines()[0][:120] if str(e) else ''})")
+        skipped("loss", "liger_flce", f"liger_kernel does not import here ({error_line(e, 120)})")
     for case, N, H, V in loss_cases():
         variants = [("materialized_ce", None)]
         if LigerFusedLinearCrossEntropyLoss is not None:
@@ -217,7 +217,7 @@ def main():
                              "tokens": N, "loss": float(step().detach())})
                 del hidden, head, targets
             except Exception as e:  # noqa: BLE001
-                skipped("loss", name, f"{type(e).__name__}: {str(e).splitlines()[0][:200]}")
+                skipped("loss", name, error_line(e))
             torch.cuda.empty_cache()
     save()
 
@@ -267,7 +267,7 @@ def main():
         import bitsandbytes as bnb
         import bitsandbytes.functional as bnbf
     except Exception as e:  # noqa: BLE001
-        reason = f"bitsandbytes does not import here ({type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''})"
+        reason = f"bitsandbytes does not import here ({error_line(e, 120)})"
         for name in ("bnb_dequantize_nf4", "bnb_matmul_4bit", "bnb_adamw8bit"):
             skipped("bnb", name, reason)
     else:
@@ -287,7 +287,7 @@ def main():
             adam = bnb.optim.AdamW8bit(params, lr=1e-3, weight_decay=1e-2)
             adam_rows("bnb_adamw8bit", adam, False)
         except Exception as e:  # noqa: BLE001
-            skipped("bnb", "bnb", f"{type(e).__name__}: {str(e).splitlines()[0][:200]}")
+            skipped("bnb", "bnb", error_line(e))
     skipped("qlora_step", "transformers_peft_qlora", "needs memkit's decoder for real models (the models issue), not built yet")
     save()
     return 0

@@ -22,6 +22,9 @@ import os
 import struct
 import sys
 
+sys.dont_write_bytecode = True  # no __pycache__ in the source tree
+from error_line import error_line  # noqa: E402  (this folder: first on sys.path when run as a script)
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DATA_DIR = os.path.join(ROOT, "tests", "data", "attention")
 LABELS = ("out", "lse", "dq", "dk", "dv")
@@ -73,7 +76,7 @@ def main():
         sys.path.insert(0, DATA_DIR)
         import make_attention_data as data  # the generator and the mask rule, shared with the file's writer
     except Exception as e:  # noqa: BLE001 - any import failure means no rows
-        reason = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        reason = error_line(e, 1000)
         return one_line_exit(f"torch (or numpy) does not import ({reason})", args.out,
                              [{"group": "sdpa_device", "name": "all", "skipped": f"import failed: {reason}"}])
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -158,7 +161,7 @@ def main():
                                 lse[sl] = saved_lse(q[sl], k[sl], v[sl], c, backend_name).double().cpu().reshape(
                                     1, Hq, hi - lo)
                         except Exception as e:  # noqa: BLE001 - the lse op's own refusal: noted, not fatal
-                            lse_note = f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
+                            lse_note = error_line(e, 160)
             grads = torch.autograd.grad([o for o, _ in pieces], (q, k, v), [g for _, g in pieces])
             if args.device == "cuda":
                 torch.cuda.synchronize()
@@ -176,7 +179,7 @@ def main():
                     out, lse, grads, lse_note = run(backend, backend_name, True)  # no enable_gqa on this backend
                     row["kv_heads"] = "repeated"
             except Exception as e:  # noqa: BLE001 - a backend that refuses a case is a skipped row
-                row["skipped"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+                row["skipped"] = error_line(e)
                 rows.append(row)
                 continue
             got = dict(zip(("out", "dq", "dk", "dv"), (out, *grads)))

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <vector>
 
+#include "support/attention_device_case.hpp"
 #include "support/gpu_test.hpp"
 #include "support/test_values.hpp"
 #include "support/torch_attention_cases.hpp"
@@ -74,7 +75,14 @@ TEST_CASE("attention cuda build: the CUDA entry points reject bad arguments befo
                                                   fake_device<memkit::bf16>(1, 1, 8, 256),
                                                   fake_device<memkit::bf16>(1, 1, 8, 256), unaligned, lse, o,
                                                   workspace),
-                       doctest::Contains("must be 16-byte aligned"), memkit::error);
+                       doctest::Contains("attention::forward (CUDA): head_dim 256 runs only on attention_kernel::mma's "
+                                         "kernels, which copy by 16-byte cp.async"),
+                       memkit::error);
+  // Backward refuses it before it takes its workspace (a host resource here, which would be refused after).
+  const auto aligned = [](std::int64_t heads) { return fake_device<memkit::bf16>(1, heads, 8, 256); };
+  CHECK_THROWS_WITH_AS(att::backward<memkit::bf16>(exec, {aligned(2), aligned(1), aligned(1), aligned(2), lse},
+                                                   aligned(2), {unaligned, aligned(1), aligned(1)}, o, workspace),
+                       doctest::Contains("attention::backward (CUDA): head_dim 256 runs only on"), memkit::error);
   o.kernel = att::attention_kernel::automatic;
   // Which problems the mma kernels take (the rest runs the WMMA kernels): bf16 / fp16 at 64, 96, 128, 256.
   for (std::int64_t D : {16, 32, 48, 64, 80, 96, 112, 128, 192, 256, 512}) {
@@ -119,104 +127,41 @@ TEST_CASE("attention cuda build: the CUDA entry points reject bad arguments befo
 
 namespace {
 
-// The device's five results of forward + backward (fetched to the host).
-template <class T>
-struct device_results {
-  std::vector<T> out, dq, dk, dv;
-  std::vector<float> lse;
-};
-
 // Runs forward and backward on the device against the host path, with packed-document offsets ([B, N + 1]) when
 // `offsets` is not empty; returns the device's results.
 template <class T>
-device_results<T> gpu_matches_host(std::int64_t B, std::int64_t Hq, std::int64_t Hkv, std::int64_t S, std::int64_t D,
-                                   bool causal, std::int64_t window, double tolerance,
-                                   const std::vector<std::int32_t>& offsets = {},
-                                   att::attention_kernel kernel = att::attention_kernel::automatic) {
+memkit_test::attention_results<T> gpu_matches_host(std::int64_t B, std::int64_t Hq, std::int64_t Hkv, std::int64_t S,
+                                                   std::int64_t D, bool causal, std::int64_t window, double tolerance,
+                                                   const std::vector<std::int32_t>& offsets = {},
+                                                   att::attention_kernel kernel = att::attention_kernel::automatic) {
   att::attention_options o;
   o.causal = causal;
   o.window = window;
   o.kernel = kernel;
   o.host_threads = 2;
-  const std::int64_t nq = B * Hq * S * D, nkv = B * Hkv * S * D, nl = B * Hq * S;
-  const auto q = memkit_test::convert<T>(memkit_test::standard_normal(nq, 1));
-  const auto k = memkit_test::convert<T>(memkit_test::standard_normal(nkv, 2));
-  const auto v = memkit_test::convert<T>(memkit_test::standard_normal(nkv, 3));
-  const auto dout = memkit_test::convert<T>(memkit_test::standard_normal(nq, 4));
-  // Host reference: memkit's host path.
-  std::vector<T> out(nq), dq(nq), dk(nkv), dv(nkv);
-  std::vector<float> lse(nl);
-  const memkit::shape qs{B, Hq, S, D}, ks{B, Hkv, S, D}, ls{B, Hq, S};
-  const memkit::shape os{B, offsets.empty() ? 0 : static_cast<std::int64_t>(offsets.size()) / B};
-  auto hv = [](auto& x, memkit::shape s) { return memkit::host_view(x.data(), s); };
-  const memkit::tensor_view<const std::int32_t> host_docs =
-      offsets.empty() ? memkit::tensor_view<const std::int32_t>::none() : memkit::host_view(offsets.data(), os);
-  att::forward<T>(memkit::host, hv(q, qs), hv(k, ks), hv(v, ks), host_docs, hv(out, qs), hv(lse, ls), o,
-                  memkit::default_host_resource());
-  att::backward<T>(memkit::host, {hv(q, qs), hv(k, ks), hv(v, ks), hv(out, qs), hv(lse, ls), host_docs}, hv(dout, qs),
-                   {hv(dq, qs), hv(dk, ks), hv(dv, ks)}, o, memkit::default_host_resource());
-  // Device.
-  cudaStream_t stream{};
-  MEMKIT_CUDA_CHECK(cudaStreamCreate(&stream));
-  memkit::device_async_resource device(stream);
-  const memkit::cuda_executor exec{0, stream};
-  memkit::buffer<T> dq_(device, qs), dk_(device, ks), dv_(device, ks), dout_(device, qs), q_(device, qs),
-      k_(device, ks), v_(device, ks), out_(device, qs);
-  memkit::buffer<float> lse_(device, ls);
-  memkit::buffer<std::int32_t> offsets_;
-  auto up = [&](auto& dst, const auto& src) {
-    MEMKIT_CUDA_CHECK(cudaMemcpyAsync(dst.data(), src.data(), dst.bytes(), cudaMemcpyHostToDevice, stream));
-  };
-  up(q_, q), up(k_, k), up(v_, v), up(dout_, dout);
-  memkit::tensor_view<const std::int32_t> device_docs = memkit::tensor_view<const std::int32_t>::none();
-  if (!offsets.empty()) {
-    offsets_ = memkit::buffer<std::int32_t>(device, os);
-    up(offsets_, offsets);
-    device_docs = offsets_.view();
-  }
+  memkit_test::attention_device_case<T> c(B, Hq, Hkv, S, D, o, offsets);
   // A test of the mma kernels must run them, not the fallback (forward: q, k, v, out; backward: also dout and the
   // gradients).
   if (kernel == att::attention_kernel::mma)
-    REQUIRE(att::detail::use_mma_kernel<T>(o, D, {q_.data(), k_.data(), v_.data(), out_.data(), dout_.data(),
-                                                  dq_.data(), dk_.data(), dv_.data()}));
-  att::forward<T>(exec, q_.view(), k_.view(), v_.view(), device_docs, out_.view(), lse_.view(), o, device);
-  att::backward<T>(exec, {q_.view(), k_.view(), v_.view(), out_.view(), lse_.view(), device_docs}, dout_.view(),
-                   {dq_.view(), dk_.view(), dv_.view()}, o, device);
-  auto down = [&](const auto& src) {
-    std::vector<std::remove_cv_t<std::remove_reference_t<decltype(*src.data())>>> host(src.size());
-    MEMKIT_CUDA_CHECK(cudaMemcpyAsync(host.data(), src.data(), src.bytes(), cudaMemcpyDeviceToHost, stream));
-    return host;
-  };
-  const auto g_out = down(out_), g_dq = down(dq_), g_dk = down(dk_), g_dv = down(dv_);
-  const auto g_lse = down(lse_);
-  MEMKIT_CUDA_CHECK(cudaStreamSynchronize(stream));
-  const auto scaled = [](const auto& a, const auto& b) {
-    double worst = 0, largest = 1e-30;
-    for (std::size_t i = 0; i < a.size(); ++i) {
-      worst = std::max(worst, std::abs(double(memkit::to_float(a[i])) - double(memkit::to_float(b[i]))));
-      largest = std::max(largest, std::abs(double(memkit::to_float(b[i]))));
-    }
-    return worst / largest;
-  };
+    REQUIRE(att::detail::use_mma_kernel<T>(o, D, {c.q.data(), c.k.data(), c.v.data(), c.out.data(), c.dout.data(),
+                                                  c.dq.data(), c.dk.data(), c.dv.data()},
+                                                 "forward and backward (test)"));
+  att::forward<T>(c.exec, c.q.view(), c.k.view(), c.v.view(), c.documents, c.out.view(), c.lse.view(), o, c.device);
+  att::backward<T>(c.exec, {c.q.view(), c.k.view(), c.v.view(), c.out.view(), c.lse.view(), c.documents},
+                   c.dout.view(), {c.dq.view(), c.dk.view(), c.dv.view()}, o, c.device);
+  memkit_test::attention_results<T> got = c.fetch();
   CAPTURE(S);
   CAPTURE(D);
   CAPTURE(causal);
   CAPTURE(window);
   CAPTURE(offsets.size());
   CAPTURE(static_cast<int>(kernel));
-  const double e_out = scaled(g_out, out), e_lse = scaled(g_lse, lse), e_dq = scaled(g_dq, dq),
-               e_dk = scaled(g_dk, dk), e_dv = scaled(g_dv, dv);
+  const memkit_test::attention_errors e = c.errors(got);
   std::printf("attention gpu (kernel %d) vs host (S %lld D %lld): out %.3g lse %.3g dq %.3g dk %.3g dv %.3g\n",
-              static_cast<int>(kernel), static_cast<long long>(S), static_cast<long long>(D), e_out, e_lse, e_dq, e_dk, e_dv);
-  CHECK(e_out <= tolerance);
-  CHECK(e_lse <= 1e-4);
-  CHECK(e_dq <= tolerance);
-  CHECK(e_dk <= tolerance);
-  CHECK(e_dv <= tolerance);
-  dq_ = {}, dk_ = {}, dv_ = {}, dout_ = {}, q_ = {}, k_ = {}, v_ = {}, out_ = {}, lse_ = {}, offsets_ = {};
-  MEMKIT_CUDA_CHECK(cudaStreamSynchronize(stream));
-  MEMKIT_CUDA_CHECK(cudaStreamDestroy(stream));
-  return {g_out, g_dq, g_dk, g_dv, g_lse};
+              static_cast<int>(kernel), static_cast<long long>(S), static_cast<long long>(D), e.out, e.lse, e.dq, e.dk,
+              e.dv);
+  memkit_test::check_attention_errors(e, tolerance);
+  return got;
 }
 
 }  // namespace
@@ -336,7 +281,8 @@ ts::results<T> run_on_device(const ts::reference_case& c, const ts::inputs<T>& i
   }
   if (kernel == att::attention_kernel::mma)  // a test of the mma kernels must run them, not the fallback
     REQUIRE(att::detail::use_mma_kernel<T>(o, c.D, {q.data(), k.data(), v.data(), out.data(), dout.data(), dq.data(),
-                                                    dk.data(), dv.data()}));
+                                                    dk.data(), dv.data()},
+                                                   "forward and backward (test)"));
   att::forward<T>(exec, q.view(), k.view(), v.view(), docs, out.view(), lse.view(), o, device);
   att::backward<T>(exec, {q.view(), k.view(), v.view(), out.view(), lse.view(), docs}, dout.view(),
                    {dq.view(), dk.view(), dv.view()}, o, device);

@@ -12,9 +12,11 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <set>
 #include <vector>
 
+#include "support/attention_device_case.hpp"
 #include "support/gpu_test.hpp"
 #include "support/test_values.hpp"
 
@@ -183,6 +185,47 @@ TEST_CASE("cudnn: the entry points check their arguments before touching the dev
   CHECK_FALSE(att::cudnn::path_for<float>(exec, a, false).uses_cudnn);
 }
 
+// The entry points take any executor (as attention::forward / backward do): a host one runs the host path, bit for
+// bit, with no cuDNN, no device and no message.
+TEST_CASE("cudnn: a host executor runs memkit's host path (the same bits)") {
+  using T = memkit::bf16;
+  const std::int64_t B = 1, Hq = 4, Hkv = 2, S = 70, D = 64;
+  const memkit::shape qs{B, Hq, S, D}, ks{B, Hkv, S, D}, ls{B, Hq, S};
+  const auto q = memkit_test::convert<T>(memkit_test::standard_normal(B * Hq * S * D, 1));
+  const auto k = memkit_test::convert<T>(memkit_test::standard_normal(B * Hkv * S * D, 2));
+  const auto v = memkit_test::convert<T>(memkit_test::standard_normal(B * Hkv * S * D, 3));
+  const auto dout = memkit_test::convert<T>(memkit_test::standard_normal(B * Hq * S * D, 4));
+  att::attention_options o;
+  o.window = 33;
+  o.host_threads = 1;
+  auto hv = [](auto& x, memkit::shape s) { return memkit::host_view(x.data(), s); };
+  const auto run = [&](bool through_cudnn) {
+    memkit_test::attention_results<T> r{std::vector<T>(q.size()), std::vector<T>(q.size()), std::vector<T>(k.size()),
+                                        std::vector<T>(v.size()), std::vector<float>(B * Hq * S)};
+    const att::forward_tensors<T> saved{hv(q, qs), hv(k, ks), hv(v, ks), hv(r.out, qs), hv(r.lse, ls)};
+    const att::gradients<T> grads{hv(r.dq, qs), hv(r.dk, ks), hv(r.dv, ks)};
+    if (through_cudnn) {
+      att::cudnn::forward<T>(memkit::host, hv(q, qs), hv(k, ks), hv(v, ks), hv(r.out, qs), hv(r.lse, ls), o,
+                             memkit::default_host_resource());
+      att::cudnn::backward<T>(memkit::host, saved, hv(dout, qs), grads, o, memkit::default_host_resource());
+    } else {
+      att::forward<T>(memkit::host, hv(q, qs), hv(k, ks), hv(v, ks), hv(r.out, qs), hv(r.lse, ls), o,
+                      memkit::default_host_resource());
+      att::backward<T>(memkit::host, saved, hv(dout, qs), grads, o, memkit::default_host_resource());
+    }
+    return r;
+  };
+  const memkit_test::attention_results<T> plain = run(false), cudnn = run(true);
+  const auto same = [](const auto& a, const auto& b) {
+    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(a[0])) == 0;
+  };
+  CHECK(same(cudnn.out, plain.out));
+  CHECK(same(cudnn.lse, plain.lse));
+  CHECK(same(cudnn.dq, plain.dq));
+  CHECK(same(cudnn.dk, plain.dk));
+  CHECK(same(cudnn.dv, plain.dv));
+}
+
 TEST_CASE("cudnn: a fallback is said once per configuration kind, not per call") {
   att::problem_arguments a{.batch = 1, .query_heads = 4, .kv_heads = 2, .sequence = 8, .head_dim = 64,
                            .element_bytes = 2, .on_device = true, .options = {}};
@@ -207,91 +250,34 @@ bool cudnn_matches_host(std::int64_t B, std::int64_t Hq, std::int64_t Hkv, std::
   o.causal = causal;
   o.window = window;
   o.host_threads = 2;
-  const std::int64_t nq = B * Hq * S * D, nkv = B * Hkv * S * D, nl = B * Hq * S;
-  const auto q = memkit_test::convert<T>(memkit_test::standard_normal(nq, 1));
-  const auto k = memkit_test::convert<T>(memkit_test::standard_normal(nkv, 2));
-  const auto v = memkit_test::convert<T>(memkit_test::standard_normal(nkv, 3));
-  const auto dout = memkit_test::convert<T>(memkit_test::standard_normal(nq, 4));
-  std::vector<T> out(nq), dq(nq), dk(nkv), dv(nkv);
-  std::vector<float> lse(nl);
-  const memkit::shape qs{B, Hq, S, D}, ks{B, Hkv, S, D}, ls{B, Hq, S};
-  const memkit::shape os{B, offsets.empty() ? 0 : static_cast<std::int64_t>(offsets.size()) / B};
-  auto hv = [](auto& x, memkit::shape s) { return memkit::host_view(x.data(), s); };
-  const memkit::tensor_view<const std::int32_t> host_docs =
-      offsets.empty() ? memkit::tensor_view<const std::int32_t>::none() : memkit::host_view(offsets.data(), os);
-  att::forward<T>(memkit::host, hv(q, qs), hv(k, ks), hv(v, ks), host_docs, hv(out, qs), hv(lse, ls), o,
-                  memkit::default_host_resource());
-  att::backward<T>(memkit::host, {hv(q, qs), hv(k, ks), hv(v, ks), hv(out, qs), hv(lse, ls), host_docs}, hv(dout, qs),
-                   {hv(dq, qs), hv(dk, ks), hv(dv, ks)}, o, memkit::default_host_resource());
-
-  cudaStream_t stream{};
-  MEMKIT_CUDA_CHECK(cudaStreamCreate(&stream));
-  memkit::device_async_resource device(stream);
-  const memkit::cuda_executor exec{0, stream};
-  memkit::buffer<T> dq_(device, qs), dk_(device, ks), dv_(device, ks), dout_(device, qs), q_(device, qs),
-      k_(device, ks), v_(device, ks), out_(device, qs);
-  memkit::buffer<float> lse_(device, ls);
-  memkit::buffer<std::int32_t> offsets_;
-  auto up = [&](auto& dst, const auto& src) {
-    MEMKIT_CUDA_CHECK(cudaMemcpyAsync(dst.data(), src.data(), dst.bytes(), cudaMemcpyHostToDevice, stream));
-  };
-  up(q_, q), up(k_, k), up(v_, v), up(dout_, dout);
-  memkit::tensor_view<const std::int32_t> device_docs = memkit::tensor_view<const std::int32_t>::none();
-  if (!offsets.empty()) {
-    offsets_ = memkit::buffer<std::int32_t>(device, os);
-    up(offsets_, offsets);
-    device_docs = offsets_.view();
-  }
+  memkit_test::attention_device_case<T> c(B, Hq, Hkv, S, D, o, offsets);
   const att::problem_arguments a{.batch = B, .query_heads = Hq, .kv_heads = Hkv, .sequence = S, .head_dim = D,
                                  .element_bytes = sizeof(T), .on_device = true, .options = o};
-  const bool packed = !offsets.empty();
-  const bool forward_cudnn = att::cudnn::path_for<T>(exec, a, false, packed).uses_cudnn;
-  const bool backward_cudnn = att::cudnn::path_for<T>(exec, a, true, packed).uses_cudnn;
-  memkit::tracking_resource forward_workspace(device, "cudnn forward");
-  att::cudnn::forward<T>(exec, q_.view(), k_.view(), v_.view(), device_docs, out_.view(), lse_.view(), o,
+  const bool packed = c.packed();
+  const bool forward_cudnn = att::cudnn::path_for<T>(c.exec, a, false, packed).uses_cudnn;
+  const bool backward_cudnn = att::cudnn::path_for<T>(c.exec, a, true, packed).uses_cudnn;
+  memkit::tracking_resource forward_workspace(c.device, "cudnn forward");
+  att::cudnn::forward<T>(c.exec, c.q.view(), c.k.view(), c.v.view(), c.documents, c.out.view(), c.lse.view(), o,
                          forward_workspace);
-  memkit::tracking_resource backward_workspace(device, "cudnn backward");
-  att::cudnn::backward<T>(exec, {q_.view(), k_.view(), v_.view(), out_.view(), lse_.view(), device_docs}, dout_.view(),
-                          {dq_.view(), dk_.view(), dv_.view()}, o, backward_workspace);
-  auto down = [&](const auto& src) {
-    std::vector<std::remove_cv_t<std::remove_reference_t<decltype(*src.data())>>> host(src.size());
-    MEMKIT_CUDA_CHECK(cudaMemcpyAsync(host.data(), src.data(), src.bytes(), cudaMemcpyDeviceToHost, stream));
-    return host;
-  };
-  const auto g_out = down(out_), g_dq = down(dq_), g_dk = down(dk_), g_dv = down(dv_);
-  const auto g_lse = down(lse_);
-  MEMKIT_CUDA_CHECK(cudaStreamSynchronize(stream));
-  const auto scaled = [](const auto& x, const auto& y) {
-    double worst = 0, largest = 1e-30;
-    for (std::size_t i = 0; i < x.size(); ++i) {
-      worst = std::max(worst, std::abs(double(memkit::to_float(x[i])) - double(memkit::to_float(y[i]))));
-      largest = std::max(largest, std::abs(double(memkit::to_float(y[i]))));
-    }
-    return worst / largest;
-  };
+  memkit::tracking_resource backward_workspace(c.device, "cudnn backward");
+  att::cudnn::backward<T>(c.exec, {c.q.view(), c.k.view(), c.v.view(), c.out.view(), c.lse.view(), c.documents},
+                          c.dout.view(), {c.dq.view(), c.dk.view(), c.dv.view()}, o, backward_workspace);
   CAPTURE(S);
   CAPTURE(D);
   CAPTURE(Hkv);
   CAPTURE(causal);
   CAPTURE(window);
   CAPTURE(packed);
-  const double e_out = scaled(g_out, out), e_lse = scaled(g_lse, lse), e_dq = scaled(g_dq, dq),
-               e_dk = scaled(g_dk, dk), e_dv = scaled(g_dv, dv);
+  const memkit_test::attention_errors e = c.errors(c.fetch());
   std::printf("attention cuDNN path (forward %s, backward %s) vs host (S %lld D %lld Hkv %lld): out %.3g lse %.3g "
               "dq %.3g dk %.3g dv %.3g\n",
               forward_cudnn ? "cuDNN" : "fallback", backward_cudnn ? "cuDNN" : "fallback", static_cast<long long>(S),
-              static_cast<long long>(D), static_cast<long long>(Hkv), e_out, e_lse, e_dq, e_dk, e_dv);
-  CHECK(e_out <= tolerance);
-  CHECK(e_lse <= 1e-4);
-  CHECK(e_dq <= tolerance);
-  CHECK(e_dk <= tolerance);
-  CHECK(e_dv <= tolerance);
+              static_cast<long long>(D), static_cast<long long>(Hkv), e.out, e.lse, e.dq, e.dk, e.dv);
+  memkit_test::check_attention_errors(e, tolerance);
   // The byte functions are exact: what each call took at its peak.
-  CHECK(forward_workspace.peak_bytes() == att::cudnn::workspace_bytes<T>(exec, att::forward_arguments{a}, packed));
-  CHECK(backward_workspace.peak_bytes() == att::cudnn::workspace_bytes<T>(exec, att::backward_arguments{a}, packed));
-  dq_ = {}, dk_ = {}, dv_ = {}, dout_ = {}, q_ = {}, k_ = {}, v_ = {}, out_ = {}, lse_ = {}, offsets_ = {};
-  MEMKIT_CUDA_CHECK(cudaStreamSynchronize(stream));
-  MEMKIT_CUDA_CHECK(cudaStreamDestroy(stream));
+  CHECK(forward_workspace.peak_bytes() == att::cudnn::workspace_bytes<T>(c.exec, att::forward_arguments{a}, packed));
+  CHECK(backward_workspace.peak_bytes() ==
+        att::cudnn::workspace_bytes<T>(c.exec, att::backward_arguments{a}, packed));
   return forward_cudnn && backward_cudnn;
 }
 

@@ -16,10 +16,11 @@ executor, the resources. Every block is compiled with each compiler given (g++ a
 Every block's source starts with #include <memkit/memkit.hpp>, whose parse was most of each compile (alone: g++ 4.8 s,
 clang++ 3.0 s). So memkit.hpp is first precompiled once per compiler (WORK_DIR/pch/, with the blocks' flags; g++
 9 s, clang++ 5 s of CPU) and every compile of a block starts from it (-include for g++, -include-pch for clang++):
-the same text with the same flags, in 1-2.5 s (g++) and 0.4-1.3 s (clang++) a block. The whole check went from
-174-193 to 71-75 s of CPU and from 133-166 to 47-49 s of wall time (2026-11-29, the 2-core machine). Where a compiler cannot build the precompiled header,
-its blocks are compiled without it and the summary says why; g++ parses the header itself where it finds the
-precompiled one unusable. A failing block is still reported by page and line, with the compiler's message.
+the same text with the same flags, in 1-2.5 s (g++) and 0.4-1.3 s (clang++) a block. The whole check takes 71-75 s
+of CPU and 47-49 s of wall time (2026-11-29, the 2-core machine; 174-193 s and 133-166 s without the precompiled
+header). Where a compiler cannot build the precompiled header, its blocks are compiled without it and the summary
+says why; g++ parses the header itself where it finds the precompiled one unusable. A failing block is still
+reported by page and line, with the compiler's message.
 
 Usage: check_doc_blocks.py ROOT WORK_DIR COMPILER [COMPILER...]
 """

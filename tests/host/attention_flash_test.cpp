@@ -197,6 +197,29 @@ TEST_CASE("attention: results do not depend on the thread count") {
   CHECK(one.lse == three.lse);
 }
 
+// `kernel` picks CUDA kernels; the host has one path, so every choice is accepted there at any head_dim (256 and an
+// odd one included, which CUDA runs only with mma or not at all) and gives the same bits.
+TEST_CASE("attention: attention_options::kernel changes nothing on the host, at any head_dim") {
+  const auto same = [](const auto& a, const auto& b) {
+    return std::equal(a.begin(), a.end(), b.begin(), [](auto x, auto y) { return x.bits == y.bits; });
+  };
+  for (const std::int64_t D : {std::int64_t{256}, std::int64_t{40}}) {
+    CAPTURE(D);
+    problem_data<memkit::bf16> data({1, 2, 1, 70, D});
+    att::attention_options o;
+    const run_result<memkit::bf16> automatic = data.run(o, memkit::default_host_resource());
+    for (const att::attention_kernel kernel : {att::attention_kernel::wmma, att::attention_kernel::mma}) {
+      o.kernel = kernel;
+      const run_result<memkit::bf16> chosen = data.run(o, memkit::default_host_resource());
+      CHECK(same(chosen.out, automatic.out));
+      CHECK(same(chosen.dq, automatic.dq));
+      CHECK(same(chosen.dk, automatic.dk));
+      CHECK(same(chosen.dv, automatic.dv));
+      CHECK(chosen.lse == automatic.lse);
+    }
+  }
+}
+
 TEST_CASE("attention: gradients match finite differences of the forward (fp32, small shapes)") {
   for (bool causal : {true, false}) {
     const attention_shape s{1, 2, 1, 9, 3};

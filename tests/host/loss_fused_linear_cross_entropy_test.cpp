@@ -321,6 +321,27 @@ TEST_CASE("loss: the result does not depend on the thread count; d_hidden may al
   CHECK(d_head == one.d_head);
 }
 
+
+// row_pass picks a CUDA kernel; the host has one row pass, so `staged` must neither be refused there nor change a
+// bit or a byte (docs/loss.md, "The device row pass"). The device's classic-vs-staged bits are tests/cuda's.
+TEST_CASE("loss: row_pass = staged is accepted on the host and changes no bit and no byte count") {
+  const problem<memkit::bf16> p(37, 24, 250, 5, 5);
+  ls::cross_entropy_options classic{.logit_softcap = 2.0f, .z_loss = 1e-3f, .chunk_bytes = 7 * 250 * 4};
+  ls::cross_entropy_options staged = classic;
+  staged.row_pass = ls::device_row_pass::staged;
+  const run_outputs a = run_dense(p, classic), b = run_dense(p, staged);
+  CHECK(std::memcmp(&a.loss, &b.loss, sizeof(float)) == 0);
+  CHECK(a.d_hidden_f == b.d_hidden_f);
+  CHECK(a.d_head == b.d_head);
+  for (const bool on_device : {false, true}) {
+    ls::fused_linear_cross_entropy_arguments args{.tokens = p.N, .hidden = p.H, .vocab = p.V,
+                                                   .hidden_element_bytes = 2, .on_device = on_device,
+                                                   .options = classic};
+    const std::size_t classic_bytes = ls::workspace_bytes(args);
+    args.options = staged;
+    CHECK(ls::workspace_bytes(args) == classic_bytes);
+  }
+}
 TEST_CASE("loss: a quantized head (NF4, int8; one tile and several) matches the dense dequantized head") {
   // V * H above quantized_tile_values makes several tiles.
   for (std::int64_t V : {std::int64_t{300}, std::int64_t{1100}}) {

@@ -2,7 +2,8 @@
 # path says so in one line and exits 0, and the report writer rebuilds the committed report of the last device
 # run (docs/gpu/) from its results.json byte for byte, side-by-side table included.
 # Run as: cmake -DPYTHON=... -DSOURCE_DIR=... -DWORK_DIR=... -P gpu_script.cmake
-foreach(script bench/gpu/measure.py bench/gpu/peer_wheels.py bench/peers/gpu_peers.py bench/peers/sdpa_device.py)
+foreach(script bench/gpu/measure.py bench/gpu/peer_wheels.py bench/peers/gpu_peers.py bench/peers/sdpa_device.py
+       bench/peers/error_line.py)
   execute_process(COMMAND ${PYTHON} -c "import ast, sys; ast.parse(open(sys.argv[1]).read(), sys.argv[1])" ${SOURCE_DIR}/${script}
     RESULT_VARIABLE rc ERROR_VARIABLE err)
   if(NOT rc EQUAL 0)

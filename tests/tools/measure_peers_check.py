@@ -14,6 +14,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench" / "gpu"))
 sys.path.insert(0, str(ROOT / "bench" / "peers"))
 import gpu_peers  # noqa: E402
+from error_line import error_line  # noqa: E402
 import measure  # noqa: E402
 import peer_wheels  # noqa: E402
 
@@ -22,6 +23,10 @@ def expect(ok, what):
     if not ok:
         raise SystemExit(f"measure_peers_check: FAIL: {what}")
 
+
+# The peers' skipped reasons: one line, cut to the limit, and an empty message gives the type alone.
+expect(error_line(RuntimeError("no kernel\nsecond line"), 4) == "RuntimeError: no k", "error_line: first line, cut")
+expect(error_line(RuntimeError()) == "RuntimeError", "error_line: an empty message")
 
 # The loss shapes come from bench/loss_cuda.cu (one place).
 cases = gpu_peers.loss_cases()

@@ -203,8 +203,13 @@ void forward(const E& exec, tensor_view<const std::type_identity_t<T>> q, tensor
     }
     const std::size_t bytes = detail::round_region(static_cast<std::size_t>(choice.plan->workspace));
     buffer<float> scratch;
-    if (bytes > 0) scratch = buffer<float>(workspace, shape{static_cast<std::int64_t>(bytes / sizeof(float))},
-                                           on_stream{exec.stream});
+    if (bytes > 0) {
+      scratch = buffer<float>(workspace, shape{static_cast<std::int64_t>(bytes / sizeof(float))},
+                              on_stream{exec.stream});
+      // As backward: cuDNN would dereference a host workspace on the device.
+      require(cuda_executor::can_access(scratch.where()), "attention::cudnn::forward: the workspace resource gives " +
+                                                              std::string(to_string(scratch.where())) + " memory");
+    }
     detail::execute(choice.plan->key, *choice.plan, exec.stream,
                     detail::forward_bindings(q.data(), k.data(), v.data(), out.data(), lse.data()),
                     attention::detail::resolved_scale(options, a.head_dim), bytes > 0 ? scratch.data() : nullptr);

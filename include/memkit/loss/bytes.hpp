@@ -25,9 +25,10 @@ enum class reduction_mode : std::uint8_t { mean, none };
 // Which kernel turns a chunk's fp32 logits into their gradient on CUDA (the host ignores it). classic: three
 // reads of each row and two writes (the capped logits written back, then the gradient). staged (#30, opt-in until
 // a GPU has timed it): a row that fits in shared memory (V * 4 bytes within the device's opt-in limit) is read
-// once into it and the gradient written once, with the classic kernel's reduction order (the same bits); a larger
-// row is read twice (an online max and sum of exp, then the gradient) with nothing written back, in a different
-// reduction order (docs/loss.md, "The device row pass").
+// once into it and the gradient written once, with the classic kernel's reduction order (the same bits by
+// construction; the GPU test that compares them has not run yet); a larger row is read twice (an online max and
+// sum of exp, then the gradient) with nothing written back, in a different reduction order (docs/loss.md, "The
+// device row pass").
 enum class device_row_pass : std::uint8_t { classic, staged };
 
 struct cross_entropy_options {

@@ -364,6 +364,10 @@ void run_backward(const cuda_executor& exec, const tensor_view<const T>& q, cons
                   const tensor_view<T>& dv, const attention_options& options, memory_resource& workspace) {
   const cuda_problem p = make_cuda_problem<T>(q.shape(), k.shape()[1], options, documents, "backward");
   using C = cuda_tiles<T>;
+  // Decided before the workspace is taken or anything launched: an unaligned head_dim-256 problem is refused here.
+  const bool mma = use_mma_kernel<T>(options, p.D,
+                                     {q.data(), k.data(), v.data(), dout.data(), dq.data(), dk.data(), dv.data()},
+                                     "backward");
   const std::int64_t rows = std::int64_t{p.B} * p.Hq * p.S;
   buffer<float> delta(workspace, shape{round_to_16(rows)}, on_stream{exec.stream});
   require(cuda_executor::can_access(delta.where()), "attention::backward (CUDA): the workspace resource gives " +
@@ -375,8 +379,7 @@ void run_backward(const cuda_executor& exec, const tensor_view<const T>& q, cons
     const std::int64_t row_tiles = (p.S + C::rows - 1) / C::rows;
     // attention_kernel::mma: both passes in FA2's structure (detail/mma_backward.hpp); the delta kernel stays.
     if constexpr (!std::is_same_v<T, float>) {
-      if (use_mma_kernel<T>(options, p.D,
-                            {q.data(), k.data(), v.data(), dout.data(), dq.data(), dk.data(), dv.data()})) {
+      if (mma) {
         with_mma_head_dim(p.D, [&](auto D) {
           launch_mma_backward<T, decltype(D)::value>(exec, p, q.data(), k.data(), v.data(), dout.data(), lse.data(),
                                                      delta.data(), dq.data(), dk.data(), dv.data());

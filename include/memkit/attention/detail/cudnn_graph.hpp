@@ -394,16 +394,20 @@ inline void build_backward(graph_builder& g, const sdpa_key& key) {
   cudnnBackendDescriptor_t masked = g.mask(centered);
   cudnnBackendDescriptor_t p = g.virtual_tensor(scores);
   g.pointwise(CUDNN_POINTWISE_EXP, masked, nullptr, nullptr, p);
-  // dV = P^T dO (summed over a query-head group when K/V have fewer heads).
+  // dV and dK are a product per query head, summed over each query-head group when K/V have fewer heads.
+  const auto kv_gradient = [&](cudnnBackendDescriptor_t a, cudnnBackendDescriptor_t b, cudnnBackendDescriptor_t out) {
+    if (!grouped) {
+      g.matmul(a, b, out);
+      return;
+    }
+    cudnnBackendDescriptor_t per_head = g.virtual_tensor(l.q, l.q_strides, key.io);
+    g.matmul(a, b, per_head);
+    g.reduction(CUDNN_REDUCE_TENSOR_ADD, per_head, out);
+  };
+  // dV = P^T dO.
   cudnnBackendDescriptor_t pt = g.virtual_tensor(scores, scores_t_strides, key.io);
   g.reshape(p, pt);
-  if (!grouped) {
-    g.matmul(pt, dout, dv);
-  } else {
-    cudnnBackendDescriptor_t dv_heads = g.virtual_tensor(l.q, l.q_strides, key.io);
-    g.matmul(pt, dout, dv_heads);
-    g.reduction(CUDNN_REDUCE_TENSOR_ADD, dv_heads, dv);
-  }
+  kv_gradient(pt, dout, dv);
   // dS = P * (dO V^T - softmax_sum) * scale.
   cudnnBackendDescriptor_t dp = g.virtual_tensor(scores);
   g.matmul(dout, vt, dp);
@@ -413,16 +417,10 @@ inline void build_backward(graph_builder& g, const sdpa_key& key) {
   g.pointwise(CUDNN_POINTWISE_MUL, dp_centered, p, nullptr, ds_unscaled);
   cudnnBackendDescriptor_t ds = g.virtual_tensor(scores);
   g.pointwise(CUDNN_POINTWISE_MUL, ds_unscaled, scale, nullptr, ds);
-  // dK = dS^T Q (summed over the group).
+  // dK = dS^T Q.
   cudnnBackendDescriptor_t dst = g.virtual_tensor(scores, scores_t_strides, key.io);
   g.reshape(ds, dst);
-  if (!grouped) {
-    g.matmul(dst, q, dk);
-  } else {
-    cudnnBackendDescriptor_t dk_heads = g.virtual_tensor(l.q, l.q_strides, key.io);
-    g.matmul(dst, q, dk_heads);
-    g.reduction(CUDNN_REDUCE_TENSOR_ADD, dk_heads, dk);
-  }
+  kv_gradient(dst, q, dk);
   // dQ = dS K, accumulated in fp32 (workspace), then converted into dq. K's reshape (K^T seen as K) is an fp32
   // virtual tensor as in cudnn-frontend's lowering (the intermediate type; the engine reads K in the io type).
   cudnnBackendDescriptor_t k = g.virtual_tensor(l.kv, l.kv_strides, CUDNN_DATA_FLOAT);

@@ -204,7 +204,7 @@ void run_forward(const cuda_executor& exec, const tensor_view<const T>& q, const
                  memory_resource&) {
   const cuda_problem p = make_cuda_problem<T>(q.shape(), k.shape()[1], options, documents, "forward");
   if constexpr (!std::is_same_v<T, float>) {
-    if (use_mma_kernel<T>(options, p.D, {q.data(), k.data(), v.data(), out.data()})) {
+    if (use_mma_kernel<T>(options, p.D, {q.data(), k.data(), v.data(), out.data()}, "forward")) {
       ::memkit::detail::with_device(exec.device, [&] {
         with_mma_head_dim(p.D, [&](auto D) {
           launch_mma_forward<T, decltype(D)::value>(exec, p, q.data(), k.data(), v.data(), out.data(), lse.data());

@@ -51,11 +51,12 @@ void with_mma_head_dim(std::int64_t head_dim, F&& launch) {
 // mma_head_dims, and every tensor they copy by cp.async 16-byte aligned. Otherwise the WMMA kernels run (documented),
 // except above head_dim 128, which only the mma kernels run: there an unaligned tensor is an error.
 template <class T>
-bool use_mma_kernel(const attention_options& o, std::int64_t D, std::initializer_list<const void*> tensors) {
+bool use_mma_kernel(const attention_options& o, std::int64_t D, std::initializer_list<const void*> tensors,
+                    const char* op) {
   if (o.kernel != attention_kernel::mma || !mma_forward_supports<T>(D)) return false;
   for (const void* t : tensors)
     if (reinterpret_cast<std::uintptr_t>(t) % 16 != 0) {
-      require(D <= 128, "attention (CUDA): head_dim " + std::to_string(D) +
+      require(D <= 128, std::string("attention::") + op + " (CUDA): head_dim " + std::to_string(D) +
                             " runs only on attention_kernel::mma's kernels, which copy by 16-byte cp.async: every "
                             "tensor (q, k, v, out, and in backward dout, dq, dk, dv) must be 16-byte aligned");
       return false;
