@@ -29,7 +29,9 @@ int stage3_device_mismatches(const C& comm, const memkit::cuda_executor& exec) {
   std::vector<std::vector<float>> ref_values;
   std::vector<std::int64_t> sizes;
   for (std::size_t i = 0; i < dims.size(); ++i) {
-    params.emplace_back("p" + std::to_string(i), dims[i], memory, memkit::layers::trainability::bf16_master);
+    std::string name = "p";  // two steps: GCC 12 at -O3 flags "p" + std::to_string(i) with a false -Wrestrict
+    name += std::to_string(i);
+    params.emplace_back(name, dims[i], memory, memkit::layers::trainability::bf16_master);
     std::vector<float> v(static_cast<std::size_t>(dims[i].numel()));
     for (std::size_t j = 0; j < v.size(); ++j) v[j] = memkit::unit_float(memkit::random_word(9, i, j)) - 0.5f;
     params.back().assign(v.data());
