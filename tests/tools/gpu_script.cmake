@@ -11,27 +11,24 @@ foreach(script bench/gpu/measure.py bench/gpu/peer_wheels.py bench/peers/gpu_pee
   endif()
 endforeach()
 
+# A check script of tests/tools/ that prints "<name>: ok" when every check in it passed.
+function(run_measure_check name what)
+  execute_process(COMMAND ${PYTHON} ${SOURCE_DIR}/tests/tools/${name}.py
+    RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  if(NOT rc EQUAL 0 OR NOT out MATCHES "${name}: ok")
+    message(FATAL_ERROR "${what}: exit ${rc}: ${out}${err}")
+  endif()
+endfunction()
+
 # The longctx step's parser and table (#31) on the lines train_llama --max-seq-search prints.
-execute_process(COMMAND ${PYTHON} ${SOURCE_DIR}/tests/tools/measure_longctx_check.py
-  RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
-if(NOT rc EQUAL 0 OR NOT out MATCHES "measure_longctx_check: ok")
-  message(FATAL_ERROR "the longctx step's parser: exit ${rc}: ${out}${err}")
-endif()
+run_measure_check(measure_longctx_check "the longctx step's parser")
 
 # #29's attention matrix: shapes shared with bench/attention_cuda.cu, FlashAttention's count, the pairing with
 # torch's SDPA rows, the table and targets, and how the 32K rows are fitted into the time budget.
-execute_process(COMMAND ${PYTHON} ${SOURCE_DIR}/tests/tools/measure_attention_check.py
-  RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
-if(NOT rc EQUAL 0 OR NOT out MATCHES "measure_attention_check: ok")
-  message(FATAL_ERROR "the attention matrix: exit ${rc}: ${out}${err}")
-endif()
+run_measure_check(measure_attention_check "the attention matrix")
 
 # #30's carried peers: Liger's loss rows paired and tabulated (runs before them unchanged), the wheels installed.
-execute_process(COMMAND ${PYTHON} ${SOURCE_DIR}/tests/tools/measure_peers_check.py
-  RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
-if(NOT rc EQUAL 0 OR NOT out MATCHES "measure_peers_check: ok")
-  message(FATAL_ERROR "the carried peers: exit ${rc}: ${out}${err}")
-endif()
+run_measure_check(measure_peers_check "the carried peers")
 
 # ... and the PyTorch search it runs beside memkit's: memory_grid.py's plan for it (--list needs no torch).
 execute_process(COMMAND ${PYTHON} ${SOURCE_DIR}/bench/peers/memory_grid.py --list --models llama-3.1-8b
