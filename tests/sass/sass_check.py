@@ -36,6 +36,19 @@ import shutil
 import subprocess
 import sys
 
+MMA_RULES = frozenset({"no_local", "no_fp64", "mma", "ldsm", "async_copy"})
+
+
+def mma_kernels(label, pattern, padded_rows, extra_bytes=0, head_dims=(256, 128, 96, 64), outputs=None):
+    """KERNELS rows of one bf16 mma attention kernel per head_dim: 128 threads, MMA_RULES, dynamic shared memory
+    of padded_rows rows of (head_dim + 8) bf16 values plus extra_bytes (the kernels' mma_*_smem_bytes)."""
+    return [(f"{label}<bf16,{d}>", pattern.format(d=d, outputs=outputs), 128, MMA_RULES,
+             padded_rows * (d + 8) * 2 + extra_bytes) for d in head_dims]
+
+
+MMA_KEY_PASS = ("attention::detail::mma_key_pass_kernel<memkit::v0_1::bf16, {d}, "
+                "(memkit::v0_1::attention::detail::key_pass_outputs){outputs}>")
+
 # --- The kernels: label, the demangled name's kernel and template arguments, threads per block at launch,
 #     and the rules. Every kernel compiled from hot_kernels.cu must be listed, and every listed one found.
 KERNELS = [
@@ -123,16 +136,7 @@ KERNELS = [
     # mma: (64 query rows + 2 x 64 K rows + 2 x 64 V rows) x (head_dim + 8) x 2 bytes (mma_forward_smem_bytes).
     # head_dim 256: Q's fragments re-read from shared memory per key tile (O alone takes 128 registers); 168,960
     # bytes of shared memory, above sm_80's 163 KiB opt-in (occupancy 0 there: the launch refuses with a message).
-    ("attention_fwd_mma<bf16,256>", "attention::detail::mma_forward_kernel<memkit::v0_1::bf16, 256>", 128,
-     {"no_local", "no_fp64", "mma", "ldsm", "async_copy"}, 320 * 264 * 2),
-    ("attention_fwd_mma<bf16,128>", "attention::detail::mma_forward_kernel<memkit::v0_1::bf16, 128>", 128,
-     {"no_local", "no_fp64", "mma", "ldsm", "async_copy"}, 320 * 136 * 2),
-    ("attention_fwd_mma<bf16,96>", "attention::detail::mma_forward_kernel<memkit::v0_1::bf16, 96>", 128,
-     {"no_local", "no_fp64", "mma", "ldsm", "async_copy"}, 320 * 104 * 2),
-    ("attention_fwd_mma<bf16,64>", "attention::detail::mma_forward_kernel<memkit::v0_1::bf16, 64>", 128,
-     {"no_local", "no_fp64", "mma", "ldsm", "async_copy"}, 320 * 72 * 2),
-    # The WMMA kernel (forward_smem<bf16> at head_dim 128: Q, K, V 16 KiB each, fp32 scores 16 KiB, weights 8 KiB,
-    # fp32 O 32 KiB, m/l/correction 768 B, row spans 512 B).
+    *mma_kernels("attention_fwd_mma", "attention::detail::mma_forward_kernel<memkit::v0_1::bf16, {d}>", 320),
     ("attention_fwd_wmma<bf16>", "attention::detail::flash_forward_kernel<memkit::v0_1::bf16>", 128,
      {"no_local", "no_fp64", "mma", "ldsm", "async_copy"}, 3 * 16384 + 16384 + 8192 + 32768 + 768 + 512),
     # Backward's key pass. mma: (2 x 64 rows of K and V + 2 x 64 Q + 2 x 64 dO) x (head_dim + 8) x 2 bytes, plus
@@ -140,30 +144,16 @@ KERNELS = [
     # 16 KiB each, Q, dO 8 KiB each, fp32 S^T and dP^T 8 KiB each, P^T, dS^T 4 KiB each, fp32 dK, dV 32 KiB each,
     # lse/delta 256 B, row spans 512 B.
     # head_dim 256: one launch for dV and one for dK (key_pass_outputs 1 and 2), the query tile in halves.
-    ("attention_dv_mma<bf16,256>", "attention::detail::mma_key_pass_kernel<memkit::v0_1::bf16, 256, (memkit::v0_1::attention::detail::key_pass_outputs)1>", 128,
-     {"no_local", "no_fp64", "mma", "ldsm", "async_copy"}, 384 * 264 * 2 + 1024),
-    ("attention_dk_mma<bf16,256>", "attention::detail::mma_key_pass_kernel<memkit::v0_1::bf16, 256, (memkit::v0_1::attention::detail::key_pass_outputs)2>", 128,
-     {"no_local", "no_fp64", "mma", "ldsm", "async_copy"}, 384 * 264 * 2 + 1024),
-    ("attention_dkdv_mma<bf16,128>", "attention::detail::mma_key_pass_kernel<memkit::v0_1::bf16, 128, (memkit::v0_1::attention::detail::key_pass_outputs)0>", 128,
-     {"no_local", "no_fp64", "mma", "ldsm", "async_copy"}, 384 * 136 * 2 + 1024),
-    ("attention_dkdv_mma<bf16,96>", "attention::detail::mma_key_pass_kernel<memkit::v0_1::bf16, 96, (memkit::v0_1::attention::detail::key_pass_outputs)0>", 128,
-     {"no_local", "no_fp64", "mma", "ldsm", "async_copy"}, 384 * 104 * 2 + 1024),
-    ("attention_dkdv_mma<bf16,64>", "attention::detail::mma_key_pass_kernel<memkit::v0_1::bf16, 64, (memkit::v0_1::attention::detail::key_pass_outputs)0>", 128,
-     {"no_local", "no_fp64", "mma", "ldsm", "async_copy"}, 384 * 72 * 2 + 1024),
+    *mma_kernels("attention_dv_mma", MMA_KEY_PASS, 384, 1024, head_dims=(256,), outputs=1),
+    *mma_kernels("attention_dk_mma", MMA_KEY_PASS, 384, 1024, head_dims=(256,), outputs=2),
+    *mma_kernels("attention_dkdv_mma", MMA_KEY_PASS, 384, 1024, head_dims=(128, 96, 64), outputs=0),
     ("attention_dkdv_wmma<bf16>", "attention::detail::flash_key_pass_kernel<memkit::v0_1::bf16>", 128,
      {"no_local", "no_fp64", "mma", "ldsm", "async_copy"}, 2 * 16384 + 4 * 8192 + 2 * 4096 + 2 * 32768 + 256 + 512),
     # Backward's dq pass. mma: (2 x 64 rows of Q and dO + 2 x 64 K + 2 x 64 V) x (head_dim + 8) x 2 bytes
     # (mma_query_pass_smem_bytes); WMMA (query_pass_smem<bf16>, head_dim 128): Q, dO 16 KiB each, K, V 8 KiB each,
     # fp32 S and dP 8 KiB each, dS 4 KiB, fp32 dQ 32 KiB, lse/delta 512 B, row spans 512 B.
     # head_dim 256: the key tile in halves (dQ alone takes 128 registers).
-    ("attention_dq_mma<bf16,256>", "attention::detail::mma_query_pass_kernel<memkit::v0_1::bf16, 256>", 128,
-     {"no_local", "no_fp64", "mma", "ldsm", "async_copy"}, 384 * 264 * 2),
-    ("attention_dq_mma<bf16,128>", "attention::detail::mma_query_pass_kernel<memkit::v0_1::bf16, 128>", 128,
-     {"no_local", "no_fp64", "mma", "ldsm", "async_copy"}, 384 * 136 * 2),
-    ("attention_dq_mma<bf16,96>", "attention::detail::mma_query_pass_kernel<memkit::v0_1::bf16, 96>", 128,
-     {"no_local", "no_fp64", "mma", "ldsm", "async_copy"}, 384 * 104 * 2),
-    ("attention_dq_mma<bf16,64>", "attention::detail::mma_query_pass_kernel<memkit::v0_1::bf16, 64>", 128,
-     {"no_local", "no_fp64", "mma", "ldsm", "async_copy"}, 384 * 72 * 2),
+    *mma_kernels("attention_dq_mma", "attention::detail::mma_query_pass_kernel<memkit::v0_1::bf16, {d}>", 384),
     ("attention_dq_wmma<bf16>", "attention::detail::flash_query_pass_kernel<memkit::v0_1::bf16>", 128,
      {"no_local", "no_fp64", "mma", "ldsm", "async_copy"}, 2 * 16384 + 4 * 8192 + 4096 + 32768 + 512 + 512),
 ]
