@@ -178,6 +178,10 @@ struct options {
   int ranks = 1;                    // the MPI ranks (the MPI build); 1 otherwise
   std::vector<std::string> targets{"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
   bool from_checkpoint() const { return !model_dir.empty() || !config_file.empty(); }
+  // How trained weights are kept: bf16 with stochastic rounding (--rounding) or with fp32 master copies.
+  memkit::layers::trainability trained_weights() const {
+    return rounding ? memkit::layers::trainability::bf16_rounding : memkit::layers::trainability::bf16_master;
+  }
 };
 
 constexpr const char* flag_list =
@@ -928,7 +932,7 @@ void save_pretrained(pretrain_model& model, const std::string& path) {
 template <class AdamState, memkit::executor E>
 stage_result pretrain(const E& exec, const options& o, memory_meter& meter, std::vector<example::step_record>& records) {
   const resources r = make_resources(meter, o.threads);
-  const memkit::layers::trainability mode = o.rounding ? memkit::layers::trainability::bf16_rounding : memkit::layers::trainability::bf16_master;
+  const memkit::layers::trainability mode = o.trained_weights();
   const example::text_dataset data(o.data_dir + "/shakespeare.txt", o.seq);
   meter.reset_peak();
 
@@ -1554,7 +1558,7 @@ finetune_outcome finetune_full_stage3(const E& exec, const options& o, memory_me
   static_assert(!E::on_device, "--zero 3 runs on the host");
   const auto& comm = world();
   const resources r = make_resources(meter, o.threads);
-  const memkit::layers::trainability mode = o.rounding ? memkit::layers::trainability::bf16_rounding : memkit::layers::trainability::bf16_master;
+  const memkit::layers::trainability mode = o.trained_weights();
   const example::text_dataset data = checkpoint_dataset(o);
   meter.reset_peak();
   finetune_outcome outcome;
@@ -1675,7 +1679,7 @@ finetune_outcome finetune_full_checkpoint(const E& exec, const options& o, memor
   if (o.zero == 3) return finetune_full_stage3(exec, o, meter, records);
 #endif
   const resources r = make_resources(meter, o.threads);
-  const memkit::layers::trainability mode = o.rounding ? memkit::layers::trainability::bf16_rounding : memkit::layers::trainability::bf16_master;
+  const memkit::layers::trainability mode = o.trained_weights();
   const example::text_dataset data = checkpoint_dataset(o);
   meter.reset_peak();
   finetune_outcome outcome;
