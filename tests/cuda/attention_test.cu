@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "support/attention_device_case.hpp"
@@ -35,51 +36,39 @@ TEST_CASE("attention cuda build: the CUDA entry points reject bad arguments befo
   att::attention_options o;
   const memkit::tensor_view<float> lse{reinterpret_cast<float*>(std::uintptr_t{4096}), memkit::shape{1, 2, 8},
                                        memkit::memory_kind::device};
+  // A forward with query heads 2, kv heads 1, seq 8 at head_dim D, on fake device tensors (every call throws first).
+  const auto forward_gqa = [&]<class T>(std::type_identity<T>, std::int64_t D) {
+    att::forward<T>(exec, fake_device<T>(1, 2, 8, D), fake_device<T>(1, 1, 8, D), fake_device<T>(1, 1, 8, D),
+                    fake_device<T>(1, 2, 8, D), lse, o, workspace);
+  };
+  constexpr std::type_identity<memkit::bf16> bf16;
+  constexpr std::type_identity<memkit::fp16> fp16;
+  constexpr std::type_identity<float> fp32;
   // bf16 with a head_dim that is not a multiple of 16.
-  CHECK_THROWS_WITH_AS(att::forward<memkit::bf16>(exec, fake_device<memkit::bf16>(1, 2, 8, 24),
-                                                  fake_device<memkit::bf16>(1, 1, 8, 24),
-                                                  fake_device<memkit::bf16>(1, 1, 8, 24),
-                                                  fake_device<memkit::bf16>(1, 2, 8, 24), lse, o, workspace),
-                       doctest::Contains("multiple of 16"), memkit::error);
+  CHECK_THROWS_WITH_AS(forward_gqa(bf16, 24), doctest::Contains("multiple of 16"), memkit::error);
   // Both refusals name what CUDA runs, the mma kernels' head_dims included.
-  CHECK_THROWS_WITH_AS(att::forward<memkit::bf16>(exec, fake_device<memkit::bf16>(1, 2, 8, 24),
-                                                  fake_device<memkit::bf16>(1, 1, 8, 24),
-                                                  fake_device<memkit::bf16>(1, 1, 8, 24),
-                                                  fake_device<memkit::bf16>(1, 2, 8, 24), lse, o, workspace),
+  CHECK_THROWS_WITH_AS(forward_gqa(bf16, 24),
                        doctest::Contains("attention_kernel::mma's kernels run bf16/fp16 at 64, 96, 128, 256"),
                        memkit::error);
-  CHECK_THROWS_WITH_AS(att::forward<float>(exec, fake_device<float>(1, 2, 8, 256), fake_device<float>(1, 1, 8, 256),
-                                           fake_device<float>(1, 1, 8, 256), fake_device<float>(1, 2, 8, 256), lse, o,
-                                           workspace),
+  CHECK_THROWS_WITH_AS(forward_gqa(fp32, 256),
                        doctest::Contains("head_dim 256 is above the WMMA kernels' 128. CUDA runs"), memkit::error);
   // head_dim 256 runs only on the mma kernels: refused under `automatic` (the WMMA kernels), in fp32 and at sizes
   // the mma kernels lack, and with a tensor cp.async cannot copy (there is no kernel to fall back to).
-  CHECK_THROWS_WITH_AS(att::forward<memkit::bf16>(exec, fake_device<memkit::bf16>(1, 2, 8, 256),
-                                                  fake_device<memkit::bf16>(1, 1, 8, 256),
-                                                  fake_device<memkit::bf16>(1, 1, 8, 256),
-                                                  fake_device<memkit::bf16>(1, 2, 8, 256), lse, o, workspace),
-                       doctest::Contains("(above 128 only with that option)"), memkit::error);
+  CHECK_THROWS_WITH_AS(forward_gqa(bf16, 256), doctest::Contains("(above 128 only with that option)"), memkit::error);
   o.kernel = att::attention_kernel::mma;
-  CHECK_THROWS_WITH_AS(att::forward<float>(exec, fake_device<float>(1, 2, 8, 256), fake_device<float>(1, 1, 8, 256),
-                                           fake_device<float>(1, 1, 8, 256), fake_device<float>(1, 2, 8, 256), lse, o,
-                                           workspace),
-                       doctest::Contains("head_dim 256 is above the WMMA kernels' 128"), memkit::error);
-  CHECK_THROWS_WITH_AS(att::forward<memkit::fp16>(exec, fake_device<memkit::fp16>(1, 2, 8, 192),
-                                                  fake_device<memkit::fp16>(1, 1, 8, 192),
-                                                  fake_device<memkit::fp16>(1, 1, 8, 192),
-                                                  fake_device<memkit::fp16>(1, 2, 8, 192), lse, o, workspace),
-                       doctest::Contains("head_dim 192 is above the WMMA kernels' 128"), memkit::error);
+  CHECK_THROWS_WITH_AS(forward_gqa(fp32, 256), doctest::Contains("head_dim 256 is above the WMMA kernels' 128"),
+                       memkit::error);
+  CHECK_THROWS_WITH_AS(forward_gqa(fp16, 192), doctest::Contains("head_dim 192 is above the WMMA kernels' 128"),
+                       memkit::error);
   const memkit::tensor_view<memkit::bf16> unaligned{reinterpret_cast<memkit::bf16*>(std::uintptr_t{4096 + 2}),
                                                     memkit::shape{1, 2, 8, 256}, memkit::memory_kind::device};
-  CHECK_THROWS_WITH_AS(att::forward<memkit::bf16>(exec, fake_device<memkit::bf16>(1, 2, 8, 256),
-                                                  fake_device<memkit::bf16>(1, 1, 8, 256),
-                                                  fake_device<memkit::bf16>(1, 1, 8, 256), unaligned, lse, o,
+  const auto aligned = [](std::int64_t heads) { return fake_device<memkit::bf16>(1, heads, 8, 256); };
+  CHECK_THROWS_WITH_AS(att::forward<memkit::bf16>(exec, aligned(2), aligned(1), aligned(1), unaligned, lse, o,
                                                   workspace),
                        doctest::Contains("attention::forward (CUDA): head_dim 256 runs only on attention_kernel::mma's "
                                          "kernels, which copy by 16-byte cp.async"),
                        memkit::error);
   // Backward refuses it before it takes its workspace (a host resource here, which would be refused after).
-  const auto aligned = [](std::int64_t heads) { return fake_device<memkit::bf16>(1, heads, 8, 256); };
   CHECK_THROWS_WITH_AS(att::backward<memkit::bf16>(exec, {aligned(2), aligned(1), aligned(1), aligned(2), lse},
                                                    aligned(2), {unaligned, aligned(1), aligned(1)}, o, workspace),
                        doctest::Contains("attention::backward (CUDA): head_dim 256 runs only on"), memkit::error);
